@@ -1,0 +1,55 @@
+#include "harness.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+void harness_assert_detail(const char *needle, const char *file, int line)
+{
+    const char *d = ferry_last_error_detail();
+    if (!strstr(d, needle)) {
+        fprintf(stderr, "%s:%d: detail \"%s\" lacks \"%s\"\n", file, line, d, needle);
+        fail();
+    }
+}
+
+static uint64_t splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void harness_fill(void *buf, size_t len, uint64_t seed)
+{
+    unsigned char *p = buf;
+    uint64_t s = seed;
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        uint64_t v = splitmix(&s);
+        memcpy(p + i, &v, 8);
+    }
+    uint64_t v = splitmix(&s);
+    memcpy(p + i, &v, len - i);
+}
+
+int harness_check(const void *buf, size_t len, uint64_t seed)
+{
+    const unsigned char *p = buf;
+    uint64_t s = seed;
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        uint64_t v = splitmix(&s);
+        if (memcmp(p + i, &v, 8) != 0) return 0;
+    }
+    uint64_t v = splitmix(&s);
+    return memcmp(p + i, &v, len - i) == 0;
+}
+
+uint64_t harness_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}

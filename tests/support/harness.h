@@ -1,0 +1,36 @@
+/* Shared helpers for Ferry's tests (cmocka). */
+#ifndef FERRY_TEST_HARNESS_H
+#define FERRY_TEST_HARNESS_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <ferry/ferry.h>
+
+/* Asserts that ferry_last_error_detail() contains needle. */
+#define assert_detail_contains(needle) harness_assert_detail(needle, __FILE__, __LINE__)
+void harness_assert_detail(const char *needle, const char *file, int line);
+
+/* Fills buf with a pattern derived from seed; checks it back. */
+void harness_fill(void *buf, size_t len, uint64_t seed);
+int harness_check(const void *buf, size_t len, uint64_t seed);
+
+/* An engine on 127.0.0.1 with an OS-picked port, and the short timeouts
+ * tests want (timeout_ms as given). Fails the test on failure. */
+ferry_engine_t *harness_engine_cfg(ferry_config_t *cfg);
+static inline ferry_engine_t *harness_engine(int timeout_ms)
+{
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.timeout_ms = timeout_ms;
+    cfg.connect_timeout_ms = timeout_ms < 5000 ? timeout_ms : 5000;
+    return harness_engine_cfg(&cfg);
+}
+
+/* Monotonic milliseconds. */
+uint64_t harness_now_ms(void);
+
+#endif
