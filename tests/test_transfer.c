@@ -1,5 +1,7 @@
 /* Round trips between two engines in one process: sync, batch, async, from
- * 1 byte to 256 MiB, and from several threads at once. */
+ * 1 byte to 256 MiB, and from several threads at once. Runs once per
+ * transport (ctest: test_transfer over shm, the auto choice here, and
+ * test_transfer_tcp with FERRY_TRANSPORT=tcp). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,8 +17,8 @@ typedef struct pair {
 static int pair_setup(void **state)
 {
     pair_t *p = calloc(1, sizeof *p);
-    p->initiator = harness_engine(20000);
-    p->target = harness_engine(20000);
+    p->initiator = harness_engine_env(20000);
+    p->target = harness_engine_env(20000);
     snprintf(p->peer, sizeof p->peer, "%s", ferry_engine_name(p->target));
     *state = p;
     return 0;
@@ -50,6 +52,17 @@ static void release(pair_t *p, unsigned char *src, unsigned char *dst)
     free(dst);
 }
 
+/* The session still uses the transport this run is about (no silent
+ * fallback happened). */
+static void assert_transport(pair_t *p)
+{
+    ferry_peer_info_t info;
+    assert_int_equal(ferry_session_info(p->initiator, p->peer, &info), 0);
+    if (strcmp(info.transport, harness_expected_transport()) != 0)
+        fail_msg("transport %s (%s), expected %s", info.transport, info.transport_reason,
+                 harness_expected_transport());
+}
+
 static void engine_basics(void **state)
 {
     pair_t *p = *state;
@@ -64,7 +77,8 @@ static void engine_basics(void **state)
     assert_int_equal(info.epoch, ferry_engine_epoch(p->target));
     assert_int_equal(info.protocol_version, FERRY_PROTOCOL_VERSION);
     assert_true(info.same_host);
-    assert_string_equal(info.transport, "tcp");
+    assert_string_equal(info.transport, harness_expected_transport());
+    assert_true(info.transport_reason[0] != '\0');
 }
 
 static void write_read_sizes(void **state)
@@ -90,6 +104,7 @@ static void write_read_sizes(void **state)
         assert_true(harness_check(src, len, len + 1));
         release(p, src, dst);
     }
+    assert_transport(p);
 }
 
 static void batch_sync_blocks(void **state)
@@ -116,6 +131,7 @@ static void batch_sync_blocks(void **state)
     assert_int_equal(ferry_batch_transfer_sync(p->initiator, p->peer, FERRY_OP_READ, locals, remotes, lens, N), 0);
     assert_true(harness_check(src, N * BLOCK, 42));
     assert_int_equal(ferry_batch_transfer_sync(p->initiator, p->peer, FERRY_OP_WRITE, locals, remotes, lens, 0), 0);
+    assert_transport(p);
     release(p, src, dst);
 }
 
@@ -158,6 +174,7 @@ static void async_batch_status(void **state)
     assert_int_equal(ferry_batch_submit(b, p->peer, reqs, 1, 0), FERRY_ERR_TOO_MANY_REQUESTS);
     assert_detail_contains("capacity 17");
     assert_int_equal(ferry_batch_free(b), 0);
+    assert_transport(p);
     release(p, src, dst);
 }
 
@@ -227,6 +244,7 @@ static void four_threads_at_once(void **state)
         pthread_join(t[i], NULL);
         assert_int_equal(w[i].failures, 0);
     }
+    assert_transport(p);
 }
 
 static void notifications_arrive_in_order(void **state)

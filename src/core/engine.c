@@ -53,6 +53,7 @@ void ferry_conn_free(ferry_conn_t *c)
 {
     if (!c) return;
     if (c->fd >= 0) close(c->fd);
+    if (c->xport_free) c->xport_free(c->xport);
     free(c->bounce);
     free(c);
 }
@@ -220,12 +221,16 @@ static void *serve_thread(void *arg)
     ferry_conn_t *c = arg;
     ferry_engine_t *e = c->engine;
     ferry_frame_t f;
+    unsigned spin_us = ferry_net_spin_us();
     int rc = ferry_conn_recv_frame(c, &f, ferry_deadline_after_ms(e->cfg.connect_timeout_ms));
     if (rc == 0) rc = ferry_serve_hello(c, &f);
     while (rc == 0 && !atomic_load(&e->stopping)) {
         /* Idle connections wait without a deadline; a frame once begun must
          * arrive whole within the timeout. */
-        int ready = ferry_net_wait_readable(c->fd, UINT64_MAX);
+        /* A request often follows the last answer within microseconds:
+         * spin briefly before sleeping (see ferry_net_spin_readable). */
+        int ready = ferry_net_spin_readable(c->fd, spin_us);
+        if (!ready) ready = ferry_net_wait_readable(c->fd, UINT64_MAX);
         if (ready <= 0 || atomic_load(&e->stopping)) break;
         rc = ferry_conn_recv_frame(c, &f, ferry_deadline_after_ms(e->cfg.timeout_ms));
         if (rc == 0) rc = serve_frame(c, &f);

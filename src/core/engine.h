@@ -26,6 +26,8 @@ typedef struct ferry_conn {
     struct ferry_conn *next;   /* target side: list of served connections */
     pthread_t thread;          /* target side: its serving thread */
     atomic_bool done;          /* target side: the thread has finished */
+    void *xport;               /* a transport's per-connection state, or NULL */
+    void (*xport_free)(void *); /* frees xport with the connection */
 } ferry_conn_t;
 
 enum ferry_session_state { SESSION_OK = 0, SESSION_RESTARTED, SESSION_CLOSED };

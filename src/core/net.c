@@ -11,6 +11,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,6 +152,37 @@ static int wait_fd(int fd, short events, uint64_t deadline)
 int ferry_net_wait_readable(int fd, uint64_t deadline)
 {
     return wait_fd(fd, POLLIN, deadline);
+}
+
+unsigned ferry_net_spin_us(void)
+{
+    static atomic_int cached = -1;
+    int v = atomic_load(&cached);
+    if (v < 0) {
+        const char *env = getenv("FERRY_SPIN_US");
+        char *end;
+        long x = env && *env ? strtol(env, &end, 10) : 50;
+        if (env && *env && (*end || x < 0 || x > 100000)) x = 50;
+        v = (int)x;
+        atomic_store(&cached, v);
+    }
+    return (unsigned)v;
+}
+
+int ferry_net_spin_readable(int fd, unsigned spin_us)
+{
+    if (spin_us == 0) return 0;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    uint64_t until = 0;
+    for (unsigned i = 0;; i++) {
+        if (poll(&p, 1, 0) > 0) return 1;
+        /* Read the clock every few polls: each poll is a syscall already. */
+        if ((i & 7) == 0) {
+            uint64_t now = ferry_now_ns();
+            if (!until) until = now + (uint64_t)spin_us * 1000u;
+            else if (now >= until) return 0;
+        }
+    }
 }
 
 static int io_error(int err, const char *what)

@@ -19,6 +19,12 @@ int ferry_net_send(int fd, const void *buf, size_t len, uint64_t deadline);
 int ferry_net_recv(int fd, void *buf, size_t len, uint64_t deadline);
 /* Waits until fd is readable (1), deadline passed (0), or error (<0). */
 int ferry_net_wait_readable(int fd, uint64_t deadline);
+/* Busy-polls fd for up to spin_us microseconds (a cross-CPU wake-up from a
+ * blocking poll costs tens of microseconds on small machines and VMs, more
+ * than a loopback round trip). 1 when readable, 0 when the spin ran out. */
+int ferry_net_spin_readable(int fd, unsigned spin_us);
+/* The spin budget: FERRY_SPIN_US (0 disables), default 50 us. */
+unsigned ferry_net_spin_us(void);
 /* Sets TCP_NODELAY, buffer sizes and keepalive (idle_ms 0 = off). */
 void ferry_net_tune(int fd, int keepalive_ms);
 /* Closes with an RST, so that the peer drops what it has not read. */

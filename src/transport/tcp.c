@@ -22,6 +22,9 @@
  * few enough that acks (56 bytes each) never fill a socket buffer. */
 #define WINDOW_BYTES (32u << 20)
 #define CHUNK_BYTES (1u << 20)
+/* Waiting on at most this many unanswered bytes, the answer is due within
+ * microseconds: spin for it rather than sleep (ferry_net_spin_readable). */
+#define SPIN_INFLIGHT_BYTES (64u << 10)
 
 static unsigned window_slices(size_t slice)
 {
@@ -127,6 +130,8 @@ static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
     unsigned head = 0, count = 0;
     size_t cur = 0;
     uint64_t cur_off = nx ? xs[0].done : 0;
+    uint64_t inflight = 0;
+    unsigned spin_us = ferry_net_spin_us();
     *broken = 0;
     for (;;) {
         while (cur < nx && !piece_sendable(&xs[cur], cur_off)) {
@@ -142,12 +147,15 @@ static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
             }
             ring[(head + count++) % 256] = (struct inflight){x, cur_off, n};
             cur_off += n;
+            inflight += n;
             continue;
         }
         if (count == 0) break;
         struct inflight in = ring[head];
         head = (head + 1) % 256;
         count--;
+        if (inflight <= SPIN_INFLIGHT_BYTES) ferry_net_spin_readable(c->fd, spin_us);
+        inflight -= in.n;
         int rc = recv_answer(c, in.x, in.off, in.n, broken);
         if (*broken) return rc;
         if (rc) {

@@ -5,6 +5,7 @@
 #include <string.h>
 
 const ferry_transport_ops_t *const ferry_transports[] = {
+    &ferry_transport_shm,
     &ferry_transport_tcp,
     NULL,
 };
@@ -34,8 +35,19 @@ const ferry_transport_ops_t *ferry_transport_choose(ferry_engine_t *e, const fer
         snprintf(why, cap, "%s", reason);
         return &ferry_transport_tcp;
     }
-    for (int i = 0; ferry_transports[i]; i++)
-        if (ferry_transports[i]->usable(e, peer, why, cap)) return ferry_transports[i];
+    /* Auto: the first usable; the reason keeps why better ones were not. */
+    char skipped[128] = "";
+    for (int i = 0; ferry_transports[i]; i++) {
+        if (ferry_transports[i]->usable(e, peer, why, cap)) {
+            if (skipped[0]) {
+                char reason[128];
+                snprintf(reason, sizeof reason, "%s; %s", skipped, why);
+                snprintf(why, cap, "%s", reason);
+            }
+            return ferry_transports[i];
+        }
+        if (!skipped[0]) snprintf(skipped, sizeof skipped, "%s", why);
+    }
     snprintf(why, cap, "no transport is usable");
     return NULL;
 }

@@ -29,6 +29,7 @@ typedef struct ferry_transport_ops {
 } ferry_transport_ops_t;
 
 extern const ferry_transport_ops_t ferry_transport_tcp;
+extern const ferry_transport_ops_t ferry_transport_shm;
 
 /* NULL-terminated, in order of preference for "auto". */
 extern const ferry_transport_ops_t *const ferry_transports[];

@@ -13,7 +13,8 @@
  *    32     8  len: operation length in bytes
  *    40     8  aux: region generation (WRITE, READ_REQ), source address (CMA),
  *              segment version (SEG_PAGE), start index (SEG_QUERY)
- *    48     4  crc: CRC32C of the payload when FERRY_FRAME_F_CRC is set
+ *    48     4  crc: CRC32C of the payload when FERRY_FRAME_F_CRC is set;
+ *              CMA_WRITE / CMA_READ (no payload): the region generation
  *    52     4  reserved, must be 0
  *
  * Every length and count read off the wire is checked against the limits

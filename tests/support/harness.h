@@ -30,6 +30,23 @@ static inline ferry_engine_t *harness_engine(int timeout_ms)
     return harness_engine_cfg(&cfg);
 }
 
+/* As harness_engine, but the FERRY_* environment applies first (e.g.
+ * FERRY_TRANSPORT=tcp runs a suite over TCP); host and port stay the
+ * harness's. */
+static inline ferry_engine_t *harness_engine_env(int timeout_ms)
+{
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    if (ferry_config_from_env(&cfg) != 0) fail_msg("environment: %s", ferry_last_error_detail());
+    cfg.timeout_ms = timeout_ms;
+    cfg.connect_timeout_ms = timeout_ms < 5000 ? timeout_ms : 5000;
+    return harness_engine_cfg(&cfg);
+}
+
+/* The transport a suite run expects between two engines of this host:
+ * FERRY_TRANSPORT if set to tcp or shm, else "shm" (what auto picks). */
+const char *harness_expected_transport(void);
+
 /* Monotonic milliseconds. */
 uint64_t harness_now_ms(void);
 

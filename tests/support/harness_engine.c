@@ -1,6 +1,8 @@
 /* The engine-making half of the harness, kept apart so that tests of pure
  * modules link without the engine. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "harness.h"
 
@@ -14,4 +16,11 @@ ferry_engine_t *harness_engine_cfg(ferry_config_t *cfg)
         fail();
     }
     return e;
+}
+
+const char *harness_expected_transport(void)
+{
+    const char *t = getenv("FERRY_TRANSPORT");
+    if (t && strcmp(t, "tcp") == 0) return "tcp";
+    return "shm";
 }

@@ -1,0 +1,631 @@
+/* The shared-memory transport: single-copy transfers between processes of
+ * one host by cross-memory attach (process_vm_readv / process_vm_writev).
+ *
+ * The TCP connection stays the control channel; only the bytes take the
+ * short way. The initiator sends CMA_WRITE / CMA_READ frames naming the
+ * target range (addr, len), its own buffer (aux) and the region generation
+ * (crc field). The TARGET does every copy: for a write it pulls the bytes
+ * out of the initiator with process_vm_readv straight into its validated
+ * registered range, for a read it pushes them with process_vm_writev; then
+ * it answers WRITE_ACK / READ_RESP (no payload). So, as over TCP, a peer can
+ * only ever touch the target's registered remote-accessible memory, and the
+ * target re-validates under the registry's read lock before every chunk
+ * (the discipline of tcp.c's place_direct: a deregistration waits for the
+ * chunk in progress, later chunks see it; cancelled requests are refused).
+ *
+ * Trust: the pid in HELLO is only a claim. Before the first copy on a
+ * connection the target checks that the connection comes from an address of
+ * this host and that the claimed pid owns the peer's socket (its inode,
+ * found in /proc/net/tcp{,6} by the 4-tuple, is among the links in
+ * /proc/<pid>/fd), and probes that the kernel lets it attach. Otherwise it refuses cross-memory
+ * attach on that connection: it answers NOT_IMPLEMENTED with the reason,
+ * having placed nothing, and the initiator moves the session to tcp and
+ * resends the same pieces there.
+ *
+ * FERRY_SHM_DISABLE=1 in a target's environment makes it refuse (to test or
+ * to force the fallback); config.transport = "tcp" keeps an initiator off
+ * shm altogether. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "core/clock.h"
+#include "core/fail.h"
+#include "core/log.h"
+#include "core/net.h"
+#include "transport.h"
+
+/* Bytes per frame: large, since no socket buffer sits in between; one
+ * frame is one serving-thread turn at the target. */
+#define SHM_SLICE (16u << 20)
+/* Bytes copied per registry read-lock hold at the target: bounds how long
+ * a deregistration or cancel waits (well under a millisecond). */
+#define SHM_CHUNK (4u << 20)
+/* Frames in flight per connection: hides the control round trip. */
+#define SHM_WINDOW 64
+/* Waiting on at most this many bytes being copied, the answer is due within
+ * tens of microseconds: spin for it rather than sleep. */
+#define SHM_SPIN_INFLIGHT (256u << 10)
+
+/* ------------------------------------------------------ target: trust */
+
+struct shm_conn {
+    int state;          /* 0 unchecked, 1 verified, -1 refused */
+    pid_t pid;
+    int pidfd;          /* the verified initiator, -1 if pidfd_open is missing */
+    char reason[200];   /* why refused */
+};
+
+static void shm_conn_free(void *p)
+{
+    struct shm_conn *sc = p;
+    if (sc && sc->pidfd >= 0) close(sc->pidfd);
+    free(sc);
+}
+
+/* Addresses in one form: IPv6, with IPv4 as ::ffff:a.b.c.d. */
+struct addr6 {
+    uint8_t a[16];
+    uint16_t port;
+};
+
+static int to_addr6(const struct sockaddr_storage *ss, struct addr6 *out)
+{
+    memset(out, 0, sizeof *out);
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *s4 = (const struct sockaddr_in *)ss;
+        out->a[10] = out->a[11] = 0xff;
+        memcpy(out->a + 12, &s4->sin_addr, 4);
+        out->port = ntohs(s4->sin_port);
+        return 0;
+    }
+    if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
+        memcpy(out->a, &s6->sin6_addr, 16);
+        out->port = ntohs(s6->sin6_port);
+        return 0;
+    }
+    return -1;
+}
+
+static bool is_loopback(const struct addr6 *x)
+{
+    static const uint8_t v6lo[16] = {[15] = 1};
+    static const uint8_t v4pre[12] = {[10] = 0xff, [11] = 0xff};
+    if (memcmp(x->a, v6lo, 16) == 0) return true;
+    return memcmp(x->a, v4pre, 12) == 0 && x->a[12] == 127;
+}
+
+/* Whether x is loopback or assigned to one of this host's interfaces: then
+ * the connection never left the host. */
+static bool is_local_address(const struct addr6 *x)
+{
+    if (is_loopback(x)) return true;
+    struct ifaddrs *ifs;
+    if (getifaddrs(&ifs) != 0) return false;
+    bool found = false;
+    for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
+        if (!i->ifa_addr) continue;
+        struct sockaddr_storage ss;
+        memset(&ss, 0, sizeof ss);
+        size_t len = i->ifa_addr->sa_family == AF_INET ? sizeof(struct sockaddr_in)
+                     : i->ifa_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : 0;
+        if (!len) continue;
+        memcpy(&ss, i->ifa_addr, len);
+        struct addr6 y;
+        if (to_addr6(&ss, &y) == 0 && memcmp(x->a, y.a, 16) == 0) found = true;
+    }
+    freeifaddrs(ifs);
+    return found;
+}
+
+/* Parses a /proc/net/tcp{,6} address "0100007F:1F90" (IPv4: one native
+ * 32-bit word in hex; IPv6: four) into an addr6. */
+static int parse_proc_addr(const char *text, bool v6, struct addr6 *out)
+{
+    memset(out, 0, sizeof *out);
+    size_t hexlen = v6 ? 32 : 8;
+    if (strlen(text) < hexlen + 2 || text[hexlen] != ':') return -1;
+    uint8_t raw[16];
+    for (size_t w = 0; w < hexlen / 8; w++) {
+        char word[9];
+        memcpy(word, text + w * 8, 8);
+        word[8] = '\0';
+        char *end;
+        uint32_t v = (uint32_t)strtoul(word, &end, 16);
+        if (*end) return -1;
+        memcpy(raw + w * 4, &v, 4);
+    }
+    if (v6) {
+        memcpy(out->a, raw, 16);
+    } else {
+        out->a[10] = out->a[11] = 0xff;
+        memcpy(out->a + 12, raw, 4);
+    }
+    char *end;
+    unsigned long port = strtoul(text + hexlen + 1, &end, 16);
+    if (port > 65535) return -1;
+    out->port = (uint16_t)port;
+    return 0;
+}
+
+/* The inode of the socket whose local end is `local` and remote end is
+ * `remote`, from /proc/net/tcp and tcp6 of this network namespace. */
+static unsigned long find_socket_inode(const struct addr6 *local, const struct addr6 *remote)
+{
+    static const char *const files[2] = {"/proc/net/tcp", "/proc/net/tcp6"};
+    for (int k = 0; k < 2; k++) {
+        FILE *f = fopen(files[k], "re");
+        if (!f) continue;
+        char line[512];
+        unsigned long inode = 0;
+        if (!fgets(line, sizeof line, f)) line[0] = '\0'; /* the header */
+        while (!inode && fgets(line, sizeof line, f)) {
+            char la[64], ra[64];
+            unsigned long ino;
+            if (sscanf(line, " %*u: %63s %63s %*x %*s %*s %*s %*u %*u %lu", la, ra, &ino) != 3) continue;
+            struct addr6 l, r;
+            if (parse_proc_addr(la, k == 1, &l) || parse_proc_addr(ra, k == 1, &r)) continue;
+            if (ino && l.port == local->port && r.port == remote->port && memcmp(l.a, local->a, 16) == 0 &&
+                memcmp(r.a, remote->a, 16) == 0)
+                inode = ino;
+        }
+        fclose(f);
+        if (inode) return inode;
+    }
+    return 0;
+}
+
+/* 1 if pid holds socket:[inode] among its fds, 0 if not, -errno if its fd
+ * table cannot be read. */
+static int pid_owns_socket(pid_t pid, unsigned long inode)
+{
+    char dir[64], want[64];
+    snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
+    snprintf(want, sizeof want, "socket:[%lu]", inode);
+    DIR *d = opendir(dir);
+    if (!d) return -errno;
+    int found = 0;
+    struct dirent *de;
+    size_t wl = strlen(want);
+    while (!found && (de = readdir(d)) != NULL) {
+        if (de->d_name[0] == '.') continue;
+        char path[128], target[64];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        ssize_t n = readlink(path, target, sizeof target);
+        if (n == (ssize_t)wl && memcmp(target, want, wl) == 0) found = 1;
+    }
+    closedir(d);
+    return found;
+}
+
+static int open_pidfd(pid_t pid)
+{
+#ifdef SYS_pidfd_open
+    return (int)syscall(SYS_pidfd_open, pid, 0);
+#else
+    (void)pid;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+/* Whether the process behind pidfd has exited (its pid may be reused). */
+static bool pidfd_exited(int pidfd)
+{
+    if (pidfd < 0) return false;
+    struct pollfd p = {.fd = pidfd, .events = POLLIN};
+    return poll(&p, 1, 0) > 0;
+}
+
+static bool shm_disabled_here(void)
+{
+    const char *v = getenv("FERRY_SHM_DISABLE");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+/* Decides once per connection whether the initiator's claimed pid may be
+ * attached. probe is an address the initiator named as its own buffer. */
+static void verify_peer(ferry_conn_t *c, struct shm_conn *sc, uint64_t probe)
+{
+    const ferry_hello_t *h = &c->peer;
+    sc->state = -1;
+    sc->pid = h->pid;
+    if (shm_disabled_here()) {
+        snprintf(sc->reason, sizeof sc->reason, "cross-memory attach disabled at the target (FERRY_SHM_DISABLE)");
+        return;
+    }
+    if (memcmp(h->host_id, c->engine->host_id, sizeof h->host_id) != 0 || h->pid <= 0) {
+        snprintf(sc->reason, sizeof sc->reason, "the initiator is not on this host (boot id or pid %d)", (int)h->pid);
+        return;
+    }
+    struct sockaddr_storage peer_ss, self_ss;
+    socklen_t pl = sizeof peer_ss, sl = sizeof self_ss;
+    struct addr6 peer, self;
+    if (getpeername(c->fd, (struct sockaddr *)&peer_ss, &pl) != 0 ||
+        getsockname(c->fd, (struct sockaddr *)&self_ss, &sl) != 0 || to_addr6(&peer_ss, &peer) ||
+        to_addr6(&self_ss, &self)) {
+        snprintf(sc->reason, sizeof sc->reason, "the connection's addresses cannot be read: %s", strerror(errno));
+        return;
+    }
+    if (!is_local_address(&peer)) {
+        snprintf(sc->reason, sizeof sc->reason, "the connection comes from an address that is not this host's");
+        return;
+    }
+    /* The initiator's socket: local end = its address, remote end = ours. */
+    unsigned long inode = find_socket_inode(&peer, &self);
+    if (!inode) {
+        snprintf(sc->reason, sizeof sc->reason,
+                 "the initiator's socket is not in this network namespace's /proc/net/tcp");
+        return;
+    }
+    int pidfd = open_pidfd(h->pid);
+    if (pidfd < 0 && errno == ESRCH) {
+        snprintf(sc->reason, sizeof sc->reason, "claimed pid %d does not exist here (another pid namespace?)",
+                 (int)h->pid);
+        return;
+    }
+    int own = pid_owns_socket(h->pid, inode);
+    if (own <= 0 || pidfd_exited(pidfd)) {
+        if (own < 0)
+            snprintf(sc->reason, sizeof sc->reason, "cannot read /proc/%d/fd to verify the claimed pid: %s",
+                     (int)h->pid, strerror(-own));
+        else
+            snprintf(sc->reason, sizeof sc->reason, "claimed pid %d does not own the connection's socket",
+                     (int)h->pid);
+        if (pidfd >= 0) close(pidfd);
+        return;
+    }
+    /* The kernel's own check (ptrace access mode ATTACH, Yama): one byte of
+     * the initiator's buffer into a scratch byte here. */
+    unsigned char scratch;
+    struct iovec mine = {&scratch, 1}, theirs = {(void *)(uintptr_t)probe, 1};
+    if (process_vm_readv(h->pid, &mine, 1, &theirs, 1, 0) != 1 && errno != EFAULT) {
+        /* EFAULT: attaching is allowed, the address is bad; the copy reports it. */
+        int err = errno;
+        snprintf(sc->reason, sizeof sc->reason, "the kernel refuses cross-memory attach to pid %d: %s%s", (int)h->pid,
+                 strerror(err),
+                 err == EPERM ? " (different user, container, or Yama ptrace_scope)" : "");
+        if (pidfd >= 0) close(pidfd);
+        return;
+    }
+    sc->pidfd = pidfd;
+    sc->state = 1;
+    FERRY_LOG(FERRY_LOG_DEBUG, "shm", "verified %s as pid %d (socket inode %lu)", h->name, (int)h->pid, inode);
+}
+
+/* -------------------------------------------------------- target: copy */
+
+static int send_status(ferry_conn_t *c, uint8_t type, const ferry_frame_t *req, int status, uint64_t deadline)
+{
+    const char *why = status ? ferry_last_error_detail() : "";
+    size_t n = strlen(why);
+    if (n > FERRY_WIRE_MAX_REASON) n = FERRY_WIRE_MAX_REASON;
+    ferry_frame_t f = {.type = type, .status = status, .req_id = req->req_id, .addr = req->addr,
+                       .len = status ? 0 : req->len, .plen = (uint32_t)n};
+    return ferry_conn_send_frame(c, &f, why, deadline);
+}
+
+/* Copies the frame's range chunk by chunk, each under the registry's read
+ * lock after re-validating the range. Returns the answer's status. */
+static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, bool write)
+{
+    ferry_engine_t *e = c->engine;
+    ferry_registry_t *r = &e->registry;
+    uint32_t need = write ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_REMOTE_READ;
+    uint64_t done = 0;
+    while (done < f->len) {
+        uint64_t left = f->len - done;
+        size_t n = left < SHM_CHUNK ? (size_t)left : SHM_CHUNK;
+        struct iovec mine = {(void *)(uintptr_t)(f->addr + done), n};
+        struct iovec theirs = {(void *)(uintptr_t)(f->aux + done), n};
+        ssize_t got = 0;
+        int err = 0, rc = 0;
+        ferry_registry_read_lock(r);
+        if (ferry_engine_is_cancelled(e, c->peer.engine_id, f->req_id))
+            rc = ferry_fail(FERRY_ERR_CANCELLED, "request %llu was cancelled", (unsigned long long)f->req_id);
+        else
+            rc = ferry_registry_check_locked(r, f->addr, f->len, need, f->crc, "target");
+        if (rc == 0) {
+            got = write ? process_vm_readv(sc->pid, &mine, 1, &theirs, 1, 0)
+                        : process_vm_writev(sc->pid, &mine, 1, &theirs, 1, 0);
+            if (got < 0) err = errno;
+        }
+        ferry_registry_unlock(r);
+        if (rc) {
+            if (done && rc == FERRY_ERR_ADDRESS_NOT_REGISTERED) ferry_fail_context("region deregistered during the write");
+            return rc;
+        }
+        if (got > 0) {
+            done += (uint64_t)got;
+            continue;
+        }
+        if (got == 0) err = EFAULT; /* nothing moved: a fault at the very start */
+        switch (err) {
+        case EINTR:
+        case EAGAIN:
+            continue;
+        case EPERM:
+        case EACCES:
+            sc->state = -1;
+            snprintf(sc->reason, sizeof sc->reason, "the kernel stopped allowing cross-memory attach to pid %d: %s",
+                     (int)sc->pid, strerror(err));
+            return ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "%s", sc->reason);
+        case ESRCH:
+            return ferry_fail(FERRY_ERR_PEER_CLOSED, "initiator pid %d exited during a transfer", (int)sc->pid);
+        case ENOMEM:
+            return ferry_fail(FERRY_ERR_MEMORY, "cross-memory attach: out of memory");
+        default:
+            return ferry_fail(FERRY_ERR_INVALID_ARGUMENT,
+                              "%s initiator memory [0x%llx+%zu) by cross-memory attach failed after %llu of %llu "
+                              "bytes: %s (is the buffer unmapped while registered?)",
+                              write ? "reading" : "writing", (unsigned long long)(f->aux + done), n,
+                              (unsigned long long)done, (unsigned long long)f->len, strerror(err));
+        }
+    }
+    return 0;
+}
+
+static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
+{
+    uint64_t deadline = ferry_deadline_after_ms(c->engine->cfg.timeout_ms);
+    bool write = f->type == FERRY_FRAME_CMA_WRITE;
+    uint8_t answer = write ? FERRY_FRAME_WRITE_ACK : FERRY_FRAME_READ_RESP;
+    if (f->plen != 0 || f->flags != 0 || f->len == 0 || f->len > FERRY_WIRE_MAX_DATA || f->aux == 0 ||
+        f->aux + f->len < f->aux)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s of %llu bytes from 0x%llx (payload %u, flags 0x%x)",
+                          ferry_frame_type_name(f->type), (unsigned long long)f->len, (unsigned long long)f->aux,
+                          f->plen, f->flags);
+    struct shm_conn *sc = c->xport;
+    if (!sc) {
+        sc = calloc(1, sizeof *sc);
+        if (!sc) return ferry_fail(FERRY_ERR_MEMORY, "shm: out of memory");
+        sc->pidfd = -1;
+        c->xport = sc;
+        c->xport_free = shm_conn_free;
+    }
+    if (sc->state == 0) verify_peer(c, sc, f->aux);
+    if (sc->state == 1 && pidfd_exited(sc->pidfd)) {
+        sc->state = -1;
+        snprintf(sc->reason, sizeof sc->reason, "the verified initiator pid %d has exited", (int)sc->pid);
+    }
+    int status;
+    if (sc->state < 0)
+        status = ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "%s", sc->reason);
+    else
+        status = copy_chunks(c, sc, f, write);
+    if (status == FERRY_ERR_PEER_CLOSED) return status;
+    return send_status(c, answer, f, status, deadline);
+}
+
+/* --------------------------------------------------- initiator side */
+
+/* Reads a failing answer's text (the target's detail) into a local failure;
+ * *reason gets the text without its "NAME (code): " prefix. */
+static int fail_from_target(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline, char *reason, size_t cap)
+{
+    char text[FERRY_WIRE_MAX_REASON + 1];
+    uint32_t n = f->plen <= FERRY_WIRE_MAX_REASON ? f->plen : FERRY_WIRE_MAX_REASON;
+    if (ferry_net_recv(c->fd, text, n, deadline) != 0) n = 0;
+    text[n] = '\0';
+    if (f->plen > n) ferry_conn_discard(c, f->plen - n, deadline);
+    const char *bare = strstr(text, "): ");
+    if (reason) snprintf(reason, cap, "%s", bare ? bare + 3 : n ? text : "(no detail)");
+    return ferry_fail(f->status, "target %s refused: %s", c->peer.name, n ? text : "(no detail)");
+}
+
+struct inflight {
+    ferry_xfer_t *x;
+    uint64_t off, n;
+};
+
+static bool piece_sendable(const ferry_xfer_t *x, uint64_t off)
+{
+    return x->rc == 0 && off < x->len && !(x->cancel && atomic_load(x->cancel));
+}
+
+static int send_cma(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t n)
+{
+    ferry_frame_t f = {.type = x->opcode == FERRY_OP_WRITE ? FERRY_FRAME_CMA_WRITE : FERRY_FRAME_CMA_READ,
+                       .req_id = x->req_id, .addr = x->remote + off, .len = n,
+                       .aux = (uint64_t)(uintptr_t)(x->local + off), .crc = x->generation};
+    return ferry_conn_send_frame(c, &f, NULL, x->deadline);
+}
+
+/* Receives one answer. 0, a piece failure, or (with *broken) a connection
+ * failure; *refused when the target declined cross-memory attach. */
+static int recv_answer(ferry_conn_t *c, const struct inflight *in, int *broken, bool *refused, char *reason,
+                       size_t cap)
+{
+    ferry_xfer_t *x = in->x;
+    ferry_frame_t f;
+    int rc = ferry_conn_recv_frame(c, &f, x->deadline);
+    if (rc) {
+        *broken = 1;
+        return rc;
+    }
+    uint8_t want = x->opcode == FERRY_OP_WRITE ? FERRY_FRAME_WRITE_ACK : FERRY_FRAME_READ_RESP;
+    if (f.type != want || f.req_id != x->req_id) {
+        *broken = 1;
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected %s for request %llu, got %s for %llu",
+                          ferry_frame_type_name(want), (unsigned long long)x->req_id, ferry_frame_type_name(f.type),
+                          (unsigned long long)f.req_id);
+    }
+    if (f.status < 0) {
+        rc = fail_from_target(c, &f, x->deadline, reason, cap);
+        if (rc == FERRY_ERR_NOT_IMPLEMENTED) *refused = true;
+        return rc;
+    }
+    if (f.plen != 0 || f.len != in->n) {
+        *broken = 1;
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s for %llu bytes with %u payload bytes, slice was %llu",
+                          ferry_frame_type_name(f.type), (unsigned long long)f.len, f.plen,
+                          (unsigned long long)in->n);
+    }
+    return 0;
+}
+
+/* The target refused: this session moves to tcp for good, and the pieces
+ * go again over TCP from their confirmed prefix. */
+static int fall_back(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, const char *reason)
+{
+    ferry_session_t *s = c->session;
+    if (s) {
+        pthread_mutex_lock(&s->lock);
+        if (s->transport == &ferry_transport_shm) {
+            s->transport = &ferry_transport_tcp;
+            snprintf(s->transport_reason, sizeof s->transport_reason, "shm refused by the target: %s; fell back to tcp",
+                     reason);
+            FERRY_LOG(FERRY_LOG_WARN, "shm", "%s: shm refused by the target (%s); using tcp", s->name, reason);
+        }
+        pthread_mutex_unlock(&s->lock);
+    }
+    ferry_clear_last_error();
+    return ferry_transport_tcp.run(c, xs, nx, broken);
+}
+
+static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
+{
+    struct inflight ring[SHM_WINDOW];
+    unsigned head = 0, count = 0;
+    size_t cur = 0;
+    uint64_t cur_off = nx ? xs[0].done : 0;
+    bool refused = false;
+    char reason[200] = "";
+    /* Pieces with a refused slice: later acks must not extend their
+     * confirmed prefix. */
+    bool *tainted = NULL;
+    uint64_t inflight = 0;
+    unsigned spin_us = ferry_net_spin_us();
+    *broken = 0;
+    for (;;) {
+        while (cur < nx && !piece_sendable(&xs[cur], cur_off)) {
+            if (++cur < nx) cur_off = xs[cur].done;
+        }
+        if (!refused && cur < nx && count < SHM_WINDOW) {
+            ferry_xfer_t *x = &xs[cur];
+            uint64_t n = x->len - cur_off < SHM_SLICE ? x->len - cur_off : SHM_SLICE;
+            int rc = send_cma(c, x, cur_off, n);
+            if (rc) {
+                *broken = 1;
+                free(tainted);
+                return rc;
+            }
+            ring[(head + count++) % SHM_WINDOW] = (struct inflight){x, cur_off, n};
+            cur_off += n;
+            inflight += n;
+            continue;
+        }
+        if (count == 0) break;
+        struct inflight in = ring[head];
+        head = (head + 1) % SHM_WINDOW;
+        count--;
+        if (inflight <= SHM_SPIN_INFLIGHT) ferry_net_spin_readable(c->fd, spin_us);
+        inflight -= in.n;
+        bool this_refused = false;
+        int rc = recv_answer(c, &in, broken, &this_refused, reason, sizeof reason);
+        if (*broken) {
+            free(tainted);
+            return rc;
+        }
+        size_t idx = (size_t)(in.x - xs);
+        if (this_refused) {
+            refused = true;
+            if (!tainted) tainted = calloc(nx, sizeof *tainted);
+            if (!tainted) {
+                free(tainted);
+                return ferry_fail(FERRY_ERR_MEMORY, "shm fallback: out of memory");
+            }
+            tainted[idx] = true;
+        } else if (rc) {
+            if (in.x->rc == 0) ferry_xfer_fail(in.x, rc);
+        } else if (in.x->rc == 0 && !(tainted && tainted[idx])) {
+            in.x->done += in.n;
+            if (in.x->progress) atomic_fetch_add(in.x->progress, in.n);
+        }
+    }
+    free(tainted);
+    if (refused) return fall_back(c, xs, nx, broken, reason);
+    for (size_t i = 0; i < nx; i++) {
+        ferry_xfer_t *x = &xs[i];
+        if (x->rc == 0 && x->done < x->len)
+            ferry_xfer_fail(x, ferry_fail(FERRY_ERR_CANCELLED, "cancelled after %llu of %llu bytes",
+                                          (unsigned long long)x->done, (unsigned long long)x->len));
+    }
+    return 0;
+}
+
+/* Yama's ptrace_scope 1 lets only ancestors attach; the target must attach
+ * to us, so we name "any" as our ptracer, once, and only then. */
+static int yama_scope(void)
+{
+    FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "re");
+    if (!f) return 0;
+    int v = 0;
+    if (fscanf(f, "%d", &v) != 1) v = 0;
+    fclose(f);
+    return v;
+}
+
+static pthread_once_t yama_once = PTHREAD_ONCE_INIT;
+static int yama_level;
+
+static void yama_setup(void)
+{
+    yama_level = yama_scope();
+    if (yama_level == 1) {
+        if (prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) == 0)
+            FERRY_LOG(FERRY_LOG_INFO, "shm", "Yama ptrace_scope=1: allowed same-user peers to attach (PR_SET_PTRACER)");
+        else
+            yama_level = 2;
+    }
+}
+
+static int shm_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, size_t cap)
+{
+    static const uint8_t zero[16];
+    const char *t = e->cfg.transport;
+    if (t && strcmp(t, "auto") != 0 && strcmp(t, "shm") != 0) {
+        snprintf(why, cap, "shm not used: transport forced to %s", t);
+        return 0;
+    }
+    if (!(peer->flags & FERRY_HELLO_F_CMA)) {
+        snprintf(why, cap, "shm not usable: the peer does not offer cross-memory attach");
+        return 0;
+    }
+    if (memcmp(e->host_id, zero, sizeof zero) == 0 || memcmp(peer->host_id, e->host_id, sizeof e->host_id) != 0) {
+        snprintf(why, cap, "shm not usable: the peer is on another host");
+        return 0;
+    }
+    if (peer->pid <= 0) {
+        snprintf(why, cap, "shm not usable: the peer sent no pid");
+        return 0;
+    }
+    pthread_once(&yama_once, yama_setup);
+    if (yama_level >= 2) {
+        snprintf(why, cap, "shm not usable: Yama ptrace_scope=%d forbids cross-memory attach", yama_level);
+        return 0;
+    }
+    snprintf(why, cap, "peer on this host (pid %d): single-copy cross-memory attach", (int)peer->pid);
+    return 1;
+}
+
+const ferry_transport_ops_t ferry_transport_shm = {
+    .name = "shm",
+    .usable = shm_usable,
+    .run = shm_run,
+    .serve = shm_serve,
+    .serve_types = (1u << FERRY_FRAME_CMA_WRITE) | (1u << FERRY_FRAME_CMA_READ),
+};

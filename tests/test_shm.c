@@ -1,0 +1,449 @@
+/* The shared-memory transport between two processes (fork): round trips,
+ * target-side validation over cross-memory attach, the automatic fallback to
+ * TCP when the target refuses, forcing by config, and a spoofed pid. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#include "core/clock.h"
+#include "core/engine.h"
+#include "core/net.h"
+#include "wire/wire.h"
+
+/* ------------------------------------------------- a target in a child */
+
+enum { CMD_QUIT = 0, CMD_CHECK, CMD_FILL, CMD_DEREGISTER, CMD_REREGISTER_RO };
+
+struct cmd {
+    int op;
+    uint64_t seed, off, len;
+};
+
+struct reply {
+    int rc;
+    uint16_t port;
+    uint64_t addr, len;
+    int32_t pid;
+};
+
+typedef struct child {
+    pid_t pid;
+    int to, from;     /* command pipe, reply pipe */
+    char peer[64];
+    uint64_t addr, len;
+} child_t;
+
+static void child_main(int in, int out, size_t len, int disable_shm)
+{
+    if (disable_shm) setenv("FERRY_SHM_DISABLE", "1", 1);
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.timeout_ms = 10000;
+    ferry_engine_t *e = NULL;
+    struct reply r = {0};
+    unsigned char *buf = malloc(len);
+    r.rc = buf ? ferry_engine_create(&cfg, &e) : -1;
+    if (r.rc == 0) r.rc = ferry_register(e, buf, len, FERRY_MEM_REMOTE);
+    r.port = ferry_engine_port(e);
+    r.addr = (uint64_t)(uintptr_t)buf;
+    r.len = len;
+    r.pid = (int32_t)getpid();
+    if (write(out, &r, sizeof r) != sizeof r) _exit(1);
+    struct cmd c;
+    while (read(in, &c, sizeof c) == sizeof c && c.op != CMD_QUIT) {
+        struct reply a = {0};
+        switch (c.op) {
+        case CMD_CHECK: a.rc = harness_check(buf + c.off, c.len, c.seed) ? 0 : 1; break;
+        case CMD_FILL: harness_fill(buf + c.off, c.len, c.seed); break;
+        case CMD_DEREGISTER: a.rc = ferry_deregister(e, buf); break;
+        case CMD_REREGISTER_RO: a.rc = ferry_register(e, buf, len, FERRY_MEM_REMOTE_READ); break;
+        }
+        if (write(out, &a, sizeof a) != sizeof a) break;
+    }
+    ferry_engine_destroy(e);
+    free(buf);
+    _exit(0);
+}
+
+static child_t *child_start(size_t len, int disable_shm)
+{
+    int down[2], up[2];
+    assert_int_equal(pipe(down), 0);
+    assert_int_equal(pipe(up), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(down[1]);
+        close(up[0]);
+        child_main(down[0], up[1], len, disable_shm);
+    }
+    close(down[0]);
+    close(up[1]);
+    child_t *c = calloc(1, sizeof *c);
+    c->pid = pid;
+    c->to = down[1];
+    c->from = up[0];
+    struct reply r;
+    assert_int_equal(read(c->from, &r, sizeof r), sizeof r);
+    assert_int_equal(r.rc, 0);
+    snprintf(c->peer, sizeof c->peer, "127.0.0.1:%u", r.port);
+    c->addr = r.addr;
+    c->len = r.len;
+    return c;
+}
+
+static int child_do(child_t *c, int op, uint64_t seed, uint64_t off, uint64_t len)
+{
+    struct cmd m = {op, seed, off, len};
+    assert_int_equal(write(c->to, &m, sizeof m), sizeof m);
+    struct reply r;
+    assert_int_equal(read(c->from, &r, sizeof r), sizeof r);
+    return r.rc;
+}
+
+static void child_stop(child_t *c)
+{
+    struct cmd m = {CMD_QUIT, 0, 0, 0};
+    if (write(c->to, &m, sizeof m) != sizeof m) kill(c->pid, SIGKILL);
+    int status = 0;
+    waitpid(c->pid, &status, 0);
+    close(c->to);
+    close(c->from);
+    free(c);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+static ferry_engine_t *initiator(const char *transport, int conns)
+{
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.timeout_ms = 10000;
+    cfg.connect_timeout_ms = 5000;
+    if (transport) cfg.transport = transport;
+    if (conns) cfg.conns_per_peer = conns;
+    return harness_engine_cfg(&cfg);
+}
+
+static void info_of(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info)
+{
+    int rc = ferry_session_info(e, peer, info);
+    if (rc) fail_msg("session info: %s", ferry_last_error_detail());
+}
+
+/* ------------------------------------------------------------- tests */
+
+static void two_processes_round_trip(void **state)
+{
+    (void)state;
+    size_t cap = 64u << 20;
+    child_t *c = child_start(cap, 0);
+    ferry_engine_t *e = initiator(NULL, 0);
+    unsigned char *src = malloc(cap);
+    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    ferry_peer_info_t info;
+    info_of(e, c->peer, &info);
+    assert_string_equal(info.transport, "shm");
+    assert_int_equal(info.pid, c->pid);
+    assert_non_null(strstr(info.transport_reason, "cross-memory attach"));
+    const size_t sizes[] = {1, 4096 + 7, (1u << 20) + 3, 64u << 20};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        size_t len = sizes[k];
+        harness_fill(src, len, 100 + k);
+        int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, len);
+        if (rc) fail_msg("write %zu: %s", len, ferry_last_error_detail());
+        /* Complete means placed in the other process's memory. */
+        assert_int_equal(child_do(c, CMD_CHECK, 100 + k, 0, len), 0);
+        assert_int_equal(child_do(c, CMD_FILL, 200 + k, 0, len), 0);
+        memset(src, 0, len);
+        rc = ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src, c->addr, len);
+        if (rc) fail_msg("read %zu: %s", len, ferry_last_error_detail());
+        assert_true(harness_check(src, len, 200 + k));
+    }
+    /* A batch scattering 64 blocks of 64 KiB in reverse order. */
+    enum { N = 64, BLOCK = 65536 };
+    void *locals[N];
+    uint64_t remotes[N];
+    size_t lens[N];
+    harness_fill(src, (size_t)N * BLOCK, 7);
+    for (int i = 0; i < N; i++) {
+        locals[i] = src + (size_t)i * BLOCK;
+        remotes[i] = c->addr + (uint64_t)(N - 1 - i) * BLOCK;
+        lens[i] = BLOCK;
+    }
+    assert_int_equal(ferry_batch_transfer_sync(e, c->peer, FERRY_OP_WRITE, locals, remotes, lens, N), 0);
+    memset(src, 0, (size_t)N * BLOCK);
+    assert_int_equal(ferry_batch_transfer_sync(e, c->peer, FERRY_OP_READ, locals, remotes, lens, N), 0);
+    assert_true(harness_check(src, (size_t)N * BLOCK, 7));
+    info_of(e, c->peer, &info);
+    assert_string_equal(info.transport, "shm"); /* no fallback happened */
+    ferry_engine_destroy(e);
+    free(src);
+    child_stop(c);
+}
+
+/* The target validates every CMA frame against its own registry, even when
+ * the initiator's cached segment table says the range is fine. */
+static void target_validates_over_shm(void **state)
+{
+    (void)state;
+    size_t cap = 1u << 20;
+    child_t *c = child_start(cap, 0);
+    ferry_engine_t *e = initiator("shm", 1);
+    unsigned char *src = malloc(cap);
+    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    harness_fill(src, cap, 1);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, cap), 0);
+    ferry_peer_info_t info;
+    info_of(e, c->peer, &info);
+    assert_string_equal(info.transport, "shm");
+    assert_non_null(strstr(info.transport_reason, "forced by config"));
+
+    /* Deregistered behind the initiator's back: the target refuses. */
+    assert_int_equal(child_do(c, CMD_DEREGISTER, 0, 0, 0), 0);
+    assert_int_equal(child_do(c, CMD_FILL, 9, 0, cap), 0);
+    int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, 4096);
+    assert_int_equal(rc, FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    assert_detail_contains("target range");
+    assert_int_equal(child_do(c, CMD_CHECK, 9, 0, cap), 0); /* nothing placed */
+    rc = ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src, c->addr, 4096);
+    assert_int_equal(rc, FERRY_ERR_ADDRESS_NOT_REGISTERED);
+
+    /* Registered again, read-only: writes are denied, reads work. */
+    assert_int_equal(child_do(c, CMD_REREGISTER_RO, 0, 0, 0), 0);
+    rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, 4096);
+    if (rc != FERRY_ERR_ACCESS_DENIED) fail_msg("write to read-only: %s", ferry_last_error_detail());
+    assert_int_equal(child_do(c, CMD_CHECK, 9, 0, cap), 0);
+    /* The target sees the new generation; a retry, with the table
+     * refreshed, reads. */
+    memset(src, 0, cap);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src, c->addr, cap), FERRY_ERR_STALE_SEGMENT);
+    assert_detail_contains("registered again");
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src, c->addr, cap), 0);
+    assert_true(harness_check(src, cap, 9));
+
+    /* Out of the region's bounds. */
+    rc = ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src, c->addr + cap - 10, 4096);
+    assert_int_equal(rc, FERRY_ERR_OUT_OF_BOUNDS);
+    info_of(e, c->peer, &info);
+    assert_string_equal(info.transport, "shm");
+    ferry_engine_destroy(e);
+    free(src);
+    child_stop(c);
+}
+
+/* The target refuses cross-memory attach (FERRY_SHM_DISABLE=1 in its
+ * environment): the initiator chose shm, gets the refusal on its first
+ * transfer, moves the session to tcp with the reason, and the data arrives. */
+static void fallback_when_target_refuses(void **state)
+{
+    (void)state;
+    size_t cap = 16u << 20;
+    child_t *c = child_start(cap, 1);
+    ferry_engine_t *e = initiator(NULL, 0);
+    unsigned char *src = malloc(cap);
+    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    ferry_peer_info_t info;
+    info_of(e, c->peer, &info);
+    assert_string_equal(info.transport, "shm"); /* chosen at the handshake */
+    harness_fill(src, cap, 3);
+    int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, cap);
+    if (rc) fail_msg("write: %s", ferry_last_error_detail());
+    assert_int_equal(child_do(c, CMD_CHECK, 3, 0, cap), 0);
+    info_of(e, c->peer, &info);
+    assert_string_equal(info.transport, "tcp");
+    assert_non_null(strstr(info.transport_reason, "refused"));
+    assert_non_null(strstr(info.transport_reason, "FERRY_SHM_DISABLE"));
+    /* Reads go over TCP from now on. */
+    assert_int_equal(child_do(c, CMD_FILL, 4, 0, cap), 0);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src, c->addr, cap), 0);
+    assert_true(harness_check(src, cap, 4));
+    ferry_engine_destroy(e);
+
+    /* A read as the first transfer falls back the same way. */
+    e = initiator(NULL, 1);
+    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    memset(src, 0, cap);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src, c->addr, cap), 0);
+    assert_true(harness_check(src, cap, 4));
+    info_of(e, c->peer, &info);
+    assert_string_equal(info.transport, "tcp");
+    ferry_engine_destroy(e);
+    free(src);
+    child_stop(c);
+}
+
+static void transport_forced_by_config(void **state)
+{
+    (void)state;
+    ferry_engine_t *t = initiator(NULL, 0);
+    ferry_engine_t *e = initiator("tcp", 0);
+    char peer[300];
+    snprintf(peer, sizeof peer, "%s", ferry_engine_name(t));
+    ferry_peer_info_t info;
+    info_of(e, peer, &info);
+    assert_string_equal(info.transport, "tcp");
+    assert_non_null(strstr(info.transport_reason, "forced by config"));
+    ferry_engine_destroy(e);
+    e = initiator("shm", 0);
+    info_of(e, peer, &info);
+    assert_string_equal(info.transport, "shm");
+    ferry_engine_destroy(e);
+    ferry_engine_destroy(t);
+}
+
+/* ---------------------------------------------- a hand-made initiator */
+
+static int raw_connect(ferry_engine_t *target, ferry_engine_t *as, int32_t claimed_pid, ferry_hello_t *ack)
+{
+    int fd;
+    uint64_t dl = ferry_deadline_after_ms(5000);
+    assert_int_equal(ferry_net_connect("127.0.0.1", ferry_engine_port(target), dl, &fd), 0);
+    ferry_hello_t h;
+    ferry_hello_fill(as, &h);
+    h.pid = claimed_pid;
+    uint8_t buf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
+    int n = ferry_hello_encode(&h, buf, sizeof buf);
+    assert_true(n > 0);
+    ferry_frame_t f = {.type = FERRY_FRAME_HELLO, .plen = (uint32_t)n};
+    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
+    ferry_frame_encode(&f, hdr);
+    assert_int_equal(ferry_net_send(fd, hdr, sizeof hdr, dl), 0);
+    assert_int_equal(ferry_net_send(fd, buf, (size_t)n, dl), 0);
+    assert_int_equal(ferry_net_recv(fd, hdr, sizeof hdr, dl), 0);
+    assert_int_equal(ferry_frame_decode(hdr, &f), 0);
+    assert_int_equal(f.type, FERRY_FRAME_HELLO_ACK);
+    assert_int_equal(f.status, 0);
+    assert_true(f.plen <= sizeof buf);
+    assert_int_equal(ferry_net_recv(fd, buf, f.plen, dl), 0);
+    assert_int_equal(ferry_hello_decode(buf, f.plen, ack), 0);
+    return fd;
+}
+
+/* Sends one CMA frame; returns the answer's status, its text in reason. */
+static int raw_cma(int fd, uint8_t type, uint64_t addr, uint64_t len, uint64_t aux, char *reason, size_t cap)
+{
+    uint64_t dl = ferry_deadline_after_ms(5000);
+    ferry_frame_t f = {.type = type, .req_id = 77, .addr = addr, .len = len, .aux = aux};
+    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
+    ferry_frame_encode(&f, hdr);
+    assert_int_equal(ferry_net_send(fd, hdr, sizeof hdr, dl), 0);
+    assert_int_equal(ferry_net_recv(fd, hdr, sizeof hdr, dl), 0);
+    assert_int_equal(ferry_frame_decode(hdr, &f), 0);
+    assert_int_equal(f.type, type == FERRY_FRAME_CMA_WRITE ? FERRY_FRAME_WRITE_ACK : FERRY_FRAME_READ_RESP);
+    assert_true(f.plen < cap);
+    assert_int_equal(ferry_net_recv(fd, reason, f.plen, dl), 0);
+    reason[f.plen] = '\0';
+    return f.status;
+}
+
+static char secret[64] = "the victim's secret, never to be copied";
+
+/* A peer claiming another process's pid must not make the target read that
+ * process's memory: the claimed pid does not own the connection's socket. */
+static void spoofed_pid_is_refused(void **state)
+{
+    (void)state;
+    pid_t victim = fork();
+    assert_true(victim >= 0);
+    if (victim == 0) { /* has `secret` at the same address, like us */
+        pause();
+        _exit(0);
+    }
+    ferry_engine_t *t = initiator(NULL, 0);
+    ferry_engine_t *me = initiator(NULL, 0);
+    unsigned char dst[64];
+    memset(dst, 0, sizeof dst);
+    assert_int_equal(ferry_register(t, dst, sizeof dst, FERRY_MEM_REMOTE), 0);
+    ferry_hello_t ack;
+    int fd = raw_connect(t, me, (int32_t)victim, &ack);
+    char reason[FERRY_WIRE_MAX_REASON + 1];
+    int st = raw_cma(fd, FERRY_FRAME_CMA_WRITE, (uint64_t)(uintptr_t)dst, sizeof dst, (uint64_t)(uintptr_t)secret,
+                     reason, sizeof reason);
+    assert_int_equal(st, FERRY_ERR_NOT_IMPLEMENTED);
+    if (!strstr(reason, "does not own")) fail_msg("reason: %s", reason);
+    unsigned char zero[64] = {0};
+    assert_memory_equal(dst, zero, sizeof dst);
+    /* The refusal sticks to the connection. */
+    st = raw_cma(fd, FERRY_FRAME_CMA_READ, (uint64_t)(uintptr_t)dst, sizeof dst, (uint64_t)(uintptr_t)secret, reason,
+                 sizeof reason);
+    assert_int_equal(st, FERRY_ERR_NOT_IMPLEMENTED);
+    close(fd);
+
+    /* The same peer telling the truth is served. */
+    fd = raw_connect(t, me, (int32_t)getpid(), &ack);
+    static char mine[64] = "our own bytes";
+    st = raw_cma(fd, FERRY_FRAME_CMA_WRITE, (uint64_t)(uintptr_t)dst, sizeof dst, (uint64_t)(uintptr_t)mine, reason,
+                 sizeof reason);
+    assert_int_equal(st, 0);
+    assert_memory_equal(dst, mine, sizeof dst);
+    /* Outside registered memory: refused with the registry's reason. */
+    st = raw_cma(fd, FERRY_FRAME_CMA_WRITE, (uint64_t)(uintptr_t)secret, 16, (uint64_t)(uintptr_t)mine, reason,
+                 sizeof reason);
+    assert_int_equal(st, FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    assert_string_equal(secret, "the victim's secret, never to be copied");
+    /* A malformed CMA frame (a payload) drops the connection. */
+    uint64_t dl = ferry_deadline_after_ms(5000);
+    ferry_frame_t f = {.type = FERRY_FRAME_CMA_WRITE, .req_id = 78, .addr = (uint64_t)(uintptr_t)dst, .len = 8,
+                       .aux = 0};
+    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
+    ferry_frame_encode(&f, hdr);
+    assert_int_equal(ferry_net_send(fd, hdr, sizeof hdr, dl), 0);
+    assert_int_equal(ferry_net_recv(fd, hdr, sizeof hdr, dl), 0);
+    assert_int_equal(ferry_frame_decode(hdr, &f), 0);
+    assert_int_equal(f.type, FERRY_FRAME_ERROR);
+    assert_int_equal(f.status, FERRY_ERR_MALFORMED_FRAME);
+    close(fd);
+    ferry_engine_destroy(me);
+    ferry_engine_destroy(t);
+    kill(victim, SIGKILL);
+    waitpid(victim, NULL, 0);
+}
+
+/* A registered local buffer that was unmapped: the target's copy faults and
+ * says so; nothing outside the registered ranges is touched. */
+static void unmapped_local_buffer(void **state)
+{
+    (void)state;
+    size_t cap = 1u << 20;
+    child_t *c = child_start(cap, 0);
+    ferry_engine_t *e = initiator("shm", 1);
+    unsigned char *ok = malloc(4096);
+    assert_int_equal(ferry_register(e, ok, 4096, FERRY_MEM_LOCAL), 0);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, ok, c->addr, 4096), 0);
+    unsigned char *gone = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(gone != MAP_FAILED);
+    assert_int_equal(ferry_register(e, gone, cap, FERRY_MEM_LOCAL), 0);
+    munmap(gone, cap);
+    int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, gone, c->addr, cap);
+    assert_int_equal(rc, FERRY_ERR_INVALID_ARGUMENT);
+    assert_detail_contains("cross-memory attach");
+    rc = ferry_transfer_sync(e, c->peer, FERRY_OP_READ, gone, c->addr, cap);
+    assert_int_equal(rc, FERRY_ERR_INVALID_ARGUMENT);
+    assert_detail_contains("unmapped");
+    /* The connection stays good. */
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_READ, ok, c->addr, 4096), 0);
+    ferry_engine_destroy(e);
+    free(ok);
+    child_stop(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(two_processes_round_trip),
+        cmocka_unit_test(target_validates_over_shm),
+        cmocka_unit_test(fallback_when_target_refuses),
+        cmocka_unit_test(transport_forced_by_config),
+        cmocka_unit_test(spoofed_pid_is_refused),
+        cmocka_unit_test(unmapped_local_buffer),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

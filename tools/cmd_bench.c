@@ -1,0 +1,829 @@
+/* ferry bench: throughput and latency of Ferry transfers, in the manner of
+ * Mooncake's transfer_engine_bench, plus the baselines and the
+ * housekeeping figures bench/compare reports.
+ *
+ *   ferry bench --local [OPTIONS]           forks a target, runs an initiator
+ *   ferry bench target [--port P] ...       serves a registered buffer
+ *   ferry bench initiator --peer H:P --remote-addr A --remote-len L [OPTIONS]
+ *   ferry bench baseline memcpy|memfd|cma [--block-size S] ...
+ *   ferry bench extras                      registration, sessions, idle CPU
+ *
+ * Throughput is bytes confirmed complete per wall-clock second (GB/s =
+ * 1e9 bytes/s); latency is measured per call (one batch of --batch-size
+ * requests), reported as p50/p99/p999. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <ferry/ferry.h>
+
+#include "cli.h"
+
+/* ------------------------------------------------------------- helpers */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int parse_size(const char *s, size_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0) return -1;
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1048576.0; end++; break;
+    case 'g': case 'G': mul = 1073741824.0; end++; break;
+    default: break;
+    }
+    if (*end == 'i' && end[1] == 'B') end += 2;
+    else if (*end == 'B') end++;
+    if (*end) return -1;
+    *out = (size_t)(v * mul);
+    return 0;
+}
+
+static void fmt_size(size_t n, char *out, size_t cap)
+{
+    if (n >= (1u << 30) && n % (1u << 30) == 0) snprintf(out, cap, "%zu GiB", n >> 30);
+    else if (n >= (1u << 20) && n % (1u << 20) == 0) snprintf(out, cap, "%zu MiB", n >> 20);
+    else if (n >= 1024 && n % 1024 == 0) snprintf(out, cap, "%zu KiB", n >> 10);
+    else snprintf(out, cap, "%zu B", n);
+}
+
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') fprintf(f, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20) fprintf(f, "\\u%04x", *s);
+        else fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+/* Pages in a buffer so that no run measures first-touch faults. */
+static void *alloc_touched(size_t len)
+{
+    void *p = mmap(NULL, len ? len : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    memset(p, 0x5a, len);
+    return p;
+}
+
+/* CPU seconds (user + system) of a process, from /proc/<pid>/stat. */
+static double proc_cpu_s(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    if (!p) return 0;
+    unsigned long ut = 0, st = 0;
+    /* Fields after the command: state ppid pgrp session tty tpgid flags
+     * minflt cminflt majflt cmajflt utime stime. */
+    if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2) return 0;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static double self_cpu_s(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+           ru.ru_stime.tv_usec * 1e-6;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(const double *v, size_t n, double p)
+{
+    if (!n) return 0;
+    size_t i = (size_t)(p * (double)(n - 1) + 0.5);
+    return v[i < n ? i : n - 1];
+}
+
+/* --------------------------------------------------------------- options */
+
+struct opts {
+    int local;
+    const char *peer;
+    uint64_t remote_addr;
+    size_t remote_len;
+    const char *host;
+    int port;
+    int op;               /* FERRY_OP_* */
+    size_t block;
+    size_t batch;
+    int threads;
+    double duration;
+    double warmup;
+    const char *transport;
+    int conns;
+    int json;
+    size_t buffer;        /* target: bytes to register */
+    /* extras */
+    int regions, sessions;
+    double idle;
+};
+
+static void opts_init(struct opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->host = "127.0.0.1";
+    o->op = FERRY_OP_WRITE;
+    o->block = 1u << 20;
+    o->batch = 1;
+    o->threads = 1;
+    o->duration = 3;
+    o->warmup = 0.3;
+    o->transport = "auto";
+    o->regions = 10000;
+    o->sessions = 100;
+    o->idle = 2;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: ferry bench --local [OPTIONS]            fork a target and measure against it\n"
+            "       ferry bench target [--host H] [--port P] [--buffer-size S] [--duration SEC]\n"
+            "       ferry bench initiator --peer HOST:PORT --remote-addr A --remote-len L [OPTIONS]\n"
+            "       ferry bench baseline memcpy|memfd|cma [--block-size S] [--duration SEC] [--json]\n"
+            "       ferry bench extras [--regions N] [--sessions N] [--idle SEC] [--json]\n"
+            "\n"
+            "options:\n"
+            "  --op write|read       operation (write)\n"
+            "  --block-size S        bytes per request, K/M/G suffixes (1M)\n"
+            "  --batch-size N        requests per call (ferry_batch_transfer_sync) (1)\n"
+            "  --threads N           initiator threads, each with its own blocks (1)\n"
+            "  --duration SEC        measured time (3); --warmup SEC before it (0.3)\n"
+            "  --transport T         auto|tcp|shm (auto; also FERRY_TRANSPORT)\n"
+            "  --conns N             connections per peer (config.conns_per_peer)\n"
+            "  --json                one JSON object on stdout instead of text\n"
+            "\n"
+            "The target prints one JSON line {\"name\",\"addr\",\"len\",\"pid\"} once it serves.\n"
+            "Latency is per call: one batch of --batch-size requests, submit to completion.\n");
+}
+
+/* Parses argv from index i; returns 0, or 2 after printing the problem. */
+static int parse_opts(int argc, char **argv, int i, struct opts *o)
+{
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEED_VALUE()                                                      \
+    do {                                                                  \
+        if (!v) {                                                         \
+            fprintf(stderr, "ferry bench: %s needs a value\n", a);        \
+            return 2;                                                     \
+        }                                                                 \
+        i++;                                                              \
+    } while (0)
+        if (strcmp(a, "--local") == 0) o->local = 1;
+        else if (strcmp(a, "--json") == 0) o->json = 1;
+        else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            exit(0);
+        } else if (strcmp(a, "--peer") == 0) { NEED_VALUE(); o->peer = v; }
+        else if (strcmp(a, "--host") == 0) { NEED_VALUE(); o->host = v; }
+        else if (strcmp(a, "--transport") == 0) { NEED_VALUE(); o->transport = v; }
+        else if (strcmp(a, "--port") == 0) { NEED_VALUE(); o->port = atoi(v); }
+        else if (strcmp(a, "--threads") == 0) { NEED_VALUE(); o->threads = atoi(v); }
+        else if (strcmp(a, "--conns") == 0) { NEED_VALUE(); o->conns = atoi(v); }
+        else if (strcmp(a, "--regions") == 0) { NEED_VALUE(); o->regions = atoi(v); }
+        else if (strcmp(a, "--sessions") == 0) { NEED_VALUE(); o->sessions = atoi(v); }
+        else if (strcmp(a, "--duration") == 0) { NEED_VALUE(); o->duration = atof(v); }
+        else if (strcmp(a, "--warmup") == 0) { NEED_VALUE(); o->warmup = atof(v); }
+        else if (strcmp(a, "--idle") == 0) { NEED_VALUE(); o->idle = atof(v); }
+        else if (strcmp(a, "--remote-addr") == 0) { NEED_VALUE(); o->remote_addr = strtoull(v, NULL, 0); }
+        else if (strcmp(a, "--op") == 0) {
+            NEED_VALUE();
+            if (strcmp(v, "write") == 0) o->op = FERRY_OP_WRITE;
+            else if (strcmp(v, "read") == 0) o->op = FERRY_OP_READ;
+            else {
+                fprintf(stderr, "ferry bench: --op is write or read, not '%s'\n", v);
+                return 2;
+            }
+        } else if (strcmp(a, "--block-size") == 0 || strcmp(a, "--batch-size") == 0 || strcmp(a, "--buffer-size") == 0 ||
+                   strcmp(a, "--remote-len") == 0) {
+            NEED_VALUE();
+            size_t n;
+            if (parse_size(v, &n) != 0 || n == 0) {
+                fprintf(stderr, "ferry bench: bad size '%s' for %s\n", v, a);
+                return 2;
+            }
+            if (a[2] == 'b' && a[3] == 'l') o->block = n;
+            else if (a[2] == 'b' && a[3] == 'a') o->batch = n;
+            else if (a[2] == 'b') o->buffer = n;
+            else o->remote_len = n;
+        } else {
+            fprintf(stderr, "ferry bench: unknown option '%s'\n\n", a);
+            usage(stderr);
+            return 2;
+        }
+#undef NEED_VALUE
+    }
+    if (o->threads < 1 || o->threads > 64 || o->duration <= 0 || o->batch > 65536) {
+        fprintf(stderr, "ferry bench: need 1..64 threads, a positive duration, at most 65536 per batch\n");
+        return 2;
+    }
+    return 0;
+}
+
+static int make_engine(const struct opts *o, int listen_port, ferry_engine_t **out)
+{
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    if (ferry_config_from_env(&cfg) != 0) {
+        fprintf(stderr, "ferry bench: %s\n", ferry_last_error_detail());
+        return -1;
+    }
+    cfg.host = o->host;
+    cfg.port = (uint16_t)listen_port;
+    if (o->transport && (!getenv("FERRY_TRANSPORT") || strcmp(o->transport, "auto") != 0))
+        cfg.transport = o->transport;
+    if (o->conns > 0) cfg.conns_per_peer = o->conns;
+    if (o->threads > cfg.workers) cfg.workers = o->threads;
+    int rc = ferry_engine_create(&cfg, out);
+    if (rc) fprintf(stderr, "ferry bench: engine: %s\n", ferry_last_error_detail());
+    return rc;
+}
+
+/* ---------------------------------------------------------------- target */
+
+static volatile sig_atomic_t stop_flag;
+static void on_signal(int sig) { (void)sig; stop_flag = 1; }
+
+/* Serves a registered buffer; writes its JSON line to fd out. */
+static int run_target(const struct opts *o, int out)
+{
+    size_t len = o->buffer ? o->buffer : (size_t)1 << 30;
+    void *buf = alloc_touched(len);
+    if (!buf) {
+        fprintf(stderr, "ferry bench target: cannot allocate %zu bytes\n", len);
+        return 1;
+    }
+    ferry_engine_t *e;
+    if (make_engine(o, o->port, &e) != 0) return 1;
+    if (ferry_register(e, buf, len, FERRY_MEM_REMOTE) != 0) {
+        fprintf(stderr, "ferry bench target: register: %s\n", ferry_last_error_detail());
+        return 1;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    char line[512];
+    int n = snprintf(line, sizeof line, "{\"name\":\"%s\",\"addr\":%" PRIu64 ",\"len\":%zu,\"pid\":%d}\n",
+                     ferry_engine_name(e), (uint64_t)(uintptr_t)buf, len, (int)getpid());
+    if (write(out, line, (size_t)n) != n) return 1;
+    double end = o->duration > 0 && !o->local ? now_s() + o->duration : 0;
+    while (!stop_flag && (end == 0 || now_s() < end)) {
+        struct timespec ts = {0, 50 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    ferry_engine_destroy(e);
+    munmap(buf, len);
+    return 0;
+}
+
+struct target_proc {
+    pid_t pid;
+    char name[300];
+    uint64_t addr;
+    size_t len;
+};
+
+/* Forks a target serving len bytes; waits for its line. */
+static int spawn_target(const struct opts *o, size_t len, struct target_proc *t)
+{
+    int p[2];
+    if (pipe(p) != 0) return -1;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        close(p[0]);
+        struct opts to = *o;
+        to.buffer = len;
+        to.port = 0;
+        to.local = 1; /* serve until killed */
+        _exit(run_target(&to, p[1]));
+    }
+    close(p[1]);
+    char line[512];
+    size_t n = 0;
+    while (n < sizeof line - 1) {
+        ssize_t k = read(p[0], line + n, 1);
+        if (k <= 0 || line[n] == '\n') break;
+        n++;
+    }
+    line[n] = '\0';
+    close(p[0]);
+    char *nm = strstr(line, "\"name\":\"");
+    char *ad = strstr(line, "\"addr\":");
+    if (!nm || !ad) {
+        fprintf(stderr, "ferry bench: the target did not start\n");
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        return -1;
+    }
+    nm += 8;
+    char *q = strchr(nm, '"');
+    snprintf(t->name, sizeof t->name, "%.*s", (int)(q - nm), nm);
+    t->addr = strtoull(ad + 7, NULL, 10);
+    t->len = len;
+    t->pid = pid;
+    return 0;
+}
+
+static void stop_target(struct target_proc *t)
+{
+    kill(t->pid, SIGTERM);
+    int st;
+    waitpid(t->pid, &st, 0);
+}
+
+/* ------------------------------------------------------------- initiator */
+
+struct worker {
+    const struct opts *o;
+    ferry_engine_t *e;
+    const char *peer;
+    unsigned char *local;
+    uint64_t remote;
+    void **locals;
+    uint64_t *remotes;
+    size_t *lens;
+    double start, stop;
+    double *lat;
+    size_t nlat, caplat;
+    uint64_t bytes, calls;
+    int rc;
+    char detail[512];
+};
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    const struct opts *o = w->o;
+    size_t b = o->batch;
+    for (size_t i = 0; i < b; i++) {
+        w->locals[i] = w->local + i * o->block;
+        w->remotes[i] = w->remote + i * o->block;
+        w->lens[i] = o->block;
+    }
+    while (now_s() < w->start) {
+        int rc = ferry_batch_transfer_sync(w->e, w->peer, o->op, w->locals, w->remotes, w->lens, b);
+        if (rc) {
+            w->rc = rc;
+            snprintf(w->detail, sizeof w->detail, "%s", ferry_last_error_detail());
+            return NULL;
+        }
+    }
+    for (;;) {
+        double t0 = now_s();
+        if (t0 >= w->stop) break;
+        int rc = ferry_batch_transfer_sync(w->e, w->peer, o->op, w->locals, w->remotes, w->lens, b);
+        double t1 = now_s();
+        if (rc) {
+            w->rc = rc;
+            snprintf(w->detail, sizeof w->detail, "%s", ferry_last_error_detail());
+            return NULL;
+        }
+        if (w->nlat == w->caplat) {
+            w->caplat = w->caplat ? w->caplat * 2 : 65536;
+            double *n = realloc(w->lat, w->caplat * sizeof *n);
+            if (!n) {
+                w->rc = FERRY_ERR_MEMORY;
+                return NULL;
+            }
+            w->lat = n;
+        }
+        w->lat[w->nlat++] = (t1 - t0) * 1e6;
+        w->bytes += (uint64_t)b * o->block;
+        w->calls++;
+    }
+    return NULL;
+}
+
+static int run_initiator(const struct opts *o, const char *peer, uint64_t raddr, size_t rlen, pid_t target_pid)
+{
+    size_t per_thread = o->batch * o->block;
+    if ((size_t)o->threads * per_thread > rlen) {
+        fprintf(stderr, "ferry bench: %d thread(s) x %zu requests x %zu bytes exceed the remote buffer (%zu)\n",
+                o->threads, o->batch, o->block, rlen);
+        return 1;
+    }
+    ferry_engine_t *e;
+    if (make_engine(o, 0, &e) != 0) return 1;
+    size_t total = (size_t)o->threads * per_thread;
+    unsigned char *local = alloc_touched(total);
+    if (!local || ferry_register(e, local, total, FERRY_MEM_LOCAL) != 0) {
+        fprintf(stderr, "ferry bench: local buffer of %zu bytes: %s\n", total, ferry_last_error_detail());
+        return 1;
+    }
+    if (ferry_session_open(e, peer) != 0) {
+        fprintf(stderr, "ferry bench: %s\n", ferry_last_error_detail());
+        return 1;
+    }
+    struct worker *ws = calloc((size_t)o->threads, sizeof *ws);
+    pthread_t *tids = calloc((size_t)o->threads, sizeof *tids);
+    double start = now_s() + o->warmup, stop = start + o->duration;
+    for (int t = 0; t < o->threads; t++) {
+        struct worker *w = &ws[t];
+        w->o = o;
+        w->e = e;
+        w->peer = peer;
+        w->local = local + (size_t)t * per_thread;
+        w->remote = raddr + (uint64_t)t * per_thread;
+        w->locals = calloc(o->batch, sizeof *w->locals);
+        w->remotes = calloc(o->batch, sizeof *w->remotes);
+        w->lens = calloc(o->batch, sizeof *w->lens);
+        w->start = start;
+        w->stop = stop;
+    }
+    double cpu0 = 0, tcpu0 = 0;
+    for (int t = 0; t < o->threads; t++) pthread_create(&tids[t], NULL, worker_main, &ws[t]);
+    /* CPU from the end of the warmup on. */
+    while (now_s() < start) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    cpu0 = self_cpu_s();
+    if (target_pid) tcpu0 = proc_cpu_s(target_pid);
+    double wall0 = now_s();
+    for (int t = 0; t < o->threads; t++) pthread_join(tids[t], NULL);
+    double wall = now_s() - wall0;
+    double cpu = self_cpu_s() - cpu0;
+    double tcpu = target_pid ? proc_cpu_s(target_pid) - tcpu0 : -1;
+    int rc = 0;
+    uint64_t bytes = 0, calls = 0;
+    size_t nlat = 0;
+    for (int t = 0; t < o->threads; t++) {
+        if (ws[t].rc && !rc) {
+            rc = ws[t].rc;
+            fprintf(stderr, "ferry bench: thread %d: %s\n", t, ws[t].detail);
+        }
+        bytes += ws[t].bytes;
+        calls += ws[t].calls;
+        nlat += ws[t].nlat;
+    }
+    double *lat = malloc((nlat ? nlat : 1) * sizeof *lat);
+    size_t k = 0;
+    double sum = 0;
+    for (int t = 0; t < o->threads; t++) {
+        memcpy(lat + k, ws[t].lat, ws[t].nlat * sizeof *lat);
+        k += ws[t].nlat;
+    }
+    for (size_t i = 0; i < nlat; i++) sum += lat[i];
+    qsort(lat, nlat, sizeof *lat, cmp_double);
+    ferry_peer_info_t info;
+    memset(&info, 0, sizeof info);
+    ferry_session_info(e, peer, &info);
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    ferry_config_from_env(&cfg);
+    int conns = o->conns > 0 ? o->conns : cfg.conns_per_peer;
+    double gbps = wall > 0 ? (double)bytes / wall / 1e9 : 0;
+    double p50 = pct(lat, nlat, 0.50), p99 = pct(lat, nlat, 0.99), p999 = pct(lat, nlat, 0.999);
+    double mx = nlat ? lat[nlat - 1] : 0, mean = nlat ? sum / (double)nlat : 0;
+    const char *opname = o->op == FERRY_OP_WRITE ? "write" : "read";
+    if (o->json) {
+        printf("{\"tool\":\"ferry\",\"op\":\"%s\",\"block_size\":%zu,\"batch_size\":%zu,\"threads\":%d,\"conns\":%d,"
+               "\"transport\":",
+               opname, o->block, o->batch, o->threads, conns);
+        json_str(stdout, info.transport);
+        printf(",\"transport_reason\":");
+        json_str(stdout, info.transport_reason);
+        printf(",\"peer\":");
+        json_str(stdout, peer);
+        printf(",\"seconds\":%.3f,\"bytes\":%" PRIu64 ",\"calls\":%" PRIu64 ",\"requests\":%" PRIu64
+               ",\"gbps\":%.4f,\"lat_us\":{\"p50\":%.2f,\"p99\":%.2f,\"p999\":%.2f,\"max\":%.2f,\"mean\":%.2f},"
+               "\"cpu\":{\"initiator\":%.3f,\"target\":%.3f},\"ok\":%s}\n",
+               wall, bytes, calls, calls * (uint64_t)o->batch, gbps, p50, p99, p999, mx, mean,
+               wall > 0 ? cpu / wall : 0, wall > 0 && tcpu >= 0 ? tcpu / wall : -1, rc ? "false" : "true");
+    } else {
+        char bs[32];
+        fmt_size(o->block, bs, sizeof bs);
+        printf("ferry bench: %s %s x %zu per call, %d thread(s), %d connection(s) to %s\n", opname, bs, o->batch,
+               o->threads, conns, peer);
+        printf("  transport   %s (%s)\n", info.transport, info.transport_reason);
+        printf("  throughput  %.3f GB/s  (%.1f MiB/s), %" PRIu64 " calls, %" PRIu64 " requests in %.2f s\n", gbps,
+               wall > 0 ? (double)bytes / wall / 1048576.0 : 0, calls, calls * (uint64_t)o->batch, wall);
+        printf("  latency     per call: p50 %.1f us, p99 %.1f us, p999 %.1f us, max %.1f us, mean %.1f us\n", p50,
+               p99, p999, mx, mean);
+        printf("  cpu         initiator %.0f%% of a core", wall > 0 ? 100 * cpu / wall : 0);
+        if (tcpu >= 0) printf(", target %.0f%%", 100 * tcpu / wall);
+        printf("\n");
+    }
+    free(lat);
+    for (int t = 0; t < o->threads; t++) {
+        free(ws[t].lat);
+        free(ws[t].locals);
+        free(ws[t].remotes);
+        free(ws[t].lens);
+    }
+    free(ws);
+    free(tids);
+    ferry_engine_destroy(e);
+    munmap(local, total);
+    return rc ? 1 : 0;
+}
+
+/* ------------------------------------------------------------- baselines */
+
+/* Copies block bytes from src to dst by `how` until the time is up. */
+static int baseline(const struct opts *o, const char *how)
+{
+    size_t len = o->block;
+    unsigned char *src = alloc_touched(len);
+    unsigned char *dst = NULL;
+    pid_t child = 0;
+    int up[2] = {-1, -1}, down[2] = {-1, -1};
+    int memfd = -1;
+    if (!src) return 1;
+    if (strcmp(how, "memcpy") == 0) {
+        dst = alloc_touched(len);
+    } else if (strcmp(how, "memfd") == 0) {
+        /* A shared mapping another process holds: the memcpy a shared-memory
+         * transport does when both sides map the same pages. */
+        memfd = memfd_create("ferry-bench", MFD_CLOEXEC);
+        if (memfd < 0 || ftruncate(memfd, (off_t)len) != 0) return 1;
+        dst = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+        if (dst == MAP_FAILED) return 1;
+        memset(dst, 0, len);
+        if (pipe(down) != 0) return 1;
+        child = fork();
+        if (child == 0) {
+            char c;
+            if (read(down[0], &c, 1) < 0) _exit(1);
+            _exit(0);
+        }
+    } else if (strcmp(how, "cma") == 0) {
+        /* process_vm_writev into another process's private memory. */
+        if (pipe(up) != 0 || pipe(down) != 0) return 1;
+        fflush(NULL);
+        child = fork();
+        if (child == 0) {
+            void *mine = alloc_touched(len);
+            uint64_t a = (uint64_t)(uintptr_t)mine;
+            if (write(up[1], &a, sizeof a) != sizeof a) _exit(1);
+            char c;
+            if (read(down[0], &c, 1) < 0) _exit(1);
+            _exit(0);
+        }
+        uint64_t a = 0;
+        if (read(up[0], &a, sizeof a) != sizeof a) return 1;
+        dst = (unsigned char *)(uintptr_t)a;
+    } else {
+        fprintf(stderr, "ferry bench baseline: unknown baseline '%s' (memcpy, memfd, cma)\n", how);
+        return 2;
+    }
+    if (!dst) return 1;
+    double *lat = NULL;
+    size_t nlat = 0, cap = 0;
+    uint64_t bytes = 0;
+    double start = now_s() + o->warmup, stop = start + o->duration, wall0 = 0;
+    int rc = 0;
+    for (int measuring = 0;;) {
+        double t0 = now_s();
+        if (!measuring && t0 >= start) {
+            measuring = 1;
+            wall0 = t0;
+        }
+        if (t0 >= stop) break;
+        if (child && strcmp(how, "cma") == 0) {
+            struct iovec l = {src, len}, r = {dst, len};
+            if (process_vm_writev(child, &l, 1, &r, 1, 0) != (ssize_t)len) {
+                fprintf(stderr, "ferry bench baseline: process_vm_writev: %s\n", strerror(errno));
+                rc = 1;
+                break;
+            }
+        } else {
+            memcpy(dst, src, len);
+            __asm__ __volatile__("" ::"r"(dst) : "memory");
+        }
+        if (!measuring) continue;
+        double t1 = now_s();
+        if (nlat == cap) {
+            cap = cap ? cap * 2 : 65536;
+            lat = realloc(lat, cap * sizeof *lat);
+        }
+        lat[nlat++] = (t1 - t0) * 1e6;
+        bytes += len;
+    }
+    double wall = now_s() - wall0;
+    if (child) {
+        if (write(down[1], "x", 1) < 0) kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+    }
+    qsort(lat, nlat, sizeof *lat, cmp_double);
+    double gbps = wall > 0 ? (double)bytes / wall / 1e9 : 0;
+    if (o->json)
+        printf("{\"tool\":\"baseline\",\"baseline\":\"%s\",\"block_size\":%zu,\"seconds\":%.3f,\"gbps\":%.4f,"
+               "\"lat_us\":{\"p50\":%.2f,\"p99\":%.2f,\"p999\":%.2f},\"ok\":%s}\n",
+               how, len, wall, gbps, pct(lat, nlat, 0.5), pct(lat, nlat, 0.99), pct(lat, nlat, 0.999),
+               rc ? "false" : "true");
+    else {
+        char bs[32];
+        fmt_size(len, bs, sizeof bs);
+        printf("baseline %s, %s blocks: %.3f GB/s, p50 %.1f us, p99 %.1f us\n", how, bs, gbps, pct(lat, nlat, 0.5),
+               pct(lat, nlat, 0.99));
+    }
+    free(lat);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- extras */
+
+/* Registration of many regions, opening many sessions, idle CPU. */
+static int extras(const struct opts *o)
+{
+    int n = o->regions > 0 ? o->regions : 10000;
+    ferry_engine_t *e;
+    if (make_engine(o, 0, &e) != 0) return 1;
+    size_t each = 4096;
+    unsigned char *pool = alloc_touched((size_t)n * each);
+    void **addrs = calloc((size_t)n, sizeof *addrs);
+    size_t *lens = calloc((size_t)n, sizeof *lens);
+    for (int i = 0; i < n; i++) {
+        addrs[i] = pool + (size_t)i * each;
+        lens[i] = each;
+    }
+    double t0 = now_s();
+    for (int i = 0; i < n; i++)
+        if (ferry_register(e, addrs[i], each, FERRY_MEM_REMOTE) != 0) {
+            fprintf(stderr, "ferry bench extras: register %d: %s\n", i, ferry_last_error_detail());
+            return 1;
+        }
+    double reg = now_s() - t0;
+    /* A peer learning all of them: one session open fetches the table. */
+    ferry_engine_t *peer;
+    if (make_engine(o, 0, &peer) != 0) return 1;
+    t0 = now_s();
+    if (ferry_session_open(peer, ferry_engine_name(e)) != 0) {
+        fprintf(stderr, "ferry bench extras: session with %d segments: %s\n", n, ferry_last_error_detail());
+        return 1;
+    }
+    double open_many = now_s() - t0;
+    ferry_engine_destroy(peer);
+    t0 = now_s();
+    for (int i = 0; i < n; i++) ferry_deregister(e, addrs[i]);
+    double dereg = now_s() - t0;
+    t0 = now_s();
+    int brc = ferry_register_batch(e, addrs, lens, (size_t)n, FERRY_MEM_REMOTE);
+    double reg_batch = now_s() - t0;
+    t0 = now_s();
+    if (brc == 0) ferry_deregister_batch(e, addrs, (size_t)n);
+    double dereg_batch = now_s() - t0;
+
+    /* Sessions: S target engines in a child process, opened one by one. */
+    int s = o->sessions > 0 ? o->sessions : 100;
+    int p[2];
+    if (pipe(p) != 0) return 1;
+    int q[2];
+    if (pipe(q) != 0) return 1;
+    fflush(NULL);
+    pid_t child = fork();
+    if (child == 0) {
+        close(p[0]);
+        close(q[1]);
+        ferry_engine_t **ts = calloc((size_t)s, sizeof *ts);
+        void *buf = alloc_touched(1 << 20);
+        for (int i = 0; i < s; i++) {
+            ferry_config_t cfg;
+            ferry_config_init(&cfg);
+            cfg.workers = 1;
+            if (ferry_engine_create(&cfg, &ts[i]) != 0) _exit(1);
+            ferry_register(ts[i], buf, 1 << 20, FERRY_MEM_REMOTE);
+            uint16_t port = ferry_engine_port(ts[i]);
+            if (write(p[1], &port, sizeof port) != sizeof port) _exit(1);
+        }
+        char c;
+        if (read(q[0], &c, 1) < 0) _exit(1);
+        for (int i = 0; i < s; i++) ferry_engine_destroy(ts[i]);
+        _exit(0);
+    }
+    close(p[1]);
+    close(q[0]);
+    char (*names)[64] = calloc((size_t)s, sizeof *names);
+    for (int i = 0; i < s; i++) {
+        uint16_t port = 0;
+        if (read(p[0], &port, sizeof port) != sizeof port) {
+            fprintf(stderr, "ferry bench extras: the session targets did not start\n");
+            return 1;
+        }
+        snprintf(names[i], sizeof names[i], "127.0.0.1:%u", port);
+    }
+    t0 = now_s();
+    for (int i = 0; i < s; i++)
+        if (ferry_session_open(e, names[i]) != 0) {
+            fprintf(stderr, "ferry bench extras: session %d: %s\n", i, ferry_last_error_detail());
+            return 1;
+        }
+    double open_s = now_s() - t0;
+    /* Idle: sessions open, nothing to do. */
+    double c0 = self_cpu_s(), tc0 = proc_cpu_s(child), w0 = now_s();
+    struct timespec ts = {(time_t)o->idle, (long)((o->idle - (double)(time_t)o->idle) * 1e9)};
+    nanosleep(&ts, NULL);
+    double idle_wall = now_s() - w0;
+    double idle_self = (self_cpu_s() - c0) / idle_wall, idle_targets = (proc_cpu_s(child) - tc0) / idle_wall;
+    t0 = now_s();
+    for (int i = 0; i < s; i++) ferry_session_close(e, names[i]);
+    double close_s = now_s() - t0;
+    if (write(q[1], "x", 1) < 0) kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    ferry_engine_destroy(e);
+    if (o->json) {
+        printf("{\"tool\":\"extras\",\"regions\":%d,\"register_ms\":%.3f,\"deregister_ms\":%.3f,"
+               "\"register_batch_ms\":%.3f,\"deregister_batch_ms\":%.3f,\"open_with_regions_ms\":%.3f,"
+               "\"sessions\":%d,\"sessions_open_ms\":%.3f,\"sessions_close_ms\":%.3f,"
+               "\"idle_seconds\":%.2f,\"idle_cpu_initiator\":%.5f,\"idle_cpu_targets\":%.5f}\n",
+               n, reg * 1e3, dereg * 1e3, reg_batch * 1e3, dereg_batch * 1e3, open_many * 1e3, s, open_s * 1e3,
+               close_s * 1e3, idle_wall, idle_self, idle_targets);
+    } else {
+        printf("register %d regions one by one: %.2f ms (%.2f us each); deregister: %.2f ms\n", n, reg * 1e3,
+               reg * 1e6 / n, dereg * 1e3);
+        printf("register_batch of %d: %.2f ms; deregister_batch: %.2f ms\n", n, reg_batch * 1e3, dereg_batch * 1e3);
+        printf("a peer opening a session to an engine with %d segments: %.2f ms\n", n, open_many * 1e3);
+        printf("open %d sessions (one engine each, other process): %.2f ms (%.2f ms each); close: %.2f ms\n", s,
+               open_s * 1e3, open_s * 1e3 / s, close_s * 1e3);
+        printf("idle %.1f s with %d sessions open: initiator %.3f%% of a core, %d target engines %.3f%%\n",
+               idle_wall, s, idle_self * 100, s, idle_targets * 100);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ main */
+
+static int cmd_bench(int argc, char **argv)
+{
+    struct opts o;
+    opts_init(&o);
+    if (argc >= 2 && strcmp(argv[1], "target") == 0) {
+        if (parse_opts(argc, argv, 2, &o)) return 2;
+        /* The target serves until killed unless --duration was given. */
+        int given = 0;
+        for (int i = 2; i < argc; i++) given |= strcmp(argv[i], "--duration") == 0;
+        if (!given) o.duration = 0;
+        setvbuf(stdout, NULL, _IONBF, 0);
+        return run_target(&o, STDOUT_FILENO);
+    }
+    if (argc >= 2 && strcmp(argv[1], "initiator") == 0) {
+        if (parse_opts(argc, argv, 2, &o)) return 2;
+        if (!o.peer || !o.remote_addr || !o.remote_len) {
+            fprintf(stderr, "ferry bench initiator: needs --peer, --remote-addr and --remote-len (from the target's "
+                            "line)\n");
+            return 2;
+        }
+        return run_initiator(&o, o.peer, o.remote_addr, o.remote_len, 0);
+    }
+    if (argc >= 3 && strcmp(argv[1], "baseline") == 0) {
+        if (parse_opts(argc, argv, 3, &o)) return 2;
+        return baseline(&o, argv[2]);
+    }
+    if (argc >= 2 && strcmp(argv[1], "extras") == 0) {
+        if (parse_opts(argc, argv, 2, &o)) return 2;
+        return extras(&o);
+    }
+    if (parse_opts(argc, argv, 1, &o)) return 2;
+    if (!o.local) {
+        usage(stderr);
+        return 2;
+    }
+    struct target_proc t;
+    size_t need = (size_t)o.threads * o.batch * o.block;
+    if (spawn_target(&o, need, &t) != 0) return 1;
+    int rc = run_initiator(&o, t.name, t.addr, t.len, t.pid);
+    stop_target(&t);
+    return rc;
+}
+
+FERRY_COMMAND("bench", cmd_bench, "measure throughput and latency (target, initiator, --local, baselines)")
