@@ -13,15 +13,14 @@ A registered object is pinned (kept alive, not resizable) until deregistered.
 """
 
 import ctypes
-import os
 import struct
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Optional
 
 from . import _buffers, _lib, errors
-from .errors import FerryError, check, fail
+from .errors import check, fail
 
 __all__ = [
     "Engine", "Batch", "Segment", "PeerInfo", "RequestStatus", "Notification",
@@ -620,7 +619,7 @@ class Batch:
                 if pin is not None:
                     pin.release()
             raise
-        e = self.engine._enter()
+        self.engine._enter()
         try:
             with self._lock:
                 first = int(_lib.fn("ferry_batch_submit")(self._handle(), p, arr, len(reqs),
@@ -639,7 +638,7 @@ class Batch:
 
     def status(self, idx):
         st = _lib.Status()
-        e = self.engine._enter()
+        self.engine._enter()
         try:
             check(_lib.fn("ferry_batch_status")(self._handle(), int(idx), ctypes.byref(st)))
         finally:
@@ -655,14 +654,14 @@ class Batch:
 
     def wait(self, timeout_ms=-1):
         """Waits until every request ended; raises the first failure (or TIMEOUT)."""
-        e = self.engine._enter()
+        self.engine._enter()
         try:
             check(_lib.fn("ferry_batch_wait")(self._handle(), int(timeout_ms)))
         finally:
             self.engine._leave()
 
     def cancel(self):
-        e = self.engine._enter()
+        self.engine._enter()
         try:
             check(_lib.fn("ferry_batch_cancel")(self._handle()))
         finally:
@@ -672,7 +671,7 @@ class Batch:
         """Frees the batch (BatchBusy while requests are in flight)."""
         if self._freed:
             return
-        e = self.engine._enter()
+        self.engine._enter()
         try:
             check(_lib.fn("ferry_batch_free")(self._handle()))
         finally:

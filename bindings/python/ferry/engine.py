@@ -28,7 +28,7 @@ import mmap
 import os
 import threading
 
-from . import _buffers, core, errors
+from . import core, errors
 from .core import Engine
 from .errors import FerryError, fail
 
@@ -152,14 +152,17 @@ class TransferEngine:
     choice (TCP, or shared memory on one host) when the build or host has no
     RDMA, like Mooncake falling back when no device is found; False makes it
     an error (DEVICE_NOT_FOUND or whatever the engine reports).
+    engine: an existing ferry.Engine to front (already initialized; not
+    closed by this object), e.g. a strict and a code-returning view of one engine.
     """
 
     TransferOpcode = TransferOpcode
 
-    def __init__(self, raise_on_error=False, rdma_fallback=True):
+    def __init__(self, raise_on_error=False, rdma_fallback=True, engine=None):
         self.raise_on_error = raise_on_error
         self.rdma_fallback = rdma_fallback
-        self._engine = None
+        self._engine = engine
+        self._owns_engine = engine is None
         self._hostname = None
         self._device_name = None
         self._protocol = None
@@ -176,12 +179,16 @@ class TransferEngine:
         return exc.code
 
     def _run(self, f, *args, on_error=None):
+        # errors.last_error_detail() describes this call: empty after a success.
         try:
-            return f(*args)
+            out = f(*args)
         except FerryError as exc:
+            errors._record(exc.code, exc.detail)
             if self.raise_on_error:
                 raise
             return exc.code if on_error is None else on_error
+        errors._record(0, "")
+        return out
 
     def _eng(self):
         if self._engine is None or self._engine.closed:
@@ -248,6 +255,7 @@ class TransferEngine:
             eng = Engine(**kw)
             transport = "auto"
         self._engine = eng
+        self._owns_engine = True
         self._hostname = host
         self._protocol = protocol
         self._transport = transport or eng.config.get("transport")
@@ -287,7 +295,8 @@ class TransferEngine:
                     eng.deregister(addr)
                 except FerryError:
                     pass
-            eng.close()
+            if self._owns_engine:
+                eng.close()
         for mm in self._managed.values():
             try:
                 mm.close()
