@@ -695,8 +695,11 @@ class Batch:
         free = _lib.fn("ferry_batch_free")
         cancel(self._b)
         if free(self._b) < 0:
-            _lib.fn("ferry_batch_wait")(self._b, -1)
-            free(self._b)
+            # Still busy after the cancel: requests end by their deadline.
+            budget = max(int(self.engine._cfg.timeout_ms), 1000) * 2
+            _lib.fn("ferry_batch_wait")(self._b, budget)
+            if free(self._b) < 0:
+                return  # leaked rather than freed under running requests
         self._after_free()
 
     def __enter__(self):

@@ -374,6 +374,49 @@ class TestPeerKilled(unittest.TestCase):
         self.assertLess(rc, 0)
         self.assertLess(time.monotonic() - t0, 2 * TIMEOUT_MS / 1000 + SLACK_S)
 
+    def test_stopped_peer_times_out(self):
+        # SIGSTOP: the connection stays up but nothing answers; the deadline ends it.
+        sid, raddr = self.decode.session_id, self.decode.kv_addr
+        self.assertEqual(self.te.transfer_sync_write(sid, self.kv.addr, raddr, 4096), 0)
+        self.decode.proc.send_signal(signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            rc = self.te.transfer_sync_write(sid, self.kv.addr, raddr, KV)
+            took = time.monotonic() - t0
+            self.assertEqual(rc, errors.TIMEOUT, errors.last_error_detail())
+            self.assertLess(took, TIMEOUT_MS / 1000 + SLACK_S)
+            self.assertGreater(took, TIMEOUT_MS / 1000 * 0.5)
+            strict = TransferEngine(raise_on_error=True, engine=self.te.engine)
+            with self.assertRaises(ferry.FerryTimeout) as cm:
+                strict.transfer_sync_write(sid, self.kv.addr, raddr, KV)
+            self.assertTrue(cm.exception.retryable)
+            self.assertIn(sid, cm.exception.detail)
+        finally:
+            self.decode.proc.send_signal(signal.SIGCONT)
+
+    def test_close_while_a_transfer_is_blocked(self):
+        sid, raddr = self.decode.session_id, self.decode.kv_addr
+        self.assertEqual(self.te.transfer_sync_write(sid, self.kv.addr, raddr, 4096), 0)
+        self.decode.proc.send_signal(signal.SIGSTOP)
+        try:
+            out = {}
+
+            def blocked():
+                out["rc"] = self.te.transfer_sync_write(sid, self.kv.addr, raddr, KV)
+            th = threading.Thread(target=blocked)
+            th.start()
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            self.te.close()  # waits for the call in flight, which ends by its deadline
+            self.assertLess(time.monotonic() - t0, TIMEOUT_MS / 1000 + SLACK_S)
+            th.join(TIMEOUT_MS / 1000 + SLACK_S)
+            self.assertFalse(th.is_alive())
+            self.assertLess(out["rc"], 0)
+            self.assertEqual(self.te.transfer_sync_write(sid, self.kv.addr, raddr, 64),
+                             errors.CONTEXT)
+        finally:
+            self.decode.proc.send_signal(signal.SIGCONT)
+
     def test_restarted_peer_on_same_port(self):
         sid, old_addr = self.decode.session_id, self.decode.kv_addr
         self.assertEqual(self.te.transfer_sync_write(sid, self.kv.addr, old_addr, 4096), 0)
