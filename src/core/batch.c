@@ -412,10 +412,7 @@ int ferry_batch_status(ferry_batch_t *b, size_t idx, ferry_status_t *st)
     st->state = r->state;
     st->code = r->code;
     st->bytes = atomic_load(&r->bytes);
-    if (r->code && r->detail) {
-        const char *text = strstr(r->detail, "): ");
-        ferry_fail(r->code, "request %zu: %s", idx, text ? text + 3 : r->detail);
-    }
+    if (r->code && r->detail) ferry_fail(r->code, "request %zu: %s", idx, r->detail);
     pthread_mutex_unlock(&b->lock);
     return 0;
 }
@@ -441,8 +438,7 @@ int ferry_batch_wait(ferry_batch_t *b, int timeout_ms)
         struct batch_req *r = &b->reqs[i];
         if (r->code) {
             rc = r->code;
-            const char *text = r->detail ? strstr(r->detail, "): ") : NULL;
-            ferry_fail(rc, "request %zu of %zu: %s", i, b->count, text ? text + 3 : "failed");
+            ferry_fail(rc, "request %zu of %zu: %s", i, b->count, r->detail ? r->detail : "failed");
         }
     }
     pthread_mutex_unlock(&b->lock);

@@ -209,7 +209,7 @@ static int serve_frame(ferry_conn_t *c, const ferry_frame_t *f)
 /* Tells a misbehaving peer why it is dropped, best effort. */
 static void send_error(ferry_conn_t *c, int code)
 {
-    const char *d = ferry_last_error_detail();
+    const char *d = ferry_fail_message();
     size_t n = strlen(d);
     ferry_frame_t f = {.type = FERRY_FRAME_ERROR, .status = code, .plen = (uint32_t)n};
     ferry_conn_send_frame(c, &f, d, ferry_deadline_after_ms(100));
@@ -482,7 +482,7 @@ int ferry_deregister_batch(ferry_engine_t *e, void *const *addrs, size_t n)
         int rc = ferry_registry_remove(&e->registry, (uint64_t)(uintptr_t)addrs[i]);
         if (rc && !first) {
             first = rc;
-            snprintf(detail, sizeof detail, "%s", ferry_last_error_detail());
+            snprintf(detail, sizeof detail, "region %zu of %zu: %s", i, n, ferry_fail_message());
         }
     }
     if (first) ferry_fail(first, "%s", detail);

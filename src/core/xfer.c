@@ -15,7 +15,7 @@ void ferry_xfer_fail(ferry_xfer_t *x, int rc)
 {
     x->rc = rc;
     free(x->detail);
-    x->detail = strdup(ferry_last_error_detail());
+    x->detail = strdup(ferry_fail_message());
 }
 
 static const char *op_name(int opcode) { return opcode == FERRY_OP_WRITE ? "write" : "read"; }
@@ -151,9 +151,7 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
 /* Re-raises piece x's failure as the thread's error, with context. */
 static int report_piece(const ferry_xfer_t *x, const char *peer)
 {
-    const char *d = x->detail ? x->detail : "";
-    const char *text = strstr(d, "): ");
-    ferry_fail(x->rc, "%s", text ? text + 3 : d);
+    ferry_fail(x->rc, "%s", x->detail ? x->detail : "failed");
     return ferry_fail_context("%s of %llu bytes, local %p <-> %s [0x%llx+%llu)", op_name(x->opcode),
                               (unsigned long long)x->len, (void *)(x->local), peer, (unsigned long long)x->remote,
                               (unsigned long long)x->len);
