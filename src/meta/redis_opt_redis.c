@@ -4,6 +4,7 @@
  * call, so a restarted server is picked up without reopening. */
 #include <hiredis/hiredis.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +52,32 @@ static int connect_locked(struct redis *r, const char *step)
     return 0;
 }
 
+/* hiredis writes with write(2): to a server that died, that raises SIGPIPE,
+ * which would kill the process. The signal is blocked in this thread for
+ * the call, and one it raised is consumed before unblocking. */
+static void sigpipe_block(sigset_t *old)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &set, old);
+}
+
+static void sigpipe_restore(const sigset_t *old)
+{
+    sigset_t pending;
+    sigpending(&pending);
+    /* Only consume it when it was not blocked (and maybe pending) before. */
+    if (sigismember(&pending, SIGPIPE) && !sigismember(old, SIGPIPE)) {
+        sigset_t set;
+        sigemptyset(&set);
+        sigaddset(&set, SIGPIPE);
+        const struct timespec zero = {0, 0};
+        sigtimedwait(&set, NULL, &zero);
+    }
+    pthread_sigmask(SIG_SETMASK, old, NULL);
+}
+
 /* Runs one command (hiredis format) under the lock, (re)connecting first.
  * Returns the reply, or NULL with *rc set; an error reply is a failure too.
  * step names the operation for the detail ("SET 'k'"). */
@@ -61,7 +88,10 @@ static redisReply *command_locked(struct redis *r, int *rc, const char *step, co
     if (*rc) return NULL;
     va_list ap;
     va_start(ap, fmt);
+    sigset_t old;
+    sigpipe_block(&old);
     redisReply *reply = redisvCommand(r->ctx, fmt, ap);
+    sigpipe_restore(&old);
     va_end(ap);
     if (!reply) {
         /* The connection is unusable after an I/O error or timeout. */
