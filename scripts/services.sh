@@ -58,8 +58,8 @@ start_redis() {
   rm -f "$dir/redis.pid"
   redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
     --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" \
-    --dir "$dir" >/dev/null || die "redis-server failed to start (see $dir/redis.log)"
-  wait_for "$dir/redis.pid" redis_ok "$port" redis-server "$dir/redis.log" || die "redis-server not ready"
+    --dir "$dir" >/dev/null || { echo "services: redis-server failed to start (see $dir/redis.log)" >&2; return 1; }
+  wait_for "$dir/redis.pid" redis_ok "$port" redis-server "$dir/redis.log" || return 1
   REDIS_PORT=$port
 }
 
@@ -69,6 +69,8 @@ start_etcd() {
   pport=$(free_port)
   [ "$cport" != "$pport" ] || pport=$(free_port)
   rm -rf "$dir/etcd-data"
+  # etcd 3.4 refuses to run on arm64 unless told that it may.
+  if [ "$(uname -m)" = aarch64 ]; then export ETCD_UNSUPPORTED_ARCH=arm64; fi
   # Backgrounded with nohup; etcd has no daemon mode, so the pidfile is ours.
   nohup etcd --name ferry-test --data-dir "$dir/etcd-data" \
     --listen-client-urls "http://127.0.0.1:$cport" \
@@ -78,7 +80,7 @@ start_etcd() {
     --initial-cluster "ferry-test=http://127.0.0.1:$pport" \
     --initial-cluster-state new >"$dir/etcd.log" 2>&1 </dev/null &
   echo $! >"$dir/etcd.pid"
-  wait_for "$dir/etcd.pid" etcd_ok "$cport" etcd "$dir/etcd.log" || die "etcd not ready"
+  wait_for "$dir/etcd.pid" etcd_ok "$cport" etcd "$dir/etcd.log" || return 1
   ETCD_PORT=$cport
 }
 
@@ -113,8 +115,11 @@ cmd_start() {
     fi
   fi
   cmd_stop "$dir"
-  start_redis "$dir"
-  start_etcd "$dir" || { stop_pid "$dir/redis.pid" redis-server; exit 1; }
+  # A server that failed to come up is stopped with the other: all or none.
+  if ! start_redis "$dir" || ! start_etcd "$dir"; then
+    cmd_stop "$dir"
+    die "start failed; nothing left running (logs in $dir)"
+  fi
   cat >"$dir/services.env" <<EOF
 FERRY_TEST_ETCD=127.0.0.1:$ETCD_PORT
 FERRY_TEST_REDIS=127.0.0.1:$REDIS_PORT
