@@ -580,6 +580,19 @@ static void outage_and_republish(void **state)
     if (!wait_value(&o->other, key, "survivor", 5000))
         fail_msg("%s: publisher did not re-publish within 5 s of the restart", b->scheme);
 
+    /* Frozen (alive, connections open, nothing answered): calls time out. */
+    kill(o->s.pid, SIGSTOP);
+    char *got = NULL;
+    uint64_t t_freeze = harness_now_ms();
+    int rc = o->other.ops->lookup(o->other.state, key, &got);
+    uint64_t freeze_ms = harness_now_ms() - t_freeze;
+    kill(o->s.pid, SIGCONT);
+    if (rc != FERRY_ERR_METADATA || freeze_ms > 1500)
+        fail_msg("lookup on frozen %s: rc %d after %llu ms (%s)", b->scheme, rc,
+                 (unsigned long long)freeze_ms, ferry_last_error_detail());
+    assert_detail_contains(o->s.addr);
+    assert_true(wait_value(&o->other, key, "survivor", 3000)); /* and recover */
+
     /* Down again: stop does not hang, it reports the failed removal. */
     server_kill(&o->s);
     uint64_t t0 = harness_now_ms();
