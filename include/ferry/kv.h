@@ -192,6 +192,36 @@ int ferry_kv_gather(const ferry_kv_plan_t *p);
  * INVALID_ARGUMENT before bind_receiver. */
 int ferry_kv_scatter(const ferry_kv_plan_t *p);
 
+/* -------------------------------------------------- completion notices */
+
+/* What a sender tells the decode side about one request from one prefill
+ * rank, through ferry_notify: sent only after every byte of the request was
+ * acknowledged by the receiver, or to report why it never will be. */
+#define FERRY_KV_AUX_MAX 32768u   /* auxiliary bytes (first token, logprobs, ...) */
+#define FERRY_KV_REASON_MAX 512u  /* failure reason, NUL included */
+#define FERRY_KV_NOTICE_HEADER 40u
+
+typedef struct ferry_kv_notice {
+    uint64_t request_id;
+    int status;            /* 0: every byte landed; else the sender's failure code */
+    uint32_t prefill_rank; /* the sender's TP rank */
+    uint32_t decode_rank;
+    uint64_t bytes;        /* payload bytes the sender moved for this request */
+    size_t aux_len;
+    const unsigned char *aux; /* encode: the caller's; decode: points into the message */
+    char reason[FERRY_KV_REASON_MAX]; /* failure detail, "" on success */
+} ferry_kv_notice_t;
+
+/* Bytes ferry_kv_notice_encode writes for n. */
+size_t ferry_kv_notice_size(const ferry_kv_notice_t *n);
+/* Writes n into buf (cap bytes); returns the length, or INVALID_ARGUMENT
+ * (aux over FERRY_KV_AUX_MAX, cap too small). Little-endian, versioned. */
+long ferry_kv_notice_encode(const ferry_kv_notice_t *n, void *buf, size_t cap);
+/* Reads a message: 1 and *out when it is a KV notice (out->aux points into
+ * msg), 0 when it is some other message, MALFORMED_FRAME when it claims to
+ * be a KV notice but is truncated or inconsistent. */
+int ferry_kv_notice_decode(const void *msg, size_t len, ferry_kv_notice_t *out);
+
 #ifdef __cplusplus
 }
 #endif
