@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include <ferry/error.h>
+#include <ferry/ferry.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -221,6 +222,83 @@ long ferry_kv_notice_encode(const ferry_kv_notice_t *n, void *buf, size_t cap);
  * msg), 0 when it is some other message, MALFORMED_FRAME when it claims to
  * be a KV notice but is truncated or inconsistent. */
 int ferry_kv_notice_decode(const void *msg, size_t len, ferry_kv_notice_t *out);
+
+/* ------------------------------------------------ sending over an engine
+ *
+ * Memory: the sender's KV pools and its gather staging, and the receiver's
+ * KV pools and its staging buffer, are registered once (at allocation) with
+ * their engines: the sender's as sources, the receiver's with
+ * FERRY_MEM_REMOTE_WRITE. Nothing is registered per send. */
+
+typedef struct ferry_kv_send_args {
+    uint64_t request_id;
+    const void *aux;    /* delivered with the success notice (first token, ...) */
+    size_t aux_len;     /* <= FERRY_KV_AUX_MAX */
+    int timeout_ms;     /* the whole send; <= 0: the engine's timeout_ms */
+} ferry_kv_send_args_t;
+
+/* Moves one request's KV along a sender-bound plan to the decode rank at
+ * peer: checks that a staging target lies in a region the peer registered
+ * for remote write, gathers, submits every block as one batch, waits until
+ * the peer acknowledged every byte, then notifies it a success notice
+ * carrying the aux bytes. When any step fails it notifies a failure notice
+ * instead (status = the code, reason = the detail) and returns the code;
+ * the detail names the request, the peer and the step. */
+int ferry_kv_send(ferry_engine_t *e, const char *peer, const ferry_kv_plan_t *plan,
+                  const ferry_kv_send_args_t *args);
+/* Tells the decode rank that this prefill rank will not deliver request_id
+ * (aborted, out of memory, ...): a failure notice with status and reason. */
+int ferry_kv_send_failure(ferry_engine_t *e, const char *peer, uint64_t request_id,
+                          uint32_t prefill_rank, uint32_t decode_rank, int status,
+                          const char *reason);
+
+/* One entry of the engine's notification queue as the KV layer sees it.
+ * Other messages are kept whole, so that polling loses nothing. */
+typedef struct ferry_kv_event {
+    int is_notice;             /* 1: notice is valid; 0: another message */
+    ferry_kv_notice_t notice;  /* its aux points into raw.msg */
+    ferry_notification_t raw;  /* owned; freed by ferry_kv_events_free */
+} ferry_kv_event_t;
+
+/* Moves up to max queued notifications into out; returns how many. A
+ * message that claims to be a notice but is malformed comes back as
+ * is_notice 0. */
+long ferry_kv_poll(ferry_engine_t *e, ferry_kv_event_t *out, size_t max);
+void ferry_kv_events_free(ferry_kv_event_t *ev, size_t n);
+
+/* A decode rank's view of one request: one receiver-bound plan per prefill
+ * source (ferry_kv_tp_sources). */
+typedef struct ferry_kv_recv ferry_kv_recv_t;
+
+int ferry_kv_recv_create(uint64_t request_id, ferry_kv_plan_t *const *plans, size_t n,
+                         ferry_kv_recv_t **out);
+void ferry_kv_recv_destroy(ferry_kv_recv_t *r);
+/* Feeds one notice. A source's success notice scatters its staging region
+ * at once. Returns 0 (another request's notice, a repeat, or sources still
+ * missing), 1 once every source delivered (the KV is in place), or the
+ * status of a source's failure notice, the detail carrying its reason;
+ * INVALID_ARGUMENT for a notice from a prefill rank this request does not
+ * expect. After 1 or a failure, later notices return the same outcome. */
+int ferry_kv_recv_offer(ferry_kv_recv_t *r, const ferry_kv_notice_t *n);
+/* The aux bytes of the first success notice that carried any. */
+const void *ferry_kv_recv_aux(const ferry_kv_recv_t *r, size_t *len);
+
+/* -------------------------------------------------------- embeddings
+ *
+ * A per-request buffer registered once with the engine and reused by every
+ * send of the request (multimodal embeddings, hidden states, ...). */
+typedef struct ferry_kv_embed ferry_kv_embed_t;
+
+int ferry_kv_embed_create(ferry_engine_t *e, size_t capacity, ferry_kv_embed_t **out);
+/* Deregisters and frees. NULL is ignored. */
+void ferry_kv_embed_destroy(ferry_kv_embed_t *b);
+void *ferry_kv_embed_data(ferry_kv_embed_t *b);
+size_t ferry_kv_embed_capacity(const ferry_kv_embed_t *b);
+/* Writes the first len bytes to remote at peer, waits for the peer's
+ * acknowledgement, then notifies a success notice (bytes = len, aux from
+ * args); on failure, a failure notice, as ferry_kv_send. */
+int ferry_kv_embed_send(ferry_kv_embed_t *b, const char *peer, size_t len, uint64_t remote,
+                        const ferry_kv_send_args_t *args);
 
 #ifdef __cplusplus
 }

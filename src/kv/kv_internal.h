@@ -66,6 +66,17 @@ struct ferry_kv_plan {
     uint64_t dst_staging_local;
 };
 
+/* kv_send.c, shared with the embeddings path. */
+/* Writes n requests as one batch and waits; on failure the unfinished ones
+ * are cancelled and the detail kept. */
+int kv_write_requests(ferry_engine_t *e, const char *peer, const ferry_request_t *reqs,
+                      size_t n, int timeout_ms);
+int kv_notify_success(ferry_engine_t *e, const char *peer, const ferry_kv_notice_t *n);
+/* Notifies the peer a failure notice for base's request with the current
+ * detail as reason, and returns code with that same text as the detail. */
+int kv_report_failure(ferry_engine_t *e, const char *peer, const ferry_kv_notice_t *base,
+                      const char *step, int code);
+
 /* Offset of layer l, buffer b inside a pair's staging region. */
 static inline uint64_t kv_staging_offset(const struct ferry_kv_plan *p, uint32_t layer,
                                          uint32_t buffer)
