@@ -1,0 +1,477 @@
+/* Batches: cutting requests into pieces, the worker pool that runs them on
+ * several connections at once, and the async batch API. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "engine.h"
+#include "fail.h"
+
+/* Requests at least this big are striped over the peer's connections. */
+#define STRIPE_MIN (8u << 20)
+
+int ferry_check_request(ferry_engine_t *e, int opcode, const void *local, uint64_t remote, uint64_t len);
+int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const uint64_t *remotes,
+                      const size_t *lens, size_t n, uint64_t deadline, ferry_xfer_t **out, size_t *nout);
+int ferry_run_parallel(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);
+
+static int stripes_for(const ferry_engine_t *e, uint64_t len)
+{
+    int k = e->cfg.conns_per_peer;
+    if (len < STRIPE_MIN || k < 2) return 1;
+    uint64_t max_k = len / (STRIPE_MIN / 2);
+    return (uint64_t)k > max_k ? (int)max_k : k;
+}
+
+int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const uint64_t *remotes,
+                      const size_t *lens, size_t n, uint64_t deadline, ferry_xfer_t **out, size_t *nout)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) total += (size_t)stripes_for(e, lens[i]);
+    ferry_xfer_t *xs = calloc(total, sizeof *xs);
+    if (!xs) return ferry_fail(FERRY_ERR_MEMORY, "%zu transfer pieces: out of memory", total);
+    size_t k = 0;
+    uint64_t slice = e->cfg.slice_size;
+    for (size_t i = 0; i < n; i++) {
+        int stripes = stripes_for(e, lens[i]);
+        uint64_t req_id = atomic_fetch_add(&e->next_req_id, 1);
+        /* Stripe boundaries on slice multiples keep every slice full-sized. */
+        uint64_t per = (lens[i] / (uint64_t)stripes + slice - 1) / slice * slice;
+        for (int j = 0; j < stripes; j++) {
+            uint64_t off = per * (uint64_t)j;
+            if (off >= lens[i]) break;
+            uint64_t len = lens[i] - off < per ? lens[i] - off : per;
+            xs[k++] = (ferry_xfer_t){.opcode = opcode, .local = (unsigned char *)locals[i] + off,
+                                     .remote = remotes[i] + off, .len = len, .req_id = req_id,
+                                     .deadline = deadline, .index = i};
+        }
+    }
+    *out = xs;
+    *nout = k;
+    return 0;
+}
+
+/* ------------------------------------------------------------- workers */
+
+typedef void (*task_done_fn)(ferry_task_t *t, void *owner);
+
+struct task_ext {
+    ferry_task_t task;
+    task_done_fn start; /* optional: the worker picked the task up */
+    task_done_fn done;
+    void *owner;
+};
+
+static void enqueue(ferry_engine_t *e, ferry_task_t *t)
+{
+    pthread_mutex_lock(&e->queue_lock);
+    t->next = NULL;
+    if (e->queue_tail)
+        e->queue_tail->next = t;
+    else
+        e->queue_head = t;
+    e->queue_tail = t;
+    pthread_cond_signal(&e->queue_cond);
+    pthread_mutex_unlock(&e->queue_lock);
+}
+
+static ferry_task_t *dequeue(ferry_engine_t *e)
+{
+    pthread_mutex_lock(&e->queue_lock);
+    while (!e->queue_head && !atomic_load(&e->stopping)) pthread_cond_wait(&e->queue_cond, &e->queue_lock);
+    ferry_task_t *t = e->queue_head;
+    if (t) {
+        e->queue_head = t->next;
+        if (!e->queue_head) e->queue_tail = NULL;
+    }
+    pthread_mutex_unlock(&e->queue_lock);
+    return t;
+}
+
+static void run_task(ferry_engine_t *e, ferry_task_t *t)
+{
+    struct task_ext *x = (struct task_ext *)t;
+    if (atomic_load(&e->stopping)) {
+        int rc = ferry_fail(FERRY_ERR_CONTEXT, "the engine shut down before the request ran");
+        for (size_t i = 0; i < t->nxfers; i++)
+            if (t->xfers[i].rc == 0) ferry_xfer_fail(&t->xfers[i], rc);
+    } else {
+        if (x->start) x->start(t, x->owner);
+        ferry_xfer_run(e, t->session, t->xfers, t->nxfers);
+    }
+    x->done(t, x->owner);
+}
+
+static void *worker_main(void *arg)
+{
+    ferry_engine_t *e = arg;
+    ferry_task_t *t;
+    while ((t = dequeue(e)) != NULL) run_task(e, t);
+    return NULL;
+}
+
+int ferry_workers_start(ferry_engine_t *e)
+{
+    e->workers = calloc((size_t)e->cfg.workers, sizeof *e->workers);
+    if (!e->workers) return ferry_fail(FERRY_ERR_MEMORY, "workers: out of memory");
+    for (int i = 0; i < e->cfg.workers; i++) {
+        if (pthread_create(&e->workers[i], NULL, worker_main, e) != 0) {
+            ferry_workers_stop(e);
+            return ferry_fail(FERRY_ERR_INTERNAL, "cannot start worker thread %d", i);
+        }
+        e->nworkers++;
+    }
+    return 0;
+}
+
+/* Stops the workers; tasks still queued are failed with CONTEXT. */
+void ferry_workers_stop(ferry_engine_t *e)
+{
+    pthread_mutex_lock(&e->queue_lock);
+    atomic_store(&e->stopping, true);
+    pthread_cond_broadcast(&e->queue_cond);
+    pthread_mutex_unlock(&e->queue_lock);
+    for (int i = 0; i < e->nworkers; i++) pthread_join(e->workers[i], NULL);
+    free(e->workers);
+    e->workers = NULL;
+    e->nworkers = 0;
+    ferry_task_t *t;
+    while ((t = dequeue(e)) != NULL) run_task(e, t);
+}
+
+static struct task_ext *task_new(ferry_session_t *s, ferry_xfer_t *xs, size_t n, task_done_fn done, void *owner)
+{
+    struct task_ext *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    atomic_fetch_add(&s->refs, 1);
+    t->task.session = s;
+    t->task.xfers = xs;
+    t->task.nxfers = n;
+    t->done = done;
+    t->owner = owner;
+    return t;
+}
+
+/* Splits [0, n) into at most groups contiguous ranges of similar byte
+ * counts; writes group starts into starts[0..g] and returns g. */
+static size_t partition(const ferry_xfer_t *xs, size_t n, size_t groups, size_t *starts)
+{
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) total += xs[i].len;
+    if (groups > n) groups = n;
+    size_t g = 0;
+    uint64_t acc = 0;
+    starts[0] = 0;
+    for (size_t i = 0; i < n && g + 1 < groups; i++) {
+        acc += xs[i].len;
+        if (acc >= total / groups * (g + 1) && i + 1 < n) starts[++g] = i + 1;
+    }
+    starts[++g] = n;
+    return g;
+}
+
+/* ------------------------------------------------- sync parallel runs */
+
+struct join {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    size_t left;
+};
+
+static void join_done(ferry_task_t *t, void *owner)
+{
+    struct join *j = owner;
+    ferry_session_put(t->session);
+    free(t);
+    pthread_mutex_lock(&j->lock);
+    j->left--;
+    pthread_cond_signal(&j->cond);
+    pthread_mutex_unlock(&j->lock);
+}
+
+/* Runs the pieces on up to conns_per_peer connections: the caller's thread
+ * takes the first group, workers the others. Returns the first failure. */
+int ferry_run_parallel(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n)
+{
+    size_t groups = (size_t)e->cfg.conns_per_peer;
+    if (groups > (size_t)e->cfg.workers + 1) groups = (size_t)e->cfg.workers + 1;
+    size_t starts[66];
+    size_t g = partition(xs, n, groups > 64 ? 64 : groups, starts);
+    struct join j = {.left = 0};
+    pthread_mutex_init(&j.lock, NULL);
+    pthread_cond_init(&j.cond, NULL);
+    for (size_t k = 1; k < g; k++) {
+        struct task_ext *t = task_new(s, xs + starts[k], starts[k + 1] - starts[k], join_done, &j);
+        if (!t) {
+            /* Run it here instead: slower, still correct. */
+            ferry_xfer_run(e, s, xs + starts[k], starts[k + 1] - starts[k]);
+            continue;
+        }
+        pthread_mutex_lock(&j.lock);
+        j.left++;
+        pthread_mutex_unlock(&j.lock);
+        enqueue(e, &t->task);
+    }
+    ferry_xfer_run(e, s, xs, starts[1]);
+    pthread_mutex_lock(&j.lock);
+    while (j.left > 0) pthread_cond_wait(&j.cond, &j.lock);
+    pthread_mutex_unlock(&j.lock);
+    pthread_mutex_destroy(&j.lock);
+    pthread_cond_destroy(&j.cond);
+    for (size_t i = 0; i < n; i++)
+        if (xs[i].rc) return xs[i].rc;
+    return 0;
+}
+
+/* ---------------------------------------------------------- async batch */
+
+struct batch_req {
+    int state;
+    int code;
+    _Atomic uint64_t bytes;
+    size_t pieces_left;
+    char *detail;
+};
+
+struct ferry_batch {
+    ferry_engine_t *engine;
+    size_t capacity, count;
+    struct batch_req *reqs;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    size_t tasks_pending;
+    atomic_bool cancel;
+};
+
+int ferry_batch_alloc(ferry_engine_t *e, size_t capacity, ferry_batch_t **out)
+{
+    ferry_clear_last_error();
+    if (!e || !out) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "batch alloc: NULL argument");
+    if (capacity == 0 || capacity > (1u << 24))
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "batch alloc: capacity %zu not in [1, %u]", capacity, 1u << 24);
+    ferry_batch_t *b = calloc(1, sizeof *b);
+    if (b) b->reqs = calloc(capacity, sizeof *b->reqs);
+    if (!b || !b->reqs) {
+        free(b);
+        return ferry_fail(FERRY_ERR_MEMORY, "batch of %zu: out of memory", capacity);
+    }
+    b->engine = e;
+    b->capacity = capacity;
+    pthread_mutex_init(&b->lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&b->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    *out = b;
+    return 0;
+}
+
+static int final_state(int code)
+{
+    switch (code) {
+    case 0: return FERRY_STATUS_COMPLETED;
+    case FERRY_ERR_CANCELLED: return FERRY_STATUS_CANCELLED;
+    case FERRY_ERR_TIMEOUT: return FERRY_STATUS_TIMEOUT;
+    default: return FERRY_STATUS_FAILED;
+    }
+}
+
+/* A worker finished a task: settle each piece into its request. */
+static void batch_task_done(ferry_task_t *t, void *owner)
+{
+    ferry_batch_t *b = owner;
+    pthread_mutex_lock(&b->lock);
+    for (size_t i = 0; i < t->nxfers; i++) {
+        ferry_xfer_t *x = &t->xfers[i];
+        struct batch_req *r = &b->reqs[x->index];
+        if (x->rc && r->code == 0) {
+            r->code = x->rc;
+            r->detail = x->detail;
+            x->detail = NULL;
+        }
+        free(x->detail);
+        if (--r->pieces_left == 0) r->state = final_state(r->code);
+    }
+    b->tasks_pending--;
+    pthread_cond_broadcast(&b->cond);
+    pthread_mutex_unlock(&b->lock);
+    ferry_session_put(t->session);
+    free(t->xfers);
+    free(t);
+}
+
+static void batch_task_start(ferry_task_t *t, void *owner)
+{
+    ferry_batch_t *b = owner;
+    pthread_mutex_lock(&b->lock);
+    for (size_t i = 0; i < t->nxfers; i++) {
+        struct batch_req *r = &b->reqs[t->xfers[i].index];
+        if (r->state == FERRY_STATUS_WAITING) r->state = FERRY_STATUS_PENDING;
+    }
+    pthread_mutex_unlock(&b->lock);
+}
+
+long ferry_batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_t *reqs, size_t n, int timeout_ms)
+{
+    ferry_clear_last_error();
+    if (!b || !peer || (!reqs && n)) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "batch submit: NULL argument");
+    ferry_engine_t *e = b->engine;
+    if (n == 0) return (long)b->count;
+    for (size_t i = 0; i < n; i++) {
+        int rc = ferry_check_request(e, reqs[i].opcode, reqs[i].local, reqs[i].remote, reqs[i].len);
+        if (rc) return ferry_fail_context("batch submit: request %zu of %zu", i, n);
+    }
+    pthread_mutex_lock(&b->lock);
+    bool full = b->count + n > b->capacity;
+    pthread_mutex_unlock(&b->lock);
+    if (full)
+        return ferry_fail(FERRY_ERR_TOO_MANY_REQUESTS, "batch submit: %zu more requests exceed capacity %zu (%zu used)",
+                          n, b->capacity, b->count);
+    ferry_session_t *s;
+    int rc = ferry_session_get(e, peer, &s);
+    if (rc) return rc;
+    uint64_t deadline = ferry_deadline_after_ms(timeout_ms > 0 ? timeout_ms : e->cfg.timeout_ms);
+    /* Pieces are cut per opcode run, since ferry_make_pieces takes one. */
+    void **locals = malloc(n * sizeof *locals);
+    uint64_t *remotes = malloc(n * sizeof *remotes);
+    size_t *lens = malloc(n * sizeof *lens);
+    ferry_xfer_t *xs = NULL;
+    size_t nx = 0;
+    if (!locals || !remotes || !lens) rc = ferry_fail(FERRY_ERR_MEMORY, "batch submit: out of memory");
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        locals[i] = reqs[i].local;
+        remotes[i] = reqs[i].remote;
+        lens[i] = reqs[i].len;
+    }
+    if (rc == 0) rc = ferry_make_pieces(e, FERRY_OP_WRITE, locals, remotes, lens, n, deadline, &xs, &nx);
+    free(locals);
+    free(remotes);
+    free(lens);
+    if (rc) {
+        ferry_session_put(s);
+        return rc;
+    }
+    pthread_mutex_lock(&b->lock);
+    size_t first = b->count;
+    b->count += n;
+    for (size_t i = 0; i < nx; i++) {
+        xs[i].opcode = reqs[xs[i].index].opcode;
+        xs[i].index += first;
+        xs[i].cancel = &b->cancel;
+        struct batch_req *r = &b->reqs[xs[i].index];
+        xs[i].progress = &r->bytes;
+        r->pieces_left++;
+        r->state = FERRY_STATUS_WAITING;
+    }
+    pthread_mutex_unlock(&b->lock);
+    size_t groups = (size_t)(e->cfg.conns_per_peer < e->cfg.workers ? e->cfg.conns_per_peer : e->cfg.workers);
+    size_t starts[66];
+    size_t g = partition(xs, nx, groups > 64 ? 64 : groups, starts);
+    for (size_t k = 0; k < g; k++) {
+        size_t cnt = starts[k + 1] - starts[k];
+        ferry_xfer_t *part = malloc(cnt * sizeof *part);
+        struct task_ext *t = part ? task_new(s, part, cnt, batch_task_done, b) : NULL;
+        if (!t) {
+            free(part);
+            part = xs + starts[k];
+            int mrc = ferry_fail(FERRY_ERR_MEMORY, "batch submit: out of memory");
+            pthread_mutex_lock(&b->lock);
+            for (size_t i = 0; i < cnt; i++) {
+                struct batch_req *r = &b->reqs[part[i].index];
+                if (!r->code) r->code = mrc;
+                if (--r->pieces_left == 0) r->state = FERRY_STATUS_FAILED;
+            }
+            pthread_mutex_unlock(&b->lock);
+            continue;
+        }
+        memcpy(part, xs + starts[k], cnt * sizeof *part);
+        t->start = batch_task_start;
+        pthread_mutex_lock(&b->lock);
+        b->tasks_pending++;
+        pthread_mutex_unlock(&b->lock);
+        enqueue(e, &t->task);
+    }
+    free(xs);
+    ferry_session_put(s);
+    return (long)first;
+}
+
+int ferry_batch_status(ferry_batch_t *b, size_t idx, ferry_status_t *st)
+{
+    if (!b || !st) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "batch status: NULL argument");
+    pthread_mutex_lock(&b->lock);
+    if (idx >= b->count) {
+        size_t count = b->count;
+        pthread_mutex_unlock(&b->lock);
+        return ferry_fail(FERRY_ERR_NOT_FOUND, "batch status: request %zu not submitted (%zu are)", idx, count);
+    }
+    struct batch_req *r = &b->reqs[idx];
+    st->state = r->state;
+    st->code = r->code;
+    st->bytes = atomic_load(&r->bytes);
+    if (r->code && r->detail) ferry_fail(r->code, "request %zu: %s", idx, r->detail);
+    pthread_mutex_unlock(&b->lock);
+    return 0;
+}
+
+int ferry_batch_wait(ferry_batch_t *b, int timeout_ms)
+{
+    ferry_clear_last_error();
+    if (!b) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "batch wait: batch is NULL");
+    uint64_t deadline = ferry_deadline_after_ms(timeout_ms);
+    struct timespec ts = ferry_deadline_timespec(deadline);
+    pthread_mutex_lock(&b->lock);
+    while (b->tasks_pending > 0) {
+        if (deadline == UINT64_MAX) {
+            pthread_cond_wait(&b->cond, &b->lock);
+        } else if (pthread_cond_timedwait(&b->cond, &b->lock, &ts) == ETIMEDOUT && b->tasks_pending > 0) {
+            size_t left = b->tasks_pending;
+            pthread_mutex_unlock(&b->lock);
+            return ferry_fail(FERRY_ERR_TIMEOUT, "batch wait: %zu task(s) still running after %d ms", left, timeout_ms);
+        }
+    }
+    int rc = 0;
+    for (size_t i = 0; i < b->count && rc == 0; i++) {
+        struct batch_req *r = &b->reqs[i];
+        if (r->code) {
+            rc = r->code;
+            ferry_fail(rc, "request %zu of %zu: %s", i, b->count, r->detail ? r->detail : "failed");
+        }
+    }
+    pthread_mutex_unlock(&b->lock);
+    return rc;
+}
+
+int ferry_batch_cancel(ferry_batch_t *b)
+{
+    ferry_clear_last_error();
+    if (!b) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "batch cancel: batch is NULL");
+    atomic_store(&b->cancel, true);
+    /* Pieces stop at their next slice and drain what is on the wire, so
+     * when the tasks are done nothing of the batch is still travelling. */
+    pthread_mutex_lock(&b->lock);
+    while (b->tasks_pending > 0) pthread_cond_wait(&b->cond, &b->lock);
+    pthread_mutex_unlock(&b->lock);
+    return 0;
+}
+
+int ferry_batch_free(ferry_batch_t *b)
+{
+    ferry_clear_last_error();
+    if (!b) return 0;
+    pthread_mutex_lock(&b->lock);
+    size_t pending = b->tasks_pending;
+    pthread_mutex_unlock(&b->lock);
+    if (pending)
+        return ferry_fail(FERRY_ERR_BATCH_BUSY, "batch free: %zu task(s) still in flight (wait or cancel first)",
+                          pending);
+    for (size_t i = 0; i < b->count; i++) free(b->reqs[i].detail);
+    free(b->reqs);
+    pthread_mutex_destroy(&b->lock);
+    pthread_cond_destroy(&b->cond);
+    free(b);
+    return 0;
+}

@@ -1,0 +1,119 @@
+/* Configuration: defaults, FERRY_* environment variables, owned copies. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "fail.h"
+
+void ferry_config_init(ferry_config_t *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->host = "127.0.0.1";
+    cfg->port = 0;
+    cfg->metadata = "p2p";
+    cfg->transport = "auto";
+    cfg->timeout_ms = 30000;
+    cfg->connect_timeout_ms = 5000;
+    cfg->conns_per_peer = 2;
+    cfg->workers = 2;
+    cfg->slice_size = 1u << 20;
+    cfg->retries = 1;
+    cfg->retry_backoff_ms = 10;
+    cfg->checksum = 0;
+    cfg->keepalive_ms = 5000;
+    cfg->secret = NULL;
+    cfg->log_level = 1;
+    cfg->max_sessions = 4096;
+}
+
+static int env_long(const char *name, long lo, long hi, long *out)
+{
+    const char *v = getenv(name);
+    if (!v || !*v) return 0;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 0);
+    if (errno || *end || x < lo || x > hi)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "environment %s='%s' is not an integer in [%ld, %ld]", name, v,
+                          lo, hi);
+    *out = x;
+    return 1;
+}
+
+#define ENV_INT(var, field, lo, hi)                         \
+    do {                                                    \
+        long v_;                                            \
+        int r_ = env_long(var, lo, hi, &v_);                \
+        if (r_ < 0) return r_;                              \
+        if (r_) cfg->field = (__typeof__(cfg->field))v_;    \
+    } while (0)
+
+#define ENV_STR(var, field)                         \
+    do {                                            \
+        const char *s_ = getenv(var);               \
+        if (s_ && *s_) cfg->field = s_;             \
+    } while (0)
+
+int ferry_config_from_env(ferry_config_t *cfg)
+{
+    ENV_STR("FERRY_HOST", host);
+    ENV_INT("FERRY_PORT", port, 0, 65535);
+    ENV_STR("FERRY_METADATA", metadata);
+    ENV_STR("FERRY_TRANSPORT", transport);
+    ENV_INT("FERRY_TIMEOUT_MS", timeout_ms, 1, 86400000);
+    ENV_INT("FERRY_CONNECT_TIMEOUT_MS", connect_timeout_ms, 1, 600000);
+    ENV_INT("FERRY_CONNS_PER_PEER", conns_per_peer, 1, 64);
+    ENV_INT("FERRY_WORKERS", workers, 1, 64);
+    ENV_INT("FERRY_SLICE_SIZE", slice_size, 4096, FERRY_WIRE_MAX_DATA);
+    ENV_INT("FERRY_RETRIES", retries, 0, 100);
+    ENV_INT("FERRY_RETRY_BACKOFF_MS", retry_backoff_ms, 0, 60000);
+    ENV_INT("FERRY_CHECKSUM", checksum, 0, 1);
+    ENV_INT("FERRY_KEEPALIVE_MS", keepalive_ms, 0, 3600000);
+    ENV_STR("FERRY_SECRET", secret);
+    ENV_INT("FERRY_LOG", log_level, 0, 4);
+    return 0;
+}
+
+static int check_config(const ferry_config_t *c)
+{
+    if (!c->host || !*c->host) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: host is empty");
+    if (c->timeout_ms <= 0 || c->connect_timeout_ms <= 0)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: timeouts must be positive (timeout_ms=%d, connect_timeout_ms=%d)",
+                          c->timeout_ms, c->connect_timeout_ms);
+    if (c->conns_per_peer < 1 || c->conns_per_peer > 64)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: conns_per_peer=%d not in [1, 64]", c->conns_per_peer);
+    if (c->workers < 1 || c->workers > 64)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: workers=%d not in [1, 64]", c->workers);
+    if (c->slice_size < 4096 || c->slice_size > FERRY_WIRE_MAX_DATA)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: slice_size=%zu not in [4096, %u]", c->slice_size,
+                          FERRY_WIRE_MAX_DATA);
+    if (c->retries < 0 || c->retry_backoff_ms < 0)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: retries and retry_backoff_ms must be >= 0");
+    if (c->max_sessions < 1) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: max_sessions must be >= 1");
+    return 0;
+}
+
+/* Copies cfg into e->cfg, duplicating its strings so callers may free theirs. */
+int ferry_config_copy(ferry_engine_t *e, const ferry_config_t *cfg)
+{
+    int rc = check_config(cfg);
+    if (rc) return rc;
+    e->cfg = *cfg;
+    const char *strs[4] = {cfg->host, cfg->metadata ? cfg->metadata : "p2p",
+                           cfg->transport ? cfg->transport : "auto", cfg->secret ? cfg->secret : ""};
+    size_t total = 0;
+    for (int i = 0; i < 4; i++) total += strlen(strs[i]) + 1;
+    e->cfg_strings = malloc(total);
+    if (!e->cfg_strings) return ferry_fail(FERRY_ERR_MEMORY, "config: out of memory");
+    char *p = e->cfg_strings;
+    const char **dst[4] = {&e->cfg.host, &e->cfg.metadata, &e->cfg.transport, &e->cfg.secret};
+    for (int i = 0; i < 4; i++) {
+        size_t n = strlen(strs[i]) + 1;
+        memcpy(p, strs[i], n);
+        *dst[i] = p;
+        p += n;
+    }
+    if (!*e->cfg.secret) e->cfg.secret = NULL;
+    return 0;
+}

@@ -1,0 +1,492 @@
+/* The engine: lifecycle, the listener, and the target side of every
+ * connection (handshake, segment queries, notifications, cancels); data
+ * frames are handed to the transport that serves them. */
+#include "engine.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "fail.h"
+#include "log.h"
+#include "net.h"
+#include "transport/transport.h"
+
+/* ------------------------------------------------------------ frame I/O */
+
+int ferry_conn_send_frame(ferry_conn_t *c, ferry_frame_t *f, const void *payload, uint64_t deadline)
+{
+    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
+    ferry_frame_encode(f, hdr);
+    struct iovec iov[2] = {{hdr, sizeof hdr}, {(void *)payload, f->plen}};
+    return ferry_net_sendv(c->fd, iov, f->plen ? 2 : 1, deadline);
+}
+
+int ferry_conn_recv_frame(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline)
+{
+    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
+    int rc = ferry_net_recv(c->fd, hdr, sizeof hdr, deadline);
+    if (rc) return rc;
+    return ferry_frame_decode(hdr, f);
+}
+
+int ferry_conn_discard(ferry_conn_t *c, uint64_t n, uint64_t deadline)
+{
+    unsigned char scratch[16384];
+    while (n > 0) {
+        size_t k = n < sizeof scratch ? (size_t)n : sizeof scratch;
+        int rc = ferry_net_recv(c->fd, scratch, k, deadline);
+        if (rc) return rc;
+        n -= k;
+    }
+    return 0;
+}
+
+void ferry_conn_free(ferry_conn_t *c)
+{
+    if (!c) return;
+    if (c->fd >= 0) close(c->fd);
+    free(c->bounce);
+    free(c);
+}
+
+/* ------------------------------------------------------------ handshake */
+
+void ferry_hello_fill(ferry_engine_t *e, ferry_hello_t *h)
+{
+    memset(h, 0, sizeof *h);
+    uint16_t v = e->cfg.test_protocol_version ? (uint16_t)e->cfg.test_protocol_version : FERRY_PROTOCOL_VERSION;
+    h->proto_min = v;
+    h->proto_max = v;
+    h->flags = FERRY_HELLO_F_CMA | (e->cfg.secret ? FERRY_HELLO_F_AUTH : 0);
+    h->engine_id = e->engine_id;
+    h->epoch = e->epoch;
+    h->pid = (int32_t)getpid();
+    memcpy(h->host_id, e->host_id, sizeof h->host_id);
+    ferry_registry_t *r = &e->registry;
+    pthread_rwlock_rdlock(&r->lock);
+    h->segment_version = r->version;
+    h->segment_count = r->count;
+    pthread_rwlock_unlock(&r->lock);
+    snprintf(h->name, sizeof h->name, "%s", e->name);
+}
+
+static int send_hello_ack(ferry_conn_t *c, int status, uint64_t deadline)
+{
+    ferry_hello_t mine;
+    ferry_hello_fill(c->engine, &mine);
+    uint8_t buf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
+    int n = ferry_hello_encode(&mine, buf, sizeof buf);
+    if (n < 0) return n;
+    ferry_frame_t f = {.type = FERRY_FRAME_HELLO_ACK, .status = status, .plen = (uint32_t)n};
+    return ferry_conn_send_frame(c, &f, buf, deadline);
+}
+
+/* Target side: validates the initiator's HELLO and answers it. A refused
+ * handshake is answered with its code, then the connection closes. */
+int ferry_serve_hello(ferry_conn_t *c, const ferry_frame_t *f)
+{
+    ferry_engine_t *e = c->engine;
+    uint64_t deadline = ferry_deadline_after_ms(e->cfg.connect_timeout_ms);
+    if (f->type != FERRY_FRAME_HELLO)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected HELLO, got %s", ferry_frame_type_name(f->type));
+    uint8_t buf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
+    if (f->plen > FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "HELLO payload of %u bytes is too long", f->plen);
+    int rc = ferry_net_recv(c->fd, buf, f->plen, deadline);
+    if (rc) return rc;
+    rc = ferry_hello_decode(buf, f->plen, &c->peer);
+    if (rc) return rc;
+    ferry_hello_t mine;
+    ferry_hello_fill(e, &mine);
+    int status = 0;
+    if (c->peer.proto_max < mine.proto_min || c->peer.proto_min > mine.proto_max) {
+        status = FERRY_ERR_VERSION_MISMATCH;
+        FERRY_LOG(FERRY_LOG_WARN, "engine", "refused %s: protocol %u..%u, we speak %u..%u", c->peer.name,
+                  c->peer.proto_min, c->peer.proto_max, mine.proto_min, mine.proto_max);
+    } else if (c->peer.expect_epoch && c->peer.expect_epoch != e->epoch) {
+        status = FERRY_ERR_PEER_RESTARTED;
+    } else if (atomic_load(&e->stopping)) {
+        status = FERRY_ERR_REJECT_HANDSHAKE;
+    }
+    rc = send_hello_ack(c, status, deadline);
+    if (rc) return rc;
+    return status;
+}
+
+/* --------------------------------------------------------- control frames */
+
+static int serve_seg_query(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline)
+{
+    ferry_segment_t segs[FERRY_WIRE_SEGMENTS_PER_PAGE];
+    size_t total;
+    uint64_t version;
+    size_t n = ferry_registry_export(&c->engine->registry, (size_t)f->aux, segs, FERRY_WIRE_SEGMENTS_PER_PAGE,
+                                     &total, &version);
+    uint8_t *buf = malloc(n * FERRY_WIRE_SEGMENT_SIZE + 1);
+    if (!buf) return ferry_fail(FERRY_ERR_MEMORY, "segment page: out of memory");
+    for (size_t i = 0; i < n; i++) {
+        ferry_wire_segment_t w = {segs[i].addr, segs[i].len, segs[i].flags, segs[i].generation};
+        ferry_segment_encode(&w, buf + i * FERRY_WIRE_SEGMENT_SIZE);
+    }
+    ferry_frame_t out = {.type = FERRY_FRAME_SEG_PAGE, .req_id = f->req_id, .addr = total, .len = n,
+                         .aux = version, .plen = (uint32_t)(n * FERRY_WIRE_SEGMENT_SIZE)};
+    int rc = ferry_conn_send_frame(c, &out, buf, deadline);
+    free(buf);
+    return rc;
+}
+
+static int serve_notify(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline)
+{
+    unsigned char *msg = malloc(f->plen ? f->plen : 1);
+    if (!msg) return ferry_fail(FERRY_ERR_MEMORY, "notify: out of memory");
+    int rc = ferry_net_recv(c->fd, msg, f->plen, deadline);
+    if (rc) {
+        free(msg);
+        return rc;
+    }
+    ferry_notify_push(c->engine, c->peer.name, msg, f->plen);
+    ferry_frame_t ack = {.type = FERRY_FRAME_NOTIFY_ACK, .req_id = f->req_id};
+    return ferry_conn_send_frame(c, &ack, NULL, deadline);
+}
+
+bool ferry_engine_is_cancelled(ferry_engine_t *e, uint64_t engine_id, uint64_t req_id)
+{
+    bool found = false;
+    pthread_mutex_lock(&e->cancel_lock);
+    for (size_t i = 0; i < sizeof e->cancelled / sizeof e->cancelled[0] && !found; i++)
+        found = e->cancelled[i].req_id == req_id && e->cancelled[i].engine_id == engine_id && req_id;
+    pthread_mutex_unlock(&e->cancel_lock);
+    return found;
+}
+
+/* Records the cancel, then waits out every placement in progress (they hold
+ * the registry's read lock): once CANCEL_ACK is sent, no byte of the request
+ * can land, because every later slice checks the cancelled set first. */
+static int serve_cancel(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline)
+{
+    ferry_engine_t *e = c->engine;
+    pthread_mutex_lock(&e->cancel_lock);
+    size_t slot = e->cancelled_next++ % (sizeof e->cancelled / sizeof e->cancelled[0]);
+    e->cancelled[slot].engine_id = c->peer.engine_id;
+    e->cancelled[slot].req_id = f->req_id;
+    pthread_mutex_unlock(&e->cancel_lock);
+    ferry_registry_barrier(&e->registry);
+    ferry_frame_t ack = {.type = FERRY_FRAME_CANCEL_ACK, .req_id = f->req_id};
+    return ferry_conn_send_frame(c, &ack, NULL, deadline);
+}
+
+static int serve_frame(ferry_conn_t *c, const ferry_frame_t *f)
+{
+    uint64_t deadline = ferry_deadline_after_ms(c->engine->cfg.timeout_ms);
+    switch (f->type) {
+    case FERRY_FRAME_SEG_QUERY:
+        return serve_seg_query(c, f, deadline);
+    case FERRY_FRAME_NOTIFY:
+        return serve_notify(c, f, deadline);
+    case FERRY_FRAME_PING: {
+        ferry_frame_t pong = {.type = FERRY_FRAME_PONG, .req_id = f->req_id};
+        return ferry_conn_send_frame(c, &pong, NULL, deadline);
+    }
+    case FERRY_FRAME_CANCEL:
+        return serve_cancel(c, f, deadline);
+    default: {
+        const ferry_transport_ops_t *t = ferry_transport_for_frame(f->type);
+        if (t) return t->serve(c, f);
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "unexpected %s frame from an initiator",
+                          ferry_frame_type_name(f->type));
+    }
+    }
+}
+
+/* Tells a misbehaving peer why it is dropped, best effort. */
+static void send_error(ferry_conn_t *c, int code)
+{
+    const char *d = ferry_fail_message();
+    size_t n = strlen(d);
+    ferry_frame_t f = {.type = FERRY_FRAME_ERROR, .status = code, .plen = (uint32_t)n};
+    ferry_conn_send_frame(c, &f, d, ferry_deadline_after_ms(100));
+}
+
+static void *serve_thread(void *arg)
+{
+    ferry_conn_t *c = arg;
+    ferry_engine_t *e = c->engine;
+    ferry_frame_t f;
+    int rc = ferry_conn_recv_frame(c, &f, ferry_deadline_after_ms(e->cfg.connect_timeout_ms));
+    if (rc == 0) rc = ferry_serve_hello(c, &f);
+    while (rc == 0 && !atomic_load(&e->stopping)) {
+        /* Idle connections wait without a deadline; a frame once begun must
+         * arrive whole within the timeout. */
+        int ready = ferry_net_wait_readable(c->fd, UINT64_MAX);
+        if (ready <= 0 || atomic_load(&e->stopping)) break;
+        rc = ferry_conn_recv_frame(c, &f, ferry_deadline_after_ms(e->cfg.timeout_ms));
+        if (rc == 0) rc = serve_frame(c, &f);
+    }
+    if (rc == FERRY_ERR_MALFORMED_FRAME || rc == FERRY_ERR_AUTH_FAILED) {
+        FERRY_LOG(FERRY_LOG_WARN, "engine", "dropping connection from %s: %s",
+                  c->peer.name[0] ? c->peer.name : "(before handshake)", ferry_last_error_detail());
+        send_error(c, rc);
+    } else if (rc && rc != FERRY_ERR_PEER_CLOSED) {
+        FERRY_LOG(FERRY_LOG_DEBUG, "engine", "connection from %s ended: %s", c->peer.name,
+                  ferry_last_error_detail());
+    }
+    shutdown(c->fd, SHUT_RDWR);
+    atomic_store(&c->done, true);
+    return NULL;
+}
+
+/* Joins and frees served connections whose threads have finished. */
+static void reap_conns(ferry_engine_t *e, bool all)
+{
+    pthread_mutex_lock(&e->conns_lock);
+    ferry_conn_t **pp = &e->conns;
+    while (*pp) {
+        ferry_conn_t *c = *pp;
+        if (all || atomic_load(&c->done)) {
+            *pp = c->next;
+            pthread_mutex_unlock(&e->conns_lock);
+            if (all) shutdown(c->fd, SHUT_RDWR);
+            pthread_join(c->thread, NULL);
+            ferry_conn_free(c);
+            pthread_mutex_lock(&e->conns_lock);
+        } else {
+            pp = &c->next;
+        }
+    }
+    pthread_mutex_unlock(&e->conns_lock);
+}
+
+static void accept_one(ferry_engine_t *e)
+{
+    int fd = accept4(e->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0) return;
+    ferry_net_tune(fd, e->cfg.keepalive_ms);
+    ferry_conn_t *c = calloc(1, sizeof *c);
+    if (!c) {
+        close(fd);
+        return;
+    }
+    c->fd = fd;
+    c->engine = e;
+    if (pthread_create(&c->thread, NULL, serve_thread, c) != 0) {
+        FERRY_LOG(FERRY_LOG_ERROR, "engine", "cannot start a connection thread: %s", strerror(errno));
+        ferry_conn_free(c);
+        return;
+    }
+    pthread_mutex_lock(&e->conns_lock);
+    c->next = e->conns;
+    e->conns = c;
+    pthread_mutex_unlock(&e->conns_lock);
+}
+
+static void *listener_thread(void *arg)
+{
+    ferry_engine_t *e = arg;
+    struct pollfd p[2] = {{.fd = e->listen_fd, .events = POLLIN}, {.fd = e->wake_fd[0], .events = POLLIN}};
+    while (!atomic_load(&e->stopping)) {
+        int n = poll(p, 2, 1000);
+        if (n < 0 && errno != EINTR) break;
+        if (p[1].revents) break;
+        if (n > 0 && (p[0].revents & POLLIN)) accept_one(e);
+        reap_conns(e, false);
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------- lifecycle */
+
+static void read_host_id(uint8_t out[16])
+{
+    /* The kernel's boot id: equal for two processes iff they share a host
+     * (and a boot); the hostname alone is not enough inside containers. */
+    char text[64] = {0};
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(text, sizeof text, f)) text[0] = '\0';
+        fclose(f);
+    }
+    memset(out, 0, 16);
+    int k = 0;
+    for (char *p = text; *p && k < 32; p++) {
+        int v = (*p >= '0' && *p <= '9') ? *p - '0' : (*p >= 'a' && *p <= 'f') ? *p - 'a' + 10 : -1;
+        if (v < 0) continue;
+        out[k / 2] |= (uint8_t)(k % 2 ? v : v << 4);
+        k++;
+    }
+}
+
+static uint64_t random64(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, 0) != sizeof v) v = ferry_now_ns() ^ ((uint64_t)getpid() << 32);
+    return v ? v : 1;
+}
+
+static void engine_free(ferry_engine_t *e)
+{
+    ferry_registry_destroy(&e->registry);
+    if (e->listen_fd >= 0) close(e->listen_fd);
+    if (e->wake_fd[0] >= 0) close(e->wake_fd[0]);
+    if (e->wake_fd[1] >= 0) close(e->wake_fd[1]);
+    pthread_mutex_destroy(&e->conns_lock);
+    pthread_mutex_destroy(&e->sessions_lock);
+    pthread_mutex_destroy(&e->queue_lock);
+    pthread_cond_destroy(&e->queue_cond);
+    pthread_mutex_destroy(&e->notify_lock);
+    pthread_mutex_destroy(&e->cancel_lock);
+    free(e->cfg_strings);
+    free(e);
+}
+
+static ferry_engine_t *engine_alloc(void)
+{
+    ferry_engine_t *e = calloc(1, sizeof *e);
+    if (!e) return NULL;
+    e->listen_fd = e->wake_fd[0] = e->wake_fd[1] = -1;
+    pthread_mutex_init(&e->conns_lock, NULL);
+    pthread_mutex_init(&e->sessions_lock, NULL);
+    pthread_mutex_init(&e->queue_lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&e->queue_cond, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&e->notify_lock, NULL);
+    pthread_mutex_init(&e->cancel_lock, NULL);
+    ferry_registry_init(&e->registry);
+    e->engine_id = random64();
+    e->epoch = random64();
+    atomic_store(&e->next_req_id, 1);
+    read_host_id(e->host_id);
+    return e;
+}
+
+static void make_name(ferry_engine_t *e)
+{
+    const char *h = e->cfg.host;
+    if (strchr(h, ':'))
+        snprintf(e->name, sizeof e->name, "[%s]:%u", h, e->port);
+    else
+        snprintf(e->name, sizeof e->name, "%s:%u", h, e->port);
+}
+
+int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out)
+{
+    ferry_clear_last_error();
+    if (!out) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "engine create: out is NULL");
+    *out = NULL;
+    ferry_config_t defaults;
+    if (!cfg) {
+        ferry_config_init(&defaults);
+        int rc = ferry_config_from_env(&defaults);
+        if (rc) return rc;
+        cfg = &defaults;
+    }
+    ferry_engine_t *e = engine_alloc();
+    if (!e) return ferry_fail(FERRY_ERR_MEMORY, "engine create: out of memory");
+    int rc = ferry_config_copy(e, cfg);
+    if (rc) goto fail;
+    ferry_log_level = e->cfg.log_level;
+    if (!ferry_transport_find(e->cfg.transport) && strcmp(e->cfg.transport, "auto") != 0) {
+        rc = ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: unknown transport '%s' (auto, tcp, shm)",
+                        e->cfg.transport);
+        goto fail;
+    }
+    rc = ferry_net_listen(e->cfg.host, e->cfg.port, &e->listen_fd, &e->port);
+    if (rc) goto fail;
+    make_name(e);
+    if (pipe2(e->wake_fd, O_CLOEXEC) != 0) {
+        rc = ferry_fail(FERRY_ERR_SOCKET, "engine create: pipe: %s", strerror(errno));
+        goto fail;
+    }
+    rc = ferry_workers_start(e);
+    if (rc) goto fail;
+    if (pthread_create(&e->listener, NULL, listener_thread, e) != 0) {
+        ferry_workers_stop(e);
+        rc = ferry_fail(FERRY_ERR_INTERNAL, "engine create: cannot start the listener thread");
+        goto fail;
+    }
+    FERRY_LOG(FERRY_LOG_INFO, "engine", "listening on %s, epoch %016llx", e->name, (unsigned long long)e->epoch);
+    *out = e;
+    return 0;
+fail:
+    engine_free(e);
+    return rc;
+}
+
+void ferry_engine_destroy(ferry_engine_t *e)
+{
+    if (!e) return;
+    atomic_store(&e->stopping, true);
+    if (write(e->wake_fd[1], "x", 1) < 0) { /* the listener also polls with a timeout */ }
+    pthread_join(e->listener, NULL);
+    reap_conns(e, true);
+    ferry_workers_stop(e);
+    ferry_sessions_destroy(e);
+    ferry_notify_clear(e);
+    engine_free(e);
+}
+
+uint16_t ferry_engine_port(const ferry_engine_t *e) { return e ? e->port : 0; }
+const char *ferry_engine_name(const ferry_engine_t *e) { return e ? e->name : ""; }
+uint64_t ferry_engine_epoch(const ferry_engine_t *e) { return e ? e->epoch : 0; }
+
+/* ----------------------------------------------------------- registration */
+
+static int check_flags(unsigned flags)
+{
+    if (flags & ~FERRY_MEM_REMOTE) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "register: unknown flags 0x%x", flags);
+    return 0;
+}
+
+int ferry_register(ferry_engine_t *e, void *addr, size_t len, unsigned flags)
+{
+    ferry_clear_last_error();
+    if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "register: engine is NULL");
+    int rc = check_flags(flags);
+    if (rc) return rc;
+    return ferry_registry_add(&e->registry, (uint64_t)(uintptr_t)addr, len, flags);
+}
+
+int ferry_deregister(ferry_engine_t *e, void *addr)
+{
+    ferry_clear_last_error();
+    if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "deregister: engine is NULL");
+    return ferry_registry_remove(&e->registry, (uint64_t)(uintptr_t)addr);
+}
+
+int ferry_register_batch(ferry_engine_t *e, void *const *addrs, const size_t *lens, size_t n, unsigned flags)
+{
+    ferry_clear_last_error();
+    if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "register batch: engine is NULL");
+    int rc = check_flags(flags);
+    if (rc) return rc;
+    return ferry_registry_add_many(&e->registry, addrs, lens, n, flags);
+}
+
+int ferry_deregister_batch(ferry_engine_t *e, void *const *addrs, size_t n)
+{
+    ferry_clear_last_error();
+    if (!e || !addrs) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "deregister batch: NULL argument");
+    int first = 0;
+    char detail[1024] = "";
+    for (size_t i = 0; i < n; i++) {
+        int rc = ferry_registry_remove(&e->registry, (uint64_t)(uintptr_t)addrs[i]);
+        if (rc && !first) {
+            first = rc;
+            snprintf(detail, sizeof detail, "region %zu of %zu: %s", i, n, ferry_fail_message());
+        }
+    }
+    if (first) ferry_fail(first, "%s", detail);
+    return first;
+}
+
+size_t ferry_region_count(ferry_engine_t *e) { return e ? ferry_registry_count(&e->registry) : 0; }

@@ -1,0 +1,180 @@
+/* Engine internals shared by the core's files. Not a public header. */
+#ifndef FERRY_ENGINE_H
+#define FERRY_ENGINE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ferry/ferry.h>
+
+#include "registry.h"
+#include "wire/wire.h"
+
+struct ferry_transport_ops;
+typedef struct ferry_session ferry_session_t;
+
+/* One TCP connection, either side. */
+typedef struct ferry_conn {
+    int fd;
+    ferry_engine_t *engine;
+    ferry_session_t *session;  /* initiator side: its session; NULL on the target */
+    ferry_hello_t peer;        /* what the other side said in the handshake */
+    unsigned char *bounce;     /* checksum staging, slice_size bytes, lazily made */
+    struct ferry_conn *next;   /* target side: list of served connections */
+    pthread_t thread;          /* target side: its serving thread */
+    atomic_bool done;          /* target side: the thread has finished */
+} ferry_conn_t;
+
+enum ferry_session_state { SESSION_OK = 0, SESSION_RESTARTED, SESSION_CLOSED };
+
+/* The initiator's view of one peer. Reference-counted: a transfer holds a
+ * reference while it runs, so ferry_session_close never frees under it. */
+struct ferry_session {
+    char name[256];
+    char host[256];
+    uint16_t port;
+    ferry_engine_t *engine;
+    atomic_int refs;
+
+    pthread_mutex_t lock;      /* guards everything below */
+    pthread_cond_t cond;       /* a connection was returned */
+    int state;
+    ferry_hello_t peer;        /* from the first handshake */
+    bool have_peer;
+    ferry_conn_t **idle;       /* connections ready for use */
+    int nidle, nconns, max_conns;
+    const struct ferry_transport_ops *transport;
+    char transport_reason[128];
+
+    /* The peer's remote-accessible segments, sorted by address. */
+    pthread_rwlock_t seg_lock;
+    ferry_segment_t *segs;
+    size_t nsegs;
+    uint64_t seg_version;
+
+    ferry_session_t *next;     /* engine's session list */
+};
+
+/* One contiguous transfer for a transport to move. */
+typedef struct ferry_xfer {
+    int opcode;
+    unsigned char *local;
+    uint64_t remote;
+    uint64_t len;
+    uint32_t generation;       /* of the remote region, 0 = unchecked */
+    uint64_t req_id;
+    uint64_t deadline;
+    atomic_bool *cancel;       /* set: stop at the next slice boundary */
+    _Atomic uint64_t *progress; /* bytes confirmed, added as acks arrive */
+    uint64_t done;             /* confirmed prefix: a retry resumes here */
+    int rc;                    /* this piece's outcome */
+    char *detail;              /* malloc'd detail when rc < 0 */
+    size_t index;              /* request index within its batch */
+} ferry_xfer_t;
+
+/* Records a piece's failure with the calling thread's current detail. */
+void ferry_xfer_fail(ferry_xfer_t *x, int rc);
+
+/* A queued unit of an async batch: pieces run as one pipelined stream on
+ * one connection by a worker. */
+typedef struct ferry_task {
+    ferry_batch_t *batch;
+    ferry_session_t *session;  /* holds a reference */
+    ferry_xfer_t *xfers;
+    size_t nxfers;
+    struct ferry_task *next;
+} ferry_task_t;
+
+typedef struct ferry_notify_node {
+    ferry_notification_t n;
+    struct ferry_notify_node *next;
+} ferry_notify_node_t;
+
+struct ferry_engine {
+    ferry_config_t cfg;
+    char *cfg_strings;         /* owned copies of the config's strings */
+    char name[300];
+    uint16_t port;
+    int listen_fd;
+    int wake_fd[2];            /* pipe that stops the listener */
+    uint64_t engine_id, epoch;
+    uint8_t host_id[16];
+    atomic_bool stopping;
+    _Atomic uint64_t next_req_id;
+
+    ferry_registry_t registry;
+
+    pthread_t listener;
+    pthread_mutex_t conns_lock;
+    ferry_conn_t *conns;       /* target side, served connections */
+
+    pthread_mutex_t sessions_lock;
+    ferry_session_t *sessions;
+
+    /* Async batch workers. */
+    pthread_mutex_t queue_lock;
+    pthread_cond_t queue_cond;
+    ferry_task_t *queue_head, *queue_tail;
+    pthread_t *workers;
+    int nworkers;
+
+    /* Received notifications. */
+    pthread_mutex_t notify_lock;
+    ferry_notify_node_t *notify_head, *notify_tail;
+    size_t notify_count;
+
+    /* Requests the initiator cancelled: (engine id, req id) pairs whose late
+     * frames this target refuses. A small ring: ids are unique and old ones
+     * can no longer arrive once their connection was checked. */
+    pthread_mutex_t cancel_lock;
+    struct { uint64_t engine_id, req_id; } cancelled[1024];
+    size_t cancelled_next;
+};
+
+/* config.c */
+int ferry_config_copy(ferry_engine_t *e, const ferry_config_t *cfg);
+
+/* engine.c: target side */
+int ferry_serve_hello(ferry_conn_t *c, const ferry_frame_t *f);
+bool ferry_engine_is_cancelled(ferry_engine_t *e, uint64_t engine_id, uint64_t req_id);
+void ferry_hello_fill(ferry_engine_t *e, ferry_hello_t *h);
+
+/* frame I/O shared by both sides */
+int ferry_conn_send_frame(ferry_conn_t *c, ferry_frame_t *f, const void *payload, uint64_t deadline);
+int ferry_conn_recv_frame(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline);
+/* Reads and discards n payload bytes. */
+int ferry_conn_discard(ferry_conn_t *c, uint64_t n, uint64_t deadline);
+void ferry_conn_free(ferry_conn_t *c);
+
+/* session.c: initiator side */
+int ferry_session_get(ferry_engine_t *e, const char *peer, ferry_session_t **out);
+void ferry_session_put(ferry_session_t *s);
+int ferry_session_checkout(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out);
+/* Returns a healthy connection to the pool; broken ones (ok == false) are closed. */
+void ferry_session_checkin(ferry_session_t *s, ferry_conn_t *c, bool ok);
+/* Resolves [remote, remote+len) in the cached segments (refreshing once on a
+ * miss): its generation, or an error naming the range. */
+int ferry_session_resolve(ferry_session_t *s, int opcode, uint64_t remote, uint64_t len, uint32_t *generation,
+                          uint64_t deadline);
+int ferry_session_refresh_segments(ferry_session_t *s, uint64_t deadline);
+void ferry_sessions_destroy(ferry_engine_t *e);
+
+/* xfer.c: running pieces on one connection with retries and re-resolution */
+int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);
+int ferry_check_local(ferry_engine_t *e, const void *local, uint64_t len);
+
+/* batch.c */
+int ferry_workers_start(ferry_engine_t *e);
+void ferry_workers_stop(ferry_engine_t *e);
+
+/* notify.c */
+void ferry_notify_push(ferry_engine_t *e, const char *peer, unsigned char *msg, size_t len);
+void ferry_notify_clear(ferry_engine_t *e);
+
+/* crc32c.c */
+uint32_t ferry_crc32c(uint32_t crc, const void *buf, size_t len);
+
+#endif

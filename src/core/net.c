@@ -1,0 +1,245 @@
+/* Blocking socket I/O with deadlines.
+ *
+ * Sockets stay in blocking mode; each call first tries the operation with
+ * MSG_DONTWAIT and only polls when the kernel has nothing ready. That keeps a
+ * small message at one syscall and still bounds every wait by a deadline. */
+#include "net.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "fail.h"
+
+int ferry_parse_hostport(const char *name, char *host, size_t hostlen, uint16_t *port)
+{
+    if (!name || !*name) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "peer name is empty (expected host:port)");
+    const char *colon;
+    const char *hstart = name;
+    size_t hlen;
+    if (name[0] == '[') {
+        const char *close = strchr(name, ']');
+        if (!close || close[1] != ':')
+            return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "peer name '%s' is not [ipv6]:port", name);
+        hstart = name + 1;
+        hlen = (size_t)(close - hstart);
+        colon = close + 1;
+    } else {
+        colon = strrchr(name, ':');
+        if (!colon) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "peer name '%s' has no port (expected host:port)", name);
+        hlen = (size_t)(colon - name);
+    }
+    if (hlen == 0 || hlen >= hostlen)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "peer name '%s' has an empty or too long host", name);
+    char *end;
+    errno = 0;
+    long p = strtol(colon + 1, &end, 10);
+    if (errno || *end || end == colon + 1 || p <= 0 || p > 65535)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "peer name '%s' has a bad port", name);
+    memcpy(host, hstart, hlen);
+    host[hlen] = '\0';
+    *port = (uint16_t)p;
+    return 0;
+}
+
+static int resolve(const char *host, uint16_t port, int passive, struct addrinfo **res)
+{
+    struct addrinfo hints;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = passive ? AI_PASSIVE : 0;
+    char service[8];
+    snprintf(service, sizeof service, "%u", port);
+    int rc = getaddrinfo(host, service, &hints, res);
+    if (rc != 0) return ferry_fail(FERRY_ERR_DNS, "cannot resolve '%s': %s", host, gai_strerror(rc));
+    return 0;
+}
+
+int ferry_net_listen(const char *host, uint16_t port, int *fd_out, uint16_t *port_out)
+{
+    struct addrinfo *res;
+    int rc = resolve(host, port, 1, &res);
+    if (rc) return rc;
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        freeaddrinfo(res);
+        return ferry_fail(FERRY_ERR_SOCKET, "socket(): %s", strerror(errno));
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, 512) != 0) {
+        int err = errno;
+        freeaddrinfo(res);
+        close(fd);
+        return ferry_fail(FERRY_ERR_SOCKET, "cannot listen on %s:%u: %s", host, port, strerror(err));
+    }
+    freeaddrinfo(res);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    getsockname(fd, (struct sockaddr *)&ss, &sl);
+    *port_out = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                               : ((struct sockaddr_in *)&ss)->sin_port);
+    *fd_out = fd;
+    return 0;
+}
+
+static int connect_one(const struct addrinfo *ai, uint64_t deadline, int *fd_out)
+{
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return ferry_fail(FERRY_ERR_SOCKET, "socket(): %s", strerror(errno));
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS) {
+        int err = errno;
+        close(fd);
+        return ferry_fail(FERRY_ERR_SOCKET, "connect: %s", strerror(err));
+    }
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    int n;
+    do n = poll(&p, 1, ferry_ms_left(deadline));
+    while (n < 0 && errno == EINTR);
+    if (n == 0) {
+        close(fd);
+        return ferry_fail(FERRY_ERR_TIMEOUT, "connect did not complete before the deadline");
+    }
+    int soerr = 0;
+    socklen_t sl = sizeof soerr;
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+    if (n < 0 || soerr) {
+        close(fd);
+        return ferry_fail(FERRY_ERR_SOCKET, "connect: %s", strerror(soerr ? soerr : errno));
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    *fd_out = fd;
+    return 0;
+}
+
+int ferry_net_connect(const char *host, uint16_t port, uint64_t deadline, int *fd_out)
+{
+    struct addrinfo *res;
+    int rc = resolve(host, port, 0, &res);
+    if (rc) return rc;
+    rc = FERRY_ERR_SOCKET;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        rc = connect_one(ai, deadline, fd_out);
+        if (rc == 0 || rc == FERRY_ERR_TIMEOUT) break;
+    }
+    freeaddrinfo(res);
+    if (rc) ferry_fail_context("connect to %s:%u", host, port);
+    return rc;
+}
+
+static int wait_fd(int fd, short events, uint64_t deadline)
+{
+    struct pollfd p = {.fd = fd, .events = events};
+    for (;;) {
+        int n = poll(&p, 1, ferry_ms_left(deadline));
+        if (n > 0) return 1;
+        if (n == 0) return 0;
+        if (errno != EINTR) return -1;
+    }
+}
+
+int ferry_net_wait_readable(int fd, uint64_t deadline)
+{
+    return wait_fd(fd, POLLIN, deadline);
+}
+
+static int io_error(int err, const char *what)
+{
+    if (err == EPIPE || err == ECONNRESET)
+        return ferry_fail(FERRY_ERR_PEER_CLOSED, "%s: connection reset by peer", what);
+    return ferry_fail(FERRY_ERR_SOCKET, "%s: %s", what, strerror(err));
+}
+
+int ferry_net_sendv(int fd, struct iovec *iov, int iovcnt, uint64_t deadline)
+{
+    struct msghdr mh;
+    memset(&mh, 0, sizeof mh);
+    while (iovcnt > 0) {
+        mh.msg_iov = iov;
+        mh.msg_iovlen = (size_t)iovcnt;
+        ssize_t n = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK) return io_error(errno, "send");
+            int w = wait_fd(fd, POLLOUT, deadline);
+            if (w == 0) return ferry_fail(FERRY_ERR_TIMEOUT, "send stalled: the peer stopped reading before the deadline");
+            if (w < 0) return io_error(errno, "poll");
+            continue;
+        }
+        size_t left = (size_t)n;
+        while (iovcnt > 0 && left >= iov->iov_len) {
+            left -= iov->iov_len;
+            iov++;
+            iovcnt--;
+        }
+        if (iovcnt > 0) {
+            iov->iov_base = (char *)iov->iov_base + left;
+            iov->iov_len -= left;
+        }
+    }
+    return 0;
+}
+
+int ferry_net_send(int fd, const void *buf, size_t len, uint64_t deadline)
+{
+    struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
+    return ferry_net_sendv(fd, &iov, 1, deadline);
+}
+
+int ferry_net_recv(int fd, void *buf, size_t len, uint64_t deadline)
+{
+    char *p = buf;
+    while (len > 0) {
+        ssize_t n = recv(fd, p, len, MSG_DONTWAIT);
+        if (n > 0) {
+            p += n;
+            len -= (size_t)n;
+            continue;
+        }
+        if (n == 0) return ferry_fail(FERRY_ERR_PEER_CLOSED, "the peer closed the connection");
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) return io_error(errno, "recv");
+        int w = wait_fd(fd, POLLIN, deadline);
+        if (w == 0) return ferry_fail(FERRY_ERR_TIMEOUT, "no answer from the peer before the deadline");
+        if (w < 0) return io_error(errno, "poll");
+    }
+    return 0;
+}
+
+void ferry_net_tune(int fd, int keepalive_ms)
+{
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    int buf = 4 << 20;
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+    if (keepalive_ms > 0) {
+        int idle = keepalive_ms / 1000 > 0 ? keepalive_ms / 1000 : 1;
+        int intvl = idle, cnt = 3;
+        unsigned int user_timeout = (unsigned)(keepalive_ms * 4);
+        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+        /* Unacknowledged data for this long kills the connection: a dead
+         * peer surfaces even while we only send. */
+        setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
+    }
+}
+
+void ferry_net_abort(int fd)
+{
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    close(fd);
+}

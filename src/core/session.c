@@ -1,0 +1,560 @@
+/* Sessions: the initiator's cached view of each peer, its connection pool,
+ * the versioned handshake with epoch checks, and the peer's segment table. */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "engine.h"
+#include "fail.h"
+#include "log.h"
+#include "net.h"
+#include "transport/transport.h"
+
+/* ------------------------------------------------------------ lifecycle */
+
+static ferry_session_t *session_new(ferry_engine_t *e, const char *peer)
+{
+    ferry_session_t *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->idle = calloc((size_t)e->cfg.conns_per_peer, sizeof *s->idle);
+    if (!s->idle) {
+        free(s);
+        return NULL;
+    }
+    snprintf(s->name, sizeof s->name, "%s", peer);
+    s->engine = e;
+    s->max_conns = e->cfg.conns_per_peer;
+    atomic_store(&s->refs, 1); /* the engine's list holds one */
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_rwlock_init(&s->seg_lock, NULL);
+    return s;
+}
+
+static void session_free(ferry_session_t *s)
+{
+    for (int i = 0; i < s->nidle; i++) ferry_conn_free(s->idle[i]);
+    free(s->idle);
+    free(s->segs);
+    pthread_mutex_destroy(&s->lock);
+    pthread_cond_destroy(&s->cond);
+    pthread_rwlock_destroy(&s->seg_lock);
+    free(s);
+}
+
+void ferry_session_put(ferry_session_t *s)
+{
+    if (s && atomic_fetch_sub(&s->refs, 1) == 1) session_free(s);
+}
+
+/* Marks s closed and drops its idle connections; in-use ones close when
+ * they are checked in. */
+static void session_invalidate(ferry_session_t *s)
+{
+    pthread_mutex_lock(&s->lock);
+    s->state = SESSION_CLOSED;
+    for (int i = 0; i < s->nidle; i++) ferry_conn_free(s->idle[i]);
+    s->nconns -= s->nidle;
+    s->nidle = 0;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Unlinks s from the engine's list (sessions_lock held). */
+static void unlink_locked(ferry_engine_t *e, ferry_session_t *s)
+{
+    for (ferry_session_t **pp = &e->sessions; *pp; pp = &(*pp)->next) {
+        if (*pp == s) {
+            *pp = s->next;
+            return;
+        }
+    }
+}
+
+static int count_locked(ferry_engine_t *e)
+{
+    int n = 0;
+    for (ferry_session_t *s = e->sessions; s; s = s->next) n++;
+    return n;
+}
+
+int ferry_session_get(ferry_engine_t *e, const char *peer, ferry_session_t **out)
+{
+    if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "engine is NULL");
+    if (atomic_load(&e->stopping)) return ferry_fail(FERRY_ERR_CONTEXT, "the engine is shutting down");
+    char host[256];
+    uint16_t port;
+    int rc = ferry_parse_hostport(peer, host, sizeof host, &port);
+    if (rc) return rc;
+    pthread_mutex_lock(&e->sessions_lock);
+    ferry_session_t *s = e->sessions;
+    while (s && strcmp(s->name, peer) != 0) s = s->next;
+    if (!s) {
+        if (count_locked(e) >= e->cfg.max_sessions) {
+            pthread_mutex_unlock(&e->sessions_lock);
+            return ferry_fail(FERRY_ERR_TOO_MANY_REQUESTS, "session to %s: already %d sessions (max_sessions)", peer,
+                              e->cfg.max_sessions);
+        }
+        s = session_new(e, peer);
+        if (!s) {
+            pthread_mutex_unlock(&e->sessions_lock);
+            return ferry_fail(FERRY_ERR_MEMORY, "session to %s: out of memory", peer);
+        }
+        snprintf(s->host, sizeof s->host, "%s", host);
+        s->port = port;
+        s->next = e->sessions;
+        e->sessions = s;
+    }
+    atomic_fetch_add(&s->refs, 1);
+    pthread_mutex_unlock(&e->sessions_lock);
+    *out = s;
+    return 0;
+}
+
+void ferry_sessions_destroy(ferry_engine_t *e)
+{
+    pthread_mutex_lock(&e->sessions_lock);
+    ferry_session_t *s = e->sessions;
+    e->sessions = NULL;
+    pthread_mutex_unlock(&e->sessions_lock);
+    while (s) {
+        ferry_session_t *next = s->next;
+        session_invalidate(s);
+        ferry_session_put(s);
+        s = next;
+    }
+}
+
+/* ------------------------------------------------------------ handshake */
+
+static int recv_hello_ack(ferry_conn_t *c, ferry_session_t *s, uint64_t deadline)
+{
+    ferry_frame_t f;
+    int rc = ferry_conn_recv_frame(c, &f, deadline);
+    if (rc) return rc;
+    uint8_t buf[2048];
+    if (f.type == FERRY_FRAME_ERROR) {
+        size_t n = f.plen < sizeof buf - 1 ? f.plen : sizeof buf - 1;
+        if (ferry_net_recv(c->fd, buf, n, deadline) != 0) n = 0;
+        buf[n] = '\0';
+        return ferry_fail(f.status ? f.status : FERRY_ERR_REJECT_HANDSHAKE, "peer %s refused us: %s", s->name,
+                          (char *)buf);
+    }
+    if (f.type != FERRY_FRAME_HELLO_ACK)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "peer %s answered HELLO with %s", s->name,
+                          ferry_frame_type_name(f.type));
+    if (f.plen > sizeof buf)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "HELLO_ACK from %s has %u bytes", s->name, f.plen);
+    rc = ferry_net_recv(c->fd, buf, f.plen, deadline);
+    if (rc) return rc;
+    rc = ferry_hello_decode(buf, f.plen, &c->peer);
+    if (rc) return rc;
+    if (f.status == FERRY_ERR_VERSION_MISMATCH)
+        return ferry_fail(FERRY_ERR_VERSION_MISMATCH, "peer %s speaks protocol %u..%u, this engine speaks %u..%u",
+                          s->name, c->peer.proto_min, c->peer.proto_max,
+                          s->engine->cfg.test_protocol_version ? s->engine->cfg.test_protocol_version
+                                                               : FERRY_PROTOCOL_VERSION,
+                          s->engine->cfg.test_protocol_version ? s->engine->cfg.test_protocol_version
+                                                               : FERRY_PROTOCOL_VERSION);
+    if (f.status && f.status != FERRY_ERR_PEER_RESTARTED)
+        return ferry_fail(f.status, "peer %s refused the handshake", s->name);
+    return 0;
+}
+
+/* Compares the handshake's epoch with the one the session knew. */
+static int check_epoch(ferry_session_t *s, const ferry_hello_t *peer)
+{
+    pthread_mutex_lock(&s->lock);
+    int rc = 0;
+    if (s->have_peer && peer->epoch != s->peer.epoch) {
+        s->state = SESSION_RESTARTED;
+        rc = ferry_fail(FERRY_ERR_PEER_RESTARTED,
+                        "peer %s restarted: epoch %016llx became %016llx; its old addresses are void "
+                        "(close and re-open the session, then fetch its new addresses)",
+                        s->name, (unsigned long long)s->peer.epoch, (unsigned long long)peer->epoch);
+    } else if (!s->have_peer) {
+        s->peer = *peer;
+        s->have_peer = true;
+        s->transport = ferry_transport_choose(s->engine, peer, s->transport_reason, sizeof s->transport_reason);
+        FERRY_LOG(FERRY_LOG_INFO, "session", "%s: transport %s (%s)", s->name,
+                  s->transport ? s->transport->name : "none", s->transport_reason);
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (rc == 0 && !s->transport)
+        rc = ferry_fail(FERRY_ERR_ENDPOINT, "no transport reaches %s: %s", s->name, s->transport_reason);
+    return rc;
+}
+
+static int handshake(ferry_conn_t *c, ferry_session_t *s, uint64_t deadline)
+{
+    ferry_engine_t *e = s->engine;
+    ferry_hello_t mine;
+    ferry_hello_fill(e, &mine);
+    pthread_mutex_lock(&s->lock);
+    mine.expect_epoch = s->have_peer ? s->peer.epoch : 0;
+    pthread_mutex_unlock(&s->lock);
+    uint8_t buf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
+    int n = ferry_hello_encode(&mine, buf, sizeof buf);
+    if (n < 0) return n;
+    ferry_frame_t f = {.type = FERRY_FRAME_HELLO, .plen = (uint32_t)n};
+    int rc = ferry_conn_send_frame(c, &f, buf, deadline);
+    if (rc == 0) rc = recv_hello_ack(c, s, deadline);
+    if (rc == 0) rc = check_epoch(s, &c->peer);
+    return rc;
+}
+
+static int connect_new(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out)
+{
+    ferry_engine_t *e = s->engine;
+    uint64_t cdl = ferry_deadline_after_ms(e->cfg.connect_timeout_ms);
+    if (cdl > deadline) cdl = deadline;
+    ferry_conn_t *c = calloc(1, sizeof *c);
+    if (!c) return ferry_fail(FERRY_ERR_MEMORY, "connection to %s: out of memory", s->name);
+    c->engine = e;
+    c->session = s;
+    int rc = ferry_net_connect(s->host, s->port, cdl, &c->fd);
+    if (rc) {
+        free(c);
+        return rc;
+    }
+    ferry_net_tune(c->fd, e->cfg.keepalive_ms);
+    rc = handshake(c, s, cdl);
+    if (rc) {
+        if (rc == FERRY_ERR_TIMEOUT) ferry_fail_context("handshake with %s", s->name);
+        ferry_conn_free(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+/* An idle connection with something to read is dead (EOF, reset) or out of
+ * step; either way it must not carry a request. */
+static bool conn_looks_healthy(ferry_conn_t *c)
+{
+    struct pollfd p = {.fd = c->fd, .events = POLLIN};
+    return poll(&p, 1, 0) == 0;
+}
+
+static int state_error(ferry_session_t *s)
+{
+    if (s->state == SESSION_RESTARTED)
+        return ferry_fail(FERRY_ERR_PEER_RESTARTED,
+                          "peer %s restarted since this session was opened (epoch %016llx is void); close and "
+                          "re-open the session",
+                          s->name, (unsigned long long)s->peer.epoch);
+    return ferry_fail(FERRY_ERR_SESSION_INVALID, "the session to %s was closed", s->name);
+}
+
+int ferry_session_checkout(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out)
+{
+    pthread_mutex_lock(&s->lock);
+    for (;;) {
+        if (s->state != SESSION_OK) {
+            int rc = state_error(s);
+            pthread_mutex_unlock(&s->lock);
+            return rc;
+        }
+        if (atomic_load(&s->engine->stopping)) {
+            pthread_mutex_unlock(&s->lock);
+            return ferry_fail(FERRY_ERR_CONTEXT, "the engine is shutting down");
+        }
+        if (s->nidle > 0) {
+            ferry_conn_t *c = s->idle[--s->nidle];
+            if (conn_looks_healthy(c)) {
+                pthread_mutex_unlock(&s->lock);
+                *out = c;
+                return 0;
+            }
+            s->nconns--;
+            ferry_conn_free(c);
+            continue;
+        }
+        if (s->nconns < s->max_conns) {
+            s->nconns++;
+            pthread_mutex_unlock(&s->lock);
+            int rc = connect_new(s, deadline, out);
+            if (rc) {
+                pthread_mutex_lock(&s->lock);
+                s->nconns--;
+                pthread_cond_signal(&s->cond);
+                pthread_mutex_unlock(&s->lock);
+            }
+            return rc;
+        }
+        struct timespec ts = ferry_deadline_timespec(deadline);
+        if (deadline == UINT64_MAX)
+            pthread_cond_wait(&s->cond, &s->lock);
+        else if (pthread_cond_timedwait(&s->cond, &s->lock, &ts) == ETIMEDOUT) {
+            pthread_mutex_unlock(&s->lock);
+            return ferry_fail(FERRY_ERR_TIMEOUT, "all %d connections to %s stayed busy until the deadline",
+                              s->max_conns, s->name);
+        }
+    }
+}
+
+void ferry_session_checkin(ferry_session_t *s, ferry_conn_t *c, bool ok)
+{
+    pthread_mutex_lock(&s->lock);
+    if (ok && s->state == SESSION_OK && s->nidle < s->max_conns) {
+        s->idle[s->nidle++] = c;
+        c = NULL;
+    } else {
+        s->nconns--;
+    }
+    pthread_cond_signal(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+    if (c) ferry_net_abort(c->fd), c->fd = -1, ferry_conn_free(c);
+}
+
+/* ------------------------------------------------------------- segments */
+
+static int fetch_page(ferry_conn_t *c, size_t start, ferry_segment_t **segs, size_t *cap, size_t *total,
+                      uint64_t *version, size_t *got, uint64_t deadline)
+{
+    ferry_frame_t q = {.type = FERRY_FRAME_SEG_QUERY, .aux = start};
+    int rc = ferry_conn_send_frame(c, &q, NULL, deadline);
+    if (rc) return rc;
+    ferry_frame_t f;
+    rc = ferry_conn_recv_frame(c, &f, deadline);
+    if (rc) return rc;
+    if (f.type != FERRY_FRAME_SEG_PAGE || f.len > FERRY_WIRE_SEGMENTS_PER_PAGE ||
+        f.plen != f.len * FERRY_WIRE_SEGMENT_SIZE || start + f.len > f.addr)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "bad segment page (%s, %llu entries of %llu)",
+                          ferry_frame_type_name(f.type), (unsigned long long)f.len, (unsigned long long)f.addr);
+    *total = (size_t)f.addr;
+    *version = f.aux;
+    if (*total > *cap) {
+        ferry_segment_t *n = realloc(*segs, *total * sizeof **segs);
+        if (!n) return ferry_fail(FERRY_ERR_MEMORY, "segment table of %zu entries: out of memory", *total);
+        *segs = n;
+        *cap = *total;
+    }
+    uint8_t *buf = malloc(f.plen + 1);
+    if (!buf) return ferry_fail(FERRY_ERR_MEMORY, "segment page: out of memory");
+    rc = ferry_net_recv(c->fd, buf, f.plen, deadline);
+    for (size_t i = 0; rc == 0 && i < f.len; i++) {
+        ferry_wire_segment_t w;
+        rc = ferry_segment_decode(buf + i * FERRY_WIRE_SEGMENT_SIZE, &w);
+        (*segs)[start + i] = (ferry_segment_t){w.addr, w.len, w.flags, w.generation};
+    }
+    free(buf);
+    *got = (size_t)f.len;
+    return rc;
+}
+
+/* Pages the whole table in; restarts if the peer's registry changed midway. */
+static int fetch_segments(ferry_conn_t *c, ferry_session_t *s, uint64_t deadline)
+{
+    for (int attempt = 0; attempt < 8; attempt++) {
+        ferry_segment_t *segs = NULL;
+        size_t cap = 0, total = 0, got = 0, pos = 0;
+        uint64_t version = 0, first_version = 0;
+        int rc = 0;
+        do {
+            rc = fetch_page(c, pos, &segs, &cap, &total, &version, &got, deadline);
+            if (rc) break;
+            if (pos == 0) first_version = version;
+            pos += got;
+        } while (version == first_version && pos < total && got > 0);
+        if (rc) {
+            free(segs);
+            return rc;
+        }
+        if (version != first_version) {
+            free(segs);
+            continue;
+        }
+        pthread_rwlock_wrlock(&s->seg_lock);
+        free(s->segs);
+        s->segs = segs;
+        s->nsegs = pos;
+        s->seg_version = version;
+        pthread_rwlock_unlock(&s->seg_lock);
+        return 0;
+    }
+    return ferry_fail(FERRY_ERR_TIMEOUT, "segments of %s kept changing while being fetched", s->name);
+}
+
+int ferry_session_refresh_segments(ferry_session_t *s, uint64_t deadline)
+{
+    ferry_conn_t *c;
+    int rc = ferry_session_checkout(s, deadline, &c);
+    if (rc) return rc;
+    rc = fetch_segments(c, s, deadline);
+    ferry_session_checkin(s, c, rc == 0);
+    if (rc) ferry_fail_context("fetching the segments of %s", s->name);
+    return rc;
+}
+
+/* Index of the segment containing addr, or the insertion point (negative). */
+static long find_segment(const ferry_segment_t *segs, size_t n, uint64_t addr)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (segs[mid].addr + segs[mid].len <= addr)
+            lo = mid + 1;
+        else if (segs[mid].addr > addr)
+            hi = mid;
+        else
+            return (long)mid;
+    }
+    return -(long)lo - 1;
+}
+
+static int resolve_cached(ferry_session_t *s, int opcode, uint64_t remote, uint64_t len, uint32_t *generation)
+{
+    const unsigned long long a = remote, l = len;
+    uint32_t need = opcode == FERRY_OP_WRITE ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_REMOTE_READ;
+    pthread_rwlock_rdlock(&s->seg_lock);
+    long i = find_segment(s->segs, s->nsegs, remote);
+    int rc = 0;
+    if (i < 0) {
+        long below = -i - 2;
+        if (below >= 0)
+            rc = ferry_fail(FERRY_ERR_ADDRESS_NOT_REGISTERED,
+                            "remote range [0x%llx+%llu) is not in any region %s registered; nearest below is "
+                            "[0x%llx+%llu) (%zu remote regions)",
+                            a, l, s->name, (unsigned long long)s->segs[below].addr,
+                            (unsigned long long)s->segs[below].len, s->nsegs);
+        else
+            rc = ferry_fail(FERRY_ERR_ADDRESS_NOT_REGISTERED,
+                            "remote range [0x%llx+%llu) is not in any region %s registered (%zu remote regions)", a,
+                            l, s->name, s->nsegs);
+    } else {
+        const ferry_segment_t *g = &s->segs[i];
+        if (remote + len > g->addr + g->len)
+            rc = ferry_fail(FERRY_ERR_OUT_OF_BOUNDS,
+                            "remote range [0x%llx+%llu) runs %llu bytes past the end of %s's region [0x%llx+%llu)",
+                            a, l, (unsigned long long)(remote + len - g->addr - g->len), s->name,
+                            (unsigned long long)g->addr, (unsigned long long)g->len);
+        else if ((g->flags & need) != need)
+            rc = ferry_fail(FERRY_ERR_ACCESS_DENIED, "remote range [0x%llx+%llu) of %s is not registered for remote %s",
+                            a, l, s->name, opcode == FERRY_OP_WRITE ? "write" : "read");
+        else
+            *generation = g->generation;
+    }
+    pthread_rwlock_unlock(&s->seg_lock);
+    return rc;
+}
+
+int ferry_session_resolve(ferry_session_t *s, int opcode, uint64_t remote, uint64_t len, uint32_t *generation,
+                          uint64_t deadline)
+{
+    if (remote + len < remote)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "remote range [0x%llx+%llu) wraps the address space",
+                          (unsigned long long)remote, (unsigned long long)len);
+    pthread_mutex_lock(&s->lock);
+    bool known = s->have_peer;
+    pthread_mutex_unlock(&s->lock);
+    if (!known) {
+        /* First use: the handshake (in checkout) and a segment fetch. */
+        int rc = ferry_session_refresh_segments(s, deadline);
+        if (rc) return rc;
+    }
+    if (resolve_cached(s, opcode, remote, len, generation) == 0) return 0;
+    /* The peer may have registered since we looked: ask once more. */
+    int rc = ferry_session_refresh_segments(s, deadline);
+    if (rc) return rc;
+    return resolve_cached(s, opcode, remote, len, generation);
+}
+
+/* ------------------------------------------------------------- public API */
+
+int ferry_session_open(ferry_engine_t *e, const char *peer)
+{
+    ferry_clear_last_error();
+    ferry_session_t *s;
+    int rc = ferry_session_get(e, peer, &s);
+    if (rc) return rc;
+    pthread_mutex_lock(&s->lock);
+    int state = s->state;
+    pthread_mutex_unlock(&s->lock);
+    if (state != SESSION_OK) {
+        /* Opening again after a restart is how a caller re-learns the peer. */
+        ferry_session_put(s);
+        ferry_session_close(e, peer);
+        rc = ferry_session_get(e, peer, &s);
+        if (rc) return rc;
+    }
+    rc = ferry_session_refresh_segments(s, ferry_deadline_after_ms(e->cfg.connect_timeout_ms));
+    if (rc) ferry_fail_context("open session to %s", peer);
+    ferry_session_put(s);
+    return rc;
+}
+
+int ferry_session_close(ferry_engine_t *e, const char *peer)
+{
+    ferry_clear_last_error();
+    if (!e || !peer) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "session close: NULL argument");
+    pthread_mutex_lock(&e->sessions_lock);
+    ferry_session_t *s = e->sessions;
+    while (s && strcmp(s->name, peer) != 0) s = s->next;
+    if (s) unlink_locked(e, s);
+    pthread_mutex_unlock(&e->sessions_lock);
+    if (!s) return ferry_fail(FERRY_ERR_NOT_FOUND, "no session to %s", peer);
+    session_invalidate(s);
+    ferry_session_put(s);
+    return 0;
+}
+
+int ferry_session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info)
+{
+    ferry_clear_last_error();
+    if (!info) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "session info: info is NULL");
+    ferry_session_t *s;
+    int rc = ferry_session_get(e, peer, &s);
+    if (rc) return rc;
+    pthread_mutex_lock(&s->lock);
+    bool known = s->have_peer;
+    pthread_mutex_unlock(&s->lock);
+    if (!known) rc = ferry_session_refresh_segments(s, ferry_deadline_after_ms(e->cfg.connect_timeout_ms));
+    if (rc == 0) {
+        memset(info, 0, sizeof *info);
+        pthread_mutex_lock(&s->lock);
+        snprintf(info->name, sizeof info->name, "%s", s->name);
+        info->protocol_version = s->peer.proto_max;
+        info->engine_id = s->peer.engine_id;
+        info->epoch = s->peer.epoch;
+        info->pid = s->peer.pid;
+        info->same_host = memcmp(s->peer.host_id, e->host_id, sizeof e->host_id) == 0;
+        snprintf(info->transport, sizeof info->transport, "%s", s->transport ? s->transport->name : "none");
+        snprintf(info->transport_reason, sizeof info->transport_reason, "%s", s->transport_reason);
+        pthread_mutex_unlock(&s->lock);
+        pthread_rwlock_rdlock(&s->seg_lock);
+        info->segment_version = s->seg_version;
+        info->segment_count = s->nsegs;
+        pthread_rwlock_unlock(&s->seg_lock);
+    }
+    ferry_session_put(s);
+    return rc;
+}
+
+long ferry_session_segments(ferry_engine_t *e, const char *peer, ferry_segment_t *out, size_t max)
+{
+    ferry_clear_last_error();
+    if (!out && max) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "session segments: out is NULL");
+    ferry_session_t *s;
+    int rc = ferry_session_get(e, peer, &s);
+    if (rc) return rc;
+    rc = ferry_session_refresh_segments(s, ferry_deadline_after_ms(e->cfg.timeout_ms));
+    long n = rc;
+    if (rc == 0) {
+        pthread_rwlock_rdlock(&s->seg_lock);
+        size_t k = s->nsegs < max ? s->nsegs : max;
+        if (k) memcpy(out, s->segs, k * sizeof *out);
+        n = (long)s->nsegs;
+        pthread_rwlock_unlock(&s->seg_lock);
+    }
+    ferry_session_put(s);
+    return n;
+}

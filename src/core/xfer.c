@@ -1,0 +1,216 @@
+/* Running transfers: argument checks, segment resolution, retries with
+ * backoff, and the synchronous public calls. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "clock.h"
+#include "engine.h"
+#include "fail.h"
+#include "log.h"
+#include "transport/transport.h"
+
+void ferry_xfer_fail(ferry_xfer_t *x, int rc)
+{
+    x->rc = rc;
+    free(x->detail);
+    x->detail = strdup(ferry_fail_message());
+}
+
+static const char *op_name(int opcode) { return opcode == FERRY_OP_WRITE ? "write" : "read"; }
+
+int ferry_check_local(ferry_engine_t *e, const void *local, uint64_t len)
+{
+    int rc = ferry_registry_check(&e->registry, (uint64_t)(uintptr_t)local, len, 0, "local");
+    if (rc) ferry_fail_context("the local buffer must be registered with this engine");
+    return rc;
+}
+
+/* Checks one request's arguments; touches no memory. */
+int ferry_check_request(ferry_engine_t *e, int opcode, const void *local, uint64_t remote, uint64_t len)
+{
+    if (opcode != FERRY_OP_READ && opcode != FERRY_OP_WRITE)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "opcode %d is neither FERRY_OP_READ nor FERRY_OP_WRITE", opcode);
+    if (!local) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "local buffer is NULL");
+    if (len == 0) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "length is 0");
+    if ((uint64_t)(uintptr_t)local + len < (uint64_t)(uintptr_t)local)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "local range [%p+%llu) wraps the address space", local,
+                          (unsigned long long)len);
+    if (remote == 0) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "remote address is 0");
+    if (remote + len < remote)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "remote range [0x%llx+%llu) wraps the address space",
+                          (unsigned long long)remote, (unsigned long long)len);
+    return ferry_check_local(e, local, len);
+}
+
+/* Failures worth an automatic retry on a fresh connection. A timeout is
+ * not: its deadline is spent. Stale segments are not: the caller must learn
+ * the new addresses. */
+static bool auto_retryable(int rc)
+{
+    return rc == FERRY_ERR_PEER_CLOSED || rc == FERRY_ERR_SOCKET || rc == FERRY_ERR_CHECKSUM_MISMATCH;
+}
+
+static void sleep_backoff(int ms, uint64_t deadline)
+{
+    uint64_t until = ferry_now_ns() + (uint64_t)ms * 1000000ull;
+    if (until > deadline) until = deadline;
+    struct timespec ts = ferry_deadline_timespec(until);
+    clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+}
+
+static uint64_t earliest_deadline(const ferry_xfer_t *xs, size_t n)
+{
+    uint64_t d = UINT64_MAX;
+    for (size_t i = 0; i < n; i++)
+        if (xs[i].deadline < d) d = xs[i].deadline;
+    return d;
+}
+
+/* Resolves each unresolved live piece against the peer's segments. */
+static void resolve_pieces(ferry_session_t *s, ferry_xfer_t *xs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        ferry_xfer_t *x = &xs[i];
+        if (x->rc || x->generation) continue;
+        int rc = ferry_session_resolve(s, x->opcode, x->remote, x->len, &x->generation, x->deadline);
+        if (rc) ferry_xfer_fail(x, rc);
+    }
+}
+
+/* After STALE_SEGMENT: learn the peer's current table and say precisely
+ * whether the range is gone or was registered again. */
+static void explain_stale(ferry_session_t *s, ferry_xfer_t *x)
+{
+    uint32_t gen = 0;
+    if (ferry_session_refresh_segments(s, x->deadline) != 0) return;
+    int rc = ferry_session_resolve(s, x->opcode, x->remote, x->len, &gen, x->deadline);
+    if (rc) ferry_xfer_fail(x, rc);
+}
+
+/* Pieces still to do: no failure yet and bytes left. */
+static bool any_pending(const ferry_xfer_t *xs, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (xs[i].rc == 0 && xs[i].done < xs[i].len) return true;
+    return false;
+}
+
+static void fail_pending(ferry_xfer_t *xs, size_t n, int rc)
+{
+    for (size_t i = 0; i < n; i++)
+        if (xs[i].rc == 0 && xs[i].done < xs[i].len) ferry_xfer_fail(&xs[i], rc);
+}
+
+static const ferry_transport_ops_t *session_transport(ferry_session_t *s)
+{
+    pthread_mutex_lock(&s->lock);
+    const ferry_transport_ops_t *t = s->transport;
+    pthread_mutex_unlock(&s->lock);
+    return t ? t : &ferry_transport_tcp;
+}
+
+int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n)
+{
+    int backoff = e->cfg.retry_backoff_ms;
+    for (int attempt = 0;; attempt++) {
+        resolve_pieces(s, xs, n);
+        if (!any_pending(xs, n)) break;
+        uint64_t deadline = earliest_deadline(xs, n);
+        ferry_conn_t *c;
+        int broken = 0;
+        int rc = ferry_session_checkout(s, deadline, &c);
+        if (rc == 0) {
+            rc = session_transport(s)->run(c, xs, n, &broken);
+            ferry_session_checkin(s, c, !broken);
+        }
+        for (size_t i = 0; i < n; i++) {
+            if (xs[i].rc == FERRY_ERR_STALE_SEGMENT) explain_stale(s, &xs[i]);
+            if (xs[i].rc == FERRY_ERR_CHECKSUM_MISMATCH && attempt < e->cfg.retries) xs[i].rc = 0;
+        }
+        if (rc && !(auto_retryable(rc) && attempt < e->cfg.retries && ferry_ms_left(deadline) > 0)) {
+            fail_pending(xs, n, rc);
+            break;
+        }
+        if (!any_pending(xs, n)) break;
+        if (attempt >= e->cfg.retries) {
+            fail_pending(xs, n, ferry_fail(FERRY_ERR_INTERNAL, "pieces left after the last attempt"));
+            break;
+        }
+        FERRY_LOG(FERRY_LOG_INFO, "xfer", "retrying to %s after %s (attempt %d of %d)", s->name,
+                  ferry_error_name(rc ? rc : FERRY_ERR_CHECKSUM_MISMATCH), attempt + 1, e->cfg.retries);
+        sleep_backoff(backoff, deadline);
+        backoff *= 2;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (xs[i].rc) return xs[i].rc;
+    return 0;
+}
+
+/* Re-raises piece x's failure as the thread's error, with context. */
+static int report_piece(const ferry_xfer_t *x, const char *peer)
+{
+    ferry_fail(x->rc, "%s", x->detail ? x->detail : "failed");
+    return ferry_fail_context("%s of %llu bytes, local %p <-> %s [0x%llx+%llu)", op_name(x->opcode),
+                              (unsigned long long)x->len, (void *)(x->local), peer, (unsigned long long)x->remote,
+                              (unsigned long long)x->len);
+}
+
+static void free_details(ferry_xfer_t *xs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) free(xs[i].detail);
+}
+
+/* Cuts requests into pieces: big ones into stripes so that several
+ * connections carry them. Returns the pieces (malloc'd) and their count. */
+int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const uint64_t *remotes,
+                      const size_t *lens, size_t n, uint64_t deadline, ferry_xfer_t **out, size_t *nout);
+int ferry_run_parallel(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);
+
+static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const *locals, const uint64_t *remotes,
+                    const size_t *lens, size_t n)
+{
+    if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "engine is NULL");
+    if (!peer) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "peer name is NULL");
+    for (size_t i = 0; i < n; i++) {
+        int rc = ferry_check_request(e, opcode, locals[i], remotes[i], lens[i]);
+        if (rc) return n > 1 ? ferry_fail_context("request %zu of %zu", i, n) : rc;
+    }
+    ferry_session_t *s;
+    int rc = ferry_session_get(e, peer, &s);
+    if (rc) return rc;
+    ferry_xfer_t *xs;
+    size_t nx;
+    rc = ferry_make_pieces(e, opcode, locals, remotes, lens, n, ferry_deadline_after_ms(e->cfg.timeout_ms), &xs, &nx);
+    if (rc == 0) {
+        rc = nx == 1 ? ferry_xfer_run(e, s, xs, 1) : ferry_run_parallel(e, s, xs, nx);
+        for (size_t i = 0; rc && i < nx; i++) {
+            if (xs[i].rc) {
+                rc = report_piece(&xs[i], peer);
+                if (n > 1) ferry_fail_context("request %zu of %zu", xs[i].index, n);
+                break;
+            }
+        }
+        free_details(xs, nx);
+        free(xs);
+    }
+    ferry_session_put(s);
+    return rc;
+}
+
+int ferry_transfer_sync(ferry_engine_t *e, const char *peer, int opcode, void *local, uint64_t remote, size_t len)
+{
+    ferry_clear_last_error();
+    uint64_t r = remote;
+    return run_sync(e, peer, opcode, &local, &r, &len, 1);
+}
+
+int ferry_batch_transfer_sync(ferry_engine_t *e, const char *peer, int opcode, void *const *locals,
+                              const uint64_t *remotes, const size_t *lens, size_t n)
+{
+    ferry_clear_last_error();
+    if (!locals || !remotes || !lens) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "batch transfer: NULL array");
+    if (n == 0) return 0;
+    return run_sync(e, peer, opcode, locals, remotes, lens, n);
+}

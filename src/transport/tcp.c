@@ -1,0 +1,345 @@
+/* The TCP transport: bytes travel inline in WRITE / READ_RESP frames.
+ *
+ * Initiator: a transfer is cut into slices of config.slice_size, pipelined
+ * with up to a window of slices unacknowledged, and acks arrive in order.
+ * Target: each slice is validated against the registry, then received
+ * straight into the destination (no bounce copy unless checksums are on),
+ * chunk by chunk under the registry's read lock, so that a deregistration
+ * waits for the chunk in progress and later chunks see it. */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "core/clock.h"
+#include "core/fail.h"
+#include "core/net.h"
+#include "transport.h"
+
+/* Slices in flight per connection: enough to keep loopback and a LAN busy,
+ * few enough that acks (56 bytes each) never fill a socket buffer. */
+#define WINDOW_BYTES (32u << 20)
+#define CHUNK_BYTES (1u << 20)
+
+static unsigned window_slices(size_t slice)
+{
+    unsigned w = (unsigned)(WINDOW_BYTES / slice);
+    return w < 2 ? 2 : w > 256 ? 256 : w;
+}
+
+/* Reads a failing answer's text (the target's detail) into a local failure. */
+static int fail_from_target(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline)
+{
+    char text[FERRY_WIRE_MAX_REASON + 1];
+    uint32_t n = f->plen <= FERRY_WIRE_MAX_REASON ? f->plen : FERRY_WIRE_MAX_REASON;
+    if (ferry_net_recv(c->fd, text, n, deadline) != 0) n = 0;
+    text[n] = '\0';
+    if (f->plen > n) ferry_conn_discard(c, f->plen - n, deadline);
+    return ferry_fail(f->status, "target %s refused: %s", c->peer.name, n ? text : "(no detail)");
+}
+
+static uint32_t crc_of(const ferry_engine_t *e, const void *p, size_t n)
+{
+    return e->cfg.checksum ? ferry_crc32c(0, p, n) : 0;
+}
+
+/* ------------------------------------------------------------ initiator */
+
+static int send_slice(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t n, uint8_t type)
+{
+    ferry_engine_t *e = c->engine;
+    ferry_frame_t f = {.type = type, .req_id = x->req_id, .addr = x->remote + off, .len = n, .aux = x->generation};
+    if (type == FERRY_FRAME_WRITE) {
+        f.plen = (uint32_t)n;
+        if (e->cfg.checksum) {
+            f.flags = FERRY_FRAME_F_CRC;
+            f.crc = crc_of(e, x->local + off, n);
+        }
+        return ferry_conn_send_frame(c, &f, x->local + off, x->deadline);
+    }
+    if (e->cfg.checksum) f.flags = FERRY_FRAME_F_CRC; /* asks for a checksummed answer */
+    return ferry_conn_send_frame(c, &f, NULL, x->deadline);
+}
+
+/* Receives one answer; for reads, the data lands at local + *off_recv. */
+static int recv_answer(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t n, int *broken)
+{
+    ferry_frame_t f;
+    int rc = ferry_conn_recv_frame(c, &f, x->deadline);
+    if (rc) {
+        *broken = 1;
+        return rc;
+    }
+    uint8_t want = x->opcode == FERRY_OP_WRITE ? FERRY_FRAME_WRITE_ACK : FERRY_FRAME_READ_RESP;
+    if (f.type != want || f.req_id != x->req_id) {
+        *broken = 1;
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected %s for request %llu, got %s for %llu",
+                          ferry_frame_type_name(want), (unsigned long long)x->req_id, ferry_frame_type_name(f.type),
+                          (unsigned long long)f.req_id);
+    }
+    if (f.status < 0) {
+        rc = fail_from_target(c, &f, x->deadline);
+        return rc;
+    }
+    if (x->opcode == FERRY_OP_READ) {
+        if (f.plen != n) {
+            *broken = 1;
+            return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "read answer of %u bytes for a slice of %llu", f.plen,
+                              (unsigned long long)n);
+        }
+        rc = ferry_net_recv(c->fd, x->local + off, n, x->deadline);
+        if (rc) {
+            *broken = 1;
+            return rc;
+        }
+        if ((f.flags & FERRY_FRAME_F_CRC) && ferry_crc32c(0, x->local + off, n) != f.crc)
+            return ferry_fail(FERRY_ERR_CHECKSUM_MISMATCH, "read slice [0x%llx+%llu) from %s arrived corrupted",
+                              (unsigned long long)(x->remote + off), (unsigned long long)n, c->peer.name);
+    } else if (f.len != n) {
+        *broken = 1;
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "write ack for %llu bytes, slice was %llu",
+                          (unsigned long long)f.len, (unsigned long long)n);
+    }
+    return 0;
+}
+
+/* One slice on the wire, awaiting its answer. Answers arrive in order. */
+struct inflight {
+    ferry_xfer_t *x;
+    uint64_t off, n;
+};
+
+static bool piece_sendable(const ferry_xfer_t *x, uint64_t off)
+{
+    return x->rc == 0 && off < x->len && !(x->cancel && atomic_load(x->cancel));
+}
+
+/* Streams slices of every piece, from each piece's ->done on, keeping up
+ * to a window of slices unanswered. A failed answer marks its piece and the
+ * stream goes on, so one bad range does not stall the others. */
+static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
+{
+    size_t slice = c->engine->cfg.slice_size;
+    unsigned window = window_slices(slice);
+    struct inflight ring[256];
+    unsigned head = 0, count = 0;
+    size_t cur = 0;
+    uint64_t cur_off = nx ? xs[0].done : 0;
+    *broken = 0;
+    for (;;) {
+        while (cur < nx && !piece_sendable(&xs[cur], cur_off)) {
+            if (++cur < nx) cur_off = xs[cur].done;
+        }
+        if (cur < nx && count < window) {
+            ferry_xfer_t *x = &xs[cur];
+            uint64_t n = x->len - cur_off < slice ? x->len - cur_off : slice;
+            int rc = send_slice(c, x, cur_off, n, x->opcode == FERRY_OP_WRITE ? FERRY_FRAME_WRITE : FERRY_FRAME_READ_REQ);
+            if (rc) {
+                *broken = 1;
+                return rc;
+            }
+            ring[(head + count++) % 256] = (struct inflight){x, cur_off, n};
+            cur_off += n;
+            continue;
+        }
+        if (count == 0) break;
+        struct inflight in = ring[head];
+        head = (head + 1) % 256;
+        count--;
+        int rc = recv_answer(c, in.x, in.off, in.n, broken);
+        if (*broken) return rc;
+        if (rc) {
+            if (in.x->rc == 0) ferry_xfer_fail(in.x, rc);
+        } else if (in.x->rc == 0) {
+            in.x->done += in.n;
+            if (in.x->progress) atomic_fetch_add(in.x->progress, in.n);
+        }
+    }
+    for (size_t i = 0; i < nx; i++) {
+        ferry_xfer_t *x = &xs[i];
+        if (x->rc == 0 && x->done < x->len)
+            ferry_xfer_fail(x, ferry_fail(FERRY_ERR_CANCELLED, "cancelled after %llu of %llu bytes",
+                                          (unsigned long long)x->done, (unsigned long long)x->len));
+    }
+    return 0;
+}
+
+/* --------------------------------------------------------------- target */
+
+static int send_status(ferry_conn_t *c, uint8_t type, const ferry_frame_t *req, int status, uint64_t deadline)
+{
+    const char *why = status ? ferry_fail_message() : "";
+    size_t n = strlen(why);
+    if (n > FERRY_WIRE_MAX_REASON) n = FERRY_WIRE_MAX_REASON;
+    ferry_frame_t f = {.type = type, .status = status, .req_id = req->req_id, .addr = req->addr,
+                       .len = status ? 0 : req->len, .plen = (uint32_t)n};
+    return ferry_conn_send_frame(c, &f, why, deadline);
+}
+
+/* Validation of one incoming range, with the registry's read lock held. */
+static int check_locked(ferry_conn_t *c, const ferry_frame_t *f, uint32_t need)
+{
+    ferry_engine_t *e = c->engine;
+    if (ferry_engine_is_cancelled(e, c->peer.engine_id, f->req_id))
+        return ferry_fail(FERRY_ERR_CANCELLED, "request %llu was cancelled", (unsigned long long)f->req_id);
+    return ferry_registry_check_locked(&e->registry, f->addr, f->len, need, (uint32_t)f->aux, "target");
+}
+
+/* Receives up to want bytes into dst without blocking; returns the count,
+ * 0 if nothing is ready, or a negative code. */
+static long recv_ready(int fd, unsigned char *dst, size_t want)
+{
+    for (;;) {
+        ssize_t n = recv(fd, dst, want, MSG_DONTWAIT);
+        if (n > 0) return n;
+        if (n == 0) return ferry_fail(FERRY_ERR_PEER_CLOSED, "the initiator closed the connection mid-slice");
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+        return ferry_fail(FERRY_ERR_SOCKET, "recv: %s", strerror(errno));
+    }
+}
+
+/* Places f->len payload bytes straight into target memory, re-validating
+ * under the read lock before every chunk. A failure mid-way discards the
+ * rest of the payload and is reported in the ack. */
+static int place_direct(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline, int *status)
+{
+    ferry_registry_t *r = &c->engine->registry;
+    uint64_t done = 0;
+    while (done < f->len) {
+        int w = ferry_net_wait_readable(c->fd, deadline);
+        if (w <= 0) return ferry_fail(FERRY_ERR_TIMEOUT, "slice from %s stalled after %llu of %llu bytes",
+                                      c->peer.name, (unsigned long long)done, (unsigned long long)f->len);
+        ferry_registry_read_lock(r);
+        int rc = check_locked(c, f, FERRY_MEM_REMOTE_WRITE);
+        long n = 0;
+        if (rc == 0) {
+            uint64_t left = f->len - done;
+            n = recv_ready(c->fd, (unsigned char *)(uintptr_t)(f->addr + done), left < CHUNK_BYTES ? left : CHUNK_BYTES);
+        }
+        ferry_registry_unlock(r);
+        if (rc) {
+            *status = rc;
+            if (rc == FERRY_ERR_ADDRESS_NOT_REGISTERED) ferry_fail_context("region deregistered during the write");
+            return ferry_conn_discard(c, f->len - done, deadline);
+        }
+        if (n < 0) return (int)n;
+        done += (uint64_t)n;
+    }
+    return 0;
+}
+
+/* With checksums: stage, verify, and place only verified bytes. */
+static int place_checked(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline, int *status)
+{
+    if (!c->bounce) c->bounce = malloc(FERRY_WIRE_MAX_DATA);
+    if (!c->bounce) return ferry_fail(FERRY_ERR_MEMORY, "checksum staging buffer: out of memory");
+    int rc = ferry_net_recv(c->fd, c->bounce, f->len, deadline);
+    if (rc) return rc;
+    if (ferry_crc32c(0, c->bounce, f->len) != f->crc) {
+        *status = ferry_fail(FERRY_ERR_CHECKSUM_MISMATCH, "slice [0x%llx+%llu) from %s failed its CRC32C; not placed",
+                             (unsigned long long)f->addr, (unsigned long long)f->len, c->peer.name);
+        return 0;
+    }
+    ferry_registry_t *r = &c->engine->registry;
+    ferry_registry_read_lock(r);
+    rc = check_locked(c, f, FERRY_MEM_REMOTE_WRITE);
+    if (rc == 0) memcpy((void *)(uintptr_t)f->addr, c->bounce, f->len);
+    ferry_registry_unlock(r);
+    *status = rc;
+    return 0;
+}
+
+static int serve_write(ferry_conn_t *c, const ferry_frame_t *f)
+{
+    uint64_t deadline = ferry_deadline_after_ms(c->engine->cfg.timeout_ms);
+    if (f->plen != f->len || f->len == 0)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "WRITE of %llu bytes carries %u", (unsigned long long)f->len,
+                          f->plen);
+    ferry_registry_t *r = &c->engine->registry;
+    ferry_registry_read_lock(r);
+    int status = check_locked(c, f, FERRY_MEM_REMOTE_WRITE);
+    ferry_registry_unlock(r);
+    int rc;
+    if (status)
+        rc = ferry_conn_discard(c, f->len, deadline);
+    else if (f->flags & FERRY_FRAME_F_CRC)
+        rc = place_checked(c, f, deadline, &status);
+    else
+        rc = place_direct(c, f, deadline, &status);
+    if (rc) return rc;
+    return send_status(c, FERRY_FRAME_WRITE_ACK, f, status, deadline);
+}
+
+/* Sends the slice straight from target memory, chunk by chunk under the read
+ * lock. If the region vanishes mid-way the connection is reset: the
+ * initiator must never take the rest for data. */
+static int send_from_memory(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline)
+{
+    ferry_registry_t *r = &c->engine->registry;
+    uint64_t done = 0;
+    while (done < f->len) {
+        struct pollfd p = {.fd = c->fd, .events = POLLOUT};
+        int w = poll(&p, 1, ferry_ms_left(deadline));
+        if (w <= 0) return ferry_fail(FERRY_ERR_TIMEOUT, "read answer to %s stalled", c->peer.name);
+        ferry_registry_read_lock(r);
+        int rc = check_locked(c, f, FERRY_MEM_REMOTE_READ);
+        ssize_t n = 0;
+        if (rc == 0) {
+            uint64_t left = f->len - done;
+            n = send(c->fd, (const char *)(uintptr_t)(f->addr + done), left < CHUNK_BYTES ? left : CHUNK_BYTES,
+                     MSG_DONTWAIT | MSG_NOSIGNAL);
+        }
+        ferry_registry_unlock(r);
+        if (rc) return ferry_fail_context("region changed during a read; resetting the connection");
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            return ferry_fail(FERRY_ERR_PEER_CLOSED, "send: %s", strerror(errno));
+        if (n > 0) done += (uint64_t)n;
+    }
+    return 0;
+}
+
+static int serve_read(ferry_conn_t *c, const ferry_frame_t *f)
+{
+    uint64_t deadline = ferry_deadline_after_ms(c->engine->cfg.timeout_ms);
+    if (f->plen != 0 || f->len == 0 || f->len > FERRY_WIRE_MAX_DATA)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "READ_REQ of %llu bytes (limit %u)", (unsigned long long)f->len,
+                          FERRY_WIRE_MAX_DATA);
+    ferry_registry_t *r = &c->engine->registry;
+    ferry_registry_read_lock(r);
+    int status = check_locked(c, f, FERRY_MEM_REMOTE_READ);
+    uint32_t crc = 0;
+    if (status == 0 && (f->flags & FERRY_FRAME_F_CRC)) crc = ferry_crc32c(0, (const void *)(uintptr_t)f->addr, f->len);
+    ferry_registry_unlock(r);
+    if (status) return send_status(c, FERRY_FRAME_READ_RESP, f, status, deadline);
+    ferry_frame_t h = {.type = FERRY_FRAME_READ_RESP, .req_id = f->req_id, .addr = f->addr, .len = f->len,
+                       .plen = (uint32_t)f->len, .flags = f->flags & FERRY_FRAME_F_CRC, .crc = crc};
+    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
+    ferry_frame_encode(&h, hdr);
+    int rc = ferry_net_send(c->fd, hdr, sizeof hdr, deadline);
+    if (rc) return rc;
+    return send_from_memory(c, f, deadline);
+}
+
+static int tcp_serve(ferry_conn_t *c, const ferry_frame_t *f)
+{
+    return f->type == FERRY_FRAME_WRITE ? serve_write(c, f) : serve_read(c, f);
+}
+
+static int tcp_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, size_t cap)
+{
+    (void)e;
+    (void)peer;
+    snprintf(why, cap, "tcp reaches every peer");
+    return 1;
+}
+
+const ferry_transport_ops_t ferry_transport_tcp = {
+    .name = "tcp",
+    .usable = tcp_usable,
+    .run = tcp_run,
+    .serve = tcp_serve,
+    .serve_types = (1u << FERRY_FRAME_WRITE) | (1u << FERRY_FRAME_READ_REQ),
+};

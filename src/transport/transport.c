@@ -1,0 +1,49 @@
+/* The transport table and the choice of a transport per peer. */
+#include "transport.h"
+
+#include <stdio.h>
+#include <string.h>
+
+const ferry_transport_ops_t *const ferry_transports[] = {
+    &ferry_transport_tcp,
+    NULL,
+};
+
+const ferry_transport_ops_t *ferry_transport_find(const char *name)
+{
+    for (int i = 0; name && ferry_transports[i]; i++)
+        if (strcmp(ferry_transports[i]->name, name) == 0) return ferry_transports[i];
+    return NULL;
+}
+
+const ferry_transport_ops_t *ferry_transport_choose(ferry_engine_t *e, const ferry_hello_t *peer, char *why,
+                                                     size_t cap)
+{
+    const char *forced = e->cfg.transport;
+    if (forced && strcmp(forced, "auto") != 0) {
+        const ferry_transport_ops_t *t = ferry_transport_find(forced);
+        if (t && t->usable(e, peer, why, cap)) {
+            char reason[128];
+            snprintf(reason, sizeof reason, "forced by config; %s", why);
+            snprintf(why, cap, "%s", reason);
+            return t;
+        }
+        /* Forced but unusable: say so and fall back to TCP, which always works. */
+        char reason[128];
+        snprintf(reason, sizeof reason, "%s forced but unusable (%s); fell back to tcp", forced, t ? why : "unknown");
+        snprintf(why, cap, "%s", reason);
+        return &ferry_transport_tcp;
+    }
+    for (int i = 0; ferry_transports[i]; i++)
+        if (ferry_transports[i]->usable(e, peer, why, cap)) return ferry_transports[i];
+    snprintf(why, cap, "no transport is usable");
+    return NULL;
+}
+
+const ferry_transport_ops_t *ferry_transport_for_frame(uint8_t type)
+{
+    if (type >= 32) return NULL;
+    for (int i = 0; ferry_transports[i]; i++)
+        if (ferry_transports[i]->serve_types & (1u << type)) return ferry_transports[i];
+    return NULL;
+}

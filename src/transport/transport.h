@@ -1,0 +1,43 @@
+/* Transports behind one vtable.
+ *
+ * Every session has a TCP control connection pool (sessions, handshake,
+ * acks); a transport decides how the bytes of a transfer move: inline in TCP
+ * frames ("tcp"), or by cross-memory attach between processes of one host
+ * ("shm"), or over RDMA. The target side serves the frame types a transport
+ * declares. A new transport is one new file and one entry in transport.c. */
+#ifndef FERRY_TRANSPORT_H
+#define FERRY_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/engine.h"
+
+typedef struct ferry_transport_ops {
+    const char *name;
+    /* Whether this transport can reach the peer of c's session; fills why. */
+    int (*usable)(ferry_engine_t *e, const ferry_hello_t *peer, char *why, size_t cap);
+    /* Moves the n pieces over connection c as one pipelined stream
+     * (initiator side), each from its ->done on, recording each piece's
+     * outcome in ->rc. Returns 0 or the connection-level failure; when that
+     * leaves c in an unknown state, *broken is set. */
+    int (*run)(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken);
+    /* Target side: serves frame f of a type listed in serve_types. A
+     * negative return closes the connection. */
+    int (*serve)(ferry_conn_t *c, const ferry_frame_t *f);
+    uint32_t serve_types;      /* bit (1 << frame type) for each type served */
+} ferry_transport_ops_t;
+
+extern const ferry_transport_ops_t ferry_transport_tcp;
+
+/* NULL-terminated, in order of preference for "auto". */
+extern const ferry_transport_ops_t *const ferry_transports[];
+
+const ferry_transport_ops_t *ferry_transport_find(const char *name);
+/* Picks the transport for a peer: forced by config, else the first usable. */
+const ferry_transport_ops_t *ferry_transport_choose(ferry_engine_t *e, const ferry_hello_t *peer, char *why,
+                                                     size_t cap);
+/* The transport that serves frame type t, or NULL. */
+const ferry_transport_ops_t *ferry_transport_for_frame(uint8_t type);
+
+#endif

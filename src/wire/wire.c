@@ -1,0 +1,178 @@
+/* Encoding and validation of Ferry frames. Hand-written: it is the hot path
+ * (one header per slice) and the format is a fixed little-endian struct. */
+#include "wire.h"
+
+#include <string.h>
+
+#include "core/fail.h"
+#include <ferry/ferry.h>
+
+static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+static const char *const type_names[] = {
+    "INVALID", "HELLO", "HELLO_ACK", "SEG_QUERY", "SEG_PAGE", "WRITE", "WRITE_ACK",
+    "READ_REQ", "READ_RESP", "NOTIFY", "NOTIFY_ACK", "PING", "PONG", "CANCEL",
+    "CANCEL_ACK", "CMA_WRITE", "CMA_READ", "AUTH", "AUTH_ACK", "ERROR"};
+
+const char *ferry_frame_type_name(uint8_t type)
+{
+    return type <= FERRY_FRAME_TYPE_MAX ? type_names[type] : "INVALID";
+}
+
+uint32_t ferry_frame_max_payload(uint8_t type)
+{
+    switch (type) {
+    case FERRY_FRAME_WRITE:
+    case FERRY_FRAME_READ_RESP:
+        return FERRY_WIRE_MAX_DATA;
+    case FERRY_FRAME_HELLO:
+    case FERRY_FRAME_HELLO_ACK:
+    case FERRY_FRAME_SEG_PAGE:
+    case FERRY_FRAME_ERROR:
+        return FERRY_WIRE_MAX_CONTROL;
+    case FERRY_FRAME_NOTIFY:
+        return FERRY_WIRE_MAX_NOTIFY;
+    case FERRY_FRAME_AUTH:
+    case FERRY_FRAME_AUTH_ACK:
+        return FERRY_WIRE_MAC_SIZE;
+    case FERRY_FRAME_WRITE_ACK:
+        return FERRY_WIRE_MAX_REASON; /* the target's detail when status < 0 */
+    default:
+        return 0;
+    }
+}
+
+void ferry_frame_encode(const ferry_frame_t *f, uint8_t out[FERRY_FRAME_HEADER_SIZE])
+{
+    put32(out, FERRY_WIRE_MAGIC);
+    out[4] = f->type;
+    out[5] = f->flags;
+    put16(out + 6, 0);
+    put32(out + 8, (uint32_t)f->status);
+    put32(out + 12, f->plen);
+    put64(out + 16, f->req_id);
+    put64(out + 24, f->addr);
+    put64(out + 32, f->len);
+    put64(out + 40, f->aux);
+    put32(out + 48, f->crc);
+    put32(out + 52, 0);
+}
+
+int ferry_frame_decode(const uint8_t in[FERRY_FRAME_HEADER_SIZE], ferry_frame_t *f)
+{
+    uint32_t magic = get32(in);
+    if (magic != FERRY_WIRE_MAGIC)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "bad frame magic 0x%08x (not a Ferry peer?)", magic);
+    f->type = in[4];
+    f->flags = in[5];
+    if (f->type == 0 || f->type > FERRY_FRAME_TYPE_MAX)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "unknown frame type %u", f->type);
+    if (f->flags & ~FERRY_FRAME_F_CRC)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "unknown frame flags 0x%02x", f->flags);
+    if (get16(in + 6) != 0 || get32(in + 52) != 0)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "reserved header bytes are not zero");
+    f->status = (int32_t)get32(in + 8);
+    f->plen = get32(in + 12);
+    f->req_id = get64(in + 16);
+    f->addr = get64(in + 24);
+    f->len = get64(in + 32);
+    f->aux = get64(in + 40);
+    f->crc = get32(in + 48);
+    uint32_t max = ferry_frame_max_payload(f->type);
+    if (f->plen > max)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s frame payload of %u bytes exceeds its limit of %u",
+                          ferry_frame_type_name(f->type), f->plen, max);
+    if (f->status > 0)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "positive status %d in %s frame", f->status,
+                          ferry_frame_type_name(f->type));
+    return 0;
+}
+
+int ferry_hello_encode(const ferry_hello_t *h, uint8_t *out, size_t cap)
+{
+    size_t nlen = strnlen(h->name, FERRY_WIRE_MAX_NAME + 1);
+    if (nlen > FERRY_WIRE_MAX_NAME || cap < FERRY_HELLO_FIXED_SIZE + nlen)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "engine name too long for the handshake");
+    uint8_t *p = out;
+    put16(p, h->proto_min); p += 2;
+    put16(p, h->proto_max); p += 2;
+    put32(p, h->flags); p += 4;
+    put64(p, h->engine_id); p += 8;
+    put64(p, h->epoch); p += 8;
+    put64(p, h->expect_epoch); p += 8;
+    put64(p, h->segment_version); p += 8;
+    put64(p, h->segment_count); p += 8;
+    put32(p, (uint32_t)h->pid); p += 4;
+    memcpy(p, h->host_id, 16); p += 16;
+    memcpy(p, h->nonce, FERRY_WIRE_NONCE_SIZE); p += FERRY_WIRE_NONCE_SIZE;
+    put16(p, (uint16_t)nlen); p += 2;
+    memcpy(p, h->name, nlen); p += nlen;
+    return (int)(p - out);
+}
+
+int ferry_hello_decode(const uint8_t *in, size_t len, ferry_hello_t *h)
+{
+    if (len < FERRY_HELLO_FIXED_SIZE)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "handshake payload truncated (%zu bytes)", len);
+    const uint8_t *p = in;
+    h->proto_min = get16(p); p += 2;
+    h->proto_max = get16(p); p += 2;
+    h->flags = get32(p); p += 4;
+    h->engine_id = get64(p); p += 8;
+    h->epoch = get64(p); p += 8;
+    h->expect_epoch = get64(p); p += 8;
+    h->segment_version = get64(p); p += 8;
+    h->segment_count = get64(p); p += 8;
+    h->pid = (int32_t)get32(p); p += 4;
+    memcpy(h->host_id, p, 16); p += 16;
+    memcpy(h->nonce, p, FERRY_WIRE_NONCE_SIZE); p += FERRY_WIRE_NONCE_SIZE;
+    size_t nlen = get16(p); p += 2;
+    if (nlen > FERRY_WIRE_MAX_NAME || FERRY_HELLO_FIXED_SIZE + nlen != len)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "handshake name length %zu does not match payload %zu",
+                          nlen, len);
+    if (h->proto_min > h->proto_max)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "handshake version range %u..%u is empty", h->proto_min,
+                          h->proto_max);
+    memcpy(h->name, p, nlen);
+    h->name[nlen] = '\0';
+    if (strlen(h->name) != nlen)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "handshake name contains a NUL byte");
+    return 0;
+}
+
+void ferry_segment_encode(const ferry_wire_segment_t *s, uint8_t out[FERRY_WIRE_SEGMENT_SIZE])
+{
+    put64(out, s->addr);
+    put64(out + 8, s->len);
+    put32(out + 16, s->flags);
+    put32(out + 20, s->generation);
+}
+
+int ferry_segment_decode(const uint8_t in[FERRY_WIRE_SEGMENT_SIZE], ferry_wire_segment_t *s)
+{
+    s->addr = get64(in);
+    s->len = get64(in + 8);
+    s->flags = get32(in + 16);
+    s->generation = get32(in + 20);
+    if (s->len == 0 || s->addr + s->len < s->addr)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "segment [0x%llx+%llu) is empty or wraps",
+                          (unsigned long long)s->addr, (unsigned long long)s->len);
+    if (s->flags & ~(uint32_t)FERRY_MEM_REMOTE)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "segment flags 0x%x unknown", s->flags);
+    return 0;
+}

@@ -1,0 +1,126 @@
+/* Ferry's wire protocol: fixed 56-byte frame headers, little-endian,
+ * optionally followed by a payload of plen bytes.
+ *
+ *   off  size  field
+ *     0     4  magic "FRRY" (0x59525246)
+ *     4     1  type (enum ferry_frame_type)
+ *     5     1  flags (FERRY_FRAME_F_*)
+ *     6     2  reserved, must be 0
+ *     8     4  status (i32: 0 or a negative Ferry code)
+ *    12     4  plen: payload bytes that follow
+ *    16     8  req_id: the initiator's request id, echoed in answers
+ *    24     8  addr: target address (WRITE, READ_REQ, CMA_*)
+ *    32     8  len: operation length in bytes
+ *    40     8  aux: region generation (WRITE, READ_REQ), source address (CMA),
+ *              segment version (SEG_PAGE), start index (SEG_QUERY)
+ *    48     4  crc: CRC32C of the payload when FERRY_FRAME_F_CRC is set
+ *    52     4  reserved, must be 0
+ *
+ * Every length and count read off the wire is checked against the limits
+ * below before anything is allocated, so a hostile peer cannot make us
+ * allocate or read without bound. */
+#ifndef FERRY_WIRE_H
+#define FERRY_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define FERRY_WIRE_MAGIC 0x59525246u
+#define FERRY_FRAME_HEADER_SIZE 56
+/* Largest payload of a data frame (one slice). */
+#define FERRY_WIRE_MAX_DATA (64u << 20)
+/* Largest payload of a control frame (hello, segment page, notify). */
+#define FERRY_WIRE_MAX_CONTROL (1u << 20)
+/* Segment entries per SEG_PAGE: keeps each page well under the control cap,
+ * and the segment table itself unbounded. */
+#define FERRY_WIRE_SEGMENTS_PER_PAGE 4096
+#define FERRY_WIRE_SEGMENT_SIZE 24
+#define FERRY_WIRE_MAX_NAME 255
+#define FERRY_WIRE_MAX_NOTIFY (64u << 10)
+#define FERRY_WIRE_NONCE_SIZE 32
+#define FERRY_WIRE_MAC_SIZE 32
+/* A failing answer may carry the target's detail text, this long at most. */
+#define FERRY_WIRE_MAX_REASON 1024
+
+enum ferry_frame_type {
+    FERRY_FRAME_HELLO = 1,      /* i->t: hello payload */
+    FERRY_FRAME_HELLO_ACK = 2,  /* t->i: status, hello payload */
+    FERRY_FRAME_SEG_QUERY = 3,  /* i->t: aux = first index wanted */
+    FERRY_FRAME_SEG_PAGE = 4,   /* t->i: addr = total count, aux = version, payload entries */
+    FERRY_FRAME_WRITE = 5,      /* i->t: payload = data for [addr, addr+len) */
+    FERRY_FRAME_WRITE_ACK = 6,  /* t->i: status, len = bytes placed */
+    FERRY_FRAME_READ_REQ = 7,   /* i->t: send me [addr, addr+len) */
+    FERRY_FRAME_READ_RESP = 8,  /* t->i: status, payload = data */
+    FERRY_FRAME_NOTIFY = 9,     /* i->t: payload = message */
+    FERRY_FRAME_NOTIFY_ACK = 10,
+    FERRY_FRAME_PING = 11,
+    FERRY_FRAME_PONG = 12,
+    FERRY_FRAME_CANCEL = 13,    /* i->t: req_id = request to refuse from now on */
+    FERRY_FRAME_CANCEL_ACK = 14,
+    FERRY_FRAME_CMA_WRITE = 15, /* i->t: target pulls [aux, aux+len) of the initiator into addr */
+    FERRY_FRAME_CMA_READ = 16,  /* i->t: target pushes [addr, addr+len) into the initiator's aux */
+    FERRY_FRAME_AUTH = 17,      /* i->t: payload = MAC over the target's nonce */
+    FERRY_FRAME_AUTH_ACK = 18,  /* t->i: status, payload = MAC over the initiator's nonce */
+    FERRY_FRAME_ERROR = 19,     /* t->i: status, payload = text; the connection closes */
+    FERRY_FRAME_TYPE_MAX = 19
+};
+
+#define FERRY_FRAME_F_CRC 0x01u
+
+typedef struct ferry_frame {
+    uint8_t type;
+    uint8_t flags;
+    int32_t status;
+    uint32_t plen;
+    uint64_t req_id;
+    uint64_t addr;
+    uint64_t len;
+    uint64_t aux;
+    uint32_t crc;
+} ferry_frame_t;
+
+/* Encodes f into exactly FERRY_FRAME_HEADER_SIZE bytes. */
+void ferry_frame_encode(const ferry_frame_t *f, uint8_t out[FERRY_FRAME_HEADER_SIZE]);
+/* Decodes and validates a header: magic, type, reserved bytes, and plen
+ * against the limit for its type. 0 or FERRY_ERR_MALFORMED_FRAME (detail set). */
+int ferry_frame_decode(const uint8_t in[FERRY_FRAME_HEADER_SIZE], ferry_frame_t *f);
+/* The largest payload a frame of this type may carry. */
+uint32_t ferry_frame_max_payload(uint8_t type);
+const char *ferry_frame_type_name(uint8_t type);
+
+/* Handshake payload, sent by both sides. */
+#define FERRY_HELLO_F_AUTH 0x01u   /* the sender requires shared-secret auth */
+#define FERRY_HELLO_F_CMA 0x02u    /* the sender permits cross-memory attach */
+
+typedef struct ferry_hello {
+    uint16_t proto_min, proto_max;
+    uint32_t flags;
+    uint64_t engine_id;
+    uint64_t epoch;
+    uint64_t expect_epoch;      /* i->t: the epoch the initiator knew, 0 = none */
+    uint64_t segment_version;
+    uint64_t segment_count;
+    int32_t pid;
+    uint8_t host_id[16];         /* boot id: equal on the same host */
+    uint8_t nonce[FERRY_WIRE_NONCE_SIZE];
+    char name[FERRY_WIRE_MAX_NAME + 1];
+} ferry_hello_t;
+
+#define FERRY_HELLO_FIXED_SIZE (2 + 2 + 4 + 8 + 8 + 8 + 8 + 8 + 4 + 16 + FERRY_WIRE_NONCE_SIZE + 2)
+
+/* Encodes into out (capacity cap); returns the size or FERRY_ERR_INVALID_ARGUMENT. */
+int ferry_hello_encode(const ferry_hello_t *h, uint8_t *out, size_t cap);
+/* Decodes len bytes; FERRY_ERR_MALFORMED_FRAME on any inconsistency. */
+int ferry_hello_decode(const uint8_t *in, size_t len, ferry_hello_t *h);
+
+/* Segment entries: addr u64, len u64, flags u32, generation u32. */
+typedef struct ferry_wire_segment {
+    uint64_t addr, len;
+    uint32_t flags, generation;
+} ferry_wire_segment_t;
+
+void ferry_segment_encode(const ferry_wire_segment_t *s, uint8_t out[FERRY_WIRE_SEGMENT_SIZE]);
+/* Decodes; rejects zero length and address wrap-around. */
+int ferry_segment_decode(const uint8_t in[FERRY_WIRE_SEGMENT_SIZE], ferry_wire_segment_t *s);
+
+#endif
