@@ -237,11 +237,15 @@ class Engine:
             if self._closed:
                 return
             self._closed = True
-        for b in list(self._batches):
-            b._shutdown()
+        batches = list(self._batches)
+        for b in batches:
+            b._cancel_quiet()  # ends waits on them
         with self._lock:
             while self._active:
                 self._lock.wait()
+        for b in batches:
+            b._shutdown()
+        with self._lock:
             e, self._e = self._e, None
         if e is not None:
             _lib.fn("ferry_engine_destroy")(e)
@@ -564,7 +568,9 @@ class Batch:
     """An async batch: submit requests, poll status, wait, cancel. Frees on exit.
 
     Requests are (opcode, local, remote, length) tuples (length may be None
-    for a sized local object), numbered in submission order.
+    for a sized local object), numbered in submission order. Methods may be
+    called from several threads; the batch is freed only once no call on it
+    is running.
     """
 
     def __init__(self, engine, capacity):
@@ -575,7 +581,10 @@ class Batch:
         self._pins = []
         self._count = 0
         self._freed = False
-        self._lock = threading.Lock()
+        self._closing = False
+        self._users = 0
+        self._cond = threading.Condition()
+        self._submit_lock = threading.Lock()
         out = ctypes.c_void_p()
         e = engine._enter()
         try:
@@ -585,13 +594,32 @@ class Batch:
         self._b = out.value
         engine._batches.add(self)
 
-    def _handle(self):
-        if self._freed or self._b is None:
-            fail(errors.CODES["NOT_FOUND"], "NOT_FOUND (-411): the batch was freed")
-        return self._b
+    # A call on the batch: engine alive, batch not freed or being freed.
+    def _begin(self, engine_check=True):
+        if engine_check:
+            self.engine._enter()
+        with self._cond:
+            if self._freed or self._closing or self._b is None:
+                if engine_check:
+                    self.engine._leave()
+                fail(errors.CODES["NOT_FOUND"], "NOT_FOUND (-411): the batch was freed")
+            self._users += 1
+            return self._b
+
+    def _end(self, engine_check=True):
+        with self._cond:
+            self._users -= 1
+            if self._users == 0:
+                self._cond.notify_all()
+        if engine_check:
+            self.engine._leave()
 
     def __len__(self):
         return self._count
+
+    @property
+    def freed(self):
+        return self._freed
 
     def submit(self, peer, requests, timeout_ms=0):
         """Submits requests to peer; returns the index of the first one."""
@@ -619,16 +647,15 @@ class Batch:
                 if pin is not None:
                     pin.release()
             raise
-        self.engine._enter()
+        b = self._begin()
         try:
-            with self._lock:
-                first = int(_lib.fn("ferry_batch_submit")(self._handle(), p, arr, len(reqs),
-                                                          int(timeout_ms)))
+            with self._submit_lock:
+                first = int(_lib.fn("ferry_batch_submit")(b, p, arr, len(reqs), int(timeout_ms)))
                 if first >= 0:
                     self._pins.extend(pins)
                     self._count = max(self._count, first + len(reqs))
         finally:
-            self.engine._leave()
+            self._end()
         if first < 0:
             for pin in pins:
                 if pin is not None:
@@ -638,11 +665,11 @@ class Batch:
 
     def status(self, idx):
         st = _lib.Status()
-        self.engine._enter()
+        b = self._begin()
         try:
-            check(_lib.fn("ferry_batch_status")(self._handle(), int(idx), ctypes.byref(st)))
+            check(_lib.fn("ferry_batch_status")(b, int(idx), ctypes.byref(st)))
         finally:
-            self.engine._leave()
+            self._end()
         return RequestStatus(st.state, st.code, st.bytes)
 
     def statuses(self):
@@ -654,28 +681,35 @@ class Batch:
 
     def wait(self, timeout_ms=-1):
         """Waits until every request ended; raises the first failure (or TIMEOUT)."""
-        self.engine._enter()
+        b = self._begin()
         try:
-            check(_lib.fn("ferry_batch_wait")(self._handle(), int(timeout_ms)))
+            check(_lib.fn("ferry_batch_wait")(b, int(timeout_ms)))
         finally:
-            self.engine._leave()
+            self._end()
 
     def cancel(self):
-        self.engine._enter()
+        b = self._begin()
         try:
-            check(_lib.fn("ferry_batch_cancel")(self._handle()))
+            check(_lib.fn("ferry_batch_cancel")(b))
         finally:
-            self.engine._leave()
+            self._end()
 
     def free(self):
         """Frees the batch (BatchBusy while requests are in flight)."""
         if self._freed:
             return
-        self.engine._enter()
+        b = self._begin()
         try:
-            check(_lib.fn("ferry_batch_free")(self._handle()))
+            with self._cond:
+                # Only this call may still be using it.
+                while self._users > 1:
+                    self._cond.wait()
+                rc = _lib.fn("ferry_batch_free")(b)
+                if rc >= 0:
+                    self._freed = True
+            check(rc)
         finally:
-            self.engine._leave()
+            self._end()
         self._after_free()
 
     def _after_free(self):
@@ -687,20 +721,42 @@ class Batch:
         self._pins = []
         self.engine._batches.discard(self)
 
+    def _cancel_quiet(self):
+        with self._cond:
+            if self._freed or self._b is None:
+                return
+            b = self._b
+            self._users += 1
+        try:
+            _lib.fn("ferry_batch_cancel")(b)
+        finally:
+            self._end(engine_check=False)
+
     def _shutdown(self):
-        """Engine close: cancel whatever runs, then free (best effort)."""
-        if self._freed or self._b is None:
-            return
-        cancel = _lib.fn("ferry_batch_cancel")
-        free = _lib.fn("ferry_batch_free")
-        cancel(self._b)
-        if free(self._b) < 0:
-            # Still busy after the cancel: requests end by their deadline.
+        """Cancel whatever runs, wait for other calls on the batch to return,
+        free (best effort: a batch that stays busy is leaked, never freed under
+        running requests). Used by Engine.close, reaping and __del__."""
+        with self._cond:
+            if self._freed or self._closing or self._b is None:
+                return
+            self._closing = True
+            b = self._b
+        try:
+            _lib.fn("ferry_batch_cancel")(b)
             budget = max(int(self.engine._cfg.timeout_ms), 1000) * 2
-            _lib.fn("ferry_batch_wait")(self._b, budget)
-            if free(self._b) < 0:
-                return  # leaked rather than freed under running requests
-        self._after_free()
+            with self._cond:
+                self._cond.wait_for(lambda: self._users == 0, budget / 1000.0)
+                if self._users:
+                    return
+            free = _lib.fn("ferry_batch_free")
+            if free(b) < 0:
+                _lib.fn("ferry_batch_wait")(b, budget)
+                if free(b) < 0:
+                    return
+            self._after_free()
+        finally:
+            with self._cond:
+                self._closing = False
 
     def __enter__(self):
         return self
@@ -711,12 +767,7 @@ class Batch:
         try:
             self.free()
         except errors.BatchBusy:  # noqa: F821 - defined in errors
-            self.cancel()
-            try:
-                self.free()
-            except errors.BatchBusy:  # noqa: F821
-                self.wait()
-                self.free()
+            self._shutdown()
 
     def __del__(self):
         try:

@@ -417,6 +417,49 @@ class TestPeerKilled(unittest.TestCase):
         finally:
             self.decode.proc.send_signal(signal.SIGCONT)
 
+    def test_close_cancels_batches_with_waiters(self):
+        sid, raddr = self.decode.session_id, self.decode.kv_addr
+        eng = self.te.engine
+        eng.write(sid, self.kv.addr, raddr, 4096)
+        self.decode.proc.send_signal(signal.SIGSTOP)
+        try:
+            batch = eng.batch(8)
+            batch.submit(sid, [(ferry.WRITE, self.kv.addr + i * MiB, raddr + i * MiB, MiB)
+                               for i in range(8)])
+            # (The engine's cancel waits for in-flight requests to end, which
+            # against a stopped peer is their deadline: close takes that long.)
+            out = {}
+
+            def waiter():
+                try:
+                    batch.wait(-1)
+                    out["rc"] = 0
+                except ferry.FerryError as exc:
+                    out["rc"] = exc.code
+
+            def poller():
+                end = time.monotonic() + 2
+                while time.monotonic() < end:
+                    try:
+                        batch.statuses()
+                    except ferry.FerryError as exc:
+                        out["poll"] = exc.code
+                        return
+            ths = [threading.Thread(target=waiter), threading.Thread(target=poller)]
+            for t in ths:
+                t.start()
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            self.te.close()
+            self.assertLess(time.monotonic() - t0, TIMEOUT_MS / 1000 + SLACK_S)
+            for t in ths:
+                t.join(TIMEOUT_MS / 1000 + SLACK_S)
+                self.assertFalse(t.is_alive())
+            self.assertLess(out["rc"], 0)
+            self.assertTrue(batch.freed)
+        finally:
+            self.decode.proc.send_signal(signal.SIGCONT)
+
     def test_restarted_peer_on_same_port(self):
         sid, old_addr = self.decode.session_id, self.decode.kv_addr
         self.assertEqual(self.te.transfer_sync_write(sid, self.kv.addr, old_addr, 4096), 0)
