@@ -56,6 +56,7 @@ typedef struct ferry_config {
     const char *secret;        /* shared secret for peer authentication, NULL = none (FERRY_SECRET) */
     int log_level;             /* 0 error .. 4 trace, default 1 warn (FERRY_LOG) */
     int max_sessions;          /* cap on cached sessions, 4096 */
+    int metadata_ttl_s;        /* lease of this engine's metadata entry, 10 (FERRY_METADATA_TTL_S) */
     /* Testing only: advertise this protocol version instead of ours (0 = ours). */
     int test_protocol_version;
 } ferry_config_t;

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "directory.h"
 #include "fail.h"
 #include "log.h"
 #include "net.h"
@@ -407,10 +408,16 @@ int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out)
         rc = ferry_fail(FERRY_ERR_SOCKET, "engine create: pipe: %s", strerror(errno));
         goto fail;
     }
-    rc = ferry_workers_start(e);
+    rc = ferry_directory_start(e);
     if (rc) goto fail;
+    rc = ferry_workers_start(e);
+    if (rc) {
+        ferry_directory_stop(e);
+        goto fail;
+    }
     if (pthread_create(&e->listener, NULL, listener_thread, e) != 0) {
         ferry_workers_stop(e);
+        ferry_directory_stop(e);
         rc = ferry_fail(FERRY_ERR_INTERNAL, "engine create: cannot start the listener thread");
         goto fail;
     }
@@ -425,6 +432,8 @@ fail:
 void ferry_engine_destroy(ferry_engine_t *e)
 {
     if (!e) return;
+    /* Leave the directory first: peers stop finding us before we stop answering. */
+    ferry_directory_stop(e);
     atomic_store(&e->stopping, true);
     if (write(e->wake_fd[1], "x", 1) < 0) { /* the listener also polls with a timeout */ }
     pthread_join(e->listener, NULL);

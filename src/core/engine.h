@@ -10,6 +10,7 @@
 
 #include <ferry/ferry.h>
 
+#include "meta/meta.h"
 #include "registry.h"
 #include "wire/wire.h"
 
@@ -106,6 +107,11 @@ struct ferry_engine {
     _Atomic uint64_t next_req_id;
 
     ferry_registry_t registry;
+
+    /* Metadata service (directory.c). */
+    ferry_meta_t meta;
+    bool meta_open;
+    struct ferry_meta_publisher *publisher;
 
     pthread_t listener;
     pthread_mutex_t conns_lock;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "directory.h"
 #include "engine.h"
 #include "fail.h"
 #include "log.h"
@@ -220,7 +221,25 @@ static int connect_new(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out
     if (!c) return ferry_fail(FERRY_ERR_MEMORY, "connection to %s: out of memory", s->name);
     c->engine = e;
     c->session = s;
-    int rc = ferry_net_connect(s->host, s->port, cdl, &c->fd);
+    char host[256];
+    uint16_t port = s->port;
+    snprintf(host, sizeof host, "%s", s->host);
+    pthread_mutex_lock(&s->lock);
+    bool known = s->have_peer;
+    pthread_mutex_unlock(&s->lock);
+    if (!known && ferry_directory_enabled(e)) {
+        /* Only a new session asks the directory: with the service down,
+         * sessions already open keep working. */
+        ferry_directory_entry_t entry;
+        int lrc = ferry_directory_lookup(e, s->name, &entry);
+        if (lrc) {
+            free(c);
+            return lrc;
+        }
+        snprintf(host, sizeof host, "%s", entry.host);
+        port = entry.port;
+    }
+    int rc = ferry_net_connect(host, port, cdl, &c->fd);
     if (rc) {
         free(c);
         return rc;
