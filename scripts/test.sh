@@ -37,7 +37,7 @@ stage() { # stage NAME COMMAND...
 configure_build() { # DIR CMAKE_ARGS...
   local dir=$1; shift
   cmake -S . -B "$dir" "$@" >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; return 1; }
-  cmake --build "$dir" -j "$JOBS" 2>&1 | grep -E "error|warning|Error" ; return "${PIPESTATUS[0]}"
+  cmake --build "$dir" -j "$JOBS" 2>&1 | grep -E "error:|warning:|Error [0-9]" ; return "${PIPESTATUS[0]}"
 }
 
 asan() {
