@@ -133,6 +133,8 @@ int ferry_session_open(ferry_engine_t *e, const char *peer);
 int ferry_session_close(ferry_engine_t *e, const char *peer);
 /* Describes an open session. */
 int ferry_session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info);
+/* Round trip of a small control frame to the peer, in microseconds. */
+int ferry_session_ping(ferry_engine_t *e, const char *peer, uint64_t *rtt_us);
 /* Copies up to max of the peer's remote-accessible segments (ascending addr);
  * returns how many exist, or a negative code. Refreshes from the peer first. */
 long ferry_session_segments(ferry_engine_t *e, const char *peer, ferry_segment_t *out,

@@ -577,3 +577,30 @@ long ferry_session_segments(ferry_engine_t *e, const char *peer, ferry_segment_t
     ferry_session_put(s);
     return n;
 }
+
+int ferry_session_ping(ferry_engine_t *e, const char *peer, uint64_t *rtt_us)
+{
+    ferry_clear_last_error();
+    if (!rtt_us) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "ping: rtt_us is NULL");
+    ferry_session_t *s;
+    int rc = ferry_session_get(e, peer, &s);
+    if (rc) return rc;
+    uint64_t deadline = ferry_deadline_after_ms(e->cfg.timeout_ms);
+    ferry_conn_t *c;
+    rc = ferry_session_checkout(s, deadline, &c);
+    if (rc == 0) {
+        uint64_t id = atomic_fetch_add(&e->next_req_id, 1);
+        ferry_frame_t f = {.type = FERRY_FRAME_PING, .req_id = id};
+        uint64_t t0 = ferry_now_ns();
+        rc = ferry_conn_send_frame(c, &f, NULL, deadline);
+        if (rc == 0) rc = ferry_conn_recv_frame(c, &f, deadline);
+        if (rc == 0 && (f.type != FERRY_FRAME_PONG || f.req_id != id))
+            rc = ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected PONG %llu, got %s %llu", (unsigned long long)id,
+                            ferry_frame_type_name(f.type), (unsigned long long)f.req_id);
+        *rtt_us = (ferry_now_ns() - t0) / 1000;
+        ferry_session_checkin(s, c, rc == 0);
+    }
+    if (rc) ferry_fail_context("ping %s", peer);
+    ferry_session_put(s);
+    return rc;
+}
