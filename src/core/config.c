@@ -74,6 +74,7 @@ int ferry_config_from_env(ferry_config_t *cfg)
     ENV_STR("FERRY_SECRET", secret);
     ENV_INT("FERRY_LOG", log_level, 0, 4);
     ENV_INT("FERRY_METADATA_TTL_S", metadata_ttl_s, 1, 3600);
+    ENV_INT("FERRY_METRICS_PORT", metrics_port, -1, 65535);
     return 0;
 }
 
@@ -92,6 +93,8 @@ static int check_config(const ferry_config_t *c)
                           FERRY_WIRE_MAX_DATA);
     if (c->retries < 0 || c->retry_backoff_ms < 0)
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: retries and retry_backoff_ms must be >= 0");
+    if (c->metrics_port < -1 || c->metrics_port > 65535)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: metrics_port=%d not in [-1, 65535]", c->metrics_port);
     if (c->metadata_ttl_s < 1) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: metadata_ttl_s must be >= 1");
     if (c->max_sessions < 1) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: max_sessions must be >= 1");
     return 0;

@@ -28,6 +28,7 @@ static ferry_session_t *session_new(ferry_engine_t *e, const char *peer)
     }
     snprintf(s->name, sizeof s->name, "%s", peer);
     s->engine = e;
+    s->stats = ferry_metrics_peer(&e->metrics, peer);
     s->max_conns = e->cfg.conns_per_peer;
     atomic_store(&s->refs, 1); /* the engine's list holds one */
     pthread_mutex_init(&s->lock, NULL);
