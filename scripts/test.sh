@@ -51,7 +51,7 @@ tsan() {
   mkdir -p build-tsan
   configure_build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_SANITIZE=thread || return 1
   # TSan runs the tests whose code is threaded; pure parsers gain nothing from it.
-  (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+  (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$ROOT/tests/tsan.supp" \
      ctest --output-on-failure --timeout 600 -LE no-tsan)
 }
 
