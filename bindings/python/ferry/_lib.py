@@ -19,7 +19,7 @@ import os
 import threading
 
 __all__ = ["LibraryNotFound", "lib", "path", "fn", "has", "Config", "Segment", "PeerInfo",
-           "Request", "Status", "Notification"]
+           "PeerMetrics", "Request", "Status", "Notification", "new_struct"]
 
 LIB_NAME = "libferry.so"
 
@@ -118,6 +118,8 @@ class Config(ctypes.Structure):
         ("secret", c_char_p),
         ("log_level", c_int),
         ("max_sessions", c_int),
+        ("metadata_ttl_s", c_int),
+        ("metrics_port", c_int),
         ("test_protocol_version", c_int),
     ]
 
@@ -139,6 +141,40 @@ class PeerInfo(ctypes.Structure):
         ("pid", ctypes.c_int32),
         ("same_host", c_int),
     ]
+
+
+# Single structures the library fills (config, peer info) live in an
+# oversized buffer: a library whose struct grew since this file was written
+# writes into slack, not into the Python heap (tests/test_layout.py checks
+# that the fields match the header).
+_SLACK = 4096
+
+
+def new_struct(cls):
+    """A zeroed cls instance backed by _SLACK bytes (kept alive by the instance)."""
+    storage = ctypes.create_string_buffer(max(_SLACK, ctypes.sizeof(cls)))
+    obj = cls.from_buffer(storage)
+    obj._storage = storage
+    return obj
+
+
+class PeerMetrics(ctypes.Structure):
+    _fields_ = [
+        ("peer", ctypes.c_char * 256),
+        ("transport", ctypes.c_char * 16),
+        ("requests", c_u64 * 2),
+        ("bytes", c_u64 * 2),
+        ("failures", c_u64),
+        ("retries", c_u64),
+        ("latency", c_u64 * 19),  # FERRY_LATENCY_BUCKETS
+        ("latency_sum_us", c_u64),
+        ("error_codes", c_int * 64),  # FERRY_METRICS_MAX_CODES
+        ("error_counts", c_u64 * 64),
+        ("nerrors", c_size_t),
+    ]
+
+
+LATENCY_BUCKETS = 19
 
 
 class Request(ctypes.Structure):
@@ -184,6 +220,11 @@ _ENGINE_API = {
     "ferry_session_close": (c_int, [c_void_p, c_char_p]),
     "ferry_session_info": (c_int, [c_void_p, c_char_p, _P(PeerInfo)]),
     "ferry_session_segments": (ctypes.c_long, [c_void_p, c_char_p, _P(Segment), c_size_t]),
+    "ferry_session_ping": (c_int, [c_void_p, c_char_p, _P(c_u64)]),
+    "ferry_metrics_peers": (ctypes.c_long, [c_void_p, _P(PeerMetrics), c_size_t]),
+    "ferry_metrics_transport": (c_int, [c_void_p, c_char_p, _P(PeerMetrics)]),
+    "ferry_metrics_prometheus": (ctypes.c_long, [c_void_p, c_char_p, c_size_t]),
+    "ferry_metrics_port": (c_u16, [c_void_p]),
     "ferry_transfer_sync": (c_int, [c_void_p, c_char_p, c_int, c_void_p, c_u64, c_size_t]),
     "ferry_batch_transfer_sync": (c_int, [c_void_p, c_char_p, c_int, _P(c_void_p), _P(c_u64),
                                           _P(c_size_t), c_size_t]),

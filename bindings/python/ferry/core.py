@@ -23,7 +23,7 @@ from . import _buffers, _lib, errors
 from .errors import check, fail
 
 __all__ = [
-    "Engine", "Batch", "Segment", "PeerInfo", "RequestStatus", "Notification",
+    "Engine", "Batch", "Segment", "PeerInfo", "PeerMetrics", "RequestStatus", "Notification",
     "READ", "WRITE", "MEM_LOCAL", "MEM_REMOTE_READ", "MEM_REMOTE_WRITE", "MEM_REMOTE",
     "STATUS_WAITING", "STATUS_PENDING", "STATUS_COMPLETED", "STATUS_FAILED",
     "STATUS_CANCELLED", "STATUS_TIMEOUT", "STATUS_NAMES", "CONFIG_FIELDS", "version",
@@ -116,6 +116,27 @@ class PeerInfo:
 
 
 @dataclass(frozen=True)
+class PeerMetrics:
+    peer: str
+    transport: str
+    requests: tuple        # (READ, WRITE) finished requests
+    bytes: tuple           # (READ, WRITE) bytes confirmed
+    failures: int
+    retries: int
+    latency: tuple         # requests per latency bucket (not cumulative)
+    latency_sum_us: int
+    errors: dict           # code -> count
+
+    @staticmethod
+    def from_c(m):
+        n = min(int(m.nerrors), len(m.error_codes))
+        return PeerMetrics(m.peer.decode(errors="replace"), m.transport.decode(errors="replace"),
+                           tuple(m.requests), tuple(m.bytes), int(m.failures), int(m.retries),
+                           tuple(m.latency), int(m.latency_sum_us),
+                           {int(m.error_codes[i]): int(m.error_counts[i]) for i in range(n)})
+
+
+@dataclass(frozen=True)
 class RequestStatus:
     state: int
     code: int
@@ -185,7 +206,7 @@ class Engine:
         self._regions = {}   # addr -> (len, pin)
         self._batches = weakref.WeakSet()
         self._keep = []      # strings the config points at
-        cfg = _lib.Config()
+        cfg = _lib.new_struct(_lib.Config)
         _call("ferry_config_init", ctypes.byref(cfg))
         if env:
             check(_call("ferry_config_from_env", ctypes.byref(cfg)))
@@ -430,7 +451,7 @@ class Engine:
             self._leave()
 
     def session_info(self, peer):
-        info = _lib.PeerInfo()
+        info = _lib.new_struct(_lib.PeerInfo)
         e = self._enter()
         try:
             check(_lib.fn("ferry_session_info")(e, _peer_bytes(peer), ctypes.byref(info)))
@@ -454,6 +475,64 @@ class Engine:
                 if n <= cap or max_count is not None:
                     return [Segment(s.addr, s.len, s.flags, s.generation) for s in arr[:min(n, cap)]]
                 cap = n
+        finally:
+            self._leave()
+
+    def ping(self, peer):
+        """Round trip of a small control frame to the peer, in microseconds."""
+        rtt = ctypes.c_uint64(0)
+        e = self._enter()
+        try:
+            check(_call("ferry_session_ping", e, _peer_bytes(peer), ctypes.byref(rtt)))
+        finally:
+            self._leave()
+        return int(rtt.value)
+
+    # -------------------------------------------------------------- metrics
+    @property
+    def metrics_port(self):
+        """Port of the Prometheus endpoint (GET /metrics), 0 when off."""
+        e = self._enter()
+        try:
+            return int(_call("ferry_metrics_port", e))
+        finally:
+            self._leave()
+
+    def metrics(self):
+        """Per-peer counters: a list of PeerMetrics."""
+        e = self._enter()
+        try:
+            cap = 16
+            while True:
+                arr = (_lib.PeerMetrics * cap)()
+                n = check(int(_call("ferry_metrics_peers", e, arr, cap)))
+                if n <= cap:
+                    return [PeerMetrics.from_c(m) for m in arr[:n]]
+                cap = n
+        finally:
+            self._leave()
+
+    def transport_metrics(self, transport):
+        """The sum over the peers that used transport ("tcp", "shm")."""
+        m = _lib.PeerMetrics()
+        e = self._enter()
+        try:
+            check(_call("ferry_metrics_transport", e, transport.encode(), ctypes.byref(m)))
+        finally:
+            self._leave()
+        return PeerMetrics.from_c(m)
+
+    def metrics_prometheus(self):
+        """Every metric in Prometheus text format."""
+        e = self._enter()
+        try:
+            cap = 1 << 16
+            while True:
+                buf = ctypes.create_string_buffer(cap)
+                n = check(int(_call("ferry_metrics_prometheus", e, buf, cap)))
+                if n < cap:
+                    return buf.value.decode("utf-8", "replace")
+                cap = n + 1
         finally:
             self._leave()
 

@@ -28,7 +28,7 @@ import mmap
 import os
 import threading
 
-from . import core, errors
+from . import _lib, core, errors
 from .core import Engine
 from .errors import FerryError, fail
 
@@ -36,6 +36,7 @@ __all__ = ["TransferEngine", "TransferOpcode", "TransferNotify", "Read", "Write"
            "SUPPORT_EFA", "SUPPORT_HIP", "SUPPORT_MNNVL", "SUPPORT_INTRA_NVLINK", "SUPPORT_CUDA"]
 
 log = logging.getLogger("ferry")
+log.addHandler(logging.NullHandler())  # the application decides where warnings go
 
 SUPPORT_EFA = False
 SUPPORT_HIP = False
@@ -50,6 +51,8 @@ _MOONCAKE_ONLY_PROTOCOLS = {"nvlink", "nvlink_intra", "hip", "xgmi", "ascend", "
                             "nvmeof", "barex", "ubshmem", "mnnvl", "gds", "io_uring",
                             "sunrise_link"}
 _PROTOCOLS = {"tcp": "tcp", "shm": "shm", "auto": "auto", "": "auto", "rdma": "rdma"}
+# Asked-for transports that fall back to "auto" when the engine lacks them.
+_FALLBACK_FROM = {"rdma", "shm"}
 
 
 class TransferOpcode(enum.IntEnum):
@@ -148,19 +151,21 @@ class TransferEngine:
     """Drop-in for mooncake.engine.TransferEngine over Ferry.
 
     raise_on_error: raise FerryError subclasses instead of returning codes.
-    rdma_fallback: protocol "rdma" falls back to Ferry's automatic transport
-    choice (TCP, or shared memory on one host) when the build or host has no
-    RDMA, like Mooncake falling back when no device is found; False makes it
-    an error (DEVICE_NOT_FOUND or whatever the engine reports).
+    transport_fallback: protocol "rdma" (or "shm") falls back to Ferry's
+    automatic transport choice when this build or host lacks that transport,
+    like Mooncake falling back when no RDMA device is found (a warning is
+    logged on the "ferry" logger); False makes it an error (what the engine
+    reports: INVALID_ARGUMENT for a transport this build does not know,
+    DEVICE_NOT_FOUND for one without a device).
     engine: an existing ferry.Engine to front (already initialized; not
     closed by this object), e.g. a strict and a code-returning view of one engine.
     """
 
     TransferOpcode = TransferOpcode
 
-    def __init__(self, raise_on_error=False, rdma_fallback=True, engine=None):
+    def __init__(self, raise_on_error=False, transport_fallback=True, engine=None):
         self.raise_on_error = raise_on_error
-        self.rdma_fallback = rdma_fallback
+        self.transport_fallback = transport_fallback
         self._engine = engine
         self._owns_engine = engine is None
         self._hostname = None
@@ -209,7 +214,7 @@ class TransferEngine:
     def initialize(self, local_hostname, metadata_server, protocol, device_name):
         """0, or a negative code. local_hostname: "host" or "host:port";
         metadata_server: "P2PHANDSHAKE", "etcd://h:p", "redis://h:p" or "h:p" (etcd);
-        protocol: "rdma", "tcp", "shm" ("rdma" falls back, see the class doc);
+        protocol: "rdma", "tcp", "shm", "auto" (fallback: see the class doc);
         device_name: RDMA device filter, unused by Ferry."""
         return self._run(self._initialize, local_hostname, metadata_server, protocol,
                          device_name, None)
@@ -246,11 +251,11 @@ class TransferEngine:
         try:
             eng = Engine(**kw)
         except FerryError as exc:
-            if (transport != "rdma" or not self.rdma_fallback or exc.name not in
+            if (transport not in _FALLBACK_FROM or not self.transport_fallback or exc.name not in
                     ("DEVICE_NOT_FOUND", "NOT_IMPLEMENTED", "INVALID_ARGUMENT")):
                 raise
-            log.warning("ferry: protocol 'rdma' unavailable (%s); falling back to transport "
-                        "'auto'", exc)
+            log.warning("ferry: protocol %r unavailable (%s); falling back to transport "
+                        "'auto'", protocol, exc)
             kw["transport"] = "auto"
             eng = Engine(**kw)
             transport = "auto"
@@ -537,12 +542,15 @@ class TransferEngine:
         return self._run(go, on_error=0)
 
     def send_probe(self, peer_server_name):
-        """0 when the peer answers a fresh segment query; a session the peer
+        """0 when the peer answers a ping (a control-frame round trip); a session the peer
         invalidated (restart) is re-opened. A negative code otherwise."""
         def go():
             eng = self._eng()
             try:
-                eng.segments(peer_server_name, max_count=0)
+                if _lib.has("ferry_session_ping"):
+                    eng.ping(peer_server_name)
+                else:
+                    eng.segments(peer_server_name, max_count=0)
             except (errors.PeerRestarted, errors.SessionInvalid,  # noqa: F821
                     errors.PeerClosed):  # noqa: F821
                 try:

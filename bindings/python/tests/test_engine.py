@@ -18,6 +18,14 @@ if HAVE_NUMPY:
     import numpy as np
 
 MiB = 1 << 20
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 FAST = dict(timeout_ms=5000, connect_timeout_ms=2000)
 
 
@@ -174,6 +182,22 @@ class TestEngine(unittest.TestCase):
         self.a.close_session(self.b.name)
         self.a.open_session(self.b.name)
 
+    def test_ping_and_metrics(self):
+        self.assertGreaterEqual(self.a.ping(self.b.name), 0)
+        with self.assertRaises(ferry.FerryConnectionError):
+            self.a.ping("127.0.0.1:1")
+        self.a.write(self.b.name, self.a_addr, self.b_addr, 4096)
+        mine = [m for m in self.a.metrics() if m.peer == self.b.name]
+        self.assertEqual(len(mine), 1, self.a.metrics())
+        self.assertGreaterEqual(mine[0].requests[ferry.WRITE], 1)
+        self.assertGreaterEqual(mine[0].bytes[ferry.WRITE], 4096)
+        self.assertEqual(mine[0].transport, "tcp")
+        self.assertGreaterEqual(self.a.transport_metrics("tcp").requests[ferry.WRITE], 1)
+        text = self.a.metrics_prometheus()
+        self.assertIn("ferry", text)
+        self.assertIn(self.b.name, text)
+        self.assertEqual(self.a.metrics_port, 0)
+
     def test_unreachable_peer(self):
         t0 = time.monotonic()
         with self.assertRaises(ferry.FerryConnectionError) as cm:
@@ -242,6 +266,19 @@ class TestEngineLifetime(unittest.TestCase):
         with self.assertRaises(TypeError):
             ferry.Engine(host="127.0.0.1", no_such_field=1)
 
+    def test_metrics_endpoint(self):
+        try:
+            e = ferry.Engine(host="127.0.0.1", metrics_port=-1)
+        except (ferry.FerryNotImplemented, ferry.DeviceNotFound) as exc:
+            self.skipTest("no metrics endpoint in this build: %s" % exc)
+        with e:
+            port = e.metrics_port
+            if port == 0:
+                self.skipTest("no metrics endpoint in this build")
+            import urllib.request
+            with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as r:
+                self.assertIn("ferry", r.read().decode())
+
     def test_port_in_use(self):
         with ferry.Engine(host="127.0.0.1") as e:
             with self.assertRaises(ferry.FerryError) as cm:
@@ -294,15 +331,29 @@ class TestTransferEngineLocal(unittest.TestCase):
         self.assertIsInstance(self.p.get_engine(), ferry.Engine)
 
     def test_rdma_fell_back(self):
-        self.assertEqual(self.d.engine.config["transport"], "auto")
-        strict = TransferEngine(rdma_fallback=False)
-        with EnvPatch(FERRY_TRANSPORT=None):
-            rc = strict.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "")
-        if rc == 0:  # an RDMA-capable build: nothing to fall back from
-            strict.close()
-        else:
-            self.assertLess(rc, 0)
-            self.assertIn("rdma", errors.last_error_detail())
+        self.assertIn(self.d.engine.config["transport"], ("auto", "rdma"))
+        for proto in ("rdma", "shm"):
+            te = TransferEngine()
+            with EnvPatch(FERRY_TRANSPORT=None):
+                with self.assertLogs("ferry", "WARNING") if self._lacks(proto) else _nothing():
+                    self.assertEqual(te.initialize("127.0.0.1", "P2PHANDSHAKE", proto, ""), 0)
+            te.close()
+            strict = TransferEngine(transport_fallback=False)
+            with EnvPatch(FERRY_TRANSPORT=None):
+                rc = strict.initialize("127.0.0.1", "P2PHANDSHAKE", proto, "")
+            if rc == 0:  # this build has the transport: nothing to fall back from
+                strict.close()
+            else:
+                self.assertLess(rc, 0)
+                self.assertIn(proto, errors.last_error_detail())
+
+    @staticmethod
+    def _lacks(transport):
+        try:
+            ferry.Engine(host="127.0.0.1", transport=transport).close()
+            return False
+        except ferry.FerryError:
+            return True
 
     def test_explicit_port(self):
         probe = ferry.Engine(host="127.0.0.1")

@@ -18,12 +18,14 @@ STRUCTS = {
     "ferry_request_t": _lib.Request,
     "ferry_status_t": _lib.Status,
     "ferry_notification_t": _lib.Notification,
+    "ferry_peer_metrics_t": _lib.PeerMetrics,
 }
 
 CONSTANTS = ["FERRY_MEM_LOCAL", "FERRY_MEM_REMOTE_READ", "FERRY_MEM_REMOTE_WRITE",
              "FERRY_MEM_REMOTE", "FERRY_OP_READ", "FERRY_OP_WRITE", "FERRY_STATUS_WAITING",
              "FERRY_STATUS_PENDING", "FERRY_STATUS_COMPLETED", "FERRY_STATUS_FAILED",
-             "FERRY_STATUS_CANCELLED", "FERRY_STATUS_TIMEOUT"]
+             "FERRY_STATUS_CANCELLED", "FERRY_STATUS_TIMEOUT", "FERRY_LATENCY_BUCKETS",
+             "FERRY_METRICS_MAX_CODES"]
 
 
 def c_compiler():
@@ -77,6 +79,8 @@ class TestLayout(unittest.TestCase):
               "FERRY_MEM_REMOTE_WRITE": ferry.MEM_REMOTE_WRITE,
               "FERRY_MEM_REMOTE": ferry.MEM_REMOTE, "FERRY_OP_READ": ferry.READ,
               "FERRY_OP_WRITE": ferry.WRITE}
+        py["FERRY_LATENCY_BUCKETS"] = _lib.LATENCY_BUCKETS
+        py["FERRY_METRICS_MAX_CODES"] = len(_lib.PeerMetrics().error_codes)
         for name, st in ferry.STATUS_NAMES.items():
             py["FERRY_STATUS_" + st] = name
         for c in CONSTANTS:
