@@ -33,6 +33,7 @@ static void counts_and_exports(void **state)
     ferry_config_init(&cfg);
     cfg.metrics_port = -1;
     cfg.timeout_ms = 5000;
+    cfg.transport = "tcp"; /* the labels below name it; auto would pick shm on one host */
     ferry_engine_t *a = harness_engine_cfg(&cfg);
     ferry_engine_t *b = harness_engine(5000);
     assert_true(ferry_metrics_port(a) > 0);

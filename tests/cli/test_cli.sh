@@ -21,7 +21,7 @@ for _ in $(seq 50); do [ -s "$tmp/serve.json" ] && break; sleep 0.1; done
 name=$(sed -E 's/.*"name":"([^"]+)".*/\1/' "$tmp/serve.json")
 out=$("$FERRY" doctor "$name" --probe-mib 4 2>&1); rc=$?
 check doctor-ok "all checks passed"
-check doctor-transport "transport: tcp"
+check doctor-transport "transport: shm \\(.*cross-memory attach"
 check doctor-segments "segments: 1 remote-accessible region"
 check doctor-probe "bandwidth probe: read"
 [ $rc -eq 0 ] || { echo "FAIL doctor exited $rc"; fails=$((fails + 1)); }

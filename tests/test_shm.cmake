@@ -1,0 +1,6 @@
+# test_shm forks target processes whose main thread checks memory that their
+# serving thread filled with process_vm_readv; TSan suppresses each such
+# (socket-ordered) report address by address, which takes minutes for the
+# 64 MiB buffers. The threaded shm paths run under TSan in test_transfer
+# (two engines in one process, shm chosen there too).
+set_tests_properties(test_shm PROPERTIES LABELS no-tsan)
