@@ -149,6 +149,11 @@ static int cmd_doctor(int argc, char **argv)
     }
     failed |= check_rtt(e, peer);
     if (n > 0) failed |= probe_bandwidth(e, peer, segs, n < 16 ? n : 16, probe);
+    /* The first transfers may have moved the session off shm (the target
+     * refused cross-memory attach): say so. */
+    ferry_peer_info_t after;
+    if (ferry_session_info(e, peer, &after) == 0 && strcmp(after.transport, info.transport) != 0)
+        printf("note  transport after the probe: %s (%s)\n", after.transport, after.transport_reason);
     printf("%s\n", failed ? "doctor: problems found (see FAIL lines)" : "doctor: all checks passed");
     ferry_engine_destroy(e);
     return failed;

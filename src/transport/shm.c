@@ -16,11 +16,11 @@
  * Trust: the pid in HELLO is only a claim. Before the first copy on a
  * connection the target checks that the connection comes from an address of
  * this host and that the claimed pid owns the peer's socket (its inode,
- * found in /proc/net/tcp{,6} by the 4-tuple, is among the links in
- * /proc/<pid>/fd), and probes that the kernel lets it attach. Otherwise it refuses cross-memory
- * attach on that connection: it answers NOT_IMPLEMENTED with the reason,
- * having placed nothing, and the initiator moves the session to tcp and
- * resends the same pieces there.
+ * found by the 4-tuple with sock_diag or in /proc/net/tcp{,6}, is among the
+ * links in /proc/<pid>/fd), and probes that the kernel lets it attach.
+ * Otherwise it refuses cross-memory attach on that connection: it answers
+ * NOT_IMPLEMENTED with the reason, having placed nothing, and the initiator
+ * moves the session to tcp and resends the same pieces there.
  *
  * FERRY_SHM_DISABLE=1 in a target's environment makes it refuse (to test or
  * to force the fallback); config.transport = "tcp" keeps an initiator off
@@ -29,6 +29,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -108,6 +111,7 @@ static bool is_loopback(const struct addr6 *x)
     return memcmp(x->a, v4pre, 12) == 0 && x->a[12] == 127;
 }
 
+
 /* Whether x is loopback or assigned to one of this host's interfaces: then
  * the connection never left the host. */
 static bool is_local_address(const struct addr6 *x)
@@ -161,10 +165,71 @@ static int parse_proc_addr(const char *text, bool v6, struct addr6 *out)
     return 0;
 }
 
+static bool is_v4mapped(const struct addr6 *x)
+{
+    static const uint8_t v4pre[12] = {[10] = 0xff, [11] = 0xff};
+    return memcmp(x->a, v4pre, 12) == 0;
+}
+
+/* One exact lookup through NETLINK_SOCK_DIAG (a hash lookup in the kernel;
+ * /proc/net/tcp walks every bucket and takes milliseconds). 0 if not found
+ * or unavailable. */
+static unsigned long diag_lookup(int family, const struct addr6 *local, const struct addr6 *remote)
+{
+    int fd = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    if (fd < 0) return 0;
+    struct {
+        struct nlmsghdr nh;
+        struct inet_diag_req_v2 req;
+    } msg;
+    memset(&msg, 0, sizeof msg);
+    msg.nh.nlmsg_len = sizeof msg;
+    msg.nh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+    msg.nh.nlmsg_flags = NLM_F_REQUEST;
+    msg.req.sdiag_family = (uint8_t)family;
+    msg.req.sdiag_protocol = IPPROTO_TCP;
+    msg.req.idiag_states = ~0u;
+    msg.req.id.idiag_sport = htons(local->port);
+    msg.req.id.idiag_dport = htons(remote->port);
+    if (family == AF_INET) {
+        memcpy(msg.req.id.idiag_src, local->a + 12, 4);
+        memcpy(msg.req.id.idiag_dst, remote->a + 12, 4);
+    } else {
+        memcpy(msg.req.id.idiag_src, local->a, 16);
+        memcpy(msg.req.id.idiag_dst, remote->a, 16);
+    }
+    msg.req.id.idiag_cookie[0] = msg.req.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+    struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
+    unsigned long inode = 0;
+    struct timeval tv = {1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (sendto(fd, &msg, sizeof msg, 0, (struct sockaddr *)&kernel, sizeof kernel) == (ssize_t)sizeof msg) {
+        union {
+            struct nlmsghdr nh;
+            char buf[8192];
+        } ans;
+        ssize_t n = recv(fd, &ans, sizeof ans, 0);
+        for (struct nlmsghdr *h = &ans.nh; n > 0 && NLMSG_OK(h, (size_t)n); h = NLMSG_NEXT(h, n)) {
+            if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY || h->nlmsg_len < NLMSG_LENGTH(sizeof(struct inet_diag_msg)))
+                break;
+            const struct inet_diag_msg *d = NLMSG_DATA(h);
+            inode = d->idiag_inode;
+            break;
+        }
+    }
+    close(fd);
+    return inode;
+}
+
 /* The inode of the socket whose local end is `local` and remote end is
- * `remote`, from /proc/net/tcp and tcp6 of this network namespace. */
+ * `remote`, in this network namespace: sock_diag first, /proc/net/tcp{,6}
+ * where netlink is unavailable (e.g. filtered in a container). */
 static unsigned long find_socket_inode(const struct addr6 *local, const struct addr6 *remote)
 {
+    bool v4 = is_v4mapped(local) && is_v4mapped(remote);
+    unsigned long ino = diag_lookup(v4 ? AF_INET : AF_INET6, local, remote);
+    if (!ino && v4) ino = diag_lookup(AF_INET6, local, remote);
+    if (ino) return ino;
     static const char *const files[2] = {"/proc/net/tcp", "/proc/net/tcp6"};
     for (int k = 0; k < 2; k++) {
         FILE *f = fopen(files[k], "re");
@@ -188,8 +253,15 @@ static unsigned long find_socket_inode(const struct addr6 *local, const struct a
     return 0;
 }
 
+static int cmp_desc(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x < y) - (x > y);
+}
+
 /* 1 if pid holds socket:[inode] among its fds, 0 if not, -errno if its fd
- * table cannot be read. */
+ * table cannot be read. The newest fds are looked at first: the socket was
+ * opened moments ago, and a process may hold thousands of older ones. */
 static int pid_owns_socket(pid_t pid, unsigned long inode)
 {
     char dir[64], want[64];
@@ -197,17 +269,30 @@ static int pid_owns_socket(pid_t pid, unsigned long inode)
     snprintf(want, sizeof want, "socket:[%lu]", inode);
     DIR *d = opendir(dir);
     if (!d) return -errno;
-    int found = 0;
+    int *fds = NULL;
+    size_t n = 0, cap = 0;
     struct dirent *de;
-    size_t wl = strlen(want);
-    while (!found && (de = readdir(d)) != NULL) {
-        if (de->d_name[0] == '.') continue;
-        char path[128], target[64];
-        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-        ssize_t n = readlink(path, target, sizeof target);
-        if (n == (ssize_t)wl && memcmp(target, want, wl) == 0) found = 1;
+    while ((de = readdir(d)) != NULL) {
+        if (de->d_name[0] < '0' || de->d_name[0] > '9') continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 256;
+            int *m = realloc(fds, cap * sizeof *fds);
+            if (!m) break;
+            fds = m;
+        }
+        fds[n++] = atoi(de->d_name);
     }
     closedir(d);
+    qsort(fds, n, sizeof *fds, cmp_desc);
+    int found = 0;
+    size_t wl = strlen(want);
+    for (size_t i = 0; i < n && !found; i++) {
+        char path[96], target[64];
+        snprintf(path, sizeof path, "%s/%d", dir, fds[i]);
+        ssize_t k = readlink(path, target, sizeof target);
+        if (k == (ssize_t)wl && memcmp(target, want, wl) == 0) found = 1;
+    }
+    free(fds);
     return found;
 }
 

@@ -216,17 +216,21 @@ static int place_direct(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadli
 {
     ferry_registry_t *r = &c->engine->registry;
     uint64_t done = 0;
+    /* The payload usually follows its header at once: try before polling,
+     * and poll only once the socket ran dry. */
+    bool drained = false;
     while (done < f->len) {
-        int w = ferry_net_wait_readable(c->fd, deadline);
-        if (w <= 0) return ferry_fail(FERRY_ERR_TIMEOUT, "slice from %s stalled after %llu of %llu bytes",
-                                      c->peer.name, (unsigned long long)done, (unsigned long long)f->len);
+        if (drained) {
+            int w = ferry_net_wait_readable(c->fd, deadline);
+            if (w <= 0) return ferry_fail(FERRY_ERR_TIMEOUT, "slice from %s stalled after %llu of %llu bytes",
+                                          c->peer.name, (unsigned long long)done, (unsigned long long)f->len);
+        }
         ferry_registry_read_lock(r);
         int rc = check_locked(c, f, FERRY_MEM_REMOTE_WRITE);
         long n = 0;
-        if (rc == 0) {
-            uint64_t left = f->len - done;
-            n = recv_ready(c->fd, (unsigned char *)(uintptr_t)(f->addr + done), left < CHUNK_BYTES ? left : CHUNK_BYTES);
-        }
+        uint64_t left = f->len - done, want = left < CHUNK_BYTES ? left : CHUNK_BYTES;
+        if (rc == 0) n = recv_ready(c->fd, (unsigned char *)(uintptr_t)(f->addr + done), want);
+        drained = n >= 0 && (uint64_t)n < want;
         ferry_registry_unlock(r);
         if (rc) {
             *status = rc;
