@@ -301,7 +301,16 @@ static void transport_forced_by_config(void **state)
 
 /* ---------------------------------------------- a hand-made initiator */
 
+static int raw_connect_as(ferry_engine_t *target, ferry_engine_t *as, int32_t claimed_pid, const uint8_t *host_id,
+                          ferry_hello_t *ack);
+
 static int raw_connect(ferry_engine_t *target, ferry_engine_t *as, int32_t claimed_pid, ferry_hello_t *ack)
+{
+    return raw_connect_as(target, as, claimed_pid, NULL, ack);
+}
+
+static int raw_connect_as(ferry_engine_t *target, ferry_engine_t *as, int32_t claimed_pid, const uint8_t *host_id,
+                          ferry_hello_t *ack)
 {
     int fd;
     uint64_t dl = ferry_deadline_after_ms(5000);
@@ -309,6 +318,7 @@ static int raw_connect(ferry_engine_t *target, ferry_engine_t *as, int32_t claim
     ferry_hello_t h;
     ferry_hello_fill(as, &h);
     h.pid = claimed_pid;
+    if (host_id) memcpy(h.host_id, host_id, sizeof h.host_id);
     uint8_t buf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
     int n = ferry_hello_encode(&h, buf, sizeof buf);
     assert_true(n > 0);
@@ -376,6 +386,25 @@ static void spoofed_pid_is_refused(void **state)
                  sizeof reason);
     assert_int_equal(st, FERRY_ERR_NOT_IMPLEMENTED);
     close(fd);
+
+    /* Other lies are refused the same way, each with its reason. */
+    static const uint8_t elsewhere[16] = {1, 2, 3};
+    fd = raw_connect_as(t, me, (int32_t)getpid(), elsewhere, &ack);
+    st = raw_cma(fd, FERRY_FRAME_CMA_WRITE, (uint64_t)(uintptr_t)dst, 8, (uint64_t)(uintptr_t)secret, reason,
+                 sizeof reason);
+    assert_int_equal(st, FERRY_ERR_NOT_IMPLEMENTED);
+    if (!strstr(reason, "not on this host")) fail_msg("reason: %s", reason);
+    close(fd);
+    pid_t gone = fork();
+    if (gone == 0) _exit(0);
+    waitpid(gone, NULL, 0); /* reaped: the pid names no process now */
+    fd = raw_connect(t, me, (int32_t)gone, &ack);
+    st = raw_cma(fd, FERRY_FRAME_CMA_READ, (uint64_t)(uintptr_t)dst, 8, (uint64_t)(uintptr_t)secret, reason,
+                 sizeof reason);
+    assert_int_equal(st, FERRY_ERR_NOT_IMPLEMENTED);
+    if (!strstr(reason, "does not exist") && !strstr(reason, "does not own")) fail_msg("reason: %s", reason);
+    close(fd);
+    assert_memory_equal(dst, zero, sizeof dst);
 
     /* The same peer telling the truth is served. */
     fd = raw_connect(t, me, (int32_t)getpid(), &ack);

@@ -526,9 +526,12 @@ static int run_initiator(const struct opts *o, const char *peer, uint64_t raddr,
         json_str(stdout, peer);
         printf(",\"seconds\":%.3f,\"bytes\":%" PRIu64 ",\"calls\":%" PRIu64 ",\"requests\":%" PRIu64
                ",\"gbps\":%.4f,\"lat_us\":{\"p50\":%.2f,\"p99\":%.2f,\"p999\":%.2f,\"max\":%.2f,\"mean\":%.2f},"
-               "\"cpu\":{\"initiator\":%.3f,\"target\":%.3f},\"ok\":%s}\n",
+               "\"cpu\":{\"initiator\":%.3f,\"target\":",
                wall, bytes, calls, calls * (uint64_t)o->batch, gbps, p50, p99, p999, mx, mean,
-               wall > 0 ? cpu / wall : 0, wall > 0 && tcpu >= 0 ? tcpu / wall : -1, rc ? "false" : "true");
+               wall > 0 ? cpu / wall : 0);
+        if (wall > 0 && tcpu >= 0) printf("%.3f", tcpu / wall);
+        else printf("null");
+        printf("},\"ok\":%s}\n", rc ? "false" : "true");
     } else {
         char bs[32];
         fmt_size(o->block, bs, sizeof bs);

@@ -430,7 +430,8 @@ static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t
         }
         ferry_registry_unlock(r);
         if (rc) {
-            if (done && rc == FERRY_ERR_ADDRESS_NOT_REGISTERED) ferry_fail_context("region deregistered during the write");
+            if (done && rc == FERRY_ERR_ADDRESS_NOT_REGISTERED)
+                ferry_fail_context("region deregistered during the transfer");
             return rc;
         }
         if (got > 0) {
@@ -630,7 +631,7 @@ static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
             refused = true;
             if (!tainted) tainted = calloc(nx, sizeof *tainted);
             if (!tainted) {
-                free(tainted);
+                *broken = 1; /* answers still in flight: the connection is out of step */
                 return ferry_fail(FERRY_ERR_MEMORY, "shm fallback: out of memory");
             }
             tainted[idx] = true;
