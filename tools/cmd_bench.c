@@ -778,7 +778,13 @@ static int extras(const struct opts *o)
     double close_s = now_s() - t0;
     if (write(q[1], "x", 1) < 0) kill(child, SIGKILL);
     waitpid(child, NULL, 0);
+    close(p[0]);
+    close(q[1]);
     ferry_engine_destroy(e);
+    free(names);
+    free(addrs);
+    free(lens);
+    munmap(pool, (size_t)n * each);
     if (o->json) {
         printf("{\"tool\":\"extras\",\"regions\":%d,\"register_ms\":%.3f,\"deregister_ms\":%.3f,"
                "\"register_batch_ms\":%.3f,\"deregister_batch_ms\":%.3f,\"open_with_regions_ms\":%.3f,"
