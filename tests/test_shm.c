@@ -41,9 +41,12 @@ typedef struct child {
     uint64_t addr, len;
 } child_t;
 
+/* disable_shm: 1 sets FERRY_SHM_DISABLE, 2 FERRY_SHM_PROC_LOOKUP (the
+ * target verifies peers through /proc/net/tcp instead of sock_diag). */
 static void child_main(int in, int out, size_t len, int disable_shm)
 {
-    if (disable_shm) setenv("FERRY_SHM_DISABLE", "1", 1);
+    if (disable_shm == 1) setenv("FERRY_SHM_DISABLE", "1", 1);
+    if (disable_shm == 2) setenv("FERRY_SHM_PROC_LOOKUP", "1", 1);
     ferry_config_t cfg;
     ferry_config_init(&cfg);
     cfg.timeout_ms = 10000;
@@ -140,11 +143,10 @@ static void info_of(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info
 
 /* ------------------------------------------------------------- tests */
 
-static void two_processes_round_trip(void **state)
+static void round_trip(int how)
 {
-    (void)state;
     size_t cap = 64u << 20;
-    child_t *c = child_start(cap, 0);
+    child_t *c = child_start(cap, how);
     ferry_engine_t *e = initiator(NULL, 0);
     unsigned char *src = malloc(cap);
     assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
@@ -187,6 +189,20 @@ static void two_processes_round_trip(void **state)
     ferry_engine_destroy(e);
     free(src);
     child_stop(c);
+}
+
+static void two_processes_round_trip(void **state)
+{
+    (void)state;
+    round_trip(0);
+}
+
+/* The same with the target finding the peer's socket in /proc/net/tcp, as
+ * where netlink sock_diag is filtered. */
+static void verified_through_proc(void **state)
+{
+    (void)state;
+    round_trip(2);
 }
 
 /* The target validates every CMA frame against its own registry, even when
@@ -436,6 +452,70 @@ static void spoofed_pid_is_refused(void **state)
     waitpid(victim, NULL, 0);
 }
 
+/* A socket handed to a process of another user (here: inherited by a child
+ * that then dropped to nobody): that process owns the socket, but the target
+ * must not read its memory for the socket's creator. Needs root. */
+static void socket_of_another_user(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) {
+        fprintf(stderr, "  (skipped: needs root to make a process of another user)\n");
+        return;
+    }
+    ferry_engine_t *t = initiator(NULL, 0);
+    ferry_engine_t *me = initiator(NULL, 0);
+    unsigned char dst[64];
+    memset(dst, 0, sizeof dst);
+    assert_int_equal(ferry_register(t, dst, sizeof dst, FERRY_MEM_REMOTE), 0);
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    /* The connection whose frames claim the child: made before the fork so
+     * that the child inherits it. */
+    pid_t child;
+    {
+        int s2;
+        uint64_t dl = ferry_deadline_after_ms(5000);
+        assert_int_equal(ferry_net_connect("127.0.0.1", ferry_engine_port(t), dl, &s2), 0);
+        child = fork();
+        assert_true(child >= 0);
+        if (child == 0) {
+            if (setgid(65534) != 0 || setuid(65534) != 0) _exit(1);
+            if (write(ready[1], "x", 1) != 1) _exit(1);
+            pause();
+            _exit(0);
+        }
+        char x;
+        assert_int_equal(read(ready[0], &x, 1), 1);
+        ferry_hello_t h;
+        ferry_hello_fill(me, &h);
+        h.pid = (int32_t)child;
+        uint8_t buf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
+        int n = ferry_hello_encode(&h, buf, sizeof buf);
+        ferry_frame_t f = {.type = FERRY_FRAME_HELLO, .plen = (uint32_t)n};
+        uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
+        ferry_frame_encode(&f, hdr);
+        assert_int_equal(ferry_net_send(s2, hdr, sizeof hdr, dl), 0);
+        assert_int_equal(ferry_net_send(s2, buf, (size_t)n, dl), 0);
+        assert_int_equal(ferry_net_recv(s2, hdr, sizeof hdr, dl), 0);
+        assert_int_equal(ferry_frame_decode(hdr, &f), 0);
+        assert_int_equal(ferry_net_recv(s2, buf, f.plen, dl), 0);
+        char reason[FERRY_WIRE_MAX_REASON + 1];
+        int st = raw_cma(s2, FERRY_FRAME_CMA_WRITE, (uint64_t)(uintptr_t)dst, 8, (uint64_t)(uintptr_t)secret,
+                         reason, sizeof reason);
+        assert_int_equal(st, FERRY_ERR_NOT_IMPLEMENTED);
+        if (!strstr(reason, "runs as uid 65534")) fail_msg("reason: %s", reason);
+        close(s2);
+    }
+    unsigned char zero[64] = {0};
+    assert_memory_equal(dst, zero, sizeof dst);
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    close(ready[0]);
+    close(ready[1]);
+    ferry_engine_destroy(me);
+    ferry_engine_destroy(t);
+}
+
 /* A registered local buffer that was unmapped: the target's copy faults and
  * says so; nothing outside the registered ranges is touched. */
 static void unmapped_local_buffer(void **state)
@@ -468,10 +548,12 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(two_processes_round_trip),
+        cmocka_unit_test(verified_through_proc),
         cmocka_unit_test(target_validates_over_shm),
         cmocka_unit_test(fallback_when_target_refuses),
         cmocka_unit_test(transport_forced_by_config),
         cmocka_unit_test(spoofed_pid_is_refused),
+        cmocka_unit_test(socket_of_another_user),
         cmocka_unit_test(unmapped_local_buffer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -40,6 +40,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -174,7 +175,7 @@ static bool is_v4mapped(const struct addr6 *x)
 /* One exact lookup through NETLINK_SOCK_DIAG (a hash lookup in the kernel;
  * /proc/net/tcp walks every bucket and takes milliseconds). 0 if not found
  * or unavailable. */
-static unsigned long diag_lookup(int family, const struct addr6 *local, const struct addr6 *remote)
+static unsigned long diag_lookup(int family, const struct addr6 *local, const struct addr6 *remote, uid_t *uid)
 {
     int fd = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
     if (fd < 0) return 0;
@@ -214,6 +215,7 @@ static unsigned long diag_lookup(int family, const struct addr6 *local, const st
                 break;
             const struct inet_diag_msg *d = NLMSG_DATA(h);
             inode = d->idiag_inode;
+            *uid = d->idiag_uid;
             break;
         }
     }
@@ -224,11 +226,16 @@ static unsigned long diag_lookup(int family, const struct addr6 *local, const st
 /* The inode of the socket whose local end is `local` and remote end is
  * `remote`, in this network namespace: sock_diag first, /proc/net/tcp{,6}
  * where netlink is unavailable (e.g. filtered in a container). */
-static unsigned long find_socket_inode(const struct addr6 *local, const struct addr6 *remote)
+static unsigned long find_socket_inode(const struct addr6 *local, const struct addr6 *remote, uid_t *uid)
 {
     bool v4 = is_v4mapped(local) && is_v4mapped(remote);
-    unsigned long ino = diag_lookup(v4 ? AF_INET : AF_INET6, local, remote);
-    if (!ino && v4) ino = diag_lookup(AF_INET6, local, remote);
+    /* FERRY_SHM_PROC_LOOKUP=1 skips netlink (tests the fallback). */
+    const char *proc_only = getenv("FERRY_SHM_PROC_LOOKUP");
+    unsigned long ino = 0;
+    if (!proc_only || strcmp(proc_only, "1") != 0) {
+        ino = diag_lookup(v4 ? AF_INET : AF_INET6, local, remote, uid);
+        if (!ino && v4) ino = diag_lookup(AF_INET6, local, remote, uid);
+    }
     if (ino) return ino;
     static const char *const files[2] = {"/proc/net/tcp", "/proc/net/tcp6"};
     for (int k = 0; k < 2; k++) {
@@ -240,12 +247,13 @@ static unsigned long find_socket_inode(const struct addr6 *local, const struct a
         while (!inode && fgets(line, sizeof line, f)) {
             char la[64], ra[64];
             unsigned long ino;
-            if (sscanf(line, " %*u: %63s %63s %*x %*s %*s %*s %*u %*u %lu", la, ra, &ino) != 3) continue;
+            unsigned int owner;
+            if (sscanf(line, " %*u: %63s %63s %*x %*s %*s %*s %u %*u %lu", la, ra, &owner, &ino) != 4) continue;
             struct addr6 l, r;
             if (parse_proc_addr(la, k == 1, &l) || parse_proc_addr(ra, k == 1, &r)) continue;
             if (ino && l.port == local->port && r.port == remote->port && memcmp(l.a, local->a, 16) == 0 &&
                 memcmp(r.a, remote->a, 16) == 0)
-                inode = ino;
+                inode = ino, *uid = (uid_t)owner;
         }
         fclose(f);
         if (inode) return inode;
@@ -350,7 +358,8 @@ static void verify_peer(ferry_conn_t *c, struct shm_conn *sc, uint64_t probe)
         return;
     }
     /* The initiator's socket: local end = its address, remote end = ours. */
-    unsigned long inode = find_socket_inode(&peer, &self);
+    uid_t sock_uid = (uid_t)-1;
+    unsigned long inode = find_socket_inode(&peer, &self, &sock_uid);
     if (!inode) {
         snprintf(sc->reason, sizeof sc->reason,
                  "the initiator's socket is not in this network namespace's /proc/net/tcp");
@@ -363,6 +372,18 @@ static void verify_peer(ferry_conn_t *c, struct shm_conn *sc, uint64_t probe)
         return;
     }
     int own = pid_owns_socket(h->pid, inode);
+    /* The owner must also run as the user who made the socket: a socket
+     * handed to another user's process (SCM_RIGHTS) must not let its sender
+     * have us read that process. /proc/<pid> belongs to its effective uid. */
+    char procdir[32];
+    snprintf(procdir, sizeof procdir, "/proc/%d", (int)h->pid);
+    struct stat st;
+    if (own > 0 && (stat(procdir, &st) != 0 || st.st_uid != sock_uid)) {
+        snprintf(sc->reason, sizeof sc->reason, "claimed pid %d runs as uid %d, its socket belongs to uid %d",
+                 (int)h->pid, stat(procdir, &st) == 0 ? (int)st.st_uid : -1, (int)sock_uid);
+        if (pidfd >= 0) close(pidfd);
+        return;
+    }
     if (own <= 0 || pidfd_exited(pidfd)) {
         if (own < 0)
             snprintf(sc->reason, sizeof sc->reason, "cannot read /proc/%d/fd to verify the claimed pid: %s",
