@@ -78,11 +78,21 @@ static void json_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
-/* Pages in a buffer so that no run measures first-touch faults. */
+/* --hugepages: buffers ask for transparent huge pages (MADV_HUGEPAGE). */
+static int use_hugepages;
+
+/* Pages in a buffer so that no run measures first-touch faults; 2 MiB
+ * aligned, so that huge pages can back it when asked for. */
 static void *alloc_touched(size_t len)
 {
-    void *p = mmap(NULL, len ? len : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return NULL;
+    size_t align = 2u << 20, want = (len ? len : 1) + align;
+    unsigned char *raw = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return NULL;
+    unsigned char *p = (unsigned char *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
+    if (p > raw) munmap(raw, (size_t)(p - raw));
+    size_t tail = (size_t)(raw + want - (p + len));
+    if (tail && len) munmap(p + len, tail);
+    if (use_hugepages) madvise(p, len, MADV_HUGEPAGE);
     memset(p, 0x5a, len);
     return p;
 }
@@ -185,6 +195,7 @@ static void usage(FILE *f)
             "  --transport T         auto|tcp|shm (auto; also FERRY_TRANSPORT)\n"
             "  --conns N             connections per peer (config.conns_per_peer)\n"
             "  --json                one JSON object on stdout instead of text\n"
+            "  --hugepages           buffers ask for transparent huge pages (both sides)\n"
             "\n"
             "The target prints one JSON line {\"name\",\"addr\",\"len\",\"pid\"} once it serves.\n"
             "Latency is per call: one batch of --batch-size requests, submit to completion.\n");
@@ -205,6 +216,7 @@ static int parse_opts(int argc, char **argv, int i, struct opts *o)
         i++;                                                              \
     } while (0)
         if (strcmp(a, "--local") == 0) o->local = 1;
+        else if (strcmp(a, "--hugepages") == 0) use_hugepages = 1;
         else if (strcmp(a, "--json") == 0) o->json = 1;
         else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
@@ -517,8 +529,8 @@ static int run_initiator(const struct opts *o, const char *peer, uint64_t raddr,
     const char *opname = o->op == FERRY_OP_WRITE ? "write" : "read";
     if (o->json) {
         printf("{\"tool\":\"ferry\",\"op\":\"%s\",\"block_size\":%zu,\"batch_size\":%zu,\"threads\":%d,\"conns\":%d,"
-               "\"transport\":",
-               opname, o->block, o->batch, o->threads, conns);
+               "\"hugepages\":%s,\"transport\":",
+               opname, o->block, o->batch, o->threads, conns, use_hugepages ? "true" : "false");
         json_str(stdout, info.transport);
         printf(",\"transport_reason\":");
         json_str(stdout, info.transport_reason);
@@ -650,9 +662,9 @@ static int baseline(const struct opts *o, const char *how)
     qsort(lat, nlat, sizeof *lat, cmp_double);
     double gbps = wall > 0 ? (double)bytes / wall / 1e9 : 0;
     if (o->json)
-        printf("{\"tool\":\"baseline\",\"baseline\":\"%s\",\"block_size\":%zu,\"seconds\":%.3f,\"gbps\":%.4f,"
-               "\"lat_us\":{\"p50\":%.2f,\"p99\":%.2f,\"p999\":%.2f},\"ok\":%s}\n",
-               how, len, wall, gbps, pct(lat, nlat, 0.5), pct(lat, nlat, 0.99), pct(lat, nlat, 0.999),
+        printf("{\"tool\":\"baseline\",\"baseline\":\"%s\",\"block_size\":%zu,\"hugepages\":%s,\"seconds\":%.3f,"
+               "\"gbps\":%.4f,\"lat_us\":{\"p50\":%.2f,\"p99\":%.2f,\"p999\":%.2f},\"ok\":%s}\n",
+               how, len, use_hugepages ? "true" : "false", wall, gbps, pct(lat, nlat, 0.5), pct(lat, nlat, 0.99), pct(lat, nlat, 0.999),
                rc ? "false" : "true");
     else {
         char bs[32];
