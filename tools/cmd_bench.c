@@ -156,6 +156,7 @@ struct opts {
     int conns;
     int json;
     size_t buffer;        /* target: bytes to register */
+    size_t blocks;        /* distinct blocks per thread (0 = batch size) */
     /* extras */
     int regions, sessions;
     double idle;
@@ -177,6 +178,12 @@ static void opts_init(struct opts *o)
     o->idle = 2;
 }
 
+static size_t nblocks(const struct opts *o)
+{
+    size_t n = o->blocks ? o->blocks : o->batch;
+    return n > o->batch && o->batch ? o->batch : n;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -191,6 +198,8 @@ static void usage(FILE *f)
             "  --block-size S        bytes per request, K/M/G suffixes (1M)\n"
             "  --batch-size N        requests per call (ferry_batch_transfer_sync) (1)\n"
             "  --threads N           initiator threads, each with its own blocks (1)\n"
+            "  --blocks N            distinct blocks a thread's requests cycle through (batch size);\n"
+            "                        fewer keeps the data cache-hot, like iperf3 and ucx_perftest\n"
             "  --duration SEC        measured time (3); --warmup SEC before it (0.3)\n"
             "  --transport T         auto|tcp|shm (auto; also FERRY_TRANSPORT)\n"
             "  --conns N             connections per peer (config.conns_per_peer)\n"
@@ -229,6 +238,7 @@ static int parse_opts(int argc, char **argv, int i, struct opts *o)
         else if (strcmp(a, "--conns") == 0) { NEED_VALUE(); o->conns = atoi(v); }
         else if (strcmp(a, "--regions") == 0) { NEED_VALUE(); o->regions = atoi(v); }
         else if (strcmp(a, "--sessions") == 0) { NEED_VALUE(); o->sessions = atoi(v); }
+        else if (strcmp(a, "--blocks") == 0) { NEED_VALUE(); o->blocks = (size_t)atol(v); }
         else if (strcmp(a, "--duration") == 0) { NEED_VALUE(); o->duration = atof(v); }
         else if (strcmp(a, "--warmup") == 0) { NEED_VALUE(); o->warmup = atof(v); }
         else if (strcmp(a, "--idle") == 0) { NEED_VALUE(); o->idle = atof(v); }
@@ -407,8 +417,11 @@ static void *worker_main(void *arg)
     const struct opts *o = w->o;
     size_t b = o->batch;
     for (size_t i = 0; i < b; i++) {
-        w->locals[i] = w->local + i * o->block;
-        w->remotes[i] = w->remote + i * o->block;
+        /* Request i uses block i * blocks / batch: with --blocks 2 the two
+         * halves of a batch (one per connection) each reuse one block. */
+        size_t k = i * nblocks(o) / b;
+        w->locals[i] = w->local + k * o->block;
+        w->remotes[i] = w->remote + k * o->block;
         w->lens[i] = o->block;
     }
     while (now_s() < w->start) {
@@ -447,7 +460,7 @@ static void *worker_main(void *arg)
 
 static int run_initiator(const struct opts *o, const char *peer, uint64_t raddr, size_t rlen, pid_t target_pid)
 {
-    size_t per_thread = o->batch * o->block;
+    size_t per_thread = nblocks(o) * o->block;
     if ((size_t)o->threads * per_thread > rlen) {
         fprintf(stderr, "ferry bench: %d thread(s) x %zu requests x %zu bytes exceed the remote buffer (%zu)\n",
                 o->threads, o->batch, o->block, rlen);
@@ -529,8 +542,8 @@ static int run_initiator(const struct opts *o, const char *peer, uint64_t raddr,
     const char *opname = o->op == FERRY_OP_WRITE ? "write" : "read";
     if (o->json) {
         printf("{\"tool\":\"ferry\",\"op\":\"%s\",\"block_size\":%zu,\"batch_size\":%zu,\"threads\":%d,\"conns\":%d,"
-               "\"hugepages\":%s,\"transport\":",
-               opname, o->block, o->batch, o->threads, conns, use_hugepages ? "true" : "false");
+               "\"blocks\":%zu,\"hugepages\":%s,\"transport\":",
+               opname, o->block, o->batch, o->threads, conns, nblocks(o), use_hugepages ? "true" : "false");
         json_str(stdout, info.transport);
         printf(",\"transport_reason\":");
         json_str(stdout, info.transport_reason);
@@ -547,8 +560,8 @@ static int run_initiator(const struct opts *o, const char *peer, uint64_t raddr,
     } else {
         char bs[32];
         fmt_size(o->block, bs, sizeof bs);
-        printf("ferry bench: %s %s x %zu per call, %d thread(s), %d connection(s) to %s\n", opname, bs, o->batch,
-               o->threads, conns, peer);
+        printf("ferry bench: %s %s x %zu per call (%zu distinct blocks), %d thread(s), %d connection(s) to %s\n",
+               opname, bs, o->batch, nblocks(o), o->threads, conns, peer);
         printf("  transport   %s (%s)\n", info.transport, info.transport_reason);
         printf("  throughput  %.3f GB/s  (%.1f MiB/s), %" PRIu64 " calls, %" PRIu64 " requests in %.2f s\n", gbps,
                wall > 0 ? (double)bytes / wall / 1048576.0 : 0, calls, calls * (uint64_t)o->batch, wall);
@@ -578,22 +591,26 @@ static int run_initiator(const struct opts *o, const char *peer, uint64_t raddr,
 static int baseline(const struct opts *o, const char *how)
 {
     size_t len = o->block;
-    unsigned char *src = alloc_touched(len);
+    /* --blocks N: copy N distinct blocks in turn (the working set Ferry's
+     * batches have); 1 by default, the same block again and again. */
+    size_t nb = o->blocks ? o->blocks : 1;
+    size_t span = nb * len;
+    unsigned char *src = alloc_touched(span);
     unsigned char *dst = NULL;
     pid_t child = 0;
     int up[2] = {-1, -1}, down[2] = {-1, -1};
     int memfd = -1;
     if (!src) return 1;
     if (strcmp(how, "memcpy") == 0) {
-        dst = alloc_touched(len);
+        dst = alloc_touched(span);
     } else if (strcmp(how, "memfd") == 0) {
         /* A shared mapping another process holds: the memcpy a shared-memory
          * transport does when both sides map the same pages. */
         memfd = memfd_create("ferry-bench", MFD_CLOEXEC);
-        if (memfd < 0 || ftruncate(memfd, (off_t)len) != 0) return 1;
-        dst = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+        if (memfd < 0 || ftruncate(memfd, (off_t)span) != 0) return 1;
+        dst = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
         if (dst == MAP_FAILED) return 1;
-        memset(dst, 0, len);
+        memset(dst, 0, span);
         if (pipe(down) != 0) return 1;
         child = fork();
         if (child == 0) {
@@ -607,7 +624,7 @@ static int baseline(const struct opts *o, const char *how)
         fflush(NULL);
         child = fork();
         if (child == 0) {
-            void *mine = alloc_touched(len);
+            void *mine = alloc_touched(span);
             uint64_t a = (uint64_t)(uintptr_t)mine;
             if (write(up[1], &a, sizeof a) != sizeof a) _exit(1);
             char c;
@@ -627,23 +644,25 @@ static int baseline(const struct opts *o, const char *how)
     uint64_t bytes = 0;
     double start = now_s() + o->warmup, stop = start + o->duration, wall0 = 0;
     int rc = 0;
-    for (int measuring = 0;;) {
+    size_t k = 0;
+    for (int measuring = 0;; k = (k + 1) % nb) {
         double t0 = now_s();
+        unsigned char *s_k = src + k * len, *d_k = dst + k * len;
         if (!measuring && t0 >= start) {
             measuring = 1;
             wall0 = t0;
         }
         if (t0 >= stop) break;
         if (child && strcmp(how, "cma") == 0) {
-            struct iovec l = {src, len}, r = {dst, len};
+            struct iovec l = {s_k, len}, r = {d_k, len};
             if (process_vm_writev(child, &l, 1, &r, 1, 0) != (ssize_t)len) {
                 fprintf(stderr, "ferry bench baseline: process_vm_writev: %s\n", strerror(errno));
                 rc = 1;
                 break;
             }
         } else {
-            memcpy(dst, src, len);
-            __asm__ __volatile__("" ::"r"(dst) : "memory");
+            memcpy(d_k, s_k, len);
+            __asm__ __volatile__("" ::"r"(d_k) : "memory");
         }
         if (!measuring) continue;
         double t1 = now_s();
@@ -662,15 +681,15 @@ static int baseline(const struct opts *o, const char *how)
     qsort(lat, nlat, sizeof *lat, cmp_double);
     double gbps = wall > 0 ? (double)bytes / wall / 1e9 : 0;
     if (o->json)
-        printf("{\"tool\":\"baseline\",\"baseline\":\"%s\",\"block_size\":%zu,\"hugepages\":%s,\"seconds\":%.3f,"
-               "\"gbps\":%.4f,\"lat_us\":{\"p50\":%.2f,\"p99\":%.2f,\"p999\":%.2f},\"ok\":%s}\n",
-               how, len, use_hugepages ? "true" : "false", wall, gbps, pct(lat, nlat, 0.5), pct(lat, nlat, 0.99), pct(lat, nlat, 0.999),
-               rc ? "false" : "true");
+        printf("{\"tool\":\"baseline\",\"baseline\":\"%s\",\"block_size\":%zu,\"blocks\":%zu,\"hugepages\":%s,"
+               "\"seconds\":%.3f,\"gbps\":%.4f,\"lat_us\":{\"p50\":%.2f,\"p99\":%.2f,\"p999\":%.2f},\"ok\":%s}\n",
+               how, len, nb, use_hugepages ? "true" : "false", wall, gbps, pct(lat, nlat, 0.5), pct(lat, nlat, 0.99),
+               pct(lat, nlat, 0.999), rc ? "false" : "true");
     else {
         char bs[32];
         fmt_size(len, bs, sizeof bs);
-        printf("baseline %s, %s blocks: %.3f GB/s, p50 %.1f us, p99 %.1f us\n", how, bs, gbps, pct(lat, nlat, 0.5),
-               pct(lat, nlat, 0.99));
+        printf("baseline %s, %s blocks (%zu distinct): %.3f GB/s, p50 %.1f us, p99 %.1f us\n", how, bs, nb, gbps,
+               pct(lat, nlat, 0.5), pct(lat, nlat, 0.99));
     }
     free(lat);
     return rc;
@@ -858,7 +877,7 @@ static int cmd_bench(int argc, char **argv)
         return 2;
     }
     struct target_proc t;
-    size_t need = (size_t)o.threads * o.batch * o.block;
+    size_t need = (size_t)o.threads * nblocks(&o) * o.block;
     if (spawn_target(&o, need, &t) != 0) return 1;
     int rc = run_initiator(&o, t.name, t.addr, t.len, t.pid);
     stop_target(&t);
