@@ -8,8 +8,8 @@ check() { # check NAME REGEX: $out must match
   if grep -qE -- "$2" <<<"$out"; then passes=$((passes + 1)); else echo "FAIL $1: wanted /$2/ in:"; echo "$out"; fails=$((fails + 1)); fi
 }
 q="--duration 0.2 --warmup 0.05"
-out=$("$FERRY" bench --local $q --block-size 64K --batch-size 4 --json 2>&1)
-check local-json '"ok":true'
+out=$("$FERRY" bench --local $q --block-size 64K --batch-size 4 --blocks 2 --json 2>&1)
+check local-json '"blocks":2,.*"ok":true'
 check local-shm '"transport":"shm"'
 check local-lat '"lat_us":\{"p50":[0-9.]+,"p99":[0-9.]+,"p999"'
 out=$("$FERRY" bench --local $q --transport tcp --op read --block-size 8 --threads 2 2>&1)
