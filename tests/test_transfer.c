@@ -1,7 +1,7 @@
 /* Round trips between two engines in one process: sync, batch, async, from
  * 1 byte to 256 MiB, and from several threads at once. Runs once per
  * transport (ctest: test_transfer over shm, the auto choice here, and
- * test_transfer_tcp with FERRY_TRANSPORT=tcp). */
+ * test_transfer_tcp with FERRY_TRANSPORT=tcp, tests/transports.cmake). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <cmocka.h>
 
 #include <ferry/ferry.h>
@@ -25,6 +26,10 @@ static inline ferry_engine_t *harness_engine(int timeout_ms)
 {
     ferry_config_t cfg;
     ferry_config_init(&cfg);
+    /* FERRY_TRANSPORT=tcp runs a suite over TCP (auto picks shm between
+     * engines of one host). */
+    const char *transport = getenv("FERRY_TRANSPORT");
+    if (transport && *transport) cfg.transport = transport;
     cfg.timeout_ms = timeout_ms;
     cfg.connect_timeout_ms = timeout_ms < 5000 ? timeout_ms : 5000;
     return harness_engine_cfg(&cfg);
