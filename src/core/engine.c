@@ -38,6 +38,16 @@ int ferry_conn_recv_frame(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline)
     return ferry_frame_decode(hdr, f);
 }
 
+int ferry_conn_recv_frame_spin(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline, unsigned spin_us)
+{
+    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
+    size_t got = 0;
+    int rc = ferry_net_recv_spin(c->fd, hdr, sizeof hdr, spin_us, &got);
+    if (rc == 0 && got < sizeof hdr) rc = ferry_net_recv(c->fd, hdr + got, sizeof hdr - got, deadline);
+    if (rc) return rc;
+    return ferry_frame_decode(hdr, f);
+}
+
 int ferry_conn_discard(ferry_conn_t *c, uint64_t n, uint64_t deadline)
 {
     unsigned char scratch[16384];
@@ -226,14 +236,21 @@ static void *serve_thread(void *arg)
     int rc = ferry_conn_recv_frame(c, &f, ferry_deadline_after_ms(e->cfg.connect_timeout_ms));
     if (rc == 0) rc = ferry_serve_hello(c, &f);
     while (rc == 0 && !atomic_load(&e->stopping)) {
-        /* Idle connections wait without a deadline; a frame once begun must
-         * arrive whole within the timeout. */
         /* A request often follows the last answer within microseconds:
-         * spin briefly before sleeping (see ferry_net_spin_readable). */
-        int ready = ferry_net_spin_readable(c->fd, spin_us);
-        if (!ready) ready = ferry_net_wait_readable(c->fd, UINT64_MAX);
-        if (ready <= 0 || atomic_load(&e->stopping)) break;
-        rc = ferry_conn_recv_frame(c, &f, ferry_deadline_after_ms(e->cfg.timeout_ms));
+         * busy-poll for its header briefly before sleeping (a cross-CPU
+         * wake-up costs more than a loopback round trip). Idle connections
+         * then wait without a deadline; a frame once begun must arrive
+         * whole within the timeout. */
+        uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
+        size_t got = 0;
+        rc = ferry_net_recv_spin(c->fd, hdr, sizeof hdr, spin_us, &got);
+        if (rc) break;
+        if (got == 0) {
+            int ready = ferry_net_wait_readable(c->fd, UINT64_MAX);
+            if (ready <= 0 || atomic_load(&e->stopping)) break;
+        }
+        if (got < sizeof hdr) rc = ferry_net_recv(c->fd, hdr + got, sizeof hdr - got, ferry_deadline_after_ms(e->cfg.timeout_ms));
+        if (rc == 0) rc = ferry_frame_decode(hdr, &f);
         if (rc == 0) rc = serve_frame(c, &f);
     }
     if (rc == FERRY_ERR_MALFORMED_FRAME || rc == FERRY_ERR_AUTH_FAILED) {

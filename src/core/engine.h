@@ -156,6 +156,9 @@ void ferry_hello_fill(ferry_engine_t *e, ferry_hello_t *h);
 /* frame I/O shared by both sides */
 int ferry_conn_send_frame(ferry_conn_t *c, ferry_frame_t *f, const void *payload, uint64_t deadline);
 int ferry_conn_recv_frame(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline);
+/* The same, busy-polling up to spin_us for the header before sleeping
+ * (ferry_net_recv_spin): for answers due within microseconds. */
+int ferry_conn_recv_frame_spin(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline, unsigned spin_us);
 /* Reads and discards n payload bytes. */
 int ferry_conn_discard(ferry_conn_t *c, uint64_t n, uint64_t deadline);
 void ferry_conn_free(ferry_conn_t *c);

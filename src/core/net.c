@@ -185,6 +185,31 @@ int ferry_net_spin_readable(int fd, unsigned spin_us)
     }
 }
 
+static int io_error(int err, const char *what);
+
+int ferry_net_recv_spin(int fd, void *buf, size_t len, unsigned spin_us, size_t *got)
+{
+    char *p = buf;
+    *got = 0;
+    if (spin_us == 0 || len == 0) return 0;
+    uint64_t until = 0;
+    for (unsigned i = 0; *got < len; i++) {
+        ssize_t n = recv(fd, p + *got, len - *got, MSG_DONTWAIT);
+        if (n > 0) {
+            *got += (size_t)n;
+            continue;
+        }
+        if (n == 0) return ferry_fail(FERRY_ERR_PEER_CLOSED, "the peer closed the connection");
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return io_error(errno, "recv");
+        if ((i & 7) == 0) {
+            uint64_t now = ferry_now_ns();
+            if (!until) until = now + (uint64_t)spin_us * 1000u;
+            else if (now >= until) break;
+        }
+    }
+    return 0;
+}
+
 static int io_error(int err, const char *what)
 {
     if (err == EPIPE || err == ECONNRESET)

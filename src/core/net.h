@@ -23,6 +23,11 @@ int ferry_net_wait_readable(int fd, uint64_t deadline);
  * blocking poll costs tens of microseconds on small machines and VMs, more
  * than a loopback round trip). 1 when readable, 0 when the spin ran out. */
 int ferry_net_spin_readable(int fd, unsigned spin_us);
+/* Busy-polls recv for up to spin_us, reading at most len bytes into buf;
+ * *got says how many came (maybe 0, maybe fewer than len). 0, or
+ * PEER_CLOSED / SOCKET. Saves the poll of ferry_net_spin_readable when the
+ * bytes are what one would read next anyway. */
+int ferry_net_recv_spin(int fd, void *buf, size_t len, unsigned spin_us, size_t *got);
 /* The spin budget: FERRY_SPIN_US (0 disables), default 50 us. */
 unsigned ferry_net_spin_us(void);
 /* Sets TCP_NODELAY, buffer sizes and keepalive (idle_ms 0 = off). */

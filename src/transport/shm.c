@@ -554,11 +554,11 @@ static int send_cma(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t n)
 /* Receives one answer. 0, a piece failure, or (with *broken) a connection
  * failure; *refused when the target declined cross-memory attach. */
 static int recv_answer(ferry_conn_t *c, const struct inflight *in, int *broken, bool *refused, char *reason,
-                       size_t cap)
+                       size_t cap, unsigned spin_us)
 {
     ferry_xfer_t *x = in->x;
     ferry_frame_t f;
-    int rc = ferry_conn_recv_frame(c, &f, x->deadline);
+    int rc = ferry_conn_recv_frame_spin(c, &f, x->deadline, spin_us);
     if (rc) {
         *broken = 1;
         return rc;
@@ -639,10 +639,10 @@ static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
         struct inflight in = ring[head];
         head = (head + 1) % SHM_WINDOW;
         count--;
-        if (inflight <= SHM_SPIN_INFLIGHT) ferry_net_spin_readable(c->fd, spin_us);
+        unsigned spin = inflight <= SHM_SPIN_INFLIGHT ? spin_us : 0;
         inflight -= in.n;
         bool this_refused = false;
-        int rc = recv_answer(c, &in, broken, &this_refused, reason, sizeof reason);
+        int rc = recv_answer(c, &in, broken, &this_refused, reason, sizeof reason, spin);
         if (*broken) {
             free(tainted);
             return rc;

@@ -69,10 +69,10 @@ static int send_slice(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t n
 }
 
 /* Receives one answer; for reads, the data lands at local + *off_recv. */
-static int recv_answer(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t n, int *broken)
+static int recv_answer(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t n, int *broken, unsigned spin_us)
 {
     ferry_frame_t f;
-    int rc = ferry_conn_recv_frame(c, &f, x->deadline);
+    int rc = ferry_conn_recv_frame_spin(c, &f, x->deadline, spin_us);
     if (rc) {
         *broken = 1;
         return rc;
@@ -156,9 +156,9 @@ static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
         struct inflight in = ring[head];
         head = (head + 1) % 256;
         count--;
-        if (inflight <= SPIN_INFLIGHT_BYTES) ferry_net_spin_readable(c->fd, spin_us);
+        unsigned spin = inflight <= SPIN_INFLIGHT_BYTES ? spin_us : 0;
         inflight -= in.n;
-        int rc = recv_answer(c, in.x, in.off, in.n, broken);
+        int rc = recv_answer(c, in.x, in.off, in.n, broken, spin);
         if (*broken) return rc;
         if (rc) {
             if (in.x->rc == 0) ferry_xfer_fail(in.x, rc);
