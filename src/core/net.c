@@ -169,22 +169,6 @@ unsigned ferry_net_spin_us(void)
     return (unsigned)v;
 }
 
-int ferry_net_spin_readable(int fd, unsigned spin_us)
-{
-    if (spin_us == 0) return 0;
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    uint64_t until = 0;
-    for (unsigned i = 0;; i++) {
-        if (poll(&p, 1, 0) > 0) return 1;
-        /* Read the clock every few polls: each poll is a syscall already. */
-        if ((i & 7) == 0) {
-            uint64_t now = ferry_now_ns();
-            if (!until) until = now + (uint64_t)spin_us * 1000u;
-            else if (now >= until) return 0;
-        }
-    }
-}
-
 static int io_error(int err, const char *what);
 
 int ferry_net_recv_spin(int fd, void *buf, size_t len, unsigned spin_us, size_t *got)

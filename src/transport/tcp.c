@@ -23,7 +23,7 @@
 #define WINDOW_BYTES (32u << 20)
 #define CHUNK_BYTES (1u << 20)
 /* Waiting on at most this many unanswered bytes, the answer is due within
- * microseconds: spin for it rather than sleep (ferry_net_spin_readable). */
+ * microseconds: spin for it rather than sleep (ferry_net_recv_spin). */
 #define SPIN_INFLIGHT_BYTES (64u << 10)
 /* Target: wake for at least this much of a slice's payload (SO_RCVLOWAT). */
 #define LOWAT_BYTES (256u << 10)
