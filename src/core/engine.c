@@ -16,6 +16,7 @@
 #include "clock.h"
 #include "fail.h"
 #include "log.h"
+#include "memkind.h"
 #include "net.h"
 #include "transport/transport.h"
 
@@ -52,9 +53,21 @@ int ferry_conn_discard(ferry_conn_t *c, uint64_t n, uint64_t deadline)
 void ferry_conn_free(ferry_conn_t *c)
 {
     if (!c) return;
+    if (c->xport_free) c->xport_free(c);
     if (c->fd >= 0) close(c->fd);
     free(c->bounce);
     free(c);
+}
+
+unsigned char *ferry_conn_bounce(ferry_conn_t *c, size_t n)
+{
+    size_t cap = c->bounce && c->bounce_cap == 0 ? FERRY_WIRE_MAX_DATA : c->bounce_cap;
+    if (c->bounce && cap >= n) return c->bounce;
+    free(c->bounce);
+    c->bounce = malloc(n);
+    c->bounce_cap = c->bounce ? n : 0;
+    if (!c->bounce) ferry_fail(FERRY_ERR_MEMORY, "staging buffer of %zu bytes: out of memory", n);
+    return c->bounce;
 }
 
 /* ------------------------------------------------------------ handshake */
@@ -66,6 +79,8 @@ void ferry_hello_fill(ferry_engine_t *e, ferry_hello_t *h)
     h->proto_min = v;
     h->proto_max = v;
     h->flags = FERRY_HELLO_F_CMA | (e->cfg.secret ? FERRY_HELLO_F_AUTH : 0);
+    for (int i = 0; ferry_transports[i]; i++)
+        if (ferry_transports[i]->hello_flags) h->flags |= ferry_transports[i]->hello_flags(e);
     h->engine_id = e->engine_id;
     h->epoch = e->epoch;
     h->pid = (int32_t)getpid();
@@ -332,6 +347,10 @@ static uint64_t random64(void)
 
 static void engine_free(ferry_engine_t *e)
 {
+    /* Transports release their per-region state (RDMA memory regions) and
+     * device contexts while the registry still exists. */
+    for (int i = 0; ferry_transports[i]; i++)
+        if (ferry_transports[i]->engine_fini) ferry_transports[i]->engine_fini(e);
     ferry_registry_destroy(&e->registry);
     if (e->listen_fd >= 0) close(e->listen_fd);
     if (e->wake_fd[0] >= 0) close(e->wake_fd[0]);
@@ -396,8 +415,10 @@ int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out)
     if (rc) goto fail;
     ferry_log_level = e->cfg.log_level;
     if (!ferry_transport_find(e->cfg.transport) && strcmp(e->cfg.transport, "auto") != 0) {
-        rc = ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: unknown transport '%s' (auto, tcp, shm)",
-                        e->cfg.transport);
+        char names[128] = "auto";
+        for (int i = 0; ferry_transports[i]; i++)
+            snprintf(names + strlen(names), sizeof names - strlen(names), ", %s", ferry_transports[i]->name);
+        rc = ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: unknown transport '%s' (%s)", e->cfg.transport, names);
         goto fail;
     }
     rc = ferry_net_listen(e->cfg.host, e->cfg.port, &e->listen_fd, &e->port);
@@ -453,7 +474,10 @@ int ferry_register(ferry_engine_t *e, void *addr, size_t len, unsigned flags)
     if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "register: engine is NULL");
     int rc = check_flags(flags);
     if (rc) return rc;
-    return ferry_registry_add(&e->registry, (uint64_t)(uintptr_t)addr, len, flags);
+    uint32_t kind = FERRY_MEMKIND_HOST;
+    if (addr && len) rc = ferry_memkind_detect(addr, len, &kind);
+    if (rc) return rc;
+    return ferry_registry_add_kind(&e->registry, (uint64_t)(uintptr_t)addr, len, flags, kind);
 }
 
 int ferry_deregister(ferry_engine_t *e, void *addr)
@@ -469,7 +493,17 @@ int ferry_register_batch(ferry_engine_t *e, void *const *addrs, const size_t *le
     if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "register batch: engine is NULL");
     int rc = check_flags(flags);
     if (rc) return rc;
-    return ferry_registry_add_many(&e->registry, addrs, lens, n, flags);
+    if (!addrs || !lens) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "register batch: NULL array");
+    uint32_t one, *kinds = n > 1 ? calloc(n, sizeof *kinds) : &one;
+    if (!kinds) return ferry_fail(FERRY_ERR_MEMORY, "register batch of %zu: out of memory", n);
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        kinds[i] = FERRY_MEMKIND_HOST;
+        if (addrs[i] && lens[i]) rc = ferry_memkind_detect(addrs[i], lens[i], &kinds[i]);
+        if (rc) ferry_fail_context("region %zu of %zu (none registered)", i, n);
+    }
+    if (rc == 0) rc = ferry_registry_add_many_kinds(&e->registry, addrs, lens, n, flags, kinds);
+    if (kinds != &one) free(kinds);
+    return rc;
 }
 
 int ferry_deregister_batch(ferry_engine_t *e, void *const *addrs, size_t n)

@@ -17,16 +17,20 @@ struct ferry_transport_ops;
 typedef struct ferry_session ferry_session_t;
 
 /* One TCP connection, either side. */
-typedef struct ferry_conn {
+typedef struct ferry_conn ferry_conn_t;
+struct ferry_conn {
     int fd;
     ferry_engine_t *engine;
     ferry_session_t *session;  /* initiator side: its session; NULL on the target */
     ferry_hello_t peer;        /* what the other side said in the handshake */
-    unsigned char *bounce;     /* checksum staging, slice_size bytes, lazily made */
+    unsigned char *bounce;     /* checksum / device-memory staging, lazily made */
+    size_t bounce_cap;         /* its size; 0 = FERRY_WIRE_MAX_DATA (the target's checksum staging) */
+    void *xport;               /* a transport's per-connection state (an RDMA queue pair), or NULL */
+    void (*xport_free)(ferry_conn_t *c); /* frees xport; called by ferry_conn_free */
     struct ferry_conn *next;   /* target side: list of served connections */
     pthread_t thread;          /* target side: its serving thread */
     atomic_bool done;          /* target side: the thread has finished */
-} ferry_conn_t;
+};
 
 enum ferry_session_state { SESSION_OK = 0, SESSION_RESTARTED, SESSION_CLOSED };
 
@@ -132,6 +136,10 @@ struct ferry_engine {
     pthread_mutex_t cancel_lock;
     struct { uint64_t engine_id, req_id; } cancelled[1024];
     size_t cancelled_next;
+
+    /* The RDMA transport's state (src/transport/rdma.c): probe result and
+     * device context, made at first use. */
+    struct ferry_rdma *rdma;
 };
 
 /* config.c */
@@ -148,6 +156,8 @@ int ferry_conn_recv_frame(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline);
 /* Reads and discards n payload bytes. */
 int ferry_conn_discard(ferry_conn_t *c, uint64_t n, uint64_t deadline);
 void ferry_conn_free(ferry_conn_t *c);
+/* The connection's staging buffer of at least n bytes (n <= FERRY_WIRE_MAX_DATA). */
+unsigned char *ferry_conn_bounce(ferry_conn_t *c, size_t n);
 
 /* session.c: initiator side */
 int ferry_session_get(ferry_engine_t *e, const char *peer, ferry_session_t **out);

@@ -26,9 +26,16 @@ typedef struct ferry_transport_ops {
      * negative return closes the connection. */
     int (*serve)(ferry_conn_t *c, const ferry_frame_t *f);
     uint32_t serve_types;      /* bit (1 << frame type) for each type served */
+    /* Optional: FERRY_HELLO_F_* bits this engine advertises in every
+     * handshake (what it can serve), e.g. FERRY_HELLO_F_RDMA. */
+    uint32_t (*hello_flags)(ferry_engine_t *e);
+    /* Optional: frees engine-wide state, at engine destruction, after every
+     * connection is gone and before the registry is destroyed. */
+    void (*engine_fini)(ferry_engine_t *e);
 } ferry_transport_ops_t;
 
 extern const ferry_transport_ops_t ferry_transport_tcp;
+extern const ferry_transport_ops_t ferry_transport_rdma;
 
 /* NULL-terminated, in order of preference for "auto". */
 extern const ferry_transport_ops_t *const ferry_transports[];
