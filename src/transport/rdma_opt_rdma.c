@@ -217,8 +217,8 @@ int ferry_rdma_dev_open(ferry_engine_t *e, const ferry_rdma_env_t *env, void **o
     if (rc) return rc;
     int n = 0;
     struct ibv_device **list = v->get_device_list(&n);
-    if (!list) {
-        snprintf(why, cap, "ibv_get_device_list failed: %s", strerror(errno));
+    if (!list) { /* ENOSYS: the kernel has no RDMA support at all */
+        snprintf(why, cap, "libibverbs found no RDMA device (ibv_get_device_list: %s)", strerror(errno));
         return FERRY_ERR_DEVICE_NOT_FOUND;
     }
     if (n == 0) {
