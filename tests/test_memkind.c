@@ -38,6 +38,7 @@ static fake_dev_t fake_new(size_t len)
 
 static void fake_free(fake_dev_t *d)
 {
+    ferry_memkind_fake_remove(d->base);
     munmap(d->base, d->len);
     munmap(d->alias, d->len);
 }
@@ -274,6 +275,8 @@ static void mixed_batch(void **state)
     assert_int_equal(ferry_batch_transfer_sync(p.initiator, p.peer, FERRY_OP_READ, locals, remotes, lens, N), 0);
     for (int i = 0; i < N; i++) {
         assert_true(harness_check(buf_bytes(&local[i]), LEN, (uint64_t)i));
+        assert_int_equal(ferry_deregister(p.initiator, locals[i]), 0);
+        assert_int_equal(ferry_deregister(p.target, buf_ptr(&remote[i])), 0);
         buf_free(&local[i]);
         buf_free(&remote[i]);
     }

@@ -41,6 +41,20 @@ int ferry_memkind_fake_add(void *base, size_t len, void *alias)
     return 0;
 }
 
+void ferry_memkind_fake_remove(void *base)
+{
+    pthread_mutex_lock(&fake_lock);
+    int n = atomic_load(&nfakes);
+    for (int i = 0; i < n; i++) {
+        if (fakes[i].base == (uintptr_t)base) {
+            fakes[i] = fakes[n - 1];
+            atomic_store(&nfakes, n - 1);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&fake_lock);
+}
+
 void ferry_memkind_fake_clear(void)
 {
     pthread_mutex_lock(&fake_lock);

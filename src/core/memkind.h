@@ -45,6 +45,8 @@ const char *ferry_memkind_status(void);
  * alias (a second mapping of the same pages). Registration detects it as
  * FERRY_MEMKIND_FAKE; the copy functions go through alias and count. */
 int ferry_memkind_fake_add(void *base, size_t len, void *alias);
+/* Forgets the fake range starting at base (before unmapping it). */
+void ferry_memkind_fake_remove(void *base);
 void ferry_memkind_fake_clear(void);
 /* Staging copies done through fake kinds so far (to_host, from_host). */
 void ferry_memkind_fake_counts(unsigned long *to_host, unsigned long *from_host);

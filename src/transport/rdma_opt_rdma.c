@@ -661,7 +661,10 @@ static void fall_back(ferry_conn_t *c, const char *why)
     pthread_mutex_lock(&s->lock);
     if (s->transport == &ferry_transport_rdma) {
         s->transport = &ferry_transport_tcp;
-        snprintf(s->transport_reason, sizeof s->transport_reason, "rdma setup failed (%s); fell back to tcp", why);
+        /* The outcome first: the reason is cut to the field's size. */
+        const char *msg = strstr(why, "): ");
+        snprintf(s->transport_reason, sizeof s->transport_reason, "rdma setup failed, fell back to tcp: %s",
+                 msg ? msg + 3 : why);
     }
     pthread_mutex_unlock(&s->lock);
     FERRY_LOG(FERRY_LOG_WARN, "rdma", "%s: RDMA setup failed, using TCP: %s", s->name, why);
@@ -922,7 +925,10 @@ static int move_data(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, size
                 failed = true;
             } else if (wc[k].status != IBV_WC_SUCCESS) {
                 int prc = wc_failure(v, &wc[k], x, s.off, s.n, c->peer.name);
-                if (wc[k].status != IBV_WC_WR_FLUSH_ERR && x->rc == 0) ferry_xfer_fail(x, prc);
+                /* A fault of this piece's memory fails the piece; a fault of
+                 * the path leaves it pending, for a retry on a new QP. */
+                if ((prc == FERRY_ERR_STALE_SEGMENT || prc == FERRY_ERR_ADDRESS_NOT_REGISTERED) && x->rc == 0)
+                    ferry_xfer_fail(x, prc);
                 keep_err(fe, prc);
                 failed = true;
             } else if (x->rc == 0 && pl[s.piece].start + pl[s.piece].completed == s.off) {
