@@ -181,7 +181,7 @@ static void probe(ferry_engine_t *e, const ferry_rdma_env_t *env, struct ferry_r
         return;
     }
 #ifndef FERRY_HAVE_RDMA
-    snprintf(st->why, sizeof st->why, "this build has no RDMA (libibverbs-dev was absent at build time)");
+    snprintf(st->why, sizeof st->why, "this build has no RDMA (no libibverbs-dev, or FERRY_WITH_RDMA=OFF)");
 #else
     if (!ferry_rdma_test_hooked() && ferry_rdma_sysfs_devices(env->sysfs_verbs, NULL, 0) == 0) {
         snprintf(st->why, sizeof st->why, "no RDMA device (%s lists none; libibverbs not loaded)", env->sysfs_verbs);
@@ -229,9 +229,7 @@ static struct ferry_rdma *state_get(ferry_engine_t *e)
             ferry_rdma_env_t env;
             if (ferry_rdma_env_load(&env) != 0) {
                 /* A bad setting turns RDMA off, saying which. */
-                const char *d = ferry_last_error_detail();
-                const char *text = strstr(d, "): ");
-                snprintf(st->why, sizeof st->why, "RDMA off: %s", text ? text + 3 : d);
+                snprintf(st->why, sizeof st->why, "RDMA off: %s", ferry_fail_message());
             } else {
                 probe(e, &env, st);
             }
@@ -344,7 +342,7 @@ int ferry_rdma_reply(ferry_conn_t *c, uint8_t type, const ferry_frame_t *req, in
                      uint32_t plen, uint64_t len, uint64_t deadline)
 {
     if (status) {
-        payload = ferry_last_error_detail();
+        payload = ferry_fail_message();
         size_t n = strlen(payload);
         plen = (uint32_t)(n > FERRY_WIRE_MAX_REASON ? FERRY_WIRE_MAX_REASON : n);
         len = 0;
@@ -362,7 +360,5 @@ int ferry_rdma_read_refusal(ferry_conn_t *c, const ferry_frame_t *f, const char 
     if (rc) return rc;
     text[n] = '\0';
     if (f->plen > n && (rc = ferry_conn_discard(c, f->plen - n, deadline)) != 0) return rc;
-    /* The text is the target's full detail, "NAME (code): message". */
-    const char *msg = strstr(text, "): ");
-    return ferry_fail(f->status, "target %s refused %s: %s", c->peer.name, what, msg ? msg + 3 : n ? text : "(no detail)");
+    return ferry_fail(f->status, "target %s refused %s: %s", c->peer.name, what, n ? text : "(no detail)");
 }

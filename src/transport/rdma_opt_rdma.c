@@ -644,14 +644,10 @@ static void keep_err(struct first_err *fe, int rc)
 {
     if (fe->rc || rc == 0) return;
     fe->rc = rc;
-    snprintf(fe->detail, sizeof fe->detail, "%s", ferry_last_error_detail());
+    snprintf(fe->detail, sizeof fe->detail, "%s", ferry_fail_message());
 }
 
-static int raise_err(const struct first_err *fe)
-{
-    const char *msg = strstr(fe->detail, "): ");
-    return ferry_fail(fe->rc, "%s", msg ? msg + 3 : fe->detail);
-}
+static int raise_err(const struct first_err *fe) { return ferry_fail(fe->rc, "%s", fe->detail); }
 
 /* The session leaves RDMA for TCP, for the reason given. */
 static void fall_back(ferry_conn_t *c, const char *why)
@@ -662,9 +658,7 @@ static void fall_back(ferry_conn_t *c, const char *why)
     if (s->transport == &ferry_transport_rdma) {
         s->transport = &ferry_transport_tcp;
         /* The outcome first: the reason is cut to the field's size. */
-        const char *msg = strstr(why, "): ");
-        snprintf(s->transport_reason, sizeof s->transport_reason, "rdma setup failed, fell back to tcp: %s",
-                 msg ? msg + 3 : why);
+        snprintf(s->transport_reason, sizeof s->transport_reason, "rdma setup failed, fell back to tcp: %s", why);
     }
     pthread_mutex_unlock(&s->lock);
     FERRY_LOG(FERRY_LOG_WARN, "rdma", "%s: RDMA setup failed, using TCP: %s", s->name, why);
@@ -678,7 +672,7 @@ static int connect_initiator(ferry_conn_t *c, struct rdma_dev *d, uint64_t deadl
     struct rdma_ep *ep;
     int rc = ep_create(d, &ep);
     if (rc) {
-        snprintf(why, cap, "%s", ferry_last_error_detail());
+        snprintf(why, cap, "%s", ferry_fail_message());
         return 1;
     }
     ferry_rdma_qp_info_t mine, theirs;
@@ -694,7 +688,7 @@ static int connect_initiator(ferry_conn_t *c, struct rdma_dev *d, uint64_t deadl
         rc = ferry_rdma_read_refusal(c, &f, "an RDMA connection", deadline);
         ep_destroy(ep);
         if (rc != f.status) return rc; /* the text did not arrive: the connection is gone */
-        snprintf(why, cap, "%s", ferry_last_error_detail());
+        snprintf(why, cap, "%s", ferry_fail_message());
         return 1;
     }
     if (rc == 0 && f.plen != sizeof buf)
@@ -705,7 +699,7 @@ static int connect_initiator(ferry_conn_t *c, struct rdma_dev *d, uint64_t deadl
         return rc;
     }
     if (ferry_rdma_qp_info_decode(buf, sizeof buf, &theirs) != 0 || ep_connect(ep, &theirs) != 0) {
-        snprintf(why, cap, "%s", ferry_last_error_detail());
+        snprintf(why, cap, "%s", ferry_fail_message());
         ep_destroy(ep);
         return 1;
     }
@@ -869,8 +863,22 @@ static int post_wr(struct rdma_ep *ep, enum ibv_wr_opcode op, uint64_t wr_id, vo
     return 0;
 }
 
+/* Moves the QP to the error state: the HCA then flushes every outstanding
+ * work request, each with a completion. */
+static void ep_set_error(struct rdma_ep *ep)
+{
+    struct ibv_qp_attr a;
+    memset(&a, 0, sizeof a);
+    a.qp_state = IBV_QPS_ERR;
+    ep->d->v->modify_qp(ep->qp, &a, IBV_QP_STATE);
+}
+
 /* The data phase: every sendable slice, windowed by the send queue.
- * Returns 0, or the connection-level failure (*broken set). */
+ * Returns 0, or the connection-level failure (*broken set). After a
+ * failure nothing more is posted, the QP is moved to the error state, and
+ * every outstanding completion is still collected (with a grace deadline),
+ * so that none is left running. The failure reported is the first bad
+ * completion; failing that, a refused post; failing that, a flush. */
 static int move_data(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, size_t nx, struct plan *pl,
                      struct first_err *fe, int *broken)
 {
@@ -879,11 +887,11 @@ static int move_data(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, size
     unsigned window = (unsigned)ep->d->send_depth;
     struct slot *ring = malloc(window * sizeof *ring);
     if (!ring) return ferry_fail(FERRY_ERR_MEMORY, "RDMA slot ring: out of memory");
+    struct first_err post_fe = {0}, flush_fe = {0};
     unsigned head = 0, count = 0;
     size_t cur = 0;
-    uint64_t cur_off = nx ? pl[0].start : 0;
-    bool failed = false; /* the QP is in error: post nothing more */
-    int rc = 0;
+    uint64_t cur_off = nx ? pl[0].start : 0, grace = 0;
+    bool failed = false, qp_error = false;
     for (;;) {
         while (!failed && cur < nx && !sendable(&xs[cur], &pl[cur], cur_off)) {
             if (++cur < nx) cur_off = pl[cur].start;
@@ -892,29 +900,33 @@ static int move_data(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, size
             ferry_xfer_t *x = &xs[cur];
             uint64_t n = x->len - cur_off < slice ? x->len - cur_off : slice;
             unsigned idx = (head + count) % window;
-            rc = post_wr(ep, x->opcode == FERRY_OP_WRITE ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ, idx,
-                         x->local + cur_off, (uint32_t)n, pl[cur].lkey, x->remote + cur_off, pl[cur].rkey, 0);
-            if (rc) {
-                keep_err(fe, rc);
-                failed = true;
-                ep_abort(ep, count);
-                count = 0;
-                break;
+            int rc = post_wr(ep, x->opcode == FERRY_OP_WRITE ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ, idx,
+                             x->local + cur_off, (uint32_t)n, pl[cur].lkey, x->remote + cur_off, pl[cur].rkey, 0);
+            if (rc == 0) {
+                ring[idx] = (struct slot){cur, cur_off, n, false};
+                count++;
+                cur_off += n;
+                continue;
             }
-            ring[idx] = (struct slot){cur, cur_off, n, false};
-            count++;
-            cur_off += n;
-            continue;
+            keep_err(&post_fe, rc);
+            failed = true;
+        }
+        if (failed && !qp_error && count > 0) {
+            ep_set_error(ep);
+            qp_error = true;
+            grace = ferry_deadline_after_ms(FLUSH_GRACE_MS);
         }
         if (count == 0) break;
         struct ibv_wc wc[16];
-        int got = ep_wait(ep, wc, count < 16 ? (int)count : 16, xs[ring[head].piece].deadline);
+        int got = ep_wait(ep, wc, count < 16 ? (int)count : 16, qp_error ? grace : xs[ring[head].piece].deadline);
         if (got < 0) {
-            keep_err(fe, got);
-            ep_abort(ep, count);
-            count = 0;
+            keep_err(fe, got); /* TIMEOUT first; after an abort, the flush timed out */
             failed = true;
-            break;
+            if (qp_error) {
+                FERRY_LOG(FERRY_LOG_ERROR, "rdma", "%s: %u work requests not flushed after an abort", ep->d->name, count);
+                break;
+            }
+            continue;
         }
         for (int k = 0; k < got; k++) {
             struct slot s = ring[head];
@@ -922,6 +934,9 @@ static int move_data(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, size
             if (wc[k].wr_id != head) {
                 keep_err(fe, ferry_fail(FERRY_ERR_INTERNAL, "RDMA completion for slot %llu, expected %u",
                                         (unsigned long long)wc[k].wr_id, head));
+                failed = true;
+            } else if (wc[k].status == IBV_WC_WR_FLUSH_ERR) {
+                keep_err(&flush_fe, wc_failure(v, &wc[k], x, s.off, s.n, c->peer.name));
                 failed = true;
             } else if (wc[k].status != IBV_WC_SUCCESS) {
                 int prc = wc_failure(v, &wc[k], x, s.off, s.n, c->peer.name);
@@ -941,14 +956,12 @@ static int move_data(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, size
             head = (head + 1) % window;
             count--;
         }
-        if (failed && count > 0) {
-            ep_abort(ep, count); /* the rest come back flushed */
-            count = 0;
-        }
     }
     free(ring);
-    if (failed) *broken = 1;
-    return failed ? fe->rc : 0;
+    if (!failed) return 0;
+    if (!fe->rc) *fe = post_fe.rc ? post_fe : flush_fe;
+    *broken = 1;
+    return fe->rc ? fe->rc : ferry_fail(FERRY_ERR_INTERNAL, "RDMA data phase failed without a cause");
 }
 
 /* The commit phase for write pieces: a WRITE WITH IMMEDIATE, then
@@ -1089,8 +1102,7 @@ int ferry_rdma_verbs_run(ferry_conn_t *c, void *dev, ferry_xfer_t *xs, size_t nx
         /* Pieces untouched by the failure are retried on a fresh
          * connection: say why this one ended. */
         int code = fe.rc == FERRY_ERR_TIMEOUT || fe.rc == FERRY_ERR_MEMORY ? fe.rc : FERRY_ERR_PEER_CLOSED;
-        const char *msg = strstr(fe.detail, "): ");
-        return ferry_fail(code, "the RDMA queue pair to %s failed: %s", c->peer.name, msg ? msg + 3 : fe.detail);
+        return ferry_fail(code, "the RDMA queue pair to %s failed: %s", c->peer.name, fe.detail);
     }
     if (fe.rc) raise_err(&fe);
     return 0;
