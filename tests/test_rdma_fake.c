@@ -745,6 +745,24 @@ static void auto_selects_rdma(void **state)
     pair_end(&p);
 }
 
+/* A peer that has RDMA turned off advertises nothing: TCP, saying why. */
+static void peer_without_rdma_gets_tcp(void **state)
+{
+    (void)state;
+    pair_t p = pair_make(10000);
+    ferry_rdma_env_t env;
+    assert_int_equal(ferry_rdma_env_load(&env), 0);
+    env.enabled = 0;
+    char why[128];
+    assert_int_equal(ferry_rdma_reprobe(p.target, &env, why, sizeof why), 0);
+    assert_int_equal(ferry_session_open(p.initiator, p.peer), 0);
+    ferry_peer_info_t info;
+    assert_int_equal(ferry_session_info(p.initiator, p.peer, &info), 0);
+    assert_string_equal(info.transport, "tcp");
+    assert_non_null(strstr(info.transport_reason, "not rdma: the peer has no usable RDMA device"));
+    pair_end(&p);
+}
+
 static void writes_and_reads_of_every_size(void **state)
 {
     (void)state;
@@ -1249,6 +1267,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(auto_selects_rdma),
+        cmocka_unit_test(peer_without_rdma_gets_tcp),
         cmocka_unit_test(writes_and_reads_of_every_size),
         cmocka_unit_test(batches_beyond_every_window),
         cmocka_unit_test(deregistration_stops_queued_writes),
