@@ -54,8 +54,8 @@ int ferry_conn_discard(ferry_conn_t *c, uint64_t n, uint64_t deadline)
 void ferry_conn_free(ferry_conn_t *c)
 {
     if (!c) return;
-    if (c->xport_free) c->xport_free(c);
     if (c->fd >= 0) close(c->fd);
+    if (c->xport_free) c->xport_free(c->xport);
     free(c->bounce);
     free(c);
 }

@@ -19,20 +19,19 @@ struct ferry_transport_ops;
 typedef struct ferry_session ferry_session_t;
 
 /* One TCP connection, either side. */
-typedef struct ferry_conn ferry_conn_t;
-struct ferry_conn {
+typedef struct ferry_conn {
     int fd;
     ferry_engine_t *engine;
     ferry_session_t *session;  /* initiator side: its session; NULL on the target */
     ferry_hello_t peer;        /* what the other side said in the handshake */
     unsigned char *bounce;     /* checksum / device-memory staging, lazily made */
     size_t bounce_cap;         /* its size; 0 = FERRY_WIRE_MAX_DATA (the target's checksum staging) */
-    void *xport;               /* a transport's per-connection state (an RDMA queue pair), or NULL */
-    void (*xport_free)(ferry_conn_t *c); /* frees xport; called by ferry_conn_free */
     struct ferry_conn *next;   /* target side: list of served connections */
     pthread_t thread;          /* target side: its serving thread */
     atomic_bool done;          /* target side: the thread has finished */
-};
+    void *xport;               /* a transport's per-connection state, or NULL */
+    void (*xport_free)(void *); /* frees xport with the connection */
+} ferry_conn_t;
 
 enum ferry_session_state { SESSION_OK = 0, SESSION_RESTARTED, SESSION_CLOSED };
 

@@ -409,11 +409,10 @@ static void ep_destroy(struct rdma_ep *ep)
     free(ep);
 }
 
-static void conn_free_ep(ferry_conn_t *c)
+/* ferry_conn_t.xport_free of a connection with a queue pair. */
+static void conn_free_ep(void *ep)
 {
-    if (c->xport) ep_destroy(c->xport);
-    c->xport = NULL;
-    c->xport_free = NULL;
+    if (ep) ep_destroy(ep);
 }
 
 static int verbs_fail(int code, const char *what, struct rdma_dev *d, int err)
