@@ -3,7 +3,7 @@
 # Idempotent and quick when everything is present; needs root (or sudo).
 set -euo pipefail
 PKGS=(build-essential cmake pkg-config clang libclang-rt-14-dev
-      libcmocka-dev libcurl4-openssl-dev libjansson-dev libhiredis-dev libssl-dev
+      libcmocka-dev libcurl4-openssl-dev libjansson-dev libhiredis-dev libssl-dev libmicrohttpd-dev
       libibverbs-dev rdma-core
       etcd-server redis-server iperf3 libucx-dev ucx-utils
       python3 python3-numpy nftables iproute2 procps curl)

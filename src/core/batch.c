@@ -228,6 +228,8 @@ int ferry_run_parallel(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, 
 /* ---------------------------------------------------------- async batch */
 
 struct batch_req {
+    uint64_t submitted_ns;
+    int opcode;
     int state;
     int code;
     _Atomic uint64_t bytes;
@@ -260,11 +262,7 @@ int ferry_batch_alloc(ferry_engine_t *e, size_t capacity, ferry_batch_t **out)
     b->engine = e;
     b->capacity = capacity;
     pthread_mutex_init(&b->lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&b->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    ferry_cond_init_monotonic(&b->cond);
     *out = b;
     return 0;
 }
@@ -293,7 +291,11 @@ static void batch_task_done(ferry_task_t *t, void *owner)
             x->detail = NULL;
         }
         free(x->detail);
-        if (--r->pieces_left == 0) r->state = final_state(r->code);
+        if (--r->pieces_left == 0) {
+            r->state = final_state(r->code);
+            ferry_metrics_request(t->session->stats, NULL, r->opcode, atomic_load(&r->bytes),
+                                  ferry_now_ns() - r->submitted_ns, r->code);
+        }
     }
     b->tasks_pending--;
     pthread_cond_broadcast(&b->cond);
@@ -365,6 +367,8 @@ long ferry_batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_
         xs[i].progress = &r->bytes;
         r->pieces_left++;
         r->state = FERRY_STATUS_WAITING;
+        r->opcode = xs[i].opcode;
+        r->submitted_ns = ferry_now_ns();
     }
     pthread_mutex_unlock(&b->lock);
     size_t groups = (size_t)(e->cfg.conns_per_peer < e->cfg.workers ? e->cfg.conns_per_peer : e->cfg.workers);

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "directory.h"
 #include "fail.h"
 #include "log.h"
 #include "net.h"
@@ -333,6 +334,7 @@ static uint64_t random64(void)
 static void engine_free(ferry_engine_t *e)
 {
     ferry_registry_destroy(&e->registry);
+    ferry_metrics_destroy(&e->metrics);
     if (e->listen_fd >= 0) close(e->listen_fd);
     if (e->wake_fd[0] >= 0) close(e->wake_fd[0]);
     if (e->wake_fd[1] >= 0) close(e->wake_fd[1]);
@@ -354,14 +356,11 @@ static ferry_engine_t *engine_alloc(void)
     pthread_mutex_init(&e->conns_lock, NULL);
     pthread_mutex_init(&e->sessions_lock, NULL);
     pthread_mutex_init(&e->queue_lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&e->queue_cond, &ca);
-    pthread_condattr_destroy(&ca);
+    ferry_cond_init_monotonic(&e->queue_cond);
     pthread_mutex_init(&e->notify_lock, NULL);
     pthread_mutex_init(&e->cancel_lock, NULL);
     ferry_registry_init(&e->registry);
+    ferry_metrics_init(&e->metrics);
     e->engine_id = random64();
     e->epoch = random64();
     atomic_store(&e->next_req_id, 1);
@@ -407,10 +406,23 @@ int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out)
         rc = ferry_fail(FERRY_ERR_SOCKET, "engine create: pipe: %s", strerror(errno));
         goto fail;
     }
+    if (e->cfg.metrics_port != 0) {
+        rc = ferry_metrics_http_start(e, e->cfg.metrics_port);
+        if (rc) goto fail;
+    }
+    rc = ferry_directory_start(e);
+    if (rc) {
+        ferry_metrics_http_stop(e);
+        goto fail;
+    }
     rc = ferry_workers_start(e);
-    if (rc) goto fail;
+    if (rc) {
+        ferry_directory_stop(e);
+        goto fail;
+    }
     if (pthread_create(&e->listener, NULL, listener_thread, e) != 0) {
         ferry_workers_stop(e);
+        ferry_directory_stop(e);
         rc = ferry_fail(FERRY_ERR_INTERNAL, "engine create: cannot start the listener thread");
         goto fail;
     }
@@ -425,12 +437,15 @@ fail:
 void ferry_engine_destroy(ferry_engine_t *e)
 {
     if (!e) return;
+    /* Leave the directory first: peers stop finding us before we stop answering. */
+    ferry_directory_stop(e);
     atomic_store(&e->stopping, true);
     if (write(e->wake_fd[1], "x", 1) < 0) { /* the listener also polls with a timeout */ }
     pthread_join(e->listener, NULL);
     reap_conns(e, true);
     ferry_workers_stop(e);
     ferry_sessions_destroy(e);
+    ferry_metrics_http_stop(e);
     ferry_notify_clear(e);
     engine_free(e);
 }

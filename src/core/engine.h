@@ -10,6 +10,8 @@
 
 #include <ferry/ferry.h>
 
+#include "meta/meta.h"
+#include "metrics.h"
 #include "registry.h"
 #include "wire/wire.h"
 
@@ -48,6 +50,7 @@ struct ferry_session {
     int nidle, nconns, max_conns;
     const struct ferry_transport_ops *transport;
     char transport_reason[128];
+    ferry_peer_stats_t *stats;  /* the engine's metrics entry for this peer */
 
     /* The peer's remote-accessible segments, sorted by address. */
     pthread_rwlock_t seg_lock;
@@ -106,6 +109,12 @@ struct ferry_engine {
     _Atomic uint64_t next_req_id;
 
     ferry_registry_t registry;
+    ferry_metrics_t metrics;
+
+    /* Metadata service (directory.c). */
+    ferry_meta_t meta;
+    bool meta_open;
+    struct ferry_meta_publisher *publisher;
 
     pthread_t listener;
     pthread_mutex_t conns_lock;

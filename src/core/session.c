@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "directory.h"
 #include "engine.h"
 #include "fail.h"
 #include "log.h"
@@ -27,14 +28,11 @@ static ferry_session_t *session_new(ferry_engine_t *e, const char *peer)
     }
     snprintf(s->name, sizeof s->name, "%s", peer);
     s->engine = e;
+    s->stats = ferry_metrics_peer(&e->metrics, peer);
     s->max_conns = e->cfg.conns_per_peer;
     atomic_store(&s->refs, 1); /* the engine's list holds one */
     pthread_mutex_init(&s->lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    ferry_cond_init_monotonic(&s->cond);
     pthread_rwlock_init(&s->seg_lock, NULL);
     return s;
 }
@@ -133,6 +131,15 @@ void ferry_sessions_destroy(ferry_engine_t *e)
     }
 }
 
+/* Whether a handshake has told us who the peer is. */
+static bool session_known(ferry_session_t *s)
+{
+    pthread_mutex_lock(&s->lock);
+    bool known = s->have_peer;
+    pthread_mutex_unlock(&s->lock);
+    return known;
+}
+
 /* ------------------------------------------------------------ handshake */
 
 static int recv_hello_ack(ferry_conn_t *c, ferry_session_t *s, uint64_t deadline)
@@ -220,7 +227,23 @@ static int connect_new(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out
     if (!c) return ferry_fail(FERRY_ERR_MEMORY, "connection to %s: out of memory", s->name);
     c->engine = e;
     c->session = s;
-    int rc = ferry_net_connect(s->host, s->port, cdl, &c->fd);
+    char host[256];
+    uint16_t port = s->port;
+    snprintf(host, sizeof host, "%s", s->host);
+    bool known = session_known(s);
+    if (!known && ferry_directory_enabled(e)) {
+        /* Only a new session asks the directory: with the service down,
+         * sessions already open keep working. */
+        ferry_directory_entry_t entry;
+        int lrc = ferry_directory_lookup(e, s->name, &entry);
+        if (lrc) {
+            free(c);
+            return lrc;
+        }
+        snprintf(host, sizeof host, "%s", entry.host);
+        port = entry.port;
+    }
+    int rc = ferry_net_connect(host, port, cdl, &c->fd);
     if (rc) {
         free(c);
         return rc;
@@ -453,9 +476,7 @@ int ferry_session_resolve(ferry_session_t *s, int opcode, uint64_t remote, uint6
     if (remote + len < remote)
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "remote range [0x%llx+%llu) wraps the address space",
                           (unsigned long long)remote, (unsigned long long)len);
-    pthread_mutex_lock(&s->lock);
-    bool known = s->have_peer;
-    pthread_mutex_unlock(&s->lock);
+    bool known = session_known(s);
     if (!known) {
         /* First use: the handshake (in checkout) and a segment fetch. */
         int rc = ferry_session_refresh_segments(s, deadline);
@@ -514,9 +535,7 @@ int ferry_session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *i
     ferry_session_t *s;
     int rc = ferry_session_get(e, peer, &s);
     if (rc) return rc;
-    pthread_mutex_lock(&s->lock);
-    bool known = s->have_peer;
-    pthread_mutex_unlock(&s->lock);
+    bool known = session_known(s);
     if (!known) rc = ferry_session_refresh_segments(s, ferry_deadline_after_ms(e->cfg.connect_timeout_ms));
     if (rc == 0) {
         memset(info, 0, sizeof *info);
@@ -557,4 +576,31 @@ long ferry_session_segments(ferry_engine_t *e, const char *peer, ferry_segment_t
     }
     ferry_session_put(s);
     return n;
+}
+
+int ferry_session_ping(ferry_engine_t *e, const char *peer, uint64_t *rtt_us)
+{
+    ferry_clear_last_error();
+    if (!rtt_us) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "ping: rtt_us is NULL");
+    ferry_session_t *s;
+    int rc = ferry_session_get(e, peer, &s);
+    if (rc) return rc;
+    uint64_t deadline = ferry_deadline_after_ms(e->cfg.timeout_ms);
+    ferry_conn_t *c;
+    rc = ferry_session_checkout(s, deadline, &c);
+    if (rc == 0) {
+        uint64_t id = atomic_fetch_add(&e->next_req_id, 1);
+        ferry_frame_t f = {.type = FERRY_FRAME_PING, .req_id = id};
+        uint64_t t0 = ferry_now_ns();
+        rc = ferry_conn_send_frame(c, &f, NULL, deadline);
+        if (rc == 0) rc = ferry_conn_recv_frame(c, &f, deadline);
+        if (rc == 0 && (f.type != FERRY_FRAME_PONG || f.req_id != id))
+            rc = ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected PONG %llu, got %s %llu", (unsigned long long)id,
+                            ferry_frame_type_name(f.type), (unsigned long long)f.req_id);
+        *rtt_us = (ferry_now_ns() - t0) / 1000;
+        ferry_session_checkin(s, c, rc == 0);
+    }
+    if (rc) ferry_fail_context("ping %s", peer);
+    ferry_session_put(s);
+    return rc;
 }

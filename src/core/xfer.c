@@ -138,6 +138,7 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
             fail_pending(xs, n, ferry_fail(FERRY_ERR_INTERNAL, "pieces left after the last attempt"));
             break;
         }
+        ferry_metrics_retry(s->stats);
         FERRY_LOG(FERRY_LOG_INFO, "xfer", "retrying to %s after %s (attempt %d of %d)", s->name,
                   ferry_error_name(rc ? rc : FERRY_ERR_CHECKSUM_MISMATCH), attempt + 1, e->cfg.retries);
         sleep_backoff(backoff, deadline);
@@ -168,6 +169,23 @@ int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const 
                       const size_t *lens, size_t n, uint64_t deadline, ferry_xfer_t **out, size_t *nout);
 int ferry_run_parallel(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);
 
+/* One metrics record per request (pieces of a request are adjacent). */
+static void record_requests(ferry_session_t *s, const ferry_xfer_t *xs, size_t n, uint64_t latency_ns)
+{
+    const char *tname = session_transport(s)->name;
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        uint64_t bytes = 0;
+        int rc = 0;
+        for (; j < n && xs[j].index == xs[i].index; j++) {
+            bytes += xs[j].done;
+            if (!rc) rc = xs[j].rc;
+        }
+        ferry_metrics_request(s->stats, tname, xs[i].opcode, bytes, latency_ns, rc);
+        i = j;
+    }
+}
+
 static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const *locals, const uint64_t *remotes,
                     const size_t *lens, size_t n)
 {
@@ -182,9 +200,11 @@ static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const
     if (rc) return rc;
     ferry_xfer_t *xs;
     size_t nx;
+    uint64_t t0 = ferry_now_ns();
     rc = ferry_make_pieces(e, opcode, locals, remotes, lens, n, ferry_deadline_after_ms(e->cfg.timeout_ms), &xs, &nx);
     if (rc == 0) {
         rc = nx == 1 ? ferry_xfer_run(e, s, xs, 1) : ferry_run_parallel(e, s, xs, nx);
+        record_requests(s, xs, nx, ferry_now_ns() - t0);
         for (size_t i = 0; rc && i < nx; i++) {
             if (xs[i].rc) {
                 rc = report_piece(&xs[i], peer);
