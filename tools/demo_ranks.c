@@ -321,6 +321,7 @@ void demo_prefill_main(const struct demo_rank_args *a)
         if (src_need == 0) continue;
         P.gather[i] = demo_map(src_need);
         if (!P.gather[i]) demo_rank_fail(a->out_fd, FERRY_ERR_MEMORY, "MEMORY: mapping the gather staging");
+        memset(P.gather[i], 0, src_need); /* touched now, not inside the first send */
         P.gather_bytes[i] = src_need;
         staging_total += src_need;
         rc = ferry_register(P.e, P.gather[i], src_need, FERRY_MEM_LOCAL);
@@ -600,6 +601,9 @@ void demo_decode_main(const struct demo_rank_args *a)
     if (D.slot_bytes) {
         D.staging = demo_map(D.slot_bytes * s->inflight);
         if (!D.staging) demo_rank_fail(a->out_fd, FERRY_ERR_MEMORY, "MEMORY: mapping the decode staging");
+        /* Touched now, as a server's would be: first-touch faults inside
+         * the engine's recv would otherwise be counted as latency. */
+        memset(D.staging, 0, D.slot_bytes * s->inflight);
         rc = ferry_register(D.e, D.staging, D.slot_bytes * s->inflight, FERRY_MEM_REMOTE_WRITE);
         if (rc != 0) demo_rank_fail(a->out_fd, rc, NULL);
     }
