@@ -223,6 +223,12 @@ int ferry_fail_context(const char *fmt, ...)
     return last_code;
 }
 
+void ferry_fail_restore(int code, const char *detail)
+{
+    last_code = code;
+    snprintf(last_detail, sizeof last_detail, "%s", detail ? detail : "");
+}
+
 const char *ferry_last_error_detail(void) { return last_detail; }
 
 int ferry_last_error_code(void) { return last_code; }

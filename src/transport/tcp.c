@@ -135,6 +135,7 @@ static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
         if (cur < nx && count < window) {
             ferry_xfer_t *x = &xs[cur];
             uint64_t n = x->len - cur_off < slice ? x->len - cur_off : slice;
+            x->inflight++; /* before the first byte leaves: a partial frame is in doubt too (cancel.h) */
             int rc = send_slice(c, x, cur_off, n, x->opcode == FERRY_OP_WRITE ? FERRY_FRAME_WRITE : FERRY_FRAME_READ_REQ);
             if (rc) {
                 *broken = 1;
@@ -148,8 +149,10 @@ static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
         struct inflight in = ring[head];
         head = (head + 1) % 256;
         count--;
+        if (c->engine->cfg.spin_us) ferry_net_spin_readable(c->fd, c->engine->cfg.spin_us);
         int rc = recv_answer(c, in.x, in.off, in.n, broken);
         if (*broken) return rc;
+        in.x->inflight--;
         if (rc) {
             if (in.x->rc == 0) ferry_xfer_fail(in.x, rc);
         } else if (in.x->rc == 0) {
