@@ -73,6 +73,8 @@ typedef struct ferry_config {
     const char *secret;        /* shared secret for peer authentication, NULL = none (FERRY_SECRET) */
     int log_level;             /* 0 error .. 4 trace, default 1 warn (FERRY_LOG) */
     int max_sessions;          /* cap on cached sessions, 4096 */
+    int metadata_ttl_s;        /* lease of this engine's metadata entry, 10 (FERRY_METADATA_TTL_S) */
+    int metrics_port;          /* Prometheus endpoint on host:port, 0 off, -1 any free port (FERRY_METRICS_PORT) */
     /* How long a cancel, an expiry or a broken connection may wait for the
      * target to confirm that no more byte of the request can land, 1000
      * (FERRY_CANCEL_TIMEOUT_MS); past it the request fails CANCEL_UNCONFIRMED. */
@@ -156,6 +158,8 @@ int ferry_session_open(ferry_engine_t *e, const char *peer);
 int ferry_session_close(ferry_engine_t *e, const char *peer);
 /* Describes an open session. */
 int ferry_session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info);
+/* Round trip of a small control frame to the peer, in microseconds. */
+int ferry_session_ping(ferry_engine_t *e, const char *peer, uint64_t *rtt_us);
 /* Copies up to max of the peer's remote-accessible segments (ascending addr);
  * returns how many exist, or a negative code. Refreshes from the peer first. */
 long ferry_session_segments(ferry_engine_t *e, const char *peer, ferry_segment_t *out,
@@ -245,6 +249,37 @@ typedef struct ferry_notification {
 /* Moves up to max queued notifications into out; returns how many. */
 long ferry_get_notifications(ferry_engine_t *e, ferry_notification_t *out, size_t max);
 void ferry_notifications_free(ferry_notification_t *n, size_t count);
+
+/* ---------------------------------------------------------------- metrics */
+
+/* Latency histogram bucket upper bounds, microseconds; the last is +Inf. */
+#define FERRY_LATENCY_BUCKETS 19
+extern const uint64_t ferry_latency_bounds_us[FERRY_LATENCY_BUCKETS];
+#define FERRY_METRICS_MAX_CODES 64
+
+typedef struct ferry_peer_metrics {
+    char peer[256];
+    char transport[16];        /* the transport last used to this peer */
+    uint64_t requests[2];      /* finished requests, by opcode (READ, WRITE) */
+    uint64_t bytes[2];         /* bytes confirmed, by opcode */
+    uint64_t failures;         /* requests that ended with an error */
+    uint64_t retries;          /* automatic retries */
+    uint64_t latency[FERRY_LATENCY_BUCKETS]; /* requests per bucket (not cumulative) */
+    uint64_t latency_sum_us;
+    int error_codes[FERRY_METRICS_MAX_CODES]; /* codes seen ... */
+    uint64_t error_counts[FERRY_METRICS_MAX_CODES]; /* ... and how often */
+    size_t nerrors;
+} ferry_peer_metrics_t;
+
+/* Copies up to max peers' metrics; returns how many peers exist. */
+long ferry_metrics_peers(ferry_engine_t *e, ferry_peer_metrics_t *out, size_t max);
+/* Sums the peers that used transport ("tcp", "shm") into *out. */
+int ferry_metrics_transport(ferry_engine_t *e, const char *transport, ferry_peer_metrics_t *out);
+/* Renders every metric in Prometheus text format into buf (NUL-terminated,
+ * cut at cap); returns the full length, so a caller can size buf. */
+long ferry_metrics_prometheus(ferry_engine_t *e, char *buf, size_t cap);
+/* The port of the metrics HTTP endpoint (GET /metrics), 0 when off. */
+uint16_t ferry_metrics_port(const ferry_engine_t *e);
 
 #ifdef __cplusplus
 }

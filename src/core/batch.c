@@ -238,12 +238,15 @@ int ferry_run_parallel(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, 
 /* ---------------------------------------------------------- async batch */
 
 struct batch_req {
+    uint64_t submitted_ns;
+    int opcode;
     int state;
     int code;
     _Atomic uint64_t bytes;
     size_t pieces_left;
     char *detail;
     atomic_bool cancel;        /* its pieces stop at the next slice */
+    ferry_peer_stats_t *stats; /* the peer's metrics entry */
 };
 
 struct ferry_batch {
@@ -306,7 +309,11 @@ static void settle_piece_locked(ferry_batch_t *b, ferry_xfer_t *x)
     }
     free(x->detail);
     x->detail = NULL;
-    if (--r->pieces_left == 0) r->state = final_state(r->code);
+    if (--r->pieces_left == 0) {
+        r->state = final_state(r->code);
+        ferry_metrics_request(r->stats, NULL, r->opcode, atomic_load(&r->bytes), ferry_now_ns() - r->submitted_ns,
+                              r->code);
+    }
 }
 
 /* A piece reached its final state while its task goes on (xfer.c). */
@@ -421,6 +428,9 @@ long ferry_batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_
         xs[i].ended_arg = b;
         r->pieces_left++;
         r->state = FERRY_STATUS_WAITING;
+        r->opcode = xs[i].opcode;
+        r->submitted_ns = ferry_now_ns();
+        r->stats = s->stats;
     }
     pthread_mutex_unlock(&b->lock);
     size_t groups = (size_t)(e->cfg.conns_per_peer < e->cfg.workers ? e->cfg.conns_per_peer : e->cfg.workers);
@@ -474,10 +484,7 @@ int ferry_batch_status(ferry_batch_t *b, size_t idx, ferry_status_t *st)
     st->state = r->state;
     st->code = r->code;
     st->bytes = atomic_load(&r->bytes);
-    if (r->code && r->detail) {
-        const char *text = strstr(r->detail, "): ");
-        ferry_fail(r->code, "request %zu: %s", idx, text ? text + 3 : r->detail);
-    }
+    if (r->code && r->detail) ferry_fail(r->code, "request %zu: %s", idx, r->detail);
     pthread_mutex_unlock(&b->lock);
     return 0;
 }
@@ -520,8 +527,7 @@ int ferry_batch_wait(ferry_batch_t *b, int timeout_ms)
         struct batch_req *r = &b->reqs[i];
         if (r->code) {
             rc = r->code;
-            const char *text = r->detail ? strstr(r->detail, "): ") : NULL;
-            ferry_fail(rc, "request %zu of %zu: %s", i, b->count, text ? text + 3 : "failed");
+            ferry_fail(rc, "request %zu of %zu: %s", i, b->count, r->detail ? r->detail : "failed");
         }
     }
     pthread_mutex_unlock(&b->lock);

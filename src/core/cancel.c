@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include "clock.h"
 #include "engine.h"
@@ -225,19 +226,30 @@ static int fence(ferry_session_t *s, ferry_xfer_t *xs, size_t n, uint64_t deadli
 {
     int rc = 0;
     *gone = false;
-    /* A second try covers an idle connection that died unnoticed. */
-    for (int attempt = 0; attempt < 2; attempt++) {
+    /* Connection failures are tried again on new connections until the
+     * deadline: an idle connection may have died unnoticed, and a peer being
+     * killed resets connections before its listener closes (then refused:
+     * gone). */
+    uint64_t pause_ms = 5;
+    for (int attempt = 0;; attempt++) {
         ferry_conn_t *c;
-        rc = ferry_session_checkout_spare(s, deadline, &c);
-        if (rc) {
-            *gone = target_gone(rc);
+        rc = ferry_session_checkout_spare(s, deadline, attempt > 0, &c);
+        if (rc == 0) {
+            rc = fence_exchange(c, xs, n, deadline);
+            ferry_session_checkin(s, c, rc == 0);
+        }
+        if (rc == 0) return 0;
+        if (target_gone(rc)) {
+            *gone = true;
             return rc;
         }
-        rc = fence_exchange(c, xs, n, deadline);
-        ferry_session_checkin(s, c, rc == 0);
-        if (rc == 0 || !(rc == FERRY_ERR_PEER_CLOSED || rc == FERRY_ERR_SOCKET) || ferry_ms_left(deadline) == 0) break;
+        if (!(rc == FERRY_ERR_PEER_CLOSED || rc == FERRY_ERR_SOCKET) || ferry_ms_left(deadline) == 0) return rc;
+        uint64_t until = ferry_now_ns() + pause_ms * 1000000u;
+        if (until > deadline) until = deadline;
+        struct timespec ts = ferry_deadline_timespec(until);
+        clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+        if (pause_ms < 100) pause_ms *= 2;
     }
-    return rc;
 }
 
 size_t ferry_fence_in_doubt(ferry_session_t *s, ferry_xfer_t *xs, size_t n, int cause)
@@ -247,7 +259,7 @@ size_t ferry_fence_in_doubt(ferry_session_t *s, ferry_xfer_t *xs, size_t n, int 
     if (doubt == 0) return 0;
     ferry_engine_t *e = s->engine;
     char saved[1024];
-    snprintf(saved, sizeof saved, "%s", ferry_last_error_detail());
+    snprintf(saved, sizeof saved, "%s", ferry_fail_message());
     int saved_code = ferry_last_error_code();
     uint64_t t0 = ferry_now_ns();
     bool gone = false;
@@ -282,7 +294,7 @@ size_t ferry_fence_in_doubt(ferry_session_t *s, ferry_xfer_t *xs, size_t n, int 
         }
         FERRY_LOG(FERRY_LOG_WARN, "cancel", "%zu request(s) to %s could not be fenced: %s", unconfirmed, s->name, why);
     }
-    ferry_fail_restore(saved_code, saved);
+    ferry_fail(saved_code, "%s", saved);
     return unconfirmed;
 }
 

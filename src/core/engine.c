@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "directory.h"
 #include "fail.h"
 #include "log.h"
 #include "net.h"
@@ -202,7 +203,7 @@ static int serve_frame(ferry_conn_t *c, const ferry_frame_t *f)
 /* Tells a misbehaving peer why it is dropped, best effort. */
 static void send_error(ferry_conn_t *c, int code)
 {
-    const char *d = ferry_last_error_detail();
+    const char *d = ferry_fail_message();
     size_t n = strlen(d);
     ferry_frame_t f = {.type = FERRY_FRAME_ERROR, .status = code, .plen = (uint32_t)n};
     ferry_conn_send_frame(c, &f, d, ferry_deadline_after_ms(100));
@@ -339,6 +340,7 @@ static uint64_t random64(void)
 static void engine_free(ferry_engine_t *e)
 {
     ferry_registry_destroy(&e->registry);
+    ferry_metrics_destroy(&e->metrics);
     if (e->listen_fd >= 0) close(e->listen_fd);
     if (e->wake_fd[0] >= 0) close(e->wake_fd[0]);
     if (e->wake_fd[1] >= 0) close(e->wake_fd[1]);
@@ -369,6 +371,7 @@ static ferry_engine_t *engine_alloc(void)
     ferry_cancel_set_init(&e->cancels);
     atomic_store(&e->next_conn_serial, 1);
     ferry_registry_init(&e->registry);
+    ferry_metrics_init(&e->metrics);
     e->engine_id = random64();
     e->epoch = random64();
     atomic_store(&e->next_req_id, 1);
@@ -414,10 +417,23 @@ int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out)
         rc = ferry_fail(FERRY_ERR_SOCKET, "engine create: pipe: %s", strerror(errno));
         goto fail;
     }
+    if (e->cfg.metrics_port != 0) {
+        rc = ferry_metrics_http_start(e, e->cfg.metrics_port);
+        if (rc) goto fail;
+    }
+    rc = ferry_directory_start(e);
+    if (rc) {
+        ferry_metrics_http_stop(e);
+        goto fail;
+    }
     rc = ferry_workers_start(e);
-    if (rc) goto fail;
+    if (rc) {
+        ferry_directory_stop(e);
+        goto fail;
+    }
     if (pthread_create(&e->listener, NULL, listener_thread, e) != 0) {
         ferry_workers_stop(e);
+        ferry_directory_stop(e);
         rc = ferry_fail(FERRY_ERR_INTERNAL, "engine create: cannot start the listener thread");
         goto fail;
     }
@@ -432,12 +448,15 @@ fail:
 void ferry_engine_destroy(ferry_engine_t *e)
 {
     if (!e) return;
+    /* Leave the directory first: peers stop finding us before we stop answering. */
+    ferry_directory_stop(e);
     atomic_store(&e->stopping, true);
     if (write(e->wake_fd[1], "x", 1) < 0) { /* the listener also polls with a timeout */ }
     pthread_join(e->listener, NULL);
     reap_conns(e, true);
     ferry_workers_stop(e);
     ferry_sessions_destroy(e);
+    ferry_metrics_http_stop(e);
     ferry_notify_clear(e);
     engine_free(e);
 }
@@ -489,7 +508,7 @@ int ferry_deregister_batch(ferry_engine_t *e, void *const *addrs, size_t n)
         int rc = ferry_registry_remove(&e->registry, (uint64_t)(uintptr_t)addrs[i]);
         if (rc && !first) {
             first = rc;
-            snprintf(detail, sizeof detail, "%s", ferry_last_error_detail());
+            snprintf(detail, sizeof detail, "region %zu of %zu: %s", i, n, ferry_fail_message());
         }
     }
     if (first) ferry_fail(first, "%s", detail);

@@ -11,6 +11,8 @@
 #include <ferry/ferry.h>
 
 #include "cancel.h"
+#include "meta/meta.h"
+#include "metrics.h"
 #include "registry.h"
 #include "wire/wire.h"
 
@@ -50,6 +52,7 @@ struct ferry_session {
     int nidle, nconns, max_conns;
     const struct ferry_transport_ops *transport;
     char transport_reason[128];
+    ferry_peer_stats_t *stats;  /* the engine's metrics entry for this peer */
 
     /* The peer's remote-accessible segments, sorted by address. */
     pthread_rwlock_t seg_lock;
@@ -114,6 +117,12 @@ struct ferry_engine {
     _Atomic uint64_t next_req_id;
 
     ferry_registry_t registry;
+    ferry_metrics_t metrics;
+
+    /* Metadata service (directory.c). */
+    ferry_meta_t meta;
+    bool meta_open;
+    struct ferry_meta_publisher *publisher;
 
     pthread_t listener;
     pthread_mutex_t conns_lock;
@@ -165,8 +174,9 @@ int ferry_session_checkout_abortable(ferry_session_t *s, uint64_t deadline, atom
 void ferry_session_wake(ferry_session_t *s);
 /* For a control exchange that must not queue behind busy connections
  * (confirming a cancel): an idle connection, else a new one even beyond
- * conns_per_peer and whatever the session's state. Check it in as usual. */
-int ferry_session_checkout_spare(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out);
+ * conns_per_peer and whatever the session's state (fresh: always a new
+ * one). Check it in as usual. */
+int ferry_session_checkout_spare(ferry_session_t *s, uint64_t deadline, bool fresh, ferry_conn_t **out);
 /* Returns a healthy connection to the pool; broken ones (ok == false) are closed. */
 void ferry_session_checkin(ferry_session_t *s, ferry_conn_t *c, bool ok);
 /* Resolves [remote, remote+len) in the cached segments (refreshing once on a

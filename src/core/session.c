@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "directory.h"
 #include "engine.h"
 #include "fail.h"
 #include "log.h"
@@ -27,6 +28,7 @@ static ferry_session_t *session_new(ferry_engine_t *e, const char *peer)
     }
     snprintf(s->name, sizeof s->name, "%s", peer);
     s->engine = e;
+    s->stats = ferry_metrics_peer(&e->metrics, peer);
     s->max_conns = e->cfg.conns_per_peer;
     atomic_store(&s->refs, 1); /* the engine's list holds one */
     pthread_mutex_init(&s->lock, NULL);
@@ -220,7 +222,25 @@ static int connect_new(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out
     if (!c) return ferry_fail(FERRY_ERR_MEMORY, "connection to %s: out of memory", s->name);
     c->engine = e;
     c->session = s;
-    int rc = ferry_net_connect(s->host, s->port, cdl, &c->fd);
+    char host[256];
+    uint16_t port = s->port;
+    snprintf(host, sizeof host, "%s", s->host);
+    pthread_mutex_lock(&s->lock);
+    bool known = s->have_peer;
+    pthread_mutex_unlock(&s->lock);
+    if (!known && ferry_directory_enabled(e)) {
+        /* Only a new session asks the directory: with the service down,
+         * sessions already open keep working. */
+        ferry_directory_entry_t entry;
+        int lrc = ferry_directory_lookup(e, s->name, &entry);
+        if (lrc) {
+            free(c);
+            return lrc;
+        }
+        snprintf(host, sizeof host, "%s", entry.host);
+        port = entry.port;
+    }
+    int rc = ferry_net_connect(host, port, cdl, &c->fd);
     if (rc) {
         free(c);
         return rc;
@@ -318,10 +338,10 @@ int ferry_session_checkout_abortable(ferry_session_t *s, uint64_t deadline, atom
 }
 
 /* Used to confirm cancels (cancel.c): never waits for a busy connection. */
-int ferry_session_checkout_spare(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out)
+int ferry_session_checkout_spare(ferry_session_t *s, uint64_t deadline, bool fresh, ferry_conn_t **out)
 {
     pthread_mutex_lock(&s->lock);
-    while (s->state == SESSION_OK && s->nidle > 0) {
+    while (!fresh && s->state == SESSION_OK && s->nidle > 0) {
         ferry_conn_t *c = s->idle[--s->nidle];
         if (conn_looks_healthy(c)) {
             pthread_mutex_unlock(&s->lock);
@@ -599,4 +619,31 @@ long ferry_session_segments(ferry_engine_t *e, const char *peer, ferry_segment_t
     }
     ferry_session_put(s);
     return n;
+}
+
+int ferry_session_ping(ferry_engine_t *e, const char *peer, uint64_t *rtt_us)
+{
+    ferry_clear_last_error();
+    if (!rtt_us) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "ping: rtt_us is NULL");
+    ferry_session_t *s;
+    int rc = ferry_session_get(e, peer, &s);
+    if (rc) return rc;
+    uint64_t deadline = ferry_deadline_after_ms(e->cfg.timeout_ms);
+    ferry_conn_t *c;
+    rc = ferry_session_checkout(s, deadline, &c);
+    if (rc == 0) {
+        uint64_t id = atomic_fetch_add(&e->next_req_id, 1);
+        ferry_frame_t f = {.type = FERRY_FRAME_PING, .req_id = id};
+        uint64_t t0 = ferry_now_ns();
+        rc = ferry_conn_send_frame(c, &f, NULL, deadline);
+        if (rc == 0) rc = ferry_conn_recv_frame(c, &f, deadline);
+        if (rc == 0 && (f.type != FERRY_FRAME_PONG || f.req_id != id))
+            rc = ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected PONG %llu, got %s %llu", (unsigned long long)id,
+                            ferry_frame_type_name(f.type), (unsigned long long)f.req_id);
+        *rtt_us = (ferry_now_ns() - t0) / 1000;
+        ferry_session_checkin(s, c, rc == 0);
+    }
+    if (rc) ferry_fail_context("ping %s", peer);
+    ferry_session_put(s);
+    return rc;
 }

@@ -15,7 +15,7 @@ void ferry_xfer_fail(ferry_xfer_t *x, int rc)
 {
     x->rc = rc;
     free(x->detail);
-    x->detail = strdup(ferry_last_error_detail());
+    x->detail = strdup(ferry_fail_message());
 }
 
 static const char *op_name(int opcode) { return opcode == FERRY_OP_WRITE ? "write" : "read"; }
@@ -155,6 +155,7 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
             fail_pending(xs, n, ferry_fail(FERRY_ERR_INTERNAL, "pieces left after the last attempt"));
             break;
         }
+        ferry_metrics_retry(s->stats);
         FERRY_LOG(FERRY_LOG_INFO, "xfer", "retrying to %s after %s (attempt %d of %d)", s->name,
                   ferry_error_name(rc ? rc : FERRY_ERR_CHECKSUM_MISMATCH), attempt + 1, e->cfg.retries);
         ferry_settle_ended(xs, n, false); /* finished pieces report before the backoff */
@@ -170,9 +171,7 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
 /* Re-raises piece x's failure as the thread's error, with context. */
 static int report_piece(const ferry_xfer_t *x, const char *peer)
 {
-    const char *d = x->detail ? x->detail : "";
-    const char *text = strstr(d, "): ");
-    ferry_fail(x->rc, "%s", text ? text + 3 : d);
+    ferry_fail(x->rc, "%s", x->detail ? x->detail : "failed");
     return ferry_fail_context("%s of %llu bytes, local %p <-> %s [0x%llx+%llu)", op_name(x->opcode),
                               (unsigned long long)x->len, (void *)(x->local), peer, (unsigned long long)x->remote,
                               (unsigned long long)x->len);
@@ -189,6 +188,23 @@ int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const 
                       const size_t *lens, size_t n, uint64_t deadline, ferry_xfer_t **out, size_t *nout);
 int ferry_run_parallel(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);
 
+/* One metrics record per request (pieces of a request are adjacent). */
+static void record_requests(ferry_session_t *s, const ferry_xfer_t *xs, size_t n, uint64_t latency_ns)
+{
+    const char *tname = session_transport(s)->name;
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        uint64_t bytes = 0;
+        int rc = 0;
+        for (; j < n && xs[j].index == xs[i].index; j++) {
+            bytes += xs[j].done;
+            if (!rc) rc = xs[j].rc;
+        }
+        ferry_metrics_request(s->stats, tname, xs[i].opcode, bytes, latency_ns, rc);
+        i = j;
+    }
+}
+
 static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const *locals, const uint64_t *remotes,
                     const size_t *lens, size_t n)
 {
@@ -203,9 +219,11 @@ static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const
     if (rc) return rc;
     ferry_xfer_t *xs;
     size_t nx;
+    uint64_t t0 = ferry_now_ns();
     rc = ferry_make_pieces(e, opcode, locals, remotes, lens, n, ferry_deadline_after_ms(e->cfg.timeout_ms), &xs, &nx);
     if (rc == 0) {
         rc = nx == 1 ? ferry_xfer_run(e, s, xs, 1) : ferry_run_parallel(e, s, xs, nx);
+        record_requests(s, xs, nx, ferry_now_ns() - t0);
         for (size_t i = 0; rc && i < nx; i++) {
             if (xs[i].rc) {
                 rc = report_piece(&xs[i], peer);

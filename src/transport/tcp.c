@@ -173,7 +173,7 @@ static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
 
 static int send_status(ferry_conn_t *c, uint8_t type, const ferry_frame_t *req, int status, uint64_t deadline)
 {
-    const char *why = status ? ferry_last_error_detail() : "";
+    const char *why = status ? ferry_fail_message() : "";
     size_t n = strlen(why);
     if (n > FERRY_WIRE_MAX_REASON) n = FERRY_WIRE_MAX_REASON;
     ferry_frame_t f = {.type = type, .status = status, .req_id = req->req_id, .addr = req->addr,
