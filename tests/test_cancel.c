@@ -124,7 +124,7 @@ static void cancelled_batch_lands_nothing_later(void **state)
 {
     (void)state;
     rig_t r;
-    rig_up(&r, initiator_engine(20000, 2, 2, 3000), 16u << 20, 10, 8u << 20);
+    rig_up(&r, initiator_engine(20000, 2, 2, 3000), 16u << 20, 10, 4u << 20);
     ferry_batch_t *b;
     assert_int_equal(ferry_batch_alloc(r.initiator, 4, &b), 0);
     size_t half = r.len / 2;
@@ -166,7 +166,7 @@ static void cancel_one_request_the_other_completes(void **state)
 {
     (void)state;
     rig_t r;
-    rig_up(&r, initiator_engine(20000, 1, 1, 3000), 16u << 20, 10, 32u << 20);
+    rig_up(&r, initiator_engine(20000, 1, 1, 3000), 16u << 20, 10, 8u << 20);
     ferry_batch_t *b;
     assert_int_equal(ferry_batch_alloc(r.initiator, 2, &b), 0);
     size_t half = r.len / 2;
