@@ -274,11 +274,7 @@ int ferry_batch_alloc(ferry_engine_t *e, size_t capacity, ferry_batch_t **out)
     b->engine = e;
     b->capacity = capacity;
     pthread_mutex_init(&b->lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&b->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    ferry_cond_init_monotonic(&b->cond);
     *out = b;
     return 0;
 }

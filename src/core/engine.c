@@ -362,11 +362,7 @@ static ferry_engine_t *engine_alloc(void)
     pthread_mutex_init(&e->conns_lock, NULL);
     pthread_mutex_init(&e->sessions_lock, NULL);
     pthread_mutex_init(&e->queue_lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&e->queue_cond, &ca);
-    pthread_condattr_destroy(&ca);
+    ferry_cond_init_monotonic(&e->queue_cond);
     pthread_mutex_init(&e->notify_lock, NULL);
     ferry_cancel_set_init(&e->cancels);
     atomic_store(&e->next_conn_serial, 1);

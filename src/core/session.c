@@ -32,11 +32,7 @@ static ferry_session_t *session_new(ferry_engine_t *e, const char *peer)
     s->max_conns = e->cfg.conns_per_peer;
     atomic_store(&s->refs, 1); /* the engine's list holds one */
     pthread_mutex_init(&s->lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    ferry_cond_init_monotonic(&s->cond);
     pthread_rwlock_init(&s->seg_lock, NULL);
     return s;
 }
@@ -135,6 +131,15 @@ void ferry_sessions_destroy(ferry_engine_t *e)
     }
 }
 
+/* Whether a handshake has told us who the peer is. */
+static bool session_known(ferry_session_t *s)
+{
+    pthread_mutex_lock(&s->lock);
+    bool known = s->have_peer;
+    pthread_mutex_unlock(&s->lock);
+    return known;
+}
+
 /* ------------------------------------------------------------ handshake */
 
 static int recv_hello_ack(ferry_conn_t *c, ferry_session_t *s, uint64_t deadline)
@@ -225,9 +230,7 @@ static int connect_new(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out
     char host[256];
     uint16_t port = s->port;
     snprintf(host, sizeof host, "%s", s->host);
-    pthread_mutex_lock(&s->lock);
-    bool known = s->have_peer;
-    pthread_mutex_unlock(&s->lock);
+    bool known = session_known(s);
     if (!known && ferry_directory_enabled(e)) {
         /* Only a new session asks the directory: with the service down,
          * sessions already open keep working. */
@@ -515,9 +518,7 @@ int ferry_session_resolve(ferry_session_t *s, int opcode, uint64_t remote, uint6
     if (remote + len < remote)
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "remote range [0x%llx+%llu) wraps the address space",
                           (unsigned long long)remote, (unsigned long long)len);
-    pthread_mutex_lock(&s->lock);
-    bool known = s->have_peer;
-    pthread_mutex_unlock(&s->lock);
+    bool known = session_known(s);
     if (!known) {
         /* First use: the handshake (in checkout) and a segment fetch. */
         int rc = ferry_session_refresh_segments(s, deadline);
@@ -576,9 +577,7 @@ int ferry_session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *i
     ferry_session_t *s;
     int rc = ferry_session_get(e, peer, &s);
     if (rc) return rc;
-    pthread_mutex_lock(&s->lock);
-    bool known = s->have_peer;
-    pthread_mutex_unlock(&s->lock);
+    bool known = session_known(s);
     if (!known) rc = ferry_session_refresh_segments(s, ferry_deadline_after_ms(e->cfg.connect_timeout_ms));
     if (rc == 0) {
         memset(info, 0, sizeof *info);
