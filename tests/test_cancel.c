@@ -11,9 +11,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include "core/cancel.h"
+#include "core/engine.h"
 #include "delay_proxy.h"
 #include "harness.h"
+#include "wire/wire.h"
 
 typedef struct rig {
     ferry_engine_t *initiator, *target;
@@ -301,6 +307,150 @@ static void cancel_while_waiting_for_a_connection(void **state)
     rig_down(&r);
 }
 
+/* ------------------------------------------- the target, frame by frame */
+
+static void send_all(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n) {
+        ssize_t k = send(fd, c, n, MSG_NOSIGNAL);
+        assert_true(k > 0);
+        c += k;
+        n -= (size_t)k;
+    }
+}
+
+static void recv_all(int fd, void *p, size_t n)
+{
+    char *c = p;
+    while (n) {
+        ssize_t k = recv(fd, c, n, 0);
+        assert_true(k > 0);
+        c += k;
+        n -= (size_t)k;
+    }
+}
+
+static void send_frame(int fd, ferry_frame_t f, const void *payload)
+{
+    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
+    ferry_frame_encode(&f, hdr);
+    send_all(fd, hdr, sizeof hdr);
+    if (f.plen) send_all(fd, payload, f.plen);
+}
+
+static ferry_frame_t recv_frame(int fd)
+{
+    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
+    recv_all(fd, hdr, sizeof hdr);
+    ferry_frame_t f;
+    assert_int_equal(ferry_frame_decode(hdr, &f), 0);
+    char skip[4096];
+    for (uint32_t left = f.plen; left;) {
+        uint32_t k = left < sizeof skip ? left : (uint32_t)sizeof skip;
+        recv_all(fd, skip, k);
+        left -= k;
+    }
+    return f;
+}
+
+/* A raw initiator: a TCP connection that said HELLO as engine engine_id. */
+static int raw_connect(uint16_t port, uint64_t engine_id)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    ferry_hello_t h;
+    memset(&h, 0, sizeof h);
+    h.proto_min = h.proto_max = FERRY_PROTOCOL_VERSION;
+    h.engine_id = engine_id;
+    h.epoch = 1;
+    snprintf(h.name, sizeof h.name, "raw-%llu", (unsigned long long)engine_id);
+    uint8_t buf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
+    int n = ferry_hello_encode(&h, buf, sizeof buf);
+    assert_true(n > 0);
+    send_frame(fd, (ferry_frame_t){.type = FERRY_FRAME_HELLO, .plen = (uint32_t)n}, buf);
+    ferry_frame_t ack = recv_frame(fd);
+    assert_int_equal(ack.type, FERRY_FRAME_HELLO_ACK);
+    assert_int_equal(ack.status, 0);
+    return fd;
+}
+
+static bool wait_placed(const unsigned char *dst, size_t n, unsigned char v, int ms)
+{
+    uint64_t until = harness_now_ms() + (uint64_t)ms;
+    while (harness_now_ms() < until) {
+        bool all = true;
+        for (size_t i = 0; i < n && all; i++) all = dst[i] == v;
+        if (all) return true;
+        sleep_ms(5);
+    }
+    return false;
+}
+
+/* A WRITE whose first part is already placed when the CANCEL comes: once
+ * CANCEL_ACK is back, not one more byte of it lands, its ack says
+ * CANCELLED, and other ids and other engines' same ids are unaffected. */
+static void target_refuses_rest_of_a_write_in_progress(void **state)
+{
+    (void)state;
+    ferry_engine_t *t = harness_engine(20000);
+    size_t len = 1u << 20, first = 256u << 10;
+    unsigned char *dst = calloc(1, len), *src = malloc(len);
+    memset(src, 0xab, len);
+    assert_int_equal(ferry_register(t, dst, len, FERRY_MEM_REMOTE), 0);
+    int data = raw_connect(ferry_engine_port(t), 42), ctl = raw_connect(ferry_engine_port(t), 42);
+    ferry_frame_t w = {.type = FERRY_FRAME_WRITE, .req_id = 7, .addr = (uint64_t)(uintptr_t)dst, .len = len,
+                       .plen = (uint32_t)len};
+    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
+    ferry_frame_encode(&w, hdr);
+    send_all(data, hdr, sizeof hdr);
+    send_all(data, src, first);
+    assert_true(wait_placed(dst, first, 0xab, 10000));
+    send_frame(ctl, (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .req_id = 7}, NULL);
+    ferry_frame_t ca = recv_frame(ctl);
+    assert_int_equal(ca.type, FERRY_FRAME_CANCEL_ACK);
+    assert_int_equal(ca.req_id, 7);
+    send_all(data, src + first, len - first);
+    ferry_frame_t ack = recv_frame(data);
+    assert_int_equal(ack.type, FERRY_FRAME_WRITE_ACK);
+    assert_int_equal(ack.status, FERRY_ERR_CANCELLED);
+    for (size_t i = first; i < len; i++) assert_int_equal(dst[i], 0);
+    /* A later frame of the cancelled id: refused whole. */
+    w.len = w.plen = 4096;
+    w.addr = (uint64_t)(uintptr_t)(dst + first);
+    send_frame(data, w, src);
+    ack = recv_frame(data);
+    assert_int_equal(ack.status, FERRY_ERR_CANCELLED);
+    assert_int_equal(dst[first], 0);
+    /* Another id, and the same id from another engine, still land. */
+    w.req_id = 8;
+    send_frame(data, w, src);
+    assert_int_equal(recv_frame(data).status, 0);
+    assert_int_equal(dst[first], 0xab);
+    int other = raw_connect(ferry_engine_port(t), 43);
+    w.req_id = 7;
+    w.addr = (uint64_t)(uintptr_t)(dst + first + 4096);
+    send_frame(other, w, src);
+    assert_int_equal(recv_frame(other).status, 0);
+    assert_int_equal(dst[first + 4096], 0xab);
+    assert_int_equal(ferry_cancel_set_count(&t->cancels), 1);
+    close(other);
+    close(ctl);
+    /* The id is kept while the connection that could carry it lives ... */
+    sleep_ms(1200);
+    assert_int_equal(ferry_cancel_set_count(&t->cancels), 1);
+    /* ... and forgotten once it ended (the listener reaps within ~1 s). */
+    close(data);
+    uint64_t until = harness_now_ms() + 10000;
+    while (ferry_cancel_set_count(&t->cancels) && harness_now_ms() < until) sleep_ms(20);
+    assert_int_equal(ferry_cancel_set_count(&t->cancels), 0);
+    ferry_engine_destroy(t);
+    free(dst);
+    free(src);
+}
+
 /* The target's set of cancelled ids: lookups, forgetting by connection
  * serial, and the cap. */
 static void cancel_set_semantics(void **state)
@@ -343,6 +493,7 @@ int main(void)
         cmocka_unit_test(unconfirmed_cancel_is_reported),
         cmocka_unit_test(vanished_target_is_not_unconfirmed),
         cmocka_unit_test(cancel_while_waiting_for_a_connection),
+        cmocka_unit_test(target_refuses_rest_of_a_write_in_progress),
         cmocka_unit_test(cancel_set_semantics),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
