@@ -175,25 +175,18 @@ static int serve_notify(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadli
 
 bool ferry_engine_is_cancelled(ferry_engine_t *e, uint64_t engine_id, uint64_t req_id)
 {
-    bool found = false;
-    pthread_mutex_lock(&e->cancel_lock);
-    for (size_t i = 0; i < sizeof e->cancelled / sizeof e->cancelled[0] && !found; i++)
-        found = e->cancelled[i].req_id == req_id && e->cancelled[i].engine_id == engine_id && req_id;
-    pthread_mutex_unlock(&e->cancel_lock);
-    return found;
+    return req_id && ferry_cancel_set_has(&e->cancels, engine_id, req_id);
 }
 
 /* Records the cancel, then waits out every placement in progress (they hold
  * the registry's read lock): once CANCEL_ACK is sent, no byte of the request
- * can land, because every later slice checks the cancelled set first. */
+ * can land, because every later chunk checks the cancel set first under
+ * that lock (cancel.h). */
 static int serve_cancel(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline)
 {
     ferry_engine_t *e = c->engine;
-    pthread_mutex_lock(&e->cancel_lock);
-    size_t slot = e->cancelled_next++ % (sizeof e->cancelled / sizeof e->cancelled[0]);
-    e->cancelled[slot].engine_id = c->peer.engine_id;
-    e->cancelled[slot].req_id = f->req_id;
-    pthread_mutex_unlock(&e->cancel_lock);
+    int rc = ferry_cancel_set_add(&e->cancels, c->peer.engine_id, f->req_id, c->serial);
+    if (rc) return rc; /* no ack: the initiator reports CANCEL_UNCONFIRMED */
     ferry_registry_barrier(&e->registry);
     ferry_frame_t ack = {.type = FERRY_FRAME_CANCEL_ACK, .req_id = f->req_id};
     return ferry_conn_send_frame(c, &ack, NULL, deadline);
@@ -259,10 +252,20 @@ static void *serve_thread(void *arg)
     return NULL;
 }
 
+/* Forgets cancels that no served connection can carry any more (cancel.h). */
+static void prune_cancels_locked(ferry_engine_t *e)
+{
+    uint64_t oldest = UINT64_MAX;
+    for (ferry_conn_t *c = e->conns; c; c = c->next)
+        if (!atomic_load(&c->done) && c->serial < oldest) oldest = c->serial;
+    ferry_cancel_set_prune(&e->cancels, oldest);
+}
+
 /* Joins and frees served connections whose threads have finished. */
 static void reap_conns(ferry_engine_t *e, bool all)
 {
     pthread_mutex_lock(&e->conns_lock);
+    bool reaped = false;
     ferry_conn_t **pp = &e->conns;
     while (*pp) {
         ferry_conn_t *c = *pp;
@@ -273,10 +276,12 @@ static void reap_conns(ferry_engine_t *e, bool all)
             pthread_join(c->thread, NULL);
             ferry_conn_free(c);
             pthread_mutex_lock(&e->conns_lock);
+            reaped = true;
         } else {
             pp = &c->next;
         }
     }
+    if (reaped) prune_cancels_locked(e);
     pthread_mutex_unlock(&e->conns_lock);
 }
 
@@ -292,6 +297,7 @@ static void accept_one(ferry_engine_t *e)
     }
     c->fd = fd;
     c->engine = e;
+    c->serial = atomic_fetch_add(&e->next_conn_serial, 1);
     if (pthread_create(&c->thread, NULL, serve_thread, c) != 0) {
         FERRY_LOG(FERRY_LOG_ERROR, "engine", "cannot start a connection thread: %s", strerror(errno));
         ferry_conn_free(c);
@@ -362,7 +368,7 @@ static void engine_free(ferry_engine_t *e)
     pthread_mutex_destroy(&e->queue_lock);
     pthread_cond_destroy(&e->queue_cond);
     pthread_mutex_destroy(&e->notify_lock);
-    pthread_mutex_destroy(&e->cancel_lock);
+    ferry_cancel_set_destroy(&e->cancels);
     free(e->cfg_strings);
     free(e);
 }
@@ -377,7 +383,8 @@ static ferry_engine_t *engine_alloc(void)
     pthread_mutex_init(&e->queue_lock, NULL);
     ferry_cond_init_monotonic(&e->queue_cond);
     pthread_mutex_init(&e->notify_lock, NULL);
-    pthread_mutex_init(&e->cancel_lock, NULL);
+    ferry_cancel_set_init(&e->cancels);
+    atomic_store(&e->next_conn_serial, 1);
     ferry_registry_init(&e->registry);
     ferry_metrics_init(&e->metrics);
     e->engine_id = random64();

@@ -279,8 +279,24 @@ static int state_error(ferry_session_t *s)
 
 int ferry_session_checkout(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out)
 {
+    return ferry_session_checkout_abortable(s, deadline, NULL, out);
+}
+
+void ferry_session_wake(ferry_session_t *s)
+{
+    pthread_mutex_lock(&s->lock);
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
+int ferry_session_checkout_abortable(ferry_session_t *s, uint64_t deadline, atomic_bool *abort, ferry_conn_t **out)
+{
     pthread_mutex_lock(&s->lock);
     for (;;) {
+        if (abort && atomic_exchange(abort, false)) {
+            pthread_mutex_unlock(&s->lock);
+            return ferry_fail(FERRY_ERR_CANCELLED, "interrupted while waiting for a connection to %s", s->name);
+        }
         if (s->state != SESSION_OK) {
             int rc = state_error(s);
             pthread_mutex_unlock(&s->lock);
@@ -322,6 +338,32 @@ int ferry_session_checkout(ferry_session_t *s, uint64_t deadline, ferry_conn_t *
                               s->max_conns, s->name);
         }
     }
+}
+
+/* Used to confirm cancels (cancel.c): never waits for a busy connection. */
+int ferry_session_checkout_spare(ferry_session_t *s, uint64_t deadline, bool fresh, ferry_conn_t **out)
+{
+    pthread_mutex_lock(&s->lock);
+    while (!fresh && s->state == SESSION_OK && s->nidle > 0) {
+        ferry_conn_t *c = s->idle[--s->nidle];
+        if (conn_looks_healthy(c)) {
+            pthread_mutex_unlock(&s->lock);
+            *out = c;
+            return 0;
+        }
+        s->nconns--;
+        ferry_conn_free(c);
+    }
+    s->nconns++;
+    pthread_mutex_unlock(&s->lock);
+    int rc = connect_new(s, deadline, out);
+    if (rc) {
+        pthread_mutex_lock(&s->lock);
+        s->nconns--;
+        pthread_cond_signal(&s->cond);
+        pthread_mutex_unlock(&s->lock);
+    }
+    return rc;
 }
 
 void ferry_session_checkin(ferry_session_t *s, ferry_conn_t *c, bool ok)

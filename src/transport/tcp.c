@@ -188,6 +188,7 @@ static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
                 }
                 src = b;
             }
+            x->inflight++; /* before the first byte leaves: a partial frame is in doubt too (cancel.h) */
             int rc = send_slice(c, x, src, cur_off, n, x->opcode == FERRY_OP_WRITE ? FERRY_FRAME_WRITE : FERRY_FRAME_READ_REQ);
             if (rc) {
                 *broken = 1;
@@ -201,8 +202,10 @@ static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
         struct inflight in = ring[head];
         head = (head + 1) % 256;
         count--;
+        if (c->engine->cfg.spin_us) ferry_net_spin_readable(c->fd, c->engine->cfg.spin_us);
         int rc = recv_answer(c, in.x, in.off, in.n, broken);
         if (*broken) return rc;
+        in.x->inflight--;
         if (rc) {
             if (in.x->rc == 0) ferry_xfer_fail(in.x, rc);
         } else if (in.x->rc == 0) {

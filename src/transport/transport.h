@@ -20,10 +20,16 @@ typedef struct ferry_transport_ops {
     /* Moves the n pieces over connection c as one pipelined stream
      * (initiator side), each from its ->done on, recording each piece's
      * outcome in ->rc. Returns 0 or the connection-level failure; when that
-     * leaves c in an unknown state, *broken is set. */
+     * leaves c in an unknown state, *broken is set. It keeps ->inflight = the
+     * frames sent for a piece whose answer has not arrived (counted before
+     * the first byte leaves): after a broken return the core fences those
+     * pieces so that nothing of them lands late (core/cancel.h). Without a
+     * broken return, every answer must have been read. */
     int (*run)(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken);
     /* Target side: serves frame f of a type listed in serve_types. A
-     * negative return closes the connection. */
+     * negative return closes the connection. Before touching memory, and
+     * again before every chunk, it must check ferry_engine_is_cancelled()
+     * under the registry's read lock: a CANCEL's barrier relies on it. */
     int (*serve)(ferry_conn_t *c, const ferry_frame_t *f);
     uint32_t serve_types;      /* bit (1 << frame type) for each type served */
     /* Optional: FERRY_HELLO_F_* bits this engine advertises in every
