@@ -10,6 +10,7 @@
 
 #include <ferry/ferry.h>
 
+#include "cancel.h"
 #include "meta/meta.h"
 #include "metrics.h"
 #include "registry.h"
@@ -24,12 +25,14 @@ typedef struct ferry_conn {
     ferry_engine_t *engine;
     ferry_session_t *session;  /* initiator side: its session; NULL on the target */
     ferry_hello_t peer;        /* what the other side said in the handshake */
-    unsigned char *bounce;     /* checksum staging, slice_size bytes, lazily made */
+    unsigned char *bounce;     /* checksum / device-memory staging, lazily made */
+    size_t bounce_cap;         /* its size; 0 = FERRY_WIRE_MAX_DATA (the target's checksum staging) */
     struct ferry_conn *next;   /* target side: list of served connections */
     pthread_t thread;          /* target side: its serving thread */
     atomic_bool done;          /* target side: the thread has finished */
     void *xport;               /* a transport's per-connection state, or NULL */
     void (*xport_free)(void *); /* frees xport with the connection */
+    uint64_t serial;           /* target side: accept order, 1, 2, ... (cancel.h) */
 } ferry_conn_t;
 
 enum ferry_session_state { SESSION_OK = 0, SESSION_RESTARTED, SESSION_CLOSED };
@@ -78,6 +81,12 @@ typedef struct ferry_xfer {
     int rc;                    /* this piece's outcome */
     char *detail;              /* malloc'd detail when rc < 0 */
     size_t index;              /* request index within its batch */
+    /* Completion and cancel (cancel.h). */
+    unsigned inflight;         /* frames sent whose answer has not arrived */
+    ferry_stream_ctl_t *ctl;   /* lets a canceller interrupt the stream; NULL = none */
+    void (*ended)(struct ferry_xfer *x, void *arg); /* called once when final */
+    void *ended_arg;
+    bool has_ended;
 } ferry_xfer_t;
 
 /* Records a piece's failure with the calling thread's current detail. */
@@ -137,12 +146,14 @@ struct ferry_engine {
     ferry_notify_node_t *notify_head, *notify_tail;
     size_t notify_count;
 
-    /* Requests the initiator cancelled: (engine id, req id) pairs whose late
-     * frames this target refuses. A small ring: ids are unique and old ones
-     * can no longer arrive once their connection was checked. */
-    pthread_mutex_t cancel_lock;
-    struct { uint64_t engine_id, req_id; } cancelled[1024];
-    size_t cancelled_next;
+    /* Requests initiators cancelled, whose late frames this target refuses
+     * (cancel.h); connections get serials in accept order. */
+    ferry_cancel_set_t cancels;
+    _Atomic uint64_t next_conn_serial;
+
+    /* The RDMA transport's state (src/transport/rdma.c): probe result and
+     * device context, made at first use. */
+    struct ferry_rdma *rdma;
 };
 
 /* config.c */
@@ -162,11 +173,22 @@ int ferry_conn_recv_frame_spin(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadl
 /* Reads and discards n payload bytes. */
 int ferry_conn_discard(ferry_conn_t *c, uint64_t n, uint64_t deadline);
 void ferry_conn_free(ferry_conn_t *c);
+/* The connection's staging buffer of at least n bytes (n <= FERRY_WIRE_MAX_DATA). */
+unsigned char *ferry_conn_bounce(ferry_conn_t *c, size_t n);
 
 /* session.c: initiator side */
 int ferry_session_get(ferry_engine_t *e, const char *peer, ferry_session_t **out);
 void ferry_session_put(ferry_session_t *s);
 int ferry_session_checkout(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out);
+/* As checkout; returns CANCELLED at once when *abort is set (it is cleared),
+ * and ferry_session_wake makes a waiting checkout look again. */
+int ferry_session_checkout_abortable(ferry_session_t *s, uint64_t deadline, atomic_bool *abort, ferry_conn_t **out);
+void ferry_session_wake(ferry_session_t *s);
+/* For a control exchange that must not queue behind busy connections
+ * (confirming a cancel): an idle connection, else a new one even beyond
+ * conns_per_peer and whatever the session's state (fresh: always a new
+ * one). Check it in as usual. */
+int ferry_session_checkout_spare(ferry_session_t *s, uint64_t deadline, bool fresh, ferry_conn_t **out);
 /* Returns a healthy connection to the pool; broken ones (ok == false) are closed. */
 void ferry_session_checkin(ferry_session_t *s, ferry_conn_t *c, bool ok);
 /* Resolves [remote, remote+len) in the cached segments (refreshing once on a

@@ -154,19 +154,14 @@ int ferry_net_wait_readable(int fd, uint64_t deadline)
     return wait_fd(fd, POLLIN, deadline);
 }
 
-unsigned ferry_net_spin_us(void)
+int ferry_net_spin_readable(int fd, unsigned spin_us)
 {
-    static atomic_int cached = -1;
-    int v = atomic_load(&cached);
-    if (v < 0) {
-        const char *env = getenv("FERRY_SPIN_US");
-        char *end;
-        long x = env && *env ? strtol(env, &end, 10) : 50;
-        if (env && *env && (*end || x < 0 || x > 100000)) x = 50;
-        v = (int)x;
-        atomic_store(&cached, v);
-    }
-    return (unsigned)v;
+    uint64_t until = ferry_now_ns() + (uint64_t)spin_us * 1000u;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    do {
+        if (poll(&p, 1, 0) > 0) return 1;
+    } while (ferry_now_ns() < until);
+    return 0;
 }
 
 static int io_error(int err, const char *what);

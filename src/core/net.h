@@ -19,14 +19,15 @@ int ferry_net_send(int fd, const void *buf, size_t len, uint64_t deadline);
 int ferry_net_recv(int fd, void *buf, size_t len, uint64_t deadline);
 /* Waits until fd is readable (1), deadline passed (0), or error (<0). */
 int ferry_net_wait_readable(int fd, uint64_t deadline);
+/* Polls fd without sleeping for up to spin_us microseconds: 1 as soon as it
+ * is readable, 0 when the time is up (config.spin_us: a core for latency). */
+int ferry_net_spin_readable(int fd, unsigned spin_us);
 /* Busy-polls recv for up to spin_us microseconds, reading at most len bytes
  * into buf; *got says how many came (maybe 0, maybe fewer than len). 0, or
  * PEER_CLOSED / SOCKET. For answers due within microseconds: a cross-CPU
  * wake-up from a blocking poll costs tens of microseconds on small machines
  * and VMs, more than a loopback round trip. */
 int ferry_net_recv_spin(int fd, void *buf, size_t len, unsigned spin_us, size_t *got);
-/* The spin budget: FERRY_SPIN_US (0 disables), default 50 us. */
-unsigned ferry_net_spin_us(void);
 /* Sets TCP_NODELAY, buffer sizes and keepalive (idle_ms 0 = off). */
 void ferry_net_tune(int fd, int keepalive_ms);
 /* Closes with an RST, so that the peer drops what it has not read. */

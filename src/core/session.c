@@ -32,11 +32,7 @@ static ferry_session_t *session_new(ferry_engine_t *e, const char *peer)
     s->max_conns = e->cfg.conns_per_peer;
     atomic_store(&s->refs, 1); /* the engine's list holds one */
     pthread_mutex_init(&s->lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    ferry_cond_init_monotonic(&s->cond);
     pthread_rwlock_init(&s->seg_lock, NULL);
     return s;
 }
@@ -135,6 +131,15 @@ void ferry_sessions_destroy(ferry_engine_t *e)
     }
 }
 
+/* Whether a handshake has told us who the peer is. */
+static bool session_known(ferry_session_t *s)
+{
+    pthread_mutex_lock(&s->lock);
+    bool known = s->have_peer;
+    pthread_mutex_unlock(&s->lock);
+    return known;
+}
+
 /* ------------------------------------------------------------ handshake */
 
 static int recv_hello_ack(ferry_conn_t *c, ferry_session_t *s, uint64_t deadline)
@@ -225,9 +230,7 @@ static int connect_new(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out
     char host[256];
     uint16_t port = s->port;
     snprintf(host, sizeof host, "%s", s->host);
-    pthread_mutex_lock(&s->lock);
-    bool known = s->have_peer;
-    pthread_mutex_unlock(&s->lock);
+    bool known = session_known(s);
     if (!known && ferry_directory_enabled(e)) {
         /* Only a new session asks the directory: with the service down,
          * sessions already open keep working. */
@@ -276,8 +279,24 @@ static int state_error(ferry_session_t *s)
 
 int ferry_session_checkout(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out)
 {
+    return ferry_session_checkout_abortable(s, deadline, NULL, out);
+}
+
+void ferry_session_wake(ferry_session_t *s)
+{
+    pthread_mutex_lock(&s->lock);
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
+int ferry_session_checkout_abortable(ferry_session_t *s, uint64_t deadline, atomic_bool *abort, ferry_conn_t **out)
+{
     pthread_mutex_lock(&s->lock);
     for (;;) {
+        if (abort && atomic_exchange(abort, false)) {
+            pthread_mutex_unlock(&s->lock);
+            return ferry_fail(FERRY_ERR_CANCELLED, "interrupted while waiting for a connection to %s", s->name);
+        }
         if (s->state != SESSION_OK) {
             int rc = state_error(s);
             pthread_mutex_unlock(&s->lock);
@@ -319,6 +338,32 @@ int ferry_session_checkout(ferry_session_t *s, uint64_t deadline, ferry_conn_t *
                               s->max_conns, s->name);
         }
     }
+}
+
+/* Used to confirm cancels (cancel.c): never waits for a busy connection. */
+int ferry_session_checkout_spare(ferry_session_t *s, uint64_t deadline, bool fresh, ferry_conn_t **out)
+{
+    pthread_mutex_lock(&s->lock);
+    while (!fresh && s->state == SESSION_OK && s->nidle > 0) {
+        ferry_conn_t *c = s->idle[--s->nidle];
+        if (conn_looks_healthy(c)) {
+            pthread_mutex_unlock(&s->lock);
+            *out = c;
+            return 0;
+        }
+        s->nconns--;
+        ferry_conn_free(c);
+    }
+    s->nconns++;
+    pthread_mutex_unlock(&s->lock);
+    int rc = connect_new(s, deadline, out);
+    if (rc) {
+        pthread_mutex_lock(&s->lock);
+        s->nconns--;
+        pthread_cond_signal(&s->cond);
+        pthread_mutex_unlock(&s->lock);
+    }
+    return rc;
 }
 
 void ferry_session_checkin(ferry_session_t *s, ferry_conn_t *c, bool ok)
@@ -473,9 +518,7 @@ int ferry_session_resolve(ferry_session_t *s, int opcode, uint64_t remote, uint6
     if (remote + len < remote)
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "remote range [0x%llx+%llu) wraps the address space",
                           (unsigned long long)remote, (unsigned long long)len);
-    pthread_mutex_lock(&s->lock);
-    bool known = s->have_peer;
-    pthread_mutex_unlock(&s->lock);
+    bool known = session_known(s);
     if (!known) {
         /* First use: the handshake (in checkout) and a segment fetch. */
         int rc = ferry_session_refresh_segments(s, deadline);
@@ -534,9 +577,7 @@ int ferry_session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *i
     ferry_session_t *s;
     int rc = ferry_session_get(e, peer, &s);
     if (rc) return rc;
-    pthread_mutex_lock(&s->lock);
-    bool known = s->have_peer;
-    pthread_mutex_unlock(&s->lock);
+    bool known = session_known(s);
     if (!known) rc = ferry_session_refresh_segments(s, ferry_deadline_after_ms(e->cfg.connect_timeout_ms));
     if (rc == 0) {
         memset(info, 0, sizeof *info);

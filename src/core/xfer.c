@@ -114,16 +114,33 @@ static const ferry_transport_ops_t *session_transport(ferry_session_t *s)
 int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n)
 {
     int backoff = e->cfg.retry_backoff_ms;
+    ferry_stream_ctl_t *ctl = n ? xs[0].ctl : NULL; /* cancel.h */
     for (int attempt = 0;; attempt++) {
+        ferry_settle_cancelled(xs, n); /* cancel.h */
         resolve_pieces(s, xs, n);
         if (!any_pending(xs, n)) break;
         uint64_t deadline = earliest_deadline(xs, n);
         ferry_conn_t *c;
         int broken = 0;
-        int rc = ferry_session_checkout(s, deadline, &c);
+        bool interrupted = false;
+        int rc = ferry_session_checkout_abortable(s, deadline, ctl ? &ctl->poke : NULL, &c);
+        if (rc == FERRY_ERR_CANCELLED && ctl) interrupted = true; /* poked by a canceller */
         if (rc == 0) {
+            ferry_stream_ctl_arm(ctl, c->fd);
             rc = session_transport(s)->run(c, xs, n, &broken);
-            ferry_session_checkin(s, c, !broken);
+            interrupted = ferry_stream_ctl_disarm(ctl);
+            ferry_session_checkin(s, c, !broken && !interrupted); /* fired: shut down */
+            /* No late write: what the aborted connection may still deliver
+             * is fenced before anything is reported or retried (cancel.h). */
+            if (broken) ferry_fence_in_doubt(s, xs, n, rc);
+        }
+        if (interrupted) {
+            /* A canceller broke the stream on purpose: not the peer's fault,
+             * so the other pieces go on without using up a retry. */
+            ferry_settle_cancelled(xs, n);
+            ferry_settle_ended(xs, n, false);
+            attempt--;
+            continue;
         }
         for (size_t i = 0; i < n; i++) {
             if (xs[i].rc == FERRY_ERR_STALE_SEGMENT) explain_stale(s, &xs[i]);
@@ -141,9 +158,11 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
         ferry_metrics_retry(s->stats);
         FERRY_LOG(FERRY_LOG_INFO, "xfer", "retrying to %s after %s (attempt %d of %d)", s->name,
                   ferry_error_name(rc ? rc : FERRY_ERR_CHECKSUM_MISMATCH), attempt + 1, e->cfg.retries);
+        ferry_settle_ended(xs, n, false); /* finished pieces report before the backoff */
         sleep_backoff(backoff, deadline);
         backoff *= 2;
     }
+    ferry_settle_ended(xs, n, true);
     for (size_t i = 0; i < n; i++)
         if (xs[i].rc) return xs[i].rc;
     return 0;

@@ -48,6 +48,7 @@
 #include "core/clock.h"
 #include "core/fail.h"
 #include "core/log.h"
+#include "core/memkind.h"
 #include "core/net.h"
 #include "transport.h"
 
@@ -416,7 +417,7 @@ static void verify_peer(ferry_conn_t *c, struct shm_conn *sc, uint64_t probe)
 
 static int send_status(ferry_conn_t *c, uint8_t type, const ferry_frame_t *req, int status, uint64_t deadline)
 {
-    const char *why = status ? ferry_last_error_detail() : "";
+    const char *why = status ? ferry_fail_message() : "";
     size_t n = strlen(why);
     if (n > FERRY_WIRE_MAX_REASON) n = FERRY_WIRE_MAX_REASON;
     ferry_frame_t f = {.type = type, .status = status, .req_id = req->req_id, .addr = req->addr,
@@ -424,63 +425,110 @@ static int send_status(ferry_conn_t *c, uint8_t type, const ferry_frame_t *req, 
     return ferry_conn_send_frame(c, &f, why, deadline);
 }
 
-/* Copies the frame's range chunk by chunk, each under the registry's read
- * lock after re-validating the range. Returns the answer's status. */
-static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, bool write)
+/* Maps a failed process_vm_* errno to the answer's status. */
+static int cma_error(struct shm_conn *sc, const ferry_frame_t *f, bool write, uint64_t done, size_t n, int err)
+{
+    switch (err) {
+    case EPERM:
+    case EACCES:
+        sc->state = -1;
+        snprintf(sc->reason, sizeof sc->reason, "the kernel stopped allowing cross-memory attach to pid %d: %s",
+                 (int)sc->pid, strerror(err));
+        return ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "%s", sc->reason);
+    case ESRCH:
+        return ferry_fail(FERRY_ERR_PEER_CLOSED, "initiator pid %d exited during a transfer", (int)sc->pid);
+    case ENOMEM:
+        return ferry_fail(FERRY_ERR_MEMORY, "cross-memory attach: out of memory");
+    default:
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT,
+                          "%s initiator memory [0x%llx+%zu) by cross-memory attach failed after %llu of %llu "
+                          "bytes: %s (is the buffer unmapped while registered?)",
+                          write ? "reading" : "writing", (unsigned long long)(f->aux + done), n,
+                          (unsigned long long)done, (unsigned long long)f->len, strerror(err));
+    }
+}
+
+/* Moves n bytes between the initiator (theirs) and here (mine) once,
+ * retrying EINTR; the count moved, or -errno (a fault at the very start
+ * reads as -EFAULT). */
+static ssize_t cma_once(pid_t pid, bool write, void *mine, uint64_t theirs, size_t n)
+{
+    struct iovec l = {mine, n}, r = {(void *)(uintptr_t)theirs, n};
+    for (;;) {
+        ssize_t got = write ? process_vm_readv(pid, &l, 1, &r, 1, 0) : process_vm_writev(pid, &l, 1, &r, 1, 0);
+        if (got > 0) return got;
+        if (got == 0) return -EFAULT;
+        if (errno != EINTR && errno != EAGAIN) return -errno;
+    }
+}
+
+/* Re-validation of the frame's range with the read lock held: the cancel
+ * set first (a CANCEL's barrier relies on it), then the registry. */
+static int check_locked(ferry_conn_t *c, const ferry_frame_t *f, uint32_t need)
 {
     ferry_engine_t *e = c->engine;
-    ferry_registry_t *r = &e->registry;
+    if (ferry_engine_is_cancelled(e, c->peer.engine_id, f->req_id))
+        return ferry_fail(FERRY_ERR_CANCELLED, "request %llu was cancelled", (unsigned long long)f->req_id);
+    return ferry_registry_check_locked(&e->registry, f->addr, f->len, need, f->crc, "target");
+}
+
+/* The memory kind of the target range (host without a lookup when no
+ * device memory is registered), with the read lock held. */
+static uint32_t kind_locked(ferry_registry_t *r, const ferry_frame_t *f)
+{
+    if (ferry_registry_device_count(r) == 0) return FERRY_MEMKIND_HOST;
+    const ferry_region_t *reg = ferry_registry_lookup_locked(r, f->addr, f->len);
+    return reg ? reg->kind : FERRY_MEMKIND_HOST;
+}
+
+/* Copies the frame's range chunk by chunk, each under the registry's read
+ * lock after re-validating the range. Host memory moves in one copy, the
+ * kernel's; device memory (which the kernel cannot reach) is staged in the
+ * connection's bounce buffer, the attach outside the lock on the bounce
+ * side. Returns the answer's status. */
+static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, bool write)
+{
+    ferry_registry_t *r = &c->engine->registry;
     uint32_t need = write ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_REMOTE_READ;
     uint64_t done = 0;
     while (done < f->len) {
         uint64_t left = f->len - done;
         size_t n = left < SHM_CHUNK ? (size_t)left : SHM_CHUNK;
-        struct iovec mine = {(void *)(uintptr_t)(f->addr + done), n};
-        struct iovec theirs = {(void *)(uintptr_t)(f->aux + done), n};
+        unsigned char *here = (unsigned char *)(uintptr_t)(f->addr + done);
+        uint64_t there = f->aux + done;
         ssize_t got = 0;
-        int err = 0, rc = 0;
         ferry_registry_read_lock(r);
-        if (ferry_engine_is_cancelled(e, c->peer.engine_id, f->req_id))
-            rc = ferry_fail(FERRY_ERR_CANCELLED, "request %llu was cancelled", (unsigned long long)f->req_id);
-        else
-            rc = ferry_registry_check_locked(r, f->addr, f->len, need, f->crc, "target");
-        if (rc == 0) {
-            got = write ? process_vm_readv(sc->pid, &mine, 1, &theirs, 1, 0)
-                        : process_vm_writev(sc->pid, &mine, 1, &theirs, 1, 0);
-            if (got < 0) err = errno;
-        }
+        int rc = check_locked(c, f, need);
+        uint32_t kind = rc ? FERRY_MEMKIND_HOST : kind_locked(r, f);
+        if (rc == 0 && kind == FERRY_MEMKIND_HOST) got = cma_once(sc->pid, write, here, there, n);
         ferry_registry_unlock(r);
         if (rc) {
             if (done && rc == FERRY_ERR_ADDRESS_NOT_REGISTERED)
                 ferry_fail_context("region deregistered during the transfer");
             return rc;
         }
-        if (got > 0) {
-            done += (uint64_t)got;
-            continue;
+        if (kind != FERRY_MEMKIND_HOST) {
+            unsigned char *b = ferry_conn_bounce(c, n);
+            if (!b) return ferry_fail(FERRY_ERR_MEMORY, "staging buffer of %zu bytes: out of memory", n);
+            if (write) {
+                got = cma_once(sc->pid, true, b, there, n);
+                if (got > 0) {
+                    ferry_registry_read_lock(r);
+                    rc = check_locked(c, f, need);
+                    if (rc == 0) rc = ferry_memkind_from_host(kind, here, b, (size_t)got);
+                    ferry_registry_unlock(r);
+                }
+            } else {
+                ferry_registry_read_lock(r);
+                rc = check_locked(c, f, need);
+                if (rc == 0) rc = ferry_memkind_to_host(kind, b, here, n);
+                ferry_registry_unlock(r);
+                if (rc == 0) got = cma_once(sc->pid, false, b, there, n);
+            }
+            if (rc) return rc;
         }
-        if (got == 0) err = EFAULT; /* nothing moved: a fault at the very start */
-        switch (err) {
-        case EINTR:
-        case EAGAIN:
-            continue;
-        case EPERM:
-        case EACCES:
-            sc->state = -1;
-            snprintf(sc->reason, sizeof sc->reason, "the kernel stopped allowing cross-memory attach to pid %d: %s",
-                     (int)sc->pid, strerror(err));
-            return ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "%s", sc->reason);
-        case ESRCH:
-            return ferry_fail(FERRY_ERR_PEER_CLOSED, "initiator pid %d exited during a transfer", (int)sc->pid);
-        case ENOMEM:
-            return ferry_fail(FERRY_ERR_MEMORY, "cross-memory attach: out of memory");
-        default:
-            return ferry_fail(FERRY_ERR_INVALID_ARGUMENT,
-                              "%s initiator memory [0x%llx+%zu) by cross-memory attach failed after %llu of %llu "
-                              "bytes: %s (is the buffer unmapped while registered?)",
-                              write ? "reading" : "writing", (unsigned long long)(f->aux + done), n,
-                              (unsigned long long)done, (unsigned long long)f->len, strerror(err));
-        }
+        if (got < 0) return cma_error(sc, f, write, done, n, (int)-got);
+        done += (uint64_t)got;
     }
     return 0;
 }
@@ -520,7 +568,7 @@ static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
 /* --------------------------------------------------- initiator side */
 
 /* Reads a failing answer's text (the target's detail) into a local failure;
- * *reason gets the text without its "NAME (code): " prefix. */
+ * *reason gets the text as well. */
 static int fail_from_target(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline, char *reason, size_t cap)
 {
     char text[FERRY_WIRE_MAX_REASON + 1];
@@ -528,8 +576,7 @@ static int fail_from_target(ferry_conn_t *c, const ferry_frame_t *f, uint64_t de
     if (ferry_net_recv(c->fd, text, n, deadline) != 0) n = 0;
     text[n] = '\0';
     if (f->plen > n) ferry_conn_discard(c, f->plen - n, deadline);
-    const char *bare = strstr(text, "): ");
-    if (reason) snprintf(reason, cap, "%s", bare ? bare + 3 : n ? text : "(no detail)");
+    if (reason) snprintf(reason, cap, "%s", n ? text : "(no detail)");
     return ferry_fail(f->status, "target %s refused: %s", c->peer.name, n ? text : "(no detail)");
 }
 
@@ -603,8 +650,25 @@ static int fall_back(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, 
     return ferry_transport_tcp.run(c, xs, nx, broken);
 }
 
+/* Whether a piece's local buffer is device memory: the target's attach
+ * cannot reach it, so such a stream goes over TCP, which stages it. */
+static bool any_device_local(ferry_engine_t *e, const ferry_xfer_t *xs, size_t nx)
+{
+    ferry_registry_t *r = &e->registry;
+    if (ferry_registry_device_count(r) == 0) return false;
+    bool found = false;
+    ferry_registry_read_lock(r);
+    for (size_t i = 0; i < nx && !found; i++) {
+        const ferry_region_t *reg = ferry_registry_lookup_locked(r, (uint64_t)(uintptr_t)xs[i].local, xs[i].len);
+        found = reg && reg->kind != FERRY_MEMKIND_HOST;
+    }
+    ferry_registry_unlock(r);
+    return found;
+}
+
 static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
 {
+    if (any_device_local(c->engine, xs, nx)) return ferry_transport_tcp.run(c, xs, nx, broken);
     struct inflight ring[SHM_WINDOW];
     unsigned head = 0, count = 0;
     size_t cur = 0;
@@ -615,7 +679,7 @@ static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
      * confirmed prefix. */
     bool *tainted = NULL;
     uint64_t inflight = 0;
-    unsigned spin_us = ferry_net_spin_us();
+    unsigned spin_us = (unsigned)c->engine->cfg.spin_us;
     *broken = 0;
     for (;;) {
         while (cur < nx && !piece_sendable(&xs[cur], cur_off)) {
@@ -624,6 +688,7 @@ static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
         if (!refused && cur < nx && count < SHM_WINDOW) {
             ferry_xfer_t *x = &xs[cur];
             uint64_t n = x->len - cur_off < SHM_SLICE ? x->len - cur_off : SHM_SLICE;
+            x->inflight++; /* before the first byte leaves (cancel.h) */
             int rc = send_cma(c, x, cur_off, n);
             if (rc) {
                 *broken = 1;
@@ -647,6 +712,7 @@ static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
             free(tainted);
             return rc;
         }
+        in.x->inflight--;
         size_t idx = (size_t)(in.x - xs);
         if (this_refused) {
             refused = true;
@@ -705,24 +771,24 @@ static int shm_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, s
     static const uint8_t zero[16];
     const char *t = e->cfg.transport;
     if (t && strcmp(t, "auto") != 0 && strcmp(t, "shm") != 0) {
-        snprintf(why, cap, "shm not used: transport forced to %s", t);
+        snprintf(why, cap, "transport forced to %s", t);
         return 0;
     }
     if (!(peer->flags & FERRY_HELLO_F_CMA)) {
-        snprintf(why, cap, "shm not usable: the peer does not offer cross-memory attach");
+        snprintf(why, cap, "the peer does not offer cross-memory attach");
         return 0;
     }
     if (memcmp(e->host_id, zero, sizeof zero) == 0 || memcmp(peer->host_id, e->host_id, sizeof e->host_id) != 0) {
-        snprintf(why, cap, "shm not usable: the peer is on another host");
+        snprintf(why, cap, "the peer is on another host");
         return 0;
     }
     if (peer->pid <= 0) {
-        snprintf(why, cap, "shm not usable: the peer sent no pid");
+        snprintf(why, cap, "the peer sent no pid");
         return 0;
     }
     pthread_once(&yama_once, yama_setup);
     if (yama_level >= 2) {
-        snprintf(why, cap, "shm not usable: Yama ptrace_scope=%d forbids cross-memory attach", yama_level);
+        snprintf(why, cap, "Yama ptrace_scope=%d forbids cross-memory attach", yama_level);
         return 0;
     }
     snprintf(why, cap, "peer on this host (pid %d): single-copy cross-memory attach", (int)peer->pid);

@@ -120,6 +120,8 @@ class Config(ctypes.Structure):
         ("max_sessions", c_int),
         ("metadata_ttl_s", c_int),
         ("metrics_port", c_int),
+        ("cancel_timeout_ms", c_int),
+        ("spin_us", c_int),
         ("test_protocol_version", c_int),
     ]
 
@@ -233,6 +235,7 @@ _ENGINE_API = {
     "ferry_batch_status": (c_int, [c_void_p, c_size_t, _P(Status)]),
     "ferry_batch_wait": (c_int, [c_void_p, c_int]),
     "ferry_batch_cancel": (c_int, [c_void_p]),
+    "ferry_batch_cancel_request": (c_int, [c_void_p, c_size_t]),
     "ferry_batch_free": (c_int, [c_void_p]),
     "ferry_notify": (c_int, [c_void_p, c_char_p, c_void_p, c_size_t]),
     "ferry_get_notifications": (ctypes.c_long, [c_void_p, _P(Notification), c_size_t]),

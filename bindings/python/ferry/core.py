@@ -767,9 +767,20 @@ class Batch:
             self._end()
 
     def cancel(self):
+        """Cancels every unfinished request; when it returns, none of their
+        bytes can still land (CancelError CANCEL_UNCONFIRMED if the target
+        could not confirm: do not reuse its pages)."""
         b = self._begin()
         try:
             check(_lib.fn("ferry_batch_cancel")(b))
+        finally:
+            self._end()
+
+    def cancel_request(self, idx):
+        """Cancels request idx alone, with the same guarantee; the others go on."""
+        b = self._begin()
+        try:
+            check(_lib.fn("ferry_batch_cancel_request")(b, int(idx)))
         finally:
             self._end()
 

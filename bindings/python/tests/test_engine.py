@@ -61,6 +61,22 @@ class TestEngine(unittest.TestCase):
         cls.a.close()
         cls.b.close()
 
+    def test_cancel_one_request(self):
+        batch = self.a.batch(2)
+        batch.submit(self.b.name, [(ferry.WRITE, self.a_addr, self.b_addr, MiB),
+                                   (ferry.WRITE, self.a_addr + MiB, self.b_addr + MiB, MiB)])
+        batch.cancel_request(0)  # returns once nothing of it can land any more
+        self.assertIn(batch.status(0).state, (ferry.STATUS_CANCELLED, ferry.STATUS_COMPLETED))
+        with self.assertRaises(ferry.FerryError) as cm:
+            batch.cancel_request(5)
+        self.assertEqual(cm.exception.code, errors.NOT_FOUND)
+        try:
+            batch.wait(5000)
+        except ferry.CancelError:
+            pass
+        self.assertTrue(batch.status(1).ok)
+        batch.free()
+
     def test_identity(self):
         self.assertEqual(self.a.name, "127.0.0.1:%d" % self.a.port)
         self.assertGreater(self.a.port, 0)
