@@ -36,7 +36,6 @@ int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const 
     uint64_t slice = e->cfg.slice_size;
     for (size_t i = 0; i < n; i++) {
         int stripes = stripes_for(e, lens[i]);
-        uint64_t req_id = atomic_fetch_add(&e->next_req_id, 1);
         /* Stripe boundaries on slice multiples keep every slice full-sized. */
         uint64_t per = (lens[i] / (uint64_t)stripes + slice - 1) / slice * slice;
         for (int j = 0; j < stripes; j++) {
@@ -44,7 +43,10 @@ int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const 
             if (off >= lens[i]) break;
             uint64_t len = lens[i] - off < per ? lens[i] - off : per;
             xs[k++] = (ferry_xfer_t){.opcode = opcode, .local = (unsigned char *)locals[i] + off,
-                                     .remote = remotes[i] + off, .len = len, .req_id = req_id,
+                                     .remote = remotes[i] + off, .len = len,
+                                     /* One id per piece: a piece's failure can be fenced at
+                                      * the target without touching its sibling stripes. */
+                                     .req_id = atomic_fetch_add(&e->next_req_id, 1),
                                      .deadline = deadline, .index = i};
         }
     }
@@ -293,7 +295,15 @@ static void batch_task_done(ferry_task_t *t, void *owner)
             x->detail = NULL;
         }
         free(x->detail);
-        if (--r->pieces_left == 0) r->state = final_state(r->code);
+        if (--r->pieces_left == 0) {
+            r->state = final_state(r->code);
+            if (r->code) {
+                FERRY_STAT_ADD(&b->engine->stats, requests_failed, 1);
+                ferry_stats_failure(&b->engine->stats, r->code);
+            } else {
+                FERRY_STAT_ADD(&b->engine->stats, requests_completed, 1);
+            }
+        }
     }
     b->tasks_pending--;
     pthread_cond_broadcast(&b->cond);
@@ -354,6 +364,7 @@ long ferry_batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_
         ferry_session_put(s);
         return rc;
     }
+    FERRY_STAT_ADD(&e->stats, requests, n);
     pthread_mutex_lock(&b->lock);
     size_t first = b->count;
     b->count += n;
@@ -382,7 +393,11 @@ long ferry_batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_
             for (size_t i = 0; i < cnt; i++) {
                 struct batch_req *r = &b->reqs[part[i].index];
                 if (!r->code) r->code = mrc;
-                if (--r->pieces_left == 0) r->state = FERRY_STATUS_FAILED;
+                if (--r->pieces_left == 0) {
+                    r->state = FERRY_STATUS_FAILED;
+                    FERRY_STAT_ADD(&e->stats, requests_failed, 1);
+                    ferry_stats_failure(&e->stats, mrc);
+                }
             }
             pthread_mutex_unlock(&b->lock);
             continue;

@@ -44,12 +44,21 @@ int ferry_check_request(ferry_engine_t *e, int opcode, const void *local, uint64
     return ferry_check_local(e, local, len);
 }
 
-/* Failures worth an automatic retry on a fresh connection. A timeout is
- * not: its deadline is spent. Stale segments are not: the caller must learn
- * the new addresses. */
+/* Failures worth an automatic retry on a fresh connection: the code is
+ * retryable and the request can still succeed unchanged. A timeout is not:
+ * its deadline is spent. Stale segments are not: the caller must learn the
+ * new addresses. */
 static bool auto_retryable(int rc)
 {
     return rc == FERRY_ERR_PEER_CLOSED || rc == FERRY_ERR_SOCKET || rc == FERRY_ERR_CHECKSUM_MISMATCH;
+}
+
+/* Failures that say the link to the peer is gone: once retries ran out,
+ * the session's pooled connections are torn down. */
+static bool link_failure(int rc, int broken)
+{
+    return rc == FERRY_ERR_PEER_CLOSED || rc == FERRY_ERR_SOCKET || rc == FERRY_ERR_MALFORMED_FRAME ||
+           (rc == FERRY_ERR_TIMEOUT && broken);
 }
 
 static void sleep_backoff(int ms, uint64_t deadline)
@@ -111,6 +120,20 @@ static const ferry_transport_ops_t *session_transport(ferry_session_t *s)
     return t ? t : &ferry_transport_tcp;
 }
 
+/* After a connection broke: every write piece that was on it and is not
+ * wholly confirmed may still have bytes on their way. They are fenced (the
+ * target will refuse their id from the next connection's first use on),
+ * and a retry continues under a fresh id. */
+static void fence_unconfirmed(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        ferry_xfer_t *x = &xs[i];
+        if (!x->on_wire || x->opcode != FERRY_OP_WRITE || x->done >= x->len) continue;
+        ferry_session_fence(s, x->req_id);
+        x->req_id = atomic_fetch_add(&e->next_req_id, 1);
+    }
+}
+
 int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n)
 {
     int backoff = e->cfg.retry_backoff_ms;
@@ -122,30 +145,63 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
         int broken = 0;
         int rc = ferry_session_checkout(s, deadline, &c);
         if (rc == 0) {
+            for (size_t i = 0; i < n; i++) xs[i].on_wire = xs[i].rc == 0 && xs[i].done < xs[i].len;
             rc = session_transport(s)->run(c, xs, n, &broken);
             ferry_session_checkin(s, c, !broken);
+            if (broken) fence_unconfirmed(e, s, xs, n);
         }
+        bool corrupted = false;
         for (size_t i = 0; i < n; i++) {
             if (xs[i].rc == FERRY_ERR_STALE_SEGMENT) explain_stale(s, &xs[i]);
-            if (xs[i].rc == FERRY_ERR_CHECKSUM_MISMATCH && attempt < e->cfg.retries) xs[i].rc = 0;
+            if (xs[i].rc == FERRY_ERR_CHECKSUM_MISMATCH) {
+                FERRY_STAT_ADD(&e->stats, checksum_failures, 1);
+                if (attempt < e->cfg.retries) xs[i].rc = 0, corrupted = true;
+            }
         }
-        if (rc && !(auto_retryable(rc) && attempt < e->cfg.retries && ferry_ms_left(deadline) > 0)) {
-            fail_pending(xs, n, rc);
+        bool retry = rc ? auto_retryable(rc) && attempt < e->cfg.retries && ferry_ms_left(deadline) > 0
+                        : corrupted && any_pending(xs, n);
+        if (!retry) {
+            if (rc) {
+                fail_pending(xs, n, rc);
+                if (link_failure(rc, broken)) ferry_session_teardown(s);
+            } else if (any_pending(xs, n)) {
+                fail_pending(xs, n, ferry_fail(FERRY_ERR_INTERNAL, "pieces left after the last attempt"));
+            }
             break;
         }
-        if (!any_pending(xs, n)) break;
-        if (attempt >= e->cfg.retries) {
-            fail_pending(xs, n, ferry_fail(FERRY_ERR_INTERNAL, "pieces left after the last attempt"));
-            break;
-        }
-        FERRY_LOG(FERRY_LOG_INFO, "xfer", "retrying to %s after %s (attempt %d of %d)", s->name,
-                  ferry_error_name(rc ? rc : FERRY_ERR_CHECKSUM_MISMATCH), attempt + 1, e->cfg.retries);
+        int why = rc ? rc : FERRY_ERR_CHECKSUM_MISMATCH;
+        ferry_stats_retry(&e->stats, why);
+        FERRY_LOG(FERRY_LOG_INFO, "xfer", "retrying to %s after %s (retry %d of %d, backoff %d ms)", s->name,
+                  ferry_error_name(why), attempt + 1, e->cfg.retries, backoff);
         sleep_backoff(backoff, deadline);
-        backoff *= 2;
+        backoff = backoff > (1 << 20) ? backoff : backoff * 2;
     }
+    uint64_t written = 0, read = 0;
+    for (size_t i = 0; i < n; i++) *(xs[i].opcode == FERRY_OP_WRITE ? &written : &read) += xs[i].done;
+    if (written) FERRY_STAT_ADD(&e->stats, bytes_written, written);
+    if (read) FERRY_STAT_ADD(&e->stats, bytes_read, read);
     for (size_t i = 0; i < n; i++)
         if (xs[i].rc) return xs[i].rc;
     return 0;
+}
+
+/* Counts each request's outcome once: pieces are in request order, and a
+ * request failed if any of its pieces did. */
+void ferry_stats_requests_done(ferry_engine_t *e, const ferry_xfer_t *xs, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        size_t idx = xs[i].index;
+        int code = 0;
+        for (; i < n && xs[i].index == idx; i++)
+            if (xs[i].rc && !code) code = xs[i].rc;
+        if (code) {
+            FERRY_STAT_ADD(&e->stats, requests_failed, 1);
+            ferry_stats_failure(&e->stats, code);
+        } else {
+            FERRY_STAT_ADD(&e->stats, requests_completed, 1);
+        }
+    }
 }
 
 /* Re-raises piece x's failure as the thread's error, with context. */
@@ -186,7 +242,9 @@ static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const
     size_t nx;
     rc = ferry_make_pieces(e, opcode, locals, remotes, lens, n, ferry_deadline_after_ms(e->cfg.timeout_ms), &xs, &nx);
     if (rc == 0) {
+        FERRY_STAT_ADD(&e->stats, requests, n);
         rc = nx == 1 ? ferry_xfer_run(e, s, xs, 1) : ferry_run_parallel(e, s, xs, nx);
+        ferry_stats_requests_done(e, xs, nx);
         for (size_t i = 0; rc && i < nx; i++) {
             if (xs[i].rc) {
                 rc = report_piece(&xs[i], peer);

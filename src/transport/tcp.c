@@ -73,6 +73,11 @@ static int recv_answer(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t 
         return rc;
     }
     uint8_t want = x->opcode == FERRY_OP_WRITE ? FERRY_FRAME_WRITE_ACK : FERRY_FRAME_READ_RESP;
+    if (f.type == FERRY_FRAME_ERROR && f.status < 0) {
+        /* The target dropped the connection and said why. */
+        *broken = 1;
+        return fail_from_target(c, &f, x->deadline);
+    }
     if (f.type != want || f.req_id != x->req_id) {
         *broken = 1;
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected %s for request %llu, got %s for %llu",
@@ -234,11 +239,20 @@ static int place_direct(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadli
 /* With checksums: stage, verify, and place only verified bytes. */
 static int place_checked(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline, int *status)
 {
-    if (!c->bounce) c->bounce = malloc(FERRY_WIRE_MAX_DATA);
-    if (!c->bounce) return ferry_fail(FERRY_ERR_MEMORY, "checksum staging buffer: out of memory");
+    /* Sized to the slice (the range was validated already, so a stranger
+     * cannot make us allocate for memory it may not write). */
+    if (c->bounce_cap < f->len) {
+        free(c->bounce);
+        c->bounce_cap = 0;
+        c->bounce = malloc(f->len);
+        if (!c->bounce) return ferry_fail(FERRY_ERR_MEMORY, "checksum staging buffer of %llu bytes: out of memory",
+                                          (unsigned long long)f->len);
+        c->bounce_cap = f->len;
+    }
     int rc = ferry_net_recv(c->fd, c->bounce, f->len, deadline);
     if (rc) return rc;
     if (ferry_crc32c(0, c->bounce, f->len) != f->crc) {
+        FERRY_STAT_ADD(&c->engine->stats, checksum_failures, 1);
         *status = ferry_fail(FERRY_ERR_CHECKSUM_MISMATCH, "slice [0x%llx+%llu) from %s failed its CRC32C; not placed",
                              (unsigned long long)f->addr, (unsigned long long)f->len, c->peer.name);
         return 0;
@@ -270,6 +284,7 @@ static int serve_write(ferry_conn_t *c, const ferry_frame_t *f)
     else
         rc = place_direct(c, f, deadline, &status);
     if (rc) return rc;
+    if (status == 0) FERRY_STAT_ADD(&c->engine->stats, bytes_placed, f->len);
     return send_status(c, FERRY_FRAME_WRITE_ACK, f, status, deadline);
 }
 
@@ -319,8 +334,9 @@ static int serve_read(ferry_conn_t *c, const ferry_frame_t *f)
     uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
     ferry_frame_encode(&h, hdr);
     int rc = ferry_net_send(c->fd, hdr, sizeof hdr, deadline);
-    if (rc) return rc;
-    return send_from_memory(c, f, deadline);
+    if (rc == 0) rc = send_from_memory(c, f, deadline);
+    if (rc == 0) FERRY_STAT_ADD(&c->engine->stats, bytes_served, f->len);
+    return rc;
 }
 
 static int tcp_serve(ferry_conn_t *c, const ferry_frame_t *f)
