@@ -77,15 +77,20 @@ static uint64_t earliest_deadline(const ferry_xfer_t *xs, size_t n)
     return d;
 }
 
-/* Resolves each unresolved live piece against the peer's segments. */
-static void resolve_pieces(ferry_session_t *s, ferry_xfer_t *xs, size_t n)
+/* Resolves each unresolved live piece against the peer's segments. A
+ * piece the peer's table refuses fails; a retryable link failure while
+ * fetching the table stops here and is returned (the pieces left
+ * unresolved, never sent so), for the caller's retry policy. */
+static int resolve_pieces(ferry_session_t *s, ferry_xfer_t *xs, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         ferry_xfer_t *x = &xs[i];
         if (x->rc || x->generation) continue;
         int rc = ferry_session_resolve(s, x->opcode, x->remote, x->len, &x->generation, x->deadline);
+        if (rc && auto_retryable(rc)) return rc;
         if (rc) ferry_xfer_fail(x, rc);
     }
+    return 0;
 }
 
 /* After STALE_SEGMENT: learn the peer's current table and say precisely
@@ -138,12 +143,12 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
 {
     int backoff = e->cfg.retry_backoff_ms;
     for (int attempt = 0;; attempt++) {
-        resolve_pieces(s, xs, n);
-        if (!any_pending(xs, n)) break;
+        int rc = resolve_pieces(s, xs, n);
+        if (rc == 0 && !any_pending(xs, n)) break;
         uint64_t deadline = earliest_deadline(xs, n);
         ferry_conn_t *c;
         int broken = 0;
-        int rc = ferry_session_checkout(s, deadline, &c);
+        if (rc == 0) rc = ferry_session_checkout(s, deadline, &c);
         if (rc == 0) {
             for (size_t i = 0; i < n; i++) xs[i].on_wire = xs[i].rc == 0 && xs[i].done < xs[i].len;
             rc = session_transport(s)->run(c, xs, n, &broken);

@@ -204,6 +204,16 @@ static double rand01(uint64_t *s)
     return (double)(*s >> 11) / 9007199254740992.0;
 }
 
+/* A well-mixed, non-zero xorshift state from (seed, stream). */
+static uint64_t mix(uint64_t seed, uint64_t stream)
+{
+    uint64_t z = seed * 0x9E3779B97F4A7C15ull + stream * 0xBF58476D1CE4E5B9ull + 0x94D049BB133111EBull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return z ? z : 1;
+}
+
 static void cut_pair(struct pair *pr)
 {
     if (atomic_exchange(&pr->cut, true)) return;
@@ -370,8 +380,8 @@ static void *acceptor(void *arg)
         pr->a = a;
         pr->b = b;
         atomic_store(&pr->running, 2);
-        pr->d[0] = (struct dir){.pair = pr, .from = a, .to = b, .i2t = true, .rng = px->o.seed * 2 + 1 + serial * 7919};
-        pr->d[1] = (struct dir){.pair = pr, .from = b, .to = a, .i2t = false, .rng = px->o.seed * 2 + 3 + serial * 104729};
+        pr->d[0] = (struct dir){.pair = pr, .from = a, .to = b, .i2t = true, .rng = mix(px->o.seed, 2 * serial)};
+        pr->d[1] = (struct dir){.pair = pr, .from = b, .to = a, .i2t = false, .rng = mix(px->o.seed, 2 * serial + 1)};
         serial++;
         pthread_mutex_lock(&px->lock);
         pthread_create(&pr->t[0], NULL, pump, &pr->d[0]);
