@@ -48,7 +48,7 @@ struct runner {
     /* outcome of the batch (or sync call) that failed */
     int code;
     uint64_t failed_at;
-    int batches;
+    atomic_int batches;
     int bad_states;
 };
 
@@ -78,7 +78,7 @@ static void *batch_loop(void *arg)
             r->failed_at = harness_now_ms();
             break;
         }
-        r->batches++;
+        atomic_fetch_add(&r->batches, 1);
     }
     return NULL;
 }
@@ -93,7 +93,7 @@ static void *sync_loop(void *arg)
             r->failed_at = harness_now_ms();
             break;
         }
-        r->batches++;
+        atomic_fetch_add(&r->batches, 1);
     }
     return NULL;
 }
@@ -101,7 +101,7 @@ static void *sync_loop(void *arg)
 static void kill9_mid_transfer(void **state)
 {
     (void)state;
-    int base_threads = thread_count();
+    int base_threads = thread_baseline();
     const int timeout_ms = 3000;
     ferry_engine_t *e = initiator(timeout_ms);
     peer_proc_t p;
@@ -118,16 +118,17 @@ static void kill9_mid_transfer(void **state)
     pthread_create(&ta, NULL, batch_loop, &a);
     pthread_create(&ts, NULL, sync_loop, &s);
     /* Let both get going, then kill the target in the middle of it. */
-    for (int i = 0; i < 500 && (a.batches < 1 || s.batches < 1); i++) usleep(10000);
+    for (int i = 0; i < 1000 && (atomic_load(&a.batches) < 1 || atomic_load(&s.batches) < 1); i++) usleep(10000);
     usleep(30000);
     uint64_t killed_at = harness_now_ms();
     peer_end(&p, SIGKILL);
     pthread_join(ta, NULL);
     pthread_join(ts, NULL);
     fprintf(stderr, "batch loop: %d done, then %s after %llu ms; sync loop: %d done, then %s after %llu ms\n",
-            a.batches, ferry_error_name(a.code), (unsigned long long)(a.failed_at - killed_at), s.batches,
+            atomic_load(&a.batches), ferry_error_name(a.code), (unsigned long long)(a.failed_at - killed_at),
+            atomic_load(&s.batches),
             ferry_error_name(s.code), (unsigned long long)(s.failed_at - killed_at));
-    assert_true(a.batches >= 1 && s.batches >= 1);
+    assert_true(atomic_load(&a.batches) >= 1 && atomic_load(&s.batches) >= 1);
     assert_true(is_link_error(a.code));
     assert_true(is_link_error(s.code));
     assert_int_equal(a.bad_states, 0);
@@ -153,7 +154,7 @@ static void kill9_mid_transfer(void **state)
 static void stopped_peer_times_out(void **state)
 {
     (void)state;
-    int base_threads = thread_count();
+    int base_threads = thread_baseline();
     const int timeout_ms = 1000;
     ferry_engine_t *e = initiator(timeout_ms);
     peer_proc_t p;

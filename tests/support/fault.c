@@ -466,6 +466,15 @@ int thread_count(void)
     return n;
 }
 
+static void *nothing(void *arg) { return arg; }
+
+int thread_baseline(void)
+{
+    pthread_t t;
+    if (pthread_create(&t, NULL, nothing, NULL) == 0) pthread_join(t, NULL);
+    return wait_thread_count(0, 50);
+}
+
 int wait_thread_count(int n, int ms)
 {
     uint64_t end = now_ms() + (uint64_t)ms;

@@ -63,6 +63,9 @@ void proxy_stop(proxy_t *p);
 
 /* Threads of this process. */
 int thread_count(void);
+/* Threads of this process at rest, once a sanitizer's helper threads (TSan
+ * starts one at the first pthread_create) exist. */
+int thread_baseline(void);
 /* Waits up to ms for thread_count() to drop to at most n; returns the count. */
 int wait_thread_count(int n, int ms);
 /* Runs a shell command; its exit status (or -1). Output goes to stderr. */

@@ -25,6 +25,11 @@
 #define MAP_FIXED_NOREPLACE 0x100000
 #endif
 
+static void sync_with_engine(ferry_engine_t *e, void *buf)
+{
+    if (ferry_register(e, buf, 1, FERRY_MEM_LOCAL) == 0) ferry_deregister(e, buf);
+}
+
 int main(int argc, char **argv)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -78,6 +83,12 @@ int main(int argc, char **argv)
     while (fgets(line, sizeof line, stdin)) {
         unsigned long long seed = 0, off = 0, n = 0;
         bool ok = true;
+        /* A failing registration of an overlapping byte takes and drops the
+         * registry's write lock, which orders our access to the buffer after
+         * every placement so far and before every later one (placements hold
+         * its read lock) for TSan, which cannot see the order that the
+         * network and our stdin give. */
+        sync_with_engine(e, buf);
         if (sscanf(line, "fill %llu", &seed) == 1) {
             harness_fill(buf, len, seed);
         } else if (sscanf(line, "check %llu %llu %llu", &seed, &off, &n) == 3) {
@@ -97,6 +108,7 @@ int main(int argc, char **argv)
         } else {
             ok = false;
         }
+        sync_with_engine(e, buf);
         printf("%s\n", ok ? "OK" : "BAD");
         fflush(stdout);
     }
