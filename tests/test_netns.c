@@ -258,6 +258,48 @@ static void blackhole_mid_transfer(void **state)
     assert_int_equal(rc, 0);
 }
 
+/* A link that dies while connections sit idle: TCP keepalive finds it on
+ * both sides, so the target's serving thread ends and the initiator never
+ * sends a request into the dead connection. */
+static void idle_link_death_found_by_keepalive(void **state)
+{
+    if (!available) skip();
+    world_t *w = *state;
+    peer_end(&w->peer, SIGKILL);
+    const char *args[] = {"--host", B_IP, "--len", "1048576", "--keepalive", "1000", NULL};
+    assert_int_equal(peer_spawn(&w->peer, ns_b, B_IP, args), 0);
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.host = A_IP;
+    cfg.timeout_ms = 3000;
+    cfg.keepalive_ms = 1000;
+    cfg.conns_per_peer = 1;
+    assert_int_equal(ferry_engine_create(&cfg, &w->e), 0);
+    assert_int_equal(ferry_register(w->e, w->buf, w->len, 0), 0);
+    long idle_threads = peer_query(&w->peer, "threads");
+    assert_int_equal(round_trip(w, w->peer.name, 0, 4096, 30), 0);
+    long serving = peer_query(&w->peer, "threads");
+    assert_int_equal(serving, idle_threads + 1); /* one serving thread */
+    assert_int_equal(drop_percent(100), 0);
+    /* 1 s idle + 3 probes 1 s apart: gone after about 4 s on both sides. */
+    long now = serving;
+    for (int i = 0; i < 100 && now > idle_threads; i++) {
+        usleep(100 * 1000);
+        now = peer_query(&w->peer, "threads");
+    }
+    assert_int_equal(now, idle_threads);
+    undrop();
+    ferry_stats_t st;
+    ferry_engine_stats(w->e, &st);
+    uint64_t opened = st.connections_opened;
+    uint64_t t0 = harness_now_ms();
+    assert_int_equal(round_trip(w, w->peer.name, 0, 4096, 31), 0);
+    ferry_engine_stats(w->e, &st);
+    assert_int_equal(st.connections_opened, opened + 1); /* a fresh connection, */
+    assert_int_equal(st.retries, 0);                      /* not a failed try on the dead one */
+    assert_true(harness_now_ms() - t0 < 2000);
+}
+
 static void delayed_link(void **state)
 {
     if (!available) skip();
@@ -291,6 +333,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(lossy_link, setup, teardown),
         cmocka_unit_test_setup_teardown(rate_limited_link, setup, teardown),
         cmocka_unit_test_setup_teardown(blackhole_mid_transfer, setup, teardown),
+        cmocka_unit_test_setup_teardown(idle_link_death_found_by_keepalive, setup, teardown),
         cmocka_unit_test_setup_teardown(delayed_link, setup, teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

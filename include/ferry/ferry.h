@@ -10,6 +10,11 @@
  * that every byte was placed in its memory. A read reported complete means
  * every byte is in the caller's buffer.
  *
+ * A write that failed on a broken link (PEER_CLOSED, TIMEOUT, ...) may have
+ * placed some of its bytes, but none of them lands after the next request
+ * to that peer started: the initiator first has the target refuse the
+ * failed request's id (fencing), so late bytes never overwrite newer data.
+ *
  * All calls are thread-safe. Every blocking call ends by its deadline
  * (config.timeout_ms unless stated otherwise) and returns FERRY_ERR_TIMEOUT.
  * On failure a negative code from <ferry/error.h> is returned and
@@ -55,7 +60,8 @@ typedef struct ferry_config {
                                   handshakes afresh */
     int retry_backoff_ms;      /* first backoff, doubled each retry, 10 (FERRY_RETRY_BACKOFF_MS) */
     int checksum;              /* 1: CRC32C per slice, verified before placement (FERRY_CHECKSUM) */
-    int keepalive_ms;          /* TCP keepalive idle time, 0 disables, 5000 (FERRY_KEEPALIVE_MS) */
+    int keepalive_ms;          /* TCP keepalive idle time, 0 disables, 5000 (FERRY_KEEPALIVE_MS);
+                                  also bounds unacknowledged sends (TCP_USER_TIMEOUT, 4x) */
     const char *secret;        /* shared secret, NULL = none (FERRY_SECRET): an engine with one talks
                                   only to engines proving the same one (mutual HMAC-SHA256 at each
                                   connection's handshake), one without only to engines without;

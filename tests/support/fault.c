@@ -130,6 +130,17 @@ int peer_cmd(peer_proc_t *p, const char *fmt, ...)
     return strncmp(line, "OK", 2) == 0 ? 0 : 1;
 }
 
+long peer_query(peer_proc_t *p, const char *cmd)
+{
+    if (!p->in) return -1;
+    fprintf(p->in, "%s\n", cmd);
+    if (fflush(p->in) != 0) return -1;
+    char line[64];
+    long v = -1;
+    if (read_line(p->out, line, sizeof line, 30000) != 0 || sscanf(line, "OK %ld", &v) != 1) return -1;
+    return v;
+}
+
 void peer_end(peer_proc_t *p, int sig)
 {
     if (p->pid > 0) {

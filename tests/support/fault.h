@@ -26,6 +26,8 @@ typedef struct peer_proc {
 int peer_spawn(peer_proc_t *p, const char *netns, const char *host, const char *const *args);
 /* Sends one command line; 0 when answered OK, 1 when BAD, -1 when the peer is gone. */
 int peer_cmd(peer_proc_t *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Like peer_cmd, and returns the number after "OK" (or -1). */
+long peer_query(peer_proc_t *p, const char *cmd);
 /* Sends sig (0: ask it to quit), waits for it to end, closes its pipes. */
 void peer_end(peer_proc_t *p, int sig);
 

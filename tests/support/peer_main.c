@@ -7,8 +7,10 @@
  * Registers one remote-accessible buffer of N bytes (at ADDR if that address
  * is free, else anywhere), prints "READY port addr len epoch" and serves.
  * Commands on stdin, one a line, each answered by a line starting OK or BAD:
- *   fill SEED | check SEED OFF LEN | zero | iszero OFF LEN | dereg | reg | quit
+ *   fill SEED | check SEED OFF LEN | zero | iszero OFF LEN | dereg | reg |
+ *   threads (answers "OK n") | quit
  * It exits when stdin closes or its parent dies. */
+#include <dirent.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -103,6 +105,16 @@ int main(int argc, char **argv)
         } else if (!strncmp(line, "reg", 3)) {
             ok = !registered && ferry_register(e, buf, len, FERRY_MEM_REMOTE) == 0;
             registered = true;
+        } else if (!strncmp(line, "threads", 7)) {
+            int n = 0;
+            DIR *d = opendir("/proc/self/task");
+            struct dirent *de;
+            while (d && (de = readdir(d)))
+                if (de->d_name[0] != '.') n++;
+            if (d) closedir(d);
+            printf("OK %d\n", n);
+            fflush(stdout);
+            continue;
         } else if (!strncmp(line, "quit", 4)) {
             break;
         } else {
