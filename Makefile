@@ -4,7 +4,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build demo test test-asan test-tsan test-python clean
+.PHONY: all deps build demo test clean
 
 all: build
 

@@ -2,13 +2,13 @@
 # Builds Ferry's libFuzzer targets with clang (ASan + UBSan) and runs each
 # for a bounded time, starting from the seed corpus the targets make.
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]
-# Defaults: 30 s each; targets wire, handshake, initiator. Environment:
+# Defaults: $FUZZ_SECONDS or 30 s each; targets wire, handshake, initiator. Environment:
 #   FUZZ_BUILD (build-fuzz), FUZZ_JOBS (2), FUZZ_CORPUS (build dir/corpus).
 # Exit status: 0 when no target found a crash, leak or timeout; else 1, and
 # the reproducer lies in $FUZZ_BUILD/artifacts/<target>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SECS=${1:-30}
+SECS=${1:-${FUZZ_SECONDS:-30}}
 shift || true
 TARGETS=("$@")
 [ ${#TARGETS[@]} -eq 0 ] && TARGETS=(wire handshake initiator)

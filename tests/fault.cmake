@@ -8,6 +8,10 @@ target_link_libraries(ferry_fault_support PUBLIC ferry Threads::Threads)
 add_executable(ferry_test_peer ${CMAKE_CURRENT_SOURCE_DIR}/support/peer_main.c)
 target_link_libraries(ferry_test_peer PRIVATE ferry_harness ferry)
 
+# libFuzzer targets (clang, -DFERRY_FUZZ=ON) and their replay drivers,
+# which run in every build.
+include(${CMAKE_CURRENT_SOURCE_DIR}/fuzz/fuzz.cmake)
+
 foreach(t test_restart test_rogue test_auth test_integrity test_retry test_netns test_soak)
   if(TARGET ${t})
     target_link_libraries(${t} PRIVATE ferry_fault_support)
@@ -21,11 +25,13 @@ foreach(t test_netns test_soak)
     set_tests_properties(${t} PROPERTIES TIMEOUT 120 LABELS "fault;slow")
   endif()
 endforeach()
+# Pure, single-threaded parsing: nothing for TSan (scripts/test.sh: -LE no-tsan).
+foreach(t test_wire fuzz_wire_replay)
+  if(TEST ${t})
+    set_property(TEST ${t} APPEND PROPERTY LABELS no-tsan)
+  endif()
+endforeach()
 # Namespaces and nftables are machine-wide names: never two at once.
 if(TARGET test_netns)
   set_tests_properties(test_netns PROPERTIES RUN_SERIAL TRUE)
 endif()
-
-# libFuzzer targets (clang, -DFERRY_FUZZ=ON) and their replay drivers,
-# which run in every build.
-include(${CMAKE_CURRENT_SOURCE_DIR}/fuzz/fuzz.cmake)

@@ -80,7 +80,7 @@ static void detail_is_per_thread_and_prefixable(void **state)
     assert_detail_contains("[0x1000+64)");
     rc = ferry_fail_context("write to %s", "127.0.0.1:9");
     assert_int_equal(rc, FERRY_ERR_OUT_OF_BOUNDS);
-    assert_detail_contains("write to 127.0.0.1:9: OUT_OF_BOUNDS");
+    assert_detail_contains("OUT_OF_BOUNDS (-404): write to 127.0.0.1:9: range [0x1000+64)");
 }
 
 int main(void)

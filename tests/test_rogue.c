@@ -441,6 +441,7 @@ static void rogue_targets(void **state)
         ferry_config_init(&cfg);
         cfg.timeout_ms = 2000;
         cfg.retries = 0;
+        cfg.cancel_timeout_ms = 300;
         ferry_engine_t *ini = harness_engine_cfg(&cfg);
         char peer[64];
         snprintf(peer, sizeof peer, "127.0.0.1:%u", ntohs(sa.sin_port));
@@ -452,9 +453,17 @@ static void rogue_targets(void **state)
             unsigned char *buf = malloc(4096);
             ferry_register(ini, buf, 4096, 0);
             rc = ferry_transfer_sync(ini, peer, cases[i].op, buf, 0x100000, 4096);
-            if (rc != FERRY_ERR_MALFORMED_FRAME) fprintf(stderr, "case %c: %s\n", cases[i].mode, ferry_last_error_detail());
-            assert_int_equal(rc, FERRY_ERR_MALFORMED_FRAME);
-            assert_detail_contains(cases[i].needle);
+            if (rc == FERRY_ERR_CANCEL_UNCONFIRMED) {
+                /* A request cut off by the bad answer is fenced, which a
+                 * fake target cannot confirm (cancel.h): the cause is named. */
+                assert_detail_contains("stopped by MALFORMED_FRAME");
+                rc = FERRY_ERR_MALFORMED_FRAME;
+            } else {
+                if (rc != FERRY_ERR_MALFORMED_FRAME)
+                    fprintf(stderr, "case %c: %s\n", cases[i].mode, ferry_last_error_detail());
+                assert_int_equal(rc, FERRY_ERR_MALFORMED_FRAME);
+                assert_detail_contains(cases[i].needle);
+            }
             ferry_deregister(ini, buf);
             free(buf);
         }

@@ -30,8 +30,9 @@ static uint64_t rnd(void)
 
 static bool allowed(int code)
 {
+    /* CANCEL_UNCONFIRMED: a fence whose own connection the proxy cut. */
     return code == FERRY_ERR_PEER_CLOSED || code == FERRY_ERR_SOCKET || code == FERRY_ERR_CHECKSUM_MISMATCH ||
-           code == FERRY_ERR_TIMEOUT;
+           code == FERRY_ERR_TIMEOUT || code == FERRY_ERR_CANCEL_UNCONFIRMED;
 }
 
 struct slot_state {
@@ -155,7 +156,7 @@ static void soak(void **state)
     ferry_engine_stats(ini, &si);
     fprintf(stderr,
             "soak: %d batches, %ld requests in %llu ms: %ld completed, %ld failed (PEER_CLOSED %ld, SOCKET %ld, "
-            "CHECKSUM %ld, TIMEOUT %ld; %ld with a verified partial prefix); proxy cut %llu connections and "
+            "CHECKSUM %ld, TIMEOUT or CANCEL_UNCONFIRMED %ld; %ld with a verified partial prefix); proxy cut %llu connections and "
             "corrupted %llu frames; %llu retries, %llu reconnects, %llu teardowns; %d slots rechecked\n",
             batches, requests, (unsigned long long)took, completed, failed, by_code[0], by_code[1], by_code[2],
             by_code[3], partial_checked, (unsigned long long)proxy_cuts(px), (unsigned long long)proxy_corrupted(px),

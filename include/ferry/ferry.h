@@ -7,8 +7,23 @@
  *
  * Completion guarantee: a write reported complete (0 from a sync call, or
  * FERRY_STATUS_COMPLETED from a batch) means the target engine acknowledged
- * that every byte was placed in its memory. A read reported complete means
- * every byte is in the caller's buffer.
+ * that every byte was placed in its memory: a reader there sees them as soon
+ * as the call returns. There is no local-only completion. A read reported
+ * complete means every byte is in the caller's buffer.
+ *
+ * No late write: once a request is reported failed, timed out or cancelled
+ * (any code but CANCEL_UNCONFIRMED), no byte of it can still land in the
+ * target's memory, nor, for a read, in the caller's buffer; both sides' pages
+ * may be freed or reused at once. When a request stops with bytes on the
+ * wire (deadline, cancel, broken connection), the initiator has the target
+ * refuse the rest and waits for its confirmation (config.cancel_timeout_ms)
+ * before reporting; a retry after a broken connection does the same first.
+ * If the target cannot confirm, the code is CANCEL_UNCONFIRMED: do not reuse
+ * the target pages until the peer is known dead or restarted.
+ *
+ * Waiting: every completion wait blocks on an event (condition variable or
+ * poll), never busy-polls, unless config.spin_us asks for a bounded spin
+ * first. An idle engine uses no CPU beyond one wake-up a second.
  *
  * A write that failed on a broken link (PEER_CLOSED, TIMEOUT, ...) may have
  * placed some of its bytes, but none of them lands after the next request
@@ -16,7 +31,9 @@
  * failed request's id (fencing), so late bytes never overwrite newer data.
  *
  * All calls are thread-safe. Every blocking call ends by its deadline
- * (config.timeout_ms unless stated otherwise) and returns FERRY_ERR_TIMEOUT.
+ * (config.timeout_ms unless stated otherwise) and returns FERRY_ERR_TIMEOUT;
+ * a transfer that had bytes in flight at its deadline reports at most
+ * config.cancel_timeout_ms later (the confirmation above).
  * On failure a negative code from <ferry/error.h> is returned and
  * ferry_last_error_detail() describes it.
  */
@@ -48,7 +65,7 @@ typedef struct ferry_config {
     const char *host;          /* listen address, default "127.0.0.1" (FERRY_HOST) */
     uint16_t port;             /* listen port, 0 picks a free one (FERRY_PORT) */
     const char *metadata;      /* "p2p" (default), "etcd://h:p", "redis://h:p" (FERRY_METADATA) */
-    const char *transport;     /* "auto" (default), "tcp", "shm" (FERRY_TRANSPORT) */
+    const char *transport;     /* "auto" (default), "tcp", "shm", "rdma" (FERRY_TRANSPORT) */
     int timeout_ms;            /* default per-request deadline, 30000 (FERRY_TIMEOUT_MS) */
     int connect_timeout_ms;    /* connect + handshake deadline, 5000 (FERRY_CONNECT_TIMEOUT_MS) */
     int conns_per_peer;        /* TCP connections per peer for striping, 2 (FERRY_CONNS_PER_PEER) */
@@ -68,6 +85,15 @@ typedef struct ferry_config {
                                   else AUTH_FAILED. Authenticates, does not encrypt. */
     int log_level;             /* 0 error .. 4 trace, default 1 warn (FERRY_LOG) */
     int max_sessions;          /* cap on cached sessions, 4096 */
+    int metadata_ttl_s;        /* lease of this engine's metadata entry, 10 (FERRY_METADATA_TTL_S) */
+    int metrics_port;          /* Prometheus endpoint on host:port, 0 off, -1 any free port (FERRY_METRICS_PORT) */
+    /* How long a cancel, an expiry or a broken connection may wait for the
+     * target to confirm that no more byte of the request can land, 1000
+     * (FERRY_CANCEL_TIMEOUT_MS); past it the request fails CANCEL_UNCONFIRMED. */
+    int cancel_timeout_ms;
+    /* Completion waits first poll without sleeping for this long, then block
+     * on an event; 0 (default) never spins (FERRY_SPIN_US, at most 1000000). */
+    int spin_us;
     /* Testing only: advertise this protocol version instead of ours (0 = ours). */
     int test_protocol_version;
 } ferry_config_t;
@@ -173,7 +199,7 @@ typedef struct ferry_peer_info {
     uint64_t epoch;
     uint64_t segment_version; /* bumps on every (de)registration at the peer */
     size_t segment_count;     /* remote-accessible regions */
-    char transport[16];       /* "tcp" or "shm" */
+    char transport[16];       /* "tcp", "shm" or "rdma" */
     char transport_reason[128];
     int32_t pid;
     int same_host;
@@ -186,6 +212,8 @@ int ferry_session_open(ferry_engine_t *e, const char *peer);
 int ferry_session_close(ferry_engine_t *e, const char *peer);
 /* Describes an open session. */
 int ferry_session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info);
+/* Round trip of a small control frame to the peer, in microseconds. */
+int ferry_session_ping(ferry_engine_t *e, const char *peer, uint64_t *rtt_us);
 /* Copies up to max of the peer's remote-accessible segments (ascending addr);
  * returns how many exist, or a negative code. Refreshes from the peer first. */
 long ferry_session_segments(ferry_engine_t *e, const char *peer, ferry_segment_t *out,
@@ -231,18 +259,32 @@ typedef struct ferry_status {
 /* A batch holds up to capacity requests over its life (until freed). */
 int ferry_batch_alloc(ferry_engine_t *e, size_t capacity, ferry_batch_t **out);
 /* Submits n requests to peer; they start at once on the worker threads.
- * timeout_ms <= 0 uses config.timeout_ms. Returns the index of the first
- * request (requests are numbered in submission order) or a negative code. */
+ * timeout_ms is the deadline of each of these requests (<= 0: config.
+ * timeout_ms); one that has not completed by then ends FERRY_STATUS_TIMEOUT,
+ * with the no-late-write guarantee. Submit separately for separate
+ * deadlines. Returns the index of the first request (requests are numbered
+ * in submission order) or a negative code. */
 long ferry_batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_t *reqs,
                         size_t n, int timeout_ms);
 /* Status of request idx. */
 int ferry_batch_status(ferry_batch_t *b, size_t idx, ferry_status_t *st);
-/* Waits without spinning until every submitted request ended or timeout_ms
- * passed (-1 forever). 0: all completed; first failure code; or TIMEOUT. */
+/* Waits on a condition variable (after config.spin_us of spinning, if set)
+ * until every submitted request ended or timeout_ms passed (-1 forever).
+ * 0: all completed; first failure code; or TIMEOUT (of this wait: the
+ * requests go on). */
 int ferry_batch_wait(ferry_batch_t *b, int timeout_ms);
-/* Cancels every unfinished request. When it returns 0, no byte of a
- * cancelled request can still land in the target's memory. */
+/* Cancels every unfinished request and waits until they ended: the running
+ * ones are interrupted at once, wherever they are blocked, and the target
+ * confirms it refuses the rest of them. Requests that completed first stay
+ * COMPLETED; the others end FERRY_STATUS_CANCELLED. Returns 0, after which
+ * no byte of a cancelled request can still land in the target's memory or
+ * in a read's buffer, so the pages may be freed or reused; or
+ * CANCEL_UNCONFIRMED when the target could not confirm within
+ * config.cancel_timeout_ms. */
 int ferry_batch_cancel(ferry_batch_t *b);
+/* The same for request idx alone (NOT_FOUND if not submitted); the batch's
+ * other requests go on (those sharing its connection resume on another). */
+int ferry_batch_cancel_request(ferry_batch_t *b, size_t idx);
 /* Frees; BATCH_BUSY while requests are in flight (cancel or wait first). */
 int ferry_batch_free(ferry_batch_t *b);
 
@@ -262,7 +304,41 @@ typedef struct ferry_notification {
 long ferry_get_notifications(ferry_engine_t *e, ferry_notification_t *out, size_t max);
 void ferry_notifications_free(ferry_notification_t *n, size_t count);
 
+/* ---------------------------------------------------------------- metrics */
+
+/* Latency histogram bucket upper bounds, microseconds; the last is +Inf. */
+#define FERRY_LATENCY_BUCKETS 19
+extern const uint64_t ferry_latency_bounds_us[FERRY_LATENCY_BUCKETS];
+#define FERRY_METRICS_MAX_CODES 64
+
+typedef struct ferry_peer_metrics {
+    char peer[256];
+    char transport[16];        /* the transport last used to this peer */
+    uint64_t requests[2];      /* finished requests, by opcode (READ, WRITE) */
+    uint64_t bytes[2];         /* bytes confirmed, by opcode */
+    uint64_t failures;         /* requests that ended with an error */
+    uint64_t retries;          /* automatic retries */
+    uint64_t latency[FERRY_LATENCY_BUCKETS]; /* requests per bucket (not cumulative) */
+    uint64_t latency_sum_us;
+    int error_codes[FERRY_METRICS_MAX_CODES]; /* codes seen ... */
+    uint64_t error_counts[FERRY_METRICS_MAX_CODES]; /* ... and how often */
+    size_t nerrors;
+} ferry_peer_metrics_t;
+
+/* Copies up to max peers' metrics; returns how many peers exist. */
+long ferry_metrics_peers(ferry_engine_t *e, ferry_peer_metrics_t *out, size_t max);
+/* Sums the peers that used transport ("tcp", "shm", "rdma") into *out. */
+int ferry_metrics_transport(ferry_engine_t *e, const char *transport, ferry_peer_metrics_t *out);
+/* Renders every metric in Prometheus text format into buf (NUL-terminated,
+ * cut at cap); returns the full length, so a caller can size buf. */
+long ferry_metrics_prometheus(ferry_engine_t *e, char *buf, size_t cap);
+/* The port of the metrics HTTP endpoint (GET /metrics), 0 when off. */
+uint16_t ferry_metrics_port(const ferry_engine_t *e);
+
 #ifdef __cplusplus
 }
 #endif
+
+/* Pre-registered memory: allocate short-lived buffers without registering. */
+#include <ferry/pool.h>
 #endif

@@ -42,11 +42,10 @@ int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const 
             uint64_t off = per * (uint64_t)j;
             if (off >= lens[i]) break;
             uint64_t len = lens[i] - off < per ? lens[i] - off : per;
+            /* One id per piece, so that one piece can be fenced alone (cancel.h). */
+            uint64_t req_id = atomic_fetch_add(&e->next_req_id, 1);
             xs[k++] = (ferry_xfer_t){.opcode = opcode, .local = (unsigned char *)locals[i] + off,
-                                     .remote = remotes[i] + off, .len = len,
-                                     /* One id per piece: a piece's failure can be fenced at
-                                      * the target without touching its sibling stripes. */
-                                     .req_id = atomic_fetch_add(&e->next_req_id, 1),
+                                     .remote = remotes[i] + off, .len = len, .req_id = req_id,
                                      .deadline = deadline, .index = i};
         }
     }
@@ -64,6 +63,8 @@ struct task_ext {
     task_done_fn start; /* optional: the worker picked the task up */
     task_done_fn done;
     void *owner;
+    ferry_stream_ctl_t ctl;          /* a canceller interrupts the task here */
+    struct task_ext *bnext, *bprev;  /* async: the batch's outstanding tasks */
 };
 
 static void enqueue(ferry_engine_t *e, ferry_task_t *t)
@@ -148,6 +149,7 @@ static struct task_ext *task_new(ferry_session_t *s, ferry_xfer_t *xs, size_t n,
     struct task_ext *t = calloc(1, sizeof *t);
     if (!t) return NULL;
     atomic_fetch_add(&s->refs, 1);
+    ferry_stream_ctl_init(&t->ctl, s);
     t->task.session = s;
     t->task.xfers = xs;
     t->task.nxfers = n;
@@ -182,11 +184,17 @@ struct join {
     size_t left;
 };
 
+static void task_free(struct task_ext *t)
+{
+    ferry_stream_ctl_destroy(&t->ctl);
+    free(t);
+}
+
 static void join_done(ferry_task_t *t, void *owner)
 {
     struct join *j = owner;
     ferry_session_put(t->session);
-    free(t);
+    task_free((struct task_ext *)t);
     pthread_mutex_lock(&j->lock);
     j->left--;
     pthread_cond_signal(&j->cond);
@@ -230,11 +238,15 @@ int ferry_run_parallel(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, 
 /* ---------------------------------------------------------- async batch */
 
 struct batch_req {
+    uint64_t submitted_ns;
+    int opcode;
     int state;
     int code;
     _Atomic uint64_t bytes;
     size_t pieces_left;
     char *detail;
+    atomic_bool cancel;        /* its pieces stop at the next slice */
+    ferry_peer_stats_t *stats; /* the peer's metrics entry */
 };
 
 struct ferry_batch {
@@ -242,9 +254,9 @@ struct ferry_batch {
     size_t capacity, count;
     struct batch_req *reqs;
     pthread_mutex_t lock;
-    pthread_cond_t cond;
+    pthread_cond_t cond;       /* a piece or a task ended */
     size_t tasks_pending;
-    atomic_bool cancel;
+    struct task_ext *tasks;    /* outstanding tasks, queued or running */
 };
 
 int ferry_batch_alloc(ferry_engine_t *e, size_t capacity, ferry_batch_t **out)
@@ -262,11 +274,7 @@ int ferry_batch_alloc(ferry_engine_t *e, size_t capacity, ferry_batch_t **out)
     b->engine = e;
     b->capacity = capacity;
     pthread_mutex_init(&b->lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&b->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    ferry_cond_init_monotonic(&b->cond);
     *out = b;
     return 0;
 }
@@ -281,36 +289,81 @@ static int final_state(int code)
     }
 }
 
-/* A worker finished a task: settle each piece into its request. */
-static void batch_task_done(ferry_task_t *t, void *owner)
+static bool is_final(int state) { return state >= FERRY_STATUS_COMPLETED; }
+
+/* With b->lock held: folds a finished piece into its request. The first
+ * failure names the request, except that CANCEL_UNCONFIRMED (pages not safe
+ * to reuse) outranks every other. */
+static void settle_piece_locked(ferry_batch_t *b, ferry_xfer_t *x)
+{
+    struct batch_req *r = &b->reqs[x->index];
+    if (x->rc && r->code != FERRY_ERR_CANCEL_UNCONFIRMED && (r->code == 0 || x->rc == FERRY_ERR_CANCEL_UNCONFIRMED)) {
+        free(r->detail);
+        r->code = x->rc;
+        r->detail = x->detail;
+        x->detail = NULL;
+    }
+    free(x->detail);
+    x->detail = NULL;
+    if (--r->pieces_left == 0) {
+        r->state = final_state(r->code);
+        ferry_metrics_request(r->stats, NULL, r->opcode, atomic_load(&r->bytes), ferry_now_ns() - r->submitted_ns,
+                              r->code);
+        if (r->code) {
+            FERRY_STAT_ADD(&b->engine->stats, requests_failed, 1);
+            ferry_stats_failure(&b->engine->stats, r->code);
+        } else {
+            FERRY_STAT_ADD(&b->engine->stats, requests_completed, 1);
+        }
+    }
+}
+
+/* A piece reached its final state while its task goes on (xfer.c). */
+static void batch_piece_ended(ferry_xfer_t *x, void *arg)
+{
+    ferry_batch_t *b = arg;
+    pthread_mutex_lock(&b->lock);
+    settle_piece_locked(b, x);
+    pthread_cond_broadcast(&b->cond);
+    pthread_mutex_unlock(&b->lock);
+}
+
+/* With b->lock held: the task is over; settles what is left of it. */
+static void finish_task_locked(ferry_batch_t *b, struct task_ext *t)
+{
+    ferry_task_t *task = &t->task;
+    for (size_t i = 0; i < task->nxfers; i++) {
+        ferry_xfer_t *x = &task->xfers[i];
+        if (!x->has_ended) {
+            x->has_ended = true;
+            settle_piece_locked(b, x);
+        }
+        free(x->detail);
+    }
+    if (t->bprev)
+        t->bprev->bnext = t->bnext;
+    else
+        b->tasks = t->bnext;
+    if (t->bnext) t->bnext->bprev = t->bprev;
+    b->tasks_pending--;
+    pthread_cond_broadcast(&b->cond);
+}
+
+static void release_task(struct task_ext *t)
+{
+    ferry_session_put(t->task.session);
+    free(t->task.xfers);
+    task_free(t);
+}
+
+/* A worker finished a task. */
+static void batch_task_done(ferry_task_t *task, void *owner)
 {
     ferry_batch_t *b = owner;
     pthread_mutex_lock(&b->lock);
-    for (size_t i = 0; i < t->nxfers; i++) {
-        ferry_xfer_t *x = &t->xfers[i];
-        struct batch_req *r = &b->reqs[x->index];
-        if (x->rc && r->code == 0) {
-            r->code = x->rc;
-            r->detail = x->detail;
-            x->detail = NULL;
-        }
-        free(x->detail);
-        if (--r->pieces_left == 0) {
-            r->state = final_state(r->code);
-            if (r->code) {
-                FERRY_STAT_ADD(&b->engine->stats, requests_failed, 1);
-                ferry_stats_failure(&b->engine->stats, r->code);
-            } else {
-                FERRY_STAT_ADD(&b->engine->stats, requests_completed, 1);
-            }
-        }
-    }
-    b->tasks_pending--;
-    pthread_cond_broadcast(&b->cond);
+    finish_task_locked(b, (struct task_ext *)task);
     pthread_mutex_unlock(&b->lock);
-    ferry_session_put(t->session);
-    free(t->xfers);
-    free(t);
+    release_task((struct task_ext *)task);
 }
 
 static void batch_task_start(ferry_task_t *t, void *owner)
@@ -371,11 +424,16 @@ long ferry_batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_
     for (size_t i = 0; i < nx; i++) {
         xs[i].opcode = reqs[xs[i].index].opcode;
         xs[i].index += first;
-        xs[i].cancel = &b->cancel;
         struct batch_req *r = &b->reqs[xs[i].index];
+        xs[i].cancel = &r->cancel;
         xs[i].progress = &r->bytes;
+        xs[i].ended = batch_piece_ended;
+        xs[i].ended_arg = b;
         r->pieces_left++;
         r->state = FERRY_STATUS_WAITING;
+        r->opcode = xs[i].opcode;
+        r->submitted_ns = ferry_now_ns();
+        r->stats = s->stats;
     }
     pthread_mutex_unlock(&b->lock);
     size_t groups = (size_t)(e->cfg.conns_per_peer < e->cfg.workers ? e->cfg.conns_per_peer : e->cfg.workers);
@@ -399,13 +457,19 @@ long ferry_batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_
                     ferry_stats_failure(&e->stats, mrc);
                 }
             }
+            pthread_cond_broadcast(&b->cond);
             pthread_mutex_unlock(&b->lock);
             continue;
         }
         memcpy(part, xs + starts[k], cnt * sizeof *part);
+        for (size_t i = 0; i < cnt; i++) part[i].ctl = &t->ctl;
         t->start = batch_task_start;
+        t->task.batch = b;
         pthread_mutex_lock(&b->lock);
         b->tasks_pending++;
+        t->bnext = b->tasks;
+        if (b->tasks) b->tasks->bprev = t;
+        b->tasks = t;
         pthread_mutex_unlock(&b->lock);
         enqueue(e, &t->task);
     }
@@ -427,12 +491,25 @@ int ferry_batch_status(ferry_batch_t *b, size_t idx, ferry_status_t *st)
     st->state = r->state;
     st->code = r->code;
     st->bytes = atomic_load(&r->bytes);
-    if (r->code && r->detail) {
-        const char *text = strstr(r->detail, "): ");
-        ferry_fail(r->code, "request %zu: %s", idx, text ? text + 3 : r->detail);
-    }
+    if (r->code && r->detail) ferry_fail(r->code, "request %zu: %s", idx, r->detail);
     pthread_mutex_unlock(&b->lock);
     return 0;
+}
+
+/* Bounded spinning before blocking (config.spin_us): re-checks the batch
+ * without sleeping, for callers that trade a core for wake-up latency. */
+static void spin_until_idle(ferry_batch_t *b, uint64_t deadline)
+{
+    int spin_us = b->engine->cfg.spin_us;
+    if (spin_us <= 0) return;
+    uint64_t until = ferry_now_ns() + (uint64_t)spin_us * 1000u;
+    if (until > deadline) until = deadline;
+    do {
+        pthread_mutex_lock(&b->lock);
+        size_t left = b->tasks_pending;
+        pthread_mutex_unlock(&b->lock);
+        if (left == 0) return;
+    } while (ferry_now_ns() < until);
 }
 
 int ferry_batch_wait(ferry_batch_t *b, int timeout_ms)
@@ -440,6 +517,7 @@ int ferry_batch_wait(ferry_batch_t *b, int timeout_ms)
     ferry_clear_last_error();
     if (!b) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "batch wait: batch is NULL");
     uint64_t deadline = ferry_deadline_after_ms(timeout_ms);
+    spin_until_idle(b, deadline);
     struct timespec ts = ferry_deadline_timespec(deadline);
     pthread_mutex_lock(&b->lock);
     while (b->tasks_pending > 0) {
@@ -456,25 +534,125 @@ int ferry_batch_wait(ferry_batch_t *b, int timeout_ms)
         struct batch_req *r = &b->reqs[i];
         if (r->code) {
             rc = r->code;
-            const char *text = r->detail ? strstr(r->detail, "): ") : NULL;
-            ferry_fail(rc, "request %zu of %zu: %s", i, b->count, text ? text + 3 : "failed");
+            ferry_fail(rc, "request %zu of %zu: %s", i, b->count, r->detail ? r->detail : "failed");
         }
     }
     pthread_mutex_unlock(&b->lock);
     return rc;
 }
 
+/* ---------------------------------------------------------------- cancel */
+
+static bool in_range(size_t idx, size_t first, size_t n) { return idx >= first && idx - first < n; }
+
+/* Whether task t carries an unfinished request of [first, first+n). Reads
+ * only the pieces' immutable index and the requests' state (b->lock held),
+ * never what the worker running t writes. */
+static bool task_carries(ferry_batch_t *b, const struct task_ext *t, size_t first, size_t n)
+{
+    for (size_t i = 0; i < t->task.nxfers; i++) {
+        size_t idx = t->task.xfers[i].index;
+        if (in_range(idx, first, n) && !is_final(b->reqs[idx].state)) return true;
+    }
+    return false;
+}
+
+/* With b->lock held: flags the unfinished requests of [first, first+n),
+ * settles their pieces in tasks no worker has started (dropping tasks left
+ * empty), and interrupts the running tasks that carry them. */
+static void cancel_locked(ferry_batch_t *b, size_t first, size_t n)
+{
+    ferry_engine_t *e = b->engine;
+    for (size_t i = first; i < first + n; i++)
+        if (!is_final(b->reqs[i].state)) atomic_store(&b->reqs[i].cancel, true);
+    struct task_ext *dropped = NULL;
+    pthread_mutex_lock(&e->queue_lock);
+    ferry_task_t *prev = NULL;
+    for (ferry_task_t *t = e->queue_head, *next; t; t = next) {
+        next = t->next;
+        if (t->batch != b) {
+            prev = t;
+            continue;
+        }
+        bool left = false;
+        for (size_t i = 0; i < t->nxfers; i++) {
+            ferry_xfer_t *x = &t->xfers[i];
+            if (x->has_ended) continue;
+            if (!in_range(x->index, first, n)) {
+                left = true;
+                continue;
+            }
+            ferry_xfer_fail(x, ferry_fail(FERRY_ERR_CANCELLED, "cancelled before it started"));
+            x->has_ended = true;
+            settle_piece_locked(b, x);
+        }
+        if (left) {
+            prev = t;
+            continue;
+        }
+        if (prev)
+            prev->next = next;
+        else
+            e->queue_head = next;
+        if (e->queue_tail == t) e->queue_tail = prev;
+        struct task_ext *te = (struct task_ext *)t;
+        finish_task_locked(b, te);
+        te->bnext = dropped; /* unlinked from the batch: reuse the link */
+        dropped = te;
+    }
+    pthread_mutex_unlock(&e->queue_lock);
+    for (struct task_ext *t = b->tasks; t; t = t->bnext)
+        if (task_carries(b, t, first, n)) ferry_stream_ctl_fire(&t->ctl);
+    while (dropped) {
+        struct task_ext *next = dropped->bnext;
+        release_task(dropped);
+        dropped = next;
+    }
+    pthread_cond_broadcast(&b->cond);
+}
+
+/* With b->lock held: CANCEL_UNCONFIRMED for the first such request. */
+static int unconfirmed_locked(ferry_batch_t *b, size_t first, size_t n)
+{
+    for (size_t i = first; i < first + n; i++) {
+        struct batch_req *r = &b->reqs[i];
+        if (r->code == FERRY_ERR_CANCEL_UNCONFIRMED) {
+            const char *text = r->detail ? strstr(r->detail, "): ") : NULL;
+            return ferry_fail(r->code, "request %zu: %s", i, text ? text + 3 : "cancel not confirmed");
+        }
+    }
+    return 0;
+}
+
 int ferry_batch_cancel(ferry_batch_t *b)
 {
     ferry_clear_last_error();
     if (!b) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "batch cancel: batch is NULL");
-    atomic_store(&b->cancel, true);
-    /* Pieces stop at their next slice and drain what is on the wire, so
-     * when the tasks are done nothing of the batch is still travelling. */
     pthread_mutex_lock(&b->lock);
+    cancel_locked(b, 0, b->count);
+    /* Each interrupted task fences what it had on the wire (bounded by
+     * cancel_timeout_ms) before it ends. */
     while (b->tasks_pending > 0) pthread_cond_wait(&b->cond, &b->lock);
+    int rc = unconfirmed_locked(b, 0, b->count);
     pthread_mutex_unlock(&b->lock);
-    return 0;
+    return rc;
+}
+
+int ferry_batch_cancel_request(ferry_batch_t *b, size_t idx)
+{
+    ferry_clear_last_error();
+    if (!b) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "batch cancel: batch is NULL");
+    pthread_mutex_lock(&b->lock);
+    if (idx >= b->count) {
+        size_t count = b->count;
+        pthread_mutex_unlock(&b->lock);
+        return ferry_fail(FERRY_ERR_NOT_FOUND, "batch cancel: request %zu not submitted (%zu are)", idx, count);
+    }
+    cancel_locked(b, idx, 1);
+    while (!is_final(b->reqs[idx].state)) pthread_cond_wait(&b->cond, &b->lock);
+    int rc = unconfirmed_locked(b, idx, 1);
+    pthread_mutex_unlock(&b->lock);
+    return rc;
 }
 
 int ferry_batch_free(ferry_batch_t *b)

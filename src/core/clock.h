@@ -2,6 +2,7 @@
 #ifndef FERRY_CLOCK_H
 #define FERRY_CLOCK_H
 
+#include <pthread.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -36,6 +37,17 @@ static inline struct timespec ferry_deadline_timespec(uint64_t deadline)
     ts.tv_sec = (time_t)(deadline / 1000000000ull);
     ts.tv_nsec = (long)(deadline % 1000000000ull);
     return ts;
+}
+
+/* A condition variable whose timed waits use CLOCK_MONOTONIC deadlines
+ * (ferry_deadline_timespec), immune to wall-clock jumps. */
+static inline void ferry_cond_init_monotonic(pthread_cond_t *cond)
+{
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(cond, &ca);
+    pthread_condattr_destroy(&ca);
 }
 
 #endif

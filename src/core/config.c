@@ -25,6 +25,9 @@ void ferry_config_init(ferry_config_t *cfg)
     cfg->secret = NULL;
     cfg->log_level = 1;
     cfg->max_sessions = 4096;
+    cfg->metadata_ttl_s = 10;
+    cfg->cancel_timeout_ms = 1000;
+    cfg->spin_us = 0;
 }
 
 static int env_long(const char *name, long lo, long hi, long *out)
@@ -72,6 +75,10 @@ int ferry_config_from_env(ferry_config_t *cfg)
     ENV_INT("FERRY_KEEPALIVE_MS", keepalive_ms, 0, 3600000);
     ENV_STR("FERRY_SECRET", secret);
     ENV_INT("FERRY_LOG", log_level, 0, 4);
+    ENV_INT("FERRY_METADATA_TTL_S", metadata_ttl_s, 1, 3600);
+    ENV_INT("FERRY_METRICS_PORT", metrics_port, -1, 65535);
+    ENV_INT("FERRY_CANCEL_TIMEOUT_MS", cancel_timeout_ms, 1, 600000);
+    ENV_INT("FERRY_SPIN_US", spin_us, 0, 1000000);
     return 0;
 }
 
@@ -90,7 +97,15 @@ static int check_config(const ferry_config_t *c)
                           FERRY_WIRE_MAX_DATA);
     if (c->retries < 0 || c->retry_backoff_ms < 0)
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: retries and retry_backoff_ms must be >= 0");
+    if (c->metrics_port < -1 || c->metrics_port > 65535)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: metrics_port=%d not in [-1, 65535]", c->metrics_port);
+    if (c->metadata_ttl_s < 1) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: metadata_ttl_s must be >= 1");
     if (c->max_sessions < 1) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: max_sessions must be >= 1");
+    if (c->cancel_timeout_ms < 1 || c->cancel_timeout_ms > 600000)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: cancel_timeout_ms=%d not in [1, 600000]",
+                          c->cancel_timeout_ms);
+    if (c->spin_us < 0 || c->spin_us > 1000000)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: spin_us=%d not in [0, 1000000]", c->spin_us);
     return 0;
 }
 

@@ -17,8 +17,10 @@
 
 #include "auth.h"
 #include "clock.h"
+#include "directory.h"
 #include "fail.h"
 #include "log.h"
+#include "memkind.h"
 #include "net.h"
 #include "transport/transport.h"
 
@@ -56,8 +58,20 @@ void ferry_conn_free(ferry_conn_t *c)
 {
     if (!c) return;
     if (c->fd >= 0) close(c->fd);
+    if (c->xport_free) c->xport_free(c->xport);
     free(c->bounce);
     free(c);
+}
+
+unsigned char *ferry_conn_bounce(ferry_conn_t *c, size_t n)
+{
+    size_t cap = c->bounce && c->bounce_cap == 0 ? FERRY_WIRE_MAX_DATA : c->bounce_cap;
+    if (c->bounce && cap >= n) return c->bounce;
+    free(c->bounce);
+    c->bounce = malloc(n);
+    c->bounce_cap = c->bounce ? n : 0;
+    if (!c->bounce) ferry_fail(FERRY_ERR_MEMORY, "staging buffer of %zu bytes: out of memory", n);
+    return c->bounce;
 }
 
 /* ------------------------------------------------------------ handshake */
@@ -69,6 +83,8 @@ void ferry_hello_fill(ferry_engine_t *e, ferry_hello_t *h)
     h->proto_min = v;
     h->proto_max = v;
     h->flags = FERRY_HELLO_F_CMA | (e->cfg.secret ? FERRY_HELLO_F_AUTH : 0);
+    for (int i = 0; ferry_transports[i]; i++)
+        if (ferry_transports[i]->hello_flags) h->flags |= ferry_transports[i]->hello_flags(e);
     h->engine_id = e->engine_id;
     h->epoch = e->epoch;
     h->pid = (int32_t)getpid();
@@ -206,25 +222,18 @@ static int serve_notify(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadli
 
 bool ferry_engine_is_cancelled(ferry_engine_t *e, uint64_t engine_id, uint64_t req_id)
 {
-    bool found = false;
-    pthread_mutex_lock(&e->cancel_lock);
-    for (size_t i = 0; i < sizeof e->cancelled / sizeof e->cancelled[0] && !found; i++)
-        found = e->cancelled[i].req_id == req_id && e->cancelled[i].engine_id == engine_id && req_id;
-    pthread_mutex_unlock(&e->cancel_lock);
-    return found;
+    return req_id && ferry_cancel_set_has(&e->cancels, engine_id, req_id);
 }
 
 /* Records the cancel, then waits out every placement in progress (they hold
  * the registry's read lock): once CANCEL_ACK is sent, no byte of the request
- * can land, because every later slice checks the cancelled set first. */
+ * can land, because every later chunk checks the cancel set first under
+ * that lock (cancel.h). */
 static int serve_cancel(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline)
 {
     ferry_engine_t *e = c->engine;
-    pthread_mutex_lock(&e->cancel_lock);
-    size_t slot = e->cancelled_next++ % (sizeof e->cancelled / sizeof e->cancelled[0]);
-    e->cancelled[slot].engine_id = c->peer.engine_id;
-    e->cancelled[slot].req_id = f->req_id;
-    pthread_mutex_unlock(&e->cancel_lock);
+    int rc = ferry_cancel_set_add(&e->cancels, c->peer.engine_id, f->req_id, c->serial);
+    if (rc) return rc; /* no ack: the initiator reports CANCEL_UNCONFIRMED */
     ferry_registry_barrier(&e->registry);
     ferry_frame_t ack = {.type = FERRY_FRAME_CANCEL_ACK, .req_id = f->req_id};
     return ferry_conn_send_frame(c, &ack, NULL, deadline);
@@ -256,7 +265,7 @@ static int serve_frame(ferry_conn_t *c, const ferry_frame_t *f)
 /* Tells a misbehaving peer why it is dropped, best effort. */
 static void send_error(ferry_conn_t *c, int code)
 {
-    const char *d = ferry_last_error_detail();
+    const char *d = ferry_fail_message();
     size_t n = strlen(d);
     ferry_frame_t f = {.type = FERRY_FRAME_ERROR, .status = code, .plen = (uint32_t)n};
     ferry_conn_send_frame(c, &f, d, ferry_deadline_after_ms(100));
@@ -298,10 +307,20 @@ static void *serve_thread(void *arg)
     return NULL;
 }
 
+/* Forgets cancels that no served connection can carry any more (cancel.h). */
+static void prune_cancels_locked(ferry_engine_t *e)
+{
+    uint64_t oldest = UINT64_MAX;
+    for (ferry_conn_t *c = e->conns; c; c = c->next)
+        if (!atomic_load(&c->done) && c->serial < oldest) oldest = c->serial;
+    ferry_cancel_set_prune(&e->cancels, oldest);
+}
+
 /* Joins and frees served connections whose threads have finished. */
 static void reap_conns(ferry_engine_t *e, bool all)
 {
     pthread_mutex_lock(&e->conns_lock);
+    bool reaped = false;
     ferry_conn_t **pp = &e->conns;
     while (*pp) {
         ferry_conn_t *c = *pp;
@@ -313,10 +332,12 @@ static void reap_conns(ferry_engine_t *e, bool all)
             pthread_join(c->thread, NULL);
             ferry_conn_free(c);
             pthread_mutex_lock(&e->conns_lock);
+            reaped = true;
         } else {
             pp = &c->next;
         }
     }
+    if (reaped) prune_cancels_locked(e);
     pthread_mutex_unlock(&e->conns_lock);
 }
 
@@ -362,6 +383,7 @@ static void accept_one(ferry_engine_t *e)
     }
     c->fd = fd;
     c->engine = e;
+    c->serial = atomic_fetch_add(&e->next_conn_serial, 1);
     describe_remote(fd, c->remote, sizeof c->remote);
     int prc = pthread_create(&c->thread, NULL, serve_thread, c);
     if (prc != 0) {
@@ -423,7 +445,12 @@ static uint64_t random64(void)
 
 static void engine_free(ferry_engine_t *e)
 {
+    /* Transports release their per-region state (RDMA memory regions) and
+     * device contexts while the registry still exists. */
+    for (int i = 0; ferry_transports[i]; i++)
+        if (ferry_transports[i]->engine_fini) ferry_transports[i]->engine_fini(e);
     ferry_registry_destroy(&e->registry);
+    ferry_metrics_destroy(&e->metrics);
     if (e->listen_fd >= 0) close(e->listen_fd);
     if (e->wake_fd[0] >= 0) close(e->wake_fd[0]);
     if (e->wake_fd[1] >= 0) close(e->wake_fd[1]);
@@ -432,7 +459,7 @@ static void engine_free(ferry_engine_t *e)
     pthread_mutex_destroy(&e->queue_lock);
     pthread_cond_destroy(&e->queue_cond);
     pthread_mutex_destroy(&e->notify_lock);
-    pthread_mutex_destroy(&e->cancel_lock);
+    ferry_cancel_set_destroy(&e->cancels);
     free(e->cfg_strings);
     free(e);
 }
@@ -445,14 +472,12 @@ static ferry_engine_t *engine_alloc(void)
     pthread_mutex_init(&e->conns_lock, NULL);
     pthread_mutex_init(&e->sessions_lock, NULL);
     pthread_mutex_init(&e->queue_lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&e->queue_cond, &ca);
-    pthread_condattr_destroy(&ca);
+    ferry_cond_init_monotonic(&e->queue_cond);
     pthread_mutex_init(&e->notify_lock, NULL);
-    pthread_mutex_init(&e->cancel_lock, NULL);
+    ferry_cancel_set_init(&e->cancels);
+    atomic_store(&e->next_conn_serial, 1);
     ferry_registry_init(&e->registry);
+    ferry_metrics_init(&e->metrics);
     e->engine_id = random64();
     e->epoch = random64();
     atomic_store(&e->next_req_id, 1);
@@ -487,8 +512,10 @@ int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out)
     if (rc) goto fail;
     ferry_log_level = e->cfg.log_level;
     if (!ferry_transport_find(e->cfg.transport) && strcmp(e->cfg.transport, "auto") != 0) {
-        rc = ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: unknown transport '%s' (auto, tcp, shm)",
-                        e->cfg.transport);
+        char names[128] = "auto";
+        for (int i = 0; ferry_transports[i]; i++)
+            snprintf(names + strlen(names), sizeof names - strlen(names), ", %s", ferry_transports[i]->name);
+        rc = ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: unknown transport '%s' (%s)", e->cfg.transport, names);
         goto fail;
     }
     rc = ferry_net_listen(e->cfg.host, e->cfg.port, &e->listen_fd, &e->port);
@@ -498,10 +525,23 @@ int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out)
         rc = ferry_fail(FERRY_ERR_SOCKET, "engine create: pipe: %s", strerror(errno));
         goto fail;
     }
+    if (e->cfg.metrics_port != 0) {
+        rc = ferry_metrics_http_start(e, e->cfg.metrics_port);
+        if (rc) goto fail;
+    }
+    rc = ferry_directory_start(e);
+    if (rc) {
+        ferry_metrics_http_stop(e);
+        goto fail;
+    }
     rc = ferry_workers_start(e);
-    if (rc) goto fail;
+    if (rc) {
+        ferry_directory_stop(e);
+        goto fail;
+    }
     if (pthread_create(&e->listener, NULL, listener_thread, e) != 0) {
         ferry_workers_stop(e);
+        ferry_directory_stop(e);
         rc = ferry_fail(FERRY_ERR_INTERNAL, "engine create: cannot start the listener thread");
         goto fail;
     }
@@ -516,12 +556,15 @@ fail:
 void ferry_engine_destroy(ferry_engine_t *e)
 {
     if (!e) return;
+    /* Leave the directory first: peers stop finding us before we stop answering. */
+    ferry_directory_stop(e);
     atomic_store(&e->stopping, true);
     if (write(e->wake_fd[1], "x", 1) < 0) { /* the listener also polls with a timeout */ }
     pthread_join(e->listener, NULL);
     reap_conns(e, true);
     ferry_workers_stop(e);
     ferry_sessions_destroy(e);
+    ferry_metrics_http_stop(e);
     ferry_notify_clear(e);
     engine_free(e);
 }
@@ -552,7 +595,10 @@ int ferry_register(ferry_engine_t *e, void *addr, size_t len, unsigned flags)
     if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "register: engine is NULL");
     int rc = check_flags(flags);
     if (rc) return rc;
-    return ferry_registry_add(&e->registry, (uint64_t)(uintptr_t)addr, len, flags);
+    uint32_t kind = FERRY_MEMKIND_HOST;
+    if (addr && len) rc = ferry_memkind_detect(addr, len, &kind);
+    if (rc) return rc;
+    return ferry_registry_add_kind(&e->registry, (uint64_t)(uintptr_t)addr, len, flags, kind);
 }
 
 int ferry_deregister(ferry_engine_t *e, void *addr)
@@ -568,7 +614,17 @@ int ferry_register_batch(ferry_engine_t *e, void *const *addrs, const size_t *le
     if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "register batch: engine is NULL");
     int rc = check_flags(flags);
     if (rc) return rc;
-    return ferry_registry_add_many(&e->registry, addrs, lens, n, flags);
+    if (!addrs || !lens) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "register batch: NULL array");
+    uint32_t one, *kinds = n > 1 ? calloc(n, sizeof *kinds) : &one;
+    if (!kinds) return ferry_fail(FERRY_ERR_MEMORY, "register batch of %zu: out of memory", n);
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        kinds[i] = FERRY_MEMKIND_HOST;
+        if (addrs[i] && lens[i]) rc = ferry_memkind_detect(addrs[i], lens[i], &kinds[i]);
+        if (rc) ferry_fail_context("region %zu of %zu (none registered)", i, n);
+    }
+    if (rc == 0) rc = ferry_registry_add_many_kinds(&e->registry, addrs, lens, n, flags, kinds);
+    if (kinds != &one) free(kinds);
+    return rc;
 }
 
 int ferry_deregister_batch(ferry_engine_t *e, void *const *addrs, size_t n)
@@ -581,7 +637,7 @@ int ferry_deregister_batch(ferry_engine_t *e, void *const *addrs, size_t n)
         int rc = ferry_registry_remove(&e->registry, (uint64_t)(uintptr_t)addrs[i]);
         if (rc && !first) {
             first = rc;
-            snprintf(detail, sizeof detail, "%s", ferry_last_error_detail());
+            snprintf(detail, sizeof detail, "region %zu of %zu: %s", i, n, ferry_fail_message());
         }
     }
     if (first) ferry_fail(first, "%s", detail);

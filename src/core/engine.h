@@ -10,6 +10,9 @@
 
 #include <ferry/ferry.h>
 
+#include "cancel.h"
+#include "meta/meta.h"
+#include "metrics.h"
 #include "registry.h"
 #include "stats.h"
 #include "wire/wire.h"
@@ -23,13 +26,16 @@ typedef struct ferry_conn {
     ferry_engine_t *engine;
     ferry_session_t *session;  /* initiator side: its session; NULL on the target */
     ferry_hello_t peer;        /* what the other side said in the handshake */
-    char remote[64];           /* target side: the socket's peer address, for logs */
-    unsigned char *bounce;     /* checksum staging, grown to the largest slice seen */
-    size_t bounce_cap;
-    uint64_t pool_gen;         /* initiator side: the session's pool generation at connect */
+    unsigned char *bounce;     /* checksum / device-memory staging, lazily made */
+    size_t bounce_cap;         /* its size; 0 = FERRY_WIRE_MAX_DATA (the target's checksum staging) */
     struct ferry_conn *next;   /* target side: list of served connections */
     pthread_t thread;          /* target side: its serving thread */
     atomic_bool done;          /* target side: the thread has finished */
+    void *xport;               /* a transport's per-connection state, or NULL */
+    void (*xport_free)(void *); /* frees xport with the connection */
+    uint64_t serial;           /* target side: accept order, 1, 2, ... (cancel.h) */
+    uint64_t pool_gen;         /* initiator side: the session's pool generation at connect */
+    char remote[64];           /* target side: the socket's peer address, for logs */
 } ferry_conn_t;
 
 enum ferry_session_state { SESSION_OK = 0, SESSION_RESTARTED, SESSION_CLOSED };
@@ -54,6 +60,7 @@ struct ferry_session {
     int broken_conns;          /* connections lost since the last reconnect (for stats) */
     const struct ferry_transport_ops *transport;
     char transport_reason[128];
+    ferry_peer_stats_t *stats;  /* the engine's metrics entry for this peer */
 
     /* The peer's remote-accessible segments, sorted by address. */
     pthread_rwlock_t seg_lock;
@@ -61,12 +68,6 @@ struct ferry_session {
     size_t nsegs;
     uint64_t seg_version;
     atomic_bool segs_stale;    /* refetch before the next resolve (after a teardown) */
-
-    /* Writes whose bytes may still be travelling on a broken connection:
-     * the next connection checked out first has the target refuse them
-     * (CANCEL), so that they cannot land on top of later writes. Under lock. */
-    uint64_t *fence;
-    size_t nfence, fence_cap;
 
     ferry_session_t *next;     /* engine's session list */
 };
@@ -86,7 +87,12 @@ typedef struct ferry_xfer {
     int rc;                    /* this piece's outcome */
     char *detail;              /* malloc'd detail when rc < 0 */
     size_t index;              /* request index within its batch */
-    bool on_wire;              /* was live when the current attempt started */
+    /* Completion and cancel (cancel.h). */
+    unsigned inflight;         /* frames sent whose answer has not arrived */
+    ferry_stream_ctl_t *ctl;   /* lets a canceller interrupt the stream; NULL = none */
+    void (*ended)(struct ferry_xfer *x, void *arg); /* called once when final */
+    void *ended_arg;
+    bool has_ended;
 } ferry_xfer_t;
 
 /* Records a piece's failure with the calling thread's current detail. */
@@ -120,7 +126,13 @@ struct ferry_engine {
     _Atomic uint64_t next_req_id;
 
     ferry_registry_t registry;
-    ferry_counters_t stats;
+    ferry_metrics_t metrics;
+    ferry_counters_t stats;    /* engine-wide fault and security counters (stats.h) */
+
+    /* Metadata service (directory.c). */
+    ferry_meta_t meta;
+    bool meta_open;
+    struct ferry_meta_publisher *publisher;
 
     pthread_t listener;
     pthread_mutex_t conns_lock;
@@ -143,12 +155,14 @@ struct ferry_engine {
     size_t notify_count;
     size_t notify_bytes;
 
-    /* Requests the initiator cancelled: (engine id, req id) pairs whose late
-     * frames this target refuses. A small ring: ids are unique and old ones
-     * can no longer arrive once their connection was checked. */
-    pthread_mutex_t cancel_lock;
-    struct { uint64_t engine_id, req_id; } cancelled[1024];
-    size_t cancelled_next;
+    /* Requests initiators cancelled, whose late frames this target refuses
+     * (cancel.h); connections get serials in accept order. */
+    ferry_cancel_set_t cancels;
+    _Atomic uint64_t next_conn_serial;
+
+    /* The RDMA transport's state (src/transport/rdma.c): probe result and
+     * device context, made at first use. */
+    struct ferry_rdma *rdma;
 };
 
 /* config.c */
@@ -175,11 +189,22 @@ int ferry_conn_recv_frame(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline);
 /* Reads and discards n payload bytes. */
 int ferry_conn_discard(ferry_conn_t *c, uint64_t n, uint64_t deadline);
 void ferry_conn_free(ferry_conn_t *c);
+/* The connection's staging buffer of at least n bytes (n <= FERRY_WIRE_MAX_DATA). */
+unsigned char *ferry_conn_bounce(ferry_conn_t *c, size_t n);
 
 /* session.c: initiator side */
 int ferry_session_get(ferry_engine_t *e, const char *peer, ferry_session_t **out);
 void ferry_session_put(ferry_session_t *s);
 int ferry_session_checkout(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out);
+/* As checkout; returns CANCELLED at once when *abort is set (it is cleared),
+ * and ferry_session_wake makes a waiting checkout look again. */
+int ferry_session_checkout_abortable(ferry_session_t *s, uint64_t deadline, atomic_bool *abort, ferry_conn_t **out);
+void ferry_session_wake(ferry_session_t *s);
+/* For a control exchange that must not queue behind busy connections
+ * (confirming a cancel): an idle connection, else a new one even beyond
+ * conns_per_peer and whatever the session's state (fresh: always a new
+ * one). Check it in as usual. */
+int ferry_session_checkout_spare(ferry_session_t *s, uint64_t deadline, bool fresh, ferry_conn_t **out);
 /* Returns a healthy connection to the pool; broken ones (ok == false) are closed. */
 void ferry_session_checkin(ferry_session_t *s, ferry_conn_t *c, bool ok);
 /* Resolves [remote, remote+len) in the cached segments (refreshing once on a
@@ -191,8 +216,6 @@ int ferry_session_refresh_segments(ferry_session_t *s, uint64_t deadline);
  * (busy ones at checkin) so that the next use connects and handshakes
  * afresh, epoch check included, and refetches the segments. */
 void ferry_session_teardown(ferry_session_t *s);
-/* Queues req_id (a write cut off on a broken connection) for fencing. */
-void ferry_session_fence(ferry_session_t *s, uint64_t req_id);
 void ferry_sessions_destroy(ferry_engine_t *e);
 
 /* xfer.c: running pieces on one connection with retries and re-resolution */

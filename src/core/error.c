@@ -193,9 +193,12 @@ int ferry_error_parse(const char *text, int *code)
 
 /* ------------------------------------------------------- per-thread detail */
 
+/* The message (contexts prefixed, outermost first) and code are kept apart;
+ * the public detail is "NAME (code): message", built when asked for. */
 #define DETAIL_MAX 1024
 
-static _Thread_local char last_detail[DETAIL_MAX];
+static _Thread_local char last_msg[DETAIL_MAX];
+static _Thread_local char last_detail[DETAIL_MAX + 64];
 static _Thread_local int last_code;
 
 int ferry_fail(int code, const char *fmt, ...)
@@ -206,7 +209,7 @@ int ferry_fail(int code, const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     last_code = code;
-    snprintf(last_detail, sizeof last_detail, "%s (%d): %s", ferry_error_name(code), code, msg);
+    memcpy(last_msg, msg, sizeof msg);
     return code;
 }
 
@@ -218,17 +221,24 @@ int ferry_fail_context(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
-    memcpy(old, last_detail, sizeof old);
-    snprintf(last_detail, sizeof last_detail, "%s: %s", prefix, old);
+    memcpy(old, last_msg, sizeof old);
+    snprintf(last_msg, sizeof last_msg, "%s: %s", prefix, old);
     return last_code;
 }
 
-const char *ferry_last_error_detail(void) { return last_detail; }
+const char *ferry_fail_message(void) { return last_msg; }
+
+const char *ferry_last_error_detail(void)
+{
+    if (!last_code && !last_msg[0]) return "";
+    snprintf(last_detail, sizeof last_detail, "%s (%d): %s", ferry_error_name(last_code), last_code, last_msg);
+    return last_detail;
+}
 
 int ferry_last_error_code(void) { return last_code; }
 
 void ferry_clear_last_error(void)
 {
-    last_detail[0] = '\0';
+    last_msg[0] = '\0';
     last_code = 0;
 }

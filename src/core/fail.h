@@ -11,4 +11,8 @@ int ferry_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 
  * keeping its code; returns that code. */
 int ferry_fail_context(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* The thread's current message without the "NAME (code): " prefix, for
+ * saving a failure and raising it again later with ferry_fail(code, "%s", m). */
+const char *ferry_fail_message(void);
+
 #endif

@@ -153,6 +153,16 @@ int ferry_net_wait_readable(int fd, uint64_t deadline)
     return wait_fd(fd, POLLIN, deadline);
 }
 
+int ferry_net_spin_readable(int fd, unsigned spin_us)
+{
+    uint64_t until = ferry_now_ns() + (uint64_t)spin_us * 1000u;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    do {
+        if (poll(&p, 1, 0) > 0) return 1;
+    } while (ferry_now_ns() < until);
+    return 0;
+}
+
 static int io_error(int err, const char *what)
 {
     if (err == EPIPE || err == ECONNRESET)

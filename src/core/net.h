@@ -19,6 +19,9 @@ int ferry_net_send(int fd, const void *buf, size_t len, uint64_t deadline);
 int ferry_net_recv(int fd, void *buf, size_t len, uint64_t deadline);
 /* Waits until fd is readable (1), deadline passed (0), or error (<0). */
 int ferry_net_wait_readable(int fd, uint64_t deadline);
+/* Polls fd without sleeping for up to spin_us microseconds: 1 as soon as it
+ * is readable, 0 when the time is up (config.spin_us: a core for latency). */
+int ferry_net_spin_readable(int fd, unsigned spin_us);
 /* Sets TCP_NODELAY, buffer sizes and keepalive (idle_ms 0 = off). */
 void ferry_net_tune(int fd, int keepalive_ms);
 /* Closes with an RST, so that the peer drops what it has not read. */

@@ -35,6 +35,7 @@ int ferry_registry_init(ferry_registry_t *r)
 
 void ferry_registry_destroy(ferry_registry_t *r)
 {
+    ferry_registry_release_all(r);
     tdestroy(r->root, free);
     r->root = NULL;
     free(r->export_segs);
@@ -52,13 +53,15 @@ static int validate_range(uint64_t addr, uint64_t len)
 }
 
 /* With the write lock held. */
-static int add_locked(ferry_registry_t *r, uint64_t addr, uint64_t len, uint32_t flags)
+static int add_locked(ferry_registry_t *r, uint64_t addr, uint64_t len, uint32_t flags, uint32_t kind)
 {
     ferry_region_t *reg = malloc(sizeof *reg);
     if (!reg) return ferry_fail(FERRY_ERR_MEMORY, "register: out of memory");
     reg->addr = addr;
     reg->len = len;
     reg->flags = flags;
+    reg->kind = kind;
+    reg->xport = NULL;
     reg->generation = r->next_generation++;
     if (r->next_generation == 0) r->next_generation = 1; /* 0 means "any" on the wire */
     void **slot = tsearch(reg, &r->root, compare_ranges);
@@ -76,6 +79,7 @@ static int add_locked(ferry_registry_t *r, uint64_t addr, uint64_t len, uint32_t
     }
     r->count++;
     r->version++;
+    if (kind) atomic_fetch_add_explicit(&r->device_count, 1, memory_order_relaxed);
     return 0;
 }
 
@@ -88,6 +92,8 @@ static ferry_region_t *find_locked(ferry_registry_t *r, uint64_t addr)
 
 static void remove_locked(ferry_registry_t *r, ferry_region_t *reg)
 {
+    if (reg->xport && r->release) r->release(r->release_ctx, reg);
+    if (reg->kind) atomic_fetch_sub_explicit(&r->device_count, 1, memory_order_relaxed);
     tdelete(reg, &r->root, compare_ranges);
     free(reg);
     r->count--;
@@ -96,16 +102,27 @@ static void remove_locked(ferry_registry_t *r, ferry_region_t *reg)
 
 int ferry_registry_add(ferry_registry_t *r, uint64_t addr, uint64_t len, uint32_t flags)
 {
+    return ferry_registry_add_kind(r, addr, len, flags, 0);
+}
+
+int ferry_registry_add_kind(ferry_registry_t *r, uint64_t addr, uint64_t len, uint32_t flags, uint32_t kind)
+{
     int rc = validate_range(addr, len);
     if (rc) return rc;
     pthread_rwlock_wrlock(&r->lock);
-    rc = add_locked(r, addr, len, flags);
+    rc = add_locked(r, addr, len, flags, kind);
     pthread_rwlock_unlock(&r->lock);
     return rc;
 }
 
 int ferry_registry_add_many(ferry_registry_t *r, void *const *addrs, const size_t *lens, size_t n,
                             uint32_t flags)
+{
+    return ferry_registry_add_many_kinds(r, addrs, lens, n, flags, NULL);
+}
+
+int ferry_registry_add_many_kinds(ferry_registry_t *r, void *const *addrs, const size_t *lens, size_t n,
+                                  uint32_t flags, const uint32_t *kinds)
 {
     if (!addrs || !lens) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "register batch: NULL array");
     for (size_t i = 0; i < n; i++) {
@@ -116,7 +133,7 @@ int ferry_registry_add_many(ferry_registry_t *r, void *const *addrs, const size_
     int rc = 0;
     size_t done = 0;
     for (; done < n; done++) {
-        rc = add_locked(r, (uint64_t)(uintptr_t)addrs[done], lens[done], flags);
+        rc = add_locked(r, (uint64_t)(uintptr_t)addrs[done], lens[done], flags, kinds ? kinds[done] : 0);
         if (rc) break;
     }
     if (rc) {
@@ -143,6 +160,39 @@ int ferry_registry_remove(ferry_registry_t *r, uint64_t addr)
         remove_locked(r, reg);
     pthread_rwlock_unlock(&r->lock);
     return rc;
+}
+
+ferry_region_t *ferry_registry_lookup_locked(ferry_registry_t *r, uint64_t addr, uint64_t len)
+{
+    ferry_region_t *reg = find_locked(r, addr);
+    if (!reg || len == 0 || addr + len < addr || addr + len > reg->addr + reg->len) return NULL;
+    return reg;
+}
+
+void ferry_registry_set_release(ferry_registry_t *r, ferry_region_release_fn fn, void *ctx)
+{
+    pthread_rwlock_wrlock(&r->lock);
+    r->release = fn;
+    r->release_ctx = ctx;
+    pthread_rwlock_unlock(&r->lock);
+}
+
+static void release_visit(const void *node, VISIT which, void *closure)
+{
+    if (which != postorder && which != leaf) return;
+    ferry_region_t *reg = *(ferry_region_t *const *)node;
+    ferry_registry_t *r = closure;
+    if (reg->xport && r->release) r->release(r->release_ctx, reg);
+    reg->xport = NULL;
+}
+
+void ferry_registry_release_all(ferry_registry_t *r)
+{
+    pthread_rwlock_wrlock(&r->lock);
+    if (r->release) twalk_r(r->root, release_visit, r);
+    r->release = NULL;
+    r->release_ctx = NULL;
+    pthread_rwlock_unlock(&r->lock);
 }
 
 /* ---------------------------------------------------------------- checks */

@@ -5,6 +5,7 @@
 #define FERRY_REGISTRY_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -14,7 +15,14 @@ typedef struct ferry_region {
     uint64_t addr, len;
     uint32_t flags;
     uint32_t generation;
+    uint32_t kind;           /* memory kind (core/memkind.h): host, CUDA device, ... */
+    void *xport;             /* a transport's per-region state (the RDMA memory region), or NULL;
+                              * released by the registry's release hook before the region goes */
 } ferry_region_t;
+
+/* Called with the write lock held, for each region that leaves the registry
+ * (deregistration, destroy) whose xport is set. */
+typedef void (*ferry_region_release_fn)(void *ctx, ferry_region_t *reg);
 
 typedef struct ferry_registry {
     pthread_rwlock_t lock;
@@ -26,6 +34,9 @@ typedef struct ferry_registry {
     ferry_segment_t *export_segs;
     size_t export_count;
     uint64_t export_version;
+    _Atomic size_t device_count; /* regions whose kind is not host memory */
+    ferry_region_release_fn release;
+    void *release_ctx;
 } ferry_registry_t;
 
 int ferry_registry_init(ferry_registry_t *r);
@@ -35,7 +46,26 @@ int ferry_registry_add(ferry_registry_t *r, uint64_t addr, uint64_t len, uint32_
 /* Adds n regions all-or-nothing. */
 int ferry_registry_add_many(ferry_registry_t *r, void *const *addrs, const size_t *lens, size_t n,
                             uint32_t flags);
+/* As above, with the memory kind of each region (kinds NULL: all host). */
+int ferry_registry_add_kind(ferry_registry_t *r, uint64_t addr, uint64_t len, uint32_t flags, uint32_t kind);
+int ferry_registry_add_many_kinds(ferry_registry_t *r, void *const *addrs, const size_t *lens, size_t n,
+                                  uint32_t flags, const uint32_t *kinds);
 int ferry_registry_remove(ferry_registry_t *r, uint64_t addr);
+
+/* With the read (or write) lock held: the region that contains all of
+ * [addr, addr+len), or NULL. */
+ferry_region_t *ferry_registry_lookup_locked(ferry_registry_t *r, uint64_t addr, uint64_t len);
+/* Regions of a non-host memory kind; 0 lets the data paths skip every
+ * memory-kind lookup (one relaxed load). */
+static inline size_t ferry_registry_device_count(ferry_registry_t *r)
+{
+    return atomic_load_explicit(&r->device_count, memory_order_relaxed);
+}
+/* Installs the release hook (NULL to remove it). */
+void ferry_registry_set_release(ferry_registry_t *r, ferry_region_release_fn fn, void *ctx);
+/* Calls the release hook for every region holding xport state, clears
+ * that state, then removes the hook. */
+void ferry_registry_release_all(ferry_registry_t *r);
 
 /* With the read lock held: checks that [addr, addr+len) lies in one region
  * having all of need_flags and (generation != 0) that generation.

@@ -9,14 +9,12 @@
 
 #include "auth.h"
 #include "clock.h"
+#include "directory.h"
 #include "engine.h"
 #include "fail.h"
 #include "log.h"
 #include "net.h"
 #include "transport/transport.h"
-
-/* Most fenced request ids a session keeps (the target remembers 1024). */
-#define FENCE_MAX 1024
 
 /* ------------------------------------------------------------ lifecycle */
 
@@ -31,14 +29,11 @@ static ferry_session_t *session_new(ferry_engine_t *e, const char *peer)
     }
     snprintf(s->name, sizeof s->name, "%s", peer);
     s->engine = e;
+    s->stats = ferry_metrics_peer(&e->metrics, peer);
     s->max_conns = e->cfg.conns_per_peer;
     atomic_store(&s->refs, 1); /* the engine's list holds one */
     pthread_mutex_init(&s->lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    ferry_cond_init_monotonic(&s->cond);
     pthread_rwlock_init(&s->seg_lock, NULL);
     return s;
 }
@@ -48,7 +43,6 @@ static void session_free(ferry_session_t *s)
     for (int i = 0; i < s->nidle; i++) ferry_conn_free(s->idle[i]);
     free(s->idle);
     free(s->segs);
-    free(s->fence);
     pthread_mutex_destroy(&s->lock);
     pthread_cond_destroy(&s->cond);
     pthread_rwlock_destroy(&s->seg_lock);
@@ -136,6 +130,15 @@ void ferry_sessions_destroy(ferry_engine_t *e)
         ferry_session_put(s);
         s = next;
     }
+}
+
+/* Whether a handshake has told us who the peer is. */
+static bool session_known(ferry_session_t *s)
+{
+    pthread_mutex_lock(&s->lock);
+    bool known = s->have_peer;
+    pthread_mutex_unlock(&s->lock);
+    return known;
 }
 
 /* ------------------------------------------------------------ handshake */
@@ -311,7 +314,23 @@ static int connect_new(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out
     if (!c) return ferry_fail(FERRY_ERR_MEMORY, "connection to %s: out of memory", s->name);
     c->engine = e;
     c->session = s;
-    int rc = ferry_net_connect(s->host, s->port, cdl, &c->fd);
+    char host[256];
+    uint16_t port = s->port;
+    snprintf(host, sizeof host, "%s", s->host);
+    bool known = session_known(s);
+    if (!known && ferry_directory_enabled(e)) {
+        /* Only a new session asks the directory: with the service down,
+         * sessions already open keep working. */
+        ferry_directory_entry_t entry;
+        int lrc = ferry_directory_lookup(e, s->name, &entry);
+        if (lrc) {
+            free(c);
+            return lrc;
+        }
+        snprintf(host, sizeof host, "%s", entry.host);
+        port = entry.port;
+    }
+    int rc = ferry_net_connect(host, port, cdl, &c->fd);
     if (rc) {
         free(c);
         return rc;
@@ -353,10 +372,26 @@ static int state_error(ferry_session_t *s)
     return ferry_fail(FERRY_ERR_SESSION_INVALID, "the session to %s was closed", s->name);
 }
 
-static int checkout_conn(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out)
+int ferry_session_checkout(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out)
+{
+    return ferry_session_checkout_abortable(s, deadline, NULL, out);
+}
+
+void ferry_session_wake(ferry_session_t *s)
+{
+    pthread_mutex_lock(&s->lock);
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
+int ferry_session_checkout_abortable(ferry_session_t *s, uint64_t deadline, atomic_bool *abort, ferry_conn_t **out)
 {
     pthread_mutex_lock(&s->lock);
     for (;;) {
+        if (abort && atomic_exchange(abort, false)) {
+            pthread_mutex_unlock(&s->lock);
+            return ferry_fail(FERRY_ERR_CANCELLED, "interrupted while waiting for a connection to %s", s->name);
+        }
         if (s->state != SESSION_OK) {
             int rc = state_error(s);
             pthread_mutex_unlock(&s->lock);
@@ -400,71 +435,28 @@ static int checkout_conn(ferry_session_t *s, uint64_t deadline, ferry_conn_t **o
     }
 }
 
-void ferry_session_fence(ferry_session_t *s, uint64_t req_id)
+/* Used to confirm cancels (cancel.c): never waits for a busy connection. */
+int ferry_session_checkout_spare(ferry_session_t *s, uint64_t deadline, bool fresh, ferry_conn_t **out)
 {
     pthread_mutex_lock(&s->lock);
-    if (s->nfence == s->fence_cap) {
-        size_t cap = s->fence_cap ? s->fence_cap * 2 : 16;
-        uint64_t *n = cap <= FENCE_MAX ? realloc(s->fence, cap * sizeof *n) : NULL;
-        if (n) {
-            s->fence = n;
-            s->fence_cap = cap;
-        } else if (s->nfence) {
-            /* Full (or out of memory): the oldest fence is the likeliest
-             * to be moot by now. */
-            memmove(s->fence, s->fence + 1, (s->nfence - 1) * sizeof *s->fence);
-            s->nfence--;
+    while (!fresh && s->state == SESSION_OK && s->nidle > 0) {
+        ferry_conn_t *c = s->idle[--s->nidle];
+        if (conn_looks_healthy(c)) {
+            pthread_mutex_unlock(&s->lock);
+            *out = c;
+            return 0;
         }
+        s->nconns--;
+        ferry_conn_free(c);
     }
-    if (s->nfence < s->fence_cap) s->fence[s->nfence++] = req_id;
+    s->nconns++;
     pthread_mutex_unlock(&s->lock);
-}
-
-/* Has the target refuse every fenced write from now on: CANCEL each, and
- * wait for the acks (the target acks once no placement of it is running). */
-static int flush_fence(ferry_session_t *s, ferry_conn_t *c, uint64_t deadline)
-{
-    pthread_mutex_lock(&s->lock);
-    size_t n = s->nfence;
-    uint64_t *ids = n ? malloc(n * sizeof *ids) : NULL;
-    if (ids) {
-        memcpy(ids, s->fence, n * sizeof *ids);
-        s->nfence = 0;
-    }
-    pthread_mutex_unlock(&s->lock);
-    if (!ids) return n ? ferry_fail(FERRY_ERR_MEMORY, "fencing %zu writes: out of memory", n) : 0;
-    int rc = 0;
-    for (size_t i = 0; rc == 0 && i < n; i++) {
-        ferry_frame_t f = {.type = FERRY_FRAME_CANCEL, .req_id = ids[i]};
-        rc = ferry_conn_send_frame(c, &f, NULL, deadline);
-    }
-    for (size_t i = 0; rc == 0 && i < n; i++) {
-        ferry_frame_t f;
-        rc = ferry_conn_recv_frame(c, &f, deadline);
-        if (rc == 0 && (f.type != FERRY_FRAME_CANCEL_ACK || f.req_id != ids[i] || f.plen))
-            rc = ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected CANCEL_ACK for %llu, got %s for %llu",
-                            (unsigned long long)ids[i], ferry_frame_type_name(f.type), (unsigned long long)f.req_id);
-    }
+    int rc = connect_new(s, deadline, out);
     if (rc) {
-        for (size_t i = 0; i < n; i++) ferry_session_fence(s, ids[i]);
-        ferry_fail_context("fencing %zu cut-off writes at %s", n, s->name);
-    }
-    free(ids);
-    return rc;
-}
-
-int ferry_session_checkout(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out)
-{
-    int rc = checkout_conn(s, deadline, out);
-    if (rc) return rc;
-    pthread_mutex_lock(&s->lock);
-    bool fenced = s->nfence > 0;
-    pthread_mutex_unlock(&s->lock);
-    if (!fenced) return 0;
-    rc = flush_fence(s, *out, deadline);
-    if (rc) {
-        ferry_session_checkin(s, *out, false);
-        *out = NULL;
+        pthread_mutex_lock(&s->lock);
+        s->nconns--;
+        pthread_cond_signal(&s->cond);
+        pthread_mutex_unlock(&s->lock);
     }
     return rc;
 }
@@ -654,9 +646,7 @@ int ferry_session_resolve(ferry_session_t *s, int opcode, uint64_t remote, uint6
     if (remote + len < remote)
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "remote range [0x%llx+%llu) wraps the address space",
                           (unsigned long long)remote, (unsigned long long)len);
-    pthread_mutex_lock(&s->lock);
-    bool known = s->have_peer;
-    pthread_mutex_unlock(&s->lock);
+    bool known = session_known(s);
     if (!known || atomic_exchange(&s->segs_stale, false)) {
         /* First use (the handshake, in checkout, and a segment fetch), or
          * the first after a teardown. */
@@ -719,9 +709,7 @@ int ferry_session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *i
     ferry_session_t *s;
     int rc = ferry_session_get(e, peer, &s);
     if (rc) return rc;
-    pthread_mutex_lock(&s->lock);
-    bool known = s->have_peer;
-    pthread_mutex_unlock(&s->lock);
+    bool known = session_known(s);
     if (!known) rc = ferry_session_refresh_segments(s, ferry_deadline_after_ms(e->cfg.connect_timeout_ms));
     if (rc == 0) {
         memset(info, 0, sizeof *info);
@@ -762,4 +750,31 @@ long ferry_session_segments(ferry_engine_t *e, const char *peer, ferry_segment_t
     }
     ferry_session_put(s);
     return n;
+}
+
+int ferry_session_ping(ferry_engine_t *e, const char *peer, uint64_t *rtt_us)
+{
+    ferry_clear_last_error();
+    if (!rtt_us) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "ping: rtt_us is NULL");
+    ferry_session_t *s;
+    int rc = ferry_session_get(e, peer, &s);
+    if (rc) return rc;
+    uint64_t deadline = ferry_deadline_after_ms(e->cfg.timeout_ms);
+    ferry_conn_t *c;
+    rc = ferry_session_checkout(s, deadline, &c);
+    if (rc == 0) {
+        uint64_t id = atomic_fetch_add(&e->next_req_id, 1);
+        ferry_frame_t f = {.type = FERRY_FRAME_PING, .req_id = id};
+        uint64_t t0 = ferry_now_ns();
+        rc = ferry_conn_send_frame(c, &f, NULL, deadline);
+        if (rc == 0) rc = ferry_conn_recv_frame(c, &f, deadline);
+        if (rc == 0 && (f.type != FERRY_FRAME_PONG || f.req_id != id))
+            rc = ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected PONG %llu, got %s %llu", (unsigned long long)id,
+                            ferry_frame_type_name(f.type), (unsigned long long)f.req_id);
+        *rtt_us = (ferry_now_ns() - t0) / 1000;
+        ferry_session_checkin(s, c, rc == 0);
+    }
+    if (rc) ferry_fail_context("ping %s", peer);
+    ferry_session_put(s);
+    return rc;
 }

@@ -15,7 +15,7 @@ void ferry_xfer_fail(ferry_xfer_t *x, int rc)
 {
     x->rc = rc;
     free(x->detail);
-    x->detail = strdup(ferry_last_error_detail());
+    x->detail = strdup(ferry_fail_message());
 }
 
 static const char *op_name(int opcode) { return opcode == FERRY_OP_WRITE ? "write" : "read"; }
@@ -125,35 +125,36 @@ static const ferry_transport_ops_t *session_transport(ferry_session_t *s)
     return t ? t : &ferry_transport_tcp;
 }
 
-/* After a connection broke: every write piece that was on it and is not
- * wholly confirmed may still have bytes on their way. They are fenced (the
- * target will refuse their id from the next connection's first use on),
- * and a retry continues under a fresh id. */
-static void fence_unconfirmed(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        ferry_xfer_t *x = &xs[i];
-        if (!x->on_wire || x->opcode != FERRY_OP_WRITE || x->done >= x->len) continue;
-        ferry_session_fence(s, x->req_id);
-        x->req_id = atomic_fetch_add(&e->next_req_id, 1);
-    }
-}
-
 int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n)
 {
     int backoff = e->cfg.retry_backoff_ms;
+    ferry_stream_ctl_t *ctl = n ? xs[0].ctl : NULL; /* cancel.h */
     for (int attempt = 0;; attempt++) {
+        ferry_settle_cancelled(xs, n); /* cancel.h */
         int rc = resolve_pieces(s, xs, n);
         if (rc == 0 && !any_pending(xs, n)) break;
         uint64_t deadline = earliest_deadline(xs, n);
         ferry_conn_t *c;
         int broken = 0;
-        if (rc == 0) rc = ferry_session_checkout(s, deadline, &c);
+        bool interrupted = false;
+        if (rc == 0) rc = ferry_session_checkout_abortable(s, deadline, ctl ? &ctl->poke : NULL, &c);
+        if (rc == FERRY_ERR_CANCELLED && ctl) interrupted = true; /* poked by a canceller */
         if (rc == 0) {
-            for (size_t i = 0; i < n; i++) xs[i].on_wire = xs[i].rc == 0 && xs[i].done < xs[i].len;
+            ferry_stream_ctl_arm(ctl, c->fd);
             rc = session_transport(s)->run(c, xs, n, &broken);
-            ferry_session_checkin(s, c, !broken);
-            if (broken) fence_unconfirmed(e, s, xs, n);
+            interrupted = ferry_stream_ctl_disarm(ctl);
+            ferry_session_checkin(s, c, !broken && !interrupted); /* fired: shut down */
+            /* No late write: what the aborted connection may still deliver
+             * is fenced before anything is reported or retried (cancel.h). */
+            if (broken) ferry_fence_in_doubt(s, xs, n, rc);
+        }
+        if (interrupted) {
+            /* A canceller broke the stream on purpose: not the peer's fault,
+             * so the other pieces go on without using up a retry. */
+            ferry_settle_cancelled(xs, n);
+            ferry_settle_ended(xs, n, false);
+            attempt--;
+            continue;
         }
         bool corrupted = false;
         for (size_t i = 0; i < n; i++) {
@@ -168,6 +169,7 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
         if (!retry) {
             if (rc) {
                 fail_pending(xs, n, rc);
+                /* Retries ran out on a broken link: the whole pool goes. */
                 if (link_failure(rc, broken)) ferry_session_teardown(s);
             } else if (any_pending(xs, n)) {
                 fail_pending(xs, n, ferry_fail(FERRY_ERR_INTERNAL, "pieces left after the last attempt"));
@@ -175,12 +177,15 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
             break;
         }
         int why = rc ? rc : FERRY_ERR_CHECKSUM_MISMATCH;
+        ferry_metrics_retry(s->stats);
         ferry_stats_retry(&e->stats, why);
         FERRY_LOG(FERRY_LOG_INFO, "xfer", "retrying to %s after %s (retry %d of %d, backoff %d ms)", s->name,
                   ferry_error_name(why), attempt + 1, e->cfg.retries, backoff);
+        ferry_settle_ended(xs, n, false); /* finished pieces report before the backoff */
         sleep_backoff(backoff, deadline);
         backoff = backoff > (1 << 20) ? backoff : backoff * 2;
     }
+    ferry_settle_ended(xs, n, true);
     uint64_t written = 0, read = 0;
     for (size_t i = 0; i < n; i++) *(xs[i].opcode == FERRY_OP_WRITE ? &written : &read) += xs[i].done;
     if (written) FERRY_STAT_ADD(&e->stats, bytes_written, written);
@@ -212,9 +217,7 @@ void ferry_stats_requests_done(ferry_engine_t *e, const ferry_xfer_t *xs, size_t
 /* Re-raises piece x's failure as the thread's error, with context. */
 static int report_piece(const ferry_xfer_t *x, const char *peer)
 {
-    const char *d = x->detail ? x->detail : "";
-    const char *text = strstr(d, "): ");
-    ferry_fail(x->rc, "%s", text ? text + 3 : d);
+    ferry_fail(x->rc, "%s", x->detail ? x->detail : "failed");
     return ferry_fail_context("%s of %llu bytes, local %p <-> %s [0x%llx+%llu)", op_name(x->opcode),
                               (unsigned long long)x->len, (void *)(x->local), peer, (unsigned long long)x->remote,
                               (unsigned long long)x->len);
@@ -231,6 +234,23 @@ int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const 
                       const size_t *lens, size_t n, uint64_t deadline, ferry_xfer_t **out, size_t *nout);
 int ferry_run_parallel(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);
 
+/* One metrics record per request (pieces of a request are adjacent). */
+static void record_requests(ferry_session_t *s, const ferry_xfer_t *xs, size_t n, uint64_t latency_ns)
+{
+    const char *tname = session_transport(s)->name;
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        uint64_t bytes = 0;
+        int rc = 0;
+        for (; j < n && xs[j].index == xs[i].index; j++) {
+            bytes += xs[j].done;
+            if (!rc) rc = xs[j].rc;
+        }
+        ferry_metrics_request(s->stats, tname, xs[i].opcode, bytes, latency_ns, rc);
+        i = j;
+    }
+}
+
 static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const *locals, const uint64_t *remotes,
                     const size_t *lens, size_t n)
 {
@@ -245,10 +265,12 @@ static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const
     if (rc) return rc;
     ferry_xfer_t *xs;
     size_t nx;
+    uint64_t t0 = ferry_now_ns();
     rc = ferry_make_pieces(e, opcode, locals, remotes, lens, n, ferry_deadline_after_ms(e->cfg.timeout_ms), &xs, &nx);
     if (rc == 0) {
         FERRY_STAT_ADD(&e->stats, requests, n);
         rc = nx == 1 ? ferry_xfer_run(e, s, xs, 1) : ferry_run_parallel(e, s, xs, nx);
+        record_requests(s, xs, nx, ferry_now_ns() - t0);
         ferry_stats_requests_done(e, xs, nx);
         for (size_t i = 0; rc && i < nx; i++) {
             if (xs[i].rc) {

@@ -21,7 +21,9 @@ typedef struct ferry_meta_ops {
     int (*open)(const char *addr, int timeout_ms, void **state);
     /* Stores value under key with a lease of ttl_s seconds (0: no lease). */
     int (*publish)(void *state, const char *key, const char *value, int ttl_s);
-    /* Extends the lease of everything this state published. */
+    /* Extends the lease of everything this state published. An entry that
+     * is gone (lease expired, server lost its data) gives FERRY_ERR_NOT_FOUND
+     * after the others were refreshed, so that the caller re-publishes. */
     int (*keepalive)(void *state);
     /* Fetches key; *value is malloc'd, NUL-terminated. Missing key:
      * FERRY_ERR_NOT_FOUND. */
@@ -30,6 +32,13 @@ typedef struct ferry_meta_ops {
     int (*remove)(void *state, const char *key);
     void (*close)(void *state);
 } ferry_meta_ops_t;
+/* Backends lock their state: one state may be used from several threads
+ * (the publisher's thread refreshes while the engine looks peers up). */
+
+/* The backends in meta.c's table; those not built in are absent. */
+extern const ferry_meta_ops_t ferry_meta_p2p_ops;
+extern const ferry_meta_ops_t ferry_meta_etcd_ops;
+extern const ferry_meta_ops_t ferry_meta_redis_ops;
 
 typedef struct ferry_meta {
     const ferry_meta_ops_t *ops;
@@ -41,6 +50,29 @@ typedef struct ferry_meta {
  * FERRY_ERR_INVALID_ARGUMENT / FERRY_ERR_NOT_IMPLEMENTED with detail. */
 int ferry_meta_open(const char *conn, int timeout_ms, ferry_meta_t *out);
 void ferry_meta_close(ferry_meta_t *m);
+
+/* Splits conn into its scheme ("p2p", "etcd", "redis") and address
+ * ("host:port"; empty for p2p) without opening anything. The port is
+ * required and must be 1..65535; an IPv6 host is written in brackets.
+ * Bad string: FERRY_ERR_INVALID_ARGUMENT with detail. */
+int ferry_meta_parse(const char *conn, char *scheme, size_t scheme_len, char *addr,
+                     size_t addr_len);
+/* 1 when the backend for scheme is built into this library. */
+int ferry_meta_backend_built(const char *scheme);
+
+/* The lease keeper: publishes key=value with a lease of ttl_s seconds (>= 1)
+ * and refreshes it from a thread every ttl_s/3, re-publishing when the entry
+ * vanished (the server restarted and lost it, or the lease expired during an
+ * outage). Refresh failures are logged (FERRY_LOG) and retried; they never
+ * reach the caller. The first publish is synchronous: its failure is returned
+ * and nothing is started. m must outlive the publisher. */
+struct ferry_meta_publisher;
+int ferry_meta_publisher_start(ferry_meta_t *m, const char *key, const char *value, int ttl_s,
+                               struct ferry_meta_publisher **out);
+/* Stops the thread (promptly: it waits on a condvar, at most one backend
+ * call is in flight), removes the key and frees p. Returns 0, or the
+ * removal's error; p is freed either way. NULL is a no-op. */
+int ferry_meta_publisher_stop(struct ferry_meta_publisher *p);
 
 /* Keys are namespaced: "ferry/v1/engines/<name>". */
 #define FERRY_META_KEY_PREFIX "ferry/v1/engines/"

@@ -5,7 +5,14 @@
  * Target: each slice is validated against the registry, then received
  * straight into the destination (no bounce copy unless checksums are on),
  * chunk by chunk under the registry's read lock, so that a deregistration
- * waits for the chunk in progress and later chunks see it. */
+ * waits for the chunk in progress and later chunks see it.
+ *
+ * Device memory (core/memkind.h) cannot be sent from or received into by
+ * the socket calls, so slices of a device region go through the
+ * connection's staging buffer: device->host before a send, host->device
+ * after a receive. Those hooks sit at the four points where bytes meet
+ * memory (send_slice's caller, recv_answer, place_staged, serve_read) and
+ * cost one relaxed load when no device memory is registered. */
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -15,6 +22,7 @@
 
 #include "core/clock.h"
 #include "core/fail.h"
+#include "core/memkind.h"
 #include "core/net.h"
 #include "transport.h"
 
@@ -45,9 +53,24 @@ static uint32_t crc_of(const ferry_engine_t *e, const void *p, size_t n)
     return e->cfg.checksum ? ferry_crc32c(0, p, n) : 0;
 }
 
+/* The memory kind of the registered range [p, p+n) of this engine; host
+ * without a lookup when no device memory is registered. */
+static uint32_t kind_of(ferry_registry_t *r, uint64_t p, uint64_t n, bool locked)
+{
+    if (ferry_registry_device_count(r) == 0) return FERRY_MEMKIND_HOST;
+    if (!locked) ferry_registry_read_lock(r);
+    const ferry_region_t *reg = ferry_registry_lookup_locked(r, p, n);
+    uint32_t k = reg ? reg->kind : FERRY_MEMKIND_HOST;
+    if (!locked) ferry_registry_unlock(r);
+    return k;
+}
+
 /* ------------------------------------------------------------ initiator */
 
-static int send_slice(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t n, uint8_t type)
+/* Sends one slice; for writes its bytes are src (the local buffer, or
+ * their staged copy). */
+static int send_slice(ferry_conn_t *c, ferry_xfer_t *x, const unsigned char *src, uint64_t off, uint64_t n,
+                      uint8_t type)
 {
     ferry_engine_t *e = c->engine;
     ferry_frame_t f = {.type = type, .req_id = x->req_id, .addr = x->remote + off, .len = n, .aux = x->generation};
@@ -55,9 +78,9 @@ static int send_slice(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t n
         f.plen = (uint32_t)n;
         if (e->cfg.checksum) {
             f.flags = FERRY_FRAME_F_CRC;
-            f.crc = crc_of(e, x->local + off, n);
+            f.crc = crc_of(e, src, n);
         }
-        return ferry_conn_send_frame(c, &f, x->local + off, x->deadline);
+        return ferry_conn_send_frame(c, &f, src, x->deadline);
     }
     if (e->cfg.checksum) f.flags = FERRY_FRAME_F_CRC; /* asks for a checksummed answer */
     return ferry_conn_send_frame(c, &f, NULL, x->deadline);
@@ -94,14 +117,27 @@ static int recv_answer(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t 
             return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "read answer of %u bytes for a slice of %llu", f.plen,
                               (unsigned long long)n);
         }
-        rc = ferry_net_recv(c->fd, x->local + off, n, x->deadline);
+        /* Device memory: receive into the staging buffer, copy in after. */
+        uint32_t kind = kind_of(&c->engine->registry, (uint64_t)(uintptr_t)(x->local + off), n, false);
+        unsigned char *dst = kind == FERRY_MEMKIND_HOST ? x->local + off : ferry_conn_bounce(c, n);
+        if (!dst) {
+            *broken = 1;
+            return FERRY_ERR_MEMORY;
+        }
+        rc = ferry_net_recv(c->fd, dst, n, x->deadline);
         if (rc) {
             *broken = 1;
             return rc;
         }
-        if ((f.flags & FERRY_FRAME_F_CRC) && ferry_crc32c(0, x->local + off, n) != f.crc)
+        if ((f.flags & FERRY_FRAME_F_CRC) && ferry_crc32c(0, dst, n) != f.crc)
             return ferry_fail(FERRY_ERR_CHECKSUM_MISMATCH, "read slice [0x%llx+%llu) from %s arrived corrupted",
                               (unsigned long long)(x->remote + off), (unsigned long long)n, c->peer.name);
+        if (kind != FERRY_MEMKIND_HOST) {
+            rc = ferry_memkind_from_host(kind, x->local + off, dst, n);
+            if (rc) return ferry_fail_context("read slice [0x%llx+%llu) from %s: staging into device memory",
+                                              (unsigned long long)(x->remote + off), (unsigned long long)n,
+                                              c->peer.name);
+        }
     } else if (f.len != n) {
         *broken = 1;
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "write ack for %llu bytes, slice was %llu",
@@ -140,7 +176,25 @@ static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
         if (cur < nx && count < window) {
             ferry_xfer_t *x = &xs[cur];
             uint64_t n = x->len - cur_off < slice ? x->len - cur_off : slice;
-            int rc = send_slice(c, x, cur_off, n, x->opcode == FERRY_OP_WRITE ? FERRY_FRAME_WRITE : FERRY_FRAME_READ_REQ);
+            const unsigned char *src = x->local + cur_off;
+            uint32_t kind = x->opcode == FERRY_OP_WRITE
+                                ? kind_of(&c->engine->registry, (uint64_t)(uintptr_t)src, n, false)
+                                : FERRY_MEMKIND_HOST;
+            if (kind != FERRY_MEMKIND_HOST) {
+                /* Device memory: stage the slice; a failed copy fails the
+                 * piece, not the connection. */
+                unsigned char *b = ferry_conn_bounce(c, n);
+                int src_rc = b ? ferry_memkind_to_host(kind, b, src, n) : FERRY_ERR_MEMORY;
+                if (src_rc) {
+                    ferry_fail_context("write of [%p+%llu): staging from device memory", (const void *)src,
+                                       (unsigned long long)n);
+                    ferry_xfer_fail(x, src_rc);
+                    continue;
+                }
+                src = b;
+            }
+            x->inflight++; /* before the first byte leaves: a partial frame is in doubt too (cancel.h) */
+            int rc = send_slice(c, x, src, cur_off, n, x->opcode == FERRY_OP_WRITE ? FERRY_FRAME_WRITE : FERRY_FRAME_READ_REQ);
             if (rc) {
                 *broken = 1;
                 return rc;
@@ -153,8 +207,10 @@ static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
         struct inflight in = ring[head];
         head = (head + 1) % 256;
         count--;
+        if (c->engine->cfg.spin_us) ferry_net_spin_readable(c->fd, c->engine->cfg.spin_us);
         int rc = recv_answer(c, in.x, in.off, in.n, broken);
         if (*broken) return rc;
+        in.x->inflight--;
         if (rc) {
             if (in.x->rc == 0) ferry_xfer_fail(in.x, rc);
         } else if (in.x->rc == 0) {
@@ -175,7 +231,7 @@ static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
 
 static int send_status(ferry_conn_t *c, uint8_t type, const ferry_frame_t *req, int status, uint64_t deadline)
 {
-    const char *why = status ? ferry_last_error_detail() : "";
+    const char *why = status ? ferry_fail_message() : "";
     size_t n = strlen(why);
     if (n > FERRY_WIRE_MAX_REASON) n = FERRY_WIRE_MAX_REASON;
     ferry_frame_t f = {.type = type, .status = status, .req_id = req->req_id, .addr = req->addr,
@@ -236,22 +292,16 @@ static int place_direct(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadli
     return 0;
 }
 
-/* With checksums: stage, verify, and place only verified bytes. */
-static int place_checked(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline, int *status)
+/* With checksums, or into device memory: stage, verify (if checksummed),
+ * and place only verified bytes, copying into device memory where the
+ * region is device memory. */
+static int place_staged(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline, int *status)
 {
-    /* Sized to the slice (the range was validated already, so a stranger
-     * cannot make us allocate for memory it may not write). */
-    if (c->bounce_cap < f->len) {
-        free(c->bounce);
-        c->bounce_cap = 0;
-        c->bounce = malloc(f->len);
-        if (!c->bounce) return ferry_fail(FERRY_ERR_MEMORY, "checksum staging buffer of %llu bytes: out of memory",
-                                          (unsigned long long)f->len);
-        c->bounce_cap = f->len;
-    }
-    int rc = ferry_net_recv(c->fd, c->bounce, f->len, deadline);
+    unsigned char *b = ferry_conn_bounce(c, f->len);
+    if (!b) return ferry_fail(FERRY_ERR_MEMORY, "staging buffer of %llu bytes: out of memory", (unsigned long long)f->len);
+    int rc = ferry_net_recv(c->fd, b, f->len, deadline);
     if (rc) return rc;
-    if (ferry_crc32c(0, c->bounce, f->len) != f->crc) {
+    if ((f->flags & FERRY_FRAME_F_CRC) && ferry_crc32c(0, b, f->len) != f->crc) {
         FERRY_STAT_ADD(&c->engine->stats, checksum_failures, 1);
         *status = ferry_fail(FERRY_ERR_CHECKSUM_MISMATCH, "slice [0x%llx+%llu) from %s failed its CRC32C; not placed",
                              (unsigned long long)f->addr, (unsigned long long)f->len, c->peer.name);
@@ -260,7 +310,14 @@ static int place_checked(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadl
     ferry_registry_t *r = &c->engine->registry;
     ferry_registry_read_lock(r);
     rc = check_locked(c, f, FERRY_MEM_REMOTE_WRITE);
-    if (rc == 0) memcpy((void *)(uintptr_t)f->addr, c->bounce, f->len);
+    if (rc == 0) {
+        uint32_t kind = kind_of(r, f->addr, f->len, true);
+        if (kind == FERRY_MEMKIND_HOST)
+            memcpy((void *)(uintptr_t)f->addr, b, f->len);
+        else if ((rc = ferry_memkind_from_host(kind, (void *)(uintptr_t)f->addr, b, f->len)) != 0)
+            ferry_fail_context("placing [0x%llx+%llu) from %s into device memory", (unsigned long long)f->addr,
+                               (unsigned long long)f->len, c->peer.name);
+    }
     ferry_registry_unlock(r);
     *status = rc;
     return 0;
@@ -275,12 +332,13 @@ static int serve_write(ferry_conn_t *c, const ferry_frame_t *f)
     ferry_registry_t *r = &c->engine->registry;
     ferry_registry_read_lock(r);
     int status = check_locked(c, f, FERRY_MEM_REMOTE_WRITE);
+    uint32_t kind = status ? FERRY_MEMKIND_HOST : kind_of(r, f->addr, f->len, true);
     ferry_registry_unlock(r);
     int rc;
     if (status)
         rc = ferry_conn_discard(c, f->len, deadline);
-    else if (f->flags & FERRY_FRAME_F_CRC)
-        rc = place_checked(c, f, deadline, &status);
+    else if ((f->flags & FERRY_FRAME_F_CRC) || kind != FERRY_MEMKIND_HOST)
+        rc = place_staged(c, f, deadline, &status);
     else
         rc = place_direct(c, f, deadline, &status);
     if (rc) return rc;
@@ -325,8 +383,20 @@ static int serve_read(ferry_conn_t *c, const ferry_frame_t *f)
     ferry_registry_t *r = &c->engine->registry;
     ferry_registry_read_lock(r);
     int status = check_locked(c, f, FERRY_MEM_REMOTE_READ);
+    const unsigned char *from = (const unsigned char *)(uintptr_t)f->addr, *staged = NULL;
+    uint32_t kind = status ? FERRY_MEMKIND_HOST : kind_of(r, f->addr, f->len, true);
+    if (kind != FERRY_MEMKIND_HOST) {
+        /* Device memory: copy the slice out while the region is held. */
+        unsigned char *b = ferry_conn_bounce(c, f->len);
+        status = b ? ferry_memkind_to_host(kind, b, from, f->len)
+                   : ferry_fail(FERRY_ERR_MEMORY, "staging buffer of %llu bytes: out of memory",
+                                (unsigned long long)f->len);
+        if (status == 0) staged = b;
+        else ferry_fail_context("read of [0x%llx+%llu) for %s: staging from device memory",
+                                       (unsigned long long)f->addr, (unsigned long long)f->len, c->peer.name);
+    }
     uint32_t crc = 0;
-    if (status == 0 && (f->flags & FERRY_FRAME_F_CRC)) crc = ferry_crc32c(0, (const void *)(uintptr_t)f->addr, f->len);
+    if (status == 0 && (f->flags & FERRY_FRAME_F_CRC)) crc = ferry_crc32c(0, staged ? staged : from, f->len);
     ferry_registry_unlock(r);
     if (status) return send_status(c, FERRY_FRAME_READ_RESP, f, status, deadline);
     ferry_frame_t h = {.type = FERRY_FRAME_READ_RESP, .req_id = f->req_id, .addr = f->addr, .len = f->len,
@@ -334,7 +404,7 @@ static int serve_read(ferry_conn_t *c, const ferry_frame_t *f)
     uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
     ferry_frame_encode(&h, hdr);
     int rc = ferry_net_send(c->fd, hdr, sizeof hdr, deadline);
-    if (rc == 0) rc = send_from_memory(c, f, deadline);
+    if (rc == 0) rc = staged ? ferry_net_send(c->fd, staged, f->len, deadline) : send_from_memory(c, f, deadline);
     if (rc == 0) FERRY_STAT_ADD(&c->engine->stats, bytes_served, f->len);
     return rc;
 }

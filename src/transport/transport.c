@@ -4,7 +4,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/log.h"
+
 const ferry_transport_ops_t *const ferry_transports[] = {
+    &ferry_transport_rdma, /* usable only when both ends have an RDMA device */
     &ferry_transport_tcp,
     NULL,
 };
@@ -32,10 +35,22 @@ const ferry_transport_ops_t *ferry_transport_choose(ferry_engine_t *e, const fer
         char reason[128];
         snprintf(reason, sizeof reason, "%s forced but unusable (%s); fell back to tcp", forced, t ? why : "unknown");
         snprintf(why, cap, "%s", reason);
+        FERRY_LOG(FERRY_LOG_WARN, "transport", "peer %s: %s", peer->name, why);
         return &ferry_transport_tcp;
     }
-    for (int i = 0; ferry_transports[i]; i++)
-        if (ferry_transports[i]->usable(e, peer, why, cap)) return ferry_transports[i];
+    /* Auto: the first usable; the reason names the first one passed over. */
+    char skipped[128] = "";
+    for (int i = 0; ferry_transports[i]; i++) {
+        if (ferry_transports[i]->usable(e, peer, why, cap)) {
+            if (skipped[0]) {
+                char reason[128];
+                snprintf(reason, sizeof reason, "%s; %s", why, skipped);
+                snprintf(why, cap, "%s", reason);
+            }
+            return ferry_transports[i];
+        }
+        if (!skipped[0]) snprintf(skipped, sizeof skipped, "not %s: %s", ferry_transports[i]->name, why);
+    }
     snprintf(why, cap, "no transport is usable");
     return NULL;
 }

@@ -20,15 +20,28 @@ typedef struct ferry_transport_ops {
     /* Moves the n pieces over connection c as one pipelined stream
      * (initiator side), each from its ->done on, recording each piece's
      * outcome in ->rc. Returns 0 or the connection-level failure; when that
-     * leaves c in an unknown state, *broken is set. */
+     * leaves c in an unknown state, *broken is set. It keeps ->inflight = the
+     * frames sent for a piece whose answer has not arrived (counted before
+     * the first byte leaves): after a broken return the core fences those
+     * pieces so that nothing of them lands late (core/cancel.h). Without a
+     * broken return, every answer must have been read. */
     int (*run)(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken);
     /* Target side: serves frame f of a type listed in serve_types. A
-     * negative return closes the connection. */
+     * negative return closes the connection. Before touching memory, and
+     * again before every chunk, it must check ferry_engine_is_cancelled()
+     * under the registry's read lock: a CANCEL's barrier relies on it. */
     int (*serve)(ferry_conn_t *c, const ferry_frame_t *f);
     uint32_t serve_types;      /* bit (1 << frame type) for each type served */
+    /* Optional: FERRY_HELLO_F_* bits this engine advertises in every
+     * handshake (what it can serve), e.g. FERRY_HELLO_F_RDMA. */
+    uint32_t (*hello_flags)(ferry_engine_t *e);
+    /* Optional: frees engine-wide state, at engine destruction, after every
+     * connection is gone and before the registry is destroyed. */
+    void (*engine_fini)(ferry_engine_t *e);
 } ferry_transport_ops_t;
 
 extern const ferry_transport_ops_t ferry_transport_tcp;
+extern const ferry_transport_ops_t ferry_transport_rdma;
 
 /* NULL-terminated, in order of preference for "auto". */
 extern const ferry_transport_ops_t *const ferry_transports[];

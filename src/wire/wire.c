@@ -27,7 +27,9 @@ static uint64_t get64(const uint8_t *p)
 static const char *const type_names[] = {
     "INVALID", "HELLO", "HELLO_ACK", "SEG_QUERY", "SEG_PAGE", "WRITE", "WRITE_ACK",
     "READ_REQ", "READ_RESP", "NOTIFY", "NOTIFY_ACK", "PING", "PONG", "CANCEL",
-    "CANCEL_ACK", "CMA_WRITE", "CMA_READ", "AUTH", "AUTH_ACK", "ERROR"};
+    "CANCEL_ACK", "CMA_WRITE", "CMA_READ", "AUTH", "AUTH_ACK", "ERROR",
+    "RDMA_CONNECT", "RDMA_CONNECT_ACK", "RDMA_MR_QUERY", "RDMA_MR_INFO", "RDMA_COMMIT", "RDMA_COMMIT_ACK"};
+_Static_assert(sizeof type_names / sizeof type_names[0] == FERRY_FRAME_TYPE_MAX + 1, "a frame type has no name");
 
 const char *ferry_frame_type_name(uint8_t type)
 {
@@ -52,6 +54,12 @@ uint32_t ferry_frame_max_payload(uint8_t type)
         return FERRY_WIRE_MAC_SIZE;
     case FERRY_FRAME_WRITE_ACK:
         return FERRY_WIRE_MAX_REASON; /* the target's detail when status < 0 */
+    case FERRY_FRAME_RDMA_CONNECT:
+        return FERRY_RDMA_QP_INFO_SIZE;
+    case FERRY_FRAME_RDMA_CONNECT_ACK: /* QP info, or the reason text when status < 0 */
+    case FERRY_FRAME_RDMA_MR_INFO:     /* MR info, or the reason text */
+    case FERRY_FRAME_RDMA_COMMIT_ACK:  /* the reason text when status < 0 */
+        return FERRY_WIRE_MAX_REASON;
     default:
         return 0;
     }

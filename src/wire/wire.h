@@ -64,7 +64,16 @@ enum ferry_frame_type {
     FERRY_FRAME_AUTH = 17,      /* i->t: payload = MAC over the target's nonce */
     FERRY_FRAME_AUTH_ACK = 18,  /* t->i: status, payload = MAC over the initiator's nonce */
     FERRY_FRAME_ERROR = 19,     /* t->i: status, payload = text; the connection closes */
-    FERRY_FRAME_TYPE_MAX = 19
+    /* RDMA transport (src/transport/rdma*.c): the TCP connection stays the
+     * control channel; these frames set up its queue pair and confirm
+     * placement. Payloads are encoded by ferry_rdma_*_encode below. */
+    FERRY_FRAME_RDMA_CONNECT = 20,     /* i->t: payload = the initiator's QP info */
+    FERRY_FRAME_RDMA_CONNECT_ACK = 21, /* t->i: status; payload = the target's QP info, or the reason text */
+    FERRY_FRAME_RDMA_MR_QUERY = 22,    /* i->t: key for [addr, addr+len); aux = generation | access << 32 */
+    FERRY_FRAME_RDMA_MR_INFO = 23,     /* t->i: status; payload = ferry_rdma_mr_info, or the reason text */
+    FERRY_FRAME_RDMA_COMMIT = 24,      /* i->t: [addr, addr+len) was RDMA-written; aux = generation */
+    FERRY_FRAME_RDMA_COMMIT_ACK = 25,  /* t->i: status, len = bytes confirmed; payload = reason text */
+    FERRY_FRAME_TYPE_MAX = 25
 };
 
 #define FERRY_FRAME_F_CRC 0x01u
@@ -93,6 +102,7 @@ const char *ferry_frame_type_name(uint8_t type);
 /* Handshake payload, sent by both sides. */
 #define FERRY_HELLO_F_AUTH 0x01u   /* the sender requires shared-secret auth */
 #define FERRY_HELLO_F_CMA 0x02u    /* the sender permits cross-memory attach */
+#define FERRY_HELLO_F_RDMA 0x04u   /* the sender has a usable RDMA device and serves RDMA frames */
 
 typedef struct ferry_hello {
     uint16_t proto_min, proto_max;
@@ -124,5 +134,45 @@ typedef struct ferry_wire_segment {
 void ferry_segment_encode(const ferry_wire_segment_t *s, uint8_t out[FERRY_WIRE_SEGMENT_SIZE]);
 /* Decodes; rejects zero length and address wrap-around. */
 int ferry_segment_decode(const uint8_t in[FERRY_WIRE_SEGMENT_SIZE], ferry_wire_segment_t *s);
+
+/* ---- RDMA transport payloads (rdma_wire.c) ----
+ * QP info, 48 bytes, sent in RDMA_CONNECT and RDMA_CONNECT_ACK:
+ *   off size field
+ *     0    4 qpn (24 bits, not 0)         4    4 psn (24 bits)
+ *     8    2 lid (InfiniBand)            10    1 port number (>= 1)
+ *    11    1 link layer: 1 InfiniBand, 2 Ethernet (RoCE)
+ *    12    1 active MTU as enum ibv_mtu (1..5 = 256..4096 bytes)
+ *    13    1 GID index                   14    1 RDMA READs the sender accepts at once (1..16)
+ *    15    1 reserved, 0                 16   16 GID (RoCE: required, not all zero)
+ *    32    4 receive WRs the sender keeps posted (1..65536)
+ *    36    4 reserved, 0                 40    8 node GUID (diagnostics only)
+ * MR info, 32 bytes, sent in RDMA_MR_INFO:
+ *     0    8 region address              8    8 region length
+ *    16    4 rkey                       20    4 region generation
+ *    24    4 region flags (FERRY_MEM_REMOTE_*)  28  4 reserved, 0 */
+#define FERRY_RDMA_QP_INFO_SIZE 48
+#define FERRY_RDMA_MR_INFO_SIZE 32
+#define FERRY_RDMA_LINK_IB 1
+#define FERRY_RDMA_LINK_ETH 2
+
+typedef struct ferry_rdma_qp_info {
+    uint32_t qpn, psn;
+    uint16_t lid;
+    uint8_t port, link_layer, mtu, gid_index, rd_atom;
+    uint8_t gid[16];
+    uint32_t recv_depth;
+    uint64_t guid;
+} ferry_rdma_qp_info_t;
+
+typedef struct ferry_rdma_mr_info {
+    uint64_t addr, len;
+    uint32_t rkey, generation, flags;
+} ferry_rdma_mr_info_t;
+
+void ferry_rdma_qp_info_encode(const ferry_rdma_qp_info_t *q, uint8_t out[FERRY_RDMA_QP_INFO_SIZE]);
+/* Decodes len bytes and validates every field; MALFORMED_FRAME naming the field. */
+int ferry_rdma_qp_info_decode(const uint8_t *in, size_t len, ferry_rdma_qp_info_t *q);
+void ferry_rdma_mr_info_encode(const ferry_rdma_mr_info_t *m, uint8_t out[FERRY_RDMA_MR_INFO_SIZE]);
+int ferry_rdma_mr_info_decode(const uint8_t *in, size_t len, ferry_rdma_mr_info_t *m);
 
 #endif

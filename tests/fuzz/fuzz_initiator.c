@@ -33,6 +33,7 @@ static void setup(void)
     cfg.connect_timeout_ms = 100;
     cfg.retries = 0;
     cfg.conns_per_peer = 1;
+    cfg.cancel_timeout_ms = 20; /* fences to the fake target never confirm */
     cfg.log_level = -1;
     if (ferry_engine_create(&cfg, &ini) != 0) abort();
     buf = malloc(8192);

@@ -1,0 +1,41 @@
+"""Ferry: a data transfer engine for disaggregated LLM inference (ctypes binding).
+
+Two APIs over the same libferry.so:
+  * ferry.TransferEngine (also ferry.engine.TransferEngine): Mooncake's Python
+    API, returning 0 or a negative Ferry code;
+  * ferry.Engine: pythonic and strict, raising ferry.FerryError subclasses.
+
+ferry.errors has the code table (from the C library), strerror, retryable and
+the calling thread's last error detail. The library is found through
+$FERRY_LIBRARY, then the repository's build directories, then the system
+loader (ferry.library_path() says which).
+"""
+
+from . import errors
+from ._lib import LibraryNotFound
+from ._lib import path as library_path
+from .core import (CONFIG_FIELDS, MEM_LOCAL, MEM_REMOTE, MEM_REMOTE_READ, MEM_REMOTE_WRITE, READ,
+                   STATUS_CANCELLED, STATUS_COMPLETED, STATUS_FAILED, STATUS_NAMES,
+                   STATUS_PENDING, STATUS_TIMEOUT, STATUS_WAITING, WRITE, Batch, Engine,
+                   Notification, PeerInfo, RequestStatus, Segment)
+from .engine import TransferEngine, TransferNotify, TransferOpcode
+from .errors import *  # noqa: F401,F403 - FerryError and its subclasses
+from .errors import FerryError, last_error_detail, retryable, strerror
+
+__version__ = "0.1.0"
+
+
+def install_mooncake_shim():
+    """Makes `from mooncake.engine import TransferEngine` give Ferry's, for
+    programs (SGLang) that import Mooncake by name. Call before they import it."""
+    import sys
+    import types
+    from . import engine as _engine
+    pkg = sys.modules.get("mooncake")
+    if pkg is None:
+        pkg = types.ModuleType("mooncake")
+        pkg.__path__ = []
+        sys.modules["mooncake"] = pkg
+    pkg.engine = _engine
+    sys.modules["mooncake.engine"] = _engine
+    return _engine

@@ -1,0 +1,867 @@
+"""The strict, pythonic API: ferry.Engine raises FerryError subclasses.
+
+    with ferry.Engine(host="127.0.0.1") as eng:
+        eng.register(kv)                       # remote-accessible by default
+        eng.write(peer, kv, remote_addr, 4096)
+        with eng.batch(16) as b:
+            b.submit(peer, [(ferry.WRITE, buf, raddr, n), ...])
+            b.wait()
+
+Buffers are ints (addresses, e.g. tensor.data_ptr()) or objects: bytearray,
+mmap, memoryview, ctypes arrays, numpy arrays, torch tensors (see _buffers).
+A registered object is pinned (kept alive, not resizable) until deregistered.
+"""
+
+import ctypes
+import struct
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Optional
+
+from . import _buffers, _lib, errors
+from .errors import check, fail
+
+__all__ = [
+    "Engine", "Batch", "Segment", "PeerInfo", "PeerMetrics", "RequestStatus", "Notification",
+    "READ", "WRITE", "MEM_LOCAL", "MEM_REMOTE_READ", "MEM_REMOTE_WRITE", "MEM_REMOTE",
+    "STATUS_WAITING", "STATUS_PENDING", "STATUS_COMPLETED", "STATUS_FAILED",
+    "STATUS_CANCELLED", "STATUS_TIMEOUT", "STATUS_NAMES", "CONFIG_FIELDS", "version",
+]
+
+READ = 0
+WRITE = 1
+MEM_LOCAL = 0
+MEM_REMOTE_READ = 1
+MEM_REMOTE_WRITE = 2
+MEM_REMOTE = MEM_REMOTE_READ | MEM_REMOTE_WRITE
+
+STATUS_WAITING = 0
+STATUS_PENDING = 1
+STATUS_COMPLETED = 2
+STATUS_FAILED = 3
+STATUS_CANCELLED = 4
+STATUS_TIMEOUT = 5
+STATUS_NAMES = {0: "WAITING", 1: "PENDING", 2: "COMPLETED", 3: "FAILED", 4: "CANCELLED",
+                5: "TIMEOUT"}
+
+CONFIG_FIELDS = tuple(f[0] for f in _lib.Config._fields_)
+_STRING_FIELDS = {f[0] for f in _lib.Config._fields_ if f[1] is ctypes.c_char_p}
+
+_NOTIFY_MAX = 64 * 1024
+# Mooncake's notifications carry a sender-chosen name besides the message;
+# Ferry's carry the sender's engine name. A named notification is framed as
+# MAGIC, u16 little-endian name length, name, message.
+_NOTIFY_MAGIC = b"\xffFN1"
+
+
+def version():
+    """The binding's idea of the C library version ("0.1.0")."""
+    return "0.1.0"
+
+
+def _inval(msg):
+    fail(errors.CODES["INVALID_ARGUMENT"], "INVALID_ARGUMENT (-1): " + msg)
+
+
+def _peer_bytes(peer):
+    if isinstance(peer, bytes):
+        return peer
+    if not isinstance(peer, str) or not peer:
+        _inval("peer must be a non-empty 'host:port' string, not %r" % (peer,))
+    return peer.encode()
+
+
+def _opcode(op):
+    try:
+        op = int(op)
+    except (TypeError, ValueError):
+        op = -1
+    if op not in (READ, WRITE):
+        _inval("opcode must be ferry.READ (0) or ferry.WRITE (1)")
+    return op
+
+
+def _call(name, *args):
+    """Calls a C function; a missing symbol becomes NOT_IMPLEMENTED."""
+    try:
+        f = _lib.fn(name)
+    except _lib.MissingSymbol:
+        fail(errors.CODES["NOT_IMPLEMENTED"],
+             "NOT_IMPLEMENTED (-303): %s lacks %s (built before the engine landed?)"
+             % (_lib.path(), name))
+    return f(*args)
+
+
+@dataclass(frozen=True)
+class Segment:
+    addr: int
+    len: int
+    flags: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class PeerInfo:
+    name: str
+    protocol_version: int
+    engine_id: int
+    epoch: int
+    segment_version: int
+    segment_count: int
+    transport: str
+    transport_reason: str
+    pid: int
+    same_host: bool
+
+
+@dataclass(frozen=True)
+class PeerMetrics:
+    peer: str
+    transport: str
+    requests: tuple        # (READ, WRITE) finished requests
+    bytes: tuple           # (READ, WRITE) bytes confirmed
+    failures: int
+    retries: int
+    latency: tuple         # requests per latency bucket (not cumulative)
+    latency_sum_us: int
+    errors: dict           # code -> count
+
+    @staticmethod
+    def from_c(m):
+        n = min(int(m.nerrors), len(m.error_codes))
+        return PeerMetrics(m.peer.decode(errors="replace"), m.transport.decode(errors="replace"),
+                           tuple(m.requests), tuple(m.bytes), int(m.failures), int(m.retries),
+                           tuple(m.latency), int(m.latency_sum_us),
+                           {int(m.error_codes[i]): int(m.error_counts[i]) for i in range(n)})
+
+
+@dataclass(frozen=True)
+class RequestStatus:
+    state: int
+    code: int
+    bytes: int
+
+    @property
+    def state_name(self):
+        return STATUS_NAMES.get(self.state, "UNKNOWN")
+
+    @property
+    def done(self):
+        return self.state not in (STATUS_WAITING, STATUS_PENDING)
+
+    @property
+    def ok(self):
+        return self.state == STATUS_COMPLETED
+
+
+@dataclass(frozen=True)
+class Notification:
+    peer: str            # sender's engine name ("host:port")
+    msg: bytes
+    name: Optional[str]  # the sender-chosen name of a named notify, else None
+
+
+def _encode_notify(msg, name):
+    if isinstance(msg, str):
+        msg = msg.encode("utf-8", "surrogateescape")
+    msg = bytes(msg)
+    if name is not None:
+        nb = name.encode("utf-8", "surrogateescape") if isinstance(name, str) else bytes(name)
+        if len(nb) > 0xFFFF:
+            _inval("notify name is %d bytes, at most 65535" % len(nb))
+        msg = _NOTIFY_MAGIC + struct.pack("<H", len(nb)) + nb + msg
+    if len(msg) > _NOTIFY_MAX:
+        _inval("notify message is %d bytes, at most %d" % (len(msg), _NOTIFY_MAX))
+    return msg
+
+
+def _decode_notify(peer, raw):
+    if raw.startswith(_NOTIFY_MAGIC) and len(raw) >= 6:
+        (n,) = struct.unpack_from("<H", raw, 4)
+        if 6 + n <= len(raw):
+            name = raw[6:6 + n].decode("utf-8", "surrogateescape")
+            return Notification(peer, raw[6 + n:], name)
+    return Notification(peer, raw, None)
+
+
+class _Closed:
+    pass
+
+
+class Engine:
+    """One Ferry engine (listening on host:port). Methods raise FerryError.
+
+    Engine(host=None, port=None, *, env=True, **config): config keys are the
+    fields of ferry_config_t (transport, timeout_ms, secret, ...). With env
+    (default) the FERRY_* environment variables apply first and the keyword
+    arguments override them.
+    """
+
+    def __init__(self, host=None, port=None, *, env=True, **config):
+        self._e = None
+        self._lock = threading.Condition()
+        self._active = 0
+        self._closed = False
+        self._regions = {}   # addr -> (len, pin)
+        self._batches = weakref.WeakSet()
+        self._keep = []      # strings the config points at
+        cfg = _lib.new_struct(_lib.Config)
+        _call("ferry_config_init", ctypes.byref(cfg))
+        if env:
+            check(_call("ferry_config_from_env", ctypes.byref(cfg)))
+        if host is not None:
+            config["host"] = host
+        if port is not None:
+            config["port"] = port
+        for k, v in config.items():
+            if k not in CONFIG_FIELDS:
+                raise TypeError("Engine() got an unknown config field %r (fields: %s)"
+                                % (k, ", ".join(CONFIG_FIELDS)))
+            if v is None:
+                continue
+            if k in _STRING_FIELDS:
+                b = v.encode() if isinstance(v, str) else bytes(v)
+                self._keep.append(b)
+                setattr(cfg, k, b)
+            else:
+                if isinstance(v, bool):
+                    v = int(v)
+                setattr(cfg, k, v)
+        self._cfg = cfg
+        out = ctypes.c_void_p()
+        check(_call("ferry_engine_create", ctypes.byref(cfg), ctypes.byref(out)))
+        self._e = out.value
+        self._name = _lib.fn("ferry_engine_name")(self._e).decode()
+        self._port = int(_lib.fn("ferry_engine_port")(self._e))
+        self._epoch = int(_lib.fn("ferry_engine_epoch")(self._e))
+
+    # ---------------------------------------------------------- lifetime
+    def _enter(self):
+        with self._lock:
+            if self._closed or self._e is None:
+                fail(errors.CODES["CONTEXT"],
+                     "CONTEXT (-202): the engine is closed")
+            self._active += 1
+            return self._e
+
+    def _leave(self):
+        with self._lock:
+            self._active -= 1
+            if self._active == 0:
+                self._lock.notify_all()
+
+    def close(self):
+        """Cancels and frees open batches, waits for calls in flight (they end by
+        their deadlines), then destroys the engine. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        batches = list(self._batches)
+        for b in batches:
+            b._cancel_quiet()  # ends waits on them
+        with self._lock:
+            while self._active:
+                self._lock.wait()
+        for b in batches:
+            b._shutdown()
+        with self._lock:
+            e, self._e = self._e, None
+        if e is not None:
+            _lib.fn("ferry_engine_destroy")(e)
+        for _, pin in self._regions.values():
+            if pin is not None:
+                pin.release()
+        self._regions.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            if getattr(self, "_e", None) is not None:
+                self.close()
+        except Exception:
+            pass
+
+    @property
+    def closed(self):
+        return self._closed
+
+    # ------------------------------------------------------------- identity
+    @property
+    def name(self):
+        """'host:port', the name peers use for this engine (Mooncake's session id)."""
+        return self._name
+
+    @property
+    def port(self):
+        return self._port
+
+    @property
+    def epoch(self):
+        return self._epoch
+
+    @property
+    def handle(self):
+        """The ferry_engine_t* as an int (0 once closed)."""
+        return self._e or 0
+
+    @property
+    def config(self):
+        """The configuration the engine was created with, as a dict."""
+        out = {}
+        for f in CONFIG_FIELDS:
+            v = getattr(self._cfg, f)
+            out[f] = v.decode() if isinstance(v, bytes) else v
+        return out
+
+    # --------------------------------------------------------- registration
+    def register(self, buf, length=None, flags=MEM_REMOTE):
+        """Registers buf ([addr, addr+length)); returns its address."""
+        addr, n, pin = _buffers.resolve(buf, length, writable=bool(flags & MEM_REMOTE_WRITE)
+                                        and not _buffers._is_int(buf))
+        e = self._enter()
+        try:
+            check(_lib.fn("ferry_register")(e, addr, n, flags))
+        except BaseException:
+            if pin is not None:
+                pin.release()
+            raise
+        finally:
+            self._leave()
+        with self._lock:
+            self._regions[addr] = (n, pin)
+        return addr
+
+    def deregister(self, buf):
+        """Deregisters the region starting at buf's address."""
+        addr = _buffers.address(buf)
+        e = self._enter()
+        try:
+            check(_lib.fn("ferry_deregister")(e, addr))
+        finally:
+            self._leave()
+        self._drop_region(addr)
+
+    def _drop_region(self, addr):
+        with self._lock:
+            ent = self._regions.pop(addr, None)
+        if ent is not None and ent[1] is not None:
+            ent[1].release()
+
+    def register_batch(self, bufs, lengths=None, flags=MEM_REMOTE):
+        """All or nothing; returns the addresses."""
+        bufs = list(bufs)
+        if lengths is None:
+            lengths = [None] * len(bufs)
+        lengths = list(lengths)
+        if len(lengths) != len(bufs):
+            _inval("%d buffers but %d lengths" % (len(bufs), len(lengths)))
+        resolved = []
+        try:
+            for b, n in zip(bufs, lengths):
+                resolved.append(_buffers.resolve(
+                    b, n, writable=bool(flags & MEM_REMOTE_WRITE) and not _buffers._is_int(b)))
+        except BaseException:
+            for _, _, p in resolved:
+                if p is not None:
+                    p.release()
+            raise
+        k = len(resolved)
+        addrs = (ctypes.c_void_p * max(k, 1))(*[r[0] for r in resolved])
+        lens = (ctypes.c_size_t * max(k, 1))(*[r[1] for r in resolved])
+        e = self._enter()
+        try:
+            check(_lib.fn("ferry_register_batch")(e, addrs, lens, k, flags))
+        except BaseException:
+            for _, _, p in resolved:
+                if p is not None:
+                    p.release()
+            raise
+        finally:
+            self._leave()
+        with self._lock:
+            for a, n, p in resolved:
+                self._regions[a] = (n, p)
+        return [r[0] for r in resolved]
+
+    def deregister_batch(self, bufs):
+        """Deregisters each; raises the first failure after processing all."""
+        addrs_l = [_buffers.address(b) for b in bufs]
+        k = len(addrs_l)
+        addrs = (ctypes.c_void_p * max(k, 1))(*addrs_l)
+        e = self._enter()
+        try:
+            rc = _lib.fn("ferry_deregister_batch")(e, addrs, k)
+            detail = errors._c_detail() if rc < 0 else None
+        finally:
+            self._leave()
+        # Regions whose deregistration failed were not registered (or are
+        # still); dropping our pin only for those gone is what matters.
+        for a in addrs_l:
+            if rc >= 0:
+                self._drop_region(a)
+        if rc < 0:
+            self._resync_regions(addrs_l)
+            check(rc, detail or None)
+
+    def _resync_regions(self, addrs_l):
+        # After a partial failure we cannot tell which deregistrations took
+        # effect; try each again: NOT_REGISTERED means it is gone.
+        e = self._enter()
+        try:
+            for a in addrs_l:
+                rc = _lib.fn("ferry_deregister")(e, a)
+                if rc >= 0 or rc == errors.CODES.get("ADDRESS_NOT_REGISTERED"):
+                    self._drop_region(a)
+        finally:
+            self._leave()
+
+    @property
+    def region_count(self):
+        e = self._enter()
+        try:
+            return int(_lib.fn("ferry_region_count")(e))
+        finally:
+            self._leave()
+
+    def is_registered(self, addr):
+        """True when a region registered through this object starts at addr."""
+        with self._lock:
+            return _buffers.address(addr) in self._regions
+
+    # ------------------------------------------------------------- sessions
+    def open_session(self, peer):
+        e = self._enter()
+        try:
+            check(_lib.fn("ferry_session_open")(e, _peer_bytes(peer)))
+        finally:
+            self._leave()
+
+    def close_session(self, peer):
+        e = self._enter()
+        try:
+            check(_lib.fn("ferry_session_close")(e, _peer_bytes(peer)))
+        finally:
+            self._leave()
+
+    def session_info(self, peer):
+        info = _lib.new_struct(_lib.PeerInfo)
+        e = self._enter()
+        try:
+            check(_lib.fn("ferry_session_info")(e, _peer_bytes(peer), ctypes.byref(info)))
+        finally:
+            self._leave()
+        return PeerInfo(info.name.decode(errors="replace"), info.protocol_version, info.engine_id,
+                        info.epoch, info.segment_version, info.segment_count,
+                        info.transport.decode(errors="replace"),
+                        info.transport_reason.decode(errors="replace"), info.pid,
+                        bool(info.same_host))
+
+    def segments(self, peer, max_count=None):
+        """The peer's remote-accessible segments, ascending by address (refreshed)."""
+        p = _peer_bytes(peer)
+        e = self._enter()
+        try:
+            cap = 64 if max_count is None else int(max_count)
+            while True:
+                arr = (_lib.Segment * max(cap, 1))()
+                n = check(int(_lib.fn("ferry_session_segments")(e, p, arr, cap)))
+                if n <= cap or max_count is not None:
+                    return [Segment(s.addr, s.len, s.flags, s.generation) for s in arr[:min(n, cap)]]
+                cap = n
+        finally:
+            self._leave()
+
+    def ping(self, peer):
+        """Round trip of a small control frame to the peer, in microseconds."""
+        rtt = ctypes.c_uint64(0)
+        e = self._enter()
+        try:
+            check(_call("ferry_session_ping", e, _peer_bytes(peer), ctypes.byref(rtt)))
+        finally:
+            self._leave()
+        return int(rtt.value)
+
+    # -------------------------------------------------------------- metrics
+    @property
+    def metrics_port(self):
+        """Port of the Prometheus endpoint (GET /metrics), 0 when off."""
+        e = self._enter()
+        try:
+            return int(_call("ferry_metrics_port", e))
+        finally:
+            self._leave()
+
+    def metrics(self):
+        """Per-peer counters: a list of PeerMetrics."""
+        e = self._enter()
+        try:
+            cap = 16
+            while True:
+                arr = (_lib.PeerMetrics * cap)()
+                n = check(int(_call("ferry_metrics_peers", e, arr, cap)))
+                if n <= cap:
+                    return [PeerMetrics.from_c(m) for m in arr[:n]]
+                cap = n
+        finally:
+            self._leave()
+
+    def transport_metrics(self, transport):
+        """The sum over the peers that used transport ("tcp", "shm")."""
+        m = _lib.PeerMetrics()
+        e = self._enter()
+        try:
+            check(_call("ferry_metrics_transport", e, transport.encode(), ctypes.byref(m)))
+        finally:
+            self._leave()
+        return PeerMetrics.from_c(m)
+
+    def metrics_prometheus(self):
+        """Every metric in Prometheus text format."""
+        e = self._enter()
+        try:
+            cap = 1 << 16
+            while True:
+                buf = ctypes.create_string_buffer(cap)
+                n = check(int(_call("ferry_metrics_prometheus", e, buf, cap)))
+                if n < cap:
+                    return buf.value.decode("utf-8", "replace")
+                cap = n + 1
+        finally:
+            self._leave()
+
+    # ------------------------------------------------------------ transfers
+    def transfer(self, peer, opcode, local, remote, length=None):
+        """Moves length bytes between local and the peer's address remote."""
+        op = _opcode(opcode)
+        p = _peer_bytes(peer)
+        addr, n, pin = _buffers.resolve(local, length, writable=(op == READ) and not
+                                        _buffers._is_int(local), what="local buffer")
+        r = _buffers.remote_address(remote)
+        e = self._enter()
+        try:
+            check(_lib.fn("ferry_transfer_sync")(e, p, op, addr, r, n))
+        finally:
+            self._leave()
+            if pin is not None:
+                pin.release()
+
+    def write(self, peer, local, remote, length=None):
+        self.transfer(peer, WRITE, local, remote, length)
+
+    def read(self, peer, local, remote, length=None):
+        self.transfer(peer, READ, local, remote, length)
+
+    def transfer_batch(self, peer, opcode, locals_, remotes, lengths=None):
+        """n requests of one opcode: all complete, or the first failure raised."""
+        op = _opcode(opcode)
+        p = _peer_bytes(peer)
+        locals_ = list(locals_)
+        remotes = list(remotes)
+        lengths = [None] * len(locals_) if lengths is None else list(lengths)
+        if not (len(locals_) == len(remotes) == len(lengths)):
+            _inval("buffers, peer addresses and lengths differ in count (%d, %d, %d)"
+                   % (len(locals_), len(remotes), len(lengths)))
+        pins = []
+        try:
+            la, ra, ln = [], [], []
+            for i, (b, r, n) in enumerate(zip(locals_, remotes, lengths)):
+                a, k, pin = _buffers.resolve(b, n, writable=(op == READ) and not _buffers._is_int(b),
+                                             what="local buffer %d" % i)
+                pins.append(pin)
+                la.append(a)
+                ra.append(_buffers.remote_address(r, "peer address %d" % i))
+                ln.append(k)
+            k = len(la)
+            if k == 0:
+                return
+            e = self._enter()
+            try:
+                check(_lib.fn("ferry_batch_transfer_sync")(
+                    e, p, op, (ctypes.c_void_p * k)(*la), (ctypes.c_uint64 * k)(*ra),
+                    (ctypes.c_size_t * k)(*ln), k))
+            finally:
+                self._leave()
+        finally:
+            for pin in pins:
+                if pin is not None:
+                    pin.release()
+
+    def write_batch(self, peer, locals_, remotes, lengths=None):
+        self.transfer_batch(peer, WRITE, locals_, remotes, lengths)
+
+    def read_batch(self, peer, locals_, remotes, lengths=None):
+        self.transfer_batch(peer, READ, locals_, remotes, lengths)
+
+    def batch(self, capacity):
+        """A new async Batch of the given capacity (use as a context manager)."""
+        return Batch(self, capacity)
+
+    # -------------------------------------------------------- notifications
+    def notify(self, peer, msg, name=None):
+        """Sends msg (bytes or str, <= 64 KiB) to the peer's notification queue,
+        delivered after every write this thread issued to that peer before it.
+        name: Mooncake's TransferNotify name (carried in the message)."""
+        p = _peer_bytes(peer)
+        data = _encode_notify(msg, name)
+        e = self._enter()
+        try:
+            buf = ctypes.create_string_buffer(data, len(data)) if data else None
+            check(_lib.fn("ferry_notify")(e, p, buf, len(data)))
+        finally:
+            self._leave()
+
+    def notifications(self, max_count=256):
+        """Moves up to max_count queued notifications out; a list of Notification."""
+        out = []
+        e = self._enter()
+        try:
+            while len(out) < max_count:
+                want = min(64, max_count - len(out))
+                arr = (_lib.Notification * want)()
+                n = check(int(_lib.fn("ferry_get_notifications")(e, arr, want)))
+                try:
+                    for i in range(n):
+                        raw = ctypes.string_at(arr[i].msg, arr[i].len) if arr[i].len else b""
+                        out.append(_decode_notify(arr[i].peer.decode(errors="replace"), raw))
+                finally:
+                    if n:
+                        _lib.fn("ferry_notifications_free")(arr, n)
+                if n < want:
+                    break
+        finally:
+            self._leave()
+        return out
+
+    def __repr__(self):
+        return "<ferry.Engine %s%s>" % (self._name if self._e else "", " closed" if self._closed else "")
+
+
+class Batch:
+    """An async batch: submit requests, poll status, wait, cancel. Frees on exit.
+
+    Requests are (opcode, local, remote, length) tuples (length may be None
+    for a sized local object), numbered in submission order. Methods may be
+    called from several threads; the batch is freed only once no call on it
+    is running.
+    """
+
+    def __init__(self, engine, capacity):
+        self.engine = engine
+        self.capacity = int(capacity)
+        if self.capacity <= 0:
+            _inval("batch capacity must be positive, not %d" % self.capacity)
+        self._pins = []
+        self._count = 0
+        self._freed = False
+        self._closing = False
+        self._users = 0
+        self._cond = threading.Condition()
+        self._submit_lock = threading.Lock()
+        out = ctypes.c_void_p()
+        e = engine._enter()
+        try:
+            check(_lib.fn("ferry_batch_alloc")(e, self.capacity, ctypes.byref(out)))
+        finally:
+            engine._leave()
+        self._b = out.value
+        engine._batches.add(self)
+
+    # A call on the batch: engine alive, batch not freed or being freed.
+    def _begin(self, engine_check=True):
+        if engine_check:
+            self.engine._enter()
+        with self._cond:
+            if self._freed or self._closing or self._b is None:
+                if engine_check:
+                    self.engine._leave()
+                fail(errors.CODES["NOT_FOUND"], "NOT_FOUND (-411): the batch was freed")
+            self._users += 1
+            return self._b
+
+    def _end(self, engine_check=True):
+        with self._cond:
+            self._users -= 1
+            if self._users == 0:
+                self._cond.notify_all()
+        if engine_check:
+            self.engine._leave()
+
+    def __len__(self):
+        return self._count
+
+    @property
+    def freed(self):
+        return self._freed
+
+    def submit(self, peer, requests, timeout_ms=0):
+        """Submits requests to peer; returns the index of the first one."""
+        p = _peer_bytes(peer)
+        reqs = list(requests)
+        pins = []
+        arr = (_lib.Request * max(len(reqs), 1))()
+        try:
+            for i, rq in enumerate(reqs):
+                if len(rq) == 3:
+                    op, local, remote = rq
+                    n = None
+                else:
+                    op, local, remote, n = rq
+                op = _opcode(op)
+                a, k, pin = _buffers.resolve(local, n, writable=(op == READ) and not
+                                             _buffers._is_int(local), what="local buffer %d" % i)
+                pins.append(pin)
+                arr[i].opcode = op
+                arr[i].local = a
+                arr[i].remote = _buffers.remote_address(remote, "peer address %d" % i)
+                arr[i].len = k
+        except BaseException:
+            for pin in pins:
+                if pin is not None:
+                    pin.release()
+            raise
+        b = self._begin()
+        try:
+            with self._submit_lock:
+                first = int(_lib.fn("ferry_batch_submit")(b, p, arr, len(reqs), int(timeout_ms)))
+                if first >= 0:
+                    self._pins.extend(pins)
+                    self._count = max(self._count, first + len(reqs))
+        finally:
+            self._end()
+        if first < 0:
+            for pin in pins:
+                if pin is not None:
+                    pin.release()
+            check(first)
+        return first
+
+    def status(self, idx):
+        st = _lib.Status()
+        b = self._begin()
+        try:
+            check(_lib.fn("ferry_batch_status")(b, int(idx), ctypes.byref(st)))
+        finally:
+            self._end()
+        return RequestStatus(st.state, st.code, st.bytes)
+
+    def statuses(self):
+        return [self.status(i) for i in range(self._count)]
+
+    def done(self):
+        """True when every submitted request has ended (in any state)."""
+        return all(s.done for s in self.statuses())
+
+    def wait(self, timeout_ms=-1):
+        """Waits until every request ended; raises the first failure (or TIMEOUT)."""
+        b = self._begin()
+        try:
+            check(_lib.fn("ferry_batch_wait")(b, int(timeout_ms)))
+        finally:
+            self._end()
+
+    def cancel(self):
+        """Cancels every unfinished request; when it returns, none of their
+        bytes can still land (CancelError CANCEL_UNCONFIRMED if the target
+        could not confirm: do not reuse its pages)."""
+        b = self._begin()
+        try:
+            check(_lib.fn("ferry_batch_cancel")(b))
+        finally:
+            self._end()
+
+    def cancel_request(self, idx):
+        """Cancels request idx alone, with the same guarantee; the others go on."""
+        b = self._begin()
+        try:
+            check(_lib.fn("ferry_batch_cancel_request")(b, int(idx)))
+        finally:
+            self._end()
+
+    def free(self):
+        """Frees the batch (BatchBusy while requests are in flight)."""
+        if self._freed:
+            return
+        b = self._begin()
+        try:
+            with self._cond:
+                # Only this call may still be using it.
+                while self._users > 1:
+                    self._cond.wait()
+                rc = _lib.fn("ferry_batch_free")(b)
+                if rc >= 0:
+                    self._freed = True
+            check(rc)
+        finally:
+            self._end()
+        self._after_free()
+
+    def _after_free(self):
+        self._freed = True
+        self._b = None
+        for pin in self._pins:
+            if pin is not None:
+                pin.release()
+        self._pins = []
+        self.engine._batches.discard(self)
+
+    def _cancel_quiet(self):
+        with self._cond:
+            if self._freed or self._b is None:
+                return
+            b = self._b
+            self._users += 1
+        try:
+            _lib.fn("ferry_batch_cancel")(b)
+        finally:
+            self._end(engine_check=False)
+
+    def _shutdown(self):
+        """Cancel whatever runs, wait for other calls on the batch to return,
+        free (best effort: a batch that stays busy is leaked, never freed under
+        running requests). Used by Engine.close, reaping and __del__."""
+        with self._cond:
+            if self._freed or self._closing or self._b is None:
+                return
+            self._closing = True
+            b = self._b
+        try:
+            _lib.fn("ferry_batch_cancel")(b)
+            budget = max(int(self.engine._cfg.timeout_ms), 1000) * 2
+            with self._cond:
+                self._cond.wait_for(lambda: self._users == 0, budget / 1000.0)
+                if self._users:
+                    return
+            free = _lib.fn("ferry_batch_free")
+            if free(b) < 0:
+                _lib.fn("ferry_batch_wait")(b, budget)
+                if free(b) < 0:
+                    return
+            self._after_free()
+        finally:
+            with self._cond:
+                self._closing = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self._freed or self.engine.closed:
+            return
+        try:
+            self.free()
+        except errors.BatchBusy:  # noqa: F821 - defined in errors
+            self._shutdown()
+
+    def __del__(self):
+        try:
+            if not self._freed and self._b is not None and not self.engine.closed:
+                self._shutdown()
+        except Exception:
+            pass

@@ -1,0 +1,607 @@
+"""Mooncake-compatible API: ferry.engine mirrors mooncake.engine.
+
+    from ferry.engine import TransferEngine      # instead of mooncake.engine
+    te = TransferEngine()
+    te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "")
+    session_id = te.get_session_id()            # "127.0.0.1:<rpc port>"
+    te.register_memory(ptr, length)
+    te.batch_transfer_sync_write(peer_session, [ptr], [peer_ptr], [length])
+
+Method names, arguments and return conventions follow Mooncake's Python
+binding (mooncake-integration/transfer_engine/transfer_engine_py.cpp). One
+deliberate difference: a failure returns the negative Ferry code (-3
+ADDRESS_NOT_REGISTERED, -400 TIMEOUT, ...) instead of Mooncake's bare -1, and
+errors.last_error_detail() (or get_last_error()) describes it. Code that
+tests `ret != 0` or `ret < 0` works unchanged.
+
+TransferEngine(raise_on_error=True) raises ferry.FerryError subclasses
+instead of returning codes. See bindings/python/README.md for the mapping.
+"""
+
+import ctypes
+import enum
+import ipaddress
+import itertools
+import json
+import logging
+import mmap
+import os
+import threading
+
+from . import _lib, core, errors
+from .core import Engine
+from .errors import FerryError, fail
+
+__all__ = ["TransferEngine", "TransferOpcode", "TransferNotify", "Read", "Write",
+           "SUPPORT_EFA", "SUPPORT_HIP", "SUPPORT_MNNVL", "SUPPORT_INTRA_NVLINK", "SUPPORT_CUDA"]
+
+log = logging.getLogger("ferry")
+log.addHandler(logging.NullHandler())  # the application decides where warnings go
+
+SUPPORT_EFA = False
+SUPPORT_HIP = False
+SUPPORT_MNNVL = False
+SUPPORT_INTRA_NVLINK = False
+SUPPORT_CUDA = False
+
+P2PHANDSHAKE = "P2PHANDSHAKE"
+
+# Mooncake protocols Ferry has no transport for (a clear NOT_IMPLEMENTED).
+_MOONCAKE_ONLY_PROTOCOLS = {"nvlink", "nvlink_intra", "hip", "xgmi", "ascend", "efa", "cxl",
+                            "nvmeof", "barex", "ubshmem", "mnnvl", "gds", "io_uring",
+                            "sunrise_link"}
+_PROTOCOLS = {"tcp": "tcp", "shm": "shm", "auto": "auto", "": "auto", "rdma": "rdma"}
+# Asked-for transports that fall back to "auto" when the engine lacks them.
+_FALLBACK_FROM = {"rdma", "shm"}
+
+
+class TransferOpcode(enum.IntEnum):
+    Read = 0
+    Write = 1
+
+
+Read = TransferOpcode.Read
+Write = TransferOpcode.Write
+
+
+class TransferNotify:
+    """A notification: name (sender-chosen) and msg, as in Mooncake."""
+
+    __slots__ = ("name", "msg", "peer")
+
+    def __init__(self, name="", msg="", peer=None):
+        self.name = name
+        self.msg = msg
+        self.peer = peer  # Ferry: the sender's engine name
+
+    def __repr__(self):
+        return "TransferNotify(name=%r, msg=%r)" % (self.name, self.msg)
+
+    def __eq__(self, other):
+        return (isinstance(other, TransferNotify) and self.name == other.name
+                and self.msg == other.msg)
+
+
+def _code(name):
+    return errors.CODES[name]
+
+
+def _split_hostname(local_hostname):
+    """("host", port or None) from "host", "host:port", "[v6]:port", "v6",
+    "host:port:suffix" (Mooncake's Ascend form; the suffix is ignored)."""
+    s = (local_hostname or "").strip()
+    if not s:
+        return None, None
+    if s.startswith("["):
+        end = s.find("]")
+        if end < 0:
+            fail(_code("INVALID_ARGUMENT"), "INVALID_ARGUMENT (-1): local_hostname %r: no ']'" % s)
+        host, rest = s[1:end], s[end + 1:]
+        if not rest:
+            return host, None
+        if not rest.startswith(":") or not rest[1:].isdigit():
+            fail(_code("INVALID_ARGUMENT"),
+                 "INVALID_ARGUMENT (-1): local_hostname %r: bad port" % s)
+        return host, int(rest[1:])
+    if s.count(":") > 1:
+        try:
+            ipaddress.IPv6Address(s)
+            return s, None
+        except ValueError:
+            pass
+    parts = s.split(":")
+    if len(parts) == 1:
+        return s, None
+    if not parts[1].isdigit() or not (0 <= int(parts[1]) <= 65535):
+        fail(_code("INVALID_ARGUMENT"),
+             "INVALID_ARGUMENT (-1): local_hostname %r: port %r is not a number in 0..65535"
+             % (s, parts[1]))
+    return parts[0], int(parts[1])
+
+
+def _metadata(metadata_server, metadata_type=None):
+    m = (metadata_server or "").strip()
+    if m == "" or m.upper() == P2PHANDSHAKE or m.lower() == "p2p":
+        return "p2p"
+    if "://" not in m:
+        m = "%s://%s" % (metadata_type or "etcd", m)
+    scheme = m.split("://", 1)[0].lower()
+    if scheme in ("etcd", "redis"):
+        return m
+    if scheme == "p2p":
+        return "p2p"
+    fail(_code("NOT_IMPLEMENTED"),
+         "NOT_IMPLEMENTED (-303): metadata server %r: Ferry supports P2PHANDSHAKE, etcd:// and "
+         "redis://, not %s://" % (metadata_server, scheme))
+
+
+def _transport(protocol):
+    p = (protocol or "").strip().lower()
+    if p in _PROTOCOLS:
+        return _PROTOCOLS[p]
+    if p in _MOONCAKE_ONLY_PROTOCOLS:
+        fail(_code("NOT_IMPLEMENTED"),
+             "NOT_IMPLEMENTED (-303): protocol %r is a Mooncake transport Ferry lacks; use "
+             "tcp, shm, rdma or auto" % protocol)
+    fail(_code("INVALID_ARGUMENT"),
+         "INVALID_ARGUMENT (-1): unknown protocol %r (tcp, shm, rdma, auto)" % (protocol,))
+
+
+class TransferEngine:
+    """Drop-in for mooncake.engine.TransferEngine over Ferry.
+
+    raise_on_error: raise FerryError subclasses instead of returning codes.
+    transport_fallback: protocol "rdma" (or "shm") falls back to Ferry's
+    automatic transport choice when this build or host lacks that transport,
+    like Mooncake falling back when no RDMA device is found (a warning is
+    logged on the "ferry" logger); False makes it an error (what the engine
+    reports: INVALID_ARGUMENT for a transport this build does not know,
+    DEVICE_NOT_FOUND for one without a device).
+    engine: an existing ferry.Engine to front (already initialized; not
+    closed by this object), e.g. a strict and a code-returning view of one engine.
+    """
+
+    TransferOpcode = TransferOpcode
+
+    def __init__(self, raise_on_error=False, transport_fallback=True, engine=None):
+        self.raise_on_error = raise_on_error
+        self.transport_fallback = transport_fallback
+        self._engine = engine
+        self._owns_engine = engine is None
+        self._hostname = None
+        self._device_name = None
+        self._protocol = None
+        self._transport = None
+        self._lock = threading.Lock()
+        self._batches = {}  # id -> (core.Batch or None, count, total bytes)
+        self._batch_ids = itertools.count(1)
+        self._managed = {}  # addr -> mmap
+
+    # ------------------------------------------------------------ plumbing
+    def _fail(self, exc):
+        if self.raise_on_error:
+            raise exc
+        return exc.code
+
+    def _run(self, f, *args, on_error=None):
+        # errors.last_error_detail() describes this call: empty after a success.
+        try:
+            out = f(*args)
+        except FerryError as exc:
+            errors._record(exc.code, exc.detail)
+            if self.raise_on_error:
+                raise
+            return exc.code if on_error is None else on_error
+        errors._record(0, "")
+        return out
+
+    def _eng(self):
+        if self._engine is None or self._engine.closed:
+            fail(_code("CONTEXT"), "CONTEXT (-202): the TransferEngine is not initialized "
+                 "(call initialize first) or was closed")
+        return self._engine
+
+    @property
+    def engine(self):
+        """The underlying ferry.Engine (None before initialize)."""
+        return self._engine
+
+    def get_last_error(self):
+        """This thread's last failure as a FerryError (None if none)."""
+        return errors.last_error()
+
+    # -------------------------------------------------------- initialization
+    def initialize(self, local_hostname, metadata_server, protocol, device_name):
+        """0, or a negative code. local_hostname: "host" or "host:port";
+        metadata_server: "P2PHANDSHAKE", "etcd://h:p", "redis://h:p" or "h:p" (etcd);
+        protocol: "rdma", "tcp", "shm", "auto" (fallback: see the class doc);
+        device_name: RDMA device filter, unused by Ferry."""
+        return self._run(self._initialize, local_hostname, metadata_server, protocol,
+                         device_name, None)
+
+    def initialize_ext(self, local_hostname, metadata_server, protocol, device_name,
+                       metadata_type):
+        return self._run(self._initialize, local_hostname, metadata_server, protocol,
+                         device_name, metadata_type)
+
+    def _initialize(self, local_hostname, metadata_server, protocol, device_name, metadata_type):
+        if self._engine is not None and not self._engine.closed:
+            fail(_code("INVALID_ARGUMENT"),
+                 "INVALID_ARGUMENT (-1): TransferEngine already initialized as %s"
+                 % self._engine.name)
+        host, port = _split_hostname(local_hostname)
+        kw = {}
+        if host is not None:
+            kw["host"] = host
+        if port is not None:
+            kw["port"] = port
+        # SGLang hard-codes the metadata server and the protocol: the FERRY_*
+        # environment, when set, overrides them (operators choose there).
+        if not os.environ.get("FERRY_METADATA"):
+            kw["metadata"] = _metadata(metadata_server, metadata_type)
+        transport = None
+        if not os.environ.get("FERRY_TRANSPORT"):
+            transport = _transport(protocol)
+            kw["transport"] = transport
+        if not os.environ.get("FERRY_TIMEOUT_MS") and os.environ.get("MC_TRANSFER_TIMEOUT"):
+            try:
+                kw["timeout_ms"] = max(5, int(os.environ["MC_TRANSFER_TIMEOUT"])) * 1000
+            except ValueError:
+                pass
+        try:
+            eng = Engine(**kw)
+        except FerryError as exc:
+            if (transport not in _FALLBACK_FROM or not self.transport_fallback or exc.name not in
+                    ("DEVICE_NOT_FOUND", "NOT_IMPLEMENTED", "INVALID_ARGUMENT")):
+                raise
+            log.warning("ferry: protocol %r unavailable (%s); falling back to transport "
+                        "'auto'", protocol, exc)
+            kw["transport"] = "auto"
+            eng = Engine(**kw)
+            transport = "auto"
+        self._engine = eng
+        self._owns_engine = True
+        self._hostname = host
+        self._protocol = protocol
+        self._transport = transport or eng.config.get("transport")
+        self._device_name = device_name
+        return 0
+
+    def get_rpc_port(self):
+        """The port peers connect to (the engine's listen port)."""
+        return self._run(lambda: self._eng().port)
+
+    def get_session_id(self):
+        """"host:port", the name peers pass as target_hostname / session id."""
+        try:
+            return self._eng().name
+        except FerryError:
+            if self.raise_on_error:
+                raise
+            return ""
+
+    def get_engine(self):
+        return self._engine
+
+    def get_engine_ptr(self):
+        return self._engine.handle if self._engine is not None else 0
+
+    def close(self):
+        """Frees batches and managed buffers, destroys the engine (Ferry extension)."""
+        eng, self._engine = self._engine, None
+        with self._lock:
+            batches, self._batches = self._batches, {}
+        for b, _, _ in batches.values():
+            if b is not None:
+                b._shutdown()
+        if eng is not None:
+            for addr in list(self._managed):
+                try:
+                    eng.deregister(addr)
+                except FerryError:
+                    pass
+            if self._owns_engine:
+                eng.close()
+        for mm in self._managed.values():
+            try:
+                mm.close()
+            except Exception:
+                pass
+        self._managed.clear()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ---------------------------------------------------------- registration
+    def register_memory(self, buffer_addr, capacity, location="*"):
+        """Registers [buffer_addr, +capacity) as remote-accessible. 0 or a negative code.
+        buffer_addr: an int or a buffer object; location is accepted and unused."""
+        return self._run(lambda: (self._eng().register(buffer_addr, capacity, core.MEM_REMOTE), 0)[1])
+
+    def unregister_memory(self, buffer_addr):
+        return self._run(lambda: (self._eng().deregister(buffer_addr), 0)[1])
+
+    def batch_register_memory(self, buffer_addresses, capacities, location="*"):
+        return self._run(lambda: (self._eng().register_batch(
+            list(buffer_addresses), list(capacities), core.MEM_REMOTE), 0)[1])
+
+    def batch_unregister_memory(self, buffer_addresses):
+        return self._run(lambda: (self._eng().deregister_batch(list(buffer_addresses)), 0)[1])
+
+    def allocate_managed_buffer(self, length):
+        """A registered buffer of length bytes owned by the engine; its address, 0 on failure."""
+        def go():
+            eng = self._eng()
+            n = int(length)
+            if n <= 0:
+                fail(_code("INVALID_ARGUMENT"), "INVALID_ARGUMENT (-1): length must be positive")
+            mm = mmap.mmap(-1, n)
+            try:
+                addr = eng.register(mm, n, core.MEM_REMOTE)
+            except BaseException:
+                mm.close()
+                raise
+            self._managed[addr] = mm
+            return addr
+        return self._run(go, on_error=0)
+
+    def free_managed_buffer(self, buffer_addr, length):
+        def go():
+            mm = self._managed.pop(int(buffer_addr), None)
+            if mm is None:
+                fail(_code("ADDRESS_NOT_REGISTERED"), "ADDRESS_NOT_REGISTERED (-3): %#x is not a "
+                     "managed buffer of this engine" % int(buffer_addr))
+            try:
+                self._eng().deregister(int(buffer_addr))
+            finally:
+                mm.close()
+            return 0
+        return self._run(go)
+
+    # ------------------------------------------------------------- transfers
+    def transfer_sync_write(self, target_hostname, buffer, peer_buffer_address, length,
+                            transport_hint=""):
+        return self.transfer_sync(target_hostname, buffer, peer_buffer_address, length,
+                                  TransferOpcode.Write)
+
+    def transfer_sync_read(self, target_hostname, buffer, peer_buffer_address, length,
+                           transport_hint=""):
+        return self.transfer_sync(target_hostname, buffer, peer_buffer_address, length,
+                                  TransferOpcode.Read)
+
+    def transfer_sync(self, target_hostname, buffer, peer_buffer_address, length, opcode,
+                      notify=None, transport_hint=""):
+        """0 when every byte is placed (write) or received (read); a negative code.
+        notify (TransferNotify): sent to the peer after the transfer completes."""
+        def go():
+            eng = self._eng()
+            eng.transfer(target_hostname, int(opcode), buffer, peer_buffer_address, length)
+            if notify is not None:
+                eng.notify(target_hostname, notify.msg, name=notify.name)
+            return 0
+        return self._run(go)
+
+    def batch_transfer_sync_write(self, target_hostname, buffers, peer_buffer_addresses, lengths,
+                                  transport_hint=""):
+        return self.batch_transfer_sync(target_hostname, buffers, peer_buffer_addresses, lengths,
+                                        TransferOpcode.Write)
+
+    def batch_transfer_sync_read(self, target_hostname, buffers, peer_buffer_addresses, lengths,
+                                 transport_hint=""):
+        return self.batch_transfer_sync(target_hostname, buffers, peer_buffer_addresses, lengths,
+                                        TransferOpcode.Read)
+
+    def batch_transfer_sync(self, target_hostname, buffers, peer_buffer_addresses, lengths,
+                            opcode, notify=None, transport_hint=""):
+        def go():
+            eng = self._eng()
+            eng.transfer_batch(target_hostname, int(opcode), buffers, peer_buffer_addresses,
+                               lengths)
+            if notify is not None:
+                eng.notify(target_hostname, notify.msg, name=notify.name)
+            return 0
+        return self._run(go)
+
+    # ---------------------------------------------------------- async batches
+    def batch_transfer_async_write(self, target_hostname, buffers, peer_buffer_addresses,
+                                   lengths, transport_hint=""):
+        return self.batch_transfer_async(target_hostname, buffers, peer_buffer_addresses,
+                                         lengths, TransferOpcode.Write)
+
+    def batch_transfer_async_read(self, target_hostname, buffers, peer_buffer_addresses,
+                                  lengths, transport_hint=""):
+        return self.batch_transfer_async(target_hostname, buffers, peer_buffer_addresses,
+                                         lengths, TransferOpcode.Read)
+
+    def batch_transfer_async(self, target_hostname, buffers, peer_buffer_addresses, lengths,
+                             opcode, transport_hint=""):
+        """A batch id (> 0) for get_batch_transfer_status / transfer_check_status, or a
+        negative code (Mooncake returns 0 on failure)."""
+        def go():
+            eng = self._eng()
+            bufs, remotes, lens = list(buffers), list(peer_buffer_addresses), list(lengths)
+            if not (len(bufs) == len(remotes) == len(lens)):
+                fail(_code("INVALID_ARGUMENT"), "INVALID_ARGUMENT (-1): buffers, "
+                     "peer_buffer_addresses and lengths differ in count (%d, %d, %d)"
+                     % (len(bufs), len(remotes), len(lens)))
+            op = int(opcode)
+            batch = None
+            if bufs:
+                batch = eng.batch(len(bufs))
+                try:
+                    batch.submit(target_hostname, [(op, b, r, n) for b, r, n in
+                                                   zip(bufs, remotes, lens)])
+                except BaseException:
+                    batch._shutdown()
+                    raise
+            total = sum(int(n) for n in lens)
+            with self._lock:
+                bid = next(self._batch_ids)
+                self._batches[bid] = (batch, len(bufs), total)
+            return bid
+        return self._run(go)
+
+    def transfer_submit_write(self, target_hostname, buffer, peer_buffer_address, length,
+                              transport_hint=""):
+        return self.batch_transfer_async(target_hostname, [buffer], [peer_buffer_address],
+                                         [length], TransferOpcode.Write)
+
+    def _take(self, bid):
+        with self._lock:
+            ent = self._batches.pop(bid, None)
+        if ent is None:
+            fail(_code("NOT_FOUND"), "NOT_FOUND (-411): no batch %r (already reaped, or never "
+                 "returned by batch_transfer_async_*)" % (bid,))
+        return ent
+
+    def _wait_budget_ms(self, total):
+        # Mooncake: transfer timeout plus 1 ns per byte (1 GiB/s).
+        eng = self._eng()
+        return int(eng.config["timeout_ms"]) + total // 1000000 + 1000
+
+    def get_batch_transfer_status(self, batch_ids):
+        """Waits for the batches: 0 when all completed, else the first failure's code;
+        every listed batch is consumed either way (Mooncake semantics)."""
+        def go():
+            ids = list(batch_ids)
+            ents = []
+            first_err = None
+            for bid in ids:
+                try:
+                    ents.append(self._take(bid))
+                except FerryError as exc:
+                    first_err = first_err or exc
+            for batch, _, total in ents:
+                if batch is None:
+                    continue
+                if first_err is not None:
+                    batch._shutdown()  # cancel what still runs, like Mooncake freeing it
+                    continue
+                try:
+                    batch.wait(self._wait_budget_ms(total))
+                except FerryError as exc:
+                    first_err = exc
+                batch._shutdown()
+            if first_err is not None:
+                errors._record(first_err.code, first_err.detail)
+                raise first_err
+            return 0
+        return self._run(go)
+
+    def transfer_check_status(self, batch_id):
+        """Non-blocking: 1 completed, 0 still running, or a negative code (failed,
+        timed out, cancelled). A batch that ended is consumed."""
+        def go():
+            with self._lock:
+                ent = self._batches.get(batch_id)
+            if ent is None:
+                self._take(batch_id)  # raises NOT_FOUND
+            batch = ent[0]
+            if batch is None:
+                self._take(batch_id)
+                return 1
+            sts = batch.statuses()
+            bad = next((s for s in sts if s.done and not s.ok), None)
+            if bad is None and not all(s.ok for s in sts):
+                return 0
+            self._take(batch_id)
+            batch._shutdown()
+            if bad is None:
+                return 1
+            code = bad.code or (_code("TIMEOUT") if bad.state == core.STATUS_TIMEOUT else
+                                _code("CANCELLED") if bad.state == core.STATUS_CANCELLED else
+                                _code("INTERNAL"))
+            fail(code, "%s (%d): request of batch %d ended %s" % (
+                errors.name(code), code, batch_id, bad.state_name))
+        return self._run(go)
+
+    def get_batch_status(self, batch_id):
+        """Ferry extension: per-request RequestStatus list, without consuming the batch."""
+        def go():
+            with self._lock:
+                ent = self._batches.get(batch_id)
+            if ent is None:
+                self._take(batch_id)
+            return ent[0].statuses() if ent[0] is not None else []
+        try:
+            return go()
+        except FerryError:
+            if self.raise_on_error:
+                raise
+            return None
+
+    # --------------------------------------------------------------- segments
+    def get_first_buffer_address(self, segment_name):
+        """The lowest remote-accessible address the peer registered; 0 if none or on failure."""
+        def go():
+            segs = self._eng().segments(segment_name, max_count=1)
+            return segs[0].addr if segs else 0
+        return self._run(go, on_error=0)
+
+    def send_probe(self, peer_server_name):
+        """0 when the peer answers a ping (a control-frame round trip); a session the peer
+        invalidated (restart) is re-opened. A negative code otherwise."""
+        def go():
+            eng = self._eng()
+            try:
+                if _lib.has("ferry_session_ping"):
+                    eng.ping(peer_server_name)
+                else:
+                    eng.segments(peer_server_name, max_count=0)
+            except (errors.PeerRestarted, errors.SessionInvalid,  # noqa: F821
+                    errors.PeerClosed):  # noqa: F821
+                try:
+                    eng.close_session(peer_server_name)
+                except FerryError:
+                    pass
+                eng.open_session(peer_server_name)
+            return 0
+        return self._run(go)
+
+    def warmup_efa_segment(self, segment_name):
+        """Opens the session ahead of the first transfer."""
+        return self._run(lambda: (self._eng().open_session(segment_name), 0)[1])
+
+    def get_local_topology(self, device_name=None):
+        """JSON text; Ferry has no RDMA topology to report."""
+        return json.dumps({"transport": self._transport or "auto", "devices": []})
+
+    # ---------------------------------------------------------- notifications
+    def get_notifies(self):
+        """Queued notifications as TransferNotify(name, msg) (msg a str, as in Mooncake)."""
+        def go():
+            out = []
+            for n in self._eng().notifications():
+                msg = n.msg.decode("utf-8", "surrogateescape")
+                out.append(TransferNotify(n.name if n.name is not None else n.peer, msg, n.peer))
+            return out
+        return self._run(go, on_error=[])
+
+    def send_notify(self, target_hostname, notify, msg=None):
+        """Ferry extension: sends a notification without a transfer.
+        send_notify(peer, TransferNotify(name, msg)) or send_notify(peer, name, msg)."""
+        def go():
+            if isinstance(notify, TransferNotify):
+                name, m = notify.name, notify.msg
+            else:
+                name, m = notify, msg if msg is not None else ""
+            self._eng().notify(target_hostname, m, name=name)
+            return 0
+        return self._run(go)
+
+    # ----------------------------------------------------------- raw memory
+    def write_bytes_to_buffer(self, dest_address, src_ptr, length):
+        src = src_ptr.encode() if isinstance(src_ptr, str) else bytes(src_ptr)
+        n = int(length)
+        if n > len(src) or n < 0:
+            return self._run(fail, _code("INVALID_ARGUMENT"),
+                             "INVALID_ARGUMENT (-1): length %d exceeds the %d source bytes"
+                             % (n, len(src)))
+        ctypes.memmove(int(dest_address), src, n)
+        return 0
+
+    def read_bytes_from_buffer(self, source_address, length):
+        return ctypes.string_at(int(source_address), int(length))

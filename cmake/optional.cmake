@@ -1,0 +1,93 @@
+# Optional features of the `ferry` library, each in its own block below.
+# A feature is on when its FERRY_WITH_<X> option is ON and its libraries are
+# found; it then adds its src/**/*_opt_<x>.c files to `ferry`, links the
+# libraries and defines FERRY_HAVE_<X>. A feature whose libraries are
+# missing is skipped with a message, never a failed configure.
+
+# ---- etcd metadata backend: libcurl + jansson (etcd v3 JSON gateway) ----
+if(FERRY_WITH_ETCD)
+  if(PKG_CONFIG_FOUND)
+    pkg_check_modules(FERRY_CURL IMPORTED_TARGET libcurl)
+    pkg_check_modules(FERRY_JANSSON IMPORTED_TARGET jansson)
+  endif()
+  if(FERRY_CURL_FOUND AND FERRY_JANSSON_FOUND)
+    target_sources(ferry PRIVATE ${CMAKE_SOURCE_DIR}/src/meta/etcd_opt_etcd.c)
+    target_link_libraries(ferry PRIVATE PkgConfig::FERRY_CURL PkgConfig::FERRY_JANSSON)
+    target_compile_definitions(ferry PRIVATE FERRY_HAVE_ETCD)
+    message(STATUS "ferry: etcd metadata backend ON")
+  else()
+    message(STATUS "ferry: etcd metadata backend OFF (libcurl or jansson not found by pkg-config)")
+  endif()
+endif()
+
+# ---- Redis metadata backend: hiredis ----
+if(FERRY_WITH_REDIS)
+  if(PKG_CONFIG_FOUND)
+    pkg_check_modules(FERRY_HIREDIS IMPORTED_TARGET hiredis)
+  endif()
+  if(FERRY_HIREDIS_FOUND)
+    target_sources(ferry PRIVATE ${CMAKE_SOURCE_DIR}/src/meta/redis_opt_redis.c)
+    target_link_libraries(ferry PRIVATE PkgConfig::FERRY_HIREDIS)
+    target_compile_definitions(ferry PRIVATE FERRY_HAVE_REDIS)
+    message(STATUS "ferry: Redis metadata backend ON")
+  else()
+    message(STATUS "ferry: Redis metadata backend OFF (hiredis not found by pkg-config)")
+  endif()
+endif()
+
+# ---- Prometheus metrics endpoint: libmicrohttpd ----
+option(FERRY_WITH_HTTP "metrics HTTP endpoint (libmicrohttpd)" ON)
+if(FERRY_WITH_HTTP)
+  pkg_check_modules(FERRY_MHD IMPORTED_TARGET libmicrohttpd)
+  if(FERRY_MHD_FOUND)
+    target_sources(ferry PRIVATE ${CMAKE_SOURCE_DIR}/src/core/metrics_http_opt_http.c)
+    target_link_libraries(ferry PRIVATE PkgConfig::FERRY_MHD)
+    target_compile_definitions(ferry PRIVATE FERRY_HAVE_HTTP)
+    message(STATUS "ferry: metrics HTTP endpoint ON")
+  else()
+    message(STATUS "ferry: metrics HTTP endpoint OFF (libmicrohttpd not found)")
+  endif()
+endif()
+
+# ---- RDMA transport (branch rdma): src/transport/rdma_opt_rdma.c ----------
+# Needs only <infiniband/verbs.h> at build time (Debian: libibverbs-dev).
+# libibverbs is NOT linked: the transport dlopen()s libibverbs.so.1 at an
+# engine's first probe, and only when sysfs lists an RDMA device, so the
+# library runs on machines without rdma-core and never loads it there.
+set(FERRY_HAVE_RDMA OFF)
+if(FERRY_WITH_RDMA)
+  find_path(FERRY_IBVERBS_INCLUDE_DIR infiniband/verbs.h)
+  if(FERRY_IBVERBS_INCLUDE_DIR)
+    set(FERRY_HAVE_RDMA ON)
+    target_sources(ferry PRIVATE ${CMAKE_SOURCE_DIR}/src/transport/rdma_opt_rdma.c)
+    target_include_directories(ferry PRIVATE ${FERRY_IBVERBS_INCLUDE_DIR})
+    target_compile_definitions(ferry PRIVATE FERRY_HAVE_RDMA=1)
+    target_link_libraries(ferry PRIVATE ${CMAKE_DL_LIBS})
+    message(STATUS "ferry: RDMA transport ON (verbs.h in ${FERRY_IBVERBS_INCLUDE_DIR}; libibverbs is dlopen'ed at run time)")
+  else()
+    message(STATUS "ferry: RDMA transport OFF: infiniband/verbs.h not found (apt-get install libibverbs-dev)")
+  endif()
+else()
+  message(STATUS "ferry: RDMA transport OFF (FERRY_WITH_RDMA=OFF)")
+endif()
+
+# ---- CUDA device memory (branch rdma): src/core/cuda_opt_cuda.c -----------
+# OFF by default. With -DFERRY_WITH_CUDA=ON the CUDA toolkit is looked up
+# (find_package(CUDAToolkit): nvcc in PATH, CUDAToolkit_ROOT, or
+# /usr/local/cuda); the library then links the CUDA runtime (libcudart) and
+# runs without a GPU or driver too, treating all memory as host memory.
+set(FERRY_HAVE_CUDA OFF)
+if(FERRY_WITH_CUDA)
+  find_package(CUDAToolkit)
+  if(CUDAToolkit_FOUND)
+    set(FERRY_HAVE_CUDA ON)
+    target_sources(ferry PRIVATE ${CMAKE_SOURCE_DIR}/src/core/cuda_opt_cuda.c)
+    target_compile_definitions(ferry PRIVATE FERRY_HAVE_CUDA=1)
+    target_link_libraries(ferry PRIVATE CUDA::cudart)
+    message(STATUS "ferry: CUDA device memory ON (CUDA ${CUDAToolkit_VERSION}, ${CUDAToolkit_INCLUDE_DIRS})")
+  else()
+    # Asked for, but absent: loud, yet not a failed configure (the rule above).
+    message(WARNING "ferry: CUDA device memory OFF: FERRY_WITH_CUDA=ON but the CUDA toolkit was not found "
+                    "(set -DCUDAToolkit_ROOT=/usr/local/cuda or put nvcc in PATH)")
+  endif()
+endif()

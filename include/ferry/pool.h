@@ -1,0 +1,56 @@
+/* Pre-registered memory pools.
+ *
+ * Registering a buffer for one send and deregistering it after (the encoder
+ * path: one embedding per send) costs a registry change per send, and every
+ * peer re-fetches the segment table on its next miss. A pool is one region
+ * registered once; buffers are allocated from it and freed back without
+ * touching the registry, so transfers from or into them need no
+ * registration at all.
+ *
+ * The allocator is a binary buddy allocator over 4 KiB blocks: every buffer
+ * is 4 KiB-aligned and rounded up to a power of two of blocks (so a 5 MiB
+ * buffer takes 8 MiB of the pool); allocation and free are O(log(pool size /
+ * 4 KiB)) under one mutex, and a free merges with its buddy at once, so
+ * freeing everything gives the whole pool back as one block. Thread-safe.
+ */
+#ifndef FERRY_POOL_H
+#define FERRY_POOL_H
+
+#include <stddef.h>
+
+#include <ferry/ferry.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ferry_pool ferry_pool_t;
+
+/* Allocation granularity and alignment. */
+#define FERRY_POOL_BLOCK 4096u
+
+typedef struct ferry_pool_stats {
+    size_t size;         /* bytes the pool manages */
+    size_t used;         /* bytes allocated (rounded sizes) */
+    size_t largest_free; /* the largest allocation that would succeed now */
+    size_t allocations;  /* live allocations */
+} ferry_pool_stats_t;
+
+/* Maps bytes (rounded up to 4 KiB) of anonymous memory and registers it with
+ * e under flags (FERRY_MEM_*). Destroy the pool before its engine. */
+int ferry_pool_create(ferry_engine_t *e, size_t bytes, unsigned flags, ferry_pool_t **out);
+/* A len-byte buffer (len > 0) from the pool into *out; MEMORY when no free
+ * run is large enough (the detail gives the largest free run). */
+int ferry_pool_alloc(ferry_pool_t *p, size_t len, void **out);
+/* Returns a buffer from ferry_pool_alloc; INVALID_ARGUMENT for any other
+ * pointer, including a second free of the same buffer. */
+int ferry_pool_free(ferry_pool_t *p, void *ptr);
+int ferry_pool_stats(ferry_pool_t *p, ferry_pool_stats_t *st);
+/* Deregisters and unmaps the pool; buffers still allocated become invalid.
+ * NULL is ignored. */
+void ferry_pool_destroy(ferry_pool_t *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Optional builds that must keep compiling (scripts/test.sh, "optional builds"):
+#   1. -DFERRY_WITH_CUDA=ON (scripts/ci_cuda.sh: skipped with a message when
+#      no CUDA toolkit is installed), with the tests that need no GPU;
+#   2. -DFERRY_WITH_RDMA=OFF: the library without the verbs code, and the
+#      RDMA tests that must then say "not built" and fall back to TCP.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+JOBS=${JOBS:-2}
+ok=0; failed=0
+run() { local name=$1; shift; echo "--- $name"; if "$@"; then ok=$((ok + 1)); else failed=$((failed + 1)); echo "--- $name: FAILED"; fi; }
+
+no_rdma() {
+  cmake -S . -B build-nordma -DFERRY_WITH_RDMA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null || return 1
+  cmake --build build-nordma -j "$JOBS" --target test_rdma_probe test_rdma_fake test_rdma_wire test_memkind 2>&1 \
+    | grep -E "error:|warning:|Error [0-9]"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || return 1
+  ctest --test-dir build-nordma --output-on-failure -R '^(test_rdma_probe|test_rdma_fake|test_rdma_wire|test_memkind)$'
+}
+
+run "cuda build (FERRY_WITH_CUDA=ON)" env JOBS="$JOBS" scripts/ci_cuda.sh build-cuda
+run "build without RDMA (FERRY_WITH_RDMA=OFF)" no_rdma
+echo "optional builds: $ok passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,322 @@
+/* Cancel and expiry without late writes: the target's cancel set, the
+ * initiator's fence, and the interrupt that wakes a blocked stream. The
+ * protocol is described in cancel.h. */
+#include "cancel.h"
+
+#include <errno.h>
+#include <search.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "clock.h"
+#include "engine.h"
+#include "fail.h"
+#include "log.h"
+
+/* ------------------------------------------------------- the cancel set */
+
+struct ferry_cancel_entry {
+    uint64_t engine_id, req_id;
+    uint64_t before; /* serial of the connection the CANCEL came on */
+    ferry_cancel_entry_t *prev, *next;
+};
+
+static int compare_entries(const void *pa, const void *pb)
+{
+    const ferry_cancel_entry_t *a = pa, *b = pb;
+    if (a->engine_id != b->engine_id) return a->engine_id < b->engine_id ? -1 : 1;
+    if (a->req_id != b->req_id) return a->req_id < b->req_id ? -1 : 1;
+    return 0;
+}
+
+void ferry_cancel_set_init(ferry_cancel_set_t *cs)
+{
+    memset(cs, 0, sizeof *cs);
+    pthread_mutex_init(&cs->lock, NULL);
+    atomic_store(&cs->count, 0);
+}
+
+static void free_nothing(void *p) { (void)p; }
+
+void ferry_cancel_set_destroy(ferry_cancel_set_t *cs)
+{
+    tdestroy(cs->root, free_nothing);
+    for (ferry_cancel_entry_t *en = cs->head, *next; en; en = next) {
+        next = en->next;
+        free(en);
+    }
+    cs->root = NULL;
+    cs->head = cs->tail = NULL;
+    pthread_mutex_destroy(&cs->lock);
+}
+
+/* With the lock held. */
+static void remove_locked(ferry_cancel_set_t *cs, ferry_cancel_entry_t *en)
+{
+    tdelete(en, &cs->root, compare_entries);
+    if (en->prev)
+        en->prev->next = en->next;
+    else
+        cs->head = en->next;
+    if (en->next)
+        en->next->prev = en->prev;
+    else
+        cs->tail = en->prev;
+    free(en);
+    atomic_fetch_sub(&cs->count, 1);
+}
+
+int ferry_cancel_set_add(ferry_cancel_set_t *cs, uint64_t engine_id, uint64_t req_id, uint64_t before)
+{
+    ferry_cancel_entry_t key = {.engine_id = engine_id, .req_id = req_id};
+    pthread_mutex_lock(&cs->lock);
+    void **slot = tfind(&key, &cs->root, compare_entries);
+    if (slot) {
+        ferry_cancel_entry_t *old = *slot;
+        if (before > old->before) old->before = before;
+        pthread_mutex_unlock(&cs->lock);
+        return 0;
+    }
+    if (atomic_load(&cs->count) >= FERRY_CANCEL_SET_MAX) {
+        FERRY_LOG(FERRY_LOG_WARN, "cancel",
+                  "%u cancelled requests are remembered while their connections live; forgetting the oldest "
+                  "(a late frame of it would no longer be refused)",
+                  FERRY_CANCEL_SET_MAX);
+        remove_locked(cs, cs->head);
+    }
+    ferry_cancel_entry_t *en = calloc(1, sizeof *en);
+    if (en) {
+        *en = key;
+        en->before = before;
+        slot = tsearch(en, &cs->root, compare_entries);
+    }
+    if (!en || !slot) {
+        free(en);
+        pthread_mutex_unlock(&cs->lock);
+        return ferry_fail(FERRY_ERR_MEMORY, "cancel of request %llu: out of memory", (unsigned long long)req_id);
+    }
+    en->prev = cs->tail;
+    if (cs->tail)
+        cs->tail->next = en;
+    else
+        cs->head = en;
+    cs->tail = en;
+    atomic_fetch_add(&cs->count, 1);
+    pthread_mutex_unlock(&cs->lock);
+    return 0;
+}
+
+bool ferry_cancel_set_has(ferry_cancel_set_t *cs, uint64_t engine_id, uint64_t req_id)
+{
+    /* The common case, nothing cancelled, costs one load per chunk. A racing
+     * add is ordered by the registry barrier that follows it (cancel.h). */
+    if (atomic_load(&cs->count) == 0) return false;
+    ferry_cancel_entry_t key = {.engine_id = engine_id, .req_id = req_id};
+    pthread_mutex_lock(&cs->lock);
+    bool found = tfind(&key, &cs->root, compare_entries) != NULL;
+    pthread_mutex_unlock(&cs->lock);
+    return found;
+}
+
+void ferry_cancel_set_prune(ferry_cancel_set_t *cs, uint64_t oldest_live)
+{
+    if (atomic_load(&cs->count) == 0) return;
+    pthread_mutex_lock(&cs->lock);
+    for (ferry_cancel_entry_t *en = cs->head, *next; en; en = next) {
+        next = en->next;
+        if (en->before <= oldest_live) remove_locked(cs, en);
+    }
+    pthread_mutex_unlock(&cs->lock);
+}
+
+size_t ferry_cancel_set_count(ferry_cancel_set_t *cs) { return atomic_load(&cs->count); }
+
+/* ------------------------------------------------------- stream control */
+
+void ferry_stream_ctl_init(ferry_stream_ctl_t *ctl, ferry_session_t *s)
+{
+    pthread_mutex_init(&ctl->lock, NULL);
+    ctl->fd = -1;
+    ctl->fired = false;
+    atomic_store(&ctl->poke, false);
+    ctl->session = s;
+}
+
+void ferry_stream_ctl_destroy(ferry_stream_ctl_t *ctl) { pthread_mutex_destroy(&ctl->lock); }
+
+void ferry_stream_ctl_arm(ferry_stream_ctl_t *ctl, int fd)
+{
+    if (!ctl) return;
+    pthread_mutex_lock(&ctl->lock);
+    ctl->fd = fd;
+    ctl->fired = false;
+    pthread_mutex_unlock(&ctl->lock);
+}
+
+bool ferry_stream_ctl_disarm(ferry_stream_ctl_t *ctl)
+{
+    if (!ctl) return false;
+    pthread_mutex_lock(&ctl->lock);
+    bool fired = ctl->fired;
+    ctl->fd = -1;
+    ctl->fired = false;
+    pthread_mutex_unlock(&ctl->lock);
+    return fired;
+}
+
+void ferry_stream_ctl_fire(ferry_stream_ctl_t *ctl)
+{
+    if (!ctl) return;
+    pthread_mutex_lock(&ctl->lock);
+    /* The fd stays open while armed (the stream disarms before checking the
+     * connection in), so this cannot hit a reused descriptor. */
+    if (ctl->fd >= 0 && !ctl->fired) {
+        shutdown(ctl->fd, SHUT_RDWR);
+        ctl->fired = true;
+    } else if (ctl->fd < 0) {
+        atomic_store(&ctl->poke, true);
+    }
+    ferry_session_t *s = ctl->session;
+    pthread_mutex_unlock(&ctl->lock);
+    if (s) ferry_session_wake(s);
+}
+
+/* ------------------------------------------------------------ the fence */
+
+/* Sends CANCEL for every in-doubt piece, then reads every CANCEL_ACK. */
+static int fence_exchange(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, uint64_t deadline)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!xs[i].inflight) continue;
+        ferry_frame_t f = {.type = FERRY_FRAME_CANCEL, .req_id = xs[i].req_id};
+        int rc = ferry_conn_send_frame(c, &f, NULL, deadline);
+        if (rc) return rc;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!xs[i].inflight) continue;
+        ferry_frame_t f;
+        int rc = ferry_conn_recv_frame(c, &f, deadline);
+        if (rc) return rc;
+        if (f.type == FERRY_FRAME_ERROR)
+            return ferry_fail(f.status < 0 ? f.status : FERRY_ERR_MALFORMED_FRAME, "the target refused CANCEL");
+        if (f.type != FERRY_FRAME_CANCEL_ACK || f.req_id != xs[i].req_id)
+            return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "CANCEL of request %llu answered by %s for %llu",
+                              (unsigned long long)xs[i].req_id, ferry_frame_type_name(f.type),
+                              (unsigned long long)f.req_id);
+    }
+    return 0;
+}
+
+/* Whether a failure to reach the target proves that nothing more can land:
+ * its listening socket is closed (the engine is destroyed, which first joins
+ * every serving thread, or its process died), or another engine with a new
+ * epoch answers there (the old memory is gone). Connection refused is
+ * reported by net.c as "connect: <strerror>". Assumes no relay between the
+ * two that outlives its own listening socket. */
+static bool target_gone(int rc)
+{
+    if (rc == FERRY_ERR_PEER_RESTARTED) return true;
+    return rc == FERRY_ERR_SOCKET && strstr(ferry_last_error_detail(), strerror(ECONNREFUSED)) != NULL;
+}
+
+static int fence(ferry_session_t *s, ferry_xfer_t *xs, size_t n, uint64_t deadline, bool *gone)
+{
+    int rc = 0;
+    *gone = false;
+    /* Connection failures are tried again on new connections until the
+     * deadline: an idle connection may have died unnoticed, and a peer being
+     * killed resets connections before its listener closes (then refused:
+     * gone). */
+    uint64_t pause_ms = 5;
+    for (int attempt = 0;; attempt++) {
+        ferry_conn_t *c;
+        rc = ferry_session_checkout_spare(s, deadline, attempt > 0, &c);
+        if (rc == 0) {
+            rc = fence_exchange(c, xs, n, deadline);
+            ferry_session_checkin(s, c, rc == 0);
+        }
+        if (rc == 0) return 0;
+        if (target_gone(rc)) {
+            *gone = true;
+            return rc;
+        }
+        if (!(rc == FERRY_ERR_PEER_CLOSED || rc == FERRY_ERR_SOCKET) || ferry_ms_left(deadline) == 0) return rc;
+        uint64_t until = ferry_now_ns() + pause_ms * 1000000u;
+        if (until > deadline) until = deadline;
+        struct timespec ts = ferry_deadline_timespec(until);
+        clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+        if (pause_ms < 100) pause_ms *= 2;
+    }
+}
+
+size_t ferry_fence_in_doubt(ferry_session_t *s, ferry_xfer_t *xs, size_t n, int cause)
+{
+    size_t doubt = 0;
+    for (size_t i = 0; i < n; i++) doubt += xs[i].inflight ? 1 : 0;
+    if (doubt == 0) return 0;
+    ferry_engine_t *e = s->engine;
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", ferry_fail_message());
+    int saved_code = ferry_last_error_code();
+    uint64_t t0 = ferry_now_ns();
+    bool gone = false;
+    int rc = fence(s, xs, n, ferry_deadline_after_ms(e->cfg.cancel_timeout_ms), &gone);
+    size_t unconfirmed = 0;
+    if (rc == 0 || gone) {
+        FERRY_LOG(FERRY_LOG_DEBUG, "cancel", "%zu request(s) to %s fenced after %s in %.2f ms%s", doubt, s->name,
+                  ferry_error_name(cause), (double)(ferry_now_ns() - t0) / 1e6,
+                  gone ? " (the target is gone)" : "");
+        for (size_t i = 0; i < n; i++) {
+            if (!xs[i].inflight) continue;
+            xs[i].inflight = 0;
+            /* A retry must not be refused as the fenced id. */
+            xs[i].req_id = atomic_fetch_add(&e->next_req_id, 1);
+        }
+    } else {
+        char why[512];
+        snprintf(why, sizeof why, "%s", ferry_last_error_detail());
+        for (size_t i = 0; i < n; i++) {
+            ferry_xfer_t *x = &xs[i];
+            if (!x->inflight) continue;
+            unsigned slices = x->inflight;
+            x->inflight = 0;
+            unconfirmed++;
+            ferry_xfer_fail(x, ferry_fail(FERRY_ERR_CANCEL_UNCONFIRMED,
+                                          "%s of [0x%llx+%llu) at %s stopped by %s with %u slice(s) unacknowledged; "
+                                          "the target did not confirm the cancel within %d ms (%s), so bytes may "
+                                          "still land: do not reuse the pages yet",
+                                          x->opcode == FERRY_OP_WRITE ? "write" : "read",
+                                          (unsigned long long)x->remote, (unsigned long long)x->len, s->name,
+                                          ferry_error_name(cause), slices, e->cfg.cancel_timeout_ms, why));
+        }
+        FERRY_LOG(FERRY_LOG_WARN, "cancel", "%zu request(s) to %s could not be fenced: %s", unconfirmed, s->name, why);
+    }
+    ferry_fail(saved_code, "%s", saved);
+    return unconfirmed;
+}
+
+/* ------------------------------------------------------------ settling */
+
+void ferry_settle_cancelled(ferry_xfer_t *xs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        ferry_xfer_t *x = &xs[i];
+        if (x->rc == 0 && x->done < x->len && x->inflight == 0 && x->cancel && atomic_load(x->cancel))
+            ferry_xfer_fail(x, ferry_fail(FERRY_ERR_CANCELLED, "cancelled after %llu of %llu bytes",
+                                          (unsigned long long)x->done, (unsigned long long)x->len));
+    }
+}
+
+void ferry_settle_ended(ferry_xfer_t *xs, size_t n, bool all)
+{
+    for (size_t i = 0; i < n; i++) {
+        ferry_xfer_t *x = &xs[i];
+        if (x->has_ended) continue;
+        if (!all && (x->inflight || (x->rc == 0 && x->done < x->len))) continue;
+        x->has_ended = true;
+        if (x->ended) x->ended(x, x->ended_arg);
+    }
+}

@@ -1,0 +1,164 @@
+/* Memory kinds: detection at registration and the staging copies. Host
+ * memory needs neither; CUDA lives in cuda_opt_cuda.c; the fake kind exists
+ * for the tests, so that the staging paths of the transports run for real
+ * in every build, GPU or not. */
+#include "memkind.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "fail.h"
+
+/* ------------------------------------------------------------ fake kind */
+
+#define FAKE_MAX 16
+
+static pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    uintptr_t base;
+    size_t len;
+    unsigned char *alias;
+} fakes[FAKE_MAX];
+static _Atomic int nfakes; /* read without the lock first: 0 in production */
+static _Atomic unsigned long fake_to_host, fake_from_host;
+
+int ferry_memkind_fake_add(void *base, size_t len, void *alias)
+{
+    if (!base || !alias || len == 0) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "fake memkind: NULL or empty");
+    pthread_mutex_lock(&fake_lock);
+    int n = atomic_load(&nfakes);
+    if (n == FAKE_MAX) {
+        pthread_mutex_unlock(&fake_lock);
+        return ferry_fail(FERRY_ERR_TOO_MANY_REQUESTS, "fake memkind: at most %d ranges", FAKE_MAX);
+    }
+    fakes[n].base = (uintptr_t)base;
+    fakes[n].len = len;
+    fakes[n].alias = alias;
+    atomic_store(&nfakes, n + 1);
+    pthread_mutex_unlock(&fake_lock);
+    return 0;
+}
+
+void ferry_memkind_fake_remove(void *base)
+{
+    pthread_mutex_lock(&fake_lock);
+    int n = atomic_load(&nfakes);
+    for (int i = 0; i < n; i++) {
+        if (fakes[i].base == (uintptr_t)base) {
+            fakes[i] = fakes[n - 1];
+            atomic_store(&nfakes, n - 1);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&fake_lock);
+}
+
+void ferry_memkind_fake_clear(void)
+{
+    pthread_mutex_lock(&fake_lock);
+    atomic_store(&nfakes, 0);
+    pthread_mutex_unlock(&fake_lock);
+}
+
+void ferry_memkind_fake_counts(unsigned long *to_host, unsigned long *from_host)
+{
+    *to_host = atomic_load(&fake_to_host);
+    *from_host = atomic_load(&fake_from_host);
+}
+
+/* Index of the fake range holding addr (and, if whole, all n bytes), or -1;
+ * -2 when the range starts inside one but does not fit. */
+static int fake_find(uintptr_t addr, size_t n)
+{
+    if (atomic_load(&nfakes) == 0) return -1;
+    int found = -1;
+    pthread_mutex_lock(&fake_lock);
+    for (int i = 0; i < atomic_load(&nfakes); i++) {
+        if (addr >= fakes[i].base && addr - fakes[i].base < fakes[i].len) {
+            found = n <= fakes[i].len - (addr - fakes[i].base) ? i : -2;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&fake_lock);
+    return found;
+}
+
+static int fake_copy(void *dst, const void *src, size_t n, int to_host)
+{
+    uintptr_t dev = (uintptr_t)(to_host ? src : dst);
+    int i = fake_find(dev, n);
+    if (i < 0)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "fake device copy: [0x%llx+%zu) is not fake device memory",
+                          (unsigned long long)dev, n);
+    unsigned char *alias = fakes[i].alias + (dev - fakes[i].base);
+    if (to_host) {
+        memcpy(dst, alias, n);
+        atomic_fetch_add(&fake_to_host, 1);
+    } else {
+        memcpy(alias, src, n);
+        atomic_fetch_add(&fake_from_host, 1);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ interface */
+
+int ferry_memkind_detect(const void *addr, size_t len, uint32_t *kind)
+{
+    *kind = FERRY_MEMKIND_HOST;
+    int i = fake_find((uintptr_t)addr, len);
+    if (i == -2)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "register: [%p+%zu) runs past the end of its fake device range",
+                          addr, len);
+    if (i >= 0) {
+        *kind = FERRY_MEMKIND_MAKE(FERRY_MEMKIND_FAKE, i);
+        return 0;
+    }
+#ifdef FERRY_HAVE_CUDA
+    return ferry_cuda_detect(addr, len, kind);
+#else
+    return 0;
+#endif
+}
+
+static int copy(uint32_t kind, void *dst, const void *src, size_t n, int to_host)
+{
+    switch (FERRY_MEMKIND_TYPE(kind)) {
+    case FERRY_MEMKIND_HOST:
+        memcpy(dst, src, n);
+        return 0;
+    case FERRY_MEMKIND_FAKE:
+        return fake_copy(dst, src, n, to_host);
+#ifdef FERRY_HAVE_CUDA
+    case FERRY_MEMKIND_CUDA:
+        return ferry_cuda_copy(kind, dst, src, n, to_host);
+#endif
+    default:
+        return ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "memory kind %u is not supported by this build", kind);
+    }
+}
+
+int ferry_memkind_to_host(uint32_t kind, void *dst, const void *src, size_t n) { return copy(kind, dst, src, n, 1); }
+int ferry_memkind_from_host(uint32_t kind, void *dst, const void *src, size_t n) { return copy(kind, dst, src, n, 0); }
+
+const char *ferry_memkind_name(uint32_t kind, char *buf, size_t cap)
+{
+    switch (FERRY_MEMKIND_TYPE(kind)) {
+    case FERRY_MEMKIND_HOST: snprintf(buf, cap, "host"); break;
+    case FERRY_MEMKIND_CUDA: snprintf(buf, cap, "cuda:%d", FERRY_MEMKIND_DEVICE(kind)); break;
+    case FERRY_MEMKIND_FAKE: snprintf(buf, cap, "fake:%d", FERRY_MEMKIND_DEVICE(kind)); break;
+    default: snprintf(buf, cap, "kind-%u", kind); break;
+    }
+    return buf;
+}
+
+const char *ferry_memkind_status(void)
+{
+#ifdef FERRY_HAVE_CUDA
+    return ferry_cuda_status();
+#else
+    return "CUDA not built in (configure with -DFERRY_WITH_CUDA=ON); all memory is host memory";
+#endif
+}

@@ -1,0 +1,199 @@
+/* Pre-registered pools: a binary buddy allocator over one registered
+ * region (include/ferry/pool.h). Hand-written: it sits on the per-send path
+ * that a pool exists to make cheap, and a general allocator cannot hand out
+ * memory from a given registered range.
+ *
+ * The pool is cut into 4 KiB blocks. A free run of 2^k blocks starts at a
+ * block index that is a multiple of 2^k; its buddy is index ^ 2^k. The
+ * metadata lives outside the pool (one tag byte and two links per block), so
+ * the pool's memory is never written by the allocator. */
+#include <ferry/pool.h>
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "fail.h"
+
+#define MAX_ORDERS 40
+#define NIL UINT32_MAX
+#define TAG_FREE 0x40u /* head of a free run; low 6 bits: its order */
+#define TAG_USED 0x80u /* head of an allocation; low 6 bits: its order */
+#define TAG_ORDER(t) ((unsigned)(t) & 0x3fu)
+
+struct ferry_pool {
+    ferry_engine_t *engine;
+    unsigned char *base;
+    size_t size;             /* nblocks * FERRY_POOL_BLOCK */
+    uint32_t nblocks;
+    unsigned max_order;      /* largest order a run can have */
+    pthread_mutex_t lock;
+    uint8_t *tag;            /* per block */
+    uint32_t *next, *prev;   /* free-list links of run heads */
+    uint32_t head[MAX_ORDERS];
+    size_t used, live;
+};
+
+static void push_free(ferry_pool_t *p, uint32_t i, unsigned k)
+{
+    p->tag[i] = (uint8_t)(k | TAG_FREE);
+    p->prev[i] = NIL;
+    p->next[i] = p->head[k];
+    if (p->head[k] != NIL) p->prev[p->head[k]] = i;
+    p->head[k] = i;
+}
+
+static void remove_free(ferry_pool_t *p, uint32_t i, unsigned k)
+{
+    if (p->prev[i] != NIL)
+        p->next[p->prev[i]] = p->next[i];
+    else
+        p->head[k] = p->next[i];
+    if (p->next[i] != NIL) p->prev[p->next[i]] = p->prev[i];
+    p->tag[i] = 0;
+}
+
+static size_t largest_free_locked(const ferry_pool_t *p)
+{
+    for (unsigned k = p->max_order + 1; k-- > 0;)
+        if (p->head[k] != NIL) return (size_t)FERRY_POOL_BLOCK << k;
+    return 0;
+}
+
+int ferry_pool_create(ferry_engine_t *e, size_t bytes, unsigned flags, ferry_pool_t **out)
+{
+    ferry_clear_last_error();
+    if (!e || !out) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "pool create: NULL argument");
+    *out = NULL;
+    if (bytes == 0 || bytes > (size_t)FERRY_POOL_BLOCK * (NIL - 1))
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "pool create: size %zu not in [1, %zu]", bytes,
+                          (size_t)FERRY_POOL_BLOCK * (NIL - 1));
+    size_t nblocks = (bytes + FERRY_POOL_BLOCK - 1) / FERRY_POOL_BLOCK;
+    ferry_pool_t *p = calloc(1, sizeof *p);
+    if (!p) return ferry_fail(FERRY_ERR_MEMORY, "pool create: out of memory");
+    p->engine = e;
+    p->nblocks = (uint32_t)nblocks;
+    p->size = nblocks * FERRY_POOL_BLOCK;
+    p->tag = calloc(nblocks, 1);
+    p->next = malloc(nblocks * sizeof *p->next);
+    p->prev = malloc(nblocks * sizeof *p->prev);
+    void *mem = mmap(NULL, p->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    int rc = 0;
+    if (!p->tag || !p->next || !p->prev || mem == MAP_FAILED)
+        rc = ferry_fail(FERRY_ERR_MEMORY, "pool create: cannot map %zu bytes", p->size);
+    p->base = mem == MAP_FAILED ? NULL : mem;
+    if (rc == 0) rc = ferry_register(e, p->base, p->size, flags);
+    if (rc) {
+        ferry_fail_context("pool create of %zu bytes", bytes);
+        if (p->base) munmap(p->base, p->size);
+        free(p->tag);
+        free(p->next);
+        free(p->prev);
+        free(p);
+        return rc;
+    }
+    pthread_mutex_init(&p->lock, NULL);
+    for (unsigned k = 0; k < MAX_ORDERS; k++) p->head[k] = NIL;
+    while (((uint64_t)1 << (p->max_order + 1)) <= nblocks) p->max_order++;
+    /* Cut [0, nblocks) into the largest aligned power-of-two runs. */
+    for (uint32_t i = 0; i < p->nblocks;) {
+        unsigned k = p->max_order;
+        while (k > 0 && ((i & ((1u << k) - 1)) != 0 || (uint64_t)i + (1u << k) > p->nblocks)) k--;
+        push_free(p, i, k);
+        i += 1u << k;
+    }
+    *out = p;
+    return 0;
+}
+
+int ferry_pool_alloc(ferry_pool_t *p, size_t len, void **out)
+{
+    ferry_clear_last_error();
+    if (!p || !out) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "pool alloc: NULL argument");
+    *out = NULL;
+    if (len == 0) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "pool alloc: length is 0");
+    if (len > p->size)
+        return ferry_fail(FERRY_ERR_MEMORY, "pool alloc: %zu bytes exceed the pool's %zu", len, p->size);
+    size_t need = (len + FERRY_POOL_BLOCK - 1) / FERRY_POOL_BLOCK;
+    unsigned k = 0;
+    while (((size_t)1 << k) < need) k++;
+    pthread_mutex_lock(&p->lock);
+    unsigned j = k;
+    while (j <= p->max_order && p->head[j] == NIL) j++;
+    if (j > p->max_order) {
+        size_t used = p->used, largest = largest_free_locked(p);
+        pthread_mutex_unlock(&p->lock);
+        return ferry_fail(FERRY_ERR_MEMORY,
+                          "pool alloc: no free run of %zu bytes (%zu asked) in a pool of %zu: %zu used, largest "
+                          "free run %zu",
+                          (size_t)FERRY_POOL_BLOCK << k, len, p->size, used, largest);
+    }
+    uint32_t i = p->head[j];
+    remove_free(p, i, j);
+    while (j > k) {
+        j--;
+        push_free(p, i + (1u << j), j);
+    }
+    p->tag[i] = (uint8_t)(k | TAG_USED);
+    p->used += (size_t)FERRY_POOL_BLOCK << k;
+    p->live++;
+    pthread_mutex_unlock(&p->lock);
+    *out = p->base + (size_t)i * FERRY_POOL_BLOCK;
+    return 0;
+}
+
+int ferry_pool_free(ferry_pool_t *p, void *ptr)
+{
+    ferry_clear_last_error();
+    if (!p) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "pool free: pool is NULL");
+    uintptr_t a = (uintptr_t)ptr, b = (uintptr_t)p->base;
+    if (a < b || a >= b + p->size || (a - b) % FERRY_POOL_BLOCK)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "pool free: %p is not a buffer of the pool [%p+%zu)", ptr,
+                          (void *)p->base, p->size);
+    uint32_t i = (uint32_t)((a - b) / FERRY_POOL_BLOCK);
+    pthread_mutex_lock(&p->lock);
+    if (!(p->tag[i] & TAG_USED)) {
+        pthread_mutex_unlock(&p->lock);
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "pool free: %p is not an allocated buffer (freed twice?)", ptr);
+    }
+    unsigned k = TAG_ORDER(p->tag[i]);
+    p->tag[i] = 0;
+    p->used -= (size_t)FERRY_POOL_BLOCK << k;
+    p->live--;
+    while (k < p->max_order) {
+        uint32_t buddy = i ^ (1u << k);
+        if ((uint64_t)buddy + (1u << k) > p->nblocks || p->tag[buddy] != (uint8_t)(k | TAG_FREE)) break;
+        remove_free(p, buddy, k);
+        if (buddy < i) i = buddy;
+        k++;
+    }
+    push_free(p, i, k);
+    pthread_mutex_unlock(&p->lock);
+    return 0;
+}
+
+int ferry_pool_stats(ferry_pool_t *p, ferry_pool_stats_t *st)
+{
+    if (!p || !st) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "pool stats: NULL argument");
+    pthread_mutex_lock(&p->lock);
+    st->size = p->size;
+    st->used = p->used;
+    st->largest_free = largest_free_locked(p);
+    st->allocations = p->live;
+    pthread_mutex_unlock(&p->lock);
+    return 0;
+}
+
+void ferry_pool_destroy(ferry_pool_t *p)
+{
+    if (!p) return;
+    ferry_deregister(p->engine, p->base);
+    munmap(p->base, p->size);
+    pthread_mutex_destroy(&p->lock);
+    free(p->tag);
+    free(p->next);
+    free(p->prev);
+    free(p);
+}

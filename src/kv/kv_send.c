@@ -1,0 +1,182 @@
+/* Sending a request's KV over an engine: staging check, gather, one batch,
+ * then a completion notice; any failure is notified to the peer too. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ferry/ferry.h>
+
+#include "core/fail.h"
+#include "kv/kv_internal.h"
+
+/* The message part of a detail "NAME (code): message", for re-wrapping. */
+static const char *detail_message(const char *detail, int code)
+{
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "%s (%d): ", ferry_error_name(code), code);
+    size_t n = strlen(prefix);
+    return strncmp(detail, prefix, n) == 0 ? detail + n : detail;
+}
+
+int ferry_kv_send_failure(ferry_engine_t *e, const char *peer, uint64_t request_id,
+                          uint32_t prefill_rank, uint32_t decode_rank, int status,
+                          const char *reason)
+{
+    if (status >= 0)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT,
+                          "kv failure notice for request %llu: status %d is not a failure code",
+                          (unsigned long long)request_id, status);
+    ferry_kv_notice_t n = {.request_id = request_id, .status = status,
+                           .prefill_rank = prefill_rank, .decode_rank = decode_rank};
+    snprintf(n.reason, sizeof n.reason, "%s", reason ? reason : "");
+    unsigned char msg[FERRY_KV_NOTICE_HEADER + FERRY_KV_REASON_MAX];
+    long len = ferry_kv_notice_encode(&n, msg, sizeof msg);
+    if (len < 0) return (int)len;
+    return ferry_notify(e, peer, msg, (size_t)len);
+}
+
+int kv_notify_success(ferry_engine_t *e, const char *peer, const ferry_kv_notice_t *n)
+{
+    size_t size = ferry_kv_notice_size(n);
+    unsigned char *msg = malloc(size);
+    if (!msg) return ferry_fail(FERRY_ERR_MEMORY, "kv notice: %zu bytes", size);
+    long len = ferry_kv_notice_encode(n, msg, size);
+    int rc = len < 0 ? (int)len : ferry_notify(e, peer, msg, (size_t)len);
+    free(msg);
+    return rc;
+}
+
+/* After a failed step: one text for both sides, "kv send request R to P:
+ * step: <the failure>", notified to the peer, then left as this thread's
+ * detail with the failure's code (the notify call resets the detail). */
+int kv_report_failure(ferry_engine_t *e, const char *peer, const ferry_kv_notice_t *base,
+                          const char *step, int code)
+{
+    char reason[FERRY_KV_REASON_MAX];
+    snprintf(reason, sizeof reason, "kv send request %llu to %s: %s: %s",
+             (unsigned long long)base->request_id, peer, step,
+             detail_message(ferry_last_error_detail(), code));
+    int notified = ferry_kv_send_failure(e, peer, base->request_id, base->prefill_rank,
+                                         base->decode_rank, code, reason);
+    if (notified != 0)
+        return ferry_fail(code, "%s (the failure notice was not delivered either: %s)", reason,
+                          ferry_error_name(notified));
+    return ferry_fail(code, "%s", reason);
+}
+
+static int find_write_segment(const ferry_segment_t *segs, size_t n, uint64_t addr, uint64_t len)
+{
+    for (size_t i = 0; i < n; i++) {
+        if ((segs[i].flags & FERRY_MEM_REMOTE_WRITE) && segs[i].addr <= addr &&
+            addr + len <= segs[i].addr + segs[i].len)
+            return 1;
+    }
+    return 0;
+}
+
+/* The segment list is asked for again when it grew between the calls. */
+static long fetch_segments(ferry_engine_t *e, const char *peer, ferry_segment_t **out)
+{
+    size_t cap = 64;
+    for (;;) {
+        ferry_segment_t *segs = malloc(cap * sizeof *segs);
+        if (!segs) return ferry_fail(FERRY_ERR_MEMORY, "kv send: %zu segments", cap);
+        long n = ferry_session_segments(e, peer, segs, cap);
+        if (n < 0 || (size_t)n <= cap) {
+            if (n < 0) free(segs);
+            else *out = segs;
+            return n;
+        }
+        free(segs);
+        cap = (size_t)n;
+    }
+}
+
+/* A staged plan writes into the decode rank's staging buffer, which the
+ * decoder may have forgotten to register (or registered without remote
+ * write); the engine would refuse the first write, but with a detail about
+ * one block. Checked up front so the detail names the staging range. */
+static int check_peer_staging(ferry_engine_t *e, const char *peer, const ferry_kv_plan_t *p)
+{
+    if (!p->info.scatter || p->info.bytes == 0) return 0;
+    uint64_t start = p->dst_staging_remote + p->info.dst_staging_offset;
+    ferry_segment_t *segs = NULL;
+    long n = fetch_segments(e, peer, &segs);
+    if (n < 0) return (int)n;
+    int found = find_write_segment(segs, (size_t)n, start, p->info.bytes);
+    free(segs);
+    if (found) return 0;
+    return ferry_fail(FERRY_ERR_ADDRESS_NOT_REGISTERED,
+                      "decode staging [0x%llx+%llu) (this pair's region at offset %llu of the "
+                      "%llu-byte staging buffer) is not inside any region %s registered for "
+                      "remote write; register the staging buffer once at allocation",
+                      (unsigned long long)start, (unsigned long long)p->info.bytes,
+                      (unsigned long long)p->info.dst_staging_offset,
+                      (unsigned long long)p->info.dst_staging_bytes, peer);
+}
+
+int kv_write_requests(ferry_engine_t *e, const char *peer, const ferry_request_t *reqs,
+                      size_t count, int timeout_ms)
+{
+    if (count == 0) return 0;
+    ferry_batch_t *b = NULL;
+    int rc = ferry_batch_alloc(e, count, &b);
+    if (rc != 0) return rc;
+    long first = ferry_batch_submit(b, peer, reqs, count, timeout_ms);
+    rc = first < 0 ? (int)first : ferry_batch_wait(b, timeout_ms > 0 ? timeout_ms : -1);
+    /* Cancel and free reset the thread's detail: keep the failure's. */
+    char detail[FERRY_KV_REASON_MAX] = "";
+    if (rc != 0) {
+        snprintf(detail, sizeof detail, "%s", detail_message(ferry_last_error_detail(), rc));
+        ferry_batch_cancel(b); /* nothing of the batch may land later */
+    }
+    ferry_batch_free(b);
+    if (rc != 0) ferry_fail(rc, "%s", detail);
+    return rc;
+}
+
+static int write_plan_blocks(ferry_engine_t *e, const char *peer, const ferry_kv_plan_t *p,
+                             int timeout_ms)
+{
+    size_t count = 0;
+    const ferry_kv_block_t *blocks = ferry_kv_plan_blocks(p, &count);
+    if (count == 0) return 0;
+    ferry_request_t *reqs = malloc(count * sizeof *reqs);
+    if (!reqs) return ferry_fail(FERRY_ERR_MEMORY, "kv send: %zu requests", count);
+    for (size_t i = 0; i < count; i++)
+        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, (void *)(uintptr_t)blocks[i].src,
+                                    blocks[i].dst, (size_t)blocks[i].len};
+    int rc = kv_write_requests(e, peer, reqs, count, timeout_ms);
+    free(reqs);
+    return rc;
+}
+
+int ferry_kv_send(ferry_engine_t *e, const char *peer, const ferry_kv_plan_t *plan,
+                  const ferry_kv_send_args_t *args)
+{
+    if (!e || !peer || !plan || !args)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "kv send: NULL engine, peer, plan or args");
+    if (!plan->sender_bound)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT,
+                          "kv send request %llu: plan not bound (ferry_kv_plan_bind_sender first)",
+                          (unsigned long long)args->request_id);
+    if (args->aux_len > FERRY_KV_AUX_MAX || (args->aux_len && !args->aux))
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT,
+                          "kv send request %llu: aux of %zu bytes (limit %u) must be non-NULL",
+                          (unsigned long long)args->request_id, args->aux_len, FERRY_KV_AUX_MAX);
+    ferry_kv_notice_t n = {.request_id = args->request_id, .prefill_rank = plan->src.tp_rank,
+                           .decode_rank = plan->dst.tp_rank, .bytes = plan->info.bytes,
+                           .aux_len = args->aux_len, .aux = args->aux};
+    int rc = check_peer_staging(e, peer, plan);
+    if (rc != 0) return kv_report_failure(e, peer, &n, "staging check", rc);
+    rc = ferry_kv_gather(plan);
+    if (rc != 0) return kv_report_failure(e, peer, &n, "gather", rc);
+    rc = write_plan_blocks(e, peer, plan, args->timeout_ms);
+    if (rc != 0) return kv_report_failure(e, peer, &n, "transfer", rc);
+    /* Every byte is acknowledged by the peer: only now may it hear so. */
+    rc = kv_notify_success(e, peer, &n);
+    if (rc != 0)
+        return ferry_fail_context("kv send request %llu to %s: success notice",
+                                  (unsigned long long)args->request_id, peer);
+    return 0;
+}

@@ -1,0 +1,437 @@
+/* The etcd backend: etcd v3 through its HTTP/JSON gateway (libcurl +
+ * jansson). Keys and values travel base64-encoded in that API; int64s
+ * (lease ids, TTLs) come back as JSON strings.
+ *
+ *   publish   POST /v3/lease/grant {TTL}, then /v3/kv/put {key, value, lease}
+ *   keepalive POST /v3/lease/keepalive {ID} per published lease
+ *   lookup    POST /v3/kv/range {key}
+ *   remove    POST /v3/kv/deleterange {key}
+ *
+ * etcd 3.4 serves the gateway at /v3 (and the older /v3beta); open probes
+ * /v3 and falls back to /v3beta for older servers. Every request is bounded
+ * by CURLOPT_TIMEOUT_MS. */
+#include <curl/curl.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/fail.h"
+#include "entries.h"
+#include "meta.h"
+
+#define MAX_BODY (16u << 20) /* a larger answer is not a descriptor */
+
+struct etcd {
+    char addr[256];    /* host:port, for details */
+    char base[300];    /* http://host:port */
+    const char *api;   /* "/v3" or "/v3beta" */
+    CURL *curl;        /* reused: keeps the connection open */
+    char curl_err[CURL_ERROR_SIZE];
+    pthread_mutex_t mu; /* a curl handle is not for two threads at once */
+    struct meta_entries entries;
+};
+
+/* ---------------------------------------------------------------- base64 */
+
+static const char b64_chars[] =
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+static char *b64_encode(const char *in, size_t n)
+{
+    char *out = malloc((n + 2) / 3 * 4 + 1);
+    if (!out) return NULL;
+    const unsigned char *s = (const unsigned char *)in;
+    char *o = out;
+    for (size_t i = 0; i < n; i += 3) {
+        unsigned v = (unsigned)s[i] << 16;
+        if (i + 1 < n) v |= (unsigned)s[i + 1] << 8;
+        if (i + 2 < n) v |= s[i + 2];
+        *o++ = b64_chars[(v >> 18) & 63];
+        *o++ = b64_chars[(v >> 12) & 63];
+        *o++ = i + 1 < n ? b64_chars[(v >> 6) & 63] : '=';
+        *o++ = i + 2 < n ? b64_chars[v & 63] : '=';
+    }
+    *o = '\0';
+    return out;
+}
+
+static int b64_value(char c)
+{
+    const char *p = c ? strchr(b64_chars, c) : NULL;
+    return p ? (int)(p - b64_chars) : -1;
+}
+
+/* Decodes to a NUL-terminated malloc'd string; NULL on bad input. */
+static char *b64_decode(const char *in)
+{
+    size_t n = strlen(in);
+    char *out = malloc(n / 4 * 3 + 4);
+    if (!out) return NULL;
+    size_t o = 0;
+    unsigned v = 0;
+    int bits = 0;
+    for (size_t i = 0; i < n && in[i] != '='; i++) {
+        int d = b64_value(in[i]);
+        if (d < 0) {
+            free(out);
+            return NULL;
+        }
+        v = (v << 6) | (unsigned)d;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out[o++] = (char)((v >> bits) & 0xff);
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
+/* ------------------------------------------------------------------ HTTP */
+
+struct body {
+    char *p;
+    size_t n;
+    int too_big;
+};
+
+static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
+{
+    struct body *b = arg;
+    size_t len = size * nmemb;
+    if (b->n + len > MAX_BODY) {
+        b->too_big = 1;
+        return 0; /* makes curl fail the transfer */
+    }
+    char *p = realloc(b->p, b->n + len + 1);
+    if (!p) return 0;
+    memcpy(p + b->n, data, len);
+    b->n += len;
+    p[b->n] = '\0';
+    b->p = p;
+    return len;
+}
+
+/* POSTs text to path; *code is the HTTP status, *out the body (malloc'd).
+ * step names the operation for the detail ("put 'k'"). */
+static int http_post(struct etcd *e, const char *path, const char *text, const char *step,
+                     long *code, char **out)
+{
+    char url[400];
+    snprintf(url, sizeof url, "%s%s", e->base, path);
+    struct body b = {0};
+    e->curl_err[0] = '\0';
+    curl_easy_setopt(e->curl, CURLOPT_URL, url);
+    curl_easy_setopt(e->curl, CURLOPT_POSTFIELDS, text);
+    curl_easy_setopt(e->curl, CURLOPT_POSTFIELDSIZE, (long)strlen(text));
+    curl_easy_setopt(e->curl, CURLOPT_WRITEDATA, &b);
+    CURLcode res = curl_easy_perform(e->curl);
+    if (res != CURLE_OK) {
+        free(b.p);
+        if (b.too_big)
+            return ferry_fail(FERRY_ERR_METADATA, "etcd at %s: %s: answer over %u bytes at %s",
+                              e->addr, step, MAX_BODY, path);
+        return ferry_fail(FERRY_ERR_METADATA, "etcd at %s: %s: POST %s failed: %s", e->addr, step,
+                          path, e->curl_err[0] ? e->curl_err : curl_easy_strerror(res));
+    }
+    curl_easy_getinfo(e->curl, CURLINFO_RESPONSE_CODE, code);
+    *out = b.p ? b.p : strdup("");
+    return *out ? 0 : ferry_fail(FERRY_ERR_MEMORY, "etcd at %s: %s: answer", e->addr, step);
+}
+
+/* A short, printable excerpt of an answer for a detail string. */
+static const char *excerpt(const char *body, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s", body);
+    for (char *c = buf; *c; c++)
+        if (*c == '\n' || *c == '\r') *c = ' ';
+    return buf;
+}
+
+/* POSTs req (consumed) to e->api + path and parses the JSON answer into
+ * *resp. Any HTTP status but 200, or an "error" member, is a failure. */
+static int etcd_call(struct etcd *e, const char *path, json_t *req, const char *step,
+                     json_t **resp)
+{
+    *resp = NULL;
+    char *text = req ? json_dumps(req, JSON_COMPACT) : NULL;
+    json_decref(req);
+    if (!text) return ferry_fail(FERRY_ERR_MEMORY, "etcd at %s: %s: request JSON", e->addr, step);
+    char full[64];
+    snprintf(full, sizeof full, "%s%s", e->api, path);
+    long code = 0;
+    char *body = NULL;
+    int rc = http_post(e, full, text, step, &code, &body);
+    free(text);
+    if (rc) return rc;
+    char ex[200];
+    json_error_t jerr;
+    json_t *j = json_loads(body, 0, &jerr);
+    if (code != 200 || !json_is_object(j)) {
+        json_t *msg = json_is_object(j) ? json_object_get(j, "error") : NULL;
+        rc = ferry_fail(FERRY_ERR_METADATA, "etcd at %s: %s: POST %s answered HTTP %ld: %s",
+                        e->addr, step, full, code,
+                        json_is_string(msg) ? json_string_value(msg)
+                                            : excerpt(body, ex, sizeof ex));
+        json_decref(j);
+        free(body);
+        return rc;
+    }
+    free(body);
+    json_t *err = json_object_get(j, "error");
+    if (err) {
+        rc = ferry_fail(FERRY_ERR_METADATA, "etcd at %s: %s: %s", e->addr, step,
+                        json_is_string(err) ? json_string_value(err) : "error in answer");
+        json_decref(j);
+        return rc;
+    }
+    *resp = j;
+    return 0;
+}
+
+/* An int64 member, which the gateway writes as a string ("123"). 0 when
+ * absent: proto3 JSON leaves out zero values. */
+static long long json_int64(json_t *obj, const char *name)
+{
+    json_t *v = json_object_get(obj, name);
+    if (json_is_integer(v)) return (long long)json_integer_value(v);
+    if (json_is_string(v)) return strtoll(json_string_value(v), NULL, 10);
+    return 0;
+}
+
+/* {"key": b64(key)} plus, when value is given, "value". */
+static json_t *kv_request(const char *key, const char *value)
+{
+    char *k = b64_encode(key, strlen(key));
+    char *v = value ? b64_encode(value, strlen(value)) : NULL;
+    json_t *req = NULL;
+    if (k && (v || !value)) {
+        req = json_pack("{s:s}", "key", k);
+        if (req && v && json_object_set_new(req, "value", json_string(v))) {
+            json_decref(req);
+            req = NULL;
+        }
+    }
+    free(k);
+    free(v);
+    return req;
+}
+
+/* -------------------------------------------------------------- backend */
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_init_rc;
+
+static void curl_init(void) { curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT); }
+
+static void etcd_free(struct etcd *e)
+{
+    if (e->curl) curl_easy_cleanup(e->curl);
+    meta_entries_free(&e->entries);
+    pthread_mutex_destroy(&e->mu);
+    free(e);
+}
+
+static int setup_curl(struct etcd *e, int timeout_ms)
+{
+    static struct curl_slist *headers;
+    static pthread_mutex_t headers_mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&headers_mu); /* one list for every handle, never freed */
+    if (!headers) headers = curl_slist_append(NULL, "Content-Type: application/json");
+    pthread_mutex_unlock(&headers_mu);
+    e->curl = curl_easy_init();
+    if (!e->curl || !headers)
+        return ferry_fail(FERRY_ERR_MEMORY, "etcd at %s: open: curl_easy_init failed", e->addr);
+    CURL *c = e->curl;
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L); /* no SIGALRM timeouts: threads */
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long)timeout_ms);
+    curl_easy_setopt(c, CURLOPT_NOPROXY, "*"); /* an http_proxy must not catch loopback */
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, e->curl_err);
+    return 0;
+}
+
+/* Finds the gateway prefix with a harmless range request. */
+static int probe_api(struct etcd *e)
+{
+    static const char *const apis[] = {"/v3", "/v3beta"};
+    int rc = 0;
+    for (size_t i = 0; i < sizeof apis / sizeof apis[0]; i++) {
+        e->api = apis[i];
+        json_t *resp = NULL;
+        rc = etcd_call(e, "/kv/range", kv_request(FERRY_META_KEY_PREFIX, NULL), "open", &resp);
+        json_decref(resp);
+        if (rc == 0) return 0;
+        /* Only a missing path is worth the next prefix; a dead server is not. */
+        if (!strstr(ferry_last_error_detail(), "HTTP 404")) return rc;
+    }
+    return rc;
+}
+
+static int etcd_open(const char *addr, int timeout_ms, void **state)
+{
+    if (!addr) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "etcd: open without host:port");
+    pthread_once(&curl_once, curl_init);
+    if (curl_init_rc != CURLE_OK)
+        return ferry_fail(FERRY_ERR_METADATA, "etcd at %s: open: curl_global_init: %s", addr,
+                          curl_easy_strerror(curl_init_rc));
+    struct etcd *e = calloc(1, sizeof *e);
+    if (!e) return ferry_fail(FERRY_ERR_MEMORY, "etcd at %s: open", addr);
+    pthread_mutex_init(&e->mu, NULL);
+    snprintf(e->addr, sizeof e->addr, "%s", addr);
+    snprintf(e->base, sizeof e->base, "http://%s", addr);
+    int rc = setup_curl(e, timeout_ms);
+    if (!rc) rc = probe_api(e);
+    if (rc) {
+        etcd_free(e);
+        return rc;
+    }
+    *state = e;
+    return 0;
+}
+
+static int grant_lease(struct etcd *e, const char *key, int ttl_s, long long *lease)
+{
+    char step[300];
+    snprintf(step, sizeof step, "lease grant for '%s'", key);
+    json_t *resp = NULL;
+    int rc = etcd_call(e, "/lease/grant", json_pack("{s:i}", "TTL", ttl_s), step, &resp);
+    if (rc) return rc;
+    *lease = json_int64(resp, "ID");
+    json_decref(resp);
+    if (*lease == 0)
+        return ferry_fail(FERRY_ERR_METADATA, "etcd at %s: %s: answer has no lease ID", e->addr,
+                          step);
+    return 0;
+}
+
+static int put_locked(struct etcd *e, const char *key, const char *value, int ttl_s)
+{
+    long long lease = 0;
+    if (ttl_s > 0) {
+        int rc = grant_lease(e, key, ttl_s, &lease);
+        if (rc) return rc;
+    }
+    json_t *req = kv_request(key, value);
+    if (req && lease) json_object_set_new(req, "lease", json_integer(lease));
+    char step[300];
+    snprintf(step, sizeof step, "put '%s'", key);
+    json_t *resp = NULL;
+    int rc = etcd_call(e, "/kv/put", req, step, &resp);
+    json_decref(resp);
+    if (rc) return rc;
+    /* The lease of an overwritten entry is left to expire on its own. */
+    if (ttl_s > 0) return meta_entries_set(&e->entries, key, ttl_s, lease);
+    meta_entries_drop(&e->entries, key);
+    return 0;
+}
+
+static int etcd_publish(void *state, const char *key, const char *value, int ttl_s)
+{
+    struct etcd *e = state;
+    pthread_mutex_lock(&e->mu);
+    int rc = put_locked(e, key, value, ttl_s);
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
+/* 1 alive, 0 expired/unknown (TTL absent or <= 0), <0 failure. */
+static int keepalive_one(struct etcd *e, const struct meta_entry *en)
+{
+    char step[300];
+    snprintf(step, sizeof step, "keepalive of lease %lld for '%s'", en->lease, en->key);
+    json_t *resp = NULL;
+    int rc = etcd_call(e, "/lease/keepalive", json_pack("{s:I}", "ID", (json_int_t)en->lease),
+                       step, &resp);
+    if (rc) return rc;
+    json_t *result = json_object_get(resp, "result");
+    long long ttl = json_int64(json_is_object(result) ? result : resp, "TTL");
+    json_decref(resp);
+    return ttl > 0;
+}
+
+static int etcd_keepalive(void *state)
+{
+    struct etcd *e = state;
+    pthread_mutex_lock(&e->mu);
+    char gone[300] = "";
+    int missing = 0, rc = 0;
+    for (int i = 0; i < e->entries.n && rc >= 0;) {
+        rc = keepalive_one(e, &e->entries.v[i]);
+        if (rc == 0) {
+            /* Forgotten: its owner re-publishes, and it must not make every
+             * later keepalive fail. */
+            missing++;
+            snprintf(gone, sizeof gone, "%s", e->entries.v[i].key);
+            meta_entries_drop(&e->entries, gone);
+            continue; /* the drop moved another entry into slot i */
+        }
+        if (rc > 0) i++;
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (rc < 0) return rc;
+    if (missing)
+        return ferry_fail(FERRY_ERR_NOT_FOUND,
+                          "etcd at %s: keepalive: lease of '%s' expired or unknown (%d gone)",
+                          e->addr, gone, missing);
+    return 0;
+}
+
+static int etcd_lookup(void *state, const char *key, char **value)
+{
+    struct etcd *e = state;
+    *value = NULL;
+    char step[300];
+    snprintf(step, sizeof step, "lookup '%s'", key);
+    json_t *resp = NULL;
+    pthread_mutex_lock(&e->mu);
+    int rc = etcd_call(e, "/kv/range", kv_request(key, NULL), step, &resp);
+    pthread_mutex_unlock(&e->mu);
+    if (rc) return rc;
+    json_t *kvs = json_object_get(resp, "kvs");
+    json_t *v = json_object_get(json_array_get(kvs, 0), "value");
+    if (!json_is_array(kvs) || json_array_size(kvs) == 0) {
+        json_decref(resp);
+        return ferry_fail(FERRY_ERR_NOT_FOUND, "etcd at %s: %s: no such key", e->addr, step);
+    }
+    /* An empty value is left out of the JSON altogether. */
+    *value = v ? (json_is_string(v) ? b64_decode(json_string_value(v)) : NULL) : strdup("");
+    json_decref(resp);
+    if (!*value)
+        return ferry_fail(FERRY_ERR_METADATA, "etcd at %s: %s: value is not base64 text",
+                          e->addr, step);
+    return 0;
+}
+
+static int etcd_remove(void *state, const char *key)
+{
+    struct etcd *e = state;
+    char step[300];
+    snprintf(step, sizeof step, "remove '%s'", key);
+    json_t *resp = NULL;
+    pthread_mutex_lock(&e->mu);
+    int rc = etcd_call(e, "/kv/deleterange", kv_request(key, NULL), step, &resp);
+    if (!rc) meta_entries_drop(&e->entries, key);
+    pthread_mutex_unlock(&e->mu);
+    json_decref(resp);
+    return rc;
+}
+
+static void etcd_close(void *state)
+{
+    if (state) etcd_free(state);
+}
+
+const ferry_meta_ops_t ferry_meta_etcd_ops = {
+    .scheme = "etcd",
+    .open = etcd_open,
+    .publish = etcd_publish,
+    .keepalive = etcd_keepalive,
+    .lookup = etcd_lookup,
+    .remove = etcd_remove,
+    .close = etcd_close,
+};

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The ferry CLI as a user runs it: explain, serve + doctor, doctor on a dead peer.
+set -uo pipefail
+FERRY=$1
+fails=0; passes=0
+check() { # check NAME: the previous command's output ($out) must match $2
+  if grep -qE -- "$2" <<<"$out"; then passes=$((passes + 1)); else echo "FAIL $1: wanted /$2/ in:"; echo "$out"; fails=$((fails + 1)); fi
+}
+out=$("$FERRY" explain -3); check explain-number "ADDRESS_NOT_REGISTERED \(-3\)"
+check explain-advice "re-register"
+out=$("$FERRY" explain PEER_RESTARTED); check explain-name "Retryable: no"
+out=$("$FERRY" explain --all); check explain-all "TIMEOUT +the operation did not finish.*\[retryable\]"
+out=$("$FERRY" explain BOGUS 2>&1); rc=$?; check explain-unknown "unknown error code"
+[ $rc -ne 0 ] || { echo "FAIL explain BOGUS exited 0"; fails=$((fails + 1)); }
+out=$("$FERRY" nosuchcommand 2>&1); check unknown-command "unknown command"
+out=$("$FERRY" --help); check help "doctor"
+
+tmp=$(mktemp -d); trap 'kill $serve 2>/dev/null; rm -rf "$tmp"' EXIT
+"$FERRY" serve --size 8 --duration 60 >"$tmp/serve.json" 2>"$tmp/serve.err" & serve=$!
+for _ in $(seq 50); do [ -s "$tmp/serve.json" ] && break; sleep 0.1; done
+name=$(sed -E 's/.*"name":"([^"]+)".*/\1/' "$tmp/serve.json")
+out=$("$FERRY" doctor "$name" --probe-mib 4 2>&1); rc=$?
+check doctor-ok "all checks passed"
+check doctor-transport "transport: tcp"
+check doctor-segments "segments: 1 remote-accessible region"
+check doctor-probe "bandwidth probe: read"
+[ $rc -eq 0 ] || { echo "FAIL doctor exited $rc"; fails=$((fails + 1)); }
+kill $serve; wait $serve 2>/dev/null
+out=$("$FERRY" doctor "$name" --timeout 1000 2>&1); rc=$?
+check doctor-dead "FAIL +connect and handshake"
+check doctor-dead-explained "SOCKET \(-102\).*retryable"
+check doctor-dead-advice "What to do"
+[ $rc -eq 1 ] || { echo "FAIL doctor on a dead peer exited $rc"; fails=$((fails + 1)); }
+out=$("$FERRY" doctor "no.such.host.invalid:7" 2>&1); check doctor-dns "DNS \(-101\)"
+echo "cli: $passes passed, $fails failed"
+[ $fails -eq 0 ]

@@ -1,0 +1,313 @@
+/* "Completed" means visible at the target, and waiting costs no CPU:
+ * target memory read the instant a write returns (many small writes, from
+ * several threads, async requests read as soon as their status flips), the
+ * CPU an idle engine burns, bounded spinning, and the new config fields. */
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "harness.h"
+
+typedef struct pair {
+    ferry_engine_t *initiator, *target;
+    char peer[300];
+} pair_t;
+
+static pair_t *pair_new(int spin_us)
+{
+    pair_t *p = calloc(1, sizeof *p);
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.timeout_ms = 20000;
+    cfg.spin_us = spin_us;
+    p->initiator = harness_engine_cfg(&cfg);
+    p->target = harness_engine(20000);
+    snprintf(p->peer, sizeof p->peer, "%s", ferry_engine_name(p->target));
+    return p;
+}
+
+static void pair_free(pair_t *p)
+{
+    ferry_engine_destroy(p->initiator);
+    ferry_engine_destroy(p->target);
+    free(p);
+}
+
+static int setup(void **state)
+{
+    *state = pair_new(0);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    pair_free(*state);
+    return 0;
+}
+
+static uint64_t rng(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+struct small_args {
+    pair_t *p;
+    unsigned char *src, *dst; /* this thread's slice of the buffers */
+    size_t len;
+    uint64_t seed;
+    int writes, bad;
+};
+
+/* Thousands of tiny writes at random offsets; the target bytes are compared
+ * right after each call returns, with no wait of any kind. */
+static void *small_writer(void *arg)
+{
+    struct small_args *a = arg;
+    uint64_t s = a->seed;
+    for (int i = 0; i < a->writes; i++) {
+        size_t n = 1 + rng(&s) % 200;
+        size_t off = rng(&s) % (a->len - n);
+        for (size_t k = 0; k < n; k++) a->src[off + k] = (unsigned char)(rng(&s) | 1);
+        int rc = ferry_transfer_sync(a->p->initiator, a->p->peer, FERRY_OP_WRITE, a->src + off,
+                                     (uint64_t)(uintptr_t)(a->dst + off), n);
+        if (rc != 0 || memcmp(a->dst + off, a->src + off, n) != 0) a->bad++;
+    }
+    return NULL;
+}
+
+static void many_small_writes_visible_on_return(void **state)
+{
+    pair_t *p = *state;
+    enum { THREADS = 3, SLICE = 1 << 16 };
+    size_t len = (size_t)THREADS * SLICE;
+    unsigned char *src = calloc(1, len), *dst = calloc(1, len);
+    assert_int_equal(ferry_register(p->initiator, src, len, FERRY_MEM_LOCAL), 0);
+    assert_int_equal(ferry_register(p->target, dst, len, FERRY_MEM_REMOTE), 0);
+    pthread_t t[THREADS];
+    struct small_args a[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        a[i] = (struct small_args){p, src + (size_t)i * SLICE, dst + (size_t)i * SLICE, SLICE, 0x9e3779b9u * (i + 1), 700, 0};
+        pthread_create(&t[i], NULL, small_writer, &a[i]);
+    }
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(a[i].bad, 0);
+    }
+    assert_memory_equal(src, dst, len);
+    ferry_deregister(p->initiator, src);
+    ferry_deregister(p->target, dst);
+    free(src);
+    free(dst);
+}
+
+/* Scatter-gather sync batch: every block is in place when the call returns. */
+static void sync_batch_visible_on_return(void **state)
+{
+    pair_t *p = *state;
+    enum { N = 512 };
+    size_t len = (size_t)N * 1024;
+    unsigned char *src = malloc(len), *dst = calloc(1, len);
+    assert_int_equal(ferry_register(p->initiator, src, len, FERRY_MEM_LOCAL), 0);
+    assert_int_equal(ferry_register(p->target, dst, len, FERRY_MEM_REMOTE), 0);
+    void *locals[N];
+    uint64_t remotes[N];
+    size_t lens[N];
+    for (int round = 0; round < 5; round++) {
+        harness_fill(src, len, (uint64_t)round + 1);
+        for (int i = 0; i < N; i++) {
+            size_t n = 1 + (size_t)((i * 37 + round) % 1024);
+            locals[i] = src + (size_t)i * 1024;
+            remotes[i] = (uint64_t)(uintptr_t)(dst + (size_t)i * 1024);
+            lens[i] = n;
+        }
+        assert_int_equal(ferry_batch_transfer_sync(p->initiator, p->peer, FERRY_OP_WRITE, locals, remotes, lens, N), 0);
+        for (int i = 0; i < N; i++) assert_memory_equal(dst + (size_t)i * 1024, src + (size_t)i * 1024, lens[i]);
+    }
+    ferry_deregister(p->initiator, src);
+    ferry_deregister(p->target, dst);
+    free(src);
+    free(dst);
+}
+
+/* Async: the moment a request's status says COMPLETED (others still in
+ * flight), its bytes are at the target. */
+static void async_completed_means_visible(void **state)
+{
+    pair_t *p = *state;
+    enum { N = 48 };
+    size_t sizes[N], offs[N], total = 0;
+    for (int i = 0; i < N; i++) {
+        sizes[i] = (size_t)1 << (10 + i % 13); /* 1 KiB .. 4 MiB */
+        offs[i] = total;
+        total += sizes[i];
+    }
+    unsigned char *src = malloc(total), *dst = calloc(1, total);
+    harness_fill(src, total, 1234);
+    assert_int_equal(ferry_register(p->initiator, src, total, FERRY_MEM_LOCAL), 0);
+    assert_int_equal(ferry_register(p->target, dst, total, FERRY_MEM_REMOTE), 0);
+    ferry_batch_t *b;
+    assert_int_equal(ferry_batch_alloc(p->initiator, N, &b), 0);
+    ferry_request_t reqs[N];
+    for (int i = 0; i < N; i++)
+        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, src + offs[i], (uint64_t)(uintptr_t)(dst + offs[i]), sizes[i]};
+    /* Submitted one by one: separate tasks that finish at different times. */
+    for (int i = 0; i < N; i++) assert_int_equal(ferry_batch_submit(b, p->peer, &reqs[i], 1, 0), i);
+    bool seen[N] = {false};
+    int left = N, early = 0;
+    uint64_t until = harness_now_ms() + 60000;
+    while (left > 0 && harness_now_ms() < until) {
+        for (int i = 0; i < N; i++) {
+            if (seen[i]) continue;
+            ferry_status_t st;
+            assert_int_equal(ferry_batch_status(b, (size_t)i, &st), 0);
+            assert_true(st.state != FERRY_STATUS_FAILED);
+            if (st.state != FERRY_STATUS_COMPLETED) continue;
+            assert_int_equal(st.bytes, sizes[i]);
+            assert_memory_equal(dst + offs[i], src + offs[i], sizes[i]);
+            seen[i] = true;
+            left--;
+            early += left > 0;
+        }
+    }
+    assert_int_equal(left, 0);
+    printf("async: %d of %d requests checked at the target while others were still in flight\n", early, N);
+    assert_int_equal(ferry_batch_wait(b, 20000), 0);
+    assert_int_equal(ferry_batch_free(b), 0);
+    ferry_deregister(p->initiator, src);
+    ferry_deregister(p->target, dst);
+    free(src);
+    free(dst);
+}
+
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+           ru.ru_stime.tv_usec / 1e6;
+}
+
+/* Two engines with an open session, pooled connections, serving threads
+ * and workers, then idle for 2 s: the whole process stays near 0% CPU. A
+ * busy-polling wait anywhere would show about 100%. */
+static void idle_engines_burn_no_cpu(void **state)
+{
+    pair_t *p = *state;
+    unsigned char *src = malloc(1 << 20), *dst = malloc(1 << 20);
+    assert_int_equal(ferry_register(p->initiator, src, 1 << 20, 0), 0);
+    assert_int_equal(ferry_register(p->target, dst, 1 << 20, FERRY_MEM_REMOTE), 0);
+    assert_int_equal(ferry_transfer_sync(p->initiator, p->peer, FERRY_OP_WRITE, src, (uint64_t)(uintptr_t)dst, 1 << 20), 0);
+    ferry_batch_t *b;
+    assert_int_equal(ferry_batch_alloc(p->initiator, 1, &b), 0);
+    ferry_request_t r = {FERRY_OP_READ, src, (uint64_t)(uintptr_t)dst, 1 << 20};
+    assert_int_equal(ferry_batch_submit(b, p->peer, &r, 1, 0), 0);
+    assert_int_equal(ferry_batch_wait(b, 20000), 0);
+    double c0 = cpu_seconds();
+    uint64_t t0 = harness_now_ms();
+    struct timespec ts = {2, 0};
+    nanosleep(&ts, NULL);
+    double used = cpu_seconds() - c0;
+    double wall = (double)(harness_now_ms() - t0) / 1000.0;
+    double pct = 100.0 * used / wall;
+    printf("idle: %.2f ms of CPU in %.2f s = %.3f%% of one core (2 engines, 1 session)\n", used * 1000, wall, pct);
+    assert_true(pct < 5.0);
+    assert_int_equal(ferry_batch_free(b), 0);
+    ferry_deregister(p->initiator, src);
+    ferry_deregister(p->target, dst);
+    free(src);
+    free(dst);
+}
+
+/* With spin_us set, waits spin first and still complete; and spinning is
+ * bounded: an idle engine with spin_us still burns nothing. */
+static void bounded_spin_wait(void **state)
+{
+    (void)state;
+    pair_t *p = pair_new(200);
+    size_t len = 4096;
+    unsigned char *src = malloc(len), *dst = calloc(1, len);
+    harness_fill(src, len, 5);
+    assert_int_equal(ferry_register(p->initiator, src, len, 0), 0);
+    assert_int_equal(ferry_register(p->target, dst, len, FERRY_MEM_REMOTE), 0);
+    ferry_batch_t *b;
+    assert_int_equal(ferry_batch_alloc(p->initiator, 64, &b), 0);
+    for (int i = 0; i < 64; i++) {
+        ferry_request_t r = {FERRY_OP_WRITE, src, (uint64_t)(uintptr_t)dst, len};
+        assert_int_equal(ferry_batch_submit(b, p->peer, &r, 1, 0), i);
+        assert_int_equal(ferry_batch_wait(b, 20000), 0);
+        assert_true(harness_check(dst, len, 5));
+        assert_int_equal(ferry_transfer_sync(p->initiator, p->peer, FERRY_OP_READ, src, (uint64_t)(uintptr_t)dst, len), 0);
+    }
+    double c0 = cpu_seconds();
+    uint64_t t0 = harness_now_ms();
+    struct timespec ts = {1, 0};
+    nanosleep(&ts, NULL);
+    double pct = 100.0 * (cpu_seconds() - c0) / ((double)(harness_now_ms() - t0) / 1000.0);
+    printf("idle with spin_us=200: %.3f%% of one core\n", pct);
+    assert_true(pct < 5.0);
+    assert_int_equal(ferry_batch_free(b), 0);
+    ferry_deregister(p->initiator, src);
+    ferry_deregister(p->target, dst);
+    free(src);
+    free(dst);
+    pair_free(p);
+}
+
+static void completion_config_fields(void **state)
+{
+    (void)state;
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    assert_int_equal(cfg.cancel_timeout_ms, 1000);
+    assert_int_equal(cfg.spin_us, 0);
+    setenv("FERRY_CANCEL_TIMEOUT_MS", "250", 1);
+    setenv("FERRY_SPIN_US", "50", 1);
+    assert_int_equal(ferry_config_from_env(&cfg), 0);
+    assert_int_equal(cfg.cancel_timeout_ms, 250);
+    assert_int_equal(cfg.spin_us, 50);
+    setenv("FERRY_SPIN_US", "2000000", 1);
+    assert_int_equal(ferry_config_from_env(&cfg), FERRY_ERR_INVALID_ARGUMENT);
+    assert_detail_contains("FERRY_SPIN_US");
+    unsetenv("FERRY_SPIN_US");
+    unsetenv("FERRY_CANCEL_TIMEOUT_MS");
+    ferry_engine_t *e = NULL;
+    ferry_config_init(&cfg);
+    cfg.cancel_timeout_ms = 0;
+    assert_int_equal(ferry_engine_create(&cfg, &e), FERRY_ERR_INVALID_ARGUMENT);
+    assert_detail_contains("cancel_timeout_ms");
+    ferry_config_init(&cfg);
+    cfg.spin_us = -1;
+    assert_int_equal(ferry_engine_create(&cfg, &e), FERRY_ERR_INVALID_ARGUMENT);
+    assert_detail_contains("spin_us");
+}
+
+/* The codes a cancel or an expiry can end with say by themselves what to do. */
+static void cancel_codes_say_what_to_do(void **state)
+{
+    (void)state;
+    assert_true(ferry_error_retryable(FERRY_ERR_TIMEOUT));
+    assert_false(ferry_error_retryable(FERRY_ERR_CANCELLED));
+    assert_false(ferry_error_retryable(FERRY_ERR_CANCEL_UNCONFIRMED));
+    assert_non_null(strstr(ferry_error_advice(FERRY_ERR_CANCEL_UNCONFIRMED), "do not reuse"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(many_small_writes_visible_on_return, setup, teardown),
+        cmocka_unit_test_setup_teardown(sync_batch_visible_on_return, setup, teardown),
+        cmocka_unit_test_setup_teardown(async_completed_means_visible, setup, teardown),
+        cmocka_unit_test_setup_teardown(idle_engines_burn_no_cpu, setup, teardown),
+        cmocka_unit_test(bounded_spin_wait),
+        cmocka_unit_test(completion_config_fields),
+        cmocka_unit_test(cancel_codes_say_what_to_do),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

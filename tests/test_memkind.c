@@ -1,0 +1,354 @@
+/* Memory kinds and the TCP transport's host staging, exercised for real with
+ * the test-only fake device kind: its "device" pages are mapped PROT_NONE
+ * (the CPU cannot touch them, as with GPU memory), and the kind's copy
+ * functions reach them through a second mapping of the same memfd. A
+ * transfer can only succeed if every byte goes through the staging copies.
+ * Also: the registry's kind bookkeeping and release hook. Every build. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "core/engine.h"
+#include "core/memkind.h"
+#include "core/registry.h"
+#include "harness.h"
+
+typedef struct fake_dev {
+    unsigned char *base;  /* PROT_NONE: what Ferry is given */
+    unsigned char *alias; /* read-write view of the same pages, for the test */
+    size_t len;
+} fake_dev_t;
+
+static fake_dev_t fake_new(size_t len)
+{
+    fake_dev_t d = {.len = len};
+    int fd = memfd_create("ferry-fake-device", MFD_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)len), 0);
+    d.base = mmap(NULL, len, PROT_NONE, MAP_SHARED, fd, 0);
+    d.alias = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    assert_true(d.base != MAP_FAILED && d.alias != MAP_FAILED);
+    assert_int_equal(ferry_memkind_fake_add(d.base, len, d.alias), 0);
+    return d;
+}
+
+static void fake_free(fake_dev_t *d)
+{
+    ferry_memkind_fake_remove(d->base);
+    munmap(d->base, d->len);
+    munmap(d->alias, d->len);
+}
+
+static int teardown_fakes(void **state)
+{
+    (void)state;
+    ferry_memkind_fake_clear();
+    return 0;
+}
+
+static uint32_t kind_at(ferry_engine_t *e, const void *p)
+{
+    ferry_registry_read_lock(&e->registry);
+    ferry_region_t *r = ferry_registry_lookup_locked(&e->registry, (uint64_t)(uintptr_t)p, 1);
+    uint32_t k = r ? r->kind : 0xffffffffu;
+    ferry_registry_unlock(&e->registry);
+    return k;
+}
+
+/* The fake pages really are out of the CPU's reach: a socket send from
+ * them fails, so only staged copies can move them. */
+static void fake_memory_is_unreachable(void **state)
+{
+    (void)state;
+    fake_dev_t d = fake_new(4096);
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    errno = 0;
+    assert_int_equal(write(p[1], d.base, 16), -1);
+    assert_int_equal(errno, EFAULT);
+    close(p[0]);
+    close(p[1]);
+    fake_free(&d);
+}
+
+static void registration_detects_kinds(void **state)
+{
+    (void)state;
+    ferry_engine_t *e = harness_engine(5000);
+    fake_dev_t d = fake_new(1u << 20);
+    unsigned char *host = malloc(4096);
+    assert_int_equal(ferry_register(e, d.base, d.len, FERRY_MEM_REMOTE), 0);
+    assert_int_equal(ferry_register(e, host, 4096, FERRY_MEM_LOCAL), 0);
+    assert_int_equal(FERRY_MEMKIND_TYPE(kind_at(e, d.base)), FERRY_MEMKIND_FAKE);
+    assert_int_equal(kind_at(e, host), FERRY_MEMKIND_HOST);
+    assert_int_equal(ferry_registry_device_count(&e->registry), 1);
+    char name[32];
+    assert_string_equal(ferry_memkind_name(kind_at(e, d.base), name, sizeof name), "fake:0");
+    assert_string_equal(ferry_memkind_name(FERRY_MEMKIND_MAKE(FERRY_MEMKIND_CUDA, 3), name, sizeof name), "cuda:3");
+    assert_string_equal(ferry_memkind_name(FERRY_MEMKIND_HOST, name, sizeof name), "host");
+    assert_int_equal(ferry_deregister(e, d.base), 0);
+    assert_int_equal(ferry_registry_device_count(&e->registry), 0);
+
+    /* A range starting in device memory and running past it is refused. */
+    assert_int_equal(ferry_register(e, d.base + 4096, d.len, FERRY_MEM_REMOTE), FERRY_ERR_INVALID_ARGUMENT);
+    assert_detail_contains("runs past the end of its fake device range");
+
+    /* Batches detect each region; a bad one registers none. */
+    void *addrs[2] = {d.base, d.base + 8192};
+    size_t lens[2] = {4096, d.len};
+    assert_int_equal(ferry_register_batch(e, addrs, lens, 2, FERRY_MEM_REMOTE), FERRY_ERR_INVALID_ARGUMENT);
+    assert_detail_contains("region 1 of 2 (none registered)");
+    assert_int_equal(ferry_region_count(e), 1);
+    lens[1] = 4096;
+    assert_int_equal(ferry_register_batch(e, addrs, lens, 2, FERRY_MEM_REMOTE), 0);
+    assert_int_equal(ferry_registry_device_count(&e->registry), 2);
+    assert_int_equal(ferry_deregister_batch(e, addrs, 2), 0);
+    assert_int_equal(ferry_registry_device_count(&e->registry), 0);
+
+    /* Without CUDA in the build, or without a driver, host memory stays
+     * host memory and the status says why. */
+    const char *status = ferry_memkind_status();
+    assert_true(strstr(status, "CUDA not built in") || strstr(status, "CUDA built in"));
+    ferry_engine_destroy(e);
+    free(host);
+    fake_free(&d);
+}
+
+/* --------------------------------------------------- staging over TCP */
+
+typedef struct pair {
+    ferry_engine_t *initiator, *target;
+    char peer[300];
+} pair_t;
+
+static pair_t pair_make(int checksum)
+{
+    pair_t p;
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.timeout_ms = 10000;
+    cfg.checksum = checksum;
+    cfg.transport = "tcp";
+    p.initiator = harness_engine_cfg(&cfg);
+    ferry_config_init(&cfg);
+    cfg.timeout_ms = 10000;
+    cfg.checksum = checksum;
+    p.target = harness_engine_cfg(&cfg);
+    snprintf(p.peer, sizeof p.peer, "%s", ferry_engine_name(p.target));
+    return p;
+}
+
+static void pair_end(pair_t *p)
+{
+    ferry_engine_destroy(p->initiator);
+    ferry_engine_destroy(p->target);
+}
+
+/* A buffer of either kind: bytes() is where the test reads and writes. */
+typedef struct buf {
+    fake_dev_t dev;
+    unsigned char *host;
+    int is_dev;
+} buf_t;
+
+static buf_t buf_new(size_t len, int is_dev)
+{
+    buf_t b = {.is_dev = is_dev};
+    if (is_dev)
+        b.dev = fake_new(len);
+    else
+        b.host = malloc(len);
+    return b;
+}
+static unsigned char *buf_ptr(buf_t *b) { return b->is_dev ? b->dev.base : b->host; }
+static unsigned char *buf_bytes(buf_t *b) { return b->is_dev ? b->dev.alias : b->host; }
+static void buf_free(buf_t *b)
+{
+    if (b->is_dev)
+        fake_free(&b->dev);
+    else
+        free(b->host);
+}
+
+/* Moves len bytes initiator->target (write) or target->initiator (read)
+ * between buffers of the given kinds and checks them, and that staging
+ * copies happened where device memory was involved. */
+static void move(int checksum, int opcode, int local_dev, int remote_dev, size_t len)
+{
+    pair_t p = pair_make(checksum);
+    buf_t local = buf_new(len, local_dev), remote = buf_new(len, remote_dev);
+    assert_int_equal(ferry_register(p.initiator, buf_ptr(&local), len, FERRY_MEM_LOCAL), 0);
+    assert_int_equal(ferry_register(p.target, buf_ptr(&remote), len, FERRY_MEM_REMOTE), 0);
+    buf_t *from = opcode == FERRY_OP_WRITE ? &local : &remote, *to = opcode == FERRY_OP_WRITE ? &remote : &local;
+    harness_fill(buf_bytes(from), len, len + (size_t)opcode);
+    memset(buf_bytes(to), 0, len);
+    unsigned long th0, fh0, th1, fh1;
+    ferry_memkind_fake_counts(&th0, &fh0);
+    int rc = ferry_transfer_sync(p.initiator, p.peer, opcode, buf_ptr(&local), (uint64_t)(uintptr_t)buf_ptr(&remote),
+                                 len);
+    if (rc) fprintf(stderr, "%s\n", ferry_last_error_detail());
+    assert_int_equal(rc, 0);
+    assert_true(harness_check(buf_bytes(to), len, len + (size_t)opcode));
+    ferry_memkind_fake_counts(&th1, &fh1);
+    size_t slices = (len + (1u << 20) - 1) >> 20;
+    /* One staging copy per slice out of the device side, one into it. */
+    assert_int_equal(th1 - th0, (from->is_dev ? slices : 0));
+    assert_int_equal(fh1 - fh0, (to->is_dev ? slices : 0));
+    ferry_deregister(p.initiator, buf_ptr(&local));
+    ferry_deregister(p.target, buf_ptr(&remote));
+    buf_free(&local);
+    buf_free(&remote);
+    pair_end(&p);
+}
+
+static void write_from_device(void **state)
+{
+    (void)state;
+    move(0, FERRY_OP_WRITE, 1, 0, (3u << 20) + 5);
+    move(0, FERRY_OP_WRITE, 1, 0, 1);
+}
+
+static void write_into_device(void **state)
+{
+    (void)state;
+    move(0, FERRY_OP_WRITE, 0, 1, (3u << 20) + 5);
+}
+
+static void read_from_device(void **state)
+{
+    (void)state;
+    move(0, FERRY_OP_READ, 0, 1, (2u << 20) + 17);
+}
+
+static void read_into_device(void **state)
+{
+    (void)state;
+    move(0, FERRY_OP_READ, 1, 0, (2u << 20) + 17);
+}
+
+static void device_to_device_both_ways(void **state)
+{
+    (void)state;
+    move(0, FERRY_OP_WRITE, 1, 1, (1u << 20) + 1);
+    move(0, FERRY_OP_READ, 1, 1, (1u << 20) + 1);
+}
+
+static void staging_with_checksums(void **state)
+{
+    (void)state;
+    move(1, FERRY_OP_WRITE, 1, 1, (2u << 20) + 3);
+    move(1, FERRY_OP_READ, 1, 1, (2u << 20) + 3);
+    move(1, FERRY_OP_WRITE, 0, 1, 4096);
+    move(1, FERRY_OP_READ, 1, 0, 4096);
+}
+
+/* A batch mixing kinds on both sides, in one pipelined stream. */
+static void mixed_batch(void **state)
+{
+    (void)state;
+    pair_t p = pair_make(0);
+    enum { N = 6, LEN = 300000 };
+    buf_t local[N], remote[N];
+    void *locals[N];
+    uint64_t remotes[N];
+    size_t lens[N];
+    for (int i = 0; i < N; i++) {
+        local[i] = buf_new(LEN, i % 2);
+        remote[i] = buf_new(LEN, i % 3 == 0);
+        assert_int_equal(ferry_register(p.initiator, buf_ptr(&local[i]), LEN, FERRY_MEM_LOCAL), 0);
+        assert_int_equal(ferry_register(p.target, buf_ptr(&remote[i]), LEN, FERRY_MEM_REMOTE), 0);
+        harness_fill(buf_bytes(&local[i]), LEN, (uint64_t)i);
+        memset(buf_bytes(&remote[i]), 0, LEN);
+        locals[i] = buf_ptr(&local[i]);
+        remotes[i] = (uint64_t)(uintptr_t)buf_ptr(&remote[i]);
+        lens[i] = LEN;
+    }
+    assert_int_equal(ferry_batch_transfer_sync(p.initiator, p.peer, FERRY_OP_WRITE, locals, remotes, lens, N), 0);
+    for (int i = 0; i < N; i++) {
+        assert_true(harness_check(buf_bytes(&remote[i]), LEN, (uint64_t)i));
+        memset(buf_bytes(&local[i]), 0, LEN);
+    }
+    assert_int_equal(ferry_batch_transfer_sync(p.initiator, p.peer, FERRY_OP_READ, locals, remotes, lens, N), 0);
+    for (int i = 0; i < N; i++) {
+        assert_true(harness_check(buf_bytes(&local[i]), LEN, (uint64_t)i));
+        assert_int_equal(ferry_deregister(p.initiator, locals[i]), 0);
+        assert_int_equal(ferry_deregister(p.target, buf_ptr(&remote[i])), 0);
+        buf_free(&local[i]);
+        buf_free(&remote[i]);
+    }
+    pair_end(&p);
+}
+
+/* ------------------------------------------------------ registry hooks */
+
+static int released;
+static void count_release(void *ctx, ferry_region_t *reg)
+{
+    assert_ptr_equal(ctx, &released);
+    assert_ptr_equal(reg->xport, (void *)0x1);
+    released++;
+}
+
+static void set_xport(ferry_registry_t *r, uint64_t addr)
+{
+    ferry_registry_read_lock(r);
+    ferry_region_t *reg = ferry_registry_lookup_locked(r, addr, 1);
+    assert_non_null(reg);
+    reg->xport = (void *)0x1;
+    ferry_registry_unlock(r);
+}
+
+static void registry_release_hook(void **state)
+{
+    (void)state;
+    ferry_registry_t r;
+    ferry_registry_init(&r);
+    ferry_registry_set_release(&r, count_release, &released);
+    released = 0;
+    assert_int_equal(ferry_registry_add_kind(&r, 0x10000, 0x1000, FERRY_MEM_REMOTE, FERRY_MEMKIND_FAKE), 0);
+    assert_int_equal(ferry_registry_add(&r, 0x20000, 0x1000, FERRY_MEM_LOCAL), 0);
+    assert_int_equal(ferry_registry_add(&r, 0x30000, 0x1000, FERRY_MEM_LOCAL), 0);
+    assert_int_equal(ferry_registry_device_count(&r), 1);
+    /* lookup_locked: only whole containment. */
+    ferry_registry_read_lock(&r);
+    assert_non_null(ferry_registry_lookup_locked(&r, 0x10800, 0x800));
+    assert_null(ferry_registry_lookup_locked(&r, 0x10800, 0x801));
+    assert_null(ferry_registry_lookup_locked(&r, 0x18000, 1));
+    assert_null(ferry_registry_lookup_locked(&r, 0x10000, 0));
+    ferry_registry_unlock(&r);
+    /* Only regions with state are released; once each. */
+    set_xport(&r, 0x10000);
+    assert_int_equal(ferry_registry_remove(&r, 0x20000), 0);
+    assert_int_equal(released, 0);
+    assert_int_equal(ferry_registry_remove(&r, 0x10000), 0);
+    assert_int_equal(released, 1);
+    assert_int_equal(ferry_registry_device_count(&r), 0);
+    set_xport(&r, 0x30000);
+    ferry_registry_release_all(&r);
+    assert_int_equal(released, 2);
+    /* The hook is gone after release_all: destroy releases nothing more. */
+    set_xport(&r, 0x30000);
+    ferry_registry_destroy(&r);
+    assert_int_equal(released, 2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(fake_memory_is_unreachable, teardown_fakes),
+        cmocka_unit_test_teardown(registration_detects_kinds, teardown_fakes),
+        cmocka_unit_test_teardown(write_from_device, teardown_fakes),
+        cmocka_unit_test_teardown(write_into_device, teardown_fakes),
+        cmocka_unit_test_teardown(read_from_device, teardown_fakes),
+        cmocka_unit_test_teardown(read_into_device, teardown_fakes),
+        cmocka_unit_test_teardown(device_to_device_both_ways, teardown_fakes),
+        cmocka_unit_test_teardown(staging_with_checksums, teardown_fakes),
+        cmocka_unit_test_teardown(mixed_batch, teardown_fakes),
+        cmocka_unit_test(registry_release_hook),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,128 @@
+/* Metrics: per-peer and per-transport counters and latency histograms, the
+ * Prometheus text, and the HTTP endpoint. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static char *http_get(uint16_t port, const char *path)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (connect(s, (struct sockaddr *)&sa, sizeof sa) != 0) return NULL;
+    char req[256];
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: localhost\r\n\r\n", path);
+    if (write(s, req, (size_t)n) != n) return NULL;
+    size_t cap = 1 << 20, len = 0;
+    char *buf = calloc(1, cap);
+    ssize_t k;
+    while ((k = read(s, buf + len, cap - 1 - len)) > 0) len += (size_t)k;
+    close(s);
+    return buf;
+}
+
+static void counts_and_exports(void **state)
+{
+    (void)state;
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.metrics_port = -1;
+    cfg.timeout_ms = 5000;
+    ferry_engine_t *a = harness_engine_cfg(&cfg);
+    ferry_engine_t *b = harness_engine(5000);
+    assert_true(ferry_metrics_port(a) > 0);
+    assert_int_equal(ferry_metrics_port(b), 0);
+    char peer[300];
+    snprintf(peer, sizeof peer, "%s", ferry_engine_name(b));
+    unsigned char *src = malloc(1 << 20), *dst = malloc(1 << 20);
+    ferry_register(a, src, 1 << 20, 0);
+    ferry_register(b, dst, 1 << 20, FERRY_MEM_REMOTE);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(ferry_transfer_sync(a, peer, FERRY_OP_WRITE, src, (uint64_t)(uintptr_t)dst, 1 << 20), 0);
+    assert_int_equal(ferry_transfer_sync(a, peer, FERRY_OP_READ, src, (uint64_t)(uintptr_t)dst, 4096), 0);
+    assert_int_equal(ferry_transfer_sync(a, peer, FERRY_OP_WRITE, src, (uint64_t)(uintptr_t)dst + (1 << 20) - 8, 64),
+                     FERRY_ERR_OUT_OF_BOUNDS);
+    ferry_batch_t *bt;
+    assert_int_equal(ferry_batch_alloc(a, 2, &bt), 0);
+    ferry_request_t r = {FERRY_OP_WRITE, src, (uint64_t)(uintptr_t)dst, 1000};
+    assert_int_equal(ferry_batch_submit(bt, peer, &r, 1, 0), 0);
+    assert_int_equal(ferry_batch_wait(bt, 5000), 0);
+    assert_int_equal(ferry_batch_free(bt), 0);
+
+    ferry_peer_metrics_t m[4];
+    assert_int_equal(ferry_metrics_peers(a, m, 4), 1);
+    assert_string_equal(m[0].peer, peer);
+    assert_string_equal(m[0].transport, "tcp");
+    assert_int_equal(m[0].requests[FERRY_OP_WRITE], 7);
+    assert_int_equal(m[0].requests[FERRY_OP_READ], 1);
+    assert_int_equal(m[0].bytes[FERRY_OP_WRITE], 5u * (1 << 20) + 1000);
+    assert_int_equal(m[0].bytes[FERRY_OP_READ], 4096);
+    assert_int_equal(m[0].failures, 1);
+    assert_int_equal(m[0].nerrors, 1);
+    assert_int_equal(m[0].error_codes[0], FERRY_ERR_OUT_OF_BOUNDS);
+    uint64_t in_buckets = 0;
+    for (int i = 0; i < FERRY_LATENCY_BUCKETS; i++) in_buckets += m[0].latency[i];
+    assert_int_equal(in_buckets, 8);
+    ferry_peer_metrics_t t;
+    assert_int_equal(ferry_metrics_transport(a, "tcp", &t), 0);
+    assert_int_equal(t.requests[FERRY_OP_WRITE], 7);
+    assert_int_equal(ferry_metrics_transport(a, "shm", &t), 0);
+    assert_int_equal(t.requests[FERRY_OP_WRITE], 0);
+
+    long need = ferry_metrics_prometheus(a, NULL, 0);
+    assert_true(need > 0);
+    char *text = malloc((size_t)need + 1);
+    assert_int_equal(ferry_metrics_prometheus(a, text, (size_t)need + 1), need);
+    char want[512];
+    snprintf(want, sizeof want, "ferry_requests_total{peer=\"%s\",transport=\"tcp\",op=\"write\"} 7\n", peer);
+    assert_non_null(strstr(text, want));
+    snprintf(want, sizeof want, "ferry_errors_total{peer=\"%s\",transport=\"tcp\",code=\"OUT_OF_BOUNDS\"} 1\n", peer);
+    assert_non_null(strstr(text, want));
+    snprintf(want, sizeof want, "ferry_request_latency_seconds_count{peer=\"%s\",transport=\"tcp\"} 8\n", peer);
+    assert_non_null(strstr(text, want));
+    assert_non_null(strstr(text, "le=\"+Inf\"} 8\n"));
+    assert_non_null(strstr(text, "# TYPE ferry_request_latency_seconds histogram"));
+    free(text);
+
+    char *page = http_get(ferry_metrics_port(a), "/metrics");
+    assert_non_null(page);
+    assert_non_null(strstr(page, "200 OK"));
+    assert_non_null(strstr(page, want));
+    free(page);
+    page = http_get(ferry_metrics_port(a), "/nope");
+    assert_non_null(strstr(page, "404"));
+    free(page);
+    ferry_engine_destroy(a);
+    ferry_engine_destroy(b);
+    free(src);
+    free(dst);
+}
+
+static void port_in_use_is_refused(void **state)
+{
+    (void)state;
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.metrics_port = -1;
+    ferry_engine_t *a = harness_engine_cfg(&cfg);
+    ferry_config_init(&cfg);
+    cfg.metrics_port = ferry_metrics_port(a);
+    ferry_engine_t *b;
+    assert_int_equal(ferry_engine_create(&cfg, &b), FERRY_ERR_SOCKET);
+    assert_detail_contains("metrics endpoint");
+    ferry_engine_destroy(a);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(counts_and_exports),
+        cmocka_unit_test(port_in_use_is_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

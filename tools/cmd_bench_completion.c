@@ -1,0 +1,306 @@
+/* ferry bench-completion: the figures behind the completion guarantees.
+ *
+ *   idle CPU      two engines with a session, idle: % of one core, next to a
+ *                 thread that busy-polls a socket (what a spinning engine costs)
+ *   wait modes    4 KiB write round trips, blocking (spin_us=0) vs spinning
+ *                 (spin_us=N): p50/p99 latency and CPU per operation
+ *   cancel        how soon ferry_batch_cancel returns with a large write in
+ *                 flight, against the time the write takes
+ *   scale         N registered regions (100,000 by default): register, session
+ *                 open, segment table fetch, first transfer to a late region
+ *   short-lived   register+send+deregister per buffer vs a pre-registered
+ *                 pool (alloc+send+free), with N regions registered
+ * Loopback, one process; figures are noisy on a shared machine: read the
+ * ratios. */
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <ferry/ferry.h>
+
+#include "cli.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static double cpu_s(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+           ru.ru_stime.tv_usec / 1e6;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static ferry_engine_t *engine(int spin_us)
+{
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.spin_us = spin_us;
+    ferry_engine_t *e = NULL;
+    if (ferry_engine_create(&cfg, &e) != 0) {
+        fprintf(stderr, "bench-completion: engine: %s\n", ferry_last_error_detail());
+        exit(1);
+    }
+    return e;
+}
+
+#define CHECK(call)                                                                                 \
+    do {                                                                                            \
+        int rc_ = (call);                                                                           \
+        if (rc_ < 0) {                                                                              \
+            fprintf(stderr, "bench-completion: %s: %s\n", #call, ferry_last_error_detail());        \
+            exit(1);                                                                                \
+        }                                                                                           \
+    } while (0)
+
+static void idle_cpu(double seconds)
+{
+    ferry_engine_t *a = engine(0), *b = engine(0);
+    static unsigned char src[1 << 20], dst[1 << 20];
+    CHECK(ferry_register(a, src, sizeof src, FERRY_MEM_LOCAL));
+    CHECK(ferry_register(b, dst, sizeof dst, FERRY_MEM_REMOTE));
+    CHECK(ferry_transfer_sync(a, ferry_engine_name(b), FERRY_OP_WRITE, src, (uint64_t)(uintptr_t)dst, sizeof src));
+    double c0 = cpu_s(), t0 = now_s();
+    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    nanosleep(&ts, NULL);
+    double ferry_pct = 100 * (cpu_s() - c0) / (now_s() - t0);
+    /* Baseline: one thread busy-polling an idle socket for the same time. */
+    int sv[2];
+    socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+    c0 = cpu_s();
+    t0 = now_s();
+    struct pollfd p = {.fd = sv[0], .events = POLLIN};
+    while (now_s() - t0 < seconds) poll(&p, 1, 0);
+    double spin_pct = 100 * (cpu_s() - c0) / (now_s() - t0);
+    close(sv[0]);
+    close(sv[1]);
+    printf("idle CPU over %.1f s: ferry (2 engines, 1 session) %.3f%% of a core; busy-poll baseline %.1f%% "
+           "(ratio %.5f)\n",
+           seconds, ferry_pct, spin_pct, ferry_pct / (spin_pct > 0 ? spin_pct : 1));
+    ferry_deregister(a, src);
+    ferry_deregister(b, dst);
+    ferry_engine_destroy(a);
+    ferry_engine_destroy(b);
+}
+
+static void wait_mode(int spin_us, int n, double *p50, double *p99, double *cpu_us)
+{
+    ferry_engine_t *a = engine(spin_us), *b = engine(0);
+    const char *peer = ferry_engine_name(b);
+    static unsigned char src[4096], dst[4096];
+    CHECK(ferry_register(a, src, sizeof src, FERRY_MEM_LOCAL));
+    CHECK(ferry_register(b, dst, sizeof dst, FERRY_MEM_REMOTE));
+    CHECK(ferry_session_open(a, peer));
+    double *lat = malloc((size_t)n * sizeof *lat);
+    double c0 = cpu_s();
+    for (int i = 0; i < n; i++) {
+        double t = now_s();
+        CHECK(ferry_transfer_sync(a, peer, FERRY_OP_WRITE, src, (uint64_t)(uintptr_t)dst, sizeof src));
+        lat[i] = (now_s() - t) * 1e6;
+    }
+    *cpu_us = (cpu_s() - c0) * 1e6 / n;
+    qsort(lat, (size_t)n, sizeof *lat, cmp_double);
+    *p50 = lat[n / 2];
+    *p99 = lat[n * 99 / 100];
+    free(lat);
+    ferry_deregister(a, src);
+    ferry_deregister(b, dst);
+    ferry_engine_destroy(a);
+    ferry_engine_destroy(b);
+}
+
+static void cancel_latency(void)
+{
+    ferry_engine_t *a = engine(0), *b = engine(0);
+    const char *peer = ferry_engine_name(b);
+    size_t len = 256u << 20;
+    unsigned char *src = calloc(1, len), *dst = calloc(1, len);
+    CHECK(ferry_register(a, src, len, FERRY_MEM_LOCAL));
+    CHECK(ferry_register(b, dst, len, FERRY_MEM_REMOTE));
+    CHECK(ferry_session_open(a, peer));
+    double t0 = now_s();
+    CHECK(ferry_transfer_sync(a, peer, FERRY_OP_WRITE, src, (uint64_t)(uintptr_t)dst, len));
+    double full = now_s() - t0;
+    ferry_batch_t *bt;
+    CHECK(ferry_batch_alloc(a, 1, &bt));
+    ferry_request_t r = {FERRY_OP_WRITE, src, (uint64_t)(uintptr_t)dst, len};
+    CHECK((int)ferry_batch_submit(bt, peer, &r, 1, 0));
+    struct timespec ts = {0, (long)(full * 0.2 * 1e9)};
+    nanosleep(&ts, NULL);
+    t0 = now_s();
+    int rc = ferry_batch_cancel(bt);
+    double took = now_s() - t0;
+    ferry_status_t st;
+    ferry_batch_status(bt, 0, &st);
+    printf("cancel: a 256 MiB write takes %.1f ms; cancelled at 20%% it returned in %.2f ms (%s, %s, %.0f%% sent), "
+           "ratio %.3f\n",
+           full * 1e3, took * 1e3, rc ? ferry_error_name(rc) : "confirmed",
+           st.state == FERRY_STATUS_CANCELLED ? "CANCELLED" : "finished first", 100.0 * (double)st.bytes / len,
+           took / full);
+    ferry_batch_free(bt);
+    ferry_deregister(a, src);
+    ferry_deregister(b, dst);
+    ferry_engine_destroy(a);
+    ferry_engine_destroy(b);
+    free(src);
+    free(dst);
+}
+
+static void scale_and_short_lived(size_t regions)
+{
+    ferry_engine_t *a = engine(0), *b = engine(0);
+    const char *peer = ferry_engine_name(b);
+    size_t region = 256;
+    unsigned char *mem = calloc(regions, region);
+    void **addrs = malloc(regions * sizeof *addrs);
+    size_t *lens = malloc(regions * sizeof *lens);
+    for (size_t i = 0; i < regions; i++) {
+        addrs[i] = mem + i * region;
+        lens[i] = region;
+    }
+    double t0 = now_s();
+    CHECK(ferry_register_batch(b, addrs, lens, regions, FERRY_MEM_REMOTE));
+    double t_reg = now_s() - t0;
+    t0 = now_s();
+    CHECK(ferry_session_open(a, peer));
+    double t_open = now_s() - t0;
+    ferry_segment_t *segs = malloc(regions * sizeof *segs);
+    t0 = now_s();
+    long n = ferry_session_segments(a, peer, segs, regions);
+    double t_segs = now_s() - t0;
+    if (n != (long)regions) {
+        fprintf(stderr, "bench-completion: %ld segments of %zu\n", n, regions);
+        exit(1);
+    }
+    static unsigned char buf[4096];
+    CHECK(ferry_register(a, buf, sizeof buf, FERRY_MEM_LOCAL));
+    unsigned char *late = malloc(4096);
+    CHECK(ferry_register(b, late, 4096, FERRY_MEM_REMOTE));
+    t0 = now_s();
+    CHECK(ferry_transfer_sync(a, peer, FERRY_OP_WRITE, buf, (uint64_t)(uintptr_t)late, 4096));
+    double t_late = now_s() - t0;
+    printf("scale: %zu regions: register_batch %.1f ms, session open %.1f ms, segment table %.1f ms "
+           "(%zu pages of 4096), first write to a region registered after %.1f ms\n",
+           regions, t_reg * 1e3, t_open * 1e3, t_segs * 1e3, (regions + 4095) / 4096, t_late * 1e3);
+
+    /* Local side, per buffer: register+deregister among N regions (engine
+     * b holds them) vs alloc+free from a pool. */
+    enum { CYCLES = 20000, TSENDS = 20 };
+    unsigned char *tmp = malloc(64 << 10);
+    t0 = now_s();
+    for (int i = 0; i < CYCLES; i++) {
+        CHECK(ferry_register(b, tmp, 64 << 10, FERRY_MEM_LOCAL));
+        CHECK(ferry_deregister(b, tmp));
+    }
+    double reg_only = (now_s() - t0) / CYCLES;
+    ferry_pool_t *pool, *tpool;
+    CHECK(ferry_pool_create(b, 64u << 20, FERRY_MEM_LOCAL, &pool));
+    t0 = now_s();
+    for (int i = 0; i < CYCLES; i++) {
+        void *p;
+        CHECK(ferry_pool_alloc(pool, 64 << 10, &p));
+        CHECK(ferry_pool_free(pool, p));
+    }
+    double pool_only = (now_s() - t0) / CYCLES;
+    /* Target side, per send: a fresh region the peer must learn (its next
+     * write misses and re-fetches the whole table) vs a buffer from a pool
+     * the peer already knows. */
+    int stale = 0;
+    t0 = now_s();
+    for (int i = 0; i < TSENDS; i++) {
+        CHECK(ferry_register(b, tmp, 64 << 10, FERRY_MEM_REMOTE));
+        int rc = ferry_transfer_sync(a, peer, FERRY_OP_WRITE, buf, (uint64_t)(uintptr_t)tmp, 4096);
+        if (rc == FERRY_ERR_STALE_SEGMENT) { /* same address registered again: learn it, send again */
+            stale++;
+            rc = ferry_transfer_sync(a, peer, FERRY_OP_WRITE, buf, (uint64_t)(uintptr_t)tmp, 4096);
+        }
+        CHECK(rc);
+        CHECK(ferry_deregister(b, tmp));
+    }
+    double per_reg = (now_s() - t0) / TSENDS;
+    CHECK(ferry_pool_create(b, 64u << 20, FERRY_MEM_REMOTE, &tpool));
+    void *warm;
+    CHECK(ferry_pool_alloc(tpool, 4096, &warm));
+    CHECK(ferry_transfer_sync(a, peer, FERRY_OP_WRITE, buf, (uint64_t)(uintptr_t)warm, 4096)); /* peer learns it */
+    t0 = now_s();
+    for (int i = 0; i < TSENDS * 50; i++) {
+        void *p;
+        CHECK(ferry_pool_alloc(tpool, 64 << 10, &p));
+        CHECK(ferry_transfer_sync(a, peer, FERRY_OP_WRITE, buf, (uint64_t)(uintptr_t)p, 4096));
+        CHECK(ferry_pool_free(tpool, p));
+    }
+    double per_pool = (now_s() - t0) / (TSENDS * 50);
+    printf("short-lived buffers, %zu regions registered: register+deregister %.2f us vs pool alloc+free %.2f us; "
+           "target-side buffer per 4 KiB send: registered for the send %.1f us vs from a known pool %.1f us "
+           "(ratio %.1f; %d of %d sends hit STALE_SEGMENT and were sent again)\n",
+           regions, reg_only * 1e6, pool_only * 1e6, per_reg * 1e6, per_pool * 1e6, per_reg / per_pool, stale,
+           (int)TSENDS);
+    ferry_pool_free(tpool, warm);
+    ferry_pool_destroy(tpool);
+    ferry_pool_destroy(pool);
+    ferry_deregister(a, buf);
+    ferry_deregister(b, late);
+    ferry_engine_destroy(a);
+    ferry_engine_destroy(b);
+    free(tmp);
+    free(late);
+    free(segs);
+    free(addrs);
+    free(lens);
+    free(mem);
+}
+
+static int cmd_bench_completion(int argc, char **argv)
+{
+    size_t regions = 100000;
+    int spin = 50, ops = 2000;
+    double idle = 2.0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--regions") == 0 && i + 1 < argc)
+            regions = strtoul(argv[++i], NULL, 10);
+        else if (strcmp(argv[i], "--spin-us") == 0 && i + 1 < argc)
+            spin = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--ops") == 0 && i + 1 < argc)
+            ops = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--idle-s") == 0 && i + 1 < argc)
+            idle = atof(argv[++i]);
+        else {
+            printf("usage: ferry bench-completion [--regions N] [--spin-us US] [--ops N] [--idle-s S]\n"
+                   "  idle CPU, blocking vs spinning waits, cancel latency, N-region scale,\n"
+                   "  short-lived registration vs a pre-registered pool (loopback)\n");
+            return strcmp(argv[i], "--help") == 0 ? 0 : 2;
+        }
+    }
+    if (regions < 1 || ops < 10 || spin < 0 || idle <= 0) {
+        fprintf(stderr, "bench-completion: bad option value\n");
+        return 2;
+    }
+    idle_cpu(idle);
+    double b50, b99, bcpu, s50, s99, scpu;
+    wait_mode(0, ops, &b50, &b99, &bcpu);
+    wait_mode(spin, ops, &s50, &s99, &scpu);
+    printf("wait modes, 4 KiB sync write round trip, %d ops: blocking p50 %.1f us p99 %.1f us, %.1f us CPU/op; "
+           "spin_us=%d p50 %.1f us p99 %.1f us, %.1f us CPU/op (p50 ratio %.2f)\n",
+           ops, b50, b99, bcpu, spin, s50, s99, scpu, s50 / b50);
+    cancel_latency();
+    scale_and_short_lived(regions);
+    return 0;
+}
+
+FERRY_COMMAND("bench-completion", cmd_bench_completion,
+              "measure idle CPU, wait modes, cancel latency, 100k-region scale, pools")
