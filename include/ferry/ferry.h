@@ -25,11 +25,6 @@
  * poll), never busy-polls, unless config.spin_us asks for a bounded spin
  * first. An idle engine uses no CPU beyond one wake-up a second.
  *
- * A write that failed on a broken link (PEER_CLOSED, TIMEOUT, ...) may have
- * placed some of its bytes, but none of them lands after the next request
- * to that peer started: the initiator first has the target refuse the
- * failed request's id (fencing), so late bytes never overwrite newer data.
- *
  * All calls are thread-safe. Every blocking call ends by its deadline
  * (config.timeout_ms unless stated otherwise) and returns FERRY_ERR_TIMEOUT;
  * a transfer that had bytes in flight at its deadline reports at most
