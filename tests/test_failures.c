@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "delay_proxy.h"
 #include "harness.h"
 
 #define GUARD 4096
@@ -452,12 +453,10 @@ static void cancelled_batch(void **state)
     free(dst);
 }
 
-static void engine_gone_is_context(void **state)
+/* Many small requests in one submission, then the engine destroyed. */
+static void many_small_requests_then_destroy(void **state)
 {
     fixture_t *f = *state;
-    /* A session opened, then the engine's stop flag raised by destroy: not
-     * observable safely from outside, so check the shutdown code path of
-     * a fresh engine that is destroyed with a batch still queued. */
     ferry_engine_t *e = harness_engine(3000);
     unsigned char *buf = malloc(1 << 20);
     ferry_register(e, buf, 1 << 20, 0);
@@ -472,6 +471,70 @@ static void engine_gone_is_context(void **state)
     free(buf);
 }
 
+/* A link of 1 MB/s: a 4 MiB request stays in flight for seconds. */
+static void batch_busy_while_in_flight(void **state)
+{
+    fixture_t *f = *state;
+    delay_proxy_t *px = delay_proxy_start(ferry_engine_port(f->target), 0, 1u << 20);
+    size_t len = 4u << 20;
+    unsigned char *big = malloc(len), *dst = malloc(len);
+    assert_int_equal(ferry_register(f->initiator, big, len, 0), 0);
+    assert_int_equal(ferry_register(f->target, dst, len, FERRY_MEM_REMOTE), 0);
+    ferry_batch_t *b;
+    assert_int_equal(ferry_batch_alloc(f->initiator, 1, &b), 0);
+    ferry_request_t r = {FERRY_OP_WRITE, big, A(dst), len};
+    assert_int_equal(ferry_batch_submit(b, delay_proxy_name(px), &r, 1, 20000), 0);
+    assert_int_equal(ferry_batch_free(b), FERRY_ERR_BATCH_BUSY);
+    assert_detail_contains("still in flight");
+    assert_int_equal(ferry_batch_cancel(b), 0);
+    ferry_status_t st;
+    assert_int_equal(ferry_batch_status(b, 0, &st), 0);
+    assert_int_equal(st.state, FERRY_STATUS_CANCELLED);
+    assert_int_equal(ferry_batch_free(b), 0);
+    delay_proxy_stop(px);
+    ferry_deregister(f->initiator, big);
+    ferry_deregister(f->target, dst);
+    free(big);
+    free(dst);
+}
+
+/* Requests still queued when their engine is destroyed end with CONTEXT. */
+static void queued_requests_fail_with_context(void **state)
+{
+    fixture_t *f = *state;
+    delay_proxy_t *px = delay_proxy_start(ferry_engine_port(f->target), 0, 1u << 20);
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.workers = 1;
+    cfg.conns_per_peer = 1;
+    cfg.timeout_ms = 1500;
+    cfg.cancel_timeout_ms = 200;
+    ferry_engine_t *e = harness_engine_cfg(&cfg);
+    size_t len = 8u << 20;
+    unsigned char *big = malloc(len), *dst = malloc(len);
+    assert_int_equal(ferry_register(e, big, len, 0), 0);
+    assert_int_equal(ferry_register(f->target, dst, len, FERRY_MEM_REMOTE), 0);
+    ferry_batch_t *b;
+    assert_int_equal(ferry_batch_alloc(e, 2, &b), 0);
+    ferry_request_t r = {FERRY_OP_WRITE, big, A(dst), len};
+    /* Two submissions: the first occupies the only worker, the second waits. */
+    assert_int_equal(ferry_batch_submit(b, delay_proxy_name(px), &r, 1, 0), 0);
+    assert_int_equal(ferry_batch_submit(b, delay_proxy_name(px), &r, 1, 0), 1);
+    ferry_engine_destroy(e);
+    ferry_status_t st;
+    assert_int_equal(ferry_batch_status(b, 1, &st), 0);
+    assert_int_equal(st.state, FERRY_STATUS_FAILED);
+    assert_int_equal(st.code, FERRY_ERR_CONTEXT);
+    assert_detail_contains("shut down before the request ran");
+    assert_int_equal(ferry_batch_status(b, 0, &st), 0);
+    assert_true(st.state != FERRY_STATUS_PENDING && st.state != FERRY_STATUS_WAITING);
+    assert_int_equal(ferry_batch_free(b), 0);
+    delay_proxy_stop(px);
+    ferry_deregister(f->target, dst);
+    free(big);
+    free(dst);
+}
+
 int main(void)
 {
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
@@ -481,7 +544,8 @@ int main(void)
         T(thousands_of_regions),   T(nobody_listening),           T(unknown_host),
         T(silent_peer_times_out),  T(garbage_peer_is_malformed),  T(closing_peer_is_peer_closed),
         T(version_mismatch_is_refused), T(peer_restart_is_detected), T(reregistered_region_is_stale),
-        T(session_and_batch_errors), T(cancelled_batch),          T(engine_gone_is_context),
+        T(session_and_batch_errors), T(cancelled_batch),          T(many_small_requests_then_destroy),
+        T(batch_busy_while_in_flight), T(queued_requests_fail_with_context),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
