@@ -38,7 +38,6 @@ static ferry_engine_t *initiator_engine(int timeout_ms, int conns, int workers, 
     cfg.conns_per_peer = conns;
     cfg.workers = workers;
     cfg.cancel_timeout_ms = cancel_timeout_ms;
-    cfg.transport = "tcp"; /* the delay proxy slows TCP; shm would move the bytes around it */
     return harness_engine_cfg(&cfg);
 }
 

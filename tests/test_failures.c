@@ -476,18 +476,12 @@ static void batch_busy_while_in_flight(void **state)
 {
     fixture_t *f = *state;
     delay_proxy_t *px = delay_proxy_start(ferry_engine_port(f->target), 0, 1u << 20);
-    /* Over TCP: the proxy slows TCP; shm would move the bytes around it. */
-    ferry_config_t cfg;
-    ferry_config_init(&cfg);
-    cfg.timeout_ms = 3000;
-    cfg.transport = "tcp";
-    ferry_engine_t *initiator = harness_engine_cfg(&cfg);
     size_t len = 4u << 20;
     unsigned char *big = malloc(len), *dst = malloc(len);
-    assert_int_equal(ferry_register(initiator, big, len, 0), 0);
+    assert_int_equal(ferry_register(f->initiator, big, len, 0), 0);
     assert_int_equal(ferry_register(f->target, dst, len, FERRY_MEM_REMOTE), 0);
     ferry_batch_t *b;
-    assert_int_equal(ferry_batch_alloc(initiator, 1, &b), 0);
+    assert_int_equal(ferry_batch_alloc(f->initiator, 1, &b), 0);
     ferry_request_t r = {FERRY_OP_WRITE, big, A(dst), len};
     assert_int_equal(ferry_batch_submit(b, delay_proxy_name(px), &r, 1, 20000), 0);
     assert_int_equal(ferry_batch_free(b), FERRY_ERR_BATCH_BUSY);
@@ -498,7 +492,7 @@ static void batch_busy_while_in_flight(void **state)
     assert_int_equal(st.state, FERRY_STATUS_CANCELLED);
     assert_int_equal(ferry_batch_free(b), 0);
     delay_proxy_stop(px);
-    ferry_engine_destroy(initiator);
+    ferry_deregister(f->initiator, big);
     ferry_deregister(f->target, dst);
     free(big);
     free(dst);
@@ -515,7 +509,6 @@ static void queued_requests_fail_with_context(void **state)
     cfg.conns_per_peer = 1;
     cfg.timeout_ms = 1500;
     cfg.cancel_timeout_ms = 200;
-    cfg.transport = "tcp"; /* the proxy slows TCP; shm would move the bytes around it */
     ferry_engine_t *e = harness_engine_cfg(&cfg);
     size_t len = 8u << 20;
     unsigned char *big = malloc(len), *dst = malloc(len);

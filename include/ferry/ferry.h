@@ -66,11 +66,18 @@ typedef struct ferry_config {
     int conns_per_peer;        /* TCP connections per peer for striping, 2 (FERRY_CONNS_PER_PEER) */
     int workers;               /* async batch worker threads, 2 (FERRY_WORKERS) */
     size_t slice_size;         /* bytes per wire slice, 1 MiB (FERRY_SLICE_SIZE) */
-    int retries;               /* retries of retryable failures, 1 (FERRY_RETRIES) */
+    int retries;               /* automatic retries of PEER_CLOSED, SOCKET and CHECKSUM_MISMATCH on a
+                                  fresh connection, 1 (FERRY_RETRIES); when they run out on a broken
+                                  link, the session's connections are torn down and the next use
+                                  handshakes afresh */
     int retry_backoff_ms;      /* first backoff, doubled each retry, 10 (FERRY_RETRY_BACKOFF_MS) */
     int checksum;              /* 1: CRC32C per slice, verified before placement (FERRY_CHECKSUM) */
-    int keepalive_ms;          /* TCP keepalive idle time, 0 disables, 5000 (FERRY_KEEPALIVE_MS) */
-    const char *secret;        /* shared secret for peer authentication, NULL = none (FERRY_SECRET) */
+    int keepalive_ms;          /* TCP keepalive idle time, 0 disables, 5000 (FERRY_KEEPALIVE_MS);
+                                  also bounds unacknowledged sends (TCP_USER_TIMEOUT, 4x) */
+    const char *secret;        /* shared secret, NULL = none (FERRY_SECRET): an engine with one talks
+                                  only to engines proving the same one (mutual HMAC-SHA256 at each
+                                  connection's handshake), one without only to engines without;
+                                  else AUTH_FAILED. Authenticates, does not encrypt. */
     int log_level;             /* 0 error .. 4 trace, default 1 warn (FERRY_LOG) */
     int max_sessions;          /* cap on cached sessions, 4096 */
     int metadata_ttl_s;        /* lease of this engine's metadata entry, 10 (FERRY_METADATA_TTL_S) */
@@ -107,6 +114,48 @@ uint16_t ferry_engine_port(const ferry_engine_t *e);
 const char *ferry_engine_name(const ferry_engine_t *e);
 /* This boot's epoch: random, fixed for the engine's life. */
 uint64_t ferry_engine_epoch(const ferry_engine_t *e);
+
+/* ------------------------------------------------------------------ stats */
+
+/* Room for every error code in the table (it has fewer). */
+#define FERRY_STATS_MAX_CODES 64
+
+typedef struct ferry_stats_code {
+    int32_t code;         /* a FERRY_ERR_* value (never 0) */
+    uint64_t failures;    /* requests and session opens that ended with it */
+    uint64_t retries;     /* automatic retries it caused */
+} ferry_stats_code_t;
+
+/* Counters since the engine was created; every one only grows. Initiator
+ * counters describe this engine's own requests; target counters what peers
+ * did to it. A plain struct, for export (e.g. as Prometheus counters). */
+typedef struct ferry_stats {
+    /* initiator side */
+    uint64_t requests;            /* transfer requests accepted (sync and async) */
+    uint64_t requests_completed;
+    uint64_t requests_failed;     /* by code in codes[] */
+    uint64_t bytes_written;       /* bytes peers confirmed placed */
+    uint64_t bytes_read;          /* bytes received from peers */
+    uint64_t retries;             /* automatic retries of retryable failures */
+    uint64_t connections_opened;  /* connections that completed the handshake */
+    uint64_t reconnects;          /* ... of them, opened to replace a broken one */
+    uint64_t session_teardowns;   /* connection pools dropped after retries ran out */
+    uint64_t peer_restarts;       /* peers found with a new epoch */
+    uint64_t checksum_failures;   /* CRC32C mismatches detected, either side */
+    /* target side */
+    uint64_t connections_accepted;
+    uint64_t connections_refused; /* over the connection cap, or handshake refused */
+    uint64_t auth_failures;       /* shared-secret authentications failed, either side */
+    uint64_t frames_rejected;     /* connections dropped for a malformed frame */
+    uint64_t bytes_placed;        /* bytes peers wrote into this engine's memory */
+    uint64_t bytes_served;        /* bytes peers read from it */
+    /* per code: codes[0..ncodes), in the order of the error table */
+    size_t ncodes;
+    ferry_stats_code_t codes[FERRY_STATS_MAX_CODES];
+} ferry_stats_t;
+
+/* Copies the engine's counters into *out. 0, or INVALID_ARGUMENT. */
+int ferry_engine_stats(ferry_engine_t *e, ferry_stats_t *out);
 
 /* ----------------------------------------------------------- registration */
 

@@ -309,6 +309,12 @@ static void settle_piece_locked(ferry_batch_t *b, ferry_xfer_t *x)
         r->state = final_state(r->code);
         ferry_metrics_request(r->stats, NULL, r->opcode, atomic_load(&r->bytes), ferry_now_ns() - r->submitted_ns,
                               r->code);
+        if (r->code) {
+            FERRY_STAT_ADD(&b->engine->stats, requests_failed, 1);
+            ferry_stats_failure(&b->engine->stats, r->code);
+        } else {
+            FERRY_STAT_ADD(&b->engine->stats, requests_completed, 1);
+        }
     }
 }
 
@@ -411,6 +417,7 @@ long ferry_batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_
         ferry_session_put(s);
         return rc;
     }
+    FERRY_STAT_ADD(&e->stats, requests, n);
     pthread_mutex_lock(&b->lock);
     size_t first = b->count;
     b->count += n;
@@ -444,7 +451,11 @@ long ferry_batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_
             for (size_t i = 0; i < cnt; i++) {
                 struct batch_req *r = &b->reqs[part[i].index];
                 if (!r->code) r->code = mrc;
-                if (--r->pieces_left == 0) r->state = FERRY_STATUS_FAILED;
+                if (--r->pieces_left == 0) {
+                    r->state = FERRY_STATUS_FAILED;
+                    FERRY_STAT_ADD(&e->stats, requests_failed, 1);
+                    ferry_stats_failure(&e->stats, mrc);
+                }
             }
             pthread_cond_broadcast(&b->cond);
             pthread_mutex_unlock(&b->lock);

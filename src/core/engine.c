@@ -10,9 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "clock.h"
 #include "directory.h"
 #include "fail.h"
@@ -101,18 +104,48 @@ void ferry_hello_fill(ferry_engine_t *e, ferry_hello_t *h)
     h->segment_version = r->version;
     h->segment_count = r->count;
     pthread_rwlock_unlock(&r->lock);
+    /* Only authentication needs the nonce; a failure leaves zeros, which
+     * ferry_serve_hello and the initiator's handshake refuse to MAC. */
+    if (e->cfg.secret && ferry_auth_nonce(h->nonce) != 0) memset(h->nonce, 0, sizeof h->nonce);
     snprintf(h->name, sizeof h->name, "%s", e->name);
 }
 
-static int send_hello_ack(ferry_conn_t *c, int status, uint64_t deadline)
+static bool nonce_is_zero(const uint8_t *n)
 {
-    ferry_hello_t mine;
-    ferry_hello_fill(c->engine, &mine);
-    uint8_t buf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
-    int n = ferry_hello_encode(&mine, buf, sizeof buf);
-    if (n < 0) return n;
-    ferry_frame_t f = {.type = FERRY_FRAME_HELLO_ACK, .status = status, .plen = (uint32_t)n};
-    return ferry_conn_send_frame(c, &f, buf, deadline);
+    uint8_t acc = 0;
+    for (int i = 0; i < FERRY_WIRE_NONCE_SIZE; i++) acc |= n[i];
+    return acc == 0;
+}
+
+/* Target side of the shared-secret check, after HELLO_ACK went out: the
+ * initiator's AUTH must carry the MAC of the transcript; only then do we
+ * prove ourselves in AUTH_ACK. */
+static int serve_auth(ferry_conn_t *c, const uint8_t *hello, size_t hlen, const uint8_t *ack, size_t alen,
+                      uint64_t deadline)
+{
+    ferry_engine_t *e = c->engine;
+    ferry_frame_t f;
+    int rc = ferry_conn_recv_frame(c, &f, deadline);
+    if (rc) return rc == FERRY_ERR_MALFORMED_FRAME ? rc : ferry_fail_context("waiting for AUTH");
+    if (f.type != FERRY_FRAME_AUTH || f.plen != FERRY_WIRE_MAC_SIZE)
+        return ferry_fail(FERRY_ERR_AUTH_FAILED, "%s answered the authentication challenge with %s of %u bytes",
+                          c->peer.name, ferry_frame_type_name(f.type), f.plen);
+    uint8_t got[FERRY_WIRE_MAC_SIZE], want[FERRY_WIRE_MAC_SIZE];
+    rc = ferry_net_recv(c->fd, got, sizeof got, deadline);
+    if (rc) return rc;
+    rc = ferry_auth_mac(e->cfg.secret, FERRY_AUTH_INITIATOR, hello, hlen, ack, alen, want);
+    if (rc) return rc;
+    if (!ferry_auth_equal(got, want)) {
+        ferry_frame_t no = {.type = FERRY_FRAME_AUTH_ACK, .status = FERRY_ERR_AUTH_FAILED};
+        ferry_conn_send_frame(c, &no, NULL, deadline);
+        return ferry_fail(FERRY_ERR_AUTH_FAILED,
+                          "%s (engine %016llx, pid %d) sent a wrong MAC: it does not hold this engine's shared secret",
+                          c->peer.name, (unsigned long long)c->peer.engine_id, (int)c->peer.pid);
+    }
+    rc = ferry_auth_mac(e->cfg.secret, FERRY_AUTH_TARGET, hello, hlen, ack, alen, want);
+    if (rc) return rc;
+    ferry_frame_t yes = {.type = FERRY_FRAME_AUTH_ACK, .plen = FERRY_WIRE_MAC_SIZE};
+    return ferry_conn_send_frame(c, &yes, want, deadline);
 }
 
 /* Target side: validates the initiator's HELLO and answers it. A refused
@@ -124,7 +157,7 @@ int ferry_serve_hello(ferry_conn_t *c, const ferry_frame_t *f)
     if (f->type != FERRY_FRAME_HELLO)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected HELLO, got %s", ferry_frame_type_name(f->type));
     uint8_t buf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
-    if (f->plen > FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME)
+    if (f->plen > sizeof buf)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "HELLO payload of %u bytes is too long", f->plen);
     int rc = ferry_net_recv(c->fd, buf, f->plen, deadline);
     if (rc) return rc;
@@ -132,19 +165,33 @@ int ferry_serve_hello(ferry_conn_t *c, const ferry_frame_t *f)
     if (rc) return rc;
     ferry_hello_t mine;
     ferry_hello_fill(e, &mine);
+    uint8_t ack[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
+    int alen = ferry_hello_encode(&mine, ack, sizeof ack);
+    if (alen < 0) return alen;
+    bool we_auth = e->cfg.secret != NULL, they_auth = (c->peer.flags & FERRY_HELLO_F_AUTH) != 0;
     int status = 0;
     if (c->peer.proto_max < mine.proto_min || c->peer.proto_min > mine.proto_max) {
         status = FERRY_ERR_VERSION_MISMATCH;
         FERRY_LOG(FERRY_LOG_WARN, "engine", "refused %s: protocol %u..%u, we speak %u..%u", c->peer.name,
                   c->peer.proto_min, c->peer.proto_max, mine.proto_min, mine.proto_max);
+    } else if (we_auth != they_auth) {
+        status = ferry_fail(FERRY_ERR_AUTH_FAILED, "%s %s", c->peer.name,
+                            we_auth ? "has no shared secret and this engine requires one"
+                                    : "requires a shared secret and this engine has none");
+    } else if (we_auth && (nonce_is_zero(c->peer.nonce) || nonce_is_zero(mine.nonce))) {
+        status = ferry_fail(FERRY_ERR_AUTH_FAILED, "%s: a handshake nonce is missing", c->peer.name);
     } else if (c->peer.expect_epoch && c->peer.expect_epoch != e->epoch) {
         status = FERRY_ERR_PEER_RESTARTED;
     } else if (atomic_load(&e->stopping)) {
         status = FERRY_ERR_REJECT_HANDSHAKE;
     }
-    rc = send_hello_ack(c, status, deadline);
-    if (rc) return rc;
-    return status;
+    ferry_frame_t out = {.type = FERRY_FRAME_HELLO_ACK, .status = status, .plen = (uint32_t)alen};
+    int src = ferry_conn_send_frame(c, &out, ack, deadline);
+    if (status == FERRY_ERR_AUTH_FAILED) return status; /* keeps its detail for the log */
+    if (src) return src;
+    if (status) return ferry_fail(status, "handshake with %s refused", c->peer.name);
+    if (we_auth) return serve_auth(c, buf, f->plen, ack, (size_t)alen, deadline);
+    return 0;
 }
 
 /* --------------------------------------------------------- control frames */
@@ -178,8 +225,8 @@ static int serve_notify(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadli
         free(msg);
         return rc;
     }
-    ferry_notify_push(c->engine, c->peer.name, msg, f->plen);
-    ferry_frame_t ack = {.type = FERRY_FRAME_NOTIFY_ACK, .req_id = f->req_id};
+    int status = ferry_notify_push(c->engine, c->peer.name, msg, f->plen);
+    ferry_frame_t ack = {.type = FERRY_FRAME_NOTIFY_ACK, .req_id = f->req_id, .status = status};
     return ferry_conn_send_frame(c, &ack, NULL, deadline);
 }
 
@@ -234,20 +281,21 @@ static void send_error(ferry_conn_t *c, int code)
     ferry_conn_send_frame(c, &f, d, ferry_deadline_after_ms(100));
 }
 
-static void *serve_thread(void *arg)
+void ferry_serve_connection(ferry_conn_t *c)
 {
-    ferry_conn_t *c = arg;
     ferry_engine_t *e = c->engine;
     ferry_frame_t f;
     unsigned spin_us = (unsigned)e->cfg.spin_us;
     int rc = ferry_conn_recv_frame(c, &f, ferry_deadline_after_ms(e->cfg.connect_timeout_ms));
     if (rc == 0) rc = ferry_serve_hello(c, &f);
+    if (rc == FERRY_ERR_TIMEOUT) ferry_fail_context("handshake");
     while (rc == 0 && !atomic_load(&e->stopping)) {
         /* A request often follows the last answer within microseconds:
          * busy-poll for its header briefly before sleeping (a cross-CPU
-         * wake-up costs more than a loopback round trip). Idle connections
-         * then wait without a deadline; a frame once begun must arrive
-         * whole within the timeout. */
+         * wake-up costs more than a loopback round trip), if config.spin_us
+         * asks for it. Idle connections then wait without a deadline (TCP
+         * keepalive reaps dead peers); a frame once begun must arrive whole
+         * within the timeout. */
         uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
         size_t got = 0;
         rc = ferry_net_recv_spin(c->fd, hdr, sizeof hdr, spin_us, &got);
@@ -260,14 +308,22 @@ static void *serve_thread(void *arg)
         if (rc == 0) rc = ferry_frame_decode(hdr, &f);
         if (rc == 0) rc = serve_frame(c, &f);
     }
-    if (rc == FERRY_ERR_MALFORMED_FRAME || rc == FERRY_ERR_AUTH_FAILED) {
-        FERRY_LOG(FERRY_LOG_WARN, "engine", "dropping connection from %s: %s",
-                  c->peer.name[0] ? c->peer.name : "(before handshake)", ferry_last_error_detail());
+    if (rc == FERRY_ERR_MALFORMED_FRAME || rc == FERRY_ERR_AUTH_FAILED || rc == FERRY_ERR_TIMEOUT) {
+        if (rc == FERRY_ERR_MALFORMED_FRAME) FERRY_STAT_ADD(&e->stats, frames_rejected, 1);
+        if (rc == FERRY_ERR_AUTH_FAILED) FERRY_STAT_ADD(&e->stats, auth_failures, 1);
+        FERRY_LOG(FERRY_LOG_WARN, "engine", "dropping connection from %s (calling itself %s): %s", c->remote,
+                  c->peer.name[0] ? c->peer.name : "-", ferry_last_error_detail());
         send_error(c, rc);
     } else if (rc && rc != FERRY_ERR_PEER_CLOSED) {
         FERRY_LOG(FERRY_LOG_DEBUG, "engine", "connection from %s ended: %s", c->peer.name,
                   ferry_last_error_detail());
     }
+}
+
+static void *serve_thread(void *arg)
+{
+    ferry_conn_t *c = arg;
+    ferry_serve_connection(c);
     shutdown(c->fd, SHUT_RDWR);
     atomic_store(&c->done, true);
     return NULL;
@@ -292,6 +348,7 @@ static void reap_conns(ferry_engine_t *e, bool all)
         ferry_conn_t *c = *pp;
         if (all || atomic_load(&c->done)) {
             *pp = c->next;
+            e->nconns_served--;
             pthread_mutex_unlock(&e->conns_lock);
             if (all) shutdown(c->fd, SHUT_RDWR);
             pthread_join(c->thread, NULL);
@@ -306,10 +363,40 @@ static void reap_conns(ferry_engine_t *e, bool all)
     pthread_mutex_unlock(&e->conns_lock);
 }
 
+static void describe_remote(int fd, char *out, size_t cap)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    char host[INET6_ADDRSTRLEN] = "?";
+    unsigned port = 0;
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0) {
+        if (ss.ss_family == AF_INET) {
+            struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+            inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+            port = ntohs(a->sin_port);
+        } else if (ss.ss_family == AF_INET6) {
+            struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+            inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+            port = ntohs(a->sin6_port);
+        }
+    }
+    snprintf(out, cap, "%s port %u", host, port);
+}
+
 static void accept_one(ferry_engine_t *e)
 {
     int fd = accept4(e->listen_fd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0) return;
+    pthread_mutex_lock(&e->conns_lock);
+    bool full = e->nconns_served >= FERRY_MAX_SERVED_CONNS;
+    pthread_mutex_unlock(&e->conns_lock);
+    if (full) {
+        /* Refused at once, before any thread or buffer is spent on it. */
+        FERRY_STAT_ADD(&e->stats, connections_refused, 1);
+        FERRY_LOG(FERRY_LOG_WARN, "engine", "refusing a connection: already serving %d", FERRY_MAX_SERVED_CONNS);
+        ferry_net_abort(fd);
+        return;
+    }
     ferry_net_tune(fd, e->cfg.keepalive_ms);
     ferry_conn_t *c = calloc(1, sizeof *c);
     if (!c) {
@@ -319,14 +406,19 @@ static void accept_one(ferry_engine_t *e)
     c->fd = fd;
     c->engine = e;
     c->serial = atomic_fetch_add(&e->next_conn_serial, 1);
-    if (pthread_create(&c->thread, NULL, serve_thread, c) != 0) {
-        FERRY_LOG(FERRY_LOG_ERROR, "engine", "cannot start a connection thread: %s", strerror(errno));
+    describe_remote(fd, c->remote, sizeof c->remote);
+    int prc = pthread_create(&c->thread, NULL, serve_thread, c);
+    if (prc != 0) {
+        FERRY_LOG(FERRY_LOG_ERROR, "engine", "cannot start a connection thread: %s", strerror(prc));
+        FERRY_STAT_ADD(&e->stats, connections_refused, 1);
         ferry_conn_free(c);
         return;
     }
+    FERRY_STAT_ADD(&e->stats, connections_accepted, 1);
     pthread_mutex_lock(&e->conns_lock);
     c->next = e->conns;
     e->conns = c;
+    e->nconns_served++;
     pthread_mutex_unlock(&e->conns_lock);
 }
 
@@ -502,6 +594,14 @@ void ferry_engine_destroy(ferry_engine_t *e)
 uint16_t ferry_engine_port(const ferry_engine_t *e) { return e ? e->port : 0; }
 const char *ferry_engine_name(const ferry_engine_t *e) { return e ? e->name : ""; }
 uint64_t ferry_engine_epoch(const ferry_engine_t *e) { return e ? e->epoch : 0; }
+
+int ferry_engine_stats(ferry_engine_t *e, ferry_stats_t *out)
+{
+    ferry_clear_last_error();
+    if (!e || !out) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "engine stats: NULL argument");
+    ferry_stats_read(&e->stats, out);
+    return 0;
+}
 
 /* ----------------------------------------------------------- registration */
 

@@ -14,6 +14,7 @@
 #include "meta/meta.h"
 #include "metrics.h"
 #include "registry.h"
+#include "stats.h"
 #include "wire/wire.h"
 
 struct ferry_transport_ops;
@@ -33,6 +34,8 @@ typedef struct ferry_conn {
     void *xport;               /* a transport's per-connection state, or NULL */
     void (*xport_free)(void *); /* frees xport with the connection */
     uint64_t serial;           /* target side: accept order, 1, 2, ... (cancel.h) */
+    uint64_t pool_gen;         /* initiator side: the session's pool generation at connect */
+    char remote[64];           /* target side: the socket's peer address, for logs */
 } ferry_conn_t;
 
 enum ferry_session_state { SESSION_OK = 0, SESSION_RESTARTED, SESSION_CLOSED };
@@ -53,6 +56,8 @@ struct ferry_session {
     bool have_peer;
     ferry_conn_t **idle;       /* connections ready for use */
     int nidle, nconns, max_conns;
+    uint64_t pool_gen;         /* bumped by a teardown: older connections close at checkin */
+    int broken_conns;          /* connections lost since the last reconnect (for stats) */
     const struct ferry_transport_ops *transport;
     char transport_reason[128];
     ferry_peer_stats_t *stats;  /* the engine's metrics entry for this peer */
@@ -62,6 +67,7 @@ struct ferry_session {
     ferry_segment_t *segs;
     size_t nsegs;
     uint64_t seg_version;
+    atomic_bool segs_stale;    /* refetch before the next resolve (after a teardown) */
 
     ferry_session_t *next;     /* engine's session list */
 };
@@ -121,6 +127,7 @@ struct ferry_engine {
 
     ferry_registry_t registry;
     ferry_metrics_t metrics;
+    ferry_counters_t stats;    /* engine-wide fault and security counters (stats.h) */
 
     /* Metadata service (directory.c). */
     ferry_meta_t meta;
@@ -130,6 +137,7 @@ struct ferry_engine {
     pthread_t listener;
     pthread_mutex_t conns_lock;
     ferry_conn_t *conns;       /* target side, served connections */
+    int nconns_served;         /* length of conns (under conns_lock) */
 
     pthread_mutex_t sessions_lock;
     ferry_session_t *sessions;
@@ -145,6 +153,7 @@ struct ferry_engine {
     pthread_mutex_t notify_lock;
     ferry_notify_node_t *notify_head, *notify_tail;
     size_t notify_count;
+    size_t notify_bytes;
 
     /* Requests initiators cancelled, whose late frames this target refuses
      * (cancel.h); connections get serials in accept order. */
@@ -159,8 +168,18 @@ struct ferry_engine {
 /* config.c */
 int ferry_config_copy(ferry_engine_t *e, const ferry_config_t *cfg);
 
+/* Served connections at once; more are refused at accept. Each costs a
+ * thread, so a peer opening connections without end cannot exhaust us. */
+#define FERRY_MAX_SERVED_CONNS 2048
+/* Notifications queued and not yet fetched; more are refused. */
+#define FERRY_MAX_QUEUED_NOTIFY 65536
+#define FERRY_MAX_QUEUED_NOTIFY_BYTES (256u << 20)
+
 /* engine.c: target side */
 int ferry_serve_hello(ferry_conn_t *c, const ferry_frame_t *f);
+/* Runs a served connection to its end: handshake, then frames until the
+ * peer leaves, misbehaves or the engine stops. Frees nothing. */
+void ferry_serve_connection(ferry_conn_t *c);
 bool ferry_engine_is_cancelled(ferry_engine_t *e, uint64_t engine_id, uint64_t req_id);
 void ferry_hello_fill(ferry_engine_t *e, ferry_hello_t *h);
 
@@ -196,18 +215,25 @@ void ferry_session_checkin(ferry_session_t *s, ferry_conn_t *c, bool ok);
 int ferry_session_resolve(ferry_session_t *s, int opcode, uint64_t remote, uint64_t len, uint32_t *generation,
                           uint64_t deadline);
 int ferry_session_refresh_segments(ferry_session_t *s, uint64_t deadline);
+/* After retries ran out on a broken link: closes every pooled connection
+ * (busy ones at checkin) so that the next use connects and handshakes
+ * afresh, epoch check included, and refetches the segments. */
+void ferry_session_teardown(ferry_session_t *s);
 void ferry_sessions_destroy(ferry_engine_t *e);
 
 /* xfer.c: running pieces on one connection with retries and re-resolution */
 int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);
 int ferry_check_local(ferry_engine_t *e, const void *local, uint64_t len);
+/* Counts the outcome of each request among pieces xs (in request order). */
+void ferry_stats_requests_done(ferry_engine_t *e, const ferry_xfer_t *xs, size_t n);
 
 /* batch.c */
 int ferry_workers_start(ferry_engine_t *e);
 void ferry_workers_stop(ferry_engine_t *e);
 
 /* notify.c */
-void ferry_notify_push(ferry_engine_t *e, const char *peer, unsigned char *msg, size_t len);
+/* Queues msg (taking it); TOO_MANY_REQUESTS (msg freed) when the queue is full. */
+int ferry_notify_push(ferry_engine_t *e, const char *peer, unsigned char *msg, size_t len);
 void ferry_notify_clear(ferry_engine_t *e);
 
 /* crc32c.c */

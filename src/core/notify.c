@@ -8,12 +8,21 @@
 #include "engine.h"
 #include "fail.h"
 
-void ferry_notify_push(ferry_engine_t *e, const char *peer, unsigned char *msg, size_t len)
+int ferry_notify_push(ferry_engine_t *e, const char *peer, unsigned char *msg, size_t len)
 {
+    pthread_mutex_lock(&e->notify_lock);
+    bool full = e->notify_count >= FERRY_MAX_QUEUED_NOTIFY || e->notify_bytes + len > FERRY_MAX_QUEUED_NOTIFY_BYTES;
+    size_t count = e->notify_count;
+    pthread_mutex_unlock(&e->notify_lock);
+    if (full) {
+        free(msg);
+        return ferry_fail(FERRY_ERR_TOO_MANY_REQUESTS, "notification from %s refused: %zu are queued unread", peer,
+                          count);
+    }
     ferry_notify_node_t *n = calloc(1, sizeof *n);
     if (!n) {
         free(msg);
-        return;
+        return ferry_fail(FERRY_ERR_MEMORY, "notification from %s: out of memory", peer);
     }
     snprintf(n->n.peer, sizeof n->n.peer, "%s", peer);
     n->n.msg = msg;
@@ -25,7 +34,9 @@ void ferry_notify_push(ferry_engine_t *e, const char *peer, unsigned char *msg, 
         e->notify_head = n;
     e->notify_tail = n;
     e->notify_count++;
+    e->notify_bytes += len;
     pthread_mutex_unlock(&e->notify_lock);
+    return 0;
 }
 
 void ferry_notify_clear(ferry_engine_t *e)
@@ -39,6 +50,7 @@ void ferry_notify_clear(ferry_engine_t *e)
     }
     e->notify_head = e->notify_tail = NULL;
     e->notify_count = 0;
+    e->notify_bytes = 0;
 }
 
 static int send_notify(ferry_conn_t *c, const void *msg, size_t len, uint64_t deadline)
@@ -49,8 +61,13 @@ static int send_notify(ferry_conn_t *c, const void *msg, size_t len, uint64_t de
     ferry_frame_t ack;
     rc = ferry_conn_recv_frame(c, &ack, deadline);
     if (rc) return rc;
-    if (ack.type != FERRY_FRAME_NOTIFY_ACK)
-        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected NOTIFY_ACK, got %s", ferry_frame_type_name(ack.type));
+    if (ack.type != FERRY_FRAME_NOTIFY_ACK || ack.plen != 0)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected NOTIFY_ACK, got %s of %u bytes",
+                          ferry_frame_type_name(ack.type), ack.plen);
+    if (ack.status == FERRY_ERR_TOO_MANY_REQUESTS)
+        return ferry_fail(ack.status, "%s's notification queue is full (it does not fetch its notifications?)",
+                          c->peer.name);
+    if (ack.status) return ferry_fail(ack.status, "%s refused the notification", c->peer.name);
     return 0;
 }
 
@@ -70,9 +87,10 @@ int ferry_notify(ferry_engine_t *e, const char *peer, const void *msg, size_t le
         rc = ferry_session_checkout(s, deadline, &c);
         if (rc == 0) {
             rc = send_notify(c, msg, len, deadline);
-            ferry_session_checkin(s, c, rc == 0);
+            ferry_session_checkin(s, c, rc == 0 || rc == FERRY_ERR_TOO_MANY_REQUESTS);
         }
         if (rc != FERRY_ERR_PEER_CLOSED && rc != FERRY_ERR_SOCKET) break;
+        if (attempt < e->cfg.retries) ferry_stats_retry(&e->stats, rc);
     }
     ferry_session_put(s);
     if (rc) ferry_fail_context("notify %s (%zu bytes)", peer, len);
@@ -89,6 +107,7 @@ long ferry_get_notifications(ferry_engine_t *e, ferry_notification_t *out, size_
         e->notify_head = n->next;
         if (!e->notify_head) e->notify_tail = NULL;
         e->notify_count--;
+        e->notify_bytes -= n->n.len;
         out[k++] = n->n;
         free(n);
     }

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "clock.h"
 #include "directory.h"
 #include "engine.h"
@@ -142,37 +143,110 @@ static bool session_known(ferry_session_t *s)
 
 /* ------------------------------------------------------------ handshake */
 
-static int recv_hello_ack(ferry_conn_t *c, ferry_session_t *s, uint64_t deadline)
+/* Receives HELLO_ACK into ack (its payload, for the auth transcript);
+ * returns 0, PEER_RESTARTED (left for check_epoch) or the refusal. */
+static int recv_hello_ack(ferry_conn_t *c, ferry_session_t *s, uint8_t *ack, size_t cap, size_t *alen,
+                          uint64_t deadline)
 {
+    ferry_engine_t *e = s->engine;
     ferry_frame_t f;
     int rc = ferry_conn_recv_frame(c, &f, deadline);
     if (rc) return rc;
-    uint8_t buf[2048];
     if (f.type == FERRY_FRAME_ERROR) {
-        size_t n = f.plen < sizeof buf - 1 ? f.plen : sizeof buf - 1;
-        if (ferry_net_recv(c->fd, buf, n, deadline) != 0) n = 0;
-        buf[n] = '\0';
-        return ferry_fail(f.status ? f.status : FERRY_ERR_REJECT_HANDSHAKE, "peer %s refused us: %s", s->name,
-                          (char *)buf);
+        char text[FERRY_WIRE_MAX_REASON + 1];
+        size_t n = f.plen < sizeof text - 1 ? f.plen : sizeof text - 1;
+        if (ferry_net_recv(c->fd, text, n, deadline) != 0) n = 0;
+        text[n] = '\0';
+        return ferry_fail(f.status ? f.status : FERRY_ERR_REJECT_HANDSHAKE, "peer %s refused us: %s", s->name, text);
     }
     if (f.type != FERRY_FRAME_HELLO_ACK)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "peer %s answered HELLO with %s", s->name,
                           ferry_frame_type_name(f.type));
-    if (f.plen > sizeof buf)
+    if (f.plen > cap)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "HELLO_ACK from %s has %u bytes", s->name, f.plen);
-    rc = ferry_net_recv(c->fd, buf, f.plen, deadline);
+    rc = ferry_net_recv(c->fd, ack, f.plen, deadline);
     if (rc) return rc;
-    rc = ferry_hello_decode(buf, f.plen, &c->peer);
+    *alen = f.plen;
+    rc = ferry_hello_decode(ack, f.plen, &c->peer);
     if (rc) return rc;
+    int ours = e->cfg.test_protocol_version ? e->cfg.test_protocol_version : FERRY_PROTOCOL_VERSION;
     if (f.status == FERRY_ERR_VERSION_MISMATCH)
-        return ferry_fail(FERRY_ERR_VERSION_MISMATCH, "peer %s speaks protocol %u..%u, this engine speaks %u..%u",
-                          s->name, c->peer.proto_min, c->peer.proto_max,
-                          s->engine->cfg.test_protocol_version ? s->engine->cfg.test_protocol_version
-                                                               : FERRY_PROTOCOL_VERSION,
-                          s->engine->cfg.test_protocol_version ? s->engine->cfg.test_protocol_version
-                                                               : FERRY_PROTOCOL_VERSION);
+        return ferry_fail(FERRY_ERR_VERSION_MISMATCH, "peer %s speaks protocol %u..%u, this engine speaks %d..%d",
+                          s->name, c->peer.proto_min, c->peer.proto_max, ours, ours);
+    if (f.status == FERRY_ERR_AUTH_FAILED) {
+        FERRY_STAT_ADD(&e->stats, auth_failures, 1);
+        bool they = (c->peer.flags & FERRY_HELLO_F_AUTH) != 0;
+        if (they && !e->cfg.secret)
+            return ferry_fail(FERRY_ERR_AUTH_FAILED,
+                              "peer %s requires a shared secret and this engine has none (set config.secret or "
+                              "FERRY_SECRET to the peer's)",
+                              s->name);
+        if (!they && e->cfg.secret)
+            return ferry_fail(FERRY_ERR_AUTH_FAILED,
+                              "peer %s has no shared secret configured and this engine requires one (set the same "
+                              "secret on both)",
+                              s->name);
+        return ferry_fail(FERRY_ERR_AUTH_FAILED, "peer %s refused the handshake's authentication", s->name);
+    }
     if (f.status && f.status != FERRY_ERR_PEER_RESTARTED)
         return ferry_fail(f.status, "peer %s refused the handshake", s->name);
+    return f.status;
+}
+
+static bool nonce_is_zero(const uint8_t *n)
+{
+    uint8_t acc = 0;
+    for (int i = 0; i < FERRY_WIRE_NONCE_SIZE; i++) acc |= n[i];
+    return acc == 0;
+}
+
+/* The initiator's half of the mutual shared-secret check (see auth.h):
+ * an engine with a secret talks only to engines proving the same secret,
+ * and one without a secret only to engines without. */
+static int authenticate(ferry_conn_t *c, ferry_session_t *s, const uint8_t *hello, size_t hlen, const uint8_t *ack,
+                        size_t alen, uint64_t deadline)
+{
+    ferry_engine_t *e = s->engine;
+    bool we = e->cfg.secret != NULL, they = (c->peer.flags & FERRY_HELLO_F_AUTH) != 0;
+    int rc = 0;
+    if (!we && !they) return 0;
+    if (we && !they)
+        rc = ferry_fail(FERRY_ERR_AUTH_FAILED,
+                        "peer %s does not authenticate (it has no shared secret) and this engine requires it",
+                        s->name);
+    else if (!we)
+        rc = ferry_fail(FERRY_ERR_AUTH_FAILED, "peer %s requires a shared secret and this engine has none",
+                        s->name);
+    else if (nonce_is_zero(c->peer.nonce))
+        rc = ferry_fail(FERRY_ERR_AUTH_FAILED, "peer %s sent no authentication nonce", s->name);
+    if (rc) {
+        FERRY_STAT_ADD(&e->stats, auth_failures, 1);
+        return rc;
+    }
+    uint8_t mac[FERRY_WIRE_MAC_SIZE], want[FERRY_WIRE_MAC_SIZE];
+    rc = ferry_auth_mac(e->cfg.secret, FERRY_AUTH_INITIATOR, hello, hlen, ack, alen, mac);
+    if (rc) return rc;
+    ferry_frame_t f = {.type = FERRY_FRAME_AUTH, .plen = FERRY_WIRE_MAC_SIZE};
+    rc = ferry_conn_send_frame(c, &f, mac, deadline);
+    if (rc == 0) rc = ferry_conn_recv_frame(c, &f, deadline);
+    if (rc) return rc == FERRY_ERR_PEER_CLOSED ? ferry_fail_context("authenticating with %s", s->name) : rc;
+    if (f.type == FERRY_FRAME_AUTH_ACK && f.status == FERRY_ERR_AUTH_FAILED) {
+        FERRY_STAT_ADD(&e->stats, auth_failures, 1);
+        return ferry_fail(FERRY_ERR_AUTH_FAILED,
+                          "peer %s rejected this engine's MAC: the two engines' shared secrets differ", s->name);
+    }
+    if (f.type != FERRY_FRAME_AUTH_ACK || f.status != 0 || f.plen != FERRY_WIRE_MAC_SIZE)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "peer %s answered AUTH with %s (status %d, %u bytes)", s->name,
+                          ferry_frame_type_name(f.type), f.status, f.plen);
+    rc = ferry_net_recv(c->fd, mac, sizeof mac, deadline);
+    if (rc == 0) rc = ferry_auth_mac(e->cfg.secret, FERRY_AUTH_TARGET, hello, hlen, ack, alen, want);
+    if (rc) return rc;
+    if (!ferry_auth_equal(mac, want)) {
+        FERRY_STAT_ADD(&e->stats, auth_failures, 1);
+        return ferry_fail(FERRY_ERR_AUTH_FAILED,
+                          "peer %s failed to prove it holds the shared secret (its MAC is wrong); not trusting it",
+                          s->name);
+    }
     return 0;
 }
 
@@ -182,6 +256,7 @@ static int check_epoch(ferry_session_t *s, const ferry_hello_t *peer)
     pthread_mutex_lock(&s->lock);
     int rc = 0;
     if (s->have_peer && peer->epoch != s->peer.epoch) {
+        if (s->state == SESSION_OK) FERRY_STAT_ADD(&s->engine->stats, peer_restarts, 1);
         s->state = SESSION_RESTARTED;
         rc = ferry_fail(FERRY_ERR_PEER_RESTARTED,
                         "peer %s restarted: epoch %016llx became %016llx; its old addresses are void "
@@ -208,12 +283,24 @@ static int handshake(ferry_conn_t *c, ferry_session_t *s, uint64_t deadline)
     pthread_mutex_lock(&s->lock);
     mine.expect_epoch = s->have_peer ? s->peer.epoch : 0;
     pthread_mutex_unlock(&s->lock);
-    uint8_t buf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
-    int n = ferry_hello_encode(&mine, buf, sizeof buf);
+    if (e->cfg.secret && nonce_is_zero(mine.nonce))
+        return ferry_fail(FERRY_ERR_INTERNAL, "handshake with %s: no nonce could be made", s->name);
+    uint8_t hello[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME], ack[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
+    int n = ferry_hello_encode(&mine, hello, sizeof hello);
     if (n < 0) return n;
+    size_t alen = 0;
     ferry_frame_t f = {.type = FERRY_FRAME_HELLO, .plen = (uint32_t)n};
-    int rc = ferry_conn_send_frame(c, &f, buf, deadline);
-    if (rc == 0) rc = recv_hello_ack(c, s, deadline);
+    int rc = ferry_conn_send_frame(c, &f, hello, deadline);
+    if (rc == 0) rc = recv_hello_ack(c, s, ack, sizeof ack, &alen, deadline);
+    if (rc == FERRY_ERR_PEER_RESTARTED) {
+        /* A target that found our expected epoch stale answers so without
+         * authenticating; nothing but the restart is learned from it. */
+        if (!mine.expect_epoch || c->peer.epoch == mine.expect_epoch)
+            return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "peer %s answered PEER_RESTARTED but kept epoch %016llx",
+                              s->name, (unsigned long long)c->peer.epoch);
+        return check_epoch(s, &c->peer);
+    }
+    if (rc == 0) rc = authenticate(c, s, hello, (size_t)n, ack, alen, deadline);
     if (rc == 0) rc = check_epoch(s, &c->peer);
     return rc;
 }
@@ -255,6 +342,14 @@ static int connect_new(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out
         ferry_conn_free(c);
         return rc;
     }
+    FERRY_STAT_ADD(&e->stats, connections_opened, 1);
+    pthread_mutex_lock(&s->lock);
+    c->pool_gen = s->pool_gen;
+    if (s->broken_conns > 0) {
+        s->broken_conns--;
+        FERRY_STAT_ADD(&e->stats, reconnects, 1);
+    }
+    pthread_mutex_unlock(&s->lock);
     *out = c;
     return 0;
 }
@@ -369,18 +464,39 @@ int ferry_session_checkout_spare(ferry_session_t *s, uint64_t deadline, bool fre
 void ferry_session_checkin(ferry_session_t *s, ferry_conn_t *c, bool ok)
 {
     pthread_mutex_lock(&s->lock);
-    if (ok && s->state == SESSION_OK && s->nidle < s->max_conns) {
+    if (ok && s->state == SESSION_OK && c->pool_gen == s->pool_gen && s->nidle < s->max_conns) {
         s->idle[s->nidle++] = c;
         c = NULL;
     } else {
         s->nconns--;
+        if (!ok && s->broken_conns < s->max_conns) s->broken_conns++;
     }
     pthread_cond_signal(&s->cond);
     pthread_mutex_unlock(&s->lock);
     if (c) ferry_net_abort(c->fd), c->fd = -1, ferry_conn_free(c);
 }
 
+void ferry_session_teardown(ferry_session_t *s)
+{
+    pthread_mutex_lock(&s->lock);
+    s->pool_gen++;
+    for (int i = 0; i < s->nidle; i++) {
+        ferry_net_abort(s->idle[i]->fd);
+        s->idle[i]->fd = -1;
+        ferry_conn_free(s->idle[i]);
+    }
+    s->nconns -= s->nidle;
+    s->nidle = 0;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+    atomic_store(&s->segs_stale, true);
+    FERRY_STAT_ADD(&s->engine->stats, session_teardowns, 1);
+    FERRY_LOG(FERRY_LOG_INFO, "session", "%s: connections torn down after repeated failures", s->name);
+}
+
 /* ------------------------------------------------------------- segments */
+
+static const char *s_name(const ferry_conn_t *c) { return c->session ? c->session->name : c->peer.name; }
 
 static int fetch_page(ferry_conn_t *c, size_t start, ferry_segment_t **segs, size_t *cap, size_t *total,
                       uint64_t *version, size_t *got, uint64_t deadline)
@@ -395,13 +511,19 @@ static int fetch_page(ferry_conn_t *c, size_t start, ferry_segment_t **segs, siz
         f.plen != f.len * FERRY_WIRE_SEGMENT_SIZE || start + f.len > f.addr)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "bad segment page (%s, %llu entries of %llu)",
                           ferry_frame_type_name(f.type), (unsigned long long)f.len, (unsigned long long)f.addr);
+    if (f.addr > FERRY_WIRE_MAX_SEGMENTS)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s claims %llu segments (limit %u)", s_name(c),
+                          (unsigned long long)f.addr, FERRY_WIRE_MAX_SEGMENTS);
     *total = (size_t)f.addr;
     *version = f.aux;
-    if (*total > *cap) {
-        ferry_segment_t *n = realloc(*segs, *total * sizeof **segs);
-        if (!n) return ferry_fail(FERRY_ERR_MEMORY, "segment table of %zu entries: out of memory", *total);
+    /* Grown by what arrived, never by what the peer claims. */
+    if (start + f.len > *cap) {
+        size_t want = *cap ? *cap : 64;
+        while (want < start + f.len) want *= 2;
+        ferry_segment_t *n = realloc(*segs, want * sizeof **segs);
+        if (!n) return ferry_fail(FERRY_ERR_MEMORY, "segment table of %zu entries: out of memory", want);
         *segs = n;
-        *cap = *total;
+        *cap = want;
     }
     uint8_t *buf = malloc(f.plen + 1);
     if (!buf) return ferry_fail(FERRY_ERR_MEMORY, "segment page: out of memory");
@@ -409,7 +531,13 @@ static int fetch_page(ferry_conn_t *c, size_t start, ferry_segment_t **segs, siz
     for (size_t i = 0; rc == 0 && i < f.len; i++) {
         ferry_wire_segment_t w;
         rc = ferry_segment_decode(buf + i * FERRY_WIRE_SEGMENT_SIZE, &w);
-        (*segs)[start + i] = (ferry_segment_t){w.addr, w.len, w.flags, w.generation};
+        if (rc) break;
+        size_t k = start + i;
+        /* Sorted and disjoint, or lookups would be wrong. */
+        if (k > 0 && (*segs)[k - 1].addr + (*segs)[k - 1].len > w.addr)
+            rc = ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s sent segment %zu [0x%llx+%llu) out of order", s_name(c), k,
+                            (unsigned long long)w.addr, (unsigned long long)w.len);
+        (*segs)[k] = (ferry_segment_t){w.addr, w.len, w.flags, w.generation};
     }
     free(buf);
     *got = (size_t)f.len;
@@ -519,8 +647,9 @@ int ferry_session_resolve(ferry_session_t *s, int opcode, uint64_t remote, uint6
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "remote range [0x%llx+%llu) wraps the address space",
                           (unsigned long long)remote, (unsigned long long)len);
     bool known = session_known(s);
-    if (!known) {
-        /* First use: the handshake (in checkout) and a segment fetch. */
+    if (!known || atomic_exchange(&s->segs_stale, false)) {
+        /* First use (the handshake, in checkout, and a segment fetch), or
+         * the first after a teardown. */
         int rc = ferry_session_refresh_segments(s, deadline);
         if (rc) return rc;
     }
@@ -550,7 +679,10 @@ int ferry_session_open(ferry_engine_t *e, const char *peer)
         if (rc) return rc;
     }
     rc = ferry_session_refresh_segments(s, ferry_deadline_after_ms(e->cfg.connect_timeout_ms));
-    if (rc) ferry_fail_context("open session to %s", peer);
+    if (rc) {
+        ferry_stats_failure(&e->stats, rc);
+        ferry_fail_context("open session to %s", peer);
+    }
     ferry_session_put(s);
     return rc;
 }

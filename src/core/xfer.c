@@ -44,12 +44,21 @@ int ferry_check_request(ferry_engine_t *e, int opcode, const void *local, uint64
     return ferry_check_local(e, local, len);
 }
 
-/* Failures worth an automatic retry on a fresh connection. A timeout is
- * not: its deadline is spent. Stale segments are not: the caller must learn
- * the new addresses. */
+/* Failures worth an automatic retry on a fresh connection: the code is
+ * retryable and the request can still succeed unchanged. A timeout is not:
+ * its deadline is spent. Stale segments are not: the caller must learn the
+ * new addresses. */
 static bool auto_retryable(int rc)
 {
     return rc == FERRY_ERR_PEER_CLOSED || rc == FERRY_ERR_SOCKET || rc == FERRY_ERR_CHECKSUM_MISMATCH;
+}
+
+/* Failures that say the link to the peer is gone: once retries ran out,
+ * the session's pooled connections are torn down. */
+static bool link_failure(int rc, int broken)
+{
+    return rc == FERRY_ERR_PEER_CLOSED || rc == FERRY_ERR_SOCKET || rc == FERRY_ERR_MALFORMED_FRAME ||
+           (rc == FERRY_ERR_TIMEOUT && broken);
 }
 
 static void sleep_backoff(int ms, uint64_t deadline)
@@ -68,15 +77,20 @@ static uint64_t earliest_deadline(const ferry_xfer_t *xs, size_t n)
     return d;
 }
 
-/* Resolves each unresolved live piece against the peer's segments. */
-static void resolve_pieces(ferry_session_t *s, ferry_xfer_t *xs, size_t n)
+/* Resolves each unresolved live piece against the peer's segments. A
+ * piece the peer's table refuses fails; a retryable link failure while
+ * fetching the table stops here and is returned (the pieces left
+ * unresolved, never sent so), for the caller's retry policy. */
+static int resolve_pieces(ferry_session_t *s, ferry_xfer_t *xs, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         ferry_xfer_t *x = &xs[i];
         if (x->rc || x->generation) continue;
         int rc = ferry_session_resolve(s, x->opcode, x->remote, x->len, &x->generation, x->deadline);
+        if (rc && auto_retryable(rc)) return rc;
         if (rc) ferry_xfer_fail(x, rc);
     }
+    return 0;
 }
 
 /* After STALE_SEGMENT: learn the peer's current table and say precisely
@@ -117,13 +131,13 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
     ferry_stream_ctl_t *ctl = n ? xs[0].ctl : NULL; /* cancel.h */
     for (int attempt = 0;; attempt++) {
         ferry_settle_cancelled(xs, n); /* cancel.h */
-        resolve_pieces(s, xs, n);
-        if (!any_pending(xs, n)) break;
+        int rc = resolve_pieces(s, xs, n);
+        if (rc == 0 && !any_pending(xs, n)) break;
         uint64_t deadline = earliest_deadline(xs, n);
         ferry_conn_t *c;
         int broken = 0;
         bool interrupted = false;
-        int rc = ferry_session_checkout_abortable(s, deadline, ctl ? &ctl->poke : NULL, &c);
+        if (rc == 0) rc = ferry_session_checkout_abortable(s, deadline, ctl ? &ctl->poke : NULL, &c);
         if (rc == FERRY_ERR_CANCELLED && ctl) interrupted = true; /* poked by a canceller */
         if (rc == 0) {
             ferry_stream_ctl_arm(ctl, c->fd);
@@ -142,30 +156,62 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
             attempt--;
             continue;
         }
+        bool corrupted = false;
         for (size_t i = 0; i < n; i++) {
             if (xs[i].rc == FERRY_ERR_STALE_SEGMENT) explain_stale(s, &xs[i]);
-            if (xs[i].rc == FERRY_ERR_CHECKSUM_MISMATCH && attempt < e->cfg.retries) xs[i].rc = 0;
+            if (xs[i].rc == FERRY_ERR_CHECKSUM_MISMATCH) {
+                FERRY_STAT_ADD(&e->stats, checksum_failures, 1);
+                if (attempt < e->cfg.retries) xs[i].rc = 0, corrupted = true;
+            }
         }
-        if (rc && !(auto_retryable(rc) && attempt < e->cfg.retries && ferry_ms_left(deadline) > 0)) {
-            fail_pending(xs, n, rc);
+        bool retry = rc ? auto_retryable(rc) && attempt < e->cfg.retries && ferry_ms_left(deadline) > 0
+                        : corrupted && any_pending(xs, n);
+        if (!retry) {
+            if (rc) {
+                fail_pending(xs, n, rc);
+                /* Retries ran out on a broken link: the whole pool goes. */
+                if (link_failure(rc, broken)) ferry_session_teardown(s);
+            } else if (any_pending(xs, n)) {
+                fail_pending(xs, n, ferry_fail(FERRY_ERR_INTERNAL, "pieces left after the last attempt"));
+            }
             break;
         }
-        if (!any_pending(xs, n)) break;
-        if (attempt >= e->cfg.retries) {
-            fail_pending(xs, n, ferry_fail(FERRY_ERR_INTERNAL, "pieces left after the last attempt"));
-            break;
-        }
+        int why = rc ? rc : FERRY_ERR_CHECKSUM_MISMATCH;
         ferry_metrics_retry(s->stats);
-        FERRY_LOG(FERRY_LOG_INFO, "xfer", "retrying to %s after %s (attempt %d of %d)", s->name,
-                  ferry_error_name(rc ? rc : FERRY_ERR_CHECKSUM_MISMATCH), attempt + 1, e->cfg.retries);
+        ferry_stats_retry(&e->stats, why);
+        FERRY_LOG(FERRY_LOG_INFO, "xfer", "retrying to %s after %s (retry %d of %d, backoff %d ms)", s->name,
+                  ferry_error_name(why), attempt + 1, e->cfg.retries, backoff);
         ferry_settle_ended(xs, n, false); /* finished pieces report before the backoff */
         sleep_backoff(backoff, deadline);
-        backoff *= 2;
+        backoff = backoff > (1 << 20) ? backoff : backoff * 2;
     }
     ferry_settle_ended(xs, n, true);
+    uint64_t written = 0, read = 0;
+    for (size_t i = 0; i < n; i++) *(xs[i].opcode == FERRY_OP_WRITE ? &written : &read) += xs[i].done;
+    if (written) FERRY_STAT_ADD(&e->stats, bytes_written, written);
+    if (read) FERRY_STAT_ADD(&e->stats, bytes_read, read);
     for (size_t i = 0; i < n; i++)
         if (xs[i].rc) return xs[i].rc;
     return 0;
+}
+
+/* Counts each request's outcome once: pieces are in request order, and a
+ * request failed if any of its pieces did. */
+void ferry_stats_requests_done(ferry_engine_t *e, const ferry_xfer_t *xs, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        size_t idx = xs[i].index;
+        int code = 0;
+        for (; i < n && xs[i].index == idx; i++)
+            if (xs[i].rc && !code) code = xs[i].rc;
+        if (code) {
+            FERRY_STAT_ADD(&e->stats, requests_failed, 1);
+            ferry_stats_failure(&e->stats, code);
+        } else {
+            FERRY_STAT_ADD(&e->stats, requests_completed, 1);
+        }
+    }
 }
 
 /* Re-raises piece x's failure as the thread's error, with context. */
@@ -222,8 +268,10 @@ static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const
     uint64_t t0 = ferry_now_ns();
     rc = ferry_make_pieces(e, opcode, locals, remotes, lens, n, ferry_deadline_after_ms(e->cfg.timeout_ms), &xs, &nx);
     if (rc == 0) {
+        FERRY_STAT_ADD(&e->stats, requests, n);
         rc = nx == 1 ? ferry_xfer_run(e, s, xs, 1) : ferry_run_parallel(e, s, xs, nx);
         record_requests(s, xs, nx, ferry_now_ns() - t0);
+        ferry_stats_requests_done(e, xs, nx);
         for (size_t i = 0; rc && i < nx; i++) {
             if (xs[i].rc) {
                 rc = report_piece(&xs[i], peer);

@@ -562,6 +562,10 @@ static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
     else
         status = copy_chunks(c, sc, f, write);
     if (status == FERRY_ERR_PEER_CLOSED) return status;
+    if (status == 0) {
+        if (write) FERRY_STAT_ADD(&c->engine->stats, bytes_placed, f->len);
+        else FERRY_STAT_ADD(&c->engine->stats, bytes_served, f->len);
+    }
     return send_status(c, answer, f, status, deadline);
 }
 
@@ -611,6 +615,11 @@ static int recv_answer(ferry_conn_t *c, const struct inflight *in, int *broken, 
         return rc;
     }
     uint8_t want = x->opcode == FERRY_OP_WRITE ? FERRY_FRAME_WRITE_ACK : FERRY_FRAME_READ_RESP;
+    if (f.type == FERRY_FRAME_ERROR && f.status < 0) {
+        /* The target dropped the connection and said why. */
+        *broken = 1;
+        return fail_from_target(c, &f, x->deadline, NULL, 0);
+    }
     if (f.type != want || f.req_id != x->req_id) {
         *broken = 1;
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected %s for request %llu, got %s for %llu",
@@ -633,21 +642,34 @@ static int recv_answer(ferry_conn_t *c, const struct inflight *in, int *broken, 
 
 /* The target refused: this session moves to tcp for good, and the pieces
  * go again over TCP from their confirmed prefix. */
-static int fall_back(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, const char *reason)
+static int fall_back(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, const char *why)
 {
     ferry_session_t *s = c->session;
     if (s) {
         pthread_mutex_lock(&s->lock);
         if (s->transport == &ferry_transport_shm) {
             s->transport = &ferry_transport_tcp;
-            snprintf(s->transport_reason, sizeof s->transport_reason, "shm refused by the target: %s; fell back to tcp",
-                     reason);
-            FERRY_LOG(FERRY_LOG_WARN, "shm", "%s: shm refused by the target (%s); using tcp", s->name, reason);
+            snprintf(s->transport_reason, sizeof s->transport_reason, "%s; fell back to tcp", why);
+            FERRY_LOG(FERRY_LOG_WARN, "shm", "%s: %s; using tcp", s->name, why);
         }
         pthread_mutex_unlock(&s->lock);
     }
     ferry_clear_last_error();
     return ferry_transport_tcp.run(c, xs, nx, broken);
+}
+
+/* Whether the connection goes through something (a proxy, a port
+ * forward): the port we dialed is not the one the peer listens on. Then
+ * the bytes stay on the connection, where that something wants them. */
+static bool via_intermediary(ferry_conn_t *c, char *why, size_t cap)
+{
+    char host[256];
+    uint16_t port = 0;
+    if (!c->session || ferry_parse_hostport(c->peer.name, host, sizeof host, &port) != 0) return false;
+    if (port == c->session->port) return false;
+    snprintf(why, cap, "shm not used: connected through an intermediary (dialed port %u, the peer listens on %u)",
+             (unsigned)c->session->port, (unsigned)port);
+    return true;
 }
 
 /* Whether a piece's local buffer is device memory: the target's attach
@@ -669,6 +691,8 @@ static bool any_device_local(ferry_engine_t *e, const ferry_xfer_t *xs, size_t n
 static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
 {
     if (any_device_local(c->engine, xs, nx)) return ferry_transport_tcp.run(c, xs, nx, broken);
+    char why[200];
+    if (via_intermediary(c, why, sizeof why)) return fall_back(c, xs, nx, broken, why);
     struct inflight ring[SHM_WINDOW];
     unsigned head = 0, count = 0;
     size_t cur = 0;
@@ -730,7 +754,11 @@ static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
         }
     }
     free(tainted);
-    if (refused) return fall_back(c, xs, nx, broken, reason);
+    if (refused) {
+        char why[256];
+        snprintf(why, sizeof why, "shm refused by the target: %s", reason);
+        return fall_back(c, xs, nx, broken, why);
+    }
     for (size_t i = 0; i < nx; i++) {
         ferry_xfer_t *x = &xs[i];
         if (x->rc == 0 && x->done < x->len)

@@ -99,6 +99,11 @@ static int recv_answer(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t 
         return rc;
     }
     uint8_t want = x->opcode == FERRY_OP_WRITE ? FERRY_FRAME_WRITE_ACK : FERRY_FRAME_READ_RESP;
+    if (f.type == FERRY_FRAME_ERROR && f.status < 0) {
+        /* The target dropped the connection and said why. */
+        *broken = 1;
+        return fail_from_target(c, &f, x->deadline);
+    }
     if (f.type != want || f.req_id != x->req_id) {
         *broken = 1;
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected %s for request %llu, got %s for %llu",
@@ -307,6 +312,7 @@ static int place_staged(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadli
     int rc = ferry_net_recv(c->fd, b, f->len, deadline);
     if (rc) return rc;
     if ((f->flags & FERRY_FRAME_F_CRC) && ferry_crc32c(0, b, f->len) != f->crc) {
+        FERRY_STAT_ADD(&c->engine->stats, checksum_failures, 1);
         *status = ferry_fail(FERRY_ERR_CHECKSUM_MISMATCH, "slice [0x%llx+%llu) from %s failed its CRC32C; not placed",
                              (unsigned long long)f->addr, (unsigned long long)f->len, c->peer.name);
         return 0;
@@ -346,6 +352,7 @@ static int serve_write(ferry_conn_t *c, const ferry_frame_t *f)
     else
         rc = place_direct(c, f, deadline, &status);
     if (rc) return rc;
+    if (status == 0) FERRY_STAT_ADD(&c->engine->stats, bytes_placed, f->len);
     return send_status(c, FERRY_FRAME_WRITE_ACK, f, status, deadline);
 }
 
@@ -407,9 +414,9 @@ static int serve_read(ferry_conn_t *c, const ferry_frame_t *f)
     uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
     ferry_frame_encode(&h, hdr);
     int rc = ferry_net_send(c->fd, hdr, sizeof hdr, deadline);
-    if (rc) return rc;
-    if (staged) return ferry_net_send(c->fd, staged, f->len, deadline);
-    return send_from_memory(c, f, deadline);
+    if (rc == 0) rc = staged ? ferry_net_send(c->fd, staged, f->len, deadline) : send_from_memory(c, f, deadline);
+    if (rc == 0) FERRY_STAT_ADD(&c->engine->stats, bytes_served, f->len);
+    return rc;
 }
 
 static int tcp_serve(ferry_conn_t *c, const ferry_frame_t *f)

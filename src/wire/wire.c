@@ -105,8 +105,8 @@ int ferry_frame_decode(const uint8_t in[FERRY_FRAME_HEADER_SIZE], ferry_frame_t 
     if (f->plen > max)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s frame payload of %u bytes exceeds its limit of %u",
                           ferry_frame_type_name(f->type), f->plen, max);
-    if (f->status > 0)
-        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "positive status %d in %s frame", f->status,
+    if (f->status > 0 || (f->status < 0 && strcmp(ferry_error_name(f->status), "UNKNOWN") == 0))
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "status %d in %s frame is no Ferry error code", f->status,
                           ferry_frame_type_name(f->type));
     return 0;
 }

@@ -36,6 +36,8 @@
  * and the segment table itself unbounded. */
 #define FERRY_WIRE_SEGMENTS_PER_PAGE 4096
 #define FERRY_WIRE_SEGMENT_SIZE 24
+/* Most segments a peer may advertise (a 24-byte entry each: 384 MiB). */
+#define FERRY_WIRE_MAX_SEGMENTS (16u << 20)
 #define FERRY_WIRE_MAX_NAME 255
 #define FERRY_WIRE_MAX_NOTIFY (64u << 10)
 #define FERRY_WIRE_NONCE_SIZE 32

@@ -1,0 +1,75 @@
+/* Fuzz target: the wire decoders (frame header, hello, segment entry).
+ * Whatever the bytes, decoding must not crash, read out of bounds or
+ * allocate, and whatever decodes must re-encode to the same meaning. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <ferry/ferry.h>
+
+#include "fuzz.h"
+#include "wire/wire.h"
+
+static void check(int ok)
+{
+    if (!ok) __builtin_trap();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size >= FERRY_FRAME_HEADER_SIZE) {
+        ferry_frame_t f;
+        if (ferry_frame_decode(data, &f) == 0) {
+            /* A valid header is its own canonical encoding. */
+            uint8_t again[FERRY_FRAME_HEADER_SIZE];
+            ferry_frame_encode(&f, again);
+            check(memcmp(again, data, sizeof again) == 0);
+            check(f.plen <= ferry_frame_max_payload(f.type));
+            check(f.status <= 0);
+            /* The hello payload after it, if it is one. */
+            if (f.type == FERRY_FRAME_HELLO || f.type == FERRY_FRAME_HELLO_ACK) {
+                size_t n = size - FERRY_FRAME_HEADER_SIZE < f.plen ? size - FERRY_FRAME_HEADER_SIZE : f.plen;
+                ferry_hello_t h;
+                (void)ferry_hello_decode(data + FERRY_FRAME_HEADER_SIZE, n, &h);
+            }
+        }
+    }
+    ferry_hello_t h;
+    if (ferry_hello_decode(data, size, &h) == 0) {
+        check(h.proto_min <= h.proto_max);
+        check(strlen(h.name) <= FERRY_WIRE_MAX_NAME);
+        uint8_t buf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
+        int n = ferry_hello_encode(&h, buf, sizeof buf);
+        check(n == (int)size && memcmp(buf, data, size) == 0);
+    }
+    for (size_t off = 0; off + FERRY_WIRE_SEGMENT_SIZE <= size && off < 64 * FERRY_WIRE_SEGMENT_SIZE;
+         off += FERRY_WIRE_SEGMENT_SIZE) {
+        ferry_wire_segment_t s;
+        if (ferry_segment_decode(data + off, &s) == 0) {
+            check(s.len > 0 && s.addr + s.len > s.addr);
+            uint8_t again[FERRY_WIRE_SEGMENT_SIZE];
+            ferry_segment_encode(&s, again);
+            check(memcmp(again, data + off, sizeof again) == 0);
+        }
+    }
+    return 0;
+}
+
+size_t fuzz_seed(int i, uint8_t *buf, size_t cap)
+{
+    size_t pos = 0;
+    switch (i) {
+    case 0: fuzz_put_hello(buf, cap, &pos, FERRY_FRAME_HELLO, 0, 1); break;
+    case 1: fuzz_put_hello(buf, cap, &pos, FERRY_FRAME_HELLO_ACK, FERRY_HELLO_F_AUTH, 2); break;
+    case 2: fuzz_put_frame(buf, cap, &pos, FERRY_FRAME_WRITE, 0, 1, FUZZ_REMOTE_ADDR, 16, 1, NULL, 16); break;
+    case 3: fuzz_put_frame(buf, cap, &pos, FERRY_FRAME_WRITE_ACK, FERRY_ERR_OUT_OF_BOUNDS, 1, 0, 0, 0, "why", 3); break;
+    case 4: {
+        ferry_wire_segment_t s[2] = {{0x1000, 4096, FERRY_MEM_REMOTE, 1}, {0x4000, 100, FERRY_MEM_REMOTE_READ, 2}};
+        ferry_segment_encode(&s[0], buf);
+        ferry_segment_encode(&s[1], buf + FERRY_WIRE_SEGMENT_SIZE);
+        pos = 2 * FERRY_WIRE_SEGMENT_SIZE;
+        break;
+    }
+    default: return 0;
+    }
+    return pos;
+}
