@@ -14,6 +14,8 @@
 #include "harness.h"
 
 #include "core/clock.h"
+#include "core/memkind.h"
+#include "delay_proxy.h"
 #include "core/engine.h"
 #include "core/net.h"
 #include "wire/wire.h"
@@ -544,6 +546,117 @@ static void unmapped_local_buffer(void **state)
     child_stop(c);
 }
 
+/* ----------------------------------------------- device memory, relays */
+
+/* "Device" memory the CPU cannot touch (PROT_NONE; the fake kind's copy
+ * functions reach it through a second mapping): the kernel's attach cannot
+ * either, so only staging gets the bytes there. */
+typedef struct fake_dev {
+    unsigned char *base, *alias;
+    size_t len;
+} fake_dev_t;
+
+static fake_dev_t fake_new(size_t len)
+{
+    fake_dev_t d = {.len = len};
+    int fd = memfd_create("ferry-fake-device", MFD_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)len), 0);
+    d.base = mmap(NULL, len, PROT_NONE, MAP_SHARED, fd, 0);
+    d.alias = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    assert_true(d.base != MAP_FAILED && d.alias != MAP_FAILED);
+    assert_int_equal(ferry_memkind_fake_add(d.base, len, d.alias), 0);
+    return d;
+}
+
+static void fake_free(fake_dev_t *d)
+{
+    ferry_memkind_fake_remove(d->base);
+    munmap(d->base, d->len);
+    munmap(d->alias, d->len);
+}
+
+/* Target device memory: the target stages each chunk (attach into its
+ * bounce buffer, then the kind's copy); the session stays on shm. Initiator
+ * device memory: those pieces go over TCP, which stages them. */
+static void device_memory_over_shm(void **state)
+{
+    (void)state;
+    ferry_engine_t *t = initiator(NULL, 0), *e = initiator("shm", 0);
+    char peer[300];
+    snprintf(peer, sizeof peer, "%s", ferry_engine_name(t));
+    size_t len = (9u << 20) + 5;
+    fake_dev_t dev = fake_new(len);
+    unsigned char *host = malloc(len);
+    assert_int_equal(ferry_register(t, dev.base, len, FERRY_MEM_REMOTE), 0);
+    assert_int_equal(ferry_register(e, host, len, FERRY_MEM_LOCAL), 0);
+    unsigned long th0, fh0, th1, fh1;
+    ferry_memkind_fake_counts(&th0, &fh0);
+    harness_fill(host, len, 5);
+    int rc = ferry_transfer_sync(e, peer, FERRY_OP_WRITE, host, (uint64_t)(uintptr_t)dev.base, len);
+    if (rc) fail_msg("write into device memory: %s", ferry_last_error_detail());
+    assert_true(harness_check(dev.alias, len, 5));
+    harness_fill(dev.alias, len, 6);
+    memset(host, 0, len);
+    rc = ferry_transfer_sync(e, peer, FERRY_OP_READ, host, (uint64_t)(uintptr_t)dev.base, len);
+    if (rc) fail_msg("read from device memory: %s", ferry_last_error_detail());
+    assert_true(harness_check(host, len, 6));
+    ferry_memkind_fake_counts(&th1, &fh1);
+    assert_true(fh1 > fh0 && th1 > th0); /* staged both ways */
+    ferry_peer_info_t info;
+    info_of(e, peer, &info);
+    assert_string_equal(info.transport, "shm");
+    ferry_deregister(t, dev.base);
+    ferry_deregister(e, host);
+
+    /* The initiator's buffer in device memory, the target's in host memory. */
+    unsigned char *dst = malloc(len);
+    assert_int_equal(ferry_register(t, dst, len, FERRY_MEM_REMOTE), 0);
+    assert_int_equal(ferry_register(e, dev.base, len, FERRY_MEM_LOCAL), 0);
+    harness_fill(dev.alias, len, 7);
+    rc = ferry_transfer_sync(e, peer, FERRY_OP_WRITE, dev.base, (uint64_t)(uintptr_t)dst, len);
+    if (rc) fail_msg("write from device memory: %s", ferry_last_error_detail());
+    assert_true(harness_check(dst, len, 7));
+    memset(dev.alias, 0, len);
+    rc = ferry_transfer_sync(e, peer, FERRY_OP_READ, dev.base, (uint64_t)(uintptr_t)dst, len);
+    if (rc) fail_msg("read into device memory: %s", ferry_last_error_detail());
+    assert_true(harness_check(dev.alias, len, 7));
+    ferry_engine_destroy(e);
+    ferry_engine_destroy(t);
+    fake_free(&dev);
+    free(host);
+    free(dst);
+}
+
+/* Through a relay (the dialed port is not the peer's): the bytes stay on
+ * the connection, as whoever put the relay there wants. */
+static void relay_keeps_bytes_on_tcp(void **state)
+{
+    (void)state;
+    ferry_engine_t *t = initiator(NULL, 0), *e = initiator(NULL, 0);
+    delay_proxy_t *px = delay_proxy_start(ferry_engine_port(t), 0, 0);
+    size_t len = 1u << 20;
+    unsigned char *src = malloc(len), *dst = calloc(1, len);
+    assert_int_equal(ferry_register(e, src, len, FERRY_MEM_LOCAL), 0);
+    assert_int_equal(ferry_register(t, dst, len, FERRY_MEM_REMOTE), 0);
+    harness_fill(src, len, 8);
+    uint64_t before = delay_proxy_bytes_to_target(px);
+    assert_int_equal(ferry_transfer_sync(e, delay_proxy_name(px), FERRY_OP_WRITE, src, (uint64_t)(uintptr_t)dst, len),
+                     0);
+    assert_true(harness_check(dst, len, 8));
+    assert_true(delay_proxy_bytes_to_target(px) - before >= len); /* the bytes went through the relay */
+    ferry_peer_info_t info;
+    info_of(e, delay_proxy_name(px), &info);
+    assert_string_equal(info.transport, "tcp");
+    assert_non_null(strstr(info.transport_reason, "intermediary"));
+    ferry_engine_destroy(e);
+    delay_proxy_stop(px);
+    ferry_engine_destroy(t);
+    free(src);
+    free(dst);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -555,6 +668,8 @@ int main(void)
         cmocka_unit_test(spoofed_pid_is_refused),
         cmocka_unit_test(socket_of_another_user),
         cmocka_unit_test(unmapped_local_buffer),
+        cmocka_unit_test(device_memory_over_shm),
+        cmocka_unit_test(relay_keeps_bytes_on_tcp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
