@@ -157,6 +157,7 @@ struct opts {
     int json;
     size_t buffer;        /* target: bytes to register */
     size_t blocks;        /* distinct blocks per thread (0 = batch size) */
+    int spin_us;          /* config.spin_us for both engines (-1 = config/env) */
     /* extras */
     int regions, sessions;
     double idle;
@@ -176,6 +177,7 @@ static void opts_init(struct opts *o)
     o->regions = 10000;
     o->sessions = 100;
     o->idle = 2;
+    o->spin_us = -1;
 }
 
 static size_t nblocks(const struct opts *o)
@@ -203,6 +205,8 @@ static void usage(FILE *f)
             "  --duration SEC        measured time (3); --warmup SEC before it (0.3)\n"
             "  --transport T         auto|tcp|shm (auto; also FERRY_TRANSPORT)\n"
             "  --conns N             connections per peer (config.conns_per_peer)\n"
+            "  --spin-us N           both engines busy-poll N us for an answer before sleeping\n"
+            "                        (config.spin_us; default: none, waits block)\n"
             "  --json                one JSON object on stdout instead of text\n"
             "  --hugepages           buffers ask for transparent huge pages (both sides)\n"
             "\n"
@@ -239,6 +243,7 @@ static int parse_opts(int argc, char **argv, int i, struct opts *o)
         else if (strcmp(a, "--regions") == 0) { NEED_VALUE(); o->regions = atoi(v); }
         else if (strcmp(a, "--sessions") == 0) { NEED_VALUE(); o->sessions = atoi(v); }
         else if (strcmp(a, "--blocks") == 0) { NEED_VALUE(); o->blocks = (size_t)atol(v); }
+        else if (strcmp(a, "--spin-us") == 0) { NEED_VALUE(); o->spin_us = atoi(v); }
         else if (strcmp(a, "--duration") == 0) { NEED_VALUE(); o->duration = atof(v); }
         else if (strcmp(a, "--warmup") == 0) { NEED_VALUE(); o->warmup = atof(v); }
         else if (strcmp(a, "--idle") == 0) { NEED_VALUE(); o->idle = atof(v); }
@@ -290,6 +295,7 @@ static int make_engine(const struct opts *o, int listen_port, ferry_engine_t **o
     if (o->transport && (!getenv("FERRY_TRANSPORT") || strcmp(o->transport, "auto") != 0))
         cfg.transport = o->transport;
     if (o->conns > 0) cfg.conns_per_peer = o->conns;
+    if (o->spin_us >= 0) cfg.spin_us = o->spin_us;
     if (o->threads > cfg.workers) cfg.workers = o->threads;
     int rc = ferry_engine_create(&cfg, out);
     if (rc) fprintf(stderr, "ferry bench: engine: %s\n", ferry_last_error_detail());
@@ -536,14 +542,15 @@ static int run_initiator(const struct opts *o, const char *peer, uint64_t raddr,
     ferry_config_init(&cfg);
     ferry_config_from_env(&cfg);
     int conns = o->conns > 0 ? o->conns : cfg.conns_per_peer;
+    int spin = o->spin_us >= 0 ? o->spin_us : cfg.spin_us;
     double gbps = wall > 0 ? (double)bytes / wall / 1e9 : 0;
     double p50 = pct(lat, nlat, 0.50), p99 = pct(lat, nlat, 0.99), p999 = pct(lat, nlat, 0.999);
     double mx = nlat ? lat[nlat - 1] : 0, mean = nlat ? sum / (double)nlat : 0;
     const char *opname = o->op == FERRY_OP_WRITE ? "write" : "read";
     if (o->json) {
         printf("{\"tool\":\"ferry\",\"op\":\"%s\",\"block_size\":%zu,\"batch_size\":%zu,\"threads\":%d,\"conns\":%d,"
-               "\"blocks\":%zu,\"hugepages\":%s,\"transport\":",
-               opname, o->block, o->batch, o->threads, conns, nblocks(o), use_hugepages ? "true" : "false");
+               "\"blocks\":%zu,\"hugepages\":%s,\"spin_us\":%d,\"transport\":",
+               opname, o->block, o->batch, o->threads, conns, nblocks(o), use_hugepages ? "true" : "false", spin);
         json_str(stdout, info.transport);
         printf(",\"transport_reason\":");
         json_str(stdout, info.transport_reason);
@@ -565,8 +572,8 @@ static int run_initiator(const struct opts *o, const char *peer, uint64_t raddr,
         printf("  transport   %s (%s)\n", info.transport, info.transport_reason);
         printf("  throughput  %.3f GB/s  (%.1f MiB/s), %" PRIu64 " calls, %" PRIu64 " requests in %.2f s\n", gbps,
                wall > 0 ? (double)bytes / wall / 1048576.0 : 0, calls, calls * (uint64_t)o->batch, wall);
-        printf("  latency     per call: p50 %.1f us, p99 %.1f us, p999 %.1f us, max %.1f us, mean %.1f us\n", p50,
-               p99, p999, mx, mean);
+        printf("  latency     per call: p50 %.1f us, p99 %.1f us, p999 %.1f us, max %.1f us, mean %.1f us (%s)\n", p50,
+               p99, p999, mx, mean, spin ? "busy-polls first" : "blocking waits");
         printf("  cpu         initiator %.0f%% of a core", wall > 0 ? 100 * cpu / wall : 0);
         if (tcpu >= 0) printf(", target %.0f%%", 100 * tcpu / wall);
         printf("\n");

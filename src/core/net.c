@@ -11,6 +11,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -180,6 +181,10 @@ int ferry_net_recv_spin(int fd, void *buf, size_t len, unsigned spin_us, size_t 
         }
         if (n == 0) return ferry_fail(FERRY_ERR_PEER_CLOSED, "the peer closed the connection");
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return io_error(errno, "recv");
+        /* The one who will answer may share this CPU (two spinners on one
+         * core of a small machine take turns only at preemption): let it
+         * run. With nobody else runnable here this returns at once. */
+        sched_yield();
         if ((i & 7) == 0) {
             uint64_t now = ferry_now_ns();
             if (!until) until = now + (uint64_t)spin_us * 1000u;
