@@ -88,6 +88,8 @@ static void counts_and_exports(void **state)
     assert_non_null(strstr(text, want));
     assert_non_null(strstr(text, "le=\"+Inf\"} 8\n"));
     assert_non_null(strstr(text, "# TYPE ferry_request_latency_seconds histogram"));
+    assert_non_null(strstr(text, "ferry_engine_bytes_written_total "));
+    assert_non_null(strstr(text, "ferry_engine_failures_by_code_total{code=\"OUT_OF_BOUNDS\"} 1\n"));
     free(text);
 
     char *page = http_get(ferry_metrics_port(a), "/metrics");

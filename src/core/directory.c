@@ -48,7 +48,7 @@ int ferry_directory_start(ferry_engine_t *e)
     return 0;
 }
 
-void ferry_directory_stop(ferry_engine_t *e)
+void ferry_directory_unpublish(ferry_engine_t *e)
 {
     if (e->publisher) {
         if (ferry_meta_publisher_stop(e->publisher) != 0)
@@ -56,6 +56,11 @@ void ferry_directory_stop(ferry_engine_t *e)
                       ferry_last_error_detail());
         e->publisher = NULL;
     }
+}
+
+void ferry_directory_stop(ferry_engine_t *e)
+{
+    ferry_directory_unpublish(e);
     if (e->meta_open) ferry_meta_close(&e->meta);
     e->meta_open = false;
 }

@@ -16,6 +16,9 @@ typedef struct ferry_directory_entry {
 } ferry_directory_entry_t;
 
 int ferry_directory_start(ferry_engine_t *e);
+/* Removes this engine's entry; the service stays open for lookups. */
+void ferry_directory_unpublish(ferry_engine_t *e);
+/* Unpublishes and closes the service: only once no thread looks peers up. */
 void ferry_directory_stop(ferry_engine_t *e);
 /* 1 when a metadata service (not p2p) is configured. */
 int ferry_directory_enabled(const ferry_engine_t *e);

@@ -578,14 +578,16 @@ fail:
 void ferry_engine_destroy(ferry_engine_t *e)
 {
     if (!e) return;
-    /* Leave the directory first: peers stop finding us before we stop answering. */
-    ferry_directory_stop(e);
+    /* Leave the directory first: peers stop finding us before we stop
+     * answering. It stays open for our own lookups until no thread is left. */
+    ferry_directory_unpublish(e);
     atomic_store(&e->stopping, true);
     if (write(e->wake_fd[1], "x", 1) < 0) { /* the listener also polls with a timeout */ }
     pthread_join(e->listener, NULL);
     reap_conns(e, true);
     ferry_workers_stop(e);
     ferry_sessions_destroy(e);
+    ferry_directory_stop(e);
     ferry_metrics_http_stop(e);
     ferry_notify_clear(e);
     engine_free(e);

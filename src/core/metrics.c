@@ -186,6 +186,44 @@ static void render_peer(struct text *t, const ferry_peer_metrics_t *m)
         (unsigned long long)cum);
 }
 
+/* The engine-wide counters of ferry_engine_stats(), one metric each. */
+static void render_engine_stats(struct text *t, ferry_engine_t *e)
+{
+    ferry_stats_t st;
+    if (ferry_engine_stats(e, &st) != 0) return;
+    const struct {
+        const char *name, *help;
+        uint64_t v;
+    } rows[] = {
+        {"ferry_engine_requests_total", "Transfer requests accepted.", st.requests},
+        {"ferry_engine_requests_completed_total", "Transfer requests completed.", st.requests_completed},
+        {"ferry_engine_requests_failed_total", "Transfer requests failed.", st.requests_failed},
+        {"ferry_engine_bytes_written_total", "Bytes peers confirmed placed.", st.bytes_written},
+        {"ferry_engine_bytes_read_total", "Bytes received from peers.", st.bytes_read},
+        {"ferry_engine_retries_total", "Automatic retries.", st.retries},
+        {"ferry_engine_connections_opened_total", "Connections that completed the handshake.", st.connections_opened},
+        {"ferry_engine_reconnects_total", "Connections opened to replace broken ones.", st.reconnects},
+        {"ferry_engine_session_teardowns_total", "Connection pools dropped after retries ran out.", st.session_teardowns},
+        {"ferry_engine_peer_restarts_total", "Peers found with a new epoch.", st.peer_restarts},
+        {"ferry_engine_checksum_failures_total", "CRC32C mismatches detected.", st.checksum_failures},
+        {"ferry_engine_connections_accepted_total", "Connections accepted from peers.", st.connections_accepted},
+        {"ferry_engine_connections_refused_total", "Connections refused.", st.connections_refused},
+        {"ferry_engine_auth_failures_total", "Shared-secret authentications failed.", st.auth_failures},
+        {"ferry_engine_frames_rejected_total", "Connections dropped for a malformed frame.", st.frames_rejected},
+        {"ferry_engine_bytes_placed_total", "Bytes peers wrote into this engine's memory.", st.bytes_placed},
+        {"ferry_engine_bytes_served_total", "Bytes peers read from this engine.", st.bytes_served},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        put(t, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", rows[i].name, rows[i].help, rows[i].name, rows[i].name,
+            (unsigned long long)rows[i].v);
+    put(t, "# HELP ferry_engine_failures_by_code_total Failures by error code.\n"
+           "# TYPE ferry_engine_failures_by_code_total counter\n");
+    for (size_t i = 0; i < st.ncodes; i++)
+        if (st.codes[i].failures)
+            put(t, "ferry_engine_failures_by_code_total{code=\"%s\"} %llu\n", ferry_error_name(st.codes[i].code),
+                (unsigned long long)st.codes[i].failures);
+}
+
 long ferry_metrics_prometheus(ferry_engine_t *e, char *buf, size_t cap)
 {
     if (!e || (!buf && cap)) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "metrics: NULL argument");
@@ -210,6 +248,7 @@ long ferry_metrics_prometheus(ferry_engine_t *e, char *buf, size_t cap)
         render_peer(&t, &snap);
     }
     pthread_mutex_unlock(&e->metrics.lock);
+    render_engine_stats(&t, e);
     put(&t, "# HELP ferry_registered_regions Memory regions registered with this engine.\n"
             "# TYPE ferry_registered_regions gauge\nferry_registered_regions %zu\n",
         ferry_registry_count(&e->registry));
