@@ -166,7 +166,9 @@ static void spent_deadline_is_not_retried(void **state)
     assert_int_equal(st.retries, 0);
     assert_int_equal(st.session_teardowns, 1); /* the link broke: the pool goes */
     proxy_stall(w->px, false);
-    assert_int_equal(write_all(w, 8), 0);
+    rc = write_all(w, 8);
+    if (rc) fprintf(stderr, "write after the stall: %s\n", ferry_last_error_detail());
+    assert_int_equal(rc, 0);
     assert_true(harness_check(w->dst, LEN, 8));
     done(w);
 }

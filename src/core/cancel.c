@@ -252,6 +252,56 @@ static int fence(ferry_session_t *s, ferry_xfer_t *xs, size_t n, uint64_t deadli
     }
 }
 
+/* Unconfirmed ids kept per session: enough for any realistic outage; past
+ * it the oldest are dropped, with a warning. */
+#define MAX_UNFENCED 4096
+
+static void remember_unfenced(ferry_session_t *s, uint64_t req_id)
+{
+    pthread_mutex_lock(&s->lock);
+    if (!s->unfenced) s->unfenced = calloc(MAX_UNFENCED, sizeof *s->unfenced);
+    if (s->unfenced) {
+        if (s->nunfenced == MAX_UNFENCED) {
+            FERRY_LOG(FERRY_LOG_WARN, "cancel", "%s: more than %d unconfirmed cancels; forgetting the oldest",
+                      s->name, MAX_UNFENCED);
+            memmove(s->unfenced, s->unfenced + 1, (MAX_UNFENCED - 1) * sizeof *s->unfenced);
+            s->nunfenced--;
+        }
+        s->unfenced[s->nunfenced++] = req_id;
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+void ferry_fence_pending(ferry_session_t *s, uint64_t deadline)
+{
+    pthread_mutex_lock(&s->lock);
+    size_t n = s->nunfenced;
+    ferry_xfer_t *xs = n ? calloc(n, sizeof *xs) : NULL;
+    for (size_t i = 0; xs && i < n; i++) {
+        xs[i].req_id = s->unfenced[i];
+        xs[i].inflight = 1;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (!xs) return;
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", ferry_fail_message());
+    int saved_code = ferry_last_error_code();
+    bool gone = false;
+    uint64_t cap = ferry_deadline_after_ms(s->engine->cfg.cancel_timeout_ms);
+    int rc = fence(s, xs, n, cap < deadline ? cap : deadline, &gone);
+    if (rc == 0 || gone) {
+        /* Drop what we fenced; ids added meanwhile stay. */
+        pthread_mutex_lock(&s->lock);
+        memmove(s->unfenced, s->unfenced + n, (s->nunfenced - n) * sizeof *s->unfenced);
+        s->nunfenced -= n;
+        pthread_mutex_unlock(&s->lock);
+        FERRY_LOG(FERRY_LOG_INFO, "cancel", "%s: %zu earlier unconfirmed cancel(s) now confirmed%s", s->name, n,
+                  gone ? " (the target is gone)" : "");
+    }
+    free(xs);
+    ferry_fail(saved_code, "%s", saved);
+}
+
 size_t ferry_fence_in_doubt(ferry_session_t *s, ferry_xfer_t *xs, size_t n, int cause)
 {
     size_t doubt = 0;
@@ -293,6 +343,8 @@ size_t ferry_fence_in_doubt(ferry_session_t *s, ferry_xfer_t *xs, size_t n, int 
                                           ferry_error_name(cause), slices, e->cfg.cancel_timeout_ms, why));
         }
         FERRY_LOG(FERRY_LOG_WARN, "cancel", "%zu request(s) to %s could not be fenced: %s", unconfirmed, s->name, why);
+        for (size_t i = 0; i < n; i++)
+            if (xs[i].rc == FERRY_ERR_CANCEL_UNCONFIRMED) remember_unfenced(s, xs[i].req_id);
     }
     ferry_fail(saved_code, "%s", saved);
     return unconfirmed;

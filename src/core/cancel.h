@@ -94,6 +94,12 @@ void ferry_stream_ctl_fire(ferry_stream_ctl_t *ctl);
  * detail is kept. Returns how many pieces stayed unconfirmed. */
 size_t ferry_fence_in_doubt(struct ferry_session *s, struct ferry_xfer *xs, size_t n, int cause);
 
+/* Before a new request goes out: fences again the requests whose cancel the
+ * peer never confirmed (their bytes may still sit in the network), so that
+ * none of them can land after the new request. Best effort, bounded by
+ * deadline; the ids stay remembered while the peer cannot confirm. */
+void ferry_fence_pending(struct ferry_session *s, uint64_t deadline);
+
 /* Fails pieces whose cancel flag is set and that have nothing in flight
  * with CANCELLED. */
 void ferry_settle_cancelled(struct ferry_xfer *xs, size_t n);

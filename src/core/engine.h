@@ -61,6 +61,10 @@ struct ferry_session {
     const struct ferry_transport_ops *transport;
     char transport_reason[128];
     ferry_peer_stats_t *stats;  /* the engine's metrics entry for this peer */
+    /* Request ids whose cancel the peer has not confirmed yet (cancel.c):
+     * fenced again before the next request goes out. */
+    uint64_t *unfenced;
+    size_t nunfenced;
 
     /* The peer's remote-accessible segments, sorted by address. */
     pthread_rwlock_t seg_lock;

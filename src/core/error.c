@@ -133,7 +133,9 @@ static const struct error_advice advice_table[] = {
     {FERRY_ERR_CANCEL_UNCONFIRMED,
      "Causes: the peer could not be reached to confirm the cancel, so bytes of the request\n"
      "may still land in its memory.\n"
-     "What to do: do not reuse the target pages until the peer confirms or is known dead."},
+     "What to do: do not reuse the target pages until the peer confirms or is known dead.\n"
+     "Ferry fences such requests again before its next request to that peer, so no byte of\n"
+     "them lands after a later request that succeeded."},
     {FERRY_ERR_INTERNAL,
      "Causes: a bug in Ferry.\nWhat to do: report it with the detail string and a log (FERRY_LOG=3)."},
 };

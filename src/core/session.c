@@ -43,6 +43,7 @@ static void session_free(ferry_session_t *s)
     for (int i = 0; i < s->nidle; i++) ferry_conn_free(s->idle[i]);
     free(s->idle);
     free(s->segs);
+    free(s->unfenced);
     pthread_mutex_destroy(&s->lock);
     pthread_cond_destroy(&s->cond);
     pthread_rwlock_destroy(&s->seg_lock);

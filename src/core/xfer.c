@@ -129,6 +129,10 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
 {
     int backoff = e->cfg.retry_backoff_ms;
     ferry_stream_ctl_t *ctl = n ? xs[0].ctl : NULL; /* cancel.h */
+    pthread_mutex_lock(&s->lock);
+    bool unfenced = s->nunfenced > 0;
+    pthread_mutex_unlock(&s->lock);
+    if (unfenced) ferry_fence_pending(s, earliest_deadline(xs, n));
     for (int attempt = 0;; attempt++) {
         ferry_settle_cancelled(xs, n); /* cancel.h */
         int rc = resolve_pieces(s, xs, n);
