@@ -39,6 +39,14 @@ typedef struct ferry_pool_stats {
 /* Maps bytes (rounded up to 4 KiB) of anonymous memory and registers it with
  * e under flags (FERRY_MEM_*). Destroy the pool before its engine. */
 int ferry_pool_create(ferry_engine_t *e, size_t bytes, unsigned flags, ferry_pool_t **out);
+/* As ferry_pool_create, but the pool lives in a memfd (MAP_SHARED) that
+ * initiators on this host may map: their writes and reads into it are one
+ * plain memcpy instead of cross-memory attach (the shm transport). The
+ * first 4 KiB of the memfd hold a control word that lets ferry_deregister
+ * (and ferry_pool_destroy) revoke the mapping: after either returns, no
+ * peer's copy lands. Peers elsewhere, or where mapping fails, use the
+ * ordinary paths. */
+int ferry_pool_create_shared(ferry_engine_t *e, size_t bytes, unsigned flags, ferry_pool_t **out);
 /* A len-byte buffer (len > 0) from the pool into *out; MEMORY when no free
  * run is large enough (the detail gives the largest free run). */
 int ferry_pool_alloc(ferry_pool_t *p, size_t len, void **out);

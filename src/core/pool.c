@@ -10,10 +10,16 @@
 #include <ferry/pool.h>
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "share.h"
 
 #include "fail.h"
 
@@ -34,6 +40,9 @@ struct ferry_pool {
     uint32_t *next, *prev;   /* free-list links of run heads */
     uint32_t head[MAX_ORDERS];
     size_t used, live;
+    int memfd;               /* shared pools: the memfd, else -1 */
+    unsigned char *map;      /* shared pools: the whole mapping (header, then base) */
+    size_t map_len;
 };
 
 static void push_free(ferry_pool_t *p, uint32_t i, unsigned k)
@@ -62,7 +71,59 @@ static size_t largest_free_locked(const ferry_pool_t *p)
     return 0;
 }
 
+/* Maps len bytes for the pool: anonymous memory, or (shared) a sealed
+ * memfd holding the control header then the data. */
+static unsigned char *map_pool(ferry_pool_t *p, bool shared)
+{
+    if (!shared) {
+        void *mem = mmap(NULL, p->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        return mem == MAP_FAILED ? NULL : mem;
+    }
+    p->map_len = FERRY_SHARE_HEADER + p->size;
+    int fd = memfd_create("ferry-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return NULL;
+    /* Sealed against shrinking: a peer's mapping can never fault (SIGBUS). */
+    if (ftruncate(fd, (off_t)p->map_len) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        close(fd);
+        return NULL;
+    }
+    void *mem = mmap(NULL, p->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (mem == MAP_FAILED) {
+        close(fd);
+        return NULL;
+    }
+    p->memfd = fd;
+    p->map = mem;
+    return p->map + FERRY_SHARE_HEADER;
+}
+
+static void unmap_pool(ferry_pool_t *p)
+{
+    if (p->memfd >= 0) {
+        if (p->map) munmap(p->map, p->map_len);
+        close(p->memfd);
+        p->memfd = -1;
+        p->map = NULL;
+    } else if (p->base) {
+        munmap(p->base, p->size);
+    }
+    p->base = NULL;
+}
+
+static int pool_create(ferry_engine_t *e, size_t bytes, unsigned flags, bool shared, ferry_pool_t **out);
+
 int ferry_pool_create(ferry_engine_t *e, size_t bytes, unsigned flags, ferry_pool_t **out)
+{
+    return pool_create(e, bytes, flags, false, out);
+}
+
+int ferry_pool_create_shared(ferry_engine_t *e, size_t bytes, unsigned flags, ferry_pool_t **out)
+{
+    return pool_create(e, bytes, flags, true, out);
+}
+
+static int pool_create(ferry_engine_t *e, size_t bytes, unsigned flags, bool shared, ferry_pool_t **out)
 {
     ferry_clear_last_error();
     if (!e || !out) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "pool create: NULL argument");
@@ -74,20 +135,26 @@ int ferry_pool_create(ferry_engine_t *e, size_t bytes, unsigned flags, ferry_poo
     ferry_pool_t *p = calloc(1, sizeof *p);
     if (!p) return ferry_fail(FERRY_ERR_MEMORY, "pool create: out of memory");
     p->engine = e;
+    p->memfd = -1;
     p->nblocks = (uint32_t)nblocks;
     p->size = nblocks * FERRY_POOL_BLOCK;
     p->tag = calloc(nblocks, 1);
     p->next = malloc(nblocks * sizeof *p->next);
     p->prev = malloc(nblocks * sizeof *p->prev);
-    void *mem = mmap(NULL, p->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     int rc = 0;
-    if (!p->tag || !p->next || !p->prev || mem == MAP_FAILED)
-        rc = ferry_fail(FERRY_ERR_MEMORY, "pool create: cannot map %zu bytes", p->size);
-    p->base = mem == MAP_FAILED ? NULL : mem;
+    if (p->tag && p->next && p->prev) p->base = map_pool(p, shared);
+    if (!p->tag || !p->next || !p->prev || !p->base)
+        rc = ferry_fail(FERRY_ERR_MEMORY, "pool create: cannot map %zu bytes%s", p->size,
+                        shared ? " in a memfd" : "");
     if (rc == 0) rc = ferry_register(e, p->base, p->size, flags);
+    if (rc == 0 && shared) {
+        rc = ferry_registry_set_shared(&e->registry, (uint64_t)(uintptr_t)p->base, p->memfd, FERRY_SHARE_HEADER,
+                                       p->map);
+        if (rc) ferry_deregister(e, p->base);
+    }
     if (rc) {
         ferry_fail_context("pool create of %zu bytes", bytes);
-        if (p->base) munmap(p->base, p->size);
+        unmap_pool(p);
         free(p->tag);
         free(p->next);
         free(p->prev);
@@ -190,7 +257,7 @@ void ferry_pool_destroy(ferry_pool_t *p)
 {
     if (!p) return;
     ferry_deregister(p->engine, p->base);
-    munmap(p->base, p->size);
+    unmap_pool(p);
     pthread_mutex_destroy(&p->lock);
     free(p->tag);
     free(p->next);

@@ -4,12 +4,16 @@
  * contains an address, both in O(log n). */
 #include "registry.h"
 
+#include <sched.h>
 #include <search.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "fail.h"
+#include "log.h"
+#include "share.h"
 
 static int compare_ranges(const void *pa, const void *pb)
 {
@@ -33,9 +37,19 @@ int ferry_registry_init(ferry_registry_t *r)
     return 0;
 }
 
+static void revoke_visit(const void *node, VISIT which, void *closure)
+{
+    (void)closure;
+    if (which != postorder && which != leaf) return;
+    ferry_region_t *reg = *(ferry_region_t *const *)node;
+    if (reg->share_ctl) ferry_share_revoke(reg->share_ctl);
+}
+
 void ferry_registry_destroy(ferry_registry_t *r)
 {
     ferry_registry_release_all(r);
+    /* Shared pools outliving their engine: no peer writes into them now. */
+    twalk_r(r->root, revoke_visit, NULL);
     tdestroy(r->root, free);
     r->root = NULL;
     free(r->export_segs);
@@ -62,6 +76,9 @@ static int add_locked(ferry_registry_t *r, uint64_t addr, uint64_t len, uint32_t
     reg->flags = flags;
     reg->kind = kind;
     reg->xport = NULL;
+    reg->share_fd = -1;
+    reg->share_off = 0;
+    reg->share_ctl = NULL;
     reg->generation = r->next_generation++;
     if (r->next_generation == 0) r->next_generation = 1; /* 0 means "any" on the wire */
     void **slot = tsearch(reg, &r->root, compare_ranges);
@@ -150,16 +167,64 @@ int ferry_registry_remove(ferry_registry_t *r, uint64_t addr)
     pthread_rwlock_wrlock(&r->lock);
     ferry_region_t *reg = find_locked(r, addr);
     int rc = 0;
+    ferry_share_ctl_t *ctl = NULL;
     if (!reg)
         rc = ferry_fail(FERRY_ERR_ADDRESS_NOT_REGISTERED, "deregister: no region at 0x%llx", (unsigned long long)addr);
     else if (reg->addr != addr)
         rc = ferry_fail(FERRY_ERR_ADDRESS_NOT_REGISTERED,
                         "deregister: 0x%llx is inside region [0x%llx+%llu), not its start",
                         (unsigned long long)addr, (unsigned long long)reg->addr, (unsigned long long)reg->len);
-    else
+    else {
+        ctl = reg->share_ctl;
+        if (ctl) atomic_store(&ctl->state, FERRY_SHARE_REVOKED);
         remove_locked(r, reg);
+    }
+    pthread_rwlock_unlock(&r->lock);
+    /* Outside the lock: peers' copies into a shared pool take no lock here. */
+    if (ctl) ferry_share_revoke(ctl);
+    return rc;
+}
+
+int ferry_registry_set_shared(ferry_registry_t *r, uint64_t addr, int fd, uint64_t off, void *ctl)
+{
+    pthread_rwlock_wrlock(&r->lock);
+    ferry_region_t *reg = find_locked(r, addr);
+    int rc = 0;
+    if (!reg || reg->addr != addr || !ctl || fd < 0) {
+        rc = ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "share: no region starting at 0x%llx", (unsigned long long)addr);
+    } else {
+        ferry_share_ctl_t *c = ctl;
+        reg->share_fd = fd;
+        reg->share_off = off;
+        reg->share_ctl = ctl;
+        atomic_store(&c->generation, reg->generation);
+        atomic_store(&c->magic, FERRY_SHARE_MAGIC);
+        atomic_store(&c->state, FERRY_SHARE_LIVE);
+    }
     pthread_rwlock_unlock(&r->lock);
     return rc;
+}
+
+void ferry_share_revoke(ferry_share_ctl_t *ctl)
+{
+    atomic_store(&ctl->state, FERRY_SHARE_REVOKED);
+    uint64_t deadline = ferry_deadline_after_ms(FERRY_SHARE_REVOKE_WAIT_MS);
+    unsigned spins = 0;
+    while (atomic_load(&ctl->inuse) > 0) {
+        if (ferry_now_ns() >= deadline) {
+            FERRY_LOG(FERRY_LOG_WARN, "pool",
+                      "deregistering a shared pool: a peer's copy still marked in progress after %d ms (a peer that "
+                      "died mid-copy?); returning anyway",
+                      FERRY_SHARE_REVOKE_WAIT_MS);
+            return;
+        }
+        if (++spins > 1000) {
+            struct timespec ts = {0, 50000};
+            nanosleep(&ts, NULL);
+        } else {
+            sched_yield();
+        }
+    }
 }
 
 ferry_region_t *ferry_registry_lookup_locked(ferry_registry_t *r, uint64_t addr, uint64_t len)

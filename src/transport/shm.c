@@ -43,6 +43,8 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <sys/mman.h>
+#include <stdatomic.h>
 #include <unistd.h>
 
 #include "core/clock.h"
@@ -50,6 +52,7 @@
 #include "core/log.h"
 #include "core/memkind.h"
 #include "core/net.h"
+#include "core/share.h"
 #include "transport.h"
 
 /* Bytes per frame: large, since no socket buffer sits in between; one
@@ -533,10 +536,55 @@ static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t
     return 0;
 }
 
+static void put_u32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static void put_u64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static uint32_t get_u32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+static uint64_t get_u64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+/* SHM_MAP_REQ, on a verified connection: where the region holding
+ * [addr, addr+len) lives in a memfd, if it is a shared pool's. */
+static int serve_map(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, uint64_t deadline)
+{
+    int status = 0;
+    uint8_t info[FERRY_SHM_MAP_INFO_SIZE] = {0};
+    if (sc->state < 0) {
+        status = ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "%s", sc->reason);
+    } else {
+        ferry_registry_t *r = &c->engine->registry;
+        ferry_registry_read_lock(r);
+        status = ferry_registry_check_locked(r, f->addr, f->len, 0, f->crc, "target");
+        const ferry_region_t *reg = status ? NULL : ferry_registry_lookup_locked(r, f->addr, f->len);
+        if (reg) {
+            put_u64(info, reg->addr);
+            put_u64(info + 8, reg->len);
+            put_u64(info + 16, reg->share_off);
+            put_u32(info + 24, reg->share_ctl ? (uint32_t)reg->share_fd : UINT32_MAX);
+            put_u32(info + 28, reg->generation);
+            put_u32(info + 32, reg->flags);
+        }
+        ferry_registry_unlock(r);
+    }
+    if (status) return send_status(c, FERRY_FRAME_SHM_MAP_RESP, f, status, deadline);
+    ferry_frame_t a = {.type = FERRY_FRAME_SHM_MAP_RESP, .req_id = f->req_id, .addr = f->addr, .len = f->len,
+                       .plen = FERRY_SHM_MAP_INFO_SIZE};
+    return ferry_conn_send_frame(c, &a, info, deadline);
+}
+
 static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
 {
     uint64_t deadline = ferry_deadline_after_ms(c->engine->cfg.timeout_ms);
     bool write = f->type == FERRY_FRAME_CMA_WRITE;
+    bool map = f->type == FERRY_FRAME_SHM_MAP_REQ;
     uint8_t answer = write ? FERRY_FRAME_WRITE_ACK : FERRY_FRAME_READ_RESP;
     if (f->plen != 0 || f->flags != 0 || f->len == 0 || f->len > FERRY_WIRE_MAX_DATA || f->aux == 0 ||
         f->aux + f->len < f->aux)
@@ -556,6 +604,7 @@ static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
         sc->state = -1;
         snprintf(sc->reason, sizeof sc->reason, "the verified initiator pid %d has exited", (int)sc->pid);
     }
+    if (map) return serve_map(c, sc, f, deadline);
     int status;
     if (sc->state < 0)
         status = ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "%s", sc->reason);
@@ -688,11 +737,252 @@ static bool any_device_local(ferry_engine_t *e, const ferry_xfer_t *xs, size_t n
     return found;
 }
 
+/* ------------------------------------- initiator: shared-pool mappings */
+
+/* Regions of the target that live in a shared pool are mapped here (one
+ * mapping per region generation, cached per connection: a peer restart
+ * breaks the connection and so drops its mappings) and written or read
+ * with one memcpy, no frame at all. Anything unusual (not shareable, a
+ * stale generation, a revoked region, missing flags) leaves the piece to
+ * cross-memory attach, whose target-side checks give the proper error. */
+#define SHM_MAPS_MAX 32
+
+struct shm_map {
+    uint64_t addr, len;       /* the region, in the target's address space */
+    uint32_t generation, flags;
+    bool shareable;
+    unsigned char *map;       /* control header at 0, region at off */
+    size_t map_len, off;
+    struct shm_map *next;
+};
+
+struct shm_icache {
+    int state;                /* 0 unchecked, 1 the target pid verified, -1 mapping off */
+    int pidfd;                /* the verified target, -1 if pidfd_open is missing */
+    struct shm_map *maps;
+    size_t nmaps;
+};
+
+static void map_free(struct shm_map *m)
+{
+    if (m->map) munmap(m->map, m->map_len);
+    free(m);
+}
+
+static void icache_free(void *p)
+{
+    struct shm_icache *ic = p;
+    if (!ic) return;
+    for (struct shm_map *m = ic->maps, *n; m; m = n) {
+        n = m->next;
+        map_free(m);
+    }
+    if (ic->pidfd >= 0) close(ic->pidfd);
+    free(ic);
+}
+
+static void icache_drop(struct shm_icache *ic, struct shm_map *m)
+{
+    for (struct shm_map **pp = &ic->maps; *pp; pp = &(*pp)->next)
+        if (*pp == m) {
+            *pp = m->next;
+            ic->nmaps--;
+            map_free(m);
+            return;
+        }
+}
+
+static bool map_disabled_here(void)
+{
+    const char *v = getenv("FERRY_SHM_NOMAP");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+/* Whether the target's claimed pid owns the other end of our connection:
+ * what we map is then that process's memory, not someone else's. */
+static bool target_owns_conn(ferry_conn_t *c)
+{
+    struct sockaddr_storage peer_ss, self_ss;
+    socklen_t pl = sizeof peer_ss, sl = sizeof self_ss;
+    struct addr6 peer, self;
+    if (getpeername(c->fd, (struct sockaddr *)&peer_ss, &pl) != 0 ||
+        getsockname(c->fd, (struct sockaddr *)&self_ss, &sl) != 0 || to_addr6(&peer_ss, &peer) ||
+        to_addr6(&self_ss, &self) || !is_local_address(&peer))
+        return false;
+    uid_t uid;
+    unsigned long inode = find_socket_inode(&peer, &self, &uid);
+    return inode && c->peer.pid > 0 && pid_owns_socket(c->peer.pid, inode) > 0 && uid == getuid();
+}
+
+/* Asks the target about the region holding addr and maps it if shareable.
+ * NULL with *broken on a connection failure; NULL otherwise when there is
+ * nothing to map (the reason logged). */
+static struct shm_map *map_fetch(ferry_conn_t *c, struct shm_icache *ic, ferry_xfer_t *x, uint64_t addr,
+                                 int *broken)
+{
+    ferry_frame_t q = {.type = FERRY_FRAME_SHM_MAP_REQ, .req_id = x->req_id, .addr = addr, .len = 1,
+                       .aux = (uint64_t)(uintptr_t)x->local, .crc = x->generation};
+    int rc = ferry_conn_send_frame(c, &q, NULL, x->deadline);
+    ferry_frame_t a;
+    if (rc == 0) rc = ferry_conn_recv_frame(c, &a, x->deadline);
+    if (rc == 0 && (a.type != FERRY_FRAME_SHM_MAP_RESP || a.req_id != x->req_id))
+        rc = ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected SHM_MAP_RESP for request %llu, got %s",
+                        (unsigned long long)x->req_id, ferry_frame_type_name(a.type));
+    if (rc == 0 && a.status == 0 && a.plen != FERRY_SHM_MAP_INFO_SIZE)
+        rc = ferry_fail(FERRY_ERR_MALFORMED_FRAME, "SHM_MAP_RESP with %u payload bytes", a.plen);
+    if (rc) {
+        *broken = 1;
+        return NULL;
+    }
+    if (a.status < 0) {
+        char reason[200];
+        int st = fail_from_target(c, &a, x->deadline, reason, sizeof reason);
+        FERRY_LOG(FERRY_LOG_DEBUG, "shm", "%s: no mapping of 0x%llx: %s", c->peer.name, (unsigned long long)addr,
+                  reason);
+        if (st == FERRY_ERR_NOT_IMPLEMENTED) ic->state = -1; /* the target refuses this connection */
+        ferry_clear_last_error();
+        return NULL;
+    }
+    uint8_t info[FERRY_SHM_MAP_INFO_SIZE];
+    if (ferry_net_recv(c->fd, info, sizeof info, x->deadline) != 0) {
+        *broken = 1;
+        return NULL;
+    }
+    struct shm_map *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    m->addr = get_u64(info);
+    m->len = get_u64(info + 8);
+    m->off = (size_t)get_u64(info + 16);
+    int32_t tfd = (int32_t)get_u32(info + 24);
+    m->generation = get_u32(info + 28);
+    m->flags = get_u32(info + 32);
+    m->shareable = tfd >= 0;
+    char why[160] = "";
+    if (m->len == 0 || m->addr + m->len < m->addr || addr < m->addr || addr >= m->addr + m->len ||
+        m->off < sizeof(ferry_share_ctl_t) || m->off + m->len < m->off) {
+        snprintf(why, sizeof why, "inconsistent map info");
+        m->shareable = false;
+    }
+    if (m->shareable) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)c->peer.pid, (int)tfd);
+        int fd = map_disabled_here() ? (errno = EPERM, -1) : open(path, O_RDWR | O_CLOEXEC);
+        struct stat st;
+        int seals = fd >= 0 ? fcntl(fd, F_GET_SEALS) : -1;
+        m->map_len = m->off + (size_t)m->len;
+        if (fd < 0)
+            snprintf(why, sizeof why, "cannot open %s: %s", path, strerror(errno));
+        else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size < m->map_len)
+            snprintf(why, sizeof why, "%s is not a memfd of %zu bytes", path, m->map_len);
+        else if (seals < 0 || !(seals & F_SEAL_SHRINK))
+            snprintf(why, sizeof why, "%s is not sealed against shrinking", path);
+        if (!why[0]) {
+            void *mem = mmap(NULL, m->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            if (mem == MAP_FAILED) snprintf(why, sizeof why, "mmap of %s: %s", path, strerror(errno));
+            else m->map = mem;
+        }
+        if (fd >= 0) close(fd);
+        if (m->map) {
+            ferry_share_ctl_t *ctl = (ferry_share_ctl_t *)m->map;
+            if (atomic_load(&ctl->magic) != FERRY_SHARE_MAGIC || atomic_load(&ctl->generation) != m->generation) {
+                snprintf(why, sizeof why, "%s: control header does not match generation %u", path, m->generation);
+                munmap(m->map, m->map_len);
+                m->map = NULL;
+            }
+        }
+        if (!m->map) {
+            m->shareable = false;
+            FERRY_LOG(FERRY_LOG_INFO, "shm", "%s: not mapping region [0x%llx+%llu): %s; using cross-memory attach",
+                      c->peer.name, (unsigned long long)m->addr, (unsigned long long)m->len, why);
+        }
+    }
+    if (ic->nmaps >= SHM_MAPS_MAX) { /* drop the oldest (the list's tail) */
+        struct shm_map *t = ic->maps;
+        while (t->next) t = t->next;
+        icache_drop(ic, t);
+    }
+    m->next = ic->maps;
+    ic->maps = m;
+    ic->nmaps++;
+    return m;
+}
+
+/* Copies what it can of each piece through a mapping; the rest stays for
+ * cross-memory attach. 0, or a connection failure with *broken. */
+static int map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
+{
+    struct shm_icache *ic = c->xport;
+    if (!ic) {
+        if (c->xport_free && c->xport_free != icache_free) return 0; /* another transport's state */
+        ic = calloc(1, sizeof *ic);
+        if (!ic) return 0;
+        ic->pidfd = -1;
+        c->xport = ic;
+        c->xport_free = icache_free;
+    }
+    if (ic->state < 0) return 0;
+    if (ic->state == 0) {
+        ic->state = !map_disabled_here() && target_owns_conn(c) ? 1 : -1;
+        if (ic->state > 0) ic->pidfd = open_pidfd(c->peer.pid);
+        if (ic->state < 0) {
+            FERRY_LOG(FERRY_LOG_INFO, "shm", "%s: shared-pool mapping off for this connection (%s)", c->peer.name,
+                      map_disabled_here() ? "FERRY_SHM_NOMAP" : "the peer's pid does not own the connection");
+            return 0;
+        }
+    }
+    /* A target that died never revoked its pools: its mappings would take
+     * writes that nobody reads. The pidfd also survives pid reuse. */
+    if (pidfd_exited(ic->pidfd)) {
+        ic->state = -1;
+        while (ic->maps) icache_drop(ic, ic->maps);
+        return 0;
+    }
+    for (size_t i = 0; i < nx && ic->state > 0; i++) {
+        ferry_xfer_t *x = &xs[i];
+        if (!piece_sendable(x, x->done)) continue;
+        uint64_t at = x->remote + x->done, left = x->len - x->done;
+        struct shm_map *m = ic->maps;
+        while (m && !(at >= m->addr && at - m->addr < m->len)) m = m->next;
+        if (m && x->generation && m->generation != x->generation) {
+            icache_drop(ic, m); /* a newer registration, maybe */
+            m = NULL;
+        }
+        if (!m) m = map_fetch(c, ic, x, at, broken);
+        if (*broken) return ferry_last_error_code() ? ferry_last_error_code() : FERRY_ERR_PEER_CLOSED;
+        if (!m || !m->shareable) continue;
+        uint32_t need = x->opcode == FERRY_OP_WRITE ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_REMOTE_READ;
+        if ((m->flags & need) != need || left > m->addr + m->len - at ||
+            (x->generation && x->generation != m->generation))
+            continue; /* cross-memory attach: the target names the error */
+        ferry_share_ctl_t *ctl = (ferry_share_ctl_t *)m->map;
+        while (piece_sendable(x, x->done)) {
+            uint64_t n = x->len - x->done < SHM_SLICE ? x->len - x->done : SHM_SLICE;
+            unsigned char *there = m->map + m->off + (x->remote + x->done - m->addr);
+            atomic_fetch_add(&ctl->inuse, 1);
+            if (atomic_load(&ctl->state) != FERRY_SHARE_LIVE || atomic_load(&ctl->generation) != m->generation) {
+                atomic_fetch_sub(&ctl->inuse, 1);
+                icache_drop(ic, m); /* deregistered: the attach path reports it */
+                break;
+            }
+            if (x->opcode == FERRY_OP_WRITE) memcpy(there, x->local + x->done, (size_t)n);
+            else memcpy(x->local + x->done, there, (size_t)n);
+            atomic_thread_fence(memory_order_release); /* placed before the count drops */
+            atomic_fetch_sub(&ctl->inuse, 1);
+            x->done += n;
+            if (x->progress) atomic_fetch_add(x->progress, n);
+        }
+    }
+    return 0;
+}
+
 static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
 {
     if (any_device_local(c->engine, xs, nx)) return ferry_transport_tcp.run(c, xs, nx, broken);
     char why[200];
     if (via_intermediary(c, why, sizeof why)) return fall_back(c, xs, nx, broken, why);
+    *broken = 0;
+    int mrc = map_pass(c, xs, nx, broken);
+    if (*broken) return mrc;
     struct inflight ring[SHM_WINDOW];
     unsigned head = 0, count = 0;
     size_t cur = 0;
@@ -828,5 +1118,5 @@ const ferry_transport_ops_t ferry_transport_shm = {
     .usable = shm_usable,
     .run = shm_run,
     .serve = shm_serve,
-    .serve_types = (1u << FERRY_FRAME_CMA_WRITE) | (1u << FERRY_FRAME_CMA_READ),
+    .serve_types = (1u << FERRY_FRAME_CMA_WRITE) | (1u << FERRY_FRAME_CMA_READ) | (1u << FERRY_FRAME_SHM_MAP_REQ),
 };

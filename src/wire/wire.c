@@ -28,7 +28,7 @@ static const char *const type_names[] = {
     "INVALID", "HELLO", "HELLO_ACK", "SEG_QUERY", "SEG_PAGE", "WRITE", "WRITE_ACK",
     "READ_REQ", "READ_RESP", "NOTIFY", "NOTIFY_ACK", "PING", "PONG", "CANCEL",
     "CANCEL_ACK", "CMA_WRITE", "CMA_READ", "AUTH", "AUTH_ACK", "ERROR",
-    "RDMA_CONNECT", "RDMA_CONNECT_ACK", "RDMA_MR_QUERY", "RDMA_MR_INFO", "RDMA_COMMIT", "RDMA_COMMIT_ACK"};
+    "RDMA_CONNECT", "RDMA_CONNECT_ACK", "RDMA_MR_QUERY", "RDMA_MR_INFO", "RDMA_COMMIT", "RDMA_COMMIT_ACK", "SHM_MAP_REQ", "SHM_MAP_RESP"};
 _Static_assert(sizeof type_names / sizeof type_names[0] == FERRY_FRAME_TYPE_MAX + 1, "a frame type has no name");
 
 const char *ferry_frame_type_name(uint8_t type)
@@ -59,6 +59,7 @@ uint32_t ferry_frame_max_payload(uint8_t type)
     case FERRY_FRAME_RDMA_CONNECT_ACK: /* QP info, or the reason text when status < 0 */
     case FERRY_FRAME_RDMA_MR_INFO:     /* MR info, or the reason text */
     case FERRY_FRAME_RDMA_COMMIT_ACK:  /* the reason text when status < 0 */
+    case FERRY_FRAME_SHM_MAP_RESP:     /* map info, or the reason text */
         return FERRY_WIRE_MAX_REASON;
     default:
         return 0;

@@ -74,7 +74,11 @@ enum ferry_frame_type {
     FERRY_FRAME_RDMA_MR_INFO = 23,     /* t->i: status; payload = ferry_rdma_mr_info, or the reason text */
     FERRY_FRAME_RDMA_COMMIT = 24,      /* i->t: [addr, addr+len) was RDMA-written; aux = generation */
     FERRY_FRAME_RDMA_COMMIT_ACK = 25,  /* t->i: status, len = bytes confirmed; payload = reason text */
-    FERRY_FRAME_TYPE_MAX = 25
+    /* Shared pools (transport/shm.c), only on connections whose pid the
+     * target verified: */
+    FERRY_FRAME_SHM_MAP_REQ = 26,      /* i->t: may I map [addr, addr+len)? crc = generation, aux = probe address */
+    FERRY_FRAME_SHM_MAP_RESP = 27,     /* t->i: status; payload = ferry_shm_map_info, or the reason text */
+    FERRY_FRAME_TYPE_MAX = 27
 };
 
 #define FERRY_FRAME_F_CRC 0x01u
@@ -151,6 +155,12 @@ int ferry_segment_decode(const uint8_t in[FERRY_WIRE_SEGMENT_SIZE], ferry_wire_s
  *     0    8 region address              8    8 region length
  *    16    4 rkey                       20    4 region generation
  *    24    4 region flags (FERRY_MEM_REMOTE_*)  28  4 reserved, 0 */
+/* SHM map info, 40 bytes, sent in SHM_MAP_RESP:
+ *     0    8 region address              8    8 region length
+ *    16    8 region offset in the memfd (its control header at 0)
+ *    24    4 the memfd's fd number in the target (-1: region not shareable)
+ *    28    4 region generation          32    4 region flags    36 4 reserved */
+#define FERRY_SHM_MAP_INFO_SIZE 40
 #define FERRY_RDMA_QP_INFO_SIZE 48
 #define FERRY_RDMA_MR_INFO_SIZE 32
 #define FERRY_RDMA_LINK_IB 1

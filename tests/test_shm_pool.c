@@ -1,0 +1,357 @@
+/* Shared pools (ferry_pool_create_shared) between two processes (fork):
+ * an initiator on the same host maps the target's pool and writes/reads it
+ * with memcpy. Round trips verified by the target, bounds and flags refused
+ * without touching memory, deregistration while a writer loops (no byte
+ * changes after it returns), a peer restart, and the fallback to
+ * cross-memory attach when mapping is off. */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#include <ferry/pool.h>
+
+#define POOL (8u << 20)
+
+enum { CMD_QUIT = 0, CMD_CHECK, CMD_FILL, CMD_DEREG_WATCH, CMD_PLACED, CMD_CHECK_RO };
+
+struct cmd {
+    int op;
+    uint64_t seed, off, len;
+};
+
+struct reply {
+    int rc;
+    uint16_t port;
+    uint64_t addr, addr_ro, value;
+    int32_t pid;
+};
+
+typedef struct child {
+    pid_t pid;
+    int to, from;
+    uint16_t port;
+    char peer[64];
+    uint64_t addr, addr_ro;
+} child_t;
+
+static void child_main(int in, int out, uint16_t port)
+{
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.timeout_ms = 10000;
+    cfg.port = port;
+    ferry_engine_t *e = NULL;
+    ferry_pool_t *p = NULL, *ro = NULL;
+    void *buf = NULL, *buf_ro = NULL;
+    struct reply r = {0};
+    r.rc = ferry_engine_create(&cfg, &e);
+    if (r.rc == 0) r.rc = ferry_pool_create_shared(e, POOL, FERRY_MEM_REMOTE, &p);
+    if (r.rc == 0) r.rc = ferry_pool_create_shared(e, POOL, FERRY_MEM_REMOTE_READ, &ro);
+    if (r.rc == 0) r.rc = ferry_pool_alloc(p, POOL, &buf);
+    if (r.rc == 0) r.rc = ferry_pool_alloc(ro, POOL, &buf_ro);
+    if (r.rc == 0) {
+        harness_fill(buf_ro, POOL, 11);
+        r.port = ferry_engine_port(e);
+    }
+    r.addr = (uint64_t)(uintptr_t)buf;
+    r.addr_ro = (uint64_t)(uintptr_t)buf_ro;
+    r.pid = (int32_t)getpid();
+    if (write(out, &r, sizeof r) != sizeof r) _exit(1);
+    unsigned char *b = buf;
+    struct cmd c;
+    while (read(in, &c, sizeof c) == sizeof c && c.op != CMD_QUIT) {
+        struct reply a = {0};
+        switch (c.op) {
+        case CMD_CHECK: a.rc = harness_check(b + c.off, c.len, c.seed) ? 0 : 1; break;
+        case CMD_CHECK_RO: a.rc = harness_check(buf_ro, POOL, 11) ? 0 : 1; break;
+        case CMD_FILL: harness_fill(b + c.off, c.len, c.seed); break;
+        case CMD_PLACED: {
+            ferry_stats_t st;
+            a.rc = ferry_engine_stats(e, &st);
+            a.value = st.bytes_placed;
+            break;
+        }
+        case CMD_DEREG_WATCH: {
+            /* After ferry_deregister returns, no byte of the pool changes. */
+            a.rc = ferry_deregister(e, b);
+            unsigned char *snap = malloc(POOL);
+            memcpy(snap, b, POOL);
+            struct timespec ts = {0, 200 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+            if (a.rc == 0 && memcmp(snap, b, POOL) != 0) a.rc = 2;
+            free(snap);
+            break;
+        }
+        }
+        if (write(out, &a, sizeof a) != sizeof a) break;
+    }
+    ferry_pool_destroy(p);
+    ferry_pool_destroy(ro);
+    ferry_engine_destroy(e);
+    _exit(0);
+}
+
+static child_t *child_start(uint16_t port)
+{
+    int down[2], up[2];
+    assert_int_equal(pipe(down), 0);
+    assert_int_equal(pipe(up), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(down[1]);
+        close(up[0]);
+        child_main(down[0], up[1], port);
+    }
+    close(down[0]);
+    close(up[1]);
+    child_t *c = calloc(1, sizeof *c);
+    c->pid = pid;
+    c->to = down[1];
+    c->from = up[0];
+    struct reply r;
+    assert_int_equal(read(c->from, &r, sizeof r), sizeof r);
+    assert_int_equal(r.rc, 0);
+    c->port = r.port;
+    snprintf(c->peer, sizeof c->peer, "127.0.0.1:%u", r.port);
+    c->addr = r.addr;
+    c->addr_ro = r.addr_ro;
+    return c;
+}
+
+static struct reply child_ask(child_t *c, int op, uint64_t seed, uint64_t off, uint64_t len)
+{
+    struct cmd m = {op, seed, off, len};
+    assert_int_equal(write(c->to, &m, sizeof m), sizeof m);
+    struct reply r;
+    assert_int_equal(read(c->from, &r, sizeof r), sizeof r);
+    return r;
+}
+
+static int child_do(child_t *c, int op, uint64_t seed, uint64_t off, uint64_t len)
+{
+    return child_ask(c, op, seed, off, len).rc;
+}
+
+static uint64_t placed(child_t *c) { return child_ask(c, CMD_PLACED, 0, 0, 0).value; }
+
+static void child_stop(child_t *c, bool kill_it)
+{
+    struct cmd m = {CMD_QUIT, 0, 0, 0};
+    if (kill_it || write(c->to, &m, sizeof m) != sizeof m) kill(c->pid, SIGKILL);
+    int status = 0;
+    waitpid(c->pid, &status, 0);
+    close(c->to);
+    close(c->from);
+    free(c);
+    if (!kill_it) assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+static ferry_engine_t *initiator(void)
+{
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.timeout_ms = 10000;
+    cfg.connect_timeout_ms = 5000;
+    return harness_engine_cfg(&cfg);
+}
+
+/* ------------------------------------------------------------- tests */
+
+static void round_trips_are_mapped(void **state)
+{
+    (void)state;
+    child_t *c = child_start(0);
+    ferry_engine_t *e = initiator();
+    unsigned char *src = malloc(POOL);
+    assert_int_equal(ferry_register(e, src, POOL, FERRY_MEM_LOCAL), 0);
+    const size_t sizes[] = {1, 4096 + 7, (1u << 20) + 3, POOL};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        size_t len = sizes[k], off = len < POOL ? 12345 : 0;
+        harness_fill(src, len, 100 + k);
+        int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr + off, len);
+        if (rc) fail_msg("write %zu: %s", len, ferry_last_error_detail());
+        assert_int_equal(child_do(c, CMD_CHECK, 100 + k, off, len), 0);
+        assert_int_equal(child_do(c, CMD_FILL, 200 + k, off, len), 0);
+        memset(src, 0, len);
+        rc = ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src, c->addr + off, len);
+        if (rc) fail_msg("read %zu: %s", len, ferry_last_error_detail());
+        assert_true(harness_check(src, len, 200 + k));
+    }
+    /* A batch scattering 64 blocks in reverse order. */
+    enum { N = 64, BLOCK = 65536 };
+    void *locals[N];
+    uint64_t remotes[N];
+    size_t lens[N];
+    harness_fill(src, (size_t)N * BLOCK, 7);
+    for (int i = 0; i < N; i++) {
+        locals[i] = src + (size_t)i * BLOCK;
+        remotes[i] = c->addr + (uint64_t)(N - 1 - i) * BLOCK;
+        lens[i] = BLOCK;
+    }
+    assert_int_equal(ferry_batch_transfer_sync(e, c->peer, FERRY_OP_WRITE, locals, remotes, lens, N), 0);
+    memset(src, 0, (size_t)N * BLOCK);
+    assert_int_equal(ferry_batch_transfer_sync(e, c->peer, FERRY_OP_READ, locals, remotes, lens, N), 0);
+    assert_true(harness_check(src, (size_t)N * BLOCK, 7));
+    /* Every byte went through the mapping: the target placed none itself. */
+    assert_int_equal(placed(c), 0);
+
+    /* Out of bounds: refused, and no byte of the pool changes. */
+    assert_int_equal(child_do(c, CMD_FILL, 9, 0, POOL), 0);
+    harness_fill(src, 200, 1);
+    int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr + POOL - 100, 200);
+    assert_true(rc == FERRY_ERR_OUT_OF_BOUNDS || rc == FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    assert_int_equal(child_do(c, CMD_CHECK, 9, 0, POOL), 0);
+    /* A read-only shared pool: writes refused, reads mapped. */
+    rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr_ro, 4096);
+    assert_int_equal(rc, FERRY_ERR_ACCESS_DENIED);
+    assert_int_equal(child_do(c, CMD_CHECK_RO, 0, 0, 0), 0);
+    memset(src, 0, POOL);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src, c->addr_ro, POOL), 0);
+    assert_true(harness_check(src, POOL, 11));
+    assert_int_equal(placed(c), 0);
+    ferry_engine_destroy(e);
+    free(src);
+    child_stop(c, false);
+}
+
+struct writer {
+    ferry_engine_t *e;
+    const char *peer;
+    uint64_t addr;
+    unsigned char *src;
+    atomic_bool stop;
+    atomic_int ok, failed;
+    int last_rc;
+};
+
+static void *writer_main(void *arg)
+{
+    struct writer *w = arg;
+    for (unsigned i = 0; !atomic_load(&w->stop); i++) {
+        w->src[0] = (unsigned char)i; /* every write changes bytes */
+        w->src[(1u << 20) - 1] = (unsigned char)(i * 7);
+        int rc = ferry_transfer_sync(w->e, w->peer, FERRY_OP_WRITE, w->src, w->addr, 1u << 20);
+        if (rc == 0) {
+            atomic_fetch_add(&w->ok, 1);
+        } else {
+            atomic_fetch_add(&w->failed, 1);
+            w->last_rc = rc;
+            struct timespec ts = {0, 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return NULL;
+}
+
+static void deregister_while_writing(void **state)
+{
+    (void)state;
+    child_t *c = child_start(0);
+    ferry_engine_t *e = initiator();
+    struct writer w = {.e = e, .peer = c->peer, .addr = c->addr, .src = malloc(1u << 20)};
+    harness_fill(w.src, 1u << 20, 3);
+    assert_int_equal(ferry_register(e, w.src, 1u << 20, FERRY_MEM_LOCAL), 0);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, writer_main, &w), 0);
+    while (atomic_load(&w.ok) < 20 && atomic_load(&w.failed) == 0) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(atomic_load(&w.failed), 0);
+    assert_int_equal(child_do(c, CMD_DEREG_WATCH, 0, 0, 0), 0);
+    int failed_before = atomic_load(&w.failed);
+    (void)failed_before;
+    struct timespec ts = {0, 50 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    atomic_store(&w.stop, true);
+    pthread_join(t, NULL);
+    assert_true(atomic_load(&w.failed) > 0);
+    assert_true(w.last_rc == FERRY_ERR_ADDRESS_NOT_REGISTERED || w.last_rc == FERRY_ERR_STALE_SEGMENT);
+    assert_int_equal(placed(c), 0);
+    ferry_engine_destroy(e);
+    free(w.src);
+    child_stop(c, false);
+}
+
+static void peer_restart_drops_mappings(void **state)
+{
+    (void)state;
+    child_t *a = child_start(0);
+    uint16_t port = a->port;
+    char old_peer[64];
+    snprintf(old_peer, sizeof old_peer, "%s", a->peer);
+    ferry_engine_t *e = initiator();
+    unsigned char *src = malloc(1u << 20);
+    assert_int_equal(ferry_register(e, src, 1u << 20, FERRY_MEM_LOCAL), 0);
+    harness_fill(src, 1u << 20, 21);
+    assert_int_equal(ferry_transfer_sync(e, a->peer, FERRY_OP_WRITE, src, a->addr, 1u << 20), 0);
+    assert_int_equal(child_do(a, CMD_CHECK, 21, 0, 1u << 20), 0);
+    uint64_t old_addr = a->addr;
+    child_stop(a, true);
+    /* The dead target's pool is still mapped here: nothing may be reported
+     * placed there. */
+    assert_int_not_equal(ferry_transfer_sync(e, old_peer, FERRY_OP_WRITE, src, old_addr, 1u << 20), 0);
+    child_t *b = child_start(port);
+    harness_fill(src, 1u << 20, 22);
+    int rc = ferry_transfer_sync(e, b->peer, FERRY_OP_WRITE, src, b->addr, 1u << 20);
+    if (rc) {
+        assert_int_equal(rc, FERRY_ERR_PEER_RESTARTED);
+        assert_int_equal(ferry_session_close(e, b->peer), 0);
+        rc = ferry_transfer_sync(e, b->peer, FERRY_OP_WRITE, src, b->addr, 1u << 20);
+    }
+    if (rc) fail_msg("write after restart: %s", ferry_last_error_detail());
+    assert_int_equal(child_do(b, CMD_CHECK, 22, 0, 1u << 20), 0);
+    assert_int_equal(placed(b), 0); /* through a fresh mapping of the new process's pool */
+    ferry_engine_destroy(e);
+    free(src);
+    child_stop(b, false);
+}
+
+static void fallback_when_mapping_is_off(void **state)
+{
+    (void)state;
+    setenv("FERRY_SHM_NOMAP", "1", 1);
+    child_t *c = child_start(0);
+    ferry_engine_t *e = initiator();
+    unsigned char *src = malloc(1u << 20);
+    assert_int_equal(ferry_register(e, src, 1u << 20, FERRY_MEM_LOCAL), 0);
+    harness_fill(src, 1u << 20, 31);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, 1u << 20), 0);
+    assert_int_equal(child_do(c, CMD_CHECK, 31, 0, 1u << 20), 0);
+    /* The target placed the bytes itself: cross-memory attach. */
+    assert_int_equal(placed(c), 1u << 20);
+    ferry_peer_info_t info;
+    assert_int_equal(ferry_session_info(e, c->peer, &info), 0);
+    assert_string_equal(info.transport, "shm");
+    ferry_engine_destroy(e);
+    free(src);
+    child_stop(c, false);
+    unsetenv("FERRY_SHM_NOMAP");
+}
+
+int main(void)
+{
+    const char *t = getenv("FERRY_TRANSPORT");
+    if (t && *t && strcmp(t, "shm") != 0 && strcmp(t, "auto") != 0) {
+        printf("# skipped: FERRY_TRANSPORT=%s\n", t);
+        return 0;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(round_trips_are_mapped),
+        cmocka_unit_test(deregister_while_writing),
+        cmocka_unit_test(peer_restart_drops_mappings),
+        cmocka_unit_test(fallback_when_mapping_is_off),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
