@@ -966,7 +966,8 @@ static int map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
             }
             if (x->opcode == FERRY_OP_WRITE) memcpy(there, x->local + x->done, (size_t)n);
             else memcpy(x->local + x->done, there, (size_t)n);
-            atomic_thread_fence(memory_order_release); /* placed before the count drops */
+            /* A seq_cst read-modify-write: a release, so the copy is placed
+             * before the target can see the count drop. */
             atomic_fetch_sub(&ctl->inuse, 1);
             x->done += n;
             if (x->progress) atomic_fetch_add(x->progress, n);
