@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include <ferry/ferry.h>
+#include <ferry/pool.h>
 
 #include "cli.h"
 
@@ -158,6 +159,7 @@ struct opts {
     size_t buffer;        /* target: bytes to register */
     size_t blocks;        /* distinct blocks per thread (0 = batch size) */
     int spin_us;          /* config.spin_us for both engines (-1 = config/env) */
+    int shared_pool;      /* target: the buffer is a shared pool's (ferry_pool_create_shared) */
     /* extras */
     int regions, sessions;
     double idle;
@@ -209,6 +211,8 @@ static void usage(FILE *f)
             "                        (config.spin_us; default: none, waits block)\n"
             "  --json                one JSON object on stdout instead of text\n"
             "  --hugepages           buffers ask for transparent huge pages (both sides)\n"
+            "  --shared-pool         the target's buffer is in a shared pool (memfd): same-host\n"
+            "                        initiators map it and copy with memcpy\n"
             "\n"
             "The target prints one JSON line {\"name\",\"addr\",\"len\",\"pid\"} once it serves.\n"
             "Latency is per call: one batch of --batch-size requests, submit to completion.\n");
@@ -230,6 +234,7 @@ static int parse_opts(int argc, char **argv, int i, struct opts *o)
     } while (0)
         if (strcmp(a, "--local") == 0) o->local = 1;
         else if (strcmp(a, "--hugepages") == 0) use_hugepages = 1;
+        else if (strcmp(a, "--shared-pool") == 0) o->shared_pool = 1;
         else if (strcmp(a, "--json") == 0) o->json = 1;
         else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
@@ -311,14 +316,27 @@ static void on_signal(int sig) { (void)sig; stop_flag = 1; }
 static int run_target(const struct opts *o, int out)
 {
     size_t len = o->buffer ? o->buffer : (size_t)1 << 30;
-    void *buf = alloc_touched(len);
-    if (!buf) {
-        fprintf(stderr, "ferry bench target: cannot allocate %zu bytes\n", len);
-        return 1;
-    }
     ferry_engine_t *e;
-    if (make_engine(o, o->port, &e) != 0) return 1;
-    if (ferry_register(e, buf, len, FERRY_MEM_REMOTE) != 0) {
+    ferry_pool_t *pool = NULL;
+    void *buf = NULL;
+    if (o->shared_pool) {
+        if (make_engine(o, o->port, &e) != 0) return 1;
+        size_t cap = 4096; /* a buddy pool hands out powers of two */
+        while (cap < len) cap *= 2;
+        if (ferry_pool_create_shared(e, cap, FERRY_MEM_REMOTE, &pool) != 0 || ferry_pool_alloc(pool, len, &buf) != 0) {
+            fprintf(stderr, "ferry bench target: shared pool of %zu bytes: %s\n", len, ferry_last_error_detail());
+            return 1;
+        }
+        memset(buf, 1, len); /* touched, as alloc_touched does */
+    } else {
+        buf = alloc_touched(len);
+        if (!buf) {
+            fprintf(stderr, "ferry bench target: cannot allocate %zu bytes\n", len);
+            return 1;
+        }
+        if (make_engine(o, o->port, &e) != 0) return 1;
+    }
+    if (!pool && ferry_register(e, buf, len, FERRY_MEM_REMOTE) != 0) {
         fprintf(stderr, "ferry bench target: register: %s\n", ferry_last_error_detail());
         return 1;
     }
@@ -336,8 +354,9 @@ static int run_target(const struct opts *o, int out)
         struct timespec ts = {0, 50 * 1000000};
         nanosleep(&ts, NULL);
     }
+    if (pool) ferry_pool_destroy(pool);
     ferry_engine_destroy(e);
-    munmap(buf, len);
+    if (!pool) munmap(buf, len);
     return 0;
 }
 
