@@ -78,7 +78,7 @@ static void child_main(int in, int out, uint16_t port)
         case CMD_PLACED: {
             ferry_stats_t st;
             a.rc = ferry_engine_stats(e, &st);
-            a.value = st.bytes_placed;
+            a.value = st.bytes_placed + st.bytes_served; /* what cross-memory attach moved */
             break;
         }
         case CMD_DEREG_WATCH: {

@@ -866,6 +866,10 @@ static struct shm_map *map_fetch(ferry_conn_t *c, struct shm_icache *ic, ferry_x
     if (m->shareable) {
         char path[64];
         snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)c->peer.pid, (int)tfd);
+        /* The control header takes our in-use count, so it is mapped
+         * writable; a read-only pool's data is then made read-only here (a
+         * bug of ours cannot write it). */
+        bool rw = (m->flags & FERRY_MEM_REMOTE_WRITE) != 0;
         int fd = map_disabled_here() ? (errno = EPERM, -1) : open(path, O_RDWR | O_CLOEXEC);
         struct stat st;
         int seals = fd >= 0 ? fcntl(fd, F_GET_SEALS) : -1;
@@ -878,8 +882,14 @@ static struct shm_map *map_fetch(ferry_conn_t *c, struct shm_icache *ic, ferry_x
             snprintf(why, sizeof why, "%s is not sealed against shrinking", path);
         if (!why[0]) {
             void *mem = mmap(NULL, m->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-            if (mem == MAP_FAILED) snprintf(why, sizeof why, "mmap of %s: %s", path, strerror(errno));
-            else m->map = mem;
+            if (mem == MAP_FAILED) {
+                snprintf(why, sizeof why, "mmap of %s: %s", path, strerror(errno));
+            } else if (!rw && (m->off % 4096 != 0 || mprotect((unsigned char *)mem + m->off, (size_t)m->len, PROT_READ))) {
+                snprintf(why, sizeof why, "mprotect of %s: %s", path, strerror(errno));
+                munmap(mem, m->map_len);
+            } else {
+                m->map = mem;
+            }
         }
         if (fd >= 0) close(fd);
         if (m->map) {
@@ -922,11 +932,15 @@ static int map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
     }
     if (ic->state < 0) return 0;
     if (ic->state == 0) {
-        ic->state = !map_disabled_here() && target_owns_conn(c) ? 1 : -1;
+        /* An older target does not know SHM_MAP_REQ (it would drop us). */
+        bool offered = (c->peer.flags & FERRY_HELLO_F_SHMPOOL) != 0;
+        ic->state = offered && !map_disabled_here() && target_owns_conn(c) ? 1 : -1;
         if (ic->state > 0) ic->pidfd = open_pidfd(c->peer.pid);
         if (ic->state < 0) {
             FERRY_LOG(FERRY_LOG_INFO, "shm", "%s: shared-pool mapping off for this connection (%s)", c->peer.name,
-                      map_disabled_here() ? "FERRY_SHM_NOMAP" : "the peer's pid does not own the connection");
+                      !offered              ? "the peer does not serve shared-pool mappings"
+                      : map_disabled_here() ? "FERRY_SHM_NOMAP"
+                                            : "the peer's pid does not own the connection");
             return 0;
         }
     }
@@ -1114,10 +1128,17 @@ static int shm_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, s
     return 1;
 }
 
+static uint32_t shm_hello_flags(ferry_engine_t *e)
+{
+    (void)e;
+    return FERRY_HELLO_F_SHMPOOL;
+}
+
 const ferry_transport_ops_t ferry_transport_shm = {
     .name = "shm",
     .usable = shm_usable,
     .run = shm_run,
     .serve = shm_serve,
     .serve_types = (1u << FERRY_FRAME_CMA_WRITE) | (1u << FERRY_FRAME_CMA_READ) | (1u << FERRY_FRAME_SHM_MAP_REQ),
+    .hello_flags = shm_hello_flags,
 };

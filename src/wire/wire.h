@@ -108,6 +108,7 @@ const char *ferry_frame_type_name(uint8_t type);
 #define FERRY_HELLO_F_AUTH 0x01u   /* the sender requires shared-secret auth */
 #define FERRY_HELLO_F_CMA 0x02u    /* the sender permits cross-memory attach */
 #define FERRY_HELLO_F_RDMA 0x04u   /* the sender has a usable RDMA device and serves RDMA frames */
+#define FERRY_HELLO_F_SHMPOOL 0x08u /* the sender serves SHM_MAP_REQ (shared pools) */
 
 typedef struct ferry_hello {
     uint16_t proto_min, proto_max;
