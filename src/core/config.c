@@ -30,7 +30,7 @@ void ferry_config_init(ferry_config_t *cfg)
     cfg->spin_us = 0;
 }
 
-static int env_long(const char *name, long lo, long hi, long *out)
+int ferry_env_long(const char *name, long lo, long hi, long *out)
 {
     const char *v = getenv(name);
     if (!v || !*v) return 0;
@@ -47,7 +47,7 @@ static int env_long(const char *name, long lo, long hi, long *out)
 #define ENV_INT(var, field, lo, hi)                         \
     do {                                                    \
         long v_;                                            \
-        int r_ = env_long(var, lo, hi, &v_);                \
+        int r_ = ferry_env_long(var, lo, hi, &v_);                \
         if (r_ < 0) return r_;                              \
         if (r_) cfg->field = (__typeof__(cfg->field))v_;    \
     } while (0)

@@ -363,6 +363,22 @@ static bool conn_looks_healthy(ferry_conn_t *c)
     return poll(&p, 1, 0) == 0;
 }
 
+/* With s->lock held: counts a new connection, releases the lock and
+ * connects; a failed connect gives its place back. */
+static int connect_counted(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out)
+{
+    s->nconns++;
+    pthread_mutex_unlock(&s->lock);
+    int rc = connect_new(s, deadline, out);
+    if (rc) {
+        pthread_mutex_lock(&s->lock);
+        s->nconns--;
+        pthread_cond_signal(&s->cond);
+        pthread_mutex_unlock(&s->lock);
+    }
+    return rc;
+}
+
 static int state_error(ferry_session_t *s)
 {
     if (s->state == SESSION_RESTARTED)
@@ -413,18 +429,7 @@ int ferry_session_checkout_abortable(ferry_session_t *s, uint64_t deadline, atom
             ferry_conn_free(c);
             continue;
         }
-        if (s->nconns < s->max_conns) {
-            s->nconns++;
-            pthread_mutex_unlock(&s->lock);
-            int rc = connect_new(s, deadline, out);
-            if (rc) {
-                pthread_mutex_lock(&s->lock);
-                s->nconns--;
-                pthread_cond_signal(&s->cond);
-                pthread_mutex_unlock(&s->lock);
-            }
-            return rc;
-        }
+        if (s->nconns < s->max_conns) return connect_counted(s, deadline, out);
         struct timespec ts = ferry_deadline_timespec(deadline);
         if (deadline == UINT64_MAX)
             pthread_cond_wait(&s->cond, &s->lock);
@@ -450,16 +455,7 @@ int ferry_session_checkout_spare(ferry_session_t *s, uint64_t deadline, bool fre
         s->nconns--;
         ferry_conn_free(c);
     }
-    s->nconns++;
-    pthread_mutex_unlock(&s->lock);
-    int rc = connect_new(s, deadline, out);
-    if (rc) {
-        pthread_mutex_lock(&s->lock);
-        s->nconns--;
-        pthread_cond_signal(&s->cond);
-        pthread_mutex_unlock(&s->lock);
-    }
-    return rc;
+    return connect_counted(s, deadline, out);
 }
 
 void ferry_session_checkin(ferry_session_t *s, ferry_conn_t *c, bool ok)

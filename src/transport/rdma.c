@@ -47,16 +47,10 @@ int ferry_rdma_built(void)
 
 static int env_int(const char *name, long lo, long hi, int *out)
 {
-    const char *v = getenv(name);
-    if (!v || !*v) return 0;
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 0);
-    if (errno || *end || x < lo || x > hi)
-        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "environment %s='%s' is not an integer in [%ld, %ld]", name, v,
-                          lo, hi);
-    *out = (int)x;
-    return 0;
+    long v;
+    int rc = ferry_env_long(name, lo, hi, &v);
+    if (rc > 0) *out = (int)v;
+    return rc < 0 ? rc : 0;
 }
 
 int ferry_rdma_env_load(ferry_rdma_env_t *env)

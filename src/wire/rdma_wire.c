@@ -4,25 +4,10 @@
 #include <string.h>
 
 #include "core/fail.h"
+#include "le.h"
 #include "wire.h"
 #include <ferry/ferry.h>
 
-static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
 
 void ferry_rdma_qp_info_encode(const ferry_rdma_qp_info_t *q, uint8_t out[FERRY_RDMA_QP_INFO_SIZE])
 {

@@ -1,5 +1,6 @@
 /* Encoding and validation of Ferry frames. Hand-written: it is the hot path
  * (one header per slice) and the format is a fixed little-endian struct. */
+#include "le.h"
 #include "wire.h"
 
 #include <string.h>
@@ -7,22 +8,6 @@
 #include "core/fail.h"
 #include <ferry/ferry.h>
 
-static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
 
 static const char *const type_names[] = {
     "INVALID", "HELLO", "HELLO_ACK", "SEG_QUERY", "SEG_PAGE", "WRITE", "WRITE_ACK",
