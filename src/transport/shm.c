@@ -24,7 +24,16 @@
  *
  * FERRY_SHM_DISABLE=1 in a target's environment makes it refuse (to test or
  * to force the fallback); config.transport = "tcp" keeps an initiator off
- * shm altogether. */
+ * shm altogether.
+ *
+ * Shared pools (ferry_pool_create_shared, core/share.h) take a shorter way
+ * still: the initiator asks once per connection and region (SHM_MAP_REQ,
+ * served only on verified connections and only by targets advertising
+ * FERRY_HELLO_F_SHMPOOL), checks that the target's pid owns the other end of
+ * the connection, maps the pool's memfd through /proc/<pid>/fd/<fd> and
+ * copies with memcpy itself, inside the control header's in-use count that
+ * a deregistration waits for. FERRY_SHM_NOMAP=1 at the initiator keeps such
+ * regions on cross-memory attach. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -53,6 +62,7 @@
 #include "core/memkind.h"
 #include "core/net.h"
 #include "core/share.h"
+#include "wire/le.h"
 #include "transport.h"
 
 /* Bytes per frame: large, since no socket buffer sits in between; one
@@ -536,21 +546,6 @@ static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t
     return 0;
 }
 
-static void put_u32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static void put_u64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static uint32_t get_u32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-static uint64_t get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 /* SHM_MAP_REQ, on a verified connection: where the region holding
  * [addr, addr+len) lives in a memfd, if it is a shared pool's. */
 static int serve_map(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, uint64_t deadline)
@@ -565,12 +560,12 @@ static int serve_map(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *
         status = ferry_registry_check_locked(r, f->addr, f->len, 0, f->crc, "target");
         const ferry_region_t *reg = status ? NULL : ferry_registry_lookup_locked(r, f->addr, f->len);
         if (reg) {
-            put_u64(info, reg->addr);
-            put_u64(info + 8, reg->len);
-            put_u64(info + 16, reg->share_off);
-            put_u32(info + 24, reg->share_ctl ? (uint32_t)reg->share_fd : UINT32_MAX);
-            put_u32(info + 28, reg->generation);
-            put_u32(info + 32, reg->flags);
+            put64(info, reg->addr);
+            put64(info + 8, reg->len);
+            put64(info + 16, reg->share_off);
+            put32(info + 24, reg->share_ctl ? (uint32_t)reg->share_fd : UINT32_MAX);
+            put32(info + 28, reg->generation);
+            put32(info + 32, reg->flags);
         }
         ferry_registry_unlock(r);
     }
@@ -850,12 +845,12 @@ static struct shm_map *map_fetch(ferry_conn_t *c, struct shm_icache *ic, ferry_x
     }
     struct shm_map *m = calloc(1, sizeof *m);
     if (!m) return NULL;
-    m->addr = get_u64(info);
-    m->len = get_u64(info + 8);
-    m->off = (size_t)get_u64(info + 16);
-    int32_t tfd = (int32_t)get_u32(info + 24);
-    m->generation = get_u32(info + 28);
-    m->flags = get_u32(info + 32);
+    m->addr = get64(info);
+    m->len = get64(info + 8);
+    m->off = (size_t)get64(info + 16);
+    int32_t tfd = (int32_t)get32(info + 24);
+    m->generation = get32(info + 28);
+    m->flags = get32(info + 32);
     m->shareable = tfd >= 0;
     char why[160] = "";
     if (m->len == 0 || m->addr + m->len < m->addr || addr < m->addr || addr >= m->addr + m->len ||
