@@ -64,6 +64,17 @@ int ferry_conn_discard(ferry_conn_t *c, uint64_t n, uint64_t deadline)
     return 0;
 }
 
+int ferry_conn_fail_from_target(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline, char *reason, size_t cap)
+{
+    char text[FERRY_WIRE_MAX_REASON + 1];
+    uint32_t n = f->plen <= FERRY_WIRE_MAX_REASON ? f->plen : FERRY_WIRE_MAX_REASON;
+    if (ferry_net_recv(c->fd, text, n, deadline) != 0) n = 0;
+    text[n] = '\0';
+    if (f->plen > n) ferry_conn_discard(c, f->plen - n, deadline);
+    if (reason) snprintf(reason, cap, "%s", n ? text : "(no detail)");
+    return ferry_fail(f->status, "target %s refused: %s", c->peer.name, n ? text : "(no detail)");
+}
+
 void ferry_conn_free(ferry_conn_t *c)
 {
     if (!c) return;

@@ -199,6 +199,10 @@ int ferry_conn_recv_frame_spin(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadl
 /* Reads and discards n payload bytes. */
 int ferry_conn_discard(ferry_conn_t *c, uint64_t n, uint64_t deadline);
 void ferry_conn_free(ferry_conn_t *c);
+/* Initiator side, for an answer with status < 0: reads the target's detail
+ * text that follows it and raises it as the thread's failure (its code is
+ * the answer's status); reason, when not NULL, gets the text too. */
+int ferry_conn_fail_from_target(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline, char *reason, size_t cap);
 /* The connection's staging buffer of at least n bytes (n <= FERRY_WIRE_MAX_DATA). */
 unsigned char *ferry_conn_bounce(ferry_conn_t *c, size_t n);
 

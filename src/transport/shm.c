@@ -615,28 +615,6 @@ static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
 
 /* --------------------------------------------------- initiator side */
 
-/* Reads a failing answer's text (the target's detail) into a local failure;
- * *reason gets the text as well. */
-static int fail_from_target(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline, char *reason, size_t cap)
-{
-    char text[FERRY_WIRE_MAX_REASON + 1];
-    uint32_t n = f->plen <= FERRY_WIRE_MAX_REASON ? f->plen : FERRY_WIRE_MAX_REASON;
-    if (ferry_net_recv(c->fd, text, n, deadline) != 0) n = 0;
-    text[n] = '\0';
-    if (f->plen > n) ferry_conn_discard(c, f->plen - n, deadline);
-    if (reason) snprintf(reason, cap, "%s", n ? text : "(no detail)");
-    return ferry_fail(f->status, "target %s refused: %s", c->peer.name, n ? text : "(no detail)");
-}
-
-struct inflight {
-    ferry_xfer_t *x;
-    uint64_t off, n;
-};
-
-static bool piece_sendable(const ferry_xfer_t *x, uint64_t off)
-{
-    return x->rc == 0 && off < x->len && !(x->cancel && atomic_load(x->cancel));
-}
 
 static int send_cma(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t n)
 {
@@ -662,7 +640,7 @@ static int recv_answer(ferry_conn_t *c, const struct inflight *in, int *broken, 
     if (f.type == FERRY_FRAME_ERROR && f.status < 0) {
         /* The target dropped the connection and said why. */
         *broken = 1;
-        return fail_from_target(c, &f, x->deadline, NULL, 0);
+        return ferry_conn_fail_from_target(c, &f, x->deadline, NULL, 0);
     }
     if (f.type != want || f.req_id != x->req_id) {
         *broken = 1;
@@ -671,7 +649,7 @@ static int recv_answer(ferry_conn_t *c, const struct inflight *in, int *broken, 
                           (unsigned long long)f.req_id);
     }
     if (f.status < 0) {
-        rc = fail_from_target(c, &f, x->deadline, reason, cap);
+        rc = ferry_conn_fail_from_target(c, &f, x->deadline, reason, cap);
         if (rc == FERRY_ERR_NOT_IMPLEMENTED) *refused = true;
         return rc;
     }
@@ -831,7 +809,7 @@ static struct shm_map *map_fetch(ferry_conn_t *c, struct shm_icache *ic, ferry_x
     }
     if (a.status < 0) {
         char reason[200];
-        int st = fail_from_target(c, &a, x->deadline, reason, sizeof reason);
+        int st = ferry_conn_fail_from_target(c, &a, x->deadline, reason, sizeof reason);
         FERRY_LOG(FERRY_LOG_DEBUG, "shm", "%s: no mapping of 0x%llx: %s", c->peer.name, (unsigned long long)addr,
                   reason);
         if (st == FERRY_ERR_NOT_IMPLEMENTED) ic->state = -1; /* the target refuses this connection */
@@ -948,7 +926,7 @@ static int map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
     }
     for (size_t i = 0; i < nx && ic->state > 0; i++) {
         ferry_xfer_t *x = &xs[i];
-        if (!piece_sendable(x, x->done)) continue;
+        if (!ferry_piece_sendable(x, x->done)) continue;
         uint64_t at = x->remote + x->done, left = x->len - x->done;
         struct shm_map *m = ic->maps;
         while (m && !(at >= m->addr && at - m->addr < m->len)) m = m->next;
@@ -964,7 +942,7 @@ static int map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
             (x->generation && x->generation != m->generation))
             continue; /* cross-memory attach: the target names the error */
         ferry_share_ctl_t *ctl = (ferry_share_ctl_t *)m->map;
-        while (piece_sendable(x, x->done)) {
+        while (ferry_piece_sendable(x, x->done)) {
             uint64_t n = x->len - x->done < SHM_SLICE ? x->len - x->done : SHM_SLICE;
             unsigned char *there = m->map + m->off + (x->remote + x->done - m->addr);
             atomic_fetch_add(&ctl->inuse, 1);
@@ -1006,7 +984,7 @@ static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
     unsigned spin_us = (unsigned)c->engine->cfg.spin_us;
     *broken = 0;
     for (;;) {
-        while (cur < nx && !piece_sendable(&xs[cur], cur_off)) {
+        while (cur < nx && !ferry_piece_sendable(&xs[cur], cur_off)) {
             if (++cur < nx) cur_off = xs[cur].done;
         }
         if (!refused && cur < nx && count < SHM_WINDOW) {

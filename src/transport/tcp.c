@@ -40,16 +40,6 @@ static unsigned window_slices(size_t slice)
     return w < 2 ? 2 : w > 256 ? 256 : w;
 }
 
-/* Reads a failing answer's text (the target's detail) into a local failure. */
-static int fail_from_target(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline)
-{
-    char text[FERRY_WIRE_MAX_REASON + 1];
-    uint32_t n = f->plen <= FERRY_WIRE_MAX_REASON ? f->plen : FERRY_WIRE_MAX_REASON;
-    if (ferry_net_recv(c->fd, text, n, deadline) != 0) n = 0;
-    text[n] = '\0';
-    if (f->plen > n) ferry_conn_discard(c, f->plen - n, deadline);
-    return ferry_fail(f->status, "target %s refused: %s", c->peer.name, n ? text : "(no detail)");
-}
 
 static uint32_t crc_of(const ferry_engine_t *e, const void *p, size_t n)
 {
@@ -102,7 +92,7 @@ static int recv_answer(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t 
     if (f.type == FERRY_FRAME_ERROR && f.status < 0) {
         /* The target dropped the connection and said why. */
         *broken = 1;
-        return fail_from_target(c, &f, x->deadline);
+        return ferry_conn_fail_from_target(c, &f, x->deadline, NULL, 0);
     }
     if (f.type != want || f.req_id != x->req_id) {
         *broken = 1;
@@ -111,7 +101,7 @@ static int recv_answer(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t 
                           (unsigned long long)f.req_id);
     }
     if (f.status < 0) {
-        rc = fail_from_target(c, &f, x->deadline);
+        rc = ferry_conn_fail_from_target(c, &f, x->deadline, NULL, 0);
         return rc;
     }
     if (x->opcode == FERRY_OP_READ) {
@@ -149,17 +139,6 @@ static int recv_answer(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t 
     return 0;
 }
 
-/* One slice on the wire, awaiting its answer. Answers arrive in order. */
-struct inflight {
-    ferry_xfer_t *x;
-    uint64_t off, n;
-};
-
-static bool piece_sendable(const ferry_xfer_t *x, uint64_t off)
-{
-    return x->rc == 0 && off < x->len && !(x->cancel && atomic_load(x->cancel));
-}
-
 /* Streams slices of every piece, from each piece's ->done on, keeping up
  * to a window of slices unanswered. A failed answer marks its piece and the
  * stream goes on, so one bad range does not stall the others. */
@@ -174,7 +153,7 @@ static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
     uint64_t inflight = 0;
     *broken = 0;
     for (;;) {
-        while (cur < nx && !piece_sendable(&xs[cur], cur_off)) {
+        while (cur < nx && !ferry_piece_sendable(&xs[cur], cur_off)) {
             if (++cur < nx) cur_off = xs[cur].done;
         }
         if (cur < nx && count < window) {

@@ -40,6 +40,20 @@ typedef struct ferry_transport_ops {
     void (*engine_fini)(ferry_engine_t *e);
 } ferry_transport_ops_t;
 
+/* Shared by the streaming transports (tcp.c, shm.c): one slice on the
+ * wire, awaiting its answer; answers arrive in order. */
+struct inflight {
+    ferry_xfer_t *x;
+    uint64_t off, n;
+};
+
+/* Whether piece x still has bytes to send from off: not failed, not done,
+ * not cancelled. */
+static inline bool ferry_piece_sendable(const ferry_xfer_t *x, uint64_t off)
+{
+    return x->rc == 0 && off < x->len && !(x->cancel && atomic_load(x->cancel));
+}
+
 extern const ferry_transport_ops_t ferry_transport_tcp;
 extern const ferry_transport_ops_t ferry_transport_rdma;
 extern const ferry_transport_ops_t ferry_transport_shm;
