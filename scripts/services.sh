@@ -14,11 +14,15 @@ WAIT_S=${FERRY_SERVICES_WAIT_S:-20}   # bound on the wait for each server
 
 die() { echo "services: $*" >&2; exit 1; }
 
-# A port on 127.0.0.1 that nothing listens on (random, re-drawn if taken).
+# A port on 127.0.0.1 that nothing listens on (random, re-drawn if taken),
+# below the kernel's ephemeral range: a port there can be taken at any moment
+# as the local end of an outgoing connection, and binding it then fails.
 free_port() {
-  local p
+  local p low=32768
+  read -r low _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
+  [ "$low" -gt 11000 ] 2>/dev/null || low=32768
   for _ in $(seq 1 50); do
-    p=$(( 20000 + RANDOM % 40000 ))
+    p=$(( 10000 + RANDOM % (low - 10000) ))
     if ! ss -Htln "sport = :$p" 2>/dev/null | grep -q . &&
        ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
       echo "$p"; return 0
@@ -40,7 +44,7 @@ wait_for() {
     "$check" "$port" && return 0
     # The process may not have written its pidfile yet; only a pidfile
     # naming a dead process means it exited.
-    if [ -f "$pidfile" ] && ! alive "$pidfile"; then
+    if { [ -f "$pidfile" ] && ! alive "$pidfile"; } || grep -q "Address already in use" "$log" 2>/dev/null; then
       echo "services: $name exited during start-up; last lines of $log:" >&2
       tail -n 15 "$log" >&2 || true
       return 1
@@ -55,7 +59,7 @@ wait_for() {
 start_redis() {
   local dir=$1 port
   port=$(free_port)
-  rm -f "$dir/redis.pid"
+  rm -f "$dir/redis.pid" "$dir/redis.log"
   redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
     --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" \
     --dir "$dir" >/dev/null || { echo "services: redis-server failed to start (see $dir/redis.log)" >&2; return 1; }
@@ -116,7 +120,14 @@ cmd_start() {
   fi
   cmd_stop "$dir"
   # A server that failed to come up is stopped with the other: all or none.
-  if ! start_redis "$dir" || ! start_etcd "$dir"; then
+  # A port taken between the check and the bind is drawn again, twice.
+  local ok=0
+  for attempt in 1 2 3; do
+    if start_redis "$dir" && start_etcd "$dir"; then ok=1; break; fi
+    cmd_stop "$dir"
+    echo "services: start attempt $attempt failed; trying other ports" >&2
+  done
+  if [ "$ok" -ne 1 ]; then
     cmd_stop "$dir"
     die "start failed; nothing left running (logs in $dir)"
   fi

@@ -155,7 +155,7 @@ static pid_t start_redis(int port)
 static void service_down_during_run(void **state)
 {
     (void)state;
-    int port = 30000 + (int)(getpid() % 20000);
+    int port = 20000 + (int)(getpid() % 10000); /* below the ephemeral range */
     pid_t redis = start_redis(port);
     char url[64];
     snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
