@@ -631,28 +631,9 @@ static int recv_answer(ferry_conn_t *c, const struct inflight *in, int *broken, 
 {
     ferry_xfer_t *x = in->x;
     ferry_frame_t f;
-    int rc = ferry_conn_recv_frame_spin(c, &f, x->deadline, spin_us);
-    if (rc) {
-        *broken = 1;
-        return rc;
-    }
-    uint8_t want = x->opcode == FERRY_OP_WRITE ? FERRY_FRAME_WRITE_ACK : FERRY_FRAME_READ_RESP;
-    if (f.type == FERRY_FRAME_ERROR && f.status < 0) {
-        /* The target dropped the connection and said why. */
-        *broken = 1;
-        return ferry_conn_fail_from_target(c, &f, x->deadline, NULL, 0);
-    }
-    if (f.type != want || f.req_id != x->req_id) {
-        *broken = 1;
-        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected %s for request %llu, got %s for %llu",
-                          ferry_frame_type_name(want), (unsigned long long)x->req_id, ferry_frame_type_name(f.type),
-                          (unsigned long long)f.req_id);
-    }
-    if (f.status < 0) {
-        rc = ferry_conn_fail_from_target(c, &f, x->deadline, reason, cap);
-        if (rc == FERRY_ERR_NOT_IMPLEMENTED) *refused = true;
-        return rc;
-    }
+    int rc = ferry_recv_answer(c, x, spin_us, &f, broken, reason, cap);
+    if (rc == FERRY_ERR_NOT_IMPLEMENTED && !*broken) *refused = true;
+    if (rc) return rc;
     if (f.plen != 0 || f.len != in->n) {
         *broken = 1;
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s for %llu bytes with %u payload bytes, slice was %llu",

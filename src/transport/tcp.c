@@ -83,27 +83,8 @@ static int send_slice(ferry_conn_t *c, ferry_xfer_t *x, const unsigned char *src
 static int recv_answer(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t n, int *broken, unsigned spin_us)
 {
     ferry_frame_t f;
-    int rc = ferry_conn_recv_frame_spin(c, &f, x->deadline, spin_us);
-    if (rc) {
-        *broken = 1;
-        return rc;
-    }
-    uint8_t want = x->opcode == FERRY_OP_WRITE ? FERRY_FRAME_WRITE_ACK : FERRY_FRAME_READ_RESP;
-    if (f.type == FERRY_FRAME_ERROR && f.status < 0) {
-        /* The target dropped the connection and said why. */
-        *broken = 1;
-        return ferry_conn_fail_from_target(c, &f, x->deadline, NULL, 0);
-    }
-    if (f.type != want || f.req_id != x->req_id) {
-        *broken = 1;
-        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected %s for request %llu, got %s for %llu",
-                          ferry_frame_type_name(want), (unsigned long long)x->req_id, ferry_frame_type_name(f.type),
-                          (unsigned long long)f.req_id);
-    }
-    if (f.status < 0) {
-        rc = ferry_conn_fail_from_target(c, &f, x->deadline, NULL, 0);
-        return rc;
-    }
+    int rc = ferry_recv_answer(c, x, spin_us, &f, broken, NULL, 0);
+    if (rc) return rc;
     if (x->opcode == FERRY_OP_READ) {
         if (f.plen != n) {
             *broken = 1;

@@ -1,6 +1,8 @@
 /* The transport table and the choice of a transport per peer. */
 #include "transport.h"
 
+#include "core/fail.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -62,4 +64,28 @@ const ferry_transport_ops_t *ferry_transport_for_frame(uint8_t type)
     for (int i = 0; ferry_transports[i]; i++)
         if (ferry_transports[i]->serve_types & (1u << type)) return ferry_transports[i];
     return NULL;
+}
+
+int ferry_recv_answer(ferry_conn_t *c, ferry_xfer_t *x, unsigned spin_us, ferry_frame_t *f, int *broken,
+                      char *reason, size_t cap)
+{
+    int rc = ferry_conn_recv_frame_spin(c, f, x->deadline, spin_us);
+    if (rc) {
+        *broken = 1;
+        return rc;
+    }
+    uint8_t want = x->opcode == FERRY_OP_WRITE ? FERRY_FRAME_WRITE_ACK : FERRY_FRAME_READ_RESP;
+    if (f->type == FERRY_FRAME_ERROR && f->status < 0) {
+        /* The target dropped the connection and said why. */
+        *broken = 1;
+        return ferry_conn_fail_from_target(c, f, x->deadline, NULL, 0);
+    }
+    if (f->type != want || f->req_id != x->req_id) {
+        *broken = 1;
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected %s for request %llu, got %s for %llu",
+                          ferry_frame_type_name(want), (unsigned long long)x->req_id, ferry_frame_type_name(f->type),
+                          (unsigned long long)f->req_id);
+    }
+    if (f->status < 0) return ferry_conn_fail_from_target(c, f, x->deadline, reason, cap);
+    return 0;
 }

@@ -54,6 +54,15 @@ static inline bool ferry_piece_sendable(const ferry_xfer_t *x, uint64_t off)
     return x->rc == 0 && off < x->len && !(x->cancel && atomic_load(x->cancel));
 }
 
+/* Initiator side: receives the answer to piece x's oldest slice in flight
+ * (WRITE_ACK for writes, READ_RESP for reads) into *f. 0 when the target
+ * accepted it (any payload is still to be read); the target's refusal with
+ * its detail (reason gets the text when not NULL); or, with *broken set, a
+ * failure that leaves the connection unusable (I/O, ERROR frame, an answer
+ * out of step). */
+int ferry_recv_answer(ferry_conn_t *c, ferry_xfer_t *x, unsigned spin_us, ferry_frame_t *f, int *broken,
+                      char *reason, size_t cap);
+
 extern const ferry_transport_ops_t ferry_transport_tcp;
 extern const ferry_transport_ops_t ferry_transport_rdma;
 extern const ferry_transport_ops_t ferry_transport_shm;
