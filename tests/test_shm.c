@@ -172,20 +172,7 @@ static void round_trip(int how)
         assert_true(harness_check(src, len, 200 + k));
     }
     /* A batch scattering 64 blocks of 64 KiB in reverse order. */
-    enum { N = 64, BLOCK = 65536 };
-    void *locals[N];
-    uint64_t remotes[N];
-    size_t lens[N];
-    harness_fill(src, (size_t)N * BLOCK, 7);
-    for (int i = 0; i < N; i++) {
-        locals[i] = src + (size_t)i * BLOCK;
-        remotes[i] = c->addr + (uint64_t)(N - 1 - i) * BLOCK;
-        lens[i] = BLOCK;
-    }
-    assert_int_equal(ferry_batch_transfer_sync(e, c->peer, FERRY_OP_WRITE, locals, remotes, lens, N), 0);
-    memset(src, 0, (size_t)N * BLOCK);
-    assert_int_equal(ferry_batch_transfer_sync(e, c->peer, FERRY_OP_READ, locals, remotes, lens, N), 0);
-    assert_true(harness_check(src, (size_t)N * BLOCK, 7));
+    harness_reverse_batch_round_trip(e, c->peer, src, c->addr, 64, 65536, 7);
     info_of(e, c->peer, &info);
     assert_string_equal(info.transport, "shm"); /* no fallback happened */
     ferry_engine_destroy(e);

@@ -188,21 +188,8 @@ static void round_trips_are_mapped(void **state)
         if (rc) fail_msg("read %zu: %s", len, ferry_last_error_detail());
         assert_true(harness_check(src, len, 200 + k));
     }
-    /* A batch scattering 64 blocks in reverse order. */
-    enum { N = 64, BLOCK = 65536 };
-    void *locals[N];
-    uint64_t remotes[N];
-    size_t lens[N];
-    harness_fill(src, (size_t)N * BLOCK, 7);
-    for (int i = 0; i < N; i++) {
-        locals[i] = src + (size_t)i * BLOCK;
-        remotes[i] = c->addr + (uint64_t)(N - 1 - i) * BLOCK;
-        lens[i] = BLOCK;
-    }
-    assert_int_equal(ferry_batch_transfer_sync(e, c->peer, FERRY_OP_WRITE, locals, remotes, lens, N), 0);
-    memset(src, 0, (size_t)N * BLOCK);
-    assert_int_equal(ferry_batch_transfer_sync(e, c->peer, FERRY_OP_READ, locals, remotes, lens, N), 0);
-    assert_true(harness_check(src, (size_t)N * BLOCK, 7));
+    /* A batch scattering 64 blocks of 64 KiB in reverse order. */
+    harness_reverse_batch_round_trip(e, c->peer, src, c->addr, 64, 65536, 7);
     /* Every byte went through the mapping: the target placed none itself. */
     assert_int_equal(placed(c), 0);
 

@@ -52,6 +52,11 @@ static inline ferry_engine_t *harness_engine_env(int timeout_ms)
  * FERRY_TRANSPORT if set to tcp or shm, else "shm" (what auto picks). */
 const char *harness_expected_transport(void);
 
+/* Writes n blocks of block bytes from src to peer at remote in reverse
+ * order with one batch, reads them back the same way, and checks them. */
+void harness_reverse_batch_round_trip(ferry_engine_t *e, const char *peer, unsigned char *src, uint64_t remote,
+                                      int n, size_t block, uint64_t seed);
+
 /* Monotonic milliseconds. */
 uint64_t harness_now_ms(void);
 

@@ -24,3 +24,21 @@ const char *harness_expected_transport(void)
     if (t && strcmp(t, "tcp") == 0) return "tcp";
     return "shm";
 }
+
+void harness_reverse_batch_round_trip(ferry_engine_t *e, const char *peer, unsigned char *src, uint64_t remote,
+                                      int n, size_t block, uint64_t seed)
+{
+    void *locals[n];
+    uint64_t remotes[n];
+    size_t lens[n];
+    harness_fill(src, (size_t)n * block, seed);
+    for (int i = 0; i < n; i++) {
+        locals[i] = src + (size_t)i * block;
+        remotes[i] = remote + (uint64_t)(n - 1 - i) * block;
+        lens[i] = block;
+    }
+    assert_int_equal(ferry_batch_transfer_sync(e, peer, FERRY_OP_WRITE, locals, remotes, lens, (size_t)n), 0);
+    memset(src, 0, (size_t)n * block);
+    assert_int_equal(ferry_batch_transfer_sync(e, peer, FERRY_OP_READ, locals, remotes, lens, (size_t)n), 0);
+    assert_true(harness_check(src, (size_t)n * block, seed));
+}
