@@ -72,8 +72,11 @@ static size_t largest_free_locked(const ferry_pool_t *p)
 }
 
 /* Maps len bytes for the pool: anonymous memory, or (shared) a sealed
- * memfd holding the control header then the data. */
-static unsigned char *map_pool(ferry_pool_t *p, bool shared)
+ * memfd holding the control header then the data. A read-only pool's memfd
+ * is sealed against any later writable mapping or write(2), ours made: a
+ * peer that opens it (through /proc/<pid>/fd, whatever the mode) can only
+ * read it. */
+static unsigned char *map_pool(ferry_pool_t *p, bool shared, unsigned flags)
 {
     if (!shared) {
         void *mem = mmap(NULL, p->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -84,12 +87,18 @@ static unsigned char *map_pool(ferry_pool_t *p, bool shared)
     if (fd < 0) return NULL;
     /* Sealed against shrinking: a peer's mapping can never fault (SIGBUS). */
     if (ftruncate(fd, (off_t)p->map_len) != 0 ||
-        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
         close(fd);
         return NULL;
     }
     void *mem = mmap(NULL, p->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (mem == MAP_FAILED) {
+        close(fd);
+        return NULL;
+    }
+    unsigned seals = F_SEAL_SEAL | (flags & FERRY_MEM_REMOTE_WRITE ? 0 : F_SEAL_FUTURE_WRITE);
+    if (fcntl(fd, F_ADD_SEALS, seals) != 0) {
+        munmap(mem, p->map_len);
         close(fd);
         return NULL;
     }
@@ -120,7 +129,8 @@ int ferry_pool_create(ferry_engine_t *e, size_t bytes, unsigned flags, ferry_poo
 
 int ferry_pool_create_shared(ferry_engine_t *e, size_t bytes, unsigned flags, ferry_pool_t **out)
 {
-    return pool_create(e, bytes, flags, true, out);
+    /* A pool no peer may touch has no business in a memfd a peer could map. */
+    return pool_create(e, bytes, flags, (flags & FERRY_MEM_REMOTE) != 0, out);
 }
 
 static int pool_create(ferry_engine_t *e, size_t bytes, unsigned flags, bool shared, ferry_pool_t **out)
@@ -142,7 +152,7 @@ static int pool_create(ferry_engine_t *e, size_t bytes, unsigned flags, bool sha
     p->next = malloc(nblocks * sizeof *p->next);
     p->prev = malloc(nblocks * sizeof *p->prev);
     int rc = 0;
-    if (p->tag && p->next && p->prev) p->base = map_pool(p, shared);
+    if (p->tag && p->next && p->prev) p->base = map_pool(p, shared, flags);
     if (!p->tag || !p->next || !p->prev || !p->base)
         rc = ferry_fail(FERRY_ERR_MEMORY, "pool create: cannot map %zu bytes%s", p->size,
                         shared ? " in a memfd" : "");
@@ -256,6 +266,8 @@ int ferry_pool_stats(ferry_pool_t *p, ferry_pool_stats_t *st)
 void ferry_pool_destroy(ferry_pool_t *p)
 {
     if (!p) return;
+    /* Unshared first: the pages are unmapped next, no detach needed. */
+    if (p->memfd >= 0) ferry_registry_unshare(&p->engine->registry, (uint64_t)(uintptr_t)p->base);
     ferry_deregister(p->engine, p->base);
     unmap_pool(p);
     pthread_mutex_destroy(&p->lock);

@@ -20,7 +20,7 @@ typedef struct ferry_region {
                               * released by the registry's release hook before the region goes */
     /* Shared pools (core/share.h): the memfd behind the region, the region's
      * offset in it, and its control header; share_fd -1 and share_ctl NULL
-     * for every other region. Deregistration revokes and waits. */
+     * for every other region. Deregistration revokes and detaches (share.h). */
     int share_fd;
     uint64_t share_off;
     void *share_ctl;
@@ -60,6 +60,9 @@ int ferry_registry_remove(ferry_registry_t *r, uint64_t addr);
 /* Marks the region starting at addr as shareable (core/share.h): stores fd,
  * off and ctl, and makes ctl live with the region's generation. */
 int ferry_registry_set_shared(ferry_registry_t *r, uint64_t addr, int fd, uint64_t off, void *ctl);
+/* Revokes the shared region starting at addr and makes it an ordinary
+ * region (no detach: for a pool about to be unmapped anyway). */
+int ferry_registry_unshare(ferry_registry_t *r, uint64_t addr);
 
 /* With the read (or write) lock held: the region that contains all of
  * [addr, addr+len), or NULL. */

@@ -28,12 +28,15 @@
  *
  * Shared pools (ferry_pool_create_shared, core/share.h) take a shorter way
  * still: the initiator asks once per connection and region (SHM_MAP_REQ,
- * served only on verified connections and only by targets advertising
- * FERRY_HELLO_F_SHMPOOL), checks that the target's pid owns the other end of
- * the connection, maps the pool's memfd through /proc/<pid>/fd/<fd> and
- * copies with memcpy itself, inside the control header's in-use count that
- * a deregistration waits for. FERRY_SHM_NOMAP=1 at the initiator keeps such
- * regions on cross-memory attach. */
+ * served only on verified connections, only for regions peers may access,
+ * and only by targets advertising FERRY_HELLO_F_SHMPOOL_CONFIRM), checks
+ * that the target's pid owns the other end of the connection, maps the
+ * pool's memfd through /proc/<pid>/fd/<fd> (read-only unless the pool is
+ * remote-writable; a read-only pool's memfd is sealed so) and copies with
+ * memcpy itself; the copies count only once the target confirmed, by
+ * answering the same request again, that the region is still registered at
+ * their generation (a dead target confirms nothing). FERRY_SHM_NOMAP=1 at
+ * the initiator keeps such regions on cross-memory attach. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -547,7 +550,11 @@ static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t
 }
 
 /* SHM_MAP_REQ, on a verified connection: where the region holding
- * [addr, addr+len) lives in a memfd, if it is a shared pool's. */
+ * [addr, addr+len) lives in a memfd, if it is a shared pool's. Asked again
+ * after mapped copies, the same answer is the owner's confirmation that the
+ * region is still registered at the generation (crc) they began under.
+ * Regions no peer may access (FERRY_MEM_LOCAL) are refused like a range
+ * that is not registered at all: their existence is nobody's business. */
 static int serve_map(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, uint64_t deadline)
 {
     int status = 0;
@@ -559,6 +566,12 @@ static int serve_map(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *
         ferry_registry_read_lock(r);
         status = ferry_registry_check_locked(r, f->addr, f->len, 0, f->crc, "target");
         const ferry_region_t *reg = status ? NULL : ferry_registry_lookup_locked(r, f->addr, f->len);
+        if (reg && !(reg->flags & FERRY_MEM_REMOTE)) {
+            status = ferry_fail(FERRY_ERR_ACCESS_DENIED,
+                                "map of [0x%llx+%llu) refused: its region is local-only (FERRY_MEM_LOCAL)",
+                                (unsigned long long)f->addr, (unsigned long long)f->len);
+            reg = NULL;
+        }
         if (reg) {
             put64(info, reg->addr);
             put64(info + 8, reg->len);
@@ -768,14 +781,14 @@ static bool target_owns_conn(ferry_conn_t *c)
     return inode && c->peer.pid > 0 && pid_owns_socket(c->peer.pid, inode) > 0 && uid == getuid();
 }
 
-/* Asks the target about the region holding addr and maps it if shareable.
- * NULL with *broken on a connection failure; NULL otherwise when there is
- * nothing to map (the reason logged). */
-static struct shm_map *map_fetch(ferry_conn_t *c, struct shm_icache *ic, ferry_xfer_t *x, uint64_t addr,
-                                 int *broken)
+/* Sends SHM_MAP_REQ for [addr, addr+len) at generation and receives the
+ * answer: 0 with info filled; the target's refusal (its reason logged); or,
+ * with *broken, a connection failure. */
+static int map_ask(ferry_conn_t *c, const ferry_xfer_t *x, uint64_t addr, uint64_t len, uint32_t generation,
+                   uint8_t info[FERRY_SHM_MAP_INFO_SIZE], int *broken)
 {
-    ferry_frame_t q = {.type = FERRY_FRAME_SHM_MAP_REQ, .req_id = x->req_id, .addr = addr, .len = 1,
-                       .aux = (uint64_t)(uintptr_t)x->local, .crc = x->generation};
+    ferry_frame_t q = {.type = FERRY_FRAME_SHM_MAP_REQ, .req_id = x->req_id, .addr = addr, .len = len,
+                       .aux = (uint64_t)(uintptr_t)x->local, .crc = generation};
     int rc = ferry_conn_send_frame(c, &q, NULL, x->deadline);
     ferry_frame_t a;
     if (rc == 0) rc = ferry_conn_recv_frame(c, &a, x->deadline);
@@ -786,20 +799,34 @@ static struct shm_map *map_fetch(ferry_conn_t *c, struct shm_icache *ic, ferry_x
         rc = ferry_fail(FERRY_ERR_MALFORMED_FRAME, "SHM_MAP_RESP with %u payload bytes", a.plen);
     if (rc) {
         *broken = 1;
-        return NULL;
+        return rc;
     }
     if (a.status < 0) {
         char reason[200];
         int st = ferry_conn_fail_from_target(c, &a, x->deadline, reason, sizeof reason);
-        FERRY_LOG(FERRY_LOG_DEBUG, "shm", "%s: no mapping of 0x%llx: %s", c->peer.name, (unsigned long long)addr,
-                  reason);
-        if (st == FERRY_ERR_NOT_IMPLEMENTED) ic->state = -1; /* the target refuses this connection */
-        ferry_clear_last_error();
-        return NULL;
+        FERRY_LOG(FERRY_LOG_DEBUG, "shm", "%s: map of [0x%llx+%llu) refused: %s", c->peer.name,
+                  (unsigned long long)addr, (unsigned long long)len, reason);
+        return st ? st : FERRY_ERR_INTERNAL;
     }
-    uint8_t info[FERRY_SHM_MAP_INFO_SIZE];
-    if (ferry_net_recv(c->fd, info, sizeof info, x->deadline) != 0) {
+    if (ferry_net_recv(c->fd, info, FERRY_SHM_MAP_INFO_SIZE, x->deadline) != 0) {
         *broken = 1;
+        return ferry_last_error_code() ? ferry_last_error_code() : FERRY_ERR_PEER_CLOSED;
+    }
+    return 0;
+}
+
+/* Asks the target about the region holding addr and maps it if shareable.
+ * NULL with *broken on a connection failure; NULL otherwise when there is
+ * nothing to map (the reason logged). */
+static struct shm_map *map_fetch(ferry_conn_t *c, struct shm_icache *ic, ferry_xfer_t *x, uint64_t addr,
+                                 int *broken)
+{
+    uint8_t info[FERRY_SHM_MAP_INFO_SIZE];
+    int rc = map_ask(c, x, addr, 1, x->generation, info, broken);
+    if (*broken) return NULL;
+    if (rc) {
+        if (rc == FERRY_ERR_NOT_IMPLEMENTED) ic->state = -1; /* the target refuses this connection */
+        ferry_clear_last_error();
         return NULL;
     }
     struct shm_map *m = calloc(1, sizeof *m);
@@ -820,11 +847,10 @@ static struct shm_map *map_fetch(ferry_conn_t *c, struct shm_icache *ic, ferry_x
     if (m->shareable) {
         char path[64];
         snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)c->peer.pid, (int)tfd);
-        /* The control header takes our in-use count, so it is mapped
-         * writable; a read-only pool's data is then made read-only here (a
-         * bug of ours cannot write it). */
+        /* Writable only where the pool allows peers to write; a read-only
+         * pool's memfd refuses writable mappings anyway (sealed). */
         bool rw = (m->flags & FERRY_MEM_REMOTE_WRITE) != 0;
-        int fd = map_disabled_here() ? (errno = EPERM, -1) : open(path, O_RDWR | O_CLOEXEC);
+        int fd = map_disabled_here() ? (errno = EPERM, -1) : open(path, (rw ? O_RDWR : O_RDONLY) | O_CLOEXEC);
         struct stat st;
         int seals = fd >= 0 ? fcntl(fd, F_GET_SEALS) : -1;
         m->map_len = m->off + (size_t)m->len;
@@ -835,15 +861,11 @@ static struct shm_map *map_fetch(ferry_conn_t *c, struct shm_icache *ic, ferry_x
         else if (seals < 0 || !(seals & F_SEAL_SHRINK))
             snprintf(why, sizeof why, "%s is not sealed against shrinking", path);
         if (!why[0]) {
-            void *mem = mmap(NULL, m->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-            if (mem == MAP_FAILED) {
+            void *mem = mmap(NULL, m->map_len, rw ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+            if (mem == MAP_FAILED)
                 snprintf(why, sizeof why, "mmap of %s: %s", path, strerror(errno));
-            } else if (!rw && (m->off % 4096 != 0 || mprotect((unsigned char *)mem + m->off, (size_t)m->len, PROT_READ))) {
-                snprintf(why, sizeof why, "mprotect of %s: %s", path, strerror(errno));
-                munmap(mem, m->map_len);
-            } else {
+            else
                 m->map = mem;
-            }
         }
         if (fd >= 0) close(fd);
         if (m->map) {
@@ -871,8 +893,61 @@ static struct shm_map *map_fetch(ferry_conn_t *c, struct shm_icache *ic, ferry_x
     return m;
 }
 
+/* Bytes copied through a mapping, not yet confirmed by the owner. */
+struct mapped {
+    uint64_t n;                 /* 0: nothing copied for this piece */
+    uint64_t addr, len;         /* the region, as mapped */
+    uint32_t generation;
+};
+
+/* Asks the owner to confirm each region that pieces were copied into or
+ * out of: it answers only while alive and while the region is registered at
+ * the generation the copies began under. Confirmed pieces advance; the
+ * others fail with the owner's reason. 0, or a connection failure with
+ * *broken (nothing advanced: a dead owner confirms nothing). */
+static int map_confirm(ferry_conn_t *c, struct shm_icache *ic, ferry_xfer_t *xs, size_t nx, struct mapped *mp,
+                       int *broken)
+{
+    for (size_t i = 0; i < nx; i++) {
+        if (!mp[i].n) continue;
+        struct mapped r = mp[i];
+        uint8_t info[FERRY_SHM_MAP_INFO_SIZE];
+        int rc = map_ask(c, &xs[i], r.addr, r.len, r.generation, info, broken);
+        if (*broken) return rc;
+        if (rc == 0 && get32(info + 28) != r.generation)
+            rc = ferry_fail(FERRY_ERR_STALE_SEGMENT, "region [0x%llx+%llu) changed generation %u -> %u",
+                            (unsigned long long)r.addr, (unsigned long long)r.len, r.generation, get32(info + 28));
+        if (rc) {
+            for (struct shm_map *m = ic->maps; m; m = m->next)
+                if (m->addr == r.addr && m->generation == r.generation) {
+                    icache_drop(ic, m);
+                    break;
+                }
+        }
+        for (size_t k = i; k < nx; k++) {
+            if (!mp[k].n || mp[k].addr != r.addr || mp[k].generation != r.generation) continue;
+            ferry_xfer_t *x = &xs[k];
+            if (rc) {
+                if (x->rc == 0) {
+                    ferry_fail_context("copied %llu bytes through the mapping of [0x%llx+%llu), unconfirmed",
+                                       (unsigned long long)mp[k].n, (unsigned long long)r.addr,
+                                       (unsigned long long)r.len);
+                    ferry_xfer_fail(x, rc);
+                }
+            } else {
+                x->done += mp[k].n;
+                if (x->progress) atomic_fetch_add(x->progress, mp[k].n);
+            }
+            mp[k].n = 0;
+        }
+    }
+    ferry_clear_last_error();
+    return 0;
+}
+
 /* Copies what it can of each piece through a mapping; the rest stays for
- * cross-memory attach. 0, or a connection failure with *broken. */
+ * cross-memory attach. A copy counts only once the owner confirmed it
+ * (map_confirm). 0, or a connection failure with *broken. */
 static int map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
 {
     struct shm_icache *ic = c->xport;
@@ -886,8 +961,9 @@ static int map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
     }
     if (ic->state < 0) return 0;
     if (ic->state == 0) {
-        /* An older target does not know SHM_MAP_REQ (it would drop us). */
-        bool offered = (c->peer.flags & FERRY_HELLO_F_SHMPOOL) != 0;
+        /* An older target does not know SHM_MAP_REQ (it would drop us), or
+         * does not expect confirmations. */
+        bool offered = (c->peer.flags & FERRY_HELLO_F_SHMPOOL_CONFIRM) != 0;
         ic->state = offered && !map_disabled_here() && target_owns_conn(c) ? 1 : -1;
         if (ic->state > 0) ic->pidfd = open_pidfd(c->peer.pid);
         if (ic->state < 0) {
@@ -905,6 +981,7 @@ static int map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
         while (ic->maps) icache_drop(ic, ic->maps);
         return 0;
     }
+    struct mapped *mp = NULL;
     for (size_t i = 0; i < nx && ic->state > 0; i++) {
         ferry_xfer_t *x = &xs[i];
         if (!ferry_piece_sendable(x, x->done)) continue;
@@ -916,32 +993,39 @@ static int map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
             m = NULL;
         }
         if (!m) m = map_fetch(c, ic, x, at, broken);
-        if (*broken) return ferry_last_error_code() ? ferry_last_error_code() : FERRY_ERR_PEER_CLOSED;
+        if (*broken) {
+            free(mp);
+            return ferry_last_error_code() ? ferry_last_error_code() : FERRY_ERR_PEER_CLOSED;
+        }
         if (!m || !m->shareable) continue;
         uint32_t need = x->opcode == FERRY_OP_WRITE ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_REMOTE_READ;
         if ((m->flags & need) != need || left > m->addr + m->len - at ||
             (x->generation && x->generation != m->generation))
             continue; /* cross-memory attach: the target names the error */
+        if (!mp && !(mp = calloc(nx, sizeof *mp))) break;
         ferry_share_ctl_t *ctl = (ferry_share_ctl_t *)m->map;
-        while (ferry_piece_sendable(x, x->done)) {
-            uint64_t n = x->len - x->done < SHM_SLICE ? x->len - x->done : SHM_SLICE;
-            unsigned char *there = m->map + m->off + (x->remote + x->done - m->addr);
-            atomic_fetch_add(&ctl->inuse, 1);
+        uint64_t copied = 0;
+        bool revoked = false;
+        while (ferry_piece_sendable(x, x->done + copied)) {
+            uint64_t off = x->done + copied;
+            uint64_t n = x->len - off < SHM_SLICE ? x->len - off : SHM_SLICE;
+            unsigned char *there = m->map + m->off + (x->remote + off - m->addr);
+            /* A hint only (the owner's confirmation decides): stop early
+             * into a pool being deregistered. */
             if (atomic_load(&ctl->state) != FERRY_SHARE_LIVE || atomic_load(&ctl->generation) != m->generation) {
-                atomic_fetch_sub(&ctl->inuse, 1);
-                icache_drop(ic, m); /* deregistered: the attach path reports it */
+                revoked = true;
                 break;
             }
-            if (x->opcode == FERRY_OP_WRITE) memcpy(there, x->local + x->done, (size_t)n);
-            else memcpy(x->local + x->done, there, (size_t)n);
-            /* A seq_cst read-modify-write: a release, so the copy is placed
-             * before the target can see the count drop. */
-            atomic_fetch_sub(&ctl->inuse, 1);
-            x->done += n;
-            if (x->progress) atomic_fetch_add(x->progress, n);
+            if (x->opcode == FERRY_OP_WRITE) memcpy(there, x->local + off, (size_t)n);
+            else memcpy(x->local + off, there, (size_t)n);
+            copied += n;
         }
+        mp[i] = (struct mapped){copied, m->addr, m->len, m->generation};
+        if (revoked && !copied) icache_drop(ic, m); /* the attach path reports it */
     }
-    return 0;
+    int rc = mp ? map_confirm(c, ic, xs, nx, mp, broken) : 0;
+    free(mp);
+    return rc;
 }
 
 static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
@@ -1085,7 +1169,7 @@ static int shm_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, s
 static uint32_t shm_hello_flags(ferry_engine_t *e)
 {
     (void)e;
-    return FERRY_HELLO_F_SHMPOOL;
+    return FERRY_HELLO_F_SHMPOOL_CONFIRM;
 }
 
 const ferry_transport_ops_t ferry_transport_shm = {

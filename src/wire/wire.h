@@ -108,7 +108,12 @@ const char *ferry_frame_type_name(uint8_t type);
 #define FERRY_HELLO_F_AUTH 0x01u   /* the sender requires shared-secret auth */
 #define FERRY_HELLO_F_CMA 0x02u    /* the sender permits cross-memory attach */
 #define FERRY_HELLO_F_RDMA 0x04u   /* the sender has a usable RDMA device and serves RDMA frames */
-#define FERRY_HELLO_F_SHMPOOL 0x08u /* the sender serves SHM_MAP_REQ (shared pools) */
+#define FERRY_HELLO_F_SHMPOOL 0x08u /* the sender serves SHM_MAP_REQ (shared pools; no longer sent) */
+/* The sender serves SHM_MAP_REQ and expects initiators to ask again after
+ * mapped copies (the owner's confirmation), seals read-only pools and
+ * detaches pools at deregistration (core/share.h). Initiators map only
+ * from such targets. */
+#define FERRY_HELLO_F_SHMPOOL_CONFIRM 0x10u
 
 typedef struct ferry_hello {
     uint16_t proto_min, proto_max;
