@@ -912,7 +912,8 @@ static int map_confirm(ferry_conn_t *c, struct shm_icache *ic, ferry_xfer_t *xs,
         if (!mp[i].n) continue;
         struct mapped r = mp[i];
         uint8_t info[FERRY_SHM_MAP_INFO_SIZE];
-        int rc = map_ask(c, &xs[i], r.addr, r.len, r.generation, info, broken);
+        /* One byte names the region; the generation says it is the same. */
+        int rc = map_ask(c, &xs[i], r.addr, 1, r.generation, info, broken);
         if (*broken) return rc;
         if (rc == 0 && get32(info + 28) != r.generation)
             rc = ferry_fail(FERRY_ERR_STALE_SEGMENT, "region [0x%llx+%llu) changed generation %u -> %u",

@@ -1,0 +1,229 @@
+/* A hostile same-host peer against shared pools (ferry_pool_create_shared):
+ * a program that speaks the map protocol itself (HELLO with its real pid,
+ * SHM_MAP_REQ over a connection the target verifies) and then does with
+ * what it was given whatever the kernel lets it: map a local-only pool,
+ * write a read-only one, write after the owner's ferry_deregister returned,
+ * set the control word back to live, and raise the old in-use count to
+ * stall the deregistration. Each abuse must find nothing to abuse. The
+ * target runs in this process: the peer reaches its memfds only as any
+ * peer would, through the fd number it was told and /proc/<pid>/fd. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/engine.h"
+#include "fault.h"
+#include "harness.h"
+#include "wire/le.h"
+
+#include <ferry/pool.h>
+
+#define POOL (1u << 20)
+
+static ferry_engine_t *target(void)
+{
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.timeout_ms = 5000;
+    return harness_engine_cfg(&cfg);
+}
+
+/* A raw connection whose HELLO tells the truth about this process: the
+ * target verifies it (same host, our pid owns the socket, attach works). */
+static int hostile_connect(ferry_engine_t *tgt)
+{
+    int fd = raw_connect(ferry_engine_port(tgt));
+    assert_true(fd >= 0);
+    ferry_hello_t h;
+    memset(&h, 0, sizeof h);
+    h.proto_min = h.proto_max = FERRY_PROTOCOL_VERSION;
+    h.flags = FERRY_HELLO_F_CMA;
+    h.engine_id = 0x6ad6ad;
+    h.epoch = 7;
+    h.pid = (int32_t)getpid();
+    memcpy(h.host_id, tgt->host_id, sizeof h.host_id);
+    snprintf(h.name, sizeof h.name, "hostile:1");
+    uint8_t buf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME + 1];
+    int n = ferry_hello_encode(&h, buf, sizeof buf);
+    assert_true(n > 0);
+    ferry_frame_t f = {.type = FERRY_FRAME_HELLO, .plen = (uint32_t)n};
+    assert_int_equal(raw_send(fd, &f, buf), 0);
+    ferry_frame_t a;
+    assert_int_equal(raw_recv(fd, &a, buf, sizeof buf, 5000), 0);
+    assert_int_equal(a.type, FERRY_FRAME_HELLO_ACK);
+    assert_int_equal(a.status, 0);
+    return fd;
+}
+
+/* SHM_MAP_REQ for [addr, addr+1): the answer's status, info on success. */
+static int map_req(int fd, const void *addr, uint8_t info[FERRY_SHM_MAP_INFO_SIZE])
+{
+    static unsigned char probe = 1;
+    ferry_frame_t q = {.type = FERRY_FRAME_SHM_MAP_REQ, .req_id = 77, .addr = (uint64_t)(uintptr_t)addr, .len = 1,
+                       .aux = (uint64_t)(uintptr_t)&probe};
+    assert_int_equal(raw_send(fd, &q, NULL), 0);
+    ferry_frame_t a;
+    char buf[FERRY_WIRE_MAX_REASON + 64];
+    assert_int_equal(raw_recv(fd, &a, buf, sizeof buf - 1, 5000), 0);
+    assert_int_equal(a.type, FERRY_FRAME_SHM_MAP_RESP);
+    if (a.status == 0) {
+        assert_int_equal(a.plen, FERRY_SHM_MAP_INFO_SIZE);
+        memcpy(info, buf, FERRY_SHM_MAP_INFO_SIZE);
+    } else {
+        buf[a.plen < sizeof buf - 1 ? a.plen : sizeof buf - 1] = 0;
+        printf("# map of %p refused (%d): %s\n", addr, a.status, buf);
+    }
+    return a.status;
+}
+
+/* The path a peer opens the target's memfd by (the target is us). */
+static void memfd_path(const uint8_t info[FERRY_SHM_MAP_INFO_SIZE], char *path, size_t cap)
+{
+    int32_t tfd = (int32_t)get32(info + 24);
+    assert_true(tfd >= 0);
+    snprintf(path, cap, "/proc/%d/fd/%d", (int)getpid(), (int)tfd);
+}
+
+/* Whether the mapping holding addr in this process is a memfd's. */
+static bool mapped_from_memfd(const void *addr)
+{
+    FILE *f = fopen("/proc/self/maps", "re");
+    assert_non_null(f);
+    char line[512];
+    bool memfd = false;
+    uintptr_t a = (uintptr_t)addr;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && a >= lo && a < hi) memfd = strstr(line, "memfd:") != NULL;
+    }
+    fclose(f);
+    return memfd;
+}
+
+static double seconds_since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+/* ------------------------------------------------------------- tests */
+
+/* A local-only pool: no memfd behind it, and the map request is refused. */
+static void local_pool_is_not_answered(void **state)
+{
+    (void)state;
+    ferry_engine_t *tgt = target();
+    ferry_pool_t *p;
+    void *buf;
+    assert_int_equal(ferry_pool_create_shared(tgt, POOL, FERRY_MEM_LOCAL, &p), 0);
+    assert_int_equal(ferry_pool_alloc(p, POOL, &buf), 0);
+    assert_false(mapped_from_memfd(buf));
+    int fd = hostile_connect(tgt);
+    uint8_t info[FERRY_SHM_MAP_INFO_SIZE];
+    assert_int_equal(map_req(fd, buf, info), FERRY_ERR_ACCESS_DENIED);
+    close(fd);
+    ferry_pool_destroy(p);
+    ferry_engine_destroy(tgt);
+}
+
+/* A read-only pool: the peer may map it, but no way it tries makes it
+ * writable, and the pool's bytes stay as the owner wrote them. */
+static void read_only_pool_stays_read_only(void **state)
+{
+    (void)state;
+    ferry_engine_t *tgt = target();
+    ferry_pool_t *p;
+    void *buf;
+    assert_int_equal(ferry_pool_create_shared(tgt, POOL, FERRY_MEM_REMOTE_READ, &p), 0);
+    assert_int_equal(ferry_pool_alloc(p, POOL, &buf), 0);
+    harness_fill(buf, POOL, 41);
+    int fd = hostile_connect(tgt);
+    uint8_t info[FERRY_SHM_MAP_INFO_SIZE];
+    assert_int_equal(map_req(fd, buf, info), 0);
+    char path[64];
+    memfd_path(info, path, sizeof path);
+    size_t off = (size_t)get64(info + 16), len = off + POOL;
+
+    int rw = open(path, O_RDWR | O_CLOEXEC);
+    if (rw >= 0) { /* the inode allows the open; the seal refuses the rest */
+        void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
+        assert_true(m == MAP_FAILED);
+        assert_int_equal(errno, EPERM);
+        assert_int_equal(pwrite(rw, "x", 1, (off_t)off), -1);
+        close(rw);
+    }
+    int ro = open(path, O_RDONLY | O_CLOEXEC);
+    assert_true(ro >= 0);
+    unsigned char *m = mmap(NULL, len, PROT_READ, MAP_SHARED, ro, 0);
+    assert_true(m != MAP_FAILED);
+    assert_int_equal(mprotect(m, len, PROT_READ | PROT_WRITE), -1);
+    assert_true(harness_check(m + off, POOL, 41)); /* reading is what it may do */
+    munmap(m, len);
+    close(ro);
+    assert_true(harness_check(buf, POOL, 41));
+    close(fd);
+    ferry_pool_destroy(p);
+    ferry_engine_destroy(tgt);
+}
+
+/* A writable pool, mapped by the peer, then deregistered by its owner
+ * while the peer holds the old in-use count raised: the deregistration
+ * does not wait on it, and afterwards neither the peer's writes nor its
+ * setting the control word back to live reach the owner's memory; asking
+ * again (the confirmation) is refused. */
+static void deregistered_pool_is_out_of_reach(void **state)
+{
+    (void)state;
+    ferry_engine_t *tgt = target();
+    ferry_pool_t *p;
+    void *buf;
+    assert_int_equal(ferry_pool_create_shared(tgt, POOL, FERRY_MEM_REMOTE, &p), 0);
+    assert_int_equal(ferry_pool_alloc(p, POOL, &buf), 0);
+    harness_fill(buf, POOL, 42);
+    int fd = hostile_connect(tgt);
+    uint8_t info[FERRY_SHM_MAP_INFO_SIZE];
+    assert_int_equal(map_req(fd, buf, info), 0);
+    char path[64];
+    memfd_path(info, path, sizeof path);
+    size_t off = (size_t)get64(info + 16), len = off + POOL;
+    int mfd = open(path, O_RDWR | O_CLOEXEC);
+    assert_true(mfd >= 0);
+    unsigned char *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+    assert_true(m != MAP_FAILED);
+    close(mfd);
+    /* While registered, the peer's mapping is the pool (writable: allowed). */
+    assert_true(harness_check(m + off, POOL, 42));
+
+    /* The control header: state at byte 4, the old in-use count at 16. */
+    atomic_store((_Atomic int64_t *)(void *)(m + 16), 1);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(ferry_deregister(tgt, buf), 0);
+    double took = seconds_since(&t0);
+    printf("# deregistration took %.3f s with the in-use count raised\n", took);
+    assert_true(took < 5.0); /* it waited 10 s for the peer before */
+
+    atomic_store((_Atomic uint32_t *)(void *)(m + 4), 1u); /* "live" again */
+    memset(m + off, 0xee, 64u << 10);
+    assert_true(harness_check(buf, POOL, 42));
+    assert_int_equal(map_req(fd, buf, info), FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    munmap(m, len);
+    close(fd);
+    ferry_pool_destroy(p);
+    ferry_engine_destroy(tgt);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(local_pool_is_not_answered),
+        cmocka_unit_test(read_only_pool_stays_read_only),
+        cmocka_unit_test(deregistered_pool_is_out_of_reach),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
