@@ -286,13 +286,43 @@ int ferry_batch_free(ferry_batch_t *b);
 /* ---------------------------------------------------------- notifications */
 
 /* Sends a small message (<= 64 KiB) to the peer's notification queue; it is
- * delivered after every write this thread issued to that peer before it. */
+ * delivered after every write this thread issued to that peer before it.
+ * TOO_MANY_REQUESTS when the receiver holds too many unread ones from this
+ * sender or its address (see below). */
 int ferry_notify(ferry_engine_t *e, const char *peer, const void *msg, size_t len);
 
+/* A received notification, and what the receiver knows of its sender.
+ *
+ * Who sent it: with a shared secret (config.secret), only holders of the
+ * secret get a connection at all, the handshake naming the sender is
+ * authenticated (authenticated = 1), and peer is the name a holder of the
+ * secret gave itself: trust it as far as you trust the holders. Without a
+ * secret, peer is only what the sender claimed (anyone able to connect can
+ * claim any name, "prefill" included): identify the sender by addr, the
+ * connection's source address as this engine's TCP stack saw it (which a
+ * peer cannot choose off its host), and epoch, and treat peer as a label.
+ *
+ * Fair share: a sender (engine id and epoch from its handshake, at its
+ * source IP address) may have at most FERRY_NOTIFY_SENDER_MAX unread
+ * notifications (and 1/8 of the queue's bytes) here, and one source IP
+ * address at most FERRY_NOTIFY_SOURCE_MAX, of FERRY_NOTIFY_QUEUE_MAX in
+ * all; past its share a sender's notifications are refused
+ * (TOO_MANY_REQUESTS at its ferry_notify) and nobody else's. A flooding
+ * peer that mints a new engine id per connection is still held to its
+ * address's share: other hosts' notifications keep arriving, those of
+ * other engines on the flooder's own host may not. */
+#define FERRY_NOTIFY_QUEUE_MAX 65536
+#define FERRY_NOTIFY_SENDER_MAX (FERRY_NOTIFY_QUEUE_MAX / 8)
+#define FERRY_NOTIFY_SOURCE_MAX (FERRY_NOTIFY_QUEUE_MAX / 2)
+
 typedef struct ferry_notification {
-    char peer[256];    /* sender's engine name */
+    char peer[256];     /* the sender's engine name, as it gave it (see above) */
     size_t len;
     unsigned char *msg; /* owned; freed by ferry_notifications_free */
+    char addr[64];      /* the connection's source, "ip:port" ("[ip6]:port"), as observed */
+    uint64_t engine_id; /* the sender's engine id and epoch, from its handshake */
+    uint64_t epoch;
+    int authenticated;  /* 1: the sender proved it holds this engine's shared secret */
 } ferry_notification_t;
 
 /* Moves up to max queued notifications into out; returns how many. */

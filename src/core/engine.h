@@ -112,8 +112,10 @@ typedef struct ferry_task {
     struct ferry_task *next;
 } ferry_task_t;
 
+struct ferry_notify_count;
 typedef struct ferry_notify_node {
     ferry_notification_t n;
+    struct ferry_notify_count *sender, *source; /* its sender's and address's counts (notify.c) */
     struct ferry_notify_node *next;
 } ferry_notify_node_t;
 
@@ -158,6 +160,7 @@ struct ferry_engine {
     ferry_notify_node_t *notify_head, *notify_tail;
     size_t notify_count;
     size_t notify_bytes;
+    struct ferry_notify_tables *notify_tables; /* queued per sender and per address (notify.c) */
 
     /* Requests initiators cancelled, whose late frames this target refuses
      * (cancel.h); connections get serials in accept order. */
@@ -178,8 +181,9 @@ int ferry_config_copy(ferry_engine_t *e, const ferry_config_t *cfg);
 /* Served connections at once; more are refused at accept. Each costs a
  * thread, so a peer opening connections without end cannot exhaust us. */
 #define FERRY_MAX_SERVED_CONNS 2048
-/* Notifications queued and not yet fetched; more are refused. */
-#define FERRY_MAX_QUEUED_NOTIFY 65536
+/* Notifications queued and not yet fetched; more are refused (and per
+ * sender and source address, ferry.h's FERRY_NOTIFY_*_MAX). */
+#define FERRY_MAX_QUEUED_NOTIFY FERRY_NOTIFY_QUEUE_MAX
 #define FERRY_MAX_QUEUED_NOTIFY_BYTES (256u << 20)
 
 /* engine.c: target side */
@@ -244,7 +248,8 @@ void ferry_workers_stop(ferry_engine_t *e);
 
 /* notify.c */
 /* Queues msg (taking it); TOO_MANY_REQUESTS (msg freed) when the queue is full. */
-int ferry_notify_push(ferry_engine_t *e, const char *peer, unsigned char *msg, size_t len);
+/* Queues msg (taking it) as received on the target-side connection c. */
+int ferry_notify_push(ferry_conn_t *c, unsigned char *msg, size_t len);
 void ferry_notify_clear(ferry_engine_t *e);
 
 /* crc32c.c */

@@ -189,7 +189,10 @@ class Status(ctypes.Structure):
 
 class Notification(ctypes.Structure):
     _fields_ = [("peer", ctypes.c_char * 256), ("len", c_size_t),
-                ("msg", ctypes.POINTER(ctypes.c_ubyte))]
+                ("msg", ctypes.POINTER(ctypes.c_ubyte)),
+                # what the receiver verified of the sender (ferry.h)
+                ("addr", ctypes.c_char * 64), ("engine_id", ctypes.c_uint64),
+                ("epoch", ctypes.c_uint64), ("authenticated", ctypes.c_int)]
 
 
 # ----------------------------------------------------------------- prototypes
