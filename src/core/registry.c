@@ -6,6 +6,7 @@
 
 #include <sched.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <search.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,7 +47,7 @@ static void revoke_visit(const void *node, VISIT which, void *closure)
     ferry_region_t *reg = *(ferry_region_t *const *)node;
     if (!reg->share_ctl) return;
     ferry_share_revoke(reg->share_ctl);
-    ferry_share_detach((void *)(uintptr_t)reg->addr, (size_t)reg->len);
+    ferry_share_detach((void *)(uintptr_t)reg->addr, (size_t)reg->len, reg->share_fd, reg->share_off);
 }
 
 void ferry_registry_destroy(ferry_registry_t *r)
@@ -172,7 +173,8 @@ int ferry_registry_remove(ferry_registry_t *r, uint64_t addr)
     ferry_region_t *reg = find_locked(r, addr);
     int rc = 0;
     ferry_share_ctl_t *ctl = NULL;
-    uint64_t shared_len = 0;
+    uint64_t shared_len = 0, shared_off = 0;
+    int shared_fd = -1;
     if (!reg)
         rc = ferry_fail(FERRY_ERR_ADDRESS_NOT_REGISTERED, "deregister: no region at 0x%llx", (unsigned long long)addr);
     else if (reg->addr != addr)
@@ -182,6 +184,8 @@ int ferry_registry_remove(ferry_registry_t *r, uint64_t addr)
     else {
         ctl = reg->share_ctl;
         shared_len = reg->len;
+        shared_fd = reg->share_fd;
+        shared_off = reg->share_off;
         if (ctl) ferry_share_revoke(ctl);
         remove_locked(r, reg);
     }
@@ -189,7 +193,7 @@ int ferry_registry_remove(ferry_registry_t *r, uint64_t addr)
     /* Outside the lock (the move copies the whole pool): no placement by
      * this engine starts into the range now, and peers' mappings stop
      * reaching it once it returns. */
-    if (ctl) ferry_share_detach((void *)(uintptr_t)addr, (size_t)shared_len);
+    if (ctl) ferry_share_detach((void *)(uintptr_t)addr, (size_t)shared_len, shared_fd, shared_off);
     return rc;
 }
 
@@ -236,7 +240,7 @@ void ferry_share_revoke(ferry_share_ctl_t *ctl)
     atomic_store(&ctl->state, FERRY_SHARE_REVOKED);
 }
 
-int ferry_share_detach(void *base, size_t len)
+int ferry_share_detach(void *base, size_t len, int fd, uint64_t off)
 {
     void *fresh = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     int err = 0;
@@ -247,6 +251,11 @@ int ferry_share_detach(void *base, size_t len)
         if (mremap(fresh, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, base) == MAP_FAILED) {
             err = errno;
             munmap(fresh, len);
+        } else if (fd >= 0) {
+            /* The memfd's pages are nobody's now: give them back (peers
+             * still mapping them see zeros). A read-only pool's seal
+             * refuses this; its pages go when the pool is destroyed. */
+            (void)fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
         }
     }
     if (err)

@@ -42,8 +42,10 @@ typedef struct ferry_share_ctl {
 void ferry_share_revoke(ferry_share_ctl_t *ctl);
 /* Moves [base, base+len) onto private anonymous pages with the same bytes
  * (mremap over the shared mapping): from then on no peer's mapping aliases
- * the owner's memory. Bytes the owner itself writes into the range during
- * the move may be lost. 0, or -errno (the range stays shared; logged). */
-int ferry_share_detach(void *base, size_t len);
+ * the owner's memory. Then frees the memfd's pages [off, off+len) of fd
+ * where the seals allow it. Bytes the owner itself writes into the range
+ * during the move may be lost. 0, or -errno (the range stays shared;
+ * logged). */
+int ferry_share_detach(void *base, size_t len, int fd, uint64_t off);
 
 #endif
