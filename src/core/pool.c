@@ -40,8 +40,9 @@ struct ferry_pool {
     uint32_t *next, *prev;   /* free-list links of run heads */
     uint32_t head[MAX_ORDERS];
     size_t used, live;
-    int memfd;               /* shared pools: the memfd, else -1 */
-    unsigned char *map;      /* shared pools: the whole mapping (header, then base) */
+    int memfd;               /* shared pools: the data's memfd (mapped at base), else -1 */
+    int ctlfd;               /* shared pools: the control header's memfd, else -1 */
+    unsigned char *map;      /* shared pools: the control header's mapping */
     size_t map_len;
 };
 
@@ -71,52 +72,62 @@ static size_t largest_free_locked(const ferry_pool_t *p)
     return 0;
 }
 
-/* Maps len bytes for the pool: anonymous memory, or (shared) a sealed
- * memfd holding the control header then the data. A read-only pool's memfd
- * is sealed against any later writable mapping or write(2), ours made: a
- * peer that opens it (through /proc/<pid>/fd, whatever the mode) can only
- * read it. */
+static void unmap_pool(ferry_pool_t *p);
+
+/* A memfd of len bytes mapped read-write here at *mem, then sealed: never
+ * shrinking (a peer's mapping can never fault with SIGBUS) nor growing,
+ * and with read_only, against any later writable mapping or write(2),
+ * whoever opens it (through /proc/<pid>/fd, in whatever mode): only our
+ * own mapping, made before the seal, can write it. The fd, or -1. */
+static int sealed_memfd(const char *name, size_t len, bool read_only, unsigned char **mem)
+{
+    int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return -1;
+    void *m = MAP_FAILED;
+    unsigned seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL | (read_only ? F_SEAL_FUTURE_WRITE : 0);
+    if (ftruncate(fd, (off_t)len) == 0) m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m != MAP_FAILED && fcntl(fd, F_ADD_SEALS, seals) == 0) {
+        *mem = m;
+        return fd;
+    }
+    if (m != MAP_FAILED) munmap(m, len);
+    close(fd);
+    return -1;
+}
+
+/* Maps the pool: anonymous memory, or (shared) two sealed memfds: the
+ * control header (core/share.h), which only we can write, and the data,
+ * which peers can write only if the pool is remote-writable. */
 static unsigned char *map_pool(ferry_pool_t *p, bool shared, unsigned flags)
 {
     if (!shared) {
         void *mem = mmap(NULL, p->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         return mem == MAP_FAILED ? NULL : mem;
     }
-    p->map_len = FERRY_SHARE_HEADER + p->size;
-    int fd = memfd_create("ferry-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0) return NULL;
-    /* Sealed against shrinking: a peer's mapping can never fault (SIGBUS). */
-    if (ftruncate(fd, (off_t)p->map_len) != 0 ||
-        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
-        close(fd);
+    unsigned char *data = NULL;
+    p->map_len = FERRY_SHARE_HEADER;
+    p->ctlfd = sealed_memfd("ferry-pool-ctl", p->map_len, true, &p->map);
+    if (p->ctlfd >= 0) p->memfd = sealed_memfd("ferry-pool", p->size, !(flags & FERRY_MEM_REMOTE_WRITE), &data);
+    if (p->memfd < 0) {
+        unmap_pool(p);
         return NULL;
     }
-    void *mem = mmap(NULL, p->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (mem == MAP_FAILED) {
-        close(fd);
-        return NULL;
-    }
-    unsigned seals = F_SEAL_SEAL | (flags & FERRY_MEM_REMOTE_WRITE ? 0 : F_SEAL_FUTURE_WRITE);
-    if (fcntl(fd, F_ADD_SEALS, seals) != 0) {
-        munmap(mem, p->map_len);
-        close(fd);
-        return NULL;
-    }
-    p->memfd = fd;
-    p->map = mem;
-    return p->map + FERRY_SHARE_HEADER;
+    return data;
 }
 
 static void unmap_pool(ferry_pool_t *p)
 {
+    if (p->ctlfd >= 0) {
+        munmap(p->map, p->map_len);
+        close(p->ctlfd);
+        p->ctlfd = -1;
+        p->map = NULL;
+    }
     if (p->memfd >= 0) {
-        if (p->map) munmap(p->map, p->map_len);
         close(p->memfd);
         p->memfd = -1;
-        p->map = NULL;
-    } else if (p->base) {
-        munmap(p->base, p->size);
     }
+    if (p->base) munmap(p->base, p->size);
     p->base = NULL;
 }
 
@@ -146,6 +157,7 @@ static int pool_create(ferry_engine_t *e, size_t bytes, unsigned flags, bool sha
     if (!p) return ferry_fail(FERRY_ERR_MEMORY, "pool create: out of memory");
     p->engine = e;
     p->memfd = -1;
+    p->ctlfd = -1;
     p->nblocks = (uint32_t)nblocks;
     p->size = nblocks * FERRY_POOL_BLOCK;
     p->tag = calloc(nblocks, 1);
@@ -158,8 +170,7 @@ static int pool_create(ferry_engine_t *e, size_t bytes, unsigned flags, bool sha
                         shared ? " in a memfd" : "");
     if (rc == 0) rc = ferry_register(e, p->base, p->size, flags);
     if (rc == 0 && shared) {
-        rc = ferry_registry_set_shared(&e->registry, (uint64_t)(uintptr_t)p->base, p->memfd, FERRY_SHARE_HEADER,
-                                       p->map);
+        rc = ferry_registry_set_shared(&e->registry, (uint64_t)(uintptr_t)p->base, p->memfd, p->map, p->ctlfd);
         if (rc) ferry_deregister(e, p->base);
     }
     if (rc) {

@@ -84,6 +84,7 @@ static int add_locked(ferry_registry_t *r, uint64_t addr, uint64_t len, uint32_t
     reg->share_fd = -1;
     reg->share_off = 0;
     reg->share_ctl = NULL;
+    reg->share_ctl_fd = -1;
     reg->generation = r->next_generation++;
     if (r->next_generation == 0) r->next_generation = 1; /* 0 means "any" on the wire */
     void **slot = tsearch(reg, &r->root, compare_ranges);
@@ -210,23 +211,25 @@ int ferry_registry_unshare(ferry_registry_t *r, uint64_t addr)
         reg->share_fd = -1;
         reg->share_off = 0;
         reg->share_ctl = NULL;
+        reg->share_ctl_fd = -1;
     }
     pthread_rwlock_unlock(&r->lock);
     return rc;
 }
 
-int ferry_registry_set_shared(ferry_registry_t *r, uint64_t addr, int fd, uint64_t off, void *ctl)
+int ferry_registry_set_shared(ferry_registry_t *r, uint64_t addr, int fd, void *ctl, int ctl_fd)
 {
     pthread_rwlock_wrlock(&r->lock);
     ferry_region_t *reg = find_locked(r, addr);
     int rc = 0;
-    if (!reg || reg->addr != addr || !ctl || fd < 0) {
+    if (!reg || reg->addr != addr || !ctl || fd < 0 || ctl_fd < 0) {
         rc = ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "share: no region starting at 0x%llx", (unsigned long long)addr);
     } else {
         ferry_share_ctl_t *c = ctl;
         reg->share_fd = fd;
-        reg->share_off = off;
+        reg->share_off = 0;
         reg->share_ctl = ctl;
+        reg->share_ctl_fd = ctl_fd;
         atomic_store(&c->generation, reg->generation);
         atomic_store(&c->magic, FERRY_SHARE_MAGIC);
         atomic_store(&c->state, FERRY_SHARE_LIVE);
@@ -242,6 +245,10 @@ void ferry_share_revoke(ferry_share_ctl_t *ctl)
 
 int ferry_share_detach(void *base, size_t len, int fd, uint64_t off)
 {
+    /* Against an initiator's copy-then-check (shm.c): the REVOKED store
+     * before every load of the copy below; either it sees REVOKED after
+     * its copy, or this copy sees its bytes. */
+    ferry_share_fence();
     void *fresh = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     int err = 0;
     if (fresh == MAP_FAILED) {

@@ -1,6 +1,7 @@
-/* Shared pools (ferry_pool_create_shared): the control header at the start
- * of a pool's memfd, which an initiator on this host maps together with the
- * pool's data to write and read it with a plain memcpy (transport/shm.c).
+/* Shared pools (ferry_pool_create_shared): the control header, in a memfd
+ * of its own, which an initiator on this host maps (read-only) together
+ * with the pool's data memfd to write and read the pool with a plain
+ * memcpy (transport/shm.c).
  *
  * What the owner enforces does not depend on peers cooperating:
  *  - only pools with a FERRY_MEM_REMOTE_* flag live in a memfd (a local-only
@@ -11,12 +12,14 @@
  *    range is moved onto private pages holding the same bytes, so a peer's
  *    mapping no longer reaches the owner's memory, whatever the peer does,
  *    and the owner waits for no peer;
- *  - an initiator reports a mapped copy complete only after the owner
- *    confirmed, over the connection, that the region is still registered
- *    at the generation the copy began under (a dead owner confirms nothing).
- * The header itself is a hint for cooperating initiators (stop copying into
- * a revoked pool early); the owner writes it and never reads it back, so a
- * peer that scribbles on it only misleads itself. */
+ *  - the header's memfd is sealed F_SEAL_FUTURE_WRITE: only the owner's
+ *    own mapping writes it; no peer can set a revoked pool live again;
+ *  - an initiator reports a mapped copy complete only if, after the copy
+ *    and a full fence, the owner is alive (pidfd) and the header still says
+ *    live at the copy's generation. The owner stores REVOKED under the
+ *    registry's write lock and fences before the detach copies the pool:
+ *    either the initiator sees REVOKED, or its bytes are in what the owner
+ *    keeps. A dead owner revoked nothing, so its pidfd decides. */
 #ifndef FERRY_SHARE_H
 #define FERRY_SHARE_H
 
@@ -27,8 +30,21 @@
 #define FERRY_SHARE_MAGIC 0x46534850u /* "PHSF" */
 #define FERRY_SHARE_LIVE 1u
 #define FERRY_SHARE_REVOKED 2u
-/* The header's size: the pool's data starts this far into the memfd. */
+/* The header memfd's size. */
 #define FERRY_SHARE_HEADER 4096u
+
+/* A full fence between a copy's plain stores and the loads after it (the
+ * two sides' Dekker check above). TSan does not model fences (and the
+ * other side is another process): there, a seq_cst read-modify-write. */
+#if defined(__SANITIZE_THREAD__)
+static inline void ferry_share_fence(void)
+{
+    static _Atomic int word;
+    atomic_fetch_add(&word, 0);
+}
+#else
+static inline void ferry_share_fence(void) { atomic_thread_fence(memory_order_seq_cst); }
+#endif
 
 typedef struct ferry_share_ctl {
     _Atomic uint32_t magic;

@@ -29,14 +29,15 @@
  * Shared pools (ferry_pool_create_shared, core/share.h) take a shorter way
  * still: the initiator asks once per connection and region (SHM_MAP_REQ,
  * served only on verified connections, only for regions peers may access,
- * and only by targets advertising FERRY_HELLO_F_SHMPOOL_CONFIRM), checks
- * that the target's pid owns the other end of the connection, maps the
- * pool's memfd through /proc/<pid>/fd/<fd> (read-only unless the pool is
- * remote-writable; a read-only pool's memfd is sealed so) and copies with
- * memcpy itself; the copies count only once the target confirmed, by
- * answering the same request again, that the region is still registered at
- * their generation (a dead target confirms nothing). FERRY_SHM_NOMAP=1 at
- * the initiator keeps such regions on cross-memory attach. */
+ * and only by targets advertising FERRY_HELLO_F_SHMPOOL2), checks that the
+ * target's pid owns the other end of the connection, maps the pool's
+ * memfd through /proc/<pid>/fd/<fd> (read-only unless the pool is
+ * remote-writable; a read-only pool's memfd is sealed so) and its control
+ * header read-only (sealed so for everyone but the owner), and copies with
+ * memcpy itself; a copy counts only if, after it, the owner is alive (its
+ * pidfd) and the header still says the region is live at the copy's
+ * generation (mapped_copy_landed). FERRY_SHM_NOMAP=1 at the initiator keeps
+ * such regions on cross-memory attach. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -550,10 +551,7 @@ static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t
 }
 
 /* SHM_MAP_REQ, on a verified connection: where the region holding
- * [addr, addr+len) lives in a memfd, if it is a shared pool's. Asked again
- * after mapped copies, the same answer is the owner's confirmation that the
- * region is still registered at the generation (crc) they began under.
- * Regions no peer may access (FERRY_MEM_LOCAL) are refused like a range
+ * [addr, addr+len) lives in a memfd, if it is a shared pool's. Regions no peer may access (FERRY_MEM_LOCAL) are refused like a range
  * that is not registered at all: their existence is nobody's business. */
 static int serve_map(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, uint64_t deadline)
 {
@@ -579,6 +577,7 @@ static int serve_map(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *
             put32(info + 24, reg->share_ctl ? (uint32_t)reg->share_fd : UINT32_MAX);
             put32(info + 28, reg->generation);
             put32(info + 32, reg->flags);
+            put32(info + 36, reg->share_ctl ? (uint32_t)reg->share_ctl_fd : UINT32_MAX);
         }
         ferry_registry_unlock(r);
     }
@@ -718,8 +717,9 @@ struct shm_map {
     uint64_t addr, len;       /* the region, in the target's address space */
     uint32_t generation, flags;
     bool shareable;
-    unsigned char *map;       /* control header at 0, region at off */
-    size_t map_len, off;
+    unsigned char *map;       /* the region (its memfd from offset 0), map_len bytes */
+    size_t map_len;
+    ferry_share_ctl_t *ctl;   /* the control header, mapped read-only (the owner's to write) */
     struct shm_map *next;
 };
 
@@ -733,6 +733,7 @@ struct shm_icache {
 static void map_free(struct shm_map *m)
 {
     if (m->map) munmap(m->map, m->map_len);
+    if (m->ctl) munmap(m->ctl, FERRY_SHARE_HEADER);
     free(m);
 }
 
@@ -763,6 +764,28 @@ static bool map_disabled_here(void)
 {
     const char *v = getenv("FERRY_SHM_NOMAP");
     return v && *v && strcmp(v, "0") != 0;
+}
+
+/* Maps len bytes of the target's fd tfd through /proc/<pid>/fd (writable
+ * only with rw): the mapping, or NULL with the reason in why. */
+static void *map_target_fd(pid_t pid, int32_t tfd, size_t len, bool rw, char *why, size_t cap)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)pid, (int)tfd);
+    int fd = map_disabled_here() ? (errno = EPERM, -1) : open(path, (rw ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+    struct stat st;
+    int seals = fd >= 0 ? fcntl(fd, F_GET_SEALS) : -1;
+    void *mem = MAP_FAILED;
+    if (fd < 0)
+        snprintf(why, cap, "cannot open %s: %s", path, strerror(errno));
+    else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size < len)
+        snprintf(why, cap, "%s is not a memfd of %zu bytes", path, len);
+    else if (seals < 0 || !(seals & F_SEAL_SHRINK))
+        snprintf(why, cap, "%s is not sealed against shrinking", path);
+    else if ((mem = mmap(NULL, len, rw ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED)
+        snprintf(why, cap, "mmap of %s: %s", path, strerror(errno));
+    if (fd >= 0) close(fd);
+    return mem == MAP_FAILED ? NULL : mem;
 }
 
 /* Whether the target's claimed pid owns the other end of our connection:
@@ -833,51 +856,34 @@ static struct shm_map *map_fetch(ferry_conn_t *c, struct shm_icache *ic, ferry_x
     if (!m) return NULL;
     m->addr = get64(info);
     m->len = get64(info + 8);
-    m->off = (size_t)get64(info + 16);
-    int32_t tfd = (int32_t)get32(info + 24);
+    uint64_t off = get64(info + 16);
+    int32_t tfd = (int32_t)get32(info + 24), cfd = (int32_t)get32(info + 36);
     m->generation = get32(info + 28);
     m->flags = get32(info + 32);
-    m->shareable = tfd >= 0;
+    m->shareable = tfd >= 0 && cfd >= 0;
     char why[160] = "";
-    if (m->len == 0 || m->addr + m->len < m->addr || addr < m->addr || addr >= m->addr + m->len ||
-        m->off < sizeof(ferry_share_ctl_t) || m->off + m->len < m->off) {
+    if (m->len == 0 || m->addr + m->len < m->addr || addr < m->addr || addr >= m->addr + m->len || off != 0) {
         snprintf(why, sizeof why, "inconsistent map info");
         m->shareable = false;
     }
     if (m->shareable) {
-        char path[64];
-        snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)c->peer.pid, (int)tfd);
-        /* Writable only where the pool allows peers to write; a read-only
-         * pool's memfd refuses writable mappings anyway (sealed). */
+        /* Writable only where the pool allows peers to write (a read-only
+         * pool's memfd refuses writable mappings anyway: sealed); the
+         * control header is the owner's alone (sealed so). */
         bool rw = (m->flags & FERRY_MEM_REMOTE_WRITE) != 0;
-        int fd = map_disabled_here() ? (errno = EPERM, -1) : open(path, (rw ? O_RDWR : O_RDONLY) | O_CLOEXEC);
-        struct stat st;
-        int seals = fd >= 0 ? fcntl(fd, F_GET_SEALS) : -1;
-        m->map_len = m->off + (size_t)m->len;
-        if (fd < 0)
-            snprintf(why, sizeof why, "cannot open %s: %s", path, strerror(errno));
-        else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size < m->map_len)
-            snprintf(why, sizeof why, "%s is not a memfd of %zu bytes", path, m->map_len);
-        else if (seals < 0 || !(seals & F_SEAL_SHRINK))
-            snprintf(why, sizeof why, "%s is not sealed against shrinking", path);
-        if (!why[0]) {
-            void *mem = mmap(NULL, m->map_len, rw ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
-            if (mem == MAP_FAILED)
-                snprintf(why, sizeof why, "mmap of %s: %s", path, strerror(errno));
-            else
-                m->map = mem;
-        }
-        if (fd >= 0) close(fd);
-        if (m->map) {
-            ferry_share_ctl_t *ctl = (ferry_share_ctl_t *)m->map;
-            if (atomic_load(&ctl->magic) != FERRY_SHARE_MAGIC || atomic_load(&ctl->generation) != m->generation) {
-                snprintf(why, sizeof why, "%s: control header does not match generation %u", path, m->generation);
-                munmap(m->map, m->map_len);
-                m->map = NULL;
-            }
-        }
-        if (!m->map) {
+        m->map_len = (size_t)m->len;
+        m->ctl = map_target_fd(c->peer.pid, cfd, FERRY_SHARE_HEADER, false, why, sizeof why);
+        if (m->ctl) m->map = map_target_fd(c->peer.pid, tfd, m->map_len, rw, why, sizeof why);
+        if (m->map && (atomic_load(&m->ctl->magic) != FERRY_SHARE_MAGIC ||
+                       atomic_load(&m->ctl->state) != FERRY_SHARE_LIVE ||
+                       atomic_load(&m->ctl->generation) != m->generation))
+            snprintf(why, sizeof why, "control header does not say live at generation %u", m->generation);
+        if (why[0]) {
             m->shareable = false;
+            if (m->map) munmap(m->map, m->map_len);
+            if (m->ctl) munmap(m->ctl, FERRY_SHARE_HEADER);
+            m->map = NULL;
+            m->ctl = NULL;
             FERRY_LOG(FERRY_LOG_INFO, "shm", "%s: not mapping region [0x%llx+%llu): %s; using cross-memory attach",
                       c->peer.name, (unsigned long long)m->addr, (unsigned long long)m->len, why);
         }
@@ -893,62 +899,32 @@ static struct shm_map *map_fetch(ferry_conn_t *c, struct shm_icache *ic, ferry_x
     return m;
 }
 
-/* Bytes copied through a mapping, not yet confirmed by the owner. */
-struct mapped {
-    uint64_t n;                 /* 0: nothing copied for this piece */
-    uint64_t addr, len;         /* the region, as mapped */
-    uint32_t generation;
-};
-
-/* Asks the owner to confirm each region that pieces were copied into or
- * out of: it answers only while alive and while the region is registered at
- * the generation the copies began under. Confirmed pieces advance; the
- * others fail with the owner's reason. 0, or a connection failure with
- * *broken (nothing advanced: a dead owner confirms nothing). */
-static int map_confirm(ferry_conn_t *c, struct shm_icache *ic, ferry_xfer_t *xs, size_t nx, struct mapped *mp,
-                       int *broken)
+/* After a mapped copy: whether it counts. The owner marks a region
+ * revoked (under its registry's write lock) before it detaches the pool
+ * from our mapping, and only it can write the header (sealed): so, with a
+ * full fence between our copy and this check (and one on the owner's side,
+ * share.h), either we see the region live at its generation and the copy
+ * landed in the owner's registered memory, or we see it revoked. An owner
+ * that died revoked nothing: its pidfd says so. 0, or the error the piece
+ * fails with. */
+static int mapped_copy_landed(struct shm_icache *ic, const struct shm_map *m, ferry_conn_t *c, uint64_t copied)
 {
-    for (size_t i = 0; i < nx; i++) {
-        if (!mp[i].n) continue;
-        struct mapped r = mp[i];
-        uint8_t info[FERRY_SHM_MAP_INFO_SIZE];
-        /* One byte names the region; the generation says it is the same. */
-        int rc = map_ask(c, &xs[i], r.addr, 1, r.generation, info, broken);
-        if (*broken) return rc;
-        if (rc == 0 && get32(info + 28) != r.generation)
-            rc = ferry_fail(FERRY_ERR_STALE_SEGMENT, "region [0x%llx+%llu) changed generation %u -> %u",
-                            (unsigned long long)r.addr, (unsigned long long)r.len, r.generation, get32(info + 28));
-        if (rc) {
-            for (struct shm_map *m = ic->maps; m; m = m->next)
-                if (m->addr == r.addr && m->generation == r.generation) {
-                    icache_drop(ic, m);
-                    break;
-                }
-        }
-        for (size_t k = i; k < nx; k++) {
-            if (!mp[k].n || mp[k].addr != r.addr || mp[k].generation != r.generation) continue;
-            ferry_xfer_t *x = &xs[k];
-            if (rc) {
-                if (x->rc == 0) {
-                    ferry_fail_context("copied %llu bytes through the mapping of [0x%llx+%llu), unconfirmed",
-                                       (unsigned long long)mp[k].n, (unsigned long long)r.addr,
-                                       (unsigned long long)r.len);
-                    ferry_xfer_fail(x, rc);
-                }
-            } else {
-                x->done += mp[k].n;
-                if (x->progress) atomic_fetch_add(x->progress, mp[k].n);
-            }
-            mp[k].n = 0;
-        }
-    }
-    ferry_clear_last_error();
+    ferry_share_fence();
+    if (pidfd_exited(ic->pidfd))
+        return ferry_fail(FERRY_ERR_PEER_CLOSED, "%s (pid %d) exited during a mapped copy of %llu bytes",
+                          c->peer.name, (int)c->peer.pid, (unsigned long long)copied);
+    if (atomic_load(&m->ctl->state) != FERRY_SHARE_LIVE || atomic_load(&m->ctl->generation) != m->generation)
+        return ferry_fail(FERRY_ERR_ADDRESS_NOT_REGISTERED,
+                          "region [0x%llx+%llu) of %s was deregistered during a mapped copy of %llu bytes",
+                          (unsigned long long)m->addr, (unsigned long long)m->len, c->peer.name,
+                          (unsigned long long)copied);
     return 0;
 }
 
 /* Copies what it can of each piece through a mapping; the rest stays for
- * cross-memory attach. A copy counts only once the owner confirmed it
- * (map_confirm). 0, or a connection failure with *broken. */
+ * cross-memory attach. A copy counts only if the owner is alive and the
+ * region still registered after it (mapped_copy_landed). 0, or a
+ * connection failure with *broken. */
 static int map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
 {
     struct shm_icache *ic = c->xport;
@@ -963,14 +939,16 @@ static int map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
     if (ic->state < 0) return 0;
     if (ic->state == 0) {
         /* An older target does not know SHM_MAP_REQ (it would drop us), or
-         * does not expect confirmations. */
-        bool offered = (c->peer.flags & FERRY_HELLO_F_SHMPOOL_CONFIRM) != 0;
+         * lets peers write its control header. */
+        bool offered = (c->peer.flags & FERRY_HELLO_F_SHMPOOL2) != 0;
         ic->state = offered && !map_disabled_here() && target_owns_conn(c) ? 1 : -1;
         if (ic->state > 0) ic->pidfd = open_pidfd(c->peer.pid);
+        if (ic->pidfd < 0) ic->state = -1; /* no way to tell a dead owner */
         if (ic->state < 0) {
             FERRY_LOG(FERRY_LOG_INFO, "shm", "%s: shared-pool mapping off for this connection (%s)", c->peer.name,
                       !offered              ? "the peer does not serve shared-pool mappings"
                       : map_disabled_here() ? "FERRY_SHM_NOMAP"
+                      : ic->pidfd < 0 && target_owns_conn(c) ? "no pidfd for the peer"
                                             : "the peer's pid does not own the connection");
             return 0;
         }
@@ -982,7 +960,6 @@ static int map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
         while (ic->maps) icache_drop(ic, ic->maps);
         return 0;
     }
-    struct mapped *mp = NULL;
     for (size_t i = 0; i < nx && ic->state > 0; i++) {
         ferry_xfer_t *x = &xs[i];
         if (!ferry_piece_sendable(x, x->done)) continue;
@@ -994,25 +971,20 @@ static int map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
             m = NULL;
         }
         if (!m) m = map_fetch(c, ic, x, at, broken);
-        if (*broken) {
-            free(mp);
-            return ferry_last_error_code() ? ferry_last_error_code() : FERRY_ERR_PEER_CLOSED;
-        }
+        if (*broken) return ferry_last_error_code() ? ferry_last_error_code() : FERRY_ERR_PEER_CLOSED;
         if (!m || !m->shareable) continue;
         uint32_t need = x->opcode == FERRY_OP_WRITE ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_REMOTE_READ;
         if ((m->flags & need) != need || left > m->addr + m->len - at ||
             (x->generation && x->generation != m->generation))
             continue; /* cross-memory attach: the target names the error */
-        if (!mp && !(mp = calloc(nx, sizeof *mp))) break;
-        ferry_share_ctl_t *ctl = (ferry_share_ctl_t *)m->map;
+        ferry_share_ctl_t *ctl = m->ctl;
         uint64_t copied = 0;
         bool revoked = false;
         while (ferry_piece_sendable(x, x->done + copied)) {
             uint64_t off = x->done + copied;
             uint64_t n = x->len - off < SHM_SLICE ? x->len - off : SHM_SLICE;
-            unsigned char *there = m->map + m->off + (x->remote + off - m->addr);
-            /* A hint only (the owner's confirmation decides): stop early
-             * into a pool being deregistered. */
+            unsigned char *there = m->map + (x->remote + off - m->addr);
+            /* Stop early into a pool being deregistered. */
             if (atomic_load(&ctl->state) != FERRY_SHARE_LIVE || atomic_load(&ctl->generation) != m->generation) {
                 revoked = true;
                 break;
@@ -1021,12 +993,18 @@ static int map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
             else memcpy(x->local + off, there, (size_t)n);
             copied += n;
         }
-        mp[i] = (struct mapped){copied, m->addr, m->len, m->generation};
-        if (revoked && !copied) icache_drop(ic, m); /* the attach path reports it */
+        int rc = copied ? mapped_copy_landed(ic, m, c, copied) : 0;
+        if (rc) {
+            ferry_xfer_fail(x, rc);
+            ferry_clear_last_error();
+        } else {
+            x->done += copied;
+            if (x->progress && copied) atomic_fetch_add(x->progress, copied);
+        }
+        if (revoked || rc) icache_drop(ic, m); /* the attach path reports it, or nothing goes there now */
+        if (rc == FERRY_ERR_PEER_CLOSED) ic->state = -1;
     }
-    int rc = mp ? map_confirm(c, ic, xs, nx, mp, broken) : 0;
-    free(mp);
-    return rc;
+    return 0;
 }
 
 static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
@@ -1170,7 +1148,7 @@ static int shm_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, s
 static uint32_t shm_hello_flags(ferry_engine_t *e)
 {
     (void)e;
-    return FERRY_HELLO_F_SHMPOOL_CONFIRM;
+    return FERRY_HELLO_F_SHMPOOL2;
 }
 
 const ferry_transport_ops_t ferry_transport_shm = {
