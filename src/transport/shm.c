@@ -551,8 +551,8 @@ static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t
 }
 
 /* SHM_MAP_REQ, on a verified connection: where the region holding
- * [addr, addr+len) lives in a memfd, if it is a shared pool's. Regions no peer may access (FERRY_MEM_LOCAL) are refused like a range
- * that is not registered at all: their existence is nobody's business. */
+ * [addr, addr+len) lives in a memfd, if it is a shared pool's. Regions no
+ * peer may access (FERRY_MEM_LOCAL) are refused. */
 static int serve_map(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, uint64_t deadline)
 {
     int status = 0;
@@ -941,15 +941,15 @@ static int map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
         /* An older target does not know SHM_MAP_REQ (it would drop us), or
          * lets peers write its control header. */
         bool offered = (c->peer.flags & FERRY_HELLO_F_SHMPOOL2) != 0;
-        ic->state = offered && !map_disabled_here() && target_owns_conn(c) ? 1 : -1;
-        if (ic->state > 0) ic->pidfd = open_pidfd(c->peer.pid);
-        if (ic->pidfd < 0) ic->state = -1; /* no way to tell a dead owner */
+        bool owns = offered && !map_disabled_here() && target_owns_conn(c);
+        if (owns) ic->pidfd = open_pidfd(c->peer.pid);
+        ic->state = owns && ic->pidfd >= 0 ? 1 : -1; /* without a pidfd, no way to tell a dead owner */
         if (ic->state < 0) {
             FERRY_LOG(FERRY_LOG_INFO, "shm", "%s: shared-pool mapping off for this connection (%s)", c->peer.name,
                       !offered              ? "the peer does not serve shared-pool mappings"
                       : map_disabled_here() ? "FERRY_SHM_NOMAP"
-                      : ic->pidfd < 0 && target_owns_conn(c) ? "no pidfd for the peer"
-                                            : "the peer's pid does not own the connection");
+                      : !owns               ? "the peer's pid does not own the connection"
+                                            : "no pidfd for the peer's pid");
             return 0;
         }
     }
