@@ -6,12 +6,16 @@
  * set the control word back to live, and raise the old in-use count to
  * stall the deregistration. Each abuse must find nothing to abuse. The
  * target runs in this process: the peer reaches its memfds only as any
- * peer would, through the fd number it was told and /proc/<pid>/fd. */
+ * peer would, through the fds passed to it (SCM_RIGHTS) and by reopening
+ * them through /proc in another mode. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <stddef.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -59,10 +63,56 @@ static int hostile_connect(ferry_engine_t *tgt)
     return fd;
 }
 
-/* SHM_MAP_REQ for [addr, addr+1): the answer's status, info on success. */
-static int map_req(int fd, const void *addr, uint8_t info[FERRY_SHM_MAP_INFO_SIZE])
+/* The memfds the target passed with its last answer: data, control header. */
+static int passed[2] = {-1, -1};
+
+/* Listens where the target passes a map request's memfds (shm.c). */
+static int listen_for_fds(uint64_t req_id, const void *addr)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int n = snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, "ferry-map/%d/%llx/%llx", (int)getpid(),
+                     (unsigned long long)req_id, (unsigned long long)(uintptr_t)addr);
+    int l = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(l >= 0);
+    socklen_t sl = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+    assert_int_equal(bind(l, (struct sockaddr *)&sa, sl), 0);
+    assert_int_equal(listen(l, 1), 0);
+    return l;
+}
+
+static void receive_fds(int l)
+{
+    int s = accept4(l, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    assert_true(s >= 0);
+    char byte;
+    struct iovec iov = {&byte, 1};
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(2 * sizeof(int))];
+    } ctl;
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
+    assert_int_equal(recvmsg(s, &m, MSG_CMSG_CLOEXEC), 1);
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+    assert_non_null(cm);
+    assert_int_equal(cm->cmsg_type, SCM_RIGHTS);
+    memcpy(passed, CMSG_DATA(cm), sizeof passed);
+    close(s);
+}
+
+static void close_passed(void)
+{
+    for (int i = 0; i < 2; i++) {
+        if (passed[i] >= 0) close(passed[i]);
+        passed[i] = -1;
+    }
+}
+
+/* SHM_MAP_REQ for [addr, addr+1): the answer's status, info on success;
+ * with fds, the memfds are expected passed (into passed[]). */
+static int map_req(int fd, const void *addr, uint8_t info[FERRY_SHM_MAP_INFO_SIZE], bool fds)
 {
     static unsigned char probe = 1;
+    int l = fds ? listen_for_fds(77, addr) : -1;
     ferry_frame_t q = {.type = FERRY_FRAME_SHM_MAP_REQ, .req_id = 77, .addr = (uint64_t)(uintptr_t)addr, .len = 1,
                        .aux = (uint64_t)(uintptr_t)&probe};
     assert_int_equal(raw_send(fd, &q, NULL), 0);
@@ -73,37 +123,33 @@ static int map_req(int fd, const void *addr, uint8_t info[FERRY_SHM_MAP_INFO_SIZ
     if (a.status == 0) {
         assert_int_equal(a.plen, FERRY_SHM_MAP_INFO_SIZE);
         memcpy(info, buf, FERRY_SHM_MAP_INFO_SIZE);
+        if (fds) {
+            assert_true((int32_t)get32(info + 24) >= 0);
+            receive_fds(l);
+        }
     } else {
         buf[a.plen < sizeof buf - 1 ? a.plen : sizeof buf - 1] = 0;
         printf("# map of %p refused (%d): %s\n", addr, a.status, buf);
     }
+    if (l >= 0) close(l);
     return a.status;
 }
 
-/* The path a peer opens the target's data memfd by (the target is us). */
-static void memfd_path(const uint8_t info[FERRY_SHM_MAP_INFO_SIZE], char *path, size_t cap)
-{
-    int32_t tfd = (int32_t)get32(info + 24);
-    assert_true(tfd >= 0);
-    snprintf(path, cap, "/proc/%d/fd/%d", (int)getpid(), (int)tfd);
-}
-
-/* The same for the control header's memfd. */
-static void ctl_path(const uint8_t info[FERRY_SHM_MAP_INFO_SIZE], char *path, size_t cap)
-{
-    int32_t cfd = (int32_t)get32(info + 36);
-    assert_true(cfd >= 0);
-    snprintf(path, cap, "/proc/%d/fd/%d", (int)getpid(), (int)cfd);
-}
-
-/* The peer tries to write the control header: open read-write, map it
- * writable, write(2) to it. All refused (the header says revoked when it
- * says so). */
-static void control_header_is_the_owners(const uint8_t info[FERRY_SHM_MAP_INFO_SIZE])
+/* Reopens a passed fd read-write through /proc (as any process holding
+ * it, or reading the target's /proc/<pid>/fd, can). */
+static int reopen_rw(int fd)
 {
     char path[64];
-    ctl_path(info, path, sizeof path);
-    int fd = open(path, O_RDWR | O_CLOEXEC);
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    return open(path, O_RDWR | O_CLOEXEC);
+}
+
+/* The peer tries to write the control header: map it writable, reopen it
+ * read-write, map that writable, write(2) to it. All refused. */
+static void control_header_is_the_owners(void)
+{
+    assert_true(mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, passed[1], 0) == MAP_FAILED);
+    int fd = reopen_rw(passed[1]);
     assert_true(fd >= 0);
     void *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     assert_true(m == MAP_FAILED);
@@ -150,7 +196,7 @@ static void local_pool_is_not_answered(void **state)
     assert_false(mapped_from_memfd(buf));
     int fd = hostile_connect(tgt);
     uint8_t info[FERRY_SHM_MAP_INFO_SIZE];
-    assert_int_equal(map_req(fd, buf, info), FERRY_ERR_ACCESS_DENIED);
+    assert_int_equal(map_req(fd, buf, info, false), FERRY_ERR_ACCESS_DENIED);
     close(fd);
     ferry_pool_destroy(p);
     ferry_engine_destroy(tgt);
@@ -169,29 +215,27 @@ static void read_only_pool_stays_read_only(void **state)
     harness_fill(buf, POOL, 41);
     int fd = hostile_connect(tgt);
     uint8_t info[FERRY_SHM_MAP_INFO_SIZE];
-    assert_int_equal(map_req(fd, buf, info), 0);
-    char path[64];
-    memfd_path(info, path, sizeof path);
-    size_t off = (size_t)get64(info + 16), len = off + POOL;
-
-    int rw = open(path, O_RDWR | O_CLOEXEC);
-    if (rw >= 0) { /* the inode allows the open; the seal refuses the rest */
-        void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
+    assert_int_equal(map_req(fd, buf, info, true), 0);
+    /* The fd it was given is read-only... */
+    assert_true(mmap(NULL, POOL, PROT_READ | PROT_WRITE, MAP_SHARED, passed[0], 0) == MAP_FAILED);
+    assert_int_equal(pwrite(passed[0], "x", 1, 0), -1);
+    /* ...and reopened read-write, the seal refuses the rest. */
+    int rw = reopen_rw(passed[0]);
+    if (rw >= 0) {
+        void *m = mmap(NULL, POOL, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
         assert_true(m == MAP_FAILED);
         assert_int_equal(errno, EPERM);
-        assert_int_equal(pwrite(rw, "x", 1, (off_t)off), -1);
+        assert_int_equal(pwrite(rw, "x", 1, 0), -1);
         close(rw);
     }
-    int ro = open(path, O_RDONLY | O_CLOEXEC);
-    assert_true(ro >= 0);
-    unsigned char *m = mmap(NULL, len, PROT_READ, MAP_SHARED, ro, 0);
+    unsigned char *m = mmap(NULL, POOL, PROT_READ, MAP_SHARED, passed[0], 0);
     assert_true(m != MAP_FAILED);
-    assert_int_equal(mprotect(m, len, PROT_READ | PROT_WRITE), -1);
-    assert_true(harness_check(m + off, POOL, 41)); /* reading is what it may do */
-    munmap(m, len);
-    close(ro);
+    assert_int_equal(mprotect(m, POOL, PROT_READ | PROT_WRITE), -1);
+    assert_true(harness_check(m, POOL, 41)); /* reading is what it may do */
+    munmap(m, POOL);
     assert_true(harness_check(buf, POOL, 41));
-    control_header_is_the_owners(info);
+    control_header_is_the_owners();
+    close_passed();
     close(fd);
     ferry_pool_destroy(p);
     ferry_engine_destroy(tgt);
@@ -213,18 +257,12 @@ static void deregistered_pool_is_out_of_reach(void **state)
     harness_fill(buf, POOL, 42);
     int fd = hostile_connect(tgt);
     uint8_t info[FERRY_SHM_MAP_INFO_SIZE];
-    assert_int_equal(map_req(fd, buf, info), 0);
-    char path[64];
-    memfd_path(info, path, sizeof path);
-    size_t off = (size_t)get64(info + 16), len = off + POOL;
-    int mfd = open(path, O_RDWR | O_CLOEXEC);
-    assert_true(mfd >= 0);
-    unsigned char *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+    assert_int_equal(map_req(fd, buf, info, true), 0);
+    unsigned char *m = mmap(NULL, POOL, PROT_READ | PROT_WRITE, MAP_SHARED, passed[0], 0);
     assert_true(m != MAP_FAILED);
-    close(mfd);
     /* While registered, the peer's mapping is the pool (writable: allowed). */
-    assert_true(harness_check(m + off, POOL, 42));
-    control_header_is_the_owners(info);
+    assert_true(harness_check(m, POOL, 42));
+    control_header_is_the_owners();
 
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -233,11 +271,32 @@ static void deregistered_pool_is_out_of_reach(void **state)
     printf("# deregistration took %.3f s\n", took);
     assert_true(took < 5.0); /* a peer's raised in-use count held it 10 s before */
 
-    control_header_is_the_owners(info);
-    memset(m + off, 0xee, 64u << 10);
+    control_header_is_the_owners();
+    memset(m, 0xee, 64u << 10);
     assert_true(harness_check(buf, POOL, 42));
-    assert_int_equal(map_req(fd, buf, info), FERRY_ERR_ADDRESS_NOT_REGISTERED);
-    munmap(m, len);
+    assert_int_equal(map_req(fd, buf, info, false), FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    munmap(m, POOL);
+    close_passed();
+    close(fd);
+    ferry_pool_destroy(p);
+    ferry_engine_destroy(tgt);
+}
+
+/* A peer that does not listen for the fds (or lets another process take
+ * the socket's name) is answered "not shareable": nothing is passed. */
+static void nothing_passed_to_a_peer_not_listening(void **state)
+{
+    (void)state;
+    ferry_engine_t *tgt = target();
+    ferry_pool_t *p;
+    void *buf;
+    assert_int_equal(ferry_pool_create_shared(tgt, POOL, FERRY_MEM_REMOTE, &p), 0);
+    assert_int_equal(ferry_pool_alloc(p, POOL, &buf), 0);
+    int fd = hostile_connect(tgt);
+    uint8_t info[FERRY_SHM_MAP_INFO_SIZE];
+    assert_int_equal(map_req(fd, buf, info, false), 0);
+    assert_int_equal((int32_t)get32(info + 24), -1);
+    assert_int_equal((int32_t)get32(info + 36), -1);
     close(fd);
     ferry_pool_destroy(p);
     ferry_engine_destroy(tgt);
@@ -249,6 +308,7 @@ int main(void)
         cmocka_unit_test(local_pool_is_not_answered),
         cmocka_unit_test(read_only_pool_stays_read_only),
         cmocka_unit_test(deregistered_pool_is_out_of_reach),
+        cmocka_unit_test(nothing_passed_to_a_peer_not_listening),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -56,12 +56,15 @@ int ferry_pool_create(ferry_engine_t *e, size_t bytes, unsigned flags, ferry_poo
  *    call returns, and it waits for no peer (its cost: one copy of the pool,
  *    under ferry_deregister; ferry_pool_destroy skips the copy). Do not
  *    write into the pool from this process during that deregistration.
- *  - the pool's control header (live or revoked, and the generation) lives
- *    in a second memfd sealed so that only this process writes it; an
- *    initiator reports a mapped write or read complete only if, after the
- *    copy, this process is alive (its pidfd) and the header still says the
- *    region is live at the copy's generation: into an owner that died or
- *    deregistered the pool, nothing is reported completed.
+ *  - the pool's memfds are handed only to verified initiators, with
+ *    SCM_RIGHTS: the data read-only unless the pool is remote-writable, the
+ *    control header (live or revoked, and the generation) read-only and
+ *    sealed so that only this process writes it.
+ *  - an initiator reports a mapped write or read complete only after this
+ *    engine confirmed, on the same connection, that the region is still
+ *    registered at the generation the copy began under: an owner killed
+ *    during the copy, or that deregistered the pool, confirms nothing. (The
+ *    confirmation costs one round trip per call and region.)
  *
  * What a same-host peer can do (not enforceable here): map requests are
  * served only on connections whose initiator the engine verified (same host,

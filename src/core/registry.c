@@ -245,10 +245,6 @@ void ferry_share_revoke(ferry_share_ctl_t *ctl)
 
 int ferry_share_detach(void *base, size_t len, int fd, uint64_t off)
 {
-    /* Against an initiator's copy-then-check (shm.c): the REVOKED store
-     * before every load of the copy below; either it sees REVOKED after
-     * its copy, or this copy sees its bytes. */
-    ferry_share_fence();
     void *fresh = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     int err = 0;
     if (fresh == MAP_FAILED) {

@@ -14,12 +14,13 @@
  *    and the owner waits for no peer;
  *  - the header's memfd is sealed F_SEAL_FUTURE_WRITE: only the owner's
  *    own mapping writes it; no peer can set a revoked pool live again;
- *  - an initiator reports a mapped copy complete only if, after the copy
- *    and a full fence, the owner is alive (pidfd) and the header still says
- *    live at the copy's generation. The owner stores REVOKED under the
- *    registry's write lock and fences before the detach copies the pool:
- *    either the initiator sees REVOKED, or its bytes are in what the owner
- *    keeps. A dead owner revoked nothing, so its pidfd decides. */
+ *  - an initiator reports a mapped copy complete only after the owner
+ *    confirmed, over the connection, that the region is still registered
+ *    at the generation the copy began under: an owner killed during the
+ *    copy answers nothing (its pages took the bytes, its threads run no
+ *    more), one that deregistered answers no.
+ * The header is a hint for cooperating initiators (stop copying into a
+ * revoked pool early). */
 #ifndef FERRY_SHARE_H
 #define FERRY_SHARE_H
 
@@ -32,19 +33,6 @@
 #define FERRY_SHARE_REVOKED 2u
 /* The header memfd's size. */
 #define FERRY_SHARE_HEADER 4096u
-
-/* A full fence between a copy's plain stores and the loads after it (the
- * two sides' Dekker check above). TSan does not model fences (and the
- * other side is another process): there, a seq_cst read-modify-write. */
-#if defined(__SANITIZE_THREAD__)
-static inline void ferry_share_fence(void)
-{
-    static _Atomic int word;
-    atomic_fetch_add(&word, 0);
-}
-#else
-static inline void ferry_share_fence(void) { atomic_thread_fence(memory_order_seq_cst); }
-#endif
 
 typedef struct ferry_share_ctl {
     _Atomic uint32_t magic;
