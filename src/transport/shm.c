@@ -91,6 +91,7 @@ struct shm_conn {
     pid_t pid;
     int pidfd;          /* the verified initiator, -1 if pidfd_open is missing */
     char reason[200];   /* why refused */
+    uint32_t passed_gen; /* the region (generation) whose memfds were last passed, 0 none */
 };
 
 static void shm_conn_free(void *p)
@@ -636,7 +637,11 @@ static int serve_map(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *
     int fds[2] = {-1, -1};
     bool shared = false;
     char why[200] = "";
-    int receiver = sc->state < 0 ? -1 : fd_receiver(sc, f, why, sizeof why);
+    /* Asked again about the region whose memfds it last received (the
+     * confirmation after copies; generations are unique): no fds to pass,
+     * no socket to try. */
+    bool again = f->crc && f->crc == sc->passed_gen;
+    int receiver = sc->state < 0 || again ? -1 : fd_receiver(sc, f, why, sizeof why);
     if (sc->state < 0) {
         status = ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "%s", sc->reason);
     } else {
@@ -658,6 +663,7 @@ static int serve_map(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *
             put32(info + 32, reg->flags);
             /* Opened under the lock: a pool destroyed meanwhile closes its fds. */
             if (reg->share_ctl && receiver >= 0) {
+                sc->passed_gen = reg->generation;
                 fds[0] = reopen_fd(reg->share_fd, (reg->flags & FERRY_MEM_REMOTE_WRITE) != 0);
                 fds[1] = reopen_fd(reg->share_ctl_fd, false);
             }
