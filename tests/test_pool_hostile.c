@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -302,6 +303,65 @@ static void nothing_passed_to_a_peer_not_listening(void **state)
     ferry_engine_destroy(tgt);
 }
 
+/* Another process squats the socket name the verified peer would listen
+ * on: the target sees (SO_PEERCRED) that the verified pid does not hold
+ * it, passes nothing, and answers "not shareable". */
+static void nothing_passed_to_a_squatter(void **state)
+{
+    (void)state;
+    ferry_engine_t *tgt = target();
+    ferry_pool_t *p;
+    void *buf;
+    assert_int_equal(ferry_pool_create_shared(tgt, POOL, FERRY_MEM_REMOTE, &p), 0);
+    assert_int_equal(ferry_pool_alloc(p, POOL, &buf), 0);
+    int ready[2], done[2];
+    assert_int_equal(pipe(ready), 0);
+    assert_int_equal(pipe(done), 0);
+    pid_t me = getpid();
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        int n = snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, "ferry-map/%d/%llx/%llx", (int)me, 77ull,
+                         (unsigned long long)(uintptr_t)buf);
+        int l = socket(AF_UNIX, SOCK_STREAM, 0);
+        socklen_t sl = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+        int ok = l >= 0 && bind(l, (struct sockaddr *)&sa, sl) == 0 && listen(l, 1) == 0;
+        char c = ok ? 'y' : 'n';
+        if (write(ready[1], &c, 1) != 1 || read(done[0], &c, 1) != 1) _exit(2);
+        /* Whatever connected, it passed no fd. */
+        int s = accept4(l, NULL, NULL, SOCK_NONBLOCK);
+        int got = 0;
+        if (s >= 0) {
+            char byte;
+            struct iovec iov = {&byte, 1};
+            char cbuf[CMSG_SPACE(4 * sizeof(int))];
+            struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf};
+            if (recvmsg(s, &m, 0) > 0 && CMSG_FIRSTHDR(&m)) got = 1;
+        }
+        _exit(got);
+    }
+    char c;
+    assert_int_equal(read(ready[0], &c, 1), 1);
+    assert_int_equal(c, 'y');
+    int fd = hostile_connect(tgt);
+    uint8_t info[FERRY_SHM_MAP_INFO_SIZE];
+    assert_int_equal(map_req(fd, buf, info, false), 0);
+    assert_int_equal((int32_t)get32(info + 24), -1);
+    assert_int_equal(write(done[1], "x", 1), 1);
+    int status = 0;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0); /* the squatter received no fd */
+    close(fd);
+    for (int i = 0; i < 2; i++) {
+        close(ready[i]);
+        close(done[i]);
+    }
+    ferry_pool_destroy(p);
+    ferry_engine_destroy(tgt);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -309,6 +369,7 @@ int main(void)
         cmocka_unit_test(read_only_pool_stays_read_only),
         cmocka_unit_test(deregistered_pool_is_out_of_reach),
         cmocka_unit_test(nothing_passed_to_a_peer_not_listening),
+        cmocka_unit_test(nothing_passed_to_a_squatter),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
