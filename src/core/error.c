@@ -121,8 +121,11 @@ static const struct error_advice advice_table[] = {
      "Causes: the two engines do not share the same secret (FERRY_SECRET), or one has none.\n"
      "What to do: configure the same secret on both engines."},
     {FERRY_ERR_STALE_SEGMENT,
-     "Causes: the target deregistered and registered the region again since this engine\n"
-     "learned it; the memory behind the address may belong to something else now.\n"
+     "Causes: a key or mapping this engine holds belongs to an older registration of the\n"
+     "target's region (RDMA, shared pools), and the range was not registered again in time\n"
+     "for the call's own refetch (a target re-registering it over and over). A range that is\n"
+     "registered when the target checks takes the write; one deregistered fails with\n"
+     "ADDRESS_NOT_REGISTERED.\n"
      "What to do: fetch the peer's current buffer addresses, then retry."},
     {FERRY_ERR_SESSION_INVALID,
      "Causes: the session was closed, or invalidated after repeated failures.\n"
