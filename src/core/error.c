@@ -97,9 +97,11 @@ static const struct error_advice advice_table[] = {
      "reports PEER_RESTARTED."},
     {FERRY_ERR_PEER_RESTARTED,
      "Causes: the peer process restarted: its epoch changed, so every address learned from\n"
-     "the old process is void. Ferry refuses to write with old addresses.\n"
-     "What to do: close the session (ferry_session_close), re-open it, and fetch the new\n"
-     "buffer addresses from the peer before transferring again."},
+     "the old process is void. The call that finds the new epoch fails with this code and\n"
+     "writes nothing (calls already under way with the old session fail too).\n"
+     "What to do: fetch the new process's buffer addresses and send again: the session\n"
+     "re-opens by itself, so the next call learns the new process (no probe or\n"
+     "ferry_session_open needed; ferry_session_open still works)."},
     {FERRY_ERR_VERSION_MISMATCH,
      "Causes: the two engines run Ferry builds with incompatible protocol versions.\n"
      "What to do: upgrade both sides to the same release."},

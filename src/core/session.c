@@ -86,6 +86,14 @@ static int count_locked(ferry_engine_t *e)
     return n;
 }
 
+static bool session_restarted(ferry_session_t *s)
+{
+    pthread_mutex_lock(&s->lock);
+    bool restarted = s->state == SESSION_RESTARTED;
+    pthread_mutex_unlock(&s->lock);
+    return restarted;
+}
+
 int ferry_session_get(ferry_engine_t *e, const char *peer, ferry_session_t **out)
 {
     if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "engine is NULL");
@@ -95,17 +103,28 @@ int ferry_session_get(ferry_engine_t *e, const char *peer, ferry_session_t **out
     int rc = ferry_parse_hostport(peer, host, sizeof host, &port);
     if (rc) return rc;
     pthread_mutex_lock(&e->sessions_lock);
-    ferry_session_t *s = e->sessions;
+    ferry_session_t *s = e->sessions, *restarted = NULL;
     while (s && strcmp(s->name, peer) != 0) s = s->next;
+    if (s && session_restarted(s)) {
+        /* A restart was found and reported by an earlier call: the next
+         * call opens a fresh session, which learns the new process (its
+         * epoch, its addresses). Calls still holding the old one keep
+         * failing with PEER_RESTARTED: they carry the old addresses. */
+        unlink_locked(e, s);
+        restarted = s;
+        s = NULL;
+    }
     if (!s) {
         if (count_locked(e) >= e->cfg.max_sessions) {
             pthread_mutex_unlock(&e->sessions_lock);
+            ferry_session_put(restarted);
             return ferry_fail(FERRY_ERR_TOO_MANY_REQUESTS, "session to %s: already %d sessions (max_sessions)", peer,
                               e->cfg.max_sessions);
         }
         s = session_new(e, peer);
         if (!s) {
             pthread_mutex_unlock(&e->sessions_lock);
+            ferry_session_put(restarted);
             return ferry_fail(FERRY_ERR_MEMORY, "session to %s: out of memory", peer);
         }
         snprintf(s->host, sizeof s->host, "%s", host);
@@ -115,6 +134,10 @@ int ferry_session_get(ferry_engine_t *e, const char *peer, ferry_session_t **out
     }
     atomic_fetch_add(&s->refs, 1);
     pthread_mutex_unlock(&e->sessions_lock);
+    if (restarted) {
+        FERRY_LOG(FERRY_LOG_INFO, "session", "%s: re-opened after the peer's restart", peer);
+        ferry_session_put(restarted); /* the list's reference */
+    }
     *out = s;
     return 0;
 }
@@ -261,7 +284,7 @@ static int check_epoch(ferry_session_t *s, const ferry_hello_t *peer)
         s->state = SESSION_RESTARTED;
         rc = ferry_fail(FERRY_ERR_PEER_RESTARTED,
                         "peer %s restarted: epoch %016llx became %016llx; its old addresses are void "
-                        "(close and re-open the session, then fetch its new addresses)",
+                        "(nothing was written; the next call re-opens the session: fetch the new addresses)",
                         s->name, (unsigned long long)s->peer.epoch, (unsigned long long)peer->epoch);
     } else if (!s->have_peer) {
         s->peer = *peer;
@@ -383,8 +406,8 @@ static int state_error(ferry_session_t *s)
 {
     if (s->state == SESSION_RESTARTED)
         return ferry_fail(FERRY_ERR_PEER_RESTARTED,
-                          "peer %s restarted since this session was opened (epoch %016llx is void); close and "
-                          "re-open the session",
+                          "peer %s restarted since this call began (epoch %016llx is void); the next call "
+                          "re-opens the session: fetch the new addresses",
                           s->name, (unsigned long long)s->peer.epoch);
     return ferry_fail(FERRY_ERR_SESSION_INVALID, "the session to %s was closed", s->name);
 }
