@@ -25,10 +25,11 @@ import itertools
 import json
 import logging
 import mmap
+import operator
 import os
 import threading
 
-from . import _lib, core, errors
+from . import _buffers, _lib, core, errors
 from .core import Engine
 from .errors import FerryError, fail
 
@@ -84,6 +85,62 @@ class TransferNotify:
 
 def _code(name):
     return errors.CODES[name]
+
+
+# ---- argument types. Mooncake's pybind11 signatures refuse a wrong type with
+# TypeError before anything runs; so does this binding (never an
+# AttributeError from deep inside, never a crash).
+def _peer(v, what="target_hostname"):
+    if isinstance(v, str):
+        return v
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "surrogateescape")
+    raise TypeError("%s must be a str (the peer's session id \"host:port\"), not %s"
+                    % (what, type(v).__name__))
+
+
+def _int(v, what):
+    if isinstance(v, bool) or not _buffers._is_int(v):
+        raise TypeError("%s must be an int, not %s" % (what, type(v).__name__))
+    return operator.index(v)
+
+
+def _notify(v):
+    if v is None or isinstance(v, TransferNotify):
+        return v
+    if hasattr(v, "name") and hasattr(v, "msg"):  # another TransferNotify class (Mooncake's own)
+        return v
+    raise TypeError("notify must be a TransferNotify(name, msg) or None, not %s"
+                    % type(v).__name__)
+
+
+def _opcode_arg(v):
+    if isinstance(v, bool) or not _buffers._is_int(v):
+        raise TypeError("opcode must be a TransferOpcode, not %s" % type(v).__name__)
+    return int(v)
+
+
+def _lists(buffers, peer_buffer_addresses, lengths):
+    """The three lists of a batch call, lengths checked as ints (TypeError
+    otherwise); INVALID_ARGUMENT when their counts differ."""
+    try:
+        bufs, remotes, lens = list(buffers), list(peer_buffer_addresses), list(lengths)
+    except TypeError:
+        raise TypeError("buffers, peer_buffer_addresses and lengths must be lists") from None
+    lens = [_int(n, "lengths[%d]" % i) for i, n in enumerate(lens)]
+    remotes = [_int(r, "peer_buffer_addresses[%d]" % i) for i, r in enumerate(remotes)]
+    if not (len(bufs) == len(remotes) == len(lens)):
+        fail(_code("INVALID_ARGUMENT"), "INVALID_ARGUMENT (-1): buffers, "
+             "peer_buffer_addresses and lengths differ in count (%d, %d, %d)"
+             % (len(bufs), len(remotes), len(lens)))
+    return bufs, remotes, lens
+
+
+def _nonempty(bufs, remotes, lens):
+    """Mooncake's convention: a zero-length request is complete as it is;
+    only the others go to the engine."""
+    keep = [i for i, n in enumerate(lens) if n != 0]
+    return [bufs[i] for i in keep], [remotes[i] for i in keep], [lens[i] for i in keep]
 
 
 def _split_hostname(local_hostname):
@@ -176,6 +233,11 @@ class TransferEngine:
         self._batches = {}  # id -> (core.Batch or None, count, total bytes)
         self._batch_ids = itertools.count(1)
         self._managed = {}  # addr -> mmap
+        # Peers whose session this object opened (Mooncake's segment handle
+        # cache): the first call to a peer opens its session, synchronously,
+        # so an async submit to a peer nobody answers for fails at submit
+        # (0); a failed call forgets the peer, so the next one opens afresh.
+        self._open_peers = set()
 
     # ------------------------------------------------------------ plumbing
     def _fail(self, exc):
@@ -188,6 +250,25 @@ class TransferEngine:
         try:
             out = f(*args)
         except FerryError as exc:
+            errors._record(exc.code, exc.detail)
+            if self.raise_on_error:
+                raise
+            return exc.code if on_error is None else on_error
+        errors._record(0, "")
+        return out
+
+    def _session(self, eng, peer):
+        """Opens the session to peer on this object's first call to it."""
+        if peer not in self._open_peers:
+            eng.open_session(peer)
+            self._open_peers.add(peer)
+
+    def _run_peer(self, peer, f, on_error=None):
+        """_run for a call to one peer: a failure forgets the peer (see _open_peers)."""
+        try:
+            out = f()
+        except FerryError as exc:
+            self._open_peers.discard(peer)
             errors._record(exc.code, exc.detail)
             if self.raise_on_error:
                 raise
@@ -376,13 +457,17 @@ class TransferEngine:
                       notify=None, transport_hint=""):
         """0 when every byte is placed (write) or received (read); a negative code.
         notify (TransferNotify): sent to the peer after the transfer completes."""
+        peer, op, note = _peer(target_hostname), _opcode_arg(opcode), _notify(notify)
+        remote, n = _int(peer_buffer_address, "peer_buffer_address"), _int(length, "length")
+
         def go():
             eng = self._eng()
-            eng.transfer(target_hostname, int(opcode), buffer, peer_buffer_address, length)
-            if notify is not None:
-                eng.notify(target_hostname, notify.msg, name=notify.name)
+            if n != 0:  # zero bytes: complete as it is (Mooncake)
+                eng.transfer(peer, op, buffer, remote, n)
+            if note is not None:
+                eng.notify(peer, note.msg, name=note.name)
             return 0
-        return self._run(go)
+        return self._run_peer(peer, go)
 
     def batch_transfer_sync_write(self, target_hostname, buffers, peer_buffer_addresses, lengths,
                                   transport_hint=""):
@@ -396,14 +481,17 @@ class TransferEngine:
 
     def batch_transfer_sync(self, target_hostname, buffers, peer_buffer_addresses, lengths,
                             opcode, notify=None, transport_hint=""):
+        peer, op, note = _peer(target_hostname), _opcode_arg(opcode), _notify(notify)
+
         def go():
             eng = self._eng()
-            eng.transfer_batch(target_hostname, int(opcode), buffers, peer_buffer_addresses,
-                               lengths)
-            if notify is not None:
-                eng.notify(target_hostname, notify.msg, name=notify.name)
+            bufs, remotes, lens = _nonempty(*_lists(buffers, peer_buffer_addresses, lengths))
+            if bufs:
+                eng.transfer_batch(peer, op, bufs, remotes, lens)
+            if note is not None:
+                eng.notify(peer, note.msg, name=note.name)
             return 0
-        return self._run(go)
+        return self._run_peer(peer, go)
 
     # ---------------------------------------------------------- async batches
     def batch_transfer_async_write(self, target_hostname, buffers, peer_buffer_addresses,
@@ -418,34 +506,35 @@ class TransferEngine:
 
     def batch_transfer_async(self, target_hostname, buffers, peer_buffer_addresses, lengths,
                              opcode, transport_hint=""):
-        """A batch id (> 0) for get_batch_transfer_status / transfer_check_status, or a
-        negative code (Mooncake returns 0 on failure)."""
+        """A batch id (> 0) for get_batch_transfer_status / transfer_check_status, or 0
+        when the submit failed (as Mooncake): errors.last_error_detail() and
+        ferry.last_error() say why; raise_on_error=True raises instead.
+        Zero-length requests are complete as they are."""
+        peer, op = _peer(target_hostname), _opcode_arg(opcode)
+
         def go():
             eng = self._eng()
-            bufs, remotes, lens = list(buffers), list(peer_buffer_addresses), list(lengths)
-            if not (len(bufs) == len(remotes) == len(lens)):
-                fail(_code("INVALID_ARGUMENT"), "INVALID_ARGUMENT (-1): buffers, "
-                     "peer_buffer_addresses and lengths differ in count (%d, %d, %d)"
-                     % (len(bufs), len(remotes), len(lens)))
-            op = int(opcode)
+            all_bufs, all_remotes, all_lens = _lists(buffers, peer_buffer_addresses, lengths)
+            bufs, remotes, lens = _nonempty(all_bufs, all_remotes, all_lens)
             batch = None
             if bufs:
+                self._session(eng, peer)
                 batch = eng.batch(len(bufs))
                 try:
-                    batch.submit(target_hostname, [(op, b, r, n) for b, r, n in
-                                                   zip(bufs, remotes, lens)])
+                    batch.submit(peer, [(op, b, r, n) for b, r, n in zip(bufs, remotes, lens)])
                 except BaseException:
                     batch._shutdown()
                     raise
-            total = sum(int(n) for n in lens)
+            total = sum(lens)
             with self._lock:
                 bid = next(self._batch_ids)
-                self._batches[bid] = (batch, len(bufs), total)
+                self._batches[bid] = (batch, len(all_bufs), total)
             return bid
-        return self._run(go)
+        return self._run_peer(peer, go, on_error=0)
 
     def transfer_submit_write(self, target_hostname, buffer, peer_buffer_address, length,
                               transport_hint=""):
+        """A batch id for transfer_check_status, or 0 when the submit failed."""
         return self.batch_transfer_async(target_hostname, [buffer], [peer_buffer_address],
                                          [length], TransferOpcode.Write)
 
@@ -583,12 +672,19 @@ class TransferEngine:
     def send_notify(self, target_hostname, notify, msg=None):
         """Ferry extension: sends a notification without a transfer.
         send_notify(peer, TransferNotify(name, msg)) or send_notify(peer, name, msg)."""
+        peer = _peer(target_hostname)
+        if msg is not None and not isinstance(msg, (str, bytes, bytearray)):
+            raise TypeError("msg must be a str or bytes, not %s" % type(msg).__name__)
+        if isinstance(notify, (str, bytes)) or notify is None:
+            name, m = notify, msg if msg is not None else ""
+        else:
+            note = _notify(notify)
+            name, m = note.name, note.msg
+        if not isinstance(m, (str, bytes, bytearray)):
+            raise TypeError("msg must be a str or bytes, not %s" % type(m).__name__)
+
         def go():
-            if isinstance(notify, TransferNotify):
-                name, m = notify.name, notify.msg
-            else:
-                name, m = notify, msg if msg is not None else ""
-            self._eng().notify(target_hostname, m, name=name)
+            self._eng().notify(peer, m, name=name)
             return 0
         return self._run(go)
 

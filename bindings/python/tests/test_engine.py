@@ -439,10 +439,86 @@ class TestTransferEngineLocal(unittest.TestCase):
         if bad > 0:  # failure found at submit or later: either is fine
             self.assertEqual(self.p.get_batch_transfer_status([rid, bad]), -3)
         else:
-            self.assertEqual(bad, -3)
+            self.assertEqual(bad, 0)  # Mooncake: a failed submit returns 0
+            self.assertEqual(errors.last_error_code(), -3)
             self.assertEqual(self.p.get_batch_transfer_status([rid]), 0)
         empty = self.p.batch_transfer_async_write(sid, [], [], [])
         self.assertEqual(self.p.get_batch_transfer_status([empty]), 0)
+
+    def test_zero_length_requests_complete(self):
+        # Mooncake's convention: zero bytes are complete as they are, alone or
+        # in a batch (the other entries still move).
+        sid = self.d.get_session_id()
+        self.assertEqual(self.p.transfer_sync_write(sid, self.src_addr, self.dst_addr, 0), 0)
+        self.assertEqual(self.p.transfer_sync_read(sid, self.src_addr, self.dst_addr, 0), 0)
+        self.src[:128] = pattern(128, 30)
+        self.assertEqual(self.p.batch_transfer_sync_write(
+            sid, [self.src_addr, self.src_addr + 64, self.src_addr], [self.dst_addr, 0, self.dst_addr + 64],
+            [64, 0, 64]), 0, errors.last_error_detail())
+        self.assertEqual(self.dst[:64], self.src[:64])
+        self.assertEqual(self.dst[64:128], self.src[:64])
+        self.assertEqual(self.p.batch_transfer_sync_read(sid, [self.src_addr], [self.dst_addr], [0]), 0)
+        bid = self.p.batch_transfer_async_write(sid, [self.src_addr, self.src_addr],
+                                                [self.dst_addr, self.dst_addr], [0, 64])
+        self.assertGreater(bid, 0, errors.last_error_detail())
+        self.assertEqual(self.p.get_batch_transfer_status([bid]), 0)
+        bid = self.p.batch_transfer_async_read(sid, [self.src_addr], [self.dst_addr], [0])
+        self.assertGreater(bid, 0)
+        self.assertEqual(self.p.transfer_check_status(bid), 1)
+        bid = self.p.transfer_submit_write(sid, self.src_addr, self.dst_addr, 0)
+        self.assertEqual(self.p.get_batch_transfer_status([bid]), 0)
+        # With a notify: the notification still goes.
+        self.d.get_notifies()
+        self.assertEqual(self.p.transfer_sync(sid, self.src_addr, self.dst_addr, 0,
+                                              TransferOpcode.Write, TransferNotify("z", "empty")), 0)
+        self.assertEqual(wait_for(self.d.get_notifies), [TransferNotify("z", "empty")])
+        # The C API keeps refusing a zero length (INVALID_ARGUMENT), on purpose.
+        with self.assertRaises(ferry.InvalidArgument):
+            self.p.engine.write(sid, self.src_addr, self.dst_addr, 0)
+
+    def test_failed_async_submit_returns_zero(self):
+        # Mooncake's test_async_submit_to_unknown_peer_returns_zero: 0, the detail kept.
+        errors.clear_last_error()
+        bid = self.p.batch_transfer_async_write("127.0.0.1:1", [self.src_addr], [self.dst_addr], [64])
+        self.assertEqual(bid, 0)
+        self.assertLess(errors.last_error_code(), 0)
+        self.assertIn("127.0.0.1:1", errors.last_error_detail())
+        self.assertIsInstance(ferry.last_error(), ferry.FerryError)
+        self.assertEqual(self.p.transfer_submit_write("127.0.0.1:1", self.src_addr, self.dst_addr, 64), 0)
+        self.assertEqual(self.p.batch_transfer_async_write(self.d.get_session_id(), [self.src_addr],
+                                                           [self.dst_addr], [64, 64]), 0)
+        self.assertEqual(errors.last_error_code(), errors.INVALID_ARGUMENT)
+        strict = TransferEngine(raise_on_error=True, engine=self.p.engine)
+        with self.assertRaises(ferry.FerryError) as cm:
+            strict.batch_transfer_async_write("127.0.0.1:1", [self.src_addr], [self.dst_addr], [64])
+        self.assertIn("127.0.0.1:1", cm.exception.detail)
+
+    def test_wrong_types_raise_type_error(self):
+        # Mooncake's pybind11 signatures refuse these with TypeError; so does Ferry,
+        # before anything runs (never AttributeError, never a crash).
+        sid = self.d.get_session_id()
+        calls = [
+            lambda: self.p.transfer_sync(sid, self.src_addr, self.dst_addr, 64, TransferOpcode.Write,
+                                         "not a TransferNotify"),
+            lambda: self.p.batch_transfer_sync(sid, [self.src_addr], [self.dst_addr], [64],
+                                               TransferOpcode.Write, b"x"),
+            lambda: self.p.transfer_sync_write(sid, self.src_addr, "0x1000", 64),
+            lambda: self.p.transfer_sync_write(sid, self.src_addr, self.dst_addr, "64"),
+            lambda: self.p.transfer_sync_write(sid, self.src_addr, self.dst_addr, 64.0),
+            lambda: self.p.transfer_sync_write(12345, self.src_addr, self.dst_addr, 64),
+            lambda: self.p.transfer_sync(sid, self.src_addr, self.dst_addr, 64, "write"),
+            lambda: self.p.batch_transfer_sync_write(sid, [self.src_addr], [self.dst_addr], ["64"]),
+            lambda: self.p.batch_transfer_async_write(sid, [self.src_addr], [None], [64]),
+            lambda: self.p.batch_transfer_sync_write(sid, 5, [self.dst_addr], [64]),
+            lambda: self.p.send_notify(sid, TransferNotify("a", "b"), 3),
+            lambda: self.p.send_notify(sid, 42),
+        ]
+        for i, call in enumerate(calls):
+            with self.assertRaises(TypeError, msg="call %d" % i):
+                call()
+        # A buffer object Ferry cannot use is a code, as any bad argument.
+        self.assertEqual(self.p.transfer_sync_write(sid, object(), self.dst_addr, 64),
+                         errors.INVALID_ARGUMENT)
 
     def test_notifies(self):
         sid = self.d.get_session_id()
