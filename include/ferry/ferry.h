@@ -178,6 +178,29 @@ int ferry_deregister_batch(ferry_engine_t *e, void *const *addrs, size_t n);
 /* Number of registered regions. */
 size_t ferry_region_count(ferry_engine_t *e);
 
+/* A registered region, as ferry_region_query reports it. */
+typedef struct ferry_region_info {
+    uint64_t addr, len;  /* the whole region */
+    unsigned flags;      /* FERRY_MEM_* it was registered with */
+    int device;          /* -1: host memory; else the device ordinal (CUDA) */
+    char kind[24];       /* "host", "cuda:0", ... */
+} ferry_region_info_t;
+
+/* The region registered with e that holds all of [addr, addr+len) (len 0:
+ * the byte at addr): 0 and *out, or ADDRESS_NOT_REGISTERED / OUT_OF_BOUNDS
+ * with the range named. Touches no memory. */
+int ferry_region_query(ferry_engine_t *e, const void *addr, size_t len, ferry_region_info_t *out);
+/* Copies len bytes from host memory src into dst, or from src into host
+ * memory dst, where dst (resp. src) must lie in memory registered with e, of
+ * any kind (device memory is copied by its own API). Checked first:
+ * ADDRESS_NOT_REGISTERED / OUT_OF_BOUNDS, nothing touched. Deregistration
+ * waits for a copy under way. len 0: 0, nothing checked nor touched. */
+int ferry_region_write(ferry_engine_t *e, void *dst, const void *src, size_t len);
+int ferry_region_read(ferry_engine_t *e, void *dst, const void *src, size_t len);
+/* 1 when this build and process tell device (CUDA) memory from host memory
+ * at registration, else 0; *why (if why is not NULL) says which and why. */
+int ferry_device_memory_supported(const char **why);
+
 /* --------------------------------------------------------------- sessions */
 
 typedef struct ferry_segment {

@@ -43,7 +43,8 @@ SUPPORT_EFA = False
 SUPPORT_HIP = False
 SUPPORT_MNNVL = False
 SUPPORT_INTRA_NVLINK = False
-SUPPORT_CUDA = False
+# SUPPORT_CUDA: whether this library and process tell CUDA device memory from
+# host memory at registration (module __getattr__ below, on first use).
 
 P2PHANDSHAKE = "P2PHANDSHAKE"
 
@@ -690,14 +691,137 @@ class TransferEngine:
 
     # ----------------------------------------------------------- raw memory
     def write_bytes_to_buffer(self, dest_address, src_ptr, length):
-        src = src_ptr.encode() if isinstance(src_ptr, str) else bytes(src_ptr)
-        n = int(length)
-        if n > len(src) or n < 0:
-            return self._run(fail, _code("INVALID_ARGUMENT"),
-                             "INVALID_ARGUMENT (-1): length %d exceeds the %d source bytes"
-                             % (n, len(src)))
-        ctypes.memmove(int(dest_address), src, n)
-        return 0
+        """Copies length bytes of src_ptr (bytes or str) to dest_address, which must
+        lie in memory registered with this engine (host or device): 0, or
+        ADDRESS_NOT_REGISTERED / OUT_OF_BOUNDS / INVALID_ARGUMENT, nothing touched.
+        Mooncake copies blindly (a bad address crashes the interpreter)."""
+        dest = _int(dest_address, "dest_address")
+        if isinstance(src_ptr, str):
+            src = src_ptr.encode("utf-8", "surrogateescape")
+        elif isinstance(src_ptr, (bytes, bytearray, memoryview)):
+            src = bytes(src_ptr)
+        else:
+            raise TypeError("src_ptr must be bytes or str, not %s" % type(src_ptr).__name__)
+        n = _int(length, "length")
+
+        def go():
+            eng = self._eng()
+            if n > len(src) or n < 0:
+                fail(_code("INVALID_ARGUMENT"), "INVALID_ARGUMENT (-1): length %d exceeds the %d "
+                     "source bytes" % (n, len(src)))
+            eng.write_registered(dest, src[:n])
+            return 0
+        return self._run(go)
 
     def read_bytes_from_buffer(self, source_address, length):
-        return ctypes.string_at(int(source_address), int(length))
+        """length bytes at source_address, which must lie in memory registered with
+        this engine (host or device). On failure the negative code (an int, not
+        bytes: never uninitialised bytes); raise_on_error=True raises."""
+        src = _int(source_address, "source_address")
+        n = _int(length, "length")
+
+        def go():
+            if n < 0:
+                fail(_code("INVALID_ARGUMENT"), "INVALID_ARGUMENT (-1): negative length %d" % n)
+            return self._eng().read_registered(src, n)
+        return self._run(go)
+
+    # ------------------------------------------------------- CUDA streams
+    # Mooncake (built with CUDA) queues the transfer on the stream with
+    # cudaLaunchHostFunc: it starts after the stream's earlier work and later
+    # work waits for it. Ferry waits for the stream's earlier work here, then
+    # transfers before returning, which gives the same order. Mooncake
+    # returns None and exits the process when the transfer fails; Ferry
+    # returns 0 or the negative code (raise_on_error=True raises).
+    def transfer_write_on_cuda(self, target_hostname, buffer, peer_buffer_address, length,
+                               stream_ptr=0, transport_hint=""):
+        return self._on_cuda(target_hostname, [buffer], [peer_buffer_address], [length],
+                             TransferOpcode.Write, stream_ptr)
+
+    def transfer_read_on_cuda(self, target_hostname, buffer, peer_buffer_address, length,
+                              stream_ptr=0, transport_hint=""):
+        return self._on_cuda(target_hostname, [buffer], [peer_buffer_address], [length],
+                             TransferOpcode.Read, stream_ptr)
+
+    def batch_transfer_write_on_cuda(self, target_hostname, buffers, peer_buffer_addresses,
+                                     lengths, stream_ptr=0, transport_hint=""):
+        return self._on_cuda(target_hostname, buffers, peer_buffer_addresses, lengths,
+                             TransferOpcode.Write, stream_ptr)
+
+    def batch_transfer_read_on_cuda(self, target_hostname, buffers, peer_buffer_addresses,
+                                    lengths, stream_ptr=0, transport_hint=""):
+        return self._on_cuda(target_hostname, buffers, peer_buffer_addresses, lengths,
+                             TransferOpcode.Read, stream_ptr)
+
+    def _on_cuda(self, target_hostname, buffers, peer_buffer_addresses, lengths, opcode,
+                 stream_ptr):
+        stream = _int(stream_ptr, "stream_ptr")
+        rc = self._run(_cuda_stream_wait, stream)
+        if rc != 0:
+            return rc
+        return self.batch_transfer_sync(target_hostname, buffers, peer_buffer_addresses, lengths,
+                                        opcode)
+
+
+# ------------------------------------------------------------------- CUDA
+def _cuda_stream_wait(stream):
+    """Waits until the work queued on a CUDA stream (0: the default stream) has
+    finished, through torch when it is loaded, else the CUDA runtime library.
+    A non-zero stream without CUDA in this process is NOT_IMPLEMENTED."""
+    import sys
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "cuda", None) is not None and torch.cuda.is_available():
+        if stream:
+            torch.cuda.ExternalStream(stream).synchronize()
+        elif torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        return 0
+    rt = _cudart()
+    if rt is None:
+        if stream:
+            fail(_code("NOT_IMPLEMENTED"), "NOT_IMPLEMENTED (-303): stream_ptr %#x given, but no "
+                 "usable CUDA runtime in this process (no torch.cuda; libcudart missing or "
+                 "without a driver or device)" % stream)
+        return 0  # no CUDA in this process: nothing can be queued on a stream
+    err = rt.cudaStreamSynchronize(ctypes.c_void_p(stream))
+    if err != 0:
+        fail(_code("INVALID_ARGUMENT"), "INVALID_ARGUMENT (-1): cudaStreamSynchronize(%#x) "
+             "failed with CUDA error %d" % (stream, err))
+    return 0
+
+
+_CUDART = []
+
+
+def _cudart():
+    if not _CUDART:
+        import ctypes.util
+        lib = None
+        for name in (ctypes.util.find_library("cudart"), "libcudart.so", "libcudart.so.12",
+                     "libcudart.so.11.0"):
+            if not name:
+                continue
+            try:
+                lib = ctypes.CDLL(name)
+                lib.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
+                lib.cudaStreamSynchronize.restype = ctypes.c_int
+                break
+            except (OSError, AttributeError):
+                lib = None
+        if lib is not None:
+            # A runtime without a driver or device cannot have queued anything.
+            n = ctypes.c_int(0)
+            if lib.cudaGetDeviceCount(ctypes.byref(n)) != 0 or n.value <= 0:
+                lib = None
+        _CUDART.append(lib)
+    return _CUDART[0]
+
+
+def __getattr__(name):
+    # SUPPORT_CUDA is worked out on first use: asking the CUDA driver at
+    # import would initialize CUDA in a process that may fork afterwards.
+    if name == "SUPPORT_CUDA":
+        value = core.device_memory_supported()[0]
+        globals()["SUPPORT_CUDA"] = value
+        return value
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
