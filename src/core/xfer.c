@@ -101,10 +101,13 @@ static int resolve_pieces(ferry_session_t *s, ferry_xfer_t *xs, size_t n)
  * may_resume false (the call's budget is spent): only the latter.
  * Nothing was written by the refused attempt, and the target checks the
  * new generation again, so no byte lands outside a live registration. */
-static bool relearn_stale(ferry_session_t *s, ferry_xfer_t *x, bool may_resume)
+static bool relearn_stale(ferry_session_t *s, ferry_xfer_t *x, bool may_resume, bool *refreshed)
 {
     uint32_t gen = 0;
-    if (ferry_session_refresh_segments(s, x->deadline) != 0) return false;
+    if (!*refreshed) { /* once a round, however many pieces were refused */
+        if (ferry_session_refresh_segments(s, x->deadline) != 0) return false;
+        *refreshed = true;
+    }
     int rc = ferry_session_resolve(s, x->opcode, x->remote, x->len, &gen, x->deadline);
     if (rc) {
         ferry_xfer_fail(x, rc);
@@ -176,9 +179,10 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
             attempt--;
             continue;
         }
-        bool corrupted = false, relearned = false;
+        bool corrupted = false, relearned = false, refreshed = false;
         for (size_t i = 0; i < n; i++) {
-            if (xs[i].rc == FERRY_ERR_STALE_SEGMENT && relearn_stale(s, &xs[i], relearns > 0)) relearned = true;
+            if (xs[i].rc == FERRY_ERR_STALE_SEGMENT && relearn_stale(s, &xs[i], relearns > 0, &refreshed))
+                relearned = true;
             if (xs[i].rc == FERRY_ERR_CHECKSUM_MISMATCH) {
                 FERRY_STAT_ADD(&e->stats, checksum_failures, 1);
                 if (attempt < e->cfg.retries) xs[i].rc = 0, corrupted = true;
