@@ -241,7 +241,10 @@ long ferry_session_segments(ferry_engine_t *e, const char *peer, ferry_segment_t
 
 enum ferry_opcode { FERRY_OP_READ = 0, FERRY_OP_WRITE = 1 };
 
-/* One contiguous request: local [local, local+len) <-> peer [remote, +len). */
+/* One contiguous request: local [local, local+len) <-> peer [remote, +len).
+ * len 0 is refused (INVALID_ARGUMENT): in C it is usually a bug. The Python
+ * binding's Mooncake API completes zero-length requests without a call, as
+ * Mooncake does. */
 typedef struct ferry_request {
     int opcode;      /* FERRY_OP_READ or FERRY_OP_WRITE */
     void *local;
