@@ -18,10 +18,13 @@ EMB = 256 * 1024  # one request's embedding buffer
 
 @requires_engine
 class TestSGLangSequences(unittest.TestCase):
+    decode_protocol = "tcp"
+    prefill_protocol = "rdma"  # SGLang asks for rdma; Ferry picks its transport
+
     @classmethod
     def setUpClass(cls):
-        cls.decode = Decode("tcp")
-        cls.te = prefill_engine("rdma")  # SGLang asks for rdma; Ferry picks its transport
+        cls.decode = Decode(cls.decode_protocol)
+        cls.te = prefill_engine(cls.prefill_protocol)
         cls.kv = LocalKV()
         assert cls.te.register_memory(cls.kv.addr, cls.kv.size) == 0
 
@@ -100,6 +103,21 @@ class TestSGLangSequences(unittest.TestCase):
             strict.batch_transfer_async_write("127.0.0.1:1", [self.kv.addr], [raddr], [64])
         # The engine is fine afterwards.
         self.assertEqual(self.te.transfer_sync_write(sid, self.kv.addr, raddr, 64), 0)
+
+
+@requires_engine
+class TestSGLangSequencesShm(TestSGLangSequences):
+    """The same over the same-host transport (cross-memory attach), whose
+    target checks the registry as tcp's does."""
+    decode_protocol = "shm"
+    prefill_protocol = "shm"
+
+    def test_transport_is_shm(self):
+        sid = self.decode.session_id
+        self.assertEqual(self.te.transfer_sync_write(sid, self.kv.addr, self.decode.kv_addr, 64), 0)
+        info = self.te.engine.session_info(sid)
+        if info.transport != "shm":
+            self.skipTest("shm not chosen here: %s" % info.transport_reason)
 
 
 @requires_engine
