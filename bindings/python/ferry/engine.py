@@ -400,15 +400,58 @@ class TransferEngine:
     # ---------------------------------------------------------- registration
     def register_memory(self, buffer_addr, capacity, location="*"):
         """Registers [buffer_addr, +capacity) as remote-accessible. 0 or a negative code.
-        buffer_addr: an int or a buffer object; location is accepted and unused."""
-        return self._run(lambda: (self._eng().register(buffer_addr, capacity, core.MEM_REMOTE), 0)[1])
+        buffer_addr: an int or a buffer object. The library tells device from host
+        memory itself; a location that names the other kind ("cuda:0" for memory
+        taken as host memory, "cpu" for device memory) is refused (see _check_location)."""
+        def go():
+            eng = self._eng()
+            addr = eng.register(buffer_addr, capacity, core.MEM_REMOTE)
+            self._check_location(eng, [addr], location)
+            return 0
+        return self._run(go)
 
     def unregister_memory(self, buffer_addr):
         return self._run(lambda: (self._eng().deregister(buffer_addr), 0)[1])
 
     def batch_register_memory(self, buffer_addresses, capacities, location="*"):
-        return self._run(lambda: (self._eng().register_batch(
-            list(buffer_addresses), list(capacities), core.MEM_REMOTE), 0)[1])
+        def go():
+            eng = self._eng()
+            addrs = eng.register_batch(list(buffer_addresses), list(capacities), core.MEM_REMOTE)
+            self._check_location(eng, addrs, location)
+            return 0
+        return self._run(go)
+
+    @staticmethod
+    def _check_location(eng, addrs, location):
+        """Mooncake's location ("cuda:0", "cpu:0", "*"): "*" lets the library
+        decide. One naming the other kind than the library found fails loudly
+        (the regions are deregistered): device memory taken as host memory would
+        be touched by the CPU, a crash or garbage far from here."""
+        loc = (location or "*").strip().lower() if isinstance(location, str) else "*"
+        want_device = loc.startswith(("cuda", "gpu"))
+        want_host = loc.startswith(("cpu", "host"))
+        if not (want_device or want_host):
+            return
+        for a in addrs:
+            info = eng.region_info(a)
+            if want_device == (info.device >= 0):
+                continue
+            for b in addrs:
+                try:
+                    eng.deregister(b)
+                except FerryError:
+                    pass
+            if want_device:
+                ok, why = core.device_memory_supported()
+                fail(_code("NOT_IMPLEMENTED") if not ok else _code("INVALID_ARGUMENT"),
+                     "%s: location %r names device memory but [%#x+%d) was registered as host "
+                     "memory (%s); not registered" % (
+                         "NOT_IMPLEMENTED (-303)" if not ok else "INVALID_ARGUMENT (-1)",
+                         location, info.addr, info.len,
+                         why if not ok else "CUDA does not know this pointer"))
+            fail(_code("INVALID_ARGUMENT"), "INVALID_ARGUMENT (-1): location %r names host memory "
+                 "but [%#x+%d) is device memory (%s); not registered"
+                 % (location, info.addr, info.len, info.kind))
 
     def batch_unregister_memory(self, buffer_addresses):
         return self._run(lambda: (self._eng().deregister_batch(list(buffer_addresses)), 0)[1])

@@ -606,6 +606,23 @@ class TestTransferEngineLocal(unittest.TestCase):
             try:
                 info = self.p.engine.region_info(dev.base, 64)
                 self.assertEqual((info.device, info.kind), (0, "fake:0"))
+                # A location naming the other kind fails loudly, nothing left registered.
+                other = TransferEngine(engine=self.d.engine)
+                self.assertEqual(other.register_memory(dev.base, dev.len, "cpu:0"), errors.INVALID_ARGUMENT)
+                self.assertIn("device memory", errors.last_error_detail())
+                self.assertEqual(other.register_memory(dev.base, dev.len, "cuda:0"), 0)
+                self.assertEqual(other.unregister_memory(dev.base), 0)
+                host = (ctypes.c_char * 4096)()
+                rc = other.register_memory(ctypes.addressof(host), 4096, "cuda:0")
+                self.assertIn(rc, (errors.NOT_IMPLEMENTED, errors.INVALID_ARGUMENT))
+                self.assertIn("host memory", errors.last_error_detail())
+                self.assertEqual(other.unregister_memory(ctypes.addressof(host)), -3)  # not left behind
+                self.assertEqual(other.register_memory(ctypes.addressof(host), 4096, "cpu:0"), 0)
+                self.assertEqual(other.unregister_memory(ctypes.addressof(host)), 0)
+                self.assertEqual(other.batch_register_memory([ctypes.addressof(host), dev.base],
+                                                             [4096, dev.len], "cpu"),
+                                 errors.INVALID_ARGUMENT)
+                self.assertEqual(other.unregister_memory(ctypes.addressof(host)), -3)
                 self.assertEqual(self.p.write_bytes_to_buffer(dev.base + 64, b"gpu bytes", 9), 0)
                 self.assertEqual(dev.alias_bytes(64, 9), b"gpu bytes")
                 self.assertEqual(self.p.read_bytes_from_buffer(dev.base + 64, 9), b"gpu bytes")
