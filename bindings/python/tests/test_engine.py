@@ -48,6 +48,11 @@ class FakeDevice:
     declared to libferry with a read-write alias of the same pages."""
 
     def __init__(self, length):
+        try:
+            ferry._lib.lib().ferry_memkind_fake_add
+        except AttributeError:
+            raise unittest.SkipTest("this libferry.so does not export the fake device hooks "
+                                    "(internal symbols hidden); test_memkind covers them in C")
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mmap.restype = ctypes.c_void_p
         libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
