@@ -423,6 +423,11 @@ class TransferEngine:
 
     @staticmethod
     def _check_location(eng, addrs, location):
+        _check_device_without_cuda(eng, addrs)
+        TransferEngine._check_named_location(eng, addrs, location)
+
+    @staticmethod
+    def _check_named_location(eng, addrs, location):
         """Mooncake's location ("cuda:0", "cpu:0", "*"): "*" lets the library
         decide. One naming the other kind than the library found fails loudly
         (the regions are deregistered): device memory taken as host memory would
@@ -436,11 +441,7 @@ class TransferEngine:
             info = eng.region_info(a)
             if want_device == (info.device >= 0):
                 continue
-            for b in addrs:
-                try:
-                    eng.deregister(b)
-                except FerryError:
-                    pass
+            _deregister_all(eng, addrs)
             if want_device:
                 ok, why = core.device_memory_supported()
                 fail(_code("NOT_IMPLEMENTED") if not ok else _code("INVALID_ARGUMENT"),
@@ -807,6 +808,72 @@ class TransferEngine:
 
 
 # ------------------------------------------------------------------- CUDA
+def _deregister_all(eng, addrs):
+    for a in addrs:
+        try:
+            eng.deregister(a)
+        except FerryError:
+            pass
+
+
+def _check_device_without_cuda(eng, addrs):
+    """A library that cannot tell device memory (SUPPORT_CUDA False) would take
+    a CUDA pointer for host memory and touch it with the CPU. Ask the CUDA
+    driver, if this process has one initialized, and refuse such a pointer
+    loudly (the regions are deregistered)."""
+    if _support_cuda():
+        return  # the library tells them apart itself
+    for a in addrs:
+        ordinal = _device_ordinal(a)
+        if ordinal is None:
+            continue
+        _deregister_all(eng, addrs)
+        why = core.device_memory_supported()[1]
+        fail(_code("NOT_IMPLEMENTED"), "NOT_IMPLEMENTED (-303): %#x is CUDA device %d memory, "
+             "and this libferry cannot move device memory (%s); not registered. Use a library "
+             "built with FERRY_WITH_CUDA, or register host memory" % (a, ordinal, why))
+
+
+_CUDA_DRIVER = []
+
+
+def _cuda_driver():
+    """libcuda (the driver API), loaded at run time, or None. Never initializes
+    CUDA: a process that did not is left as it is (fork-safe)."""
+    if not _CUDA_DRIVER:
+        lib = None
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+            lib.cuPointerGetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64]
+            lib.cuPointerGetAttribute.restype = ctypes.c_int
+        except (OSError, AttributeError):
+            lib = None
+        _CUDA_DRIVER.append(lib)
+    return _CUDA_DRIVER[0]
+
+
+_CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2
+_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
+_CU_MEMORYTYPE_DEVICE = 2
+
+
+def _device_ordinal(addr):
+    """The CUDA device whose memory addr is (device memory only: pinned host
+    and managed memory are CPU-accessible), or None. Any driver error (no
+    driver, not initialized in this process, an unknown pointer) is None."""
+    drv = _cuda_driver()
+    if drv is None:
+        return None
+    kind = ctypes.c_uint(0)
+    if drv.cuPointerGetAttribute(ctypes.byref(kind), _CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr) != 0:
+        return None
+    if kind.value != _CU_MEMORYTYPE_DEVICE:
+        return None
+    ordinal = ctypes.c_int(-1)
+    drv.cuPointerGetAttribute(ctypes.byref(ordinal), _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, addr)
+    return ordinal.value
+
+
 def _cuda_stream_wait(stream):
     """Waits until the work queued on a CUDA stream (0: the default stream) has
     finished, through torch when it is loaded, else the CUDA runtime library.
@@ -860,11 +927,17 @@ def _cudart():
     return _CUDART[0]
 
 
-def __getattr__(name):
-    # SUPPORT_CUDA is worked out on first use: asking the CUDA driver at
-    # import would initialize CUDA in a process that may fork afterwards.
-    if name == "SUPPORT_CUDA":
+def _support_cuda():
+    # Worked out on first use: asking at import would initialize CUDA (in a
+    # CUDA build) in a process that may fork afterwards.
+    value = globals().get("SUPPORT_CUDA")
+    if value is None:
         value = core.device_memory_supported()[0]
         globals()["SUPPORT_CUDA"] = value
-        return value
+    return value
+
+
+def __getattr__(name):
+    if name == "SUPPORT_CUDA":
+        return _support_cuda()
     raise AttributeError("module %r has no attribute %r" % (__name__, name))

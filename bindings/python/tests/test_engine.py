@@ -598,6 +598,33 @@ class TestTransferEngineLocal(unittest.TestCase):
         self.assertEqual(d.read_bytes_from_buffer(m, 8), -3)  # freed: no longer readable
         self.assertEqual(d.engine.region_info(self.dst_addr + 5, 10).kind, "host")
 
+    def test_cuda_pointer_refused_without_cuda_support(self):
+        # A CUDA tensor's data_ptr() given to a library that cannot move device
+        # memory: refused loudly (the driver, loaded at run time, says what it
+        # is), nothing left registered. The driver's answer is simulated here.
+        import ferry.engine as fe
+        if fe.SUPPORT_CUDA:
+            self.skipTest("this library moves device memory itself")
+        buf = (ctypes.c_char * 4096)()
+        addr = ctypes.addressof(buf)
+        self.assertIsNone(fe._device_ordinal(addr))  # a host pointer (or no driver)
+        te = TransferEngine(engine=self.d.engine)
+        saved = fe._device_ordinal
+        fe._device_ordinal = lambda a: 0 if a == addr else None
+        try:
+            self.assertEqual(te.register_memory(addr, 4096), errors.NOT_IMPLEMENTED)
+            self.assertIn("CUDA device 0", errors.last_error_detail())
+            self.assertIn("FERRY_WITH_CUDA", errors.last_error_detail())
+            self.assertEqual(te.unregister_memory(addr), -3)  # not left registered
+            other = (ctypes.c_char * 4096)()
+            self.assertEqual(te.batch_register_memory([ctypes.addressof(other), addr], [4096, 4096]),
+                             errors.NOT_IMPLEMENTED)
+            self.assertEqual(te.unregister_memory(ctypes.addressof(other)), -3)
+        finally:
+            fe._device_ordinal = saved
+        self.assertEqual(te.register_memory(addr, 4096), 0)
+        self.assertEqual(te.unregister_memory(addr), 0)
+
     def test_fake_device_memory(self):
         # The C tests' fake device kind: PROT_NONE pages the CPU cannot touch,
         # reached only through the kind's copies (as GPU memory). Registration
