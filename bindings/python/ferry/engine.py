@@ -121,15 +121,20 @@ def _opcode_arg(v):
     return int(v)
 
 
+def _seq(v, what):
+    """A batch argument as given (a list, tuple, numpy array, array.array: no
+    per-entry work here, so large batches keep the library's fast paths),
+    or a list of an iterable; TypeError for anything else."""
+    if isinstance(v, (str, bytes, bytearray)) or not hasattr(v, "__iter__"):
+        raise TypeError("%s must be a list, not %s" % (what, type(v).__name__))
+    return v if hasattr(v, "__len__") and hasattr(v, "__getitem__") else list(v)
+
+
 def _lists(buffers, peer_buffer_addresses, lengths):
-    """The three lists of a batch call, lengths checked as ints (TypeError
-    otherwise); INVALID_ARGUMENT when their counts differ."""
-    try:
-        bufs, remotes, lens = list(buffers), list(peer_buffer_addresses), list(lengths)
-    except TypeError:
-        raise TypeError("buffers, peer_buffer_addresses and lengths must be lists") from None
-    lens = [_int(n, "lengths[%d]" % i) for i, n in enumerate(lens)]
-    remotes = [_int(r, "peer_buffer_addresses[%d]" % i) for i, r in enumerate(remotes)]
+    """The three lists of a batch call; INVALID_ARGUMENT when their counts differ."""
+    bufs = _seq(buffers, "buffers")
+    remotes = _seq(peer_buffer_addresses, "peer_buffer_addresses")
+    lens = _seq(lengths, "lengths")
     if not (len(bufs) == len(remotes) == len(lens)):
         fail(_code("INVALID_ARGUMENT"), "INVALID_ARGUMENT (-1): buffers, "
              "peer_buffer_addresses and lengths differ in count (%d, %d, %d)"
@@ -137,11 +142,32 @@ def _lists(buffers, peer_buffer_addresses, lengths):
     return bufs, remotes, lens
 
 
+def _check_int_entries(remotes, lens):
+    """After the library refused a batch's arguments: a TypeError naming the
+    first entry that is not an int (Mooncake's pybind11 would have raised
+    one), else nothing (the refusal stands)."""
+    for what, seq in (("peer_buffer_addresses", remotes), ("lengths", lens)):
+        if getattr(getattr(seq, "dtype", None), "kind", "") in ("i", "u"):
+            continue
+        for i, v in enumerate(seq):
+            _int(v, "%s[%d]" % (what, i))
+
+
 def _nonempty(bufs, remotes, lens):
     """Mooncake's convention: a zero-length request is complete as it is;
-    only the others go to the engine."""
-    keep = [i for i, n in enumerate(lens) if n != 0]
+    only the others go to the engine. Without a zero length (the usual
+    case, found at C speed), the lists go on untouched."""
+    if not _has_zero(lens):
+        return bufs, remotes, lens
+    keep = [i for i, n in enumerate(lens) if isinstance(n, bool) or n != 0]
     return [bufs[i] for i in keep], [remotes[i] for i in keep], [lens[i] for i in keep]
+
+
+def _has_zero(lens):
+    try:
+        return bool(0 in lens)
+    except (TypeError, ValueError):
+        return False
 
 
 def _split_hostname(local_hostname):
@@ -531,8 +557,12 @@ class TransferEngine:
         def go():
             eng = self._eng()
             bufs, remotes, lens = _nonempty(*_lists(buffers, peer_buffer_addresses, lengths))
-            if bufs:
-                eng.transfer_batch(peer, op, bufs, remotes, lens)
+            if len(bufs):
+                try:
+                    eng.transfer_batch(peer, op, bufs, remotes, lens)
+                except errors.InvalidArgument:  # noqa: F821 - from the code table
+                    _check_int_entries(remotes, lens)
+                    raise
             if note is not None:
                 eng.notify(peer, note.msg, name=note.name)
             return 0
@@ -562,15 +592,19 @@ class TransferEngine:
             all_bufs, all_remotes, all_lens = _lists(buffers, peer_buffer_addresses, lengths)
             bufs, remotes, lens = _nonempty(all_bufs, all_remotes, all_lens)
             batch = None
-            if bufs:
+            if len(bufs):
                 self._session(eng, peer)
                 batch = eng.batch(len(bufs))
                 try:
                     batch.submit(peer, [(op, b, r, n) for b, r, n in zip(bufs, remotes, lens)])
+                except errors.InvalidArgument:  # noqa: F821
+                    batch._shutdown()
+                    _check_int_entries(remotes, lens)
+                    raise
                 except BaseException:
                     batch._shutdown()
                     raise
-            total = sum(lens)
+            total = int(sum(lens))
             with self._lock:
                 bid = next(self._batch_ids)
                 self._batches[bid] = (batch, len(all_bufs), total)
