@@ -24,6 +24,9 @@
 #include "net.h"
 #include "transport/transport.h"
 
+/* The listener's pause after accept() found no file descriptor left. */
+#define FERRY_ACCEPT_BACKOFF_MS 100
+
 /* ------------------------------------------------------------ frame I/O */
 
 int ferry_conn_send_frame(ferry_conn_t *c, ferry_frame_t *f, const void *payload, uint64_t deadline)
@@ -95,6 +98,192 @@ unsigned char *ferry_conn_bounce(ferry_conn_t *c, size_t n)
     return c->bounce;
 }
 
+/* ----------------------------------------------------- connection limits */
+
+/* What peers can hold of the target is bounded (a flood of silent
+ * connections, or of idle handshaken ones, once locked every new peer out):
+ *  - connections still in their handshake have a small budget of their own
+ *    (max_handshaking); when it is full, the oldest of them is dropped for
+ *    the newcomer. A silent connection lives until newer ones push it out
+ *    and never takes the place of a working one;
+ *  - one source address holds at most max_handshaking_per_source of those
+ *    (its own oldest makes way) and max_per_source connections in all
+ *    (more are refused at accept);
+ *  - at most max_established connections are past the handshake; a peer
+ *    completing its handshake when they are full takes the place of the
+ *    one idle the longest (its initiator sees the close before its next use
+ *    and connects again); with every one busy it is refused, TOO_MANY_REQUESTS;
+ *  - with no file descriptor left, accept() fails at once, every time: the
+ *    listener makes room as above or sheds the waiting connection through a
+ *    reserved descriptor, then pauses instead of spinning.
+ * All counts and state changes are under conns_lock, except a serving
+ * thread's own IDLE <-> BUSY (see enum ferry_conn_state). */
+
+static void limits_from_config(ferry_engine_t *e)
+{
+    int cap = e->cfg.max_connections;
+    e->max_established = cap;
+    e->max_handshaking = cap / 16 > 8 ? cap / 16 : 8;
+    e->max_per_source = e->cfg.max_connections_per_source ? e->cfg.max_connections_per_source
+                                                          : (cap / 4 > 1 ? cap / 4 : 1);
+    int hs = e->max_handshaking / 4 > 4 ? e->max_handshaking / 4 : 4;
+    e->max_handshaking_per_source = hs < e->max_per_source ? hs : e->max_per_source;
+}
+
+/* At most one warning a second about the limits: a flood would otherwise
+ * write a line per connection. */
+static bool limit_warning_due(ferry_engine_t *e)
+{
+    uint64_t now = ferry_now_ns(), last = atomic_load(&e->limit_warned_ns);
+    return now - last >= 1000000000ull && atomic_compare_exchange_strong(&e->limit_warned_ns, &last, now);
+}
+
+/* Closes c, in state from, to make room (conns_lock held); its thread sees
+ * the connection end and leaves. False when c changed state meanwhile. */
+static bool evict_locked(ferry_engine_t *e, ferry_conn_t *c, int from)
+{
+    int expect = from;
+    if (!atomic_compare_exchange_strong(&c->state, &expect, CONN_EVICTED)) return false;
+    if (from == CONN_HANDSHAKE) {
+        e->nhandshaking--;
+        FERRY_STAT_ADD(&e->stats, handshakes_evicted, 1);
+    } else {
+        e->nestablished--;
+        FERRY_STAT_ADD(&e->stats, connections_evicted, 1);
+    }
+    shutdown(c->fd, SHUT_RDWR);
+    return true;
+}
+
+static bool same_source(const ferry_conn_t *c, const uint8_t *source)
+{
+    return memcmp(c->source, source, sizeof c->source) == 0;
+}
+
+/* The connection in its handshake accepted first, from source (NULL: any). */
+static ferry_conn_t *oldest_handshaking_locked(ferry_engine_t *e, const uint8_t *source)
+{
+    ferry_conn_t *best = NULL;
+    for (ferry_conn_t *c = e->conns; c; c = c->next)
+        if (atomic_load(&c->state) == CONN_HANDSHAKE && (!source || same_source(c, source)) &&
+            (!best || c->serial < best->serial))
+            best = c;
+    return best;
+}
+
+/* The connection idle the longest with nothing waiting to be read: bytes
+ * there are a request on its way, which must not be cut off. */
+static ferry_conn_t *oldest_idle_locked(ferry_engine_t *e)
+{
+    ferry_conn_t *best = NULL;
+    for (ferry_conn_t *c = e->conns; c; c = c->next) {
+        if (atomic_load(&c->state) != CONN_IDLE) continue;
+        if (best && atomic_load(&c->idle_since_ns) >= atomic_load(&best->idle_since_ns)) continue;
+        struct pollfd p = {.fd = c->fd, .events = POLLIN};
+        if (poll(&p, 1, 0) == 0) best = c;
+    }
+    return best;
+}
+
+/* Closes the connection idle the longest, else the oldest in its handshake. */
+static bool make_room_locked(ferry_engine_t *e)
+{
+    ferry_conn_t *c = oldest_idle_locked(e);
+    if (c && evict_locked(e, c, CONN_IDLE)) return true;
+    c = oldest_handshaking_locked(e, NULL);
+    return c && evict_locked(e, c, CONN_HANDSHAKE);
+}
+
+/* Takes a new connection into the handshake budget, making way as the
+ * limits say (conns_lock held); false: refused, its source is at its limit. */
+static bool admit_new_locked(ferry_engine_t *e, const ferry_conn_t *c)
+{
+    int from_source = 0, handshaking_from_source = 0;
+    for (ferry_conn_t *o = e->conns; o; o = o->next) {
+        int st = atomic_load(&o->state);
+        if (st > CONN_BUSY || !same_source(o, c->source)) continue;
+        from_source++;
+        if (st == CONN_HANDSHAKE) handshaking_from_source++;
+    }
+    if (from_source >= e->max_per_source || handshaking_from_source >= e->max_handshaking_per_source) {
+        /* A source at its limit competes with itself only. */
+        ferry_conn_t *old = handshaking_from_source ? oldest_handshaking_locked(e, c->source) : NULL;
+        return old && evict_locked(e, old, CONN_HANDSHAKE);
+    }
+    if (e->nhandshaking >= e->max_handshaking) {
+        ferry_conn_t *old = oldest_handshaking_locked(e, NULL);
+        if (old) evict_locked(e, old, CONN_HANDSHAKE);
+    }
+    return true;
+}
+
+/* The handshake succeeded (and authenticated, with a secret): c joins the
+ * established connections, in the place of the one idle the longest when
+ * they are full. 0, TOO_MANY_REQUESTS when every one is busy, or
+ * PEER_CLOSED when c itself was dropped to make room meanwhile. */
+static int admit_established(ferry_conn_t *c)
+{
+    ferry_engine_t *e = c->engine;
+    if (!c->listed) { /* served outside the listener (the fuzz target) */
+        atomic_store(&c->state, CONN_BUSY);
+        return 0;
+    }
+    int rc = 0;
+    pthread_mutex_lock(&e->conns_lock);
+    if (atomic_load(&c->state) != CONN_HANDSHAKE) {
+        rc = ferry_fail(FERRY_ERR_PEER_CLOSED, "connection from %s was closed during its handshake to make room",
+                        c->remote);
+    } else {
+        if (e->nestablished >= e->max_established) {
+            ferry_conn_t *idle = oldest_idle_locked(e);
+            if (idle) evict_locked(e, idle, CONN_IDLE);
+        }
+        if (e->nestablished < e->max_established) {
+            atomic_store(&c->state, CONN_BUSY);
+            e->nhandshaking--;
+            e->nestablished++;
+        } else {
+            rc = ferry_fail(FERRY_ERR_TOO_MANY_REQUESTS,
+                            "target %s serves %d connections, all busy (config.max_connections); refused %s (%s)",
+                            e->name, e->max_established, c->peer.name, c->remote);
+        }
+    }
+    pthread_mutex_unlock(&e->conns_lock);
+    if (rc == FERRY_ERR_TOO_MANY_REQUESTS) {
+        FERRY_STAT_ADD(&e->stats, connections_refused, 1);
+        if (limit_warning_due(e)) FERRY_LOG(FERRY_LOG_WARN, "engine", "%s", ferry_last_error_detail());
+    }
+    return rc;
+}
+
+/* Serving thread: waiting for the next request; the connection may be
+ * closed to make room from now on. */
+static void conn_set_idle(ferry_conn_t *c)
+{
+    atomic_store(&c->idle_since_ns, ferry_now_ns());
+    atomic_store(&c->state, CONN_IDLE);
+}
+
+/* Serving thread: a request is arriving. False when the connection was
+ * closed to make room first. */
+static bool conn_set_busy(ferry_conn_t *c)
+{
+    int expect = CONN_IDLE;
+    return atomic_compare_exchange_strong(&c->state, &expect, CONN_BUSY);
+}
+
+/* Serving thread, at its end: c no longer counts. */
+static void conn_ended(ferry_conn_t *c)
+{
+    ferry_engine_t *e = c->engine;
+    if (!c->listed) return;
+    pthread_mutex_lock(&e->conns_lock);
+    int st = atomic_exchange(&c->state, CONN_ENDED);
+    if (st == CONN_HANDSHAKE) e->nhandshaking--;
+    if (st == CONN_IDLE || st == CONN_BUSY) e->nestablished--;
+    pthread_mutex_unlock(&e->conns_lock);
+}
+
 /* ------------------------------------------------------------ handshake */
 
 void ferry_hello_fill(ferry_engine_t *e, ferry_hello_t *h)
@@ -153,6 +342,12 @@ static int serve_auth(ferry_conn_t *c, const uint8_t *hello, size_t hlen, const 
                           "%s (engine %016llx, pid %d) sent a wrong MAC: it does not hold this engine's shared secret",
                           c->peer.name, (unsigned long long)c->peer.engine_id, (int)c->peer.pid);
     }
+    rc = admit_established(c);
+    if (rc) {
+        ferry_frame_t full = {.type = FERRY_FRAME_AUTH_ACK, .status = rc};
+        ferry_conn_send_frame(c, &full, NULL, deadline);
+        return rc;
+    }
     rc = ferry_auth_mac(e->cfg.secret, FERRY_AUTH_TARGET, hello, hlen, ack, alen, want);
     if (rc) return rc;
     ferry_frame_t yes = {.type = FERRY_FRAME_AUTH_ACK, .plen = FERRY_WIRE_MAC_SIZE};
@@ -195,10 +390,13 @@ int ferry_serve_hello(ferry_conn_t *c, const ferry_frame_t *f)
         status = FERRY_ERR_PEER_RESTARTED;
     } else if (atomic_load(&e->stopping)) {
         status = FERRY_ERR_REJECT_HANDSHAKE;
+    } else if (!we_auth) {
+        status = admit_established(c); /* with a secret: once the peer proved it */
     }
     ferry_frame_t out = {.type = FERRY_FRAME_HELLO_ACK, .status = status, .plen = (uint32_t)alen};
     int src = ferry_conn_send_frame(c, &out, ack, deadline);
-    if (status == FERRY_ERR_AUTH_FAILED) return status; /* keeps its detail for the log */
+    if (status == FERRY_ERR_AUTH_FAILED || status == FERRY_ERR_TOO_MANY_REQUESTS)
+        return status; /* keeps its detail for the log */
     if (src) return src;
     if (status) return ferry_fail(status, "handshake with %s refused", c->peer.name);
     if (we_auth) return serve_auth(c, buf, f->plen, ack, (size_t)alen, deadline);
@@ -301,6 +499,7 @@ void ferry_serve_connection(ferry_conn_t *c)
     if (rc == 0) rc = ferry_serve_hello(c, &f);
     if (rc == FERRY_ERR_TIMEOUT) ferry_fail_context("handshake");
     while (rc == 0 && !atomic_load(&e->stopping)) {
+        conn_set_idle(c);
         /* A request often follows the last answer within microseconds:
          * busy-poll for its header briefly before sleeping (a cross-CPU
          * wake-up costs more than a loopback round trip), if config.spin_us
@@ -315,6 +514,7 @@ void ferry_serve_connection(ferry_conn_t *c)
             int ready = ferry_net_wait_readable(c->fd, UINT64_MAX);
             if (ready <= 0 || atomic_load(&e->stopping)) break;
         }
+        if (!conn_set_busy(c)) break; /* closed to make room */
         if (got < sizeof hdr) rc = ferry_net_recv(c->fd, hdr + got, sizeof hdr - got, ferry_deadline_after_ms(e->cfg.timeout_ms));
         if (rc == 0) rc = ferry_frame_decode(hdr, &f);
         if (rc == 0) rc = serve_frame(c, &f);
@@ -336,6 +536,7 @@ static void *serve_thread(void *arg)
     ferry_conn_t *c = arg;
     ferry_serve_connection(c);
     shutdown(c->fd, SHUT_RDWR);
+    conn_ended(c);
     atomic_store(&c->done, true);
     return NULL;
 }
@@ -374,63 +575,120 @@ static void reap_conns(ferry_engine_t *e, bool all)
     pthread_mutex_unlock(&e->conns_lock);
 }
 
-static void describe_remote(int fd, char *out, size_t cap)
+/* The peer's address for logs, and as 16 bytes (IPv4 v4-mapped) for the
+ * per-source limits. */
+static void describe_remote(int fd, char *out, size_t cap, uint8_t source[16])
 {
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     char host[INET6_ADDRSTRLEN] = "?";
     unsigned port = 0;
+    memset(source, 0, 16);
     if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0) {
         if (ss.ss_family == AF_INET) {
             struct sockaddr_in *a = (struct sockaddr_in *)&ss;
             inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
             port = ntohs(a->sin_port);
+            source[10] = source[11] = 0xff;
+            memcpy(source + 12, &a->sin_addr, 4);
         } else if (ss.ss_family == AF_INET6) {
             struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
             inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
             port = ntohs(a->sin6_port);
+            memcpy(source, &a->sin6_addr, 16);
         }
     }
     snprintf(out, cap, "%s port %u", host, port);
 }
 
-static void accept_one(ferry_engine_t *e)
+/* accept() found no file descriptor left (or no memory, or no thread could
+ * start): it would fail again at once while the connection waits, and
+ * poll() would wake us for it forever. Makes room for the next one, or when
+ * nothing can be closed, sheds the waiting connection through the reserved
+ * descriptor so that its peer learns at once. The caller then pauses. */
+static void out_of_resources(ferry_engine_t *e, const char *what, bool shed)
+{
+    FERRY_STAT_ADD(&e->stats, accept_backoffs, 1);
+    pthread_mutex_lock(&e->conns_lock);
+    bool made_room = make_room_locked(e);
+    pthread_mutex_unlock(&e->conns_lock);
+    if (!made_room && shed && e->reserve_fd >= 0) {
+        close(e->reserve_fd);
+        int fd = accept4(e->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd >= 0) {
+            ferry_net_abort(fd);
+            FERRY_STAT_ADD(&e->stats, connections_refused, 1);
+        }
+        e->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    if (limit_warning_due(e))
+        FERRY_LOG(FERRY_LOG_WARN, "engine", "%s: %s; %s, pausing the listener %d ms", e->name, what,
+                  made_room ? "closed the connection idle the longest" : "refused the waiting connection",
+                  FERRY_ACCEPT_BACKOFF_MS);
+}
+
+/* Accepts one connection and starts its thread; false when out of file
+ * descriptors or threads (the listener then pauses). */
+static bool accept_one(ferry_engine_t *e)
 {
     int fd = accept4(e->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd < 0) return;
-    pthread_mutex_lock(&e->conns_lock);
-    bool full = e->nconns_served >= FERRY_MAX_SERVED_CONNS;
-    pthread_mutex_unlock(&e->conns_lock);
-    if (full) {
-        /* Refused at once, before any thread or buffer is spent on it. */
-        FERRY_STAT_ADD(&e->stats, connections_refused, 1);
-        FERRY_LOG(FERRY_LOG_WARN, "engine", "refusing a connection: already serving %d", FERRY_MAX_SERVED_CONNS);
-        ferry_net_abort(fd);
-        return;
+    if (fd < 0) {
+        int err = errno;
+        if (err != EMFILE && err != ENFILE && err != ENOBUFS && err != ENOMEM) return true;
+        out_of_resources(e, strerror(err), true);
+        return false;
     }
-    ferry_net_tune(fd, e->cfg.keepalive_ms);
     ferry_conn_t *c = calloc(1, sizeof *c);
     if (!c) {
         close(fd);
-        return;
+        out_of_resources(e, "out of memory", false);
+        return false;
     }
     c->fd = fd;
     c->engine = e;
-    c->serial = atomic_fetch_add(&e->next_conn_serial, 1);
-    describe_remote(fd, c->remote, sizeof c->remote);
-    int prc = pthread_create(&c->thread, NULL, serve_thread, c);
-    if (prc != 0) {
-        FERRY_LOG(FERRY_LOG_ERROR, "engine", "cannot start a connection thread: %s", strerror(prc));
+    describe_remote(fd, c->remote, sizeof c->remote, c->source);
+    pthread_mutex_lock(&e->conns_lock);
+    if (!admit_new_locked(e, c)) {
+        pthread_mutex_unlock(&e->conns_lock);
         FERRY_STAT_ADD(&e->stats, connections_refused, 1);
+        if (limit_warning_due(e))
+            FERRY_LOG(FERRY_LOG_WARN, "engine", "refusing a connection from %s: it holds %d already "
+                      "(config.max_connections_per_source)", c->remote, e->max_per_source);
+        ferry_net_abort(fd);
+        free(c);
+        return true;
+    }
+    ferry_net_tune(fd, e->cfg.keepalive_ms);
+    c->serial = atomic_fetch_add(&e->next_conn_serial, 1);
+    atomic_store(&c->idle_since_ns, ferry_now_ns());
+    atomic_store(&c->state, CONN_HANDSHAKE);
+    c->listed = true;
+    /* Started under the lock: the thread counts itself out under it too. */
+    int prc = pthread_create(&c->thread, NULL, serve_thread, c);
+    if (prc == 0) {
+        c->next = e->conns;
+        e->conns = c;
+        e->nconns_served++;
+        e->nhandshaking++;
+    }
+    pthread_mutex_unlock(&e->conns_lock);
+    if (prc != 0) {
+        FERRY_STAT_ADD(&e->stats, connections_refused, 1);
+        c->fd = -1;
+        ferry_net_abort(fd);
         ferry_conn_free(c);
-        return;
+        out_of_resources(e, "cannot start a connection thread", false);
+        return false;
     }
     FERRY_STAT_ADD(&e->stats, connections_accepted, 1);
-    pthread_mutex_lock(&e->conns_lock);
-    c->next = e->conns;
-    e->conns = c;
-    e->nconns_served++;
-    pthread_mutex_unlock(&e->conns_lock);
+    return true;
+}
+
+/* Sleeps FERRY_ACCEPT_BACKOFF_MS unless the engine is stopped meanwhile. */
+static void listener_pause(ferry_engine_t *e)
+{
+    struct pollfd p = {.fd = e->wake_fd[0], .events = POLLIN};
+    poll(&p, 1, FERRY_ACCEPT_BACKOFF_MS);
 }
 
 static void *listener_thread(void *arg)
@@ -441,7 +699,7 @@ static void *listener_thread(void *arg)
         int n = poll(p, 2, 1000);
         if (n < 0 && errno != EINTR) break;
         if (p[1].revents) break;
-        if (n > 0 && (p[0].revents & POLLIN)) accept_one(e);
+        if (n > 0 && (p[0].revents & POLLIN) && !accept_one(e)) listener_pause(e);
         reap_conns(e, false);
     }
     return NULL;
@@ -487,6 +745,7 @@ static void engine_free(ferry_engine_t *e)
     if (e->listen_fd >= 0) close(e->listen_fd);
     if (e->wake_fd[0] >= 0) close(e->wake_fd[0]);
     if (e->wake_fd[1] >= 0) close(e->wake_fd[1]);
+    if (e->reserve_fd >= 0) close(e->reserve_fd);
     pthread_mutex_destroy(&e->conns_lock);
     pthread_mutex_destroy(&e->sessions_lock);
     pthread_mutex_destroy(&e->queue_lock);
@@ -501,7 +760,7 @@ static ferry_engine_t *engine_alloc(void)
 {
     ferry_engine_t *e = calloc(1, sizeof *e);
     if (!e) return NULL;
-    e->listen_fd = e->wake_fd[0] = e->wake_fd[1] = -1;
+    e->listen_fd = e->wake_fd[0] = e->wake_fd[1] = e->reserve_fd = -1;
     pthread_mutex_init(&e->conns_lock, NULL);
     pthread_mutex_init(&e->sessions_lock, NULL);
     pthread_mutex_init(&e->queue_lock, NULL);
@@ -553,6 +812,8 @@ int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out)
     }
     rc = ferry_net_listen(e->cfg.host, e->cfg.port, &e->listen_fd, &e->port);
     if (rc) goto fail;
+    limits_from_config(e);
+    e->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     make_name(e);
     if (pipe2(e->wake_fd, O_CLOEXEC) != 0) {
         rc = ferry_fail(FERRY_ERR_SOCKET, "engine create: pipe: %s", strerror(errno));

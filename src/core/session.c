@@ -189,6 +189,9 @@ static int recv_hello_ack(ferry_conn_t *c, ferry_session_t *s, uint8_t *ack, siz
                               s->name);
         return ferry_fail(FERRY_ERR_AUTH_FAILED, "peer %s refused the handshake's authentication", s->name);
     }
+    if (f.status == FERRY_ERR_TOO_MANY_REQUESTS)
+        return ferry_fail(f.status, "peer %s refused the connection: it serves as many as it may, all busy "
+                                    "(its config.max_connections)", s->name);
     if (f.status && f.status != FERRY_ERR_PEER_RESTARTED)
         return ferry_fail(f.status, "peer %s refused the handshake", s->name);
     return f.status;
@@ -236,6 +239,9 @@ static int authenticate(ferry_conn_t *c, ferry_session_t *s, const uint8_t *hell
         return ferry_fail(FERRY_ERR_AUTH_FAILED,
                           "peer %s rejected this engine's MAC: the two engines' shared secrets differ", s->name);
     }
+    if (f.type == FERRY_FRAME_AUTH_ACK && f.status == FERRY_ERR_TOO_MANY_REQUESTS)
+        return ferry_fail(f.status, "peer %s refused the connection: it serves as many as it may, all busy "
+                                    "(its config.max_connections)", s->name);
     if (f.type != FERRY_FRAME_AUTH_ACK || f.status != 0 || f.plen != FERRY_WIRE_MAC_SIZE)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "peer %s answered AUTH with %s (status %d, %u bytes)", s->name,
                           ferry_frame_type_name(f.type), f.status, f.plen);
