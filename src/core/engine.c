@@ -24,7 +24,10 @@
 #include "net.h"
 #include "transport/transport.h"
 
-/* The listener's pause after accept() found no file descriptor left. */
+/* The listener's pause after accept() found no file descriptor left (or
+ * no thread could start): short when a connection was closed to make room,
+ * longer when none could be. */
+#define FERRY_ROOM_BACKOFF_MS 10
 #define FERRY_ACCEPT_BACKOFF_MS 100
 
 /* ------------------------------------------------------------ frame I/O */
@@ -160,15 +163,34 @@ static bool same_source(const ferry_conn_t *c, const uint8_t *source)
     return memcmp(c->source, source, sizeof c->source) == 0;
 }
 
-/* The connection in its handshake accepted first, from source (NULL: any). */
-static ferry_conn_t *oldest_handshaking_locked(ferry_engine_t *e, const uint8_t *source)
+static bool has_input(int fd)
 {
-    ferry_conn_t *best = NULL;
-    for (ferry_conn_t *c = e->conns; c; c = c->next)
-        if (atomic_load(&c->state) == CONN_HANDSHAKE && (!source || same_source(c, source)) &&
-            (!best || c->serial < best->serial))
-            best = c;
-    return best;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return poll(&p, 1, 0) != 0;
+}
+
+/* The connection in its handshake accepted first, from source (NULL: any),
+ * among those whose peer has not spoken yet, else (unless silent_only)
+ * among all. An initiator sends its HELLO as soon as it connects, so silent
+ * connections, however many, never push out a peer that is handshaking in
+ * earnest. */
+static ferry_conn_t *oldest_handshaking_locked(ferry_engine_t *e, const uint8_t *source, bool silent_only)
+{
+    for (int silent = 1; silent >= (silent_only ? 1 : 0); silent--) {
+        for (;;) {
+            ferry_conn_t *best = NULL;
+            for (ferry_conn_t *c = e->conns; c; c = c->next)
+                if (atomic_load(&c->state) == CONN_HANDSHAKE && (!source || same_source(c, source)) &&
+                    (!silent || !atomic_load(&c->heard)) && (!best || c->serial < best->serial))
+                    best = c;
+            if (!best || !silent || !has_input(best->fd)) {
+                if (best) return best;
+                break;
+            }
+            atomic_store(&best->heard, true); /* its thread has not woken up yet */
+        }
+    }
+    return NULL;
 }
 
 /* The connection idle the longest with nothing waiting to be read: bytes
@@ -179,18 +201,20 @@ static ferry_conn_t *oldest_idle_locked(ferry_engine_t *e)
     for (ferry_conn_t *c = e->conns; c; c = c->next) {
         if (atomic_load(&c->state) != CONN_IDLE) continue;
         if (best && atomic_load(&c->idle_since_ns) >= atomic_load(&best->idle_since_ns)) continue;
-        struct pollfd p = {.fd = c->fd, .events = POLLIN};
-        if (poll(&p, 1, 0) == 0) best = c;
+        if (!has_input(c->fd)) best = c;
     }
     return best;
 }
 
-/* Closes the connection idle the longest, else the oldest in its handshake. */
+/* Closes the oldest silent connection, else the one idle the longest, else
+ * the oldest in its handshake. */
 static bool make_room_locked(ferry_engine_t *e)
 {
-    ferry_conn_t *c = oldest_idle_locked(e);
+    ferry_conn_t *c = oldest_handshaking_locked(e, NULL, true);
+    if (c && evict_locked(e, c, CONN_HANDSHAKE)) return true;
+    c = oldest_idle_locked(e);
     if (c && evict_locked(e, c, CONN_IDLE)) return true;
-    c = oldest_handshaking_locked(e, NULL);
+    c = oldest_handshaking_locked(e, NULL, false);
     return c && evict_locked(e, c, CONN_HANDSHAKE);
 }
 
@@ -207,11 +231,11 @@ static bool admit_new_locked(ferry_engine_t *e, const ferry_conn_t *c)
     }
     if (from_source >= e->max_per_source || handshaking_from_source >= e->max_handshaking_per_source) {
         /* A source at its limit competes with itself only. */
-        ferry_conn_t *old = handshaking_from_source ? oldest_handshaking_locked(e, c->source) : NULL;
+        ferry_conn_t *old = handshaking_from_source ? oldest_handshaking_locked(e, c->source, false) : NULL;
         return old && evict_locked(e, old, CONN_HANDSHAKE);
     }
     if (e->nhandshaking >= e->max_handshaking) {
-        ferry_conn_t *old = oldest_handshaking_locked(e, NULL);
+        ferry_conn_t *old = oldest_handshaking_locked(e, NULL, false);
         if (old) evict_locked(e, old, CONN_HANDSHAKE);
     }
     return true;
@@ -495,7 +519,14 @@ void ferry_serve_connection(ferry_conn_t *c)
     ferry_engine_t *e = c->engine;
     ferry_frame_t f;
     unsigned spin_us = (unsigned)e->cfg.spin_us;
-    int rc = ferry_conn_recv_frame(c, &f, ferry_deadline_after_ms(e->cfg.connect_timeout_ms));
+    uint64_t deadline = ferry_deadline_after_ms(e->cfg.connect_timeout_ms);
+    /* Waits for the first byte apart: from then on the connection counts as
+     * handshaking in earnest (oldest_handshaking_locked). */
+    int rc = 0;
+    if (ferry_net_wait_readable(c->fd, deadline) == 0)
+        rc = ferry_fail(FERRY_ERR_TIMEOUT, "no HELLO within %d ms", e->cfg.connect_timeout_ms);
+    atomic_store(&c->heard, true);
+    if (rc == 0) rc = ferry_conn_recv_frame(c, &f, deadline);
     if (rc == 0) rc = ferry_serve_hello(c, &f);
     if (rc == FERRY_ERR_TIMEOUT) ferry_fail_context("handshake");
     while (rc == 0 && !atomic_load(&e->stopping)) {
@@ -606,7 +637,7 @@ static void describe_remote(int fd, char *out, size_t cap, uint8_t source[16])
  * poll() would wake us for it forever. Makes room for the next one, or when
  * nothing can be closed, sheds the waiting connection through the reserved
  * descriptor so that its peer learns at once. The caller then pauses. */
-static void out_of_resources(ferry_engine_t *e, const char *what, bool shed)
+static bool out_of_resources(ferry_engine_t *e, const char *what, bool shed)
 {
     FERRY_STAT_ADD(&e->stats, accept_backoffs, 1);
     pthread_mutex_lock(&e->conns_lock);
@@ -622,27 +653,27 @@ static void out_of_resources(ferry_engine_t *e, const char *what, bool shed)
         e->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     }
     if (limit_warning_due(e))
-        FERRY_LOG(FERRY_LOG_WARN, "engine", "%s: %s; %s, pausing the listener %d ms", e->name, what,
-                  made_room ? "closed the connection idle the longest" : "refused the waiting connection",
-                  FERRY_ACCEPT_BACKOFF_MS);
+        FERRY_LOG(FERRY_LOG_WARN, "engine", "%s: %s; %s, pausing the listener", e->name, what,
+                  made_room ? "closed a connection to make room" : "refused the waiting connection");
+    return made_room;
 }
 
-/* Accepts one connection and starts its thread; false when out of file
- * descriptors or threads (the listener then pauses). */
-static bool accept_one(ferry_engine_t *e)
+/* Accepts one connection and starts its thread. Returns 0, or when out of
+ * file descriptors, memory or threads, how long the listener should pause:
+ * briefly when a connection was closed to make room (its descriptor comes
+ * free once reaped), longer when nothing could be. */
+static int accept_one(ferry_engine_t *e)
 {
     int fd = accept4(e->listen_fd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0) {
         int err = errno;
-        if (err != EMFILE && err != ENFILE && err != ENOBUFS && err != ENOMEM) return true;
-        out_of_resources(e, strerror(err), true);
-        return false;
+        if (err != EMFILE && err != ENFILE && err != ENOBUFS && err != ENOMEM) return 0;
+        return out_of_resources(e, strerror(err), true) ? FERRY_ROOM_BACKOFF_MS : FERRY_ACCEPT_BACKOFF_MS;
     }
     ferry_conn_t *c = calloc(1, sizeof *c);
     if (!c) {
         close(fd);
-        out_of_resources(e, "out of memory", false);
-        return false;
+        return out_of_resources(e, "out of memory", false) ? FERRY_ROOM_BACKOFF_MS : FERRY_ACCEPT_BACKOFF_MS;
     }
     c->fd = fd;
     c->engine = e;
@@ -656,7 +687,7 @@ static bool accept_one(ferry_engine_t *e)
                       "(config.max_connections_per_source)", c->remote, e->max_per_source);
         ferry_net_abort(fd);
         free(c);
-        return true;
+        return 0;
     }
     ferry_net_tune(fd, e->cfg.keepalive_ms);
     c->serial = atomic_fetch_add(&e->next_conn_serial, 1);
@@ -677,18 +708,18 @@ static bool accept_one(ferry_engine_t *e)
         c->fd = -1;
         ferry_net_abort(fd);
         ferry_conn_free(c);
-        out_of_resources(e, "cannot start a connection thread", false);
-        return false;
+        return out_of_resources(e, "cannot start a connection thread", false) ? FERRY_ROOM_BACKOFF_MS
+                                                                               : FERRY_ACCEPT_BACKOFF_MS;
     }
     FERRY_STAT_ADD(&e->stats, connections_accepted, 1);
-    return true;
+    return 0;
 }
 
-/* Sleeps FERRY_ACCEPT_BACKOFF_MS unless the engine is stopped meanwhile. */
-static void listener_pause(ferry_engine_t *e)
+/* Sleeps ms unless the engine is stopped meanwhile. */
+static void listener_pause(ferry_engine_t *e, int ms)
 {
     struct pollfd p = {.fd = e->wake_fd[0], .events = POLLIN};
-    poll(&p, 1, FERRY_ACCEPT_BACKOFF_MS);
+    poll(&p, 1, ms);
 }
 
 static void *listener_thread(void *arg)
@@ -699,7 +730,8 @@ static void *listener_thread(void *arg)
         int n = poll(p, 2, 1000);
         if (n < 0 && errno != EINTR) break;
         if (p[1].revents) break;
-        if (n > 0 && (p[0].revents & POLLIN) && !accept_one(e)) listener_pause(e);
+        int pause_ms = n > 0 && (p[0].revents & POLLIN) ? accept_one(e) : 0;
+        if (pause_ms) listener_pause(e, pause_ms);
         reap_conns(e, false);
     }
     return NULL;

@@ -38,9 +38,11 @@ typedef struct ferry_conn {
     char remote[64];           /* target side: the socket's peer address, for logs */
     /* Target side, for the listener's limits (engine.c): where the
      * connection stands (CONN_*), whether it is in the engine's list and
-     * counted there, its source address (IPv4 as v4-mapped IPv6), and when
+     * counted there, whether the peer spoke yet, its source address (IPv4 as
+ * v4-mapped IPv6), and when
      * it was accepted or last went idle. */
     atomic_int state;
+    atomic_bool heard;         /* in its handshake: the peer has sent something */
     bool listed;
     uint8_t source[16];
     _Atomic uint64_t idle_since_ns;
