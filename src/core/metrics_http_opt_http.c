@@ -16,10 +16,11 @@
 
 /* What clients of the endpoint can hold: a scraper needs one connection;
  * slow or idle clients (slowloris) hold at most these, each closed after
- * FERRY_METRICS_IDLE_S without progress. */
+ * FERRY_METRICS_IDLE_S without progress; more wait in a short backlog. */
 #define FERRY_METRICS_MAX_CONNECTIONS 16
 #define FERRY_METRICS_MAX_PER_ADDRESS 4
 #define FERRY_METRICS_IDLE_S 5
+#define FERRY_METRICS_BACKLOG 64
 
 static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                               const char *version, const char *upload, size_t *upload_size, void **con_cls)
@@ -74,7 +75,8 @@ int ferry_metrics_http_start(ferry_engine_t *e, int port)
         flags, (uint16_t)(port < 0 ? 0 : port), NULL, NULL, answer, e, MHD_OPTION_SOCK_ADDR, res->ai_addr,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)FERRY_METRICS_MAX_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
         (unsigned)FERRY_METRICS_MAX_PER_ADDRESS, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)FERRY_METRICS_IDLE_S,
-        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+        MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)FERRY_METRICS_BACKLOG, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+        MHD_OPTION_END);
     freeaddrinfo(res);
     if (!d) return ferry_fail(FERRY_ERR_SOCKET, "metrics endpoint: cannot listen on %s port %d", host, port);
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
