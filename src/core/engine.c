@@ -106,9 +106,10 @@ unsigned char *ferry_conn_bounce(ferry_conn_t *c, size_t n)
 /* What peers can hold of the target is bounded (a flood of silent
  * connections, or of idle handshaken ones, once locked every new peer out):
  *  - connections still in their handshake have a small budget of their own
- *    (max_handshaking); when it is full, the oldest of them is dropped for
- *    the newcomer. A silent connection lives until newer ones push it out
- *    and never takes the place of a working one;
+ *    (max_handshaking); when it is full, the oldest silent one (its peer
+ *    sent nothing yet), else the oldest, is dropped for the newcomer. A
+ *    silent connection lives until newer ones push it out, and never takes
+ *    the place of a working one or of a peer handshaking in earnest;
  *  - one source address holds at most max_handshaking_per_source of those
  *    (its own oldest makes way) and max_per_source connections in all
  *    (more are refused at accept);
@@ -117,8 +118,10 @@ unsigned char *ferry_conn_bounce(ferry_conn_t *c, size_t n)
  *    one idle the longest (its initiator sees the close before its next use
  *    and connects again); with every one busy it is refused, TOO_MANY_REQUESTS;
  *  - with no file descriptor left, accept() fails at once, every time: the
- *    listener makes room as above or sheds the waiting connection through a
- *    reserved descriptor, then pauses instead of spinning.
+ *    listener closes the oldest silent connection, else the one idle the
+ *    longest, else the oldest handshaking, or with none sheds the waiting
+ *    connection through a reserved descriptor; then it pauses instead of
+ *    spinning.
  * All counts and state changes are under conns_lock, except a serving
  * thread's own IDLE <-> BUSY (see enum ferry_conn_state). */
 
@@ -773,6 +776,7 @@ static void engine_free(ferry_engine_t *e)
     for (int i = 0; ferry_transports[i]; i++)
         if (ferry_transports[i]->engine_fini) ferry_transports[i]->engine_fini(e);
     ferry_registry_destroy(&e->registry);
+    ferry_sessions_free(e);
     ferry_metrics_destroy(&e->metrics);
     if (e->listen_fd >= 0) close(e->listen_fd);
     if (e->wake_fd[0] >= 0) close(e->wake_fd[0]);
@@ -835,6 +839,8 @@ int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out)
     int rc = ferry_config_copy(e, cfg);
     if (rc) goto fail;
     ferry_log_level = e->cfg.log_level;
+    rc = ferry_sessions_init(e);
+    if (rc) goto fail;
     if (!ferry_transport_find(e->cfg.transport) && strcmp(e->cfg.transport, "auto") != 0) {
         char names[128] = "auto";
         for (int i = 0; ferry_transports[i]; i++)

@@ -94,7 +94,7 @@ struct ferry_session {
     uint64_t seg_version;
     atomic_bool segs_stale;    /* refetch before the next resolve (after a teardown) */
 
-    ferry_session_t *next;     /* engine's session list */
+    ferry_session_t *next;     /* next in its bucket of the engine's session table */
 };
 
 /* One contiguous transfer for a transport to move. */
@@ -172,7 +172,9 @@ struct ferry_engine {
     _Atomic uint64_t limit_warned_ns; /* last warning about a full table (rate limit) */
 
     pthread_mutex_t sessions_lock;
-    ferry_session_t *sessions;
+    /* Sessions by peer name (session.c): a hash table with striped locks. */
+    struct ferry_session_table *session_table;
+    atomic_int nsessions;
 
     /* Async batch workers. */
     pthread_mutex_t queue_lock;
@@ -260,6 +262,10 @@ int ferry_session_refresh_segments(ferry_session_t *s, uint64_t deadline);
  * afresh, epoch check included, and refetches the segments. */
 void ferry_session_teardown(ferry_session_t *s);
 void ferry_sessions_destroy(ferry_engine_t *e);
+/* The session table: made once config.max_sessions is known, freed with
+ * the engine (ferry_sessions_destroy empties it). */
+int ferry_sessions_init(ferry_engine_t *e);
+void ferry_sessions_free(ferry_engine_t *e);
 
 /* xfer.c: running pieces on one connection with retries and re-resolution */
 int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);
