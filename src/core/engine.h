@@ -171,7 +171,7 @@ struct ferry_engine {
     int reserve_fd;            /* held open, given up to shed a connection when out of fds */
     _Atomic uint64_t limit_warned_ns; /* last warning about a full table (rate limit) */
 
-    pthread_mutex_t sessions_lock;
+    pthread_mutex_t sessions_lock; /* (the session table has its own locks) */
     /* Sessions by peer name (session.c): a hash table with striped locks. */
     struct ferry_session_table *session_table;
     atomic_int nsessions;
