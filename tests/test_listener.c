@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -300,6 +301,60 @@ static void per_source_limit(void **state)
     free(remote);
 }
 
+/* Peers that speak, then stall mid-handshake: while the budget is full of
+ * handshakes younger than a tenth of the deadline, newcomers are turned
+ * away (a burst of peers connecting at once is not cut short); once they
+ * are older, they make way. */
+static void stalled_handshakes(void **state)
+{
+    (void)state;
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.transport = "tcp";
+    cfg.timeout_ms = 20000;
+    cfg.connect_timeout_ms = 30000; /* a tenth: 3 s */
+    cfg.max_connections = 64;       /* 8 handshakes at once, 4 per address */
+    ferry_engine_t *tgt = harness_engine_cfg(&cfg);
+    unsigned char *remote = calloc(1, BUF);
+    assert_int_equal(ferry_register(tgt, remote, BUF, FERRY_MEM_REMOTE), 0);
+    uint16_t port = ferry_engine_port(tgt);
+    uint64_t t0 = harness_now_ms();
+    int stalled[8];
+    for (int i = 0; i < 8; i++) {
+        assert_true((stalled[i] = connect_from(2 + i % 2, port)) >= 0);
+        make_busy(stalled[i]); /* half a header: it spoke */
+    }
+    for (int i = 0; i < 500; i++) {
+        pthread_mutex_lock(&tgt->conns_lock);
+        int n = tgt->nhandshaking;
+        pthread_mutex_unlock(&tgt->conns_lock);
+        if (n == 8) break;
+        usleep(10000);
+    }
+    uint64_t refused = stats_of(tgt).connections_refused;
+    int fd = connect_from(4, port);
+    assert_true(fd >= 0);
+    bool turned_away = raw_closed_within(fd, 2000);
+    close(fd);
+    if (harness_now_ms() - t0 < 3000) {
+        assert_true(turned_away);
+        assert_true(stats_of(tgt).connections_refused > refused);
+        for (int i = 0; i < 8; i++) assert_false(raw_closed_within(stalled[i], 0));
+    } else {
+        fprintf(stderr, "stalled_handshakes: over 3 s went by; the turning away was not checked\n");
+    }
+    /* Older than 3 s: the oldest stalled one makes way. */
+    while (harness_now_ms() - t0 < 3300) usleep(50000);
+    uint64_t evicted = stats_of(tgt).handshakes_evicted;
+    assert_true((fd = handshaken_from(4, port)) >= 0);
+    assert_true(stats_of(tgt).handshakes_evicted > evicted);
+    assert_true(raw_closed_within(stalled[0], 2000));
+    close(fd);
+    for (int i = 0; i < 8; i++) close(stalled[i]);
+    ferry_engine_destroy(tgt);
+    free(remote);
+}
+
 /* Bad limits are refused with their names. */
 static void config_limits(void **state)
 {
@@ -335,6 +390,7 @@ int main(void)
         cmocka_unit_test(idle_connections_make_way),
         cmocka_unit_test(busy_cap_with_secret),
         cmocka_unit_test(per_source_limit),
+        cmocka_unit_test(stalled_handshakes),
         cmocka_unit_test(config_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -107,12 +107,13 @@ unsigned char *ferry_conn_bounce(ferry_conn_t *c, size_t n)
  * connections, or of idle handshaken ones, once locked every new peer out):
  *  - connections still in their handshake have a small budget of their own
  *    (max_handshaking); when it is full, the oldest silent one (its peer
- *    sent nothing yet), else the oldest, is dropped for the newcomer. A
- *    silent connection lives until newer ones push it out, and never takes
- *    the place of a working one or of a peer handshaking in earnest;
+ *    sent nothing yet), else the oldest stalled one, is dropped for the
+ *    newcomer, else the newcomer is refused. A silent connection lives until
+ *    newer ones push it out, and never takes the place of a working one or
+ *    of a peer handshaking in earnest;
  *  - one source address holds at most max_handshaking_per_source of those
- *    (its own oldest makes way) and max_per_source connections in all
- *    (more are refused at accept);
+ *    (its own oldest silent or stalled one makes way) and max_per_source
+ *    connections in all (more are refused at accept);
  *  - at most max_established connections are past the handshake; a peer
  *    completing its handshake when they are full takes the place of the
  *    one idle the longest (its initiator sees the close before its next use
@@ -174,17 +175,22 @@ static bool has_input(int fd)
 
 /* The connection in its handshake accepted first, from source (NULL: any),
  * among those whose peer has not spoken yet, else (unless silent_only)
- * among all. An initiator sends its HELLO as soon as it connects, so silent
- * connections, however many, never push out a peer that is handshaking in
- * earnest. */
+ * among those that spoke but are still handshaking after a tenth of the
+ * handshake deadline. An initiator sends its HELLO as soon as it connects
+ * and finishes within milliseconds: silent connections, however many, never
+ * push out a peer handshaking in earnest, and a burst of peers connecting
+ * at once (a fleet restarting) turns newcomers away rather than cutting
+ * handshakes short; peers that stall mid-handshake still make way. */
 static ferry_conn_t *oldest_handshaking_locked(ferry_engine_t *e, const uint8_t *source, bool silent_only)
 {
+    uint64_t stalled_before = ferry_now_ns() - (uint64_t)e->cfg.connect_timeout_ms * 100000u;
     for (int silent = 1; silent >= (silent_only ? 1 : 0); silent--) {
         for (;;) {
             ferry_conn_t *best = NULL;
             for (ferry_conn_t *c = e->conns; c; c = c->next)
                 if (atomic_load(&c->state) == CONN_HANDSHAKE && (!source || same_source(c, source)) &&
-                    (!silent || !atomic_load(&c->heard)) && (!best || c->serial < best->serial))
+                    (silent ? !atomic_load(&c->heard) : atomic_load(&c->idle_since_ns) <= stalled_before) &&
+                    (!best || c->serial < best->serial))
                     best = c;
             if (!best || !silent || !has_input(best->fd)) {
                 if (best) return best;
@@ -210,7 +216,7 @@ static ferry_conn_t *oldest_idle_locked(ferry_engine_t *e)
 }
 
 /* Closes the oldest silent connection, else the one idle the longest, else
- * the oldest in its handshake. */
+ * the oldest stalled in its handshake. */
 static bool make_room_locked(ferry_engine_t *e)
 {
     ferry_conn_t *c = oldest_handshaking_locked(e, NULL, true);
@@ -222,7 +228,8 @@ static bool make_room_locked(ferry_engine_t *e)
 }
 
 /* Takes a new connection into the handshake budget, making way as the
- * limits say (conns_lock held); false: refused, its source is at its limit. */
+ * limits say (conns_lock held); false: refused, its source at its limit or
+ * the budget full of handshakes in progress. */
 static bool admit_new_locked(ferry_engine_t *e, const ferry_conn_t *c)
 {
     int from_source = 0, handshaking_from_source = 0;
@@ -239,7 +246,7 @@ static bool admit_new_locked(ferry_engine_t *e, const ferry_conn_t *c)
     }
     if (e->nhandshaking >= e->max_handshaking) {
         ferry_conn_t *old = oldest_handshaking_locked(e, NULL, false);
-        if (old) evict_locked(e, old, CONN_HANDSHAKE);
+        return old && evict_locked(e, old, CONN_HANDSHAKE);
     }
     return true;
 }
@@ -686,8 +693,10 @@ static int accept_one(ferry_engine_t *e)
         pthread_mutex_unlock(&e->conns_lock);
         FERRY_STAT_ADD(&e->stats, connections_refused, 1);
         if (limit_warning_due(e))
-            FERRY_LOG(FERRY_LOG_WARN, "engine", "refusing a connection from %s: it holds %d already "
-                      "(config.max_connections_per_source)", c->remote, e->max_per_source);
+            FERRY_LOG(FERRY_LOG_WARN, "engine",
+                      "refusing a connection from %s: its address is at its limit (config.max_connections_per_source "
+                      "%d, %d handshaking) or %d handshakes are in progress",
+                      c->remote, e->max_per_source, e->max_handshaking_per_source, e->max_handshaking);
         ferry_net_abort(fd);
         free(c);
         return 0;
