@@ -91,6 +91,19 @@ typedef struct ferry_config {
     int spin_us;
     /* Testing only: advertise this protocol version instead of ours (0 = ours). */
     int test_protocol_version;
+    /* Served connections that completed the handshake, 2048
+     * (FERRY_MAX_CONNECTIONS). When full, a peer finishing its handshake
+     * takes the place of the connection idle the longest; one with a request
+     * in flight is never closed. Connections still in their handshake have
+     * a separate budget of max(8, max_connections / 16), oldest dropped
+     * first, so silent connections cannot crowd out working ones. */
+    int max_connections;
+    /* Connections from one source address at once, 0 (default) = a quarter
+     * of max_connections (FERRY_MAX_CONNECTIONS_PER_SOURCE). */
+    int max_connections_per_source;
+    /* Address the metrics endpoint listens on, NULL = host
+     * (FERRY_METRICS_HOST); "0.0.0.0" serves every interface. */
+    const char *metrics_host;
 } ferry_config_t;
 
 /* Fills *cfg with defaults. */
@@ -144,11 +157,14 @@ typedef struct ferry_stats {
     uint64_t checksum_failures;   /* CRC32C mismatches detected, either side */
     /* target side */
     uint64_t connections_accepted;
-    uint64_t connections_refused; /* over the connection cap, or handshake refused */
+    uint64_t connections_refused; /* over a connection limit, or handshake refused */
     uint64_t auth_failures;       /* shared-secret authentications failed, either side */
     uint64_t frames_rejected;     /* connections dropped for a malformed frame */
     uint64_t bytes_placed;        /* bytes peers wrote into this engine's memory */
     uint64_t bytes_served;        /* bytes peers read from it */
+    uint64_t connections_evicted; /* idle connections closed to make room (config.max_connections) */
+    uint64_t handshakes_evicted;  /* connections closed still in their handshake, to make room */
+    uint64_t accept_backoffs;     /* times accept() found no file descriptor left and the listener paused */
     /* per code: codes[0..ncodes), in the order of the error table */
     size_t ncodes;
     ferry_stats_code_t codes[FERRY_STATS_MAX_CODES];

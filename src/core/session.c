@@ -31,7 +31,7 @@ static ferry_session_t *session_new(ferry_engine_t *e, const char *peer)
     s->engine = e;
     s->stats = ferry_metrics_peer(&e->metrics, peer);
     s->max_conns = e->cfg.conns_per_peer;
-    atomic_store(&s->refs, 1); /* the engine's list holds one */
+    atomic_store(&s->refs, 1); /* the engine's table holds one */
     pthread_mutex_init(&s->lock, NULL);
     ferry_cond_init_monotonic(&s->cond);
     pthread_rwlock_init(&s->seg_lock, NULL);
@@ -68,22 +68,93 @@ static void session_invalidate(ferry_session_t *s)
     pthread_mutex_unlock(&s->lock);
 }
 
-/* Unlinks s from the engine's list (sessions_lock held). */
-static void unlink_locked(ferry_engine_t *e, ferry_session_t *s)
+/* ---------------------------------------------------------- the table */
+
+/* Sessions by peer name: a hash table whose buckets are guarded by striped
+ * locks (bucket i by stripe i % SESSION_STRIPES), so that threads working
+ * with different peers look up, open and close without contending; one
+ * lock for all, with a list searched under it, serialised every call. A
+ * lookup holds its stripe only to find the session and take a reference. */
+#define SESSION_STRIPES 64
+
+struct session_stripe {
+    _Alignas(64) pthread_mutex_t lock; /* a cache line each: no false sharing */
+};
+
+struct ferry_session_table {
+    struct session_stripe stripes[SESSION_STRIPES];
+    size_t mask;                 /* buckets - 1 (a power of two, >= SESSION_STRIPES) */
+    ferry_session_t **buckets;   /* chained through ferry_session.next */
+};
+
+int ferry_sessions_init(ferry_engine_t *e)
 {
-    for (ferry_session_t **pp = &e->sessions; *pp; pp = &(*pp)->next) {
-        if (*pp == s) {
-            *pp = s->next;
-            return;
-        }
+    size_t want = e->cfg.max_sessions < 65536 ? (size_t)e->cfg.max_sessions : 65536, n = SESSION_STRIPES;
+    while (n < want) n *= 2;
+    struct ferry_session_table *t = aligned_alloc(64, sizeof *t);
+    ferry_session_t **buckets = calloc(n, sizeof *buckets);
+    if (!t || !buckets) {
+        free(t);
+        free(buckets);
+        return ferry_fail(FERRY_ERR_MEMORY, "session table of %zu buckets: out of memory", n);
     }
+    memset(t, 0, sizeof *t);
+    for (int i = 0; i < SESSION_STRIPES; i++) pthread_mutex_init(&t->stripes[i].lock, NULL);
+    t->mask = n - 1;
+    t->buckets = buckets;
+    e->session_table = t;
+    atomic_store(&e->nsessions, 0);
+    return 0;
 }
 
-static int count_locked(ferry_engine_t *e)
+void ferry_sessions_free(ferry_engine_t *e)
 {
-    int n = 0;
-    for (ferry_session_t *s = e->sessions; s; s = s->next) n++;
-    return n;
+    struct ferry_session_table *t = e->session_table;
+    if (!t) return;
+    for (int i = 0; i < SESSION_STRIPES; i++) pthread_mutex_destroy(&t->stripes[i].lock);
+    free(t->buckets);
+    free(t);
+    e->session_table = NULL;
+}
+
+/* FNV-1a over the peer's name. */
+static size_t bucket_of(const struct ferry_session_table *t, const char *peer)
+{
+    uint64_t h = 14695981039346656037ull;
+    for (const unsigned char *p = (const unsigned char *)peer; *p; p++) h = (h ^ *p) * 1099511628211ull;
+    return (size_t)(h ^ (h >> 32)) & t->mask;
+}
+
+static pthread_mutex_t *stripe_of(struct ferry_session_table *t, size_t bucket)
+{
+    return &t->stripes[bucket % SESSION_STRIPES].lock;
+}
+
+/* The session named peer in its bucket (its stripe held), or NULL; with
+ * take, taken out of the table. */
+static ferry_session_t *find_locked(ferry_engine_t *e, size_t bucket, const char *peer, bool take)
+{
+    for (ferry_session_t **pp = &e->session_table->buckets[bucket]; *pp; pp = &(*pp)->next) {
+        ferry_session_t *s = *pp;
+        if (strcmp(s->name, peer) != 0) continue;
+        if (take) {
+            *pp = s->next;
+            atomic_fetch_sub(&e->nsessions, 1);
+        }
+        return s;
+    }
+    return NULL;
+}
+
+/* Takes s out of the table (for ferry_session_close): NULL when no session
+ * is named peer. The table's reference passes to the caller. */
+static ferry_session_t *session_remove(ferry_engine_t *e, const char *peer)
+{
+    size_t b = bucket_of(e->session_table, peer);
+    pthread_mutex_lock(stripe_of(e->session_table, b));
+    ferry_session_t *s = find_locked(e, b, peer, true);
+    pthread_mutex_unlock(stripe_of(e->session_table, b));
+    return s;
 }
 
 static bool session_restarted(ferry_session_t *s)
@@ -102,41 +173,46 @@ int ferry_session_get(ferry_engine_t *e, const char *peer, ferry_session_t **out
     uint16_t port;
     int rc = ferry_parse_hostport(peer, host, sizeof host, &port);
     if (rc) return rc;
-    pthread_mutex_lock(&e->sessions_lock);
-    ferry_session_t *s = e->sessions, *restarted = NULL;
-    while (s && strcmp(s->name, peer) != 0) s = s->next;
+    struct ferry_session_table *t = e->session_table;
+    size_t b = bucket_of(t, peer);
+    pthread_mutex_lock(stripe_of(t, b));
+    ferry_session_t *s = find_locked(e, b, peer, false), *restarted = NULL;
     if (s && session_restarted(s)) {
         /* A restart was found and reported by an earlier call: the next
          * call opens a fresh session, which learns the new process (its
          * epoch, its addresses). Calls still holding the old one keep
          * failing with PEER_RESTARTED: they carry the old addresses. */
-        unlink_locked(e, s);
+        find_locked(e, b, peer, true);
         restarted = s;
         s = NULL;
     }
     if (!s) {
-        if (count_locked(e) >= e->cfg.max_sessions) {
-            pthread_mutex_unlock(&e->sessions_lock);
+        /* Counted before it is made: two stripes adding at once cannot
+         * both take the last place. */
+        if (atomic_fetch_add(&e->nsessions, 1) >= e->cfg.max_sessions) {
+            atomic_fetch_sub(&e->nsessions, 1);
+            pthread_mutex_unlock(stripe_of(t, b));
             ferry_session_put(restarted);
             return ferry_fail(FERRY_ERR_TOO_MANY_REQUESTS, "session to %s: already %d sessions (max_sessions)", peer,
                               e->cfg.max_sessions);
         }
         s = session_new(e, peer);
         if (!s) {
-            pthread_mutex_unlock(&e->sessions_lock);
+            atomic_fetch_sub(&e->nsessions, 1);
+            pthread_mutex_unlock(stripe_of(t, b));
             ferry_session_put(restarted);
             return ferry_fail(FERRY_ERR_MEMORY, "session to %s: out of memory", peer);
         }
         snprintf(s->host, sizeof s->host, "%s", host);
         s->port = port;
-        s->next = e->sessions;
-        e->sessions = s;
+        s->next = t->buckets[b];
+        t->buckets[b] = s;
     }
     atomic_fetch_add(&s->refs, 1);
-    pthread_mutex_unlock(&e->sessions_lock);
+    pthread_mutex_unlock(stripe_of(t, b));
     if (restarted) {
         FERRY_LOG(FERRY_LOG_INFO, "session", "%s: re-opened after the peer's restart", peer);
-        ferry_session_put(restarted); /* the list's reference */
+        ferry_session_put(restarted); /* the table's reference */
     }
     *out = s;
     return 0;
@@ -144,15 +220,19 @@ int ferry_session_get(ferry_engine_t *e, const char *peer, ferry_session_t **out
 
 void ferry_sessions_destroy(ferry_engine_t *e)
 {
-    pthread_mutex_lock(&e->sessions_lock);
-    ferry_session_t *s = e->sessions;
-    e->sessions = NULL;
-    pthread_mutex_unlock(&e->sessions_lock);
-    while (s) {
-        ferry_session_t *next = s->next;
-        session_invalidate(s);
-        ferry_session_put(s);
-        s = next;
+    struct ferry_session_table *t = e->session_table;
+    for (size_t b = 0; b <= t->mask; b++) {
+        pthread_mutex_lock(stripe_of(t, b));
+        ferry_session_t *s = t->buckets[b];
+        t->buckets[b] = NULL;
+        pthread_mutex_unlock(stripe_of(t, b));
+        while (s) {
+            ferry_session_t *next = s->next;
+            atomic_fetch_sub(&e->nsessions, 1);
+            session_invalidate(s);
+            ferry_session_put(s);
+            s = next;
+        }
     }
 }
 
@@ -212,6 +292,9 @@ static int recv_hello_ack(ferry_conn_t *c, ferry_session_t *s, uint8_t *ack, siz
                               s->name);
         return ferry_fail(FERRY_ERR_AUTH_FAILED, "peer %s refused the handshake's authentication", s->name);
     }
+    if (f.status == FERRY_ERR_TOO_MANY_REQUESTS)
+        return ferry_fail(f.status, "peer %s refused the connection: it serves as many as it may, all busy "
+                                    "(its config.max_connections)", s->name);
     if (f.status && f.status != FERRY_ERR_PEER_RESTARTED)
         return ferry_fail(f.status, "peer %s refused the handshake", s->name);
     return f.status;
@@ -259,6 +342,9 @@ static int authenticate(ferry_conn_t *c, ferry_session_t *s, const uint8_t *hell
         return ferry_fail(FERRY_ERR_AUTH_FAILED,
                           "peer %s rejected this engine's MAC: the two engines' shared secrets differ", s->name);
     }
+    if (f.type == FERRY_FRAME_AUTH_ACK && f.status == FERRY_ERR_TOO_MANY_REQUESTS)
+        return ferry_fail(f.status, "peer %s refused the connection: it serves as many as it may, all busy "
+                                    "(its config.max_connections)", s->name);
     if (f.type != FERRY_FRAME_AUTH_ACK || f.status != 0 || f.plen != FERRY_WIRE_MAC_SIZE)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "peer %s answered AUTH with %s (status %d, %u bytes)", s->name,
                           ferry_frame_type_name(f.type), f.status, f.plen);
@@ -711,11 +797,7 @@ int ferry_session_close(ferry_engine_t *e, const char *peer)
 {
     ferry_clear_last_error();
     if (!e || !peer) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "session close: NULL argument");
-    pthread_mutex_lock(&e->sessions_lock);
-    ferry_session_t *s = e->sessions;
-    while (s && strcmp(s->name, peer) != 0) s = s->next;
-    if (s) unlink_locked(e, s);
-    pthread_mutex_unlock(&e->sessions_lock);
+    ferry_session_t *s = session_remove(e, peer);
     if (!s) return ferry_fail(FERRY_ERR_NOT_FOUND, "no session to %s", peer);
     session_invalidate(s);
     ferry_session_put(s);

@@ -123,6 +123,9 @@ class Config(ctypes.Structure):
         ("cancel_timeout_ms", c_int),
         ("spin_us", c_int),
         ("test_protocol_version", c_int),
+        ("max_connections", c_int),
+        ("max_connections_per_source", c_int),
+        ("metrics_host", c_char_p),
     ]
 
 
