@@ -6,7 +6,7 @@ if(NOT FERRY_TEST_PYTHON)
   find_program(FERRY_TEST_PYTHON NAMES python3)
 endif()
 
-set(_ferry_py_env "FERRY_LIBRARY=$<TARGET_FILE:ferry>")
+set(_ferry_py_env "FERRY_LIBRARY=$<TARGET_FILE:ferry_shared>")
 set(_ferry_py_ok ON)
 if(FERRY_SANITIZE STREQUAL "address")
   # An ASan library loads into an uninstrumented interpreter only when the

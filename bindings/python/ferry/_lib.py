@@ -100,8 +100,13 @@ c_char_p = ctypes.c_char_p
 c_void_p = ctypes.c_void_p
 
 
+# Structs that may grow begin with struct_size (docs/ABI.md): the library
+# reads and writes only the bytes it covers, so these classes need not match
+# a newer library's; new_struct() sets it. tests/test_layout.py checks that
+# the fields match the header.
 class Config(ctypes.Structure):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("host", c_char_p),
         ("port", c_u16),
         ("metadata", c_char_p),
@@ -122,7 +127,6 @@ class Config(ctypes.Structure):
         ("metrics_port", c_int),
         ("cancel_timeout_ms", c_int),
         ("spin_us", c_int),
-        ("test_protocol_version", c_int),
     ]
 
 
@@ -132,6 +136,7 @@ class Segment(ctypes.Structure):
 
 class PeerInfo(ctypes.Structure):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("name", ctypes.c_char * 256),
         ("protocol_version", c_u32),
         ("engine_id", c_u64),
@@ -145,18 +150,12 @@ class PeerInfo(ctypes.Structure):
     ]
 
 
-# Single structures the library fills (config, peer info) live in an
-# oversized buffer: a library whose struct grew since this file was written
-# writes into slack, not into the Python heap (tests/test_layout.py checks
-# that the fields match the header).
-_SLACK = 4096
-
-
 def new_struct(cls):
-    """A zeroed cls instance backed by _SLACK bytes (kept alive by the instance)."""
-    storage = ctypes.create_string_buffer(max(_SLACK, ctypes.sizeof(cls)))
-    obj = cls.from_buffer(storage)
-    obj._storage = storage
+    """A zeroed cls instance, its struct_size set when it has one: the
+    library then writes no byte past the struct this file describes."""
+    obj = cls()
+    if "struct_size" in (f[0] for f in cls._fields_):
+        obj.struct_size = ctypes.sizeof(cls)
     return obj
 
 

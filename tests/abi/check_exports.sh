@@ -1,0 +1,19 @@
+#!/bin/sh
+# The dynamic symbols libferry.so defines must be exactly tests/abi/exported.txt:
+# the public API (FERRY_API in include/ferry/), no internal function. A new
+# public function is added to the list on purpose, in the same change
+# (docs/ABI.md); a removed or renamed one breaks callers' binaries.
+#   check_exports.sh LIBFERRY_SO EXPORTED_TXT
+set -eu
+lib=$1 want=$2
+got=$(mktemp)
+trap 'rm -f "$got"' EXIT
+# Linker-made markers are not API; everything else defined counts.
+nm -D --defined-only "$lib" | awk '{print $NF}' |
+  grep -vxE '_init|_fini|_edata|_end|__bss_start' | sort -u >"$got"
+if ! diff -u "$want" "$got"; then
+  echo "check_exports: $lib exports differ from $want (- expected, + exported)." >&2
+  echo "Internal functions must not carry FERRY_API; a deliberate API change updates $want and docs/ABI.md." >&2
+  exit 1
+fi
+echo "check_exports: $(wc -l <"$got") symbols, as listed"
