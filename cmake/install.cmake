@@ -9,10 +9,8 @@ include(CMakePackageConfigHelpers)
 
 set(FERRY_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/ferry)
 
-install(FILES ${CMAKE_SOURCE_DIR}/include/ferry/error.h ${CMAKE_SOURCE_DIR}/include/ferry/export.h
-              ${CMAKE_SOURCE_DIR}/include/ferry/ferry.h ${CMAKE_SOURCE_DIR}/include/ferry/kv.h
-              ${CMAKE_SOURCE_DIR}/include/ferry/pool.h
-        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ferry COMPONENT dev)
+file(GLOB FERRY_PUBLIC_HEADERS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/include/ferry/*.h)
+install(FILES ${FERRY_PUBLIC_HEADERS} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ferry COMPONENT dev)
 install(TARGETS ferry_shared EXPORT ferryTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT lib NAMELINK_COMPONENT dev
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
