@@ -8,9 +8,10 @@ set -eu
 lib=$1 want=$2
 got=$(mktemp)
 trap 'rm -f "$got"' EXIT
-# Linker-made markers are not API; everything else defined counts.
+# Linker-made markers and AddressSanitizer's ODR indicators (one per
+# exported variable, in ASan builds) are not API; everything else counts.
 nm -D --defined-only "$lib" | awk '{print $NF}' |
-  grep -vxE '_init|_fini|_edata|_end|__bss_start' | sort -u >"$got"
+  grep -vxE '_init|_fini|_edata|_end|__bss_start|__odr_asan[.].*' | sort -u >"$got"
 if ! diff -u "$want" "$got"; then
   echo "check_exports: $lib exports differ from $want (- expected, + exported)." >&2
   echo "Internal functions must not carry FERRY_API; a deliberate API change updates $want and docs/ABI.md." >&2
