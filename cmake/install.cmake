@@ -21,13 +21,9 @@ install(EXPORT ferryTargets NAMESPACE ferry:: DESTINATION ${FERRY_CMAKE_DIR} COM
 configure_package_config_file(${CMAKE_SOURCE_DIR}/cmake/ferryConfig.cmake.in
                               ${CMAKE_BINARY_DIR}/ferryConfig.cmake
                               INSTALL_DESTINATION ${FERRY_CMAKE_DIR})
-# 0.x: a minor release may change the ABI (docs/ABI.md), so before 1.0 only
-# the same MAJOR.MINOR is compatible; from 1.0 on, the same MAJOR.
-if(PROJECT_VERSION_MAJOR EQUAL 0)
-  set(_ferry_compat SameMinorVersion)
-else()
-  set(_ferry_compat SameMajorVersion)
-endif()
+# The ABI promise of docs/ABI.md: every release of one MAJOR (the SONAME's)
+# runs the programs built against an earlier one, 0.x included.
+set(_ferry_compat SameMajorVersion)
 write_basic_package_version_file(${CMAKE_BINARY_DIR}/ferryConfigVersion.cmake
                                  VERSION ${PROJECT_VERSION} COMPATIBILITY ${_ferry_compat})
 install(FILES ${CMAKE_BINARY_DIR}/ferryConfig.cmake ${CMAKE_BINARY_DIR}/ferryConfigVersion.cmake

@@ -29,3 +29,12 @@ if(FERRY_TEST_PYTHON AND _ferry_py_ok)
   set_tests_properties(python_bindings PROPERTIES TIMEOUT 600 LABELS python
                        ENVIRONMENT "${_ferry_py_env}")
 endif()
+
+# `pip install` of the package (no network) with the library from
+# `cmake --install`: found by the system loader and by FERRY_LIBRARY.
+if(FERRY_TEST_PYTHON AND _ferry_py_ok)
+  add_test(NAME python_package
+           COMMAND ${CMAKE_SOURCE_DIR}/tests/install/check_python_package.sh ${CMAKE_BINARY_DIR} ${FERRY_TEST_PYTHON})
+  set_tests_properties(python_package PROPERTIES TIMEOUT 300 LABELS "python;install"
+                       ENVIRONMENT "${_ferry_py_env}")
+endif()

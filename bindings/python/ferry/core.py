@@ -45,7 +45,8 @@ STATUS_TIMEOUT = 5
 STATUS_NAMES = {0: "WAITING", 1: "PENDING", 2: "COMPLETED", 3: "FAILED", 4: "CANCELLED",
                 5: "TIMEOUT"}
 
-CONFIG_FIELDS = tuple(f[0] for f in _lib.Config._fields_)
+# struct_size is the ABI's bookkeeping (set by new_struct), not a setting.
+CONFIG_FIELDS = tuple(f[0] for f in _lib.Config._fields_ if f[0] != "struct_size")
 _STRING_FIELDS = {f[0] for f in _lib.Config._fields_ if f[1] is ctypes.c_char_p}
 
 _NOTIFY_MAX = 64 * 1024
