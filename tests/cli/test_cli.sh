@@ -14,6 +14,22 @@ out=$("$FERRY" explain BOGUS 2>&1); rc=$?; check explain-unknown "unknown error 
 [ $rc -ne 0 ] || { echo "FAIL explain BOGUS exited 0"; fails=$((fails + 1)); }
 out=$("$FERRY" nosuchcommand 2>&1); check unknown-command "unknown command"
 out=$("$FERRY" --help); check help "doctor"
+# `ferry help COMMAND` covers every command the list shows.
+cmds=$("$FERRY" help | sed -nE 's/^  ([a-z][a-z-]*) .*/\1/p')
+[ -n "$cmds" ] || { echo "FAIL help lists no command"; fails=$((fails + 1)); }
+for c in $cmds; do
+  out=$("$FERRY" help "$c" 2>&1); rc=$?
+  check "help-$c" "usage: ferry $c"
+  [ $rc -eq 0 ] || { echo "FAIL ferry help $c exited $rc"; fails=$((fails + 1)); }
+done
+out=$("$FERRY" help nosuchcommand 2>&1); rc=$?; check help-unknown "unknown command 'nosuchcommand'"
+[ $rc -eq 2 ] || { echo "FAIL ferry help nosuchcommand exited $rc"; fails=$((fails + 1)); }
+out=$("$FERRY" doctor 127.0.0.1:7 --probe-mib 4x 2>&1); rc=$?; check doctor-bad-number "--probe-mib '4x' is not a whole number"
+[ $rc -eq 2 ] || { echo "FAIL doctor --probe-mib 4x exited $rc"; fails=$((fails + 1)); }
+# json_check TEXT PYTHON-EXPRESSION: TEXT parses as JSON and the expression (over `d`) holds.
+json_check() {
+  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if eval(sys.argv[2]) else 1)' "$1" "$2"
+}
 
 tmp=$(mktemp -d); trap 'kill $serve 2>/dev/null; rm -rf "$tmp"' EXIT
 "$FERRY" serve --size 8 --duration 60 >"$tmp/serve.json" 2>"$tmp/serve.err" & serve=$!
@@ -25,12 +41,26 @@ check doctor-transport "transport: shm \\(.*cross-memory attach"
 check doctor-segments "segments: 1 remote-accessible region"
 check doctor-probe "bandwidth probe: read"
 [ $rc -eq 0 ] || { echo "FAIL doctor exited $rc"; fails=$((fails + 1)); }
+out=$("$FERRY" doctor "$name" --probe-mib 4 --json); rc=$?
+if json_check "$out" 'd["ok"] and d["peer"] and [c["check"] for c in d["checks"]] == ["connect", "session", "transport", "segments", "rtt", "bandwidth"][:len(d["checks"])] and len(d["checks"]) >= 6 and all(c["status"] in ("ok", "note") for c in d["checks"]) and d["checks"][3]["count"] == 1'; then
+  passes=$((passes + 1))
+else
+  echo "FAIL doctor-json: unexpected report:"; echo "$out"; fails=$((fails + 1))
+fi
+[ $rc -eq 0 ] || { echo "FAIL doctor --json exited $rc"; fails=$((fails + 1)); }
 kill $serve; wait $serve 2>/dev/null
 out=$("$FERRY" doctor "$name" --timeout 1000 2>&1); rc=$?
 check doctor-dead "FAIL +connect and handshake"
 check doctor-dead-explained "SOCKET \(-102\).*retryable"
 check doctor-dead-advice "What to do"
 [ $rc -eq 1 ] || { echo "FAIL doctor on a dead peer exited $rc"; fails=$((fails + 1)); }
+out=$("$FERRY" doctor "$name" --timeout 1000 --json 2>&1); rc=$?
+if json_check "$out" 'not d["ok"] and d["checks"][0]["status"] == "fail" and d["checks"][0]["error"] == "SOCKET" and d["checks"][0]["retryable"] and "What to do" in d["checks"][0]["advice"]'; then
+  passes=$((passes + 1))
+else
+  echo "FAIL doctor-json-dead: unexpected report:"; echo "$out"; fails=$((fails + 1))
+fi
+[ $rc -eq 1 ] || { echo "FAIL doctor --json on a dead peer exited $rc"; fails=$((fails + 1)); }
 out=$("$FERRY" doctor "no.such.host.invalid:7" 2>&1); check doctor-dns "DNS \(-101\)"
 echo "cli: $passes passed, $fails failed"
 [ $fails -eq 0 ]

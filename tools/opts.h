@@ -1,0 +1,25 @@
+/* Checked parsing of numeric option values for the CLI's getopt_long loops:
+ * a value that is not a whole number in range is an error naming the
+ * option, never a silent 0 (what atoi gives). */
+#ifndef FERRY_TOOLS_OPTS_H
+#define FERRY_TOOLS_OPTS_H
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* 0 and *out, or -1 after telling stderr what is wrong with --opt's value. */
+static inline int opt_long(const char *cmd, const char *opt, const char *arg, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(arg, &end, 10);
+    if (errno || end == arg || *end || v < lo || v > hi) {
+        fprintf(stderr, "ferry %s: --%s '%s' is not a whole number in [%ld, %ld]\n", cmd, opt, arg, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+#endif
