@@ -12,6 +12,7 @@
  * 1e9 bytes/s); latency is measured per call (one batch of --batch-size
  * requests), reported as p50/p99/p999. */
 #include <errno.h>
+#include <getopt.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -30,6 +31,7 @@
 #include <ferry/pool.h>
 
 #include "cli.h"
+#include "opts.h"
 
 /* ------------------------------------------------------------- helpers */
 
@@ -218,67 +220,100 @@ static void usage(FILE *f)
             "Latency is per call: one batch of --batch-size requests, submit to completion.\n");
 }
 
-/* Parses argv from index i; returns 0, or 2 after printing the problem. */
-static int parse_opts(int argc, char **argv, int i, struct opts *o)
+/* A size option's value: bytes, K/M/G suffixes; 0 and *out, or -1 after
+ * printing the problem. */
+static int opt_size(const char *opt, const char *arg, size_t *out)
 {
-    for (; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEED_VALUE()                                                      \
-    do {                                                                  \
-        if (!v) {                                                         \
-            fprintf(stderr, "ferry bench: %s needs a value\n", a);        \
-            return 2;                                                     \
-        }                                                                 \
-        i++;                                                              \
-    } while (0)
-        if (strcmp(a, "--local") == 0) o->local = 1;
-        else if (strcmp(a, "--hugepages") == 0) use_hugepages = 1;
-        else if (strcmp(a, "--shared-pool") == 0) o->shared_pool = 1;
-        else if (strcmp(a, "--json") == 0) o->json = 1;
-        else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            exit(0);
-        } else if (strcmp(a, "--peer") == 0) { NEED_VALUE(); o->peer = v; }
-        else if (strcmp(a, "--host") == 0) { NEED_VALUE(); o->host = v; }
-        else if (strcmp(a, "--transport") == 0) { NEED_VALUE(); o->transport = v; }
-        else if (strcmp(a, "--port") == 0) { NEED_VALUE(); o->port = atoi(v); }
-        else if (strcmp(a, "--threads") == 0) { NEED_VALUE(); o->threads = atoi(v); }
-        else if (strcmp(a, "--conns") == 0) { NEED_VALUE(); o->conns = atoi(v); }
-        else if (strcmp(a, "--regions") == 0) { NEED_VALUE(); o->regions = atoi(v); }
-        else if (strcmp(a, "--sessions") == 0) { NEED_VALUE(); o->sessions = atoi(v); }
-        else if (strcmp(a, "--blocks") == 0) { NEED_VALUE(); o->blocks = (size_t)atol(v); }
-        else if (strcmp(a, "--spin-us") == 0) { NEED_VALUE(); o->spin_us = atoi(v); }
-        else if (strcmp(a, "--duration") == 0) { NEED_VALUE(); o->duration = atof(v); }
-        else if (strcmp(a, "--warmup") == 0) { NEED_VALUE(); o->warmup = atof(v); }
-        else if (strcmp(a, "--idle") == 0) { NEED_VALUE(); o->idle = atof(v); }
-        else if (strcmp(a, "--remote-addr") == 0) { NEED_VALUE(); o->remote_addr = strtoull(v, NULL, 0); }
-        else if (strcmp(a, "--op") == 0) {
-            NEED_VALUE();
-            if (strcmp(v, "write") == 0) o->op = FERRY_OP_WRITE;
-            else if (strcmp(v, "read") == 0) o->op = FERRY_OP_READ;
+    if (parse_size(arg, out) != 0 || *out == 0) {
+        fprintf(stderr, "ferry bench: bad size '%s' for --%s\n", arg, opt);
+        return -1;
+    }
+    return 0;
+}
+
+/* Parses the options in argv[first..argc) (getopt_long; they may come in
+ * any order); returns 0, or 2 after printing the problem. */
+static int parse_opts(int argc, char **argv, int first, struct opts *o)
+{
+    enum { O_LOCAL = 256, O_HUGEPAGES, O_SHARED_POOL, O_JSON, O_PEER, O_HOST, O_TRANSPORT, O_PORT, O_THREADS,
+           O_CONNS, O_REGIONS, O_SESSIONS, O_BLOCKS, O_SPIN_US, O_DURATION, O_WARMUP, O_IDLE, O_REMOTE_ADDR,
+           O_OP, O_BLOCK_SIZE, O_BATCH_SIZE, O_BUFFER_SIZE, O_REMOTE_LEN };
+    static const struct option options[] = {
+        {"local", no_argument, NULL, O_LOCAL},
+        {"hugepages", no_argument, NULL, O_HUGEPAGES},
+        {"shared-pool", no_argument, NULL, O_SHARED_POOL},
+        {"json", no_argument, NULL, O_JSON},
+        {"help", no_argument, NULL, 'h'},
+        {"peer", required_argument, NULL, O_PEER},
+        {"host", required_argument, NULL, O_HOST},
+        {"transport", required_argument, NULL, O_TRANSPORT},
+        {"port", required_argument, NULL, O_PORT},
+        {"threads", required_argument, NULL, O_THREADS},
+        {"conns", required_argument, NULL, O_CONNS},
+        {"regions", required_argument, NULL, O_REGIONS},
+        {"sessions", required_argument, NULL, O_SESSIONS},
+        {"blocks", required_argument, NULL, O_BLOCKS},
+        {"spin-us", required_argument, NULL, O_SPIN_US},
+        {"duration", required_argument, NULL, O_DURATION},
+        {"warmup", required_argument, NULL, O_WARMUP},
+        {"idle", required_argument, NULL, O_IDLE},
+        {"remote-addr", required_argument, NULL, O_REMOTE_ADDR},
+        {"op", required_argument, NULL, O_OP},
+        {"block-size", required_argument, NULL, O_BLOCK_SIZE},
+        {"batch-size", required_argument, NULL, O_BATCH_SIZE},
+        {"buffer-size", required_argument, NULL, O_BUFFER_SIZE},
+        {"remote-len", required_argument, NULL, O_REMOTE_LEN},
+        {NULL, 0, NULL, 0},
+    };
+    /* argv[first - 1] stands in for the program name. */
+    int n = argc - first + 1, opt;
+    char **args = argv + first - 1;
+    long v;
+    unsigned long long addr;
+    optind = 1;
+    while ((opt = getopt_long(n, args, "h", options, NULL)) != -1) {
+        switch (opt) {
+        case O_LOCAL: o->local = 1; break;
+        case O_HUGEPAGES: use_hugepages = 1; break;
+        case O_SHARED_POOL: o->shared_pool = 1; break;
+        case O_JSON: o->json = 1; break;
+        case 'h': usage(stdout); exit(0);
+        case O_PEER: o->peer = optarg; break;
+        case O_HOST: o->host = optarg; break;
+        case O_TRANSPORT: o->transport = optarg; break;
+        case O_PORT: if (opt_long("bench", "port", optarg, 0, 65535, &v)) return 2; o->port = (int)v; break;
+        case O_THREADS: if (opt_long("bench", "threads", optarg, 1, 64, &v)) return 2; o->threads = (int)v; break;
+        case O_CONNS: if (opt_long("bench", "conns", optarg, 1, 64, &v)) return 2; o->conns = (int)v; break;
+        case O_REGIONS: if (opt_long("bench", "regions", optarg, 1, 10000000, &v)) return 2; o->regions = (int)v; break;
+        case O_SESSIONS: if (opt_long("bench", "sessions", optarg, 1, 100000, &v)) return 2; o->sessions = (int)v; break;
+        case O_BLOCKS: if (opt_long("bench", "blocks", optarg, 1, 1L << 30, &v)) return 2; o->blocks = (size_t)v; break;
+        case O_SPIN_US: if (opt_long("bench", "spin-us", optarg, 0, 1000000, &v)) return 2; o->spin_us = (int)v; break;
+        case O_DURATION: if (opt_double("bench", "duration", optarg, 0, 86400, &o->duration)) return 2; break;
+        case O_WARMUP: if (opt_double("bench", "warmup", optarg, 0, 3600, &o->warmup)) return 2; break;
+        case O_IDLE: if (opt_double("bench", "idle", optarg, 0, 3600, &o->idle)) return 2; break;
+        case O_REMOTE_ADDR: if (opt_u64("bench", "remote-addr", optarg, &addr)) return 2; o->remote_addr = addr; break;
+        case O_OP:
+            if (strcmp(optarg, "write") == 0) o->op = FERRY_OP_WRITE;
+            else if (strcmp(optarg, "read") == 0) o->op = FERRY_OP_READ;
             else {
-                fprintf(stderr, "ferry bench: --op is write or read, not '%s'\n", v);
+                fprintf(stderr, "ferry bench: --op is write or read, not '%s'\n", optarg);
                 return 2;
             }
-        } else if (strcmp(a, "--block-size") == 0 || strcmp(a, "--batch-size") == 0 || strcmp(a, "--buffer-size") == 0 ||
-                   strcmp(a, "--remote-len") == 0) {
-            NEED_VALUE();
-            size_t n;
-            if (parse_size(v, &n) != 0 || n == 0) {
-                fprintf(stderr, "ferry bench: bad size '%s' for %s\n", v, a);
-                return 2;
-            }
-            if (a[2] == 'b' && a[3] == 'l') o->block = n;
-            else if (a[2] == 'b' && a[3] == 'a') o->batch = n;
-            else if (a[2] == 'b') o->buffer = n;
-            else o->remote_len = n;
-        } else {
-            fprintf(stderr, "ferry bench: unknown option '%s'\n\n", a);
+            break;
+        case O_BLOCK_SIZE: if (opt_size("block-size", optarg, &o->block)) return 2; break;
+        case O_BATCH_SIZE: if (opt_size("batch-size", optarg, &o->batch)) return 2; break;
+        case O_BUFFER_SIZE: if (opt_size("buffer-size", optarg, &o->buffer)) return 2; break;
+        case O_REMOTE_LEN: if (opt_size("remote-len", optarg, &o->remote_len)) return 2; break;
+        default: /* getopt_long named the problem */
+            fprintf(stderr, "\n");
             usage(stderr);
             return 2;
         }
-#undef NEED_VALUE
+    }
+    if (optind < n) {
+        fprintf(stderr, "ferry bench: unexpected argument '%s'\n\n", args[optind]);
+        usage(stderr);
+        return 2;
     }
     if (o->threads < 1 || o->threads > 64 || o->duration <= 0 || o->batch > 65536) {
         fprintf(stderr, "ferry bench: need 1..64 threads, a positive duration, at most 65536 per batch\n");
@@ -875,7 +910,7 @@ static int cmd_bench(int argc, char **argv)
         if (parse_opts(argc, argv, 2, &o)) return 2;
         /* The target serves until killed unless --duration was given. */
         int given = 0;
-        for (int i = 2; i < argc; i++) given |= strcmp(argv[i], "--duration") == 0;
+        for (int i = 2; i < argc; i++) given |= strncmp(argv[i], "--duration", 10) == 0; /* also --duration=S */
         if (!given) o.duration = 0;
         setvbuf(stdout, NULL, _IONBF, 0);
         return run_target(&o, STDOUT_FILENO);

@@ -26,6 +26,10 @@ out=$("$FERRY" help nosuchcommand 2>&1); rc=$?; check help-unknown "unknown comm
 [ $rc -eq 2 ] || { echo "FAIL ferry help nosuchcommand exited $rc"; fails=$((fails + 1)); }
 out=$("$FERRY" doctor 127.0.0.1:7 --probe-mib 4x 2>&1); rc=$?; check doctor-bad-number "--probe-mib '4x' is not a whole number"
 [ $rc -eq 2 ] || { echo "FAIL doctor --probe-mib 4x exited $rc"; fails=$((fails + 1)); }
+out=$("$FERRY" bench --local --threads x 2>&1); rc=$?; check bench-bad-number "--threads 'x' is not a whole number"
+[ $rc -eq 2 ] || { echo "FAIL bench --threads x exited $rc"; fails=$((fails + 1)); }
+out=$("$FERRY" serve --size 0 2>&1); rc=$?; check serve-bad-number "--size '0' is not a whole number"
+[ $rc -eq 2 ] || { echo "FAIL serve --size 0 exited $rc"; fails=$((fails + 1)); }
 # json_check TEXT PYTHON-EXPRESSION: TEXT parses as JSON and the expression (over `d`) holds.
 json_check() {
   python3 -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if eval(sys.argv[2]) else 1)' "$1" "$2"
