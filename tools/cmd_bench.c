@@ -27,6 +27,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include <ferry/ferry.h>
 #include <ferry/pool.h>
 
@@ -70,15 +72,16 @@ static void fmt_size(size_t n, char *out, size_t cap)
     else snprintf(out, cap, "%zu B", n);
 }
 
-static void json_str(FILE *f, const char *s)
+/* Prints obj (consumed) as one compact JSON line on stdout. */
+static void print_json_line(json_t *obj)
 {
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\') fprintf(f, "\\%c", *s);
-        else if ((unsigned char)*s < 0x20) fprintf(f, "\\u%04x", *s);
-        else fputc(*s, f);
+    if (!obj) { /* json_pack refused a value (a NaN): say so rather than print half a line */
+        fprintf(stderr, "ferry bench: the result could not be encoded as JSON\n");
+        return;
     }
-    fputc('"', f);
+    json_dumpf(obj, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
+    json_decref(obj);
+    printf("\n");
 }
 
 /* --hugepages: buffers ask for transparent huge pages (MADV_HUGEPAGE). */
@@ -380,10 +383,15 @@ static int run_target(const struct opts *o, int out)
     sa.sa_handler = on_signal;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
-    char line[512];
-    int n = snprintf(line, sizeof line, "{\"name\":\"%s\",\"addr\":%" PRIu64 ",\"len\":%zu,\"pid\":%d}\n",
-                     ferry_engine_name(e), (uint64_t)(uintptr_t)buf, len, (int)getpid());
-    if (write(out, line, (size_t)n) != n) return 1;
+    json_t *ready = json_pack("{s:s,s:I,s:I,s:i}", "name", ferry_engine_name(e), "addr",
+                              (json_int_t)(uintptr_t)buf, "len", (json_int_t)len, "pid", (int)getpid());
+    char *line = json_dumps(ready, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(ready);
+    if (!line) return 1;
+    size_t n = strlen(line);
+    int ok = write(out, line, n) == (ssize_t)n && write(out, "\n", 1) == 1;
+    free(line);
+    if (!ok) return 1;
     double end = o->duration > 0 && !o->local ? now_s() + o->duration : 0;
     while (!stop_flag && (end == 0 || now_s() < end)) {
         struct timespec ts = {0, 50 * 1000000};
@@ -428,18 +436,19 @@ static int spawn_target(const struct opts *o, size_t len, struct target_proc *t)
     }
     line[n] = '\0';
     close(p[0]);
-    char *nm = strstr(line, "\"name\":\"");
-    char *ad = strstr(line, "\"addr\":");
-    if (!nm || !ad) {
+    json_t *ready = json_loads(line, 0, NULL);
+    const char *name = NULL;
+    json_int_t addr = 0;
+    if (!ready || json_unpack(ready, "{s:s,s:I}", "name", &name, "addr", &addr) != 0) {
         fprintf(stderr, "ferry bench: the target did not start\n");
+        json_decref(ready);
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
         return -1;
     }
-    nm += 8;
-    char *q = strchr(nm, '"');
-    snprintf(t->name, sizeof t->name, "%.*s", (int)(q - nm), nm);
-    t->addr = strtoull(ad + 7, NULL, 10);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->addr = (uint64_t)addr;
+    json_decref(ready);
     t->len = len;
     t->pid = pid;
     return 0;
@@ -602,22 +611,17 @@ static int run_initiator(const struct opts *o, const char *peer, uint64_t raddr,
     double mx = nlat ? lat[nlat - 1] : 0, mean = nlat ? sum / (double)nlat : 0;
     const char *opname = o->op == FERRY_OP_WRITE ? "write" : "read";
     if (o->json) {
-        printf("{\"tool\":\"ferry\",\"op\":\"%s\",\"block_size\":%zu,\"batch_size\":%zu,\"threads\":%d,\"conns\":%d,"
-               "\"blocks\":%zu,\"hugepages\":%s,\"spin_us\":%d,\"transport\":",
-               opname, o->block, o->batch, o->threads, conns, nblocks(o), use_hugepages ? "true" : "false", spin);
-        json_str(stdout, info.transport);
-        printf(",\"transport_reason\":");
-        json_str(stdout, info.transport_reason);
-        printf(",\"peer\":");
-        json_str(stdout, peer);
-        printf(",\"seconds\":%.3f,\"bytes\":%" PRIu64 ",\"calls\":%" PRIu64 ",\"requests\":%" PRIu64
-               ",\"gbps\":%.4f,\"lat_us\":{\"p50\":%.2f,\"p99\":%.2f,\"p999\":%.2f,\"max\":%.2f,\"mean\":%.2f},"
-               "\"cpu\":{\"initiator\":%.3f,\"target\":",
-               wall, bytes, calls, calls * (uint64_t)o->batch, gbps, p50, p99, p999, mx, mean,
-               wall > 0 ? cpu / wall : 0);
-        if (wall > 0 && tcpu >= 0) printf("%.3f", tcpu / wall);
-        else printf("null");
-        printf("},\"ok\":%s}\n", rc ? "false" : "true");
+        json_t *target_cpu = wall > 0 && tcpu >= 0 ? json_real(tcpu / wall) : json_null();
+        print_json_line(json_pack(
+            "{s:s,s:s,s:I,s:I,s:i,s:i,s:I,s:b,s:i,s:s,s:s,s:s,s:f,s:I,s:I,s:I,s:f,"
+            "s:{s:f,s:f,s:f,s:f,s:f},s:{s:f,s:o},s:b}",
+            "tool", "ferry", "op", opname, "block_size", (json_int_t)o->block, "batch_size", (json_int_t)o->batch,
+            "threads", o->threads, "conns", conns, "blocks", (json_int_t)nblocks(o), "hugepages", use_hugepages,
+            "spin_us", spin, "transport", info.transport, "transport_reason", info.transport_reason, "peer", peer,
+            "seconds", wall, "bytes", (json_int_t)bytes, "calls", (json_int_t)calls, "requests",
+            (json_int_t)(calls * (uint64_t)o->batch), "gbps", gbps, "lat_us", "p50", p50, "p99", p99, "p999", p999,
+            "max", mx, "mean", mean, "cpu", "initiator", wall > 0 ? cpu / wall : 0, "target", target_cpu, "ok",
+            rc == 0));
     } else {
         char bs[32];
         fmt_size(o->block, bs, sizeof bs);
@@ -742,10 +746,10 @@ static int baseline(const struct opts *o, const char *how)
     qsort(lat, nlat, sizeof *lat, cmp_double);
     double gbps = wall > 0 ? (double)bytes / wall / 1e9 : 0;
     if (o->json)
-        printf("{\"tool\":\"baseline\",\"baseline\":\"%s\",\"block_size\":%zu,\"blocks\":%zu,\"hugepages\":%s,"
-               "\"seconds\":%.3f,\"gbps\":%.4f,\"lat_us\":{\"p50\":%.2f,\"p99\":%.2f,\"p999\":%.2f},\"ok\":%s}\n",
-               how, len, nb, use_hugepages ? "true" : "false", wall, gbps, pct(lat, nlat, 0.5), pct(lat, nlat, 0.99),
-               pct(lat, nlat, 0.999), rc ? "false" : "true");
+        print_json_line(json_pack("{s:s,s:s,s:I,s:I,s:b,s:f,s:f,s:{s:f,s:f,s:f},s:b}", "tool", "baseline", "baseline",
+                                  how, "block_size", (json_int_t)len, "blocks", (json_int_t)nb, "hugepages",
+                                  use_hugepages, "seconds", wall, "gbps", gbps, "lat_us", "p50", pct(lat, nlat, 0.5),
+                                  "p99", pct(lat, nlat, 0.99), "p999", pct(lat, nlat, 0.999), "ok", rc == 0));
     else {
         char bs[32];
         fmt_size(len, bs, sizeof bs);
@@ -878,13 +882,13 @@ static int extras(const struct opts *o)
     free(lens);
     munmap(pool, (size_t)n * each);
     if (o->json) {
-        printf("{\"tool\":\"extras\",\"regions\":%d,\"register_ms\":%.3f,\"deregister_ms\":%.3f,"
-               "\"register_batch_ms\":%.3f,\"deregister_batch_ms\":%.3f,\"open_with_regions_ms\":%.3f,"
-               "\"sessions\":%d,\"sessions_open_ms\":%.3f,\"first_write_ms\":%.3f,\"transport\":\"%s\","
-               "\"sessions_close_ms\":%.3f,\"idle_seconds\":%.2f,\"idle_cpu_initiator\":%.5f,"
-               "\"idle_cpu_targets\":%.5f}\n",
-               n, reg * 1e3, dereg * 1e3, reg_batch * 1e3, dereg_batch * 1e3, open_many * 1e3, s, open_s * 1e3,
-               first_s * 1e3, info.transport, close_s * 1e3, idle_wall, idle_self, idle_targets);
+        print_json_line(json_pack("{s:s,s:i,s:f,s:f,s:f,s:f,s:f,s:i,s:f,s:f,s:s,s:f,s:f,s:f,s:f}", "tool", "extras",
+                                  "regions", n, "register_ms", reg * 1e3, "deregister_ms", dereg * 1e3,
+                                  "register_batch_ms", reg_batch * 1e3, "deregister_batch_ms", dereg_batch * 1e3,
+                                  "open_with_regions_ms", open_many * 1e3, "sessions", s, "sessions_open_ms",
+                                  open_s * 1e3, "first_write_ms", first_s * 1e3, "transport", info.transport,
+                                  "sessions_close_ms", close_s * 1e3, "idle_seconds", idle_wall,
+                                  "idle_cpu_initiator", idle_self, "idle_cpu_targets", idle_targets));
     } else {
         printf("register %d regions one by one: %.2f ms (%.2f us each); deregister: %.2f ms\n", n, reg * 1e3,
                reg * 1e6 / n, dereg * 1e3);

@@ -310,7 +310,7 @@ static int cmd_doctor(int argc, char **argv)
     }
     if (r.root) {
         json_object_set_new(r.root, "ok", json_boolean(!r.failed));
-        json_dumpf(r.root, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        json_dumpf(r.root, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
         printf("\n");
         json_decref(r.root);
     } else if (e) {
