@@ -6,7 +6,7 @@ PKGS=(build-essential cmake pkg-config clang libclang-rt-14-dev
       libcmocka-dev libcurl4-openssl-dev libjansson-dev libhiredis-dev libssl-dev libmicrohttpd-dev
       libibverbs-dev rdma-core
       etcd-server redis-server iperf3 libucx-dev ucx-utils
-      python3 python3-numpy nftables iproute2 procps curl)
+      python3 python3-numpy python3-pip python3-setuptools nftables iproute2 procps curl)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -4,7 +4,7 @@ find_program(FERRY_NM nm)
 if(FERRY_NM)
   add_test(NAME abi_exports
            COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/abi/check_exports.sh $<TARGET_FILE:ferry_shared>
-                   ${CMAKE_CURRENT_SOURCE_DIR}/abi/exported.txt)
+                   ${CMAKE_CURRENT_SOURCE_DIR}/abi/exported.txt ${CMAKE_SOURCE_DIR}/include)
   set_tests_properties(abi_exports PROPERTIES LABELS "abi;no-tsan")
 endif()
 find_program(FERRY_ABI_READELF readelf)
