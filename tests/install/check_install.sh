@@ -1,7 +1,8 @@
 #!/bin/sh
 # Installs the build into a temporary prefix and builds a user's program
 # (consumer.c) against it three ways: pkg-config (shared), libferry.a with
-# ferry.pc's Requires.private/Libs.private, and CMake find_package(ferry).
+# ferry.pc's Requires.private/Libs.private, and CMake find_package(ferry)
+# (ferry::ferry and ferry::ferry_static).
 # Each program runs a transfer between two engines on loopback.
 #   check_install.sh BUILD_DIR [SANITIZE]   (SANITIZE: '', address, thread)
 set -eu
@@ -63,4 +64,7 @@ cmake -S "$here" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_C_
 cmake --build "$work/cmake-build" >"$work/build.log" || { cat "$work/build.log"; die "consumer build failed"; }
 ldd "$work/cmake-build/consumer" | grep -q "$prefix/$libdir/$soname" || die "consumer does not load $soname from the prefix"
 "$work/cmake-build/consumer"
+step "find_package(ferry): ferry::ferry_static"
+if ldd "$work/cmake-build/consumer_static" | grep -q libferry; then die "consumer_static (CMake) loads libferry.so"; fi
+"$work/cmake-build/consumer_static"
 echo "check_install: OK"
