@@ -119,6 +119,15 @@ static void unset_struct_size_is_refused(void **state)
     info.struct_size = 0;
     assert_int_equal((ferry_session_info)(e, ferry_engine_name(e), &info), FERRY_ERR_INVALID_ARGUMENT);
     assert_detail_has("session info: struct_size=0");
+    ferry_pool_t *p = NULL;
+    assert_int_equal(ferry_pool_create(e, 1 << 20, FERRY_MEM_REMOTE, &p), 0);
+    ferry_pool_stats_t ps;
+    ps.struct_size = sizeof(size_t);
+    assert_int_equal((ferry_pool_stats)(p, &ps), FERRY_ERR_INVALID_ARGUMENT);
+    assert_detail_has("pool stats: struct_size=8");
+    ferry_pool_destroy(p);
+    assert_int_equal(ferry_config_from_env(NULL), FERRY_ERR_INVALID_ARGUMENT);
+    assert_detail_has("config from env: cfg is NULL");
     ferry_engine_destroy(e);
 }
 

@@ -119,7 +119,7 @@ typedef struct ferry_config {
     int spin_us;
 } ferry_config_t;
 
-/* Fills *cfg with defaults. */
+/* Fills *cfg with defaults (the macro sets cfg->struct_size first). */
 FERRY_API void ferry_config_init(ferry_config_t *cfg);
 #define ferry_config_init(cfg) (ferry_config_init)(FERRY_SIZED_(ferry_config_t, cfg))
 /* Overrides fields of *cfg from the FERRY_* environment variables above.

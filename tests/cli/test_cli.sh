@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The ferry CLI as a user runs it: explain, serve + doctor, doctor on a dead peer.
+# The ferry CLI as a user runs it: explain, help, option checks, serve + doctor (text and --json), doctor on a dead peer.
 set -uo pipefail
 FERRY=$1
 fails=0; passes=0
 check() { # check NAME: the previous command's output ($out) must match $2
   if grep -qE -- "$2" <<<"$out"; then passes=$((passes + 1)); else echo "FAIL $1: wanted /$2/ in:"; echo "$out"; fails=$((fails + 1)); fi
+}
+# json_check TEXT PYTHON-EXPRESSION: TEXT parses as JSON and the expression (over `d`) holds.
+json_check() {
+  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if eval(sys.argv[2]) else 1)' "$1" "$2"
 }
 out=$("$FERRY" explain -3); check explain-number "ADDRESS_NOT_REGISTERED \(-3\)"
 check explain-advice "re-register"
@@ -28,12 +32,20 @@ out=$("$FERRY" doctor 127.0.0.1:7 --probe-mib 4x 2>&1); rc=$?; check doctor-bad-
 [ $rc -eq 2 ] || { echo "FAIL doctor --probe-mib 4x exited $rc"; fails=$((fails + 1)); }
 out=$("$FERRY" bench --local --threads x 2>&1); rc=$?; check bench-bad-number "--threads 'x' is not a whole number"
 [ $rc -eq 2 ] || { echo "FAIL bench --threads x exited $rc"; fails=$((fails + 1)); }
+out=$("$FERRY" bench --local --duration 1s 2>&1); rc=$?; check bench-bad-duration "--duration '1s' is not a number"
+[ $rc -eq 2 ] || { echo "FAIL bench --duration 1s exited $rc"; fails=$((fails + 1)); }
+out=$("$FERRY" bench initiator --peer 127.0.0.1:7 --remote-addr 0xzz --remote-len 4K 2>&1); rc=$?
+check bench-bad-addr "--remote-addr '0xzz' is not an unsigned number"
+[ $rc -eq 2 ] || { echo "FAIL bench --remote-addr 0xzz exited $rc"; fails=$((fails + 1)); }
+out=$(FERRY_TIMEOUT_MS=soon "$FERRY" doctor 127.0.0.1:7 --json 2>&1); rc=$?
+if json_check "$out" 'not d["ok"] and d["checks"][0]["check"] == "local" and d["checks"][0]["error"] == "INVALID_ARGUMENT" and "FERRY_TIMEOUT_MS" in d["checks"][0]["message"]'; then
+  passes=$((passes + 1))
+else
+  echo "FAIL doctor-json-bad-env: unexpected report:"; echo "$out"; fails=$((fails + 1))
+fi
+[ $rc -eq 1 ] || { echo "FAIL doctor with a bad FERRY_TIMEOUT_MS exited $rc"; fails=$((fails + 1)); }
 out=$("$FERRY" serve --size 0 2>&1); rc=$?; check serve-bad-number "--size '0' is not a whole number"
 [ $rc -eq 2 ] || { echo "FAIL serve --size 0 exited $rc"; fails=$((fails + 1)); }
-# json_check TEXT PYTHON-EXPRESSION: TEXT parses as JSON and the expression (over `d`) holds.
-json_check() {
-  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if eval(sys.argv[2]) else 1)' "$1" "$2"
-}
 
 tmp=$(mktemp -d); trap 'kill $serve 2>/dev/null; rm -rf "$tmp"' EXIT
 "$FERRY" serve --size 8 --duration 60 >"$tmp/serve.json" 2>"$tmp/serve.err" & serve=$!
