@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include <ferry/ferry.h>
+#include <ferry/kv.h>
 
 /* A caller compiled against a later header: the struct has grown. */
 struct newer_config {
@@ -174,6 +175,47 @@ static void outputs_respect_the_callers_size(void **state)
     ferry_engine_destroy(e);
 }
 
+/* ferry_kv_plan_get_info returns nothing: a struct_size it cannot serve
+ * leaves the struct untouched; a newer caller's tail is zeroed. */
+static void kv_plan_info_respects_the_callers_size(void **state)
+{
+    (void)state;
+    static uint64_t k[2] = {0x10000, 0x20000}, v[2] = {0x30000, 0x40000};
+    ferry_kv_cache_desc_t d = {
+        .kind = FERRY_KV_SPLIT, .num_layers = 2, .num_pages = 8, .page_size = 16, .kv_heads = 2,
+        .total_kv_heads = 2, .head_dim = 64, .dtype_size = 2, .tp_rank = 0, .tp_size = 1,
+        .k_addrs = k, .v_addrs = v,
+    };
+    int32_t pages[] = {0, 1, 2};
+    ferry_kv_plan_t *p = NULL;
+    assert_int_equal(ferry_kv_plan_create(&d, &d, pages, pages, 3, &p), 0);
+
+    struct {
+        ferry_kv_plan_info_t known;
+        uint64_t added[2];
+    } n;
+    memset(&n, 0xEE, sizeof n);
+    n.known.struct_size = sizeof n;
+    (ferry_kv_plan_get_info)(p, &n.known);
+    assert_int_equal(n.known.pages, 3);
+    assert_int_equal(n.known.struct_size, sizeof n);
+    assert_int_equal(n.added[0], 0);
+    assert_int_equal(n.added[1], 0);
+
+    ferry_kv_plan_info_t small;
+    memset(&small, 0xEE, sizeof small);
+    small.struct_size = 4;
+    (ferry_kv_plan_get_info)(p, &small);
+    assert_int_equal(small.struct_size, 4);
+    assert_int_equal(small.pages, (size_t)0xEEEEEEEEEEEEEEEEull);
+
+    ferry_kv_plan_info_t info;
+    ferry_kv_plan_get_info(p, &info);
+    assert_int_equal(info.struct_size, sizeof info);
+    assert_int_equal(info.pages, 3);
+    ferry_kv_plan_destroy(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -183,6 +225,7 @@ int main(void)
         cmocka_unit_test(newer_config_with_unknown_field_is_refused),
         cmocka_unit_test(unset_struct_size_is_refused),
         cmocka_unit_test(outputs_respect_the_callers_size),
+        cmocka_unit_test(kv_plan_info_respects_the_callers_size),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
