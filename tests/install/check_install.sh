@@ -36,6 +36,19 @@ soname=$(readelf -d "$so" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
 [ -e "$prefix/$libdir/$soname" ] || die "SONAME $soname of $so is not installed"
 "$prefix/bin/ferry" help >/dev/null || die "installed ferry CLI does not run"
 
+step "each installed header compiles alone (C11 -pedantic, and C++ when there is a compiler)"
+CXX=${CXX:-c++}
+for h in "$prefix"/include/ferry/*.h; do
+  printf '#include <ferry/%s>\nint main(void) { return 0; }\n' "$(basename "$h")" >"$work/header.c"
+  $CC -std=c11 -Wall -Wextra -Werror -pedantic -I"$prefix/include" -c "$work/header.c" -o /dev/null ||
+    die "$(basename "$h") does not compile alone"
+  if command -v "$CXX" >/dev/null; then
+    cp "$work/header.c" "$work/header.cpp"
+    "$CXX" -std=c++11 -Wall -Wextra -Werror -I"$prefix/include" -c "$work/header.cpp" -o /dev/null ||
+      die "$(basename "$h") does not compile as C++"
+  fi
+done
+
 export PKG_CONFIG_PATH="$prefix/$libdir/pkgconfig"
 step "pkg-config ferry: $(pkg-config --modversion ferry)"
 # shellcheck disable=SC2046
