@@ -12,8 +12,19 @@ got=$(mktemp)
 trap 'rm -f "$got"' EXIT
 # Linker-made markers and AddressSanitizer's ODR indicators (one per
 # exported variable, in ASan builds) are not API; everything else counts.
-nm -D --defined-only "$lib" | awk '{print $NF}' |
+# Names are compared without their version suffix; the version node itself
+# (type A) is not a symbol of the API.
+nm -D --defined-only "$lib" | awk '$2 != "A" {print $NF}' | sed 's/@.*//' |
   grep -vxE '_init|_fini|_edata|_end|__bss_start|__odr_asan[.].*' | sort -u >"$got"
+# Every ferry_ symbol carries the version of the SONAME's major (cmake/ferry.map.in).
+major=$(readelf -d "$lib" | sed -n 's/.*Library soname: \[libferry\.so\.\([0-9]*\)\]/\1/p')
+[ -n "$major" ] || { echo "check_exports: $lib has no SONAME libferry.so.MAJOR" >&2; exit 1; }
+unversioned=$(nm -D --defined-only "$lib" | awk -v v="@@FERRY_$major" \
+  '$2 != "A" && $NF ~ /^ferry_/ && substr($NF, length($NF) - length(v) + 1) != v {print $NF}')
+if [ -n "$unversioned" ]; then
+  echo "check_exports: symbols without the version FERRY_$major (cmake/ferry.map.in):" $unversioned >&2
+  exit 1
+fi
 if ! diff -u "$want" "$got"; then
   echo "check_exports: $lib exports differ from $want (- expected, + exported)." >&2
   echo "Internal functions must not carry FERRY_API; a deliberate API change updates $want and docs/ABI.md." >&2
