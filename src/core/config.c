@@ -23,9 +23,14 @@ void ferry_test_set_protocol_version(ferry_engine_t *e, int version)
     __atomic_store_n(&e->test_protocol_version, version, __ATOMIC_RELAXED);
 }
 
+int ferry_test_protocol_version(const ferry_engine_t *e)
+{
+    return __atomic_load_n(&e->test_protocol_version, __ATOMIC_RELAXED);
+}
+
 int ferry_protocol_version_advertised(const ferry_engine_t *e)
 {
-    int v = __atomic_load_n(&e->test_protocol_version, __ATOMIC_RELAXED);
+    int v = ferry_test_protocol_version(e);
     return v ? v : FERRY_PROTOCOL_VERSION;
 }
 

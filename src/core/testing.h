@@ -10,7 +10,10 @@
  * FERRY_PROTOCOL_VERSION) in the handshakes it starts and answers: how a
  * test meets an engine from the future. */
 void ferry_test_set_protocol_version(ferry_engine_t *e, int version);
-/* The version e advertises. */
+/* The knob itself: 0, or the version a test set (what the public config's
+ * test_protocol_version field used to hold). */
+int ferry_test_protocol_version(const ferry_engine_t *e);
+/* The version e advertises: the knob, or FERRY_PROTOCOL_VERSION. */
 int ferry_protocol_version_advertised(const ferry_engine_t *e);
 
 #endif
