@@ -11,6 +11,8 @@
 #include "clock.h"
 #include "directory.h"
 #include "engine.h"
+#include "sized.h"
+#include "testing.h"
 #include "fail.h"
 #include "log.h"
 #include "net.h"
@@ -273,7 +275,7 @@ static int recv_hello_ack(ferry_conn_t *c, ferry_session_t *s, uint8_t *ack, siz
     *alen = f.plen;
     rc = ferry_hello_decode(ack, f.plen, &c->peer);
     if (rc) return rc;
-    int ours = e->cfg.test_protocol_version ? e->cfg.test_protocol_version : FERRY_PROTOCOL_VERSION;
+    int ours = ferry_protocol_version_advertised(e);
     if (f.status == FERRY_ERR_VERSION_MISMATCH)
         return ferry_fail(FERRY_ERR_VERSION_MISMATCH, "peer %s speaks protocol %u..%u, this engine speaks %d..%d",
                           s->name, c->peer.proto_min, c->peer.proto_max, ours, ours);
@@ -804,10 +806,9 @@ int ferry_session_close(ferry_engine_t *e, const char *peer)
     return 0;
 }
 
-int ferry_session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info)
+/* Fills the whole struct (this library's size). */
+static int session_info_all(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info)
 {
-    ferry_clear_last_error();
-    if (!info) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "session info: info is NULL");
     ferry_session_t *s;
     int rc = ferry_session_get(e, peer, &s);
     if (rc) return rc;
@@ -831,6 +832,18 @@ int ferry_session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *i
         pthread_rwlock_unlock(&s->seg_lock);
     }
     ferry_session_put(s);
+    return rc;
+}
+
+int (ferry_session_info)(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info)
+{
+    ferry_clear_last_error();
+    if (!info) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "session info: info is NULL");
+    int rc = ferry_sized_check(info, FERRY_PEER_INFO_SIZE_0_1, "session info");
+    if (rc) return rc;
+    ferry_peer_info_t all;
+    rc = session_info_all(e, peer, &all);
+    if (rc == 0) ferry_sized_export(info, &all, sizeof all);
     return rc;
 }
 
