@@ -121,16 +121,17 @@ static void impersonation_is_told_apart(void **state)
     local_address(fd, spoofer, sizeof spoofer);
 
     ferry_notification_t got[4];
-    assert_int_equal(ferry_get_notifications(decode, got, 4), 2);
+    ferry_notification_sender_t from[4];
+    assert_int_equal(ferry_get_notifications_from(decode, got, from, 4), 2);
     assert_string_equal(got[0].peer, name);
     assert_string_equal(got[1].peer, name); /* the claim, as claimed */
-    assert_int_equal(got[0].authenticated, 0);
-    assert_int_equal(got[1].authenticated, 0);
-    assert_string_equal(got[1].addr, spoofer);
-    assert_string_not_equal(got[0].addr, spoofer);
-    assert_true(strncmp(got[0].addr, "127.0.0.1:", 10) == 0);
-    assert_int_equal(got[1].engine_id, 0xbad);
-    assert_int_not_equal(got[0].engine_id, 0xbad);
+    assert_int_equal(from[0].authenticated, 0);
+    assert_int_equal(from[1].authenticated, 0);
+    assert_string_equal(from[1].addr, spoofer);
+    assert_string_not_equal(from[0].addr, spoofer);
+    assert_true(strncmp(from[0].addr, "127.0.0.1:", 10) == 0);
+    assert_int_equal(from[1].engine_id, 0xbad);
+    assert_int_not_equal(from[0].engine_id, 0xbad);
     assert_memory_equal(got[1].msg, "forged", 6);
     ferry_notifications_free(got, 2);
     close(fd);
@@ -153,8 +154,9 @@ static void impersonation_without_the_secret_is_refused(void **state)
     close(fd);
     assert_int_equal(ferry_notify(prefill, ferry_engine_name(decode), "genuine", 7), 0);
     ferry_notification_t got[4];
-    assert_int_equal(ferry_get_notifications(decode, got, 4), 1);
-    assert_int_equal(got[0].authenticated, 1);
+    ferry_notification_sender_t from[4];
+    assert_int_equal(ferry_get_notifications_from(decode, got, from, 4), 1);
+    assert_int_equal(from[0].authenticated, 1);
     assert_string_equal(got[0].peer, ferry_engine_name(prefill));
     assert_memory_equal(got[0].msg, "genuine", 7);
     ferry_notifications_free(got, 1);

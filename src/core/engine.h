@@ -136,6 +136,7 @@ typedef struct ferry_task {
 struct ferry_notify_count;
 typedef struct ferry_notify_node {
     ferry_notification_t n;
+    ferry_notification_sender_t from;
     struct ferry_notify_count *sender, *source; /* its sender's and address's counts (notify.c) */
     struct ferry_notify_node *next;
 } ferry_notify_node_t;

@@ -102,7 +102,7 @@ int ferry_notify_push(ferry_conn_t *c, unsigned char *msg, size_t len)
         return ferry_fail(FERRY_ERR_MEMORY, "notification from %s: out of memory", c->peer.name);
     }
     uint8_t ip[16], sender_key[NOTIFY_KEY] = {0}, source_key[NOTIFY_KEY] = {0};
-    source_of(c->fd, ip, n->n.addr, sizeof n->n.addr);
+    source_of(c->fd, ip, n->from.addr, sizeof n->from.addr);
     memcpy(sender_key, ip, 16);
     memcpy(sender_key + 16, &c->peer.engine_id, 8);
     memcpy(sender_key + 24, &c->peer.epoch, 8);
@@ -110,11 +110,11 @@ int ferry_notify_push(ferry_conn_t *c, unsigned char *msg, size_t len)
     snprintf(n->n.peer, sizeof n->n.peer, "%s", c->peer.name);
     n->n.msg = msg;
     n->n.len = len;
-    n->n.engine_id = c->peer.engine_id;
-    n->n.epoch = c->peer.epoch;
+    n->from.engine_id = c->peer.engine_id;
+    n->from.epoch = c->peer.epoch;
     /* Served connections exist only after the handshake; with a secret,
      * only after the initiator proved it holds it (engine.c). */
-    n->n.authenticated = e->cfg.secret != NULL;
+    n->from.authenticated = e->cfg.secret != NULL;
 
     const char *over = NULL;
     size_t count = 0;
@@ -161,7 +161,7 @@ int ferry_notify_push(ferry_conn_t *c, unsigned char *msg, size_t len)
                  ? ferry_fail(FERRY_ERR_MEMORY, "notification from %s: out of memory", c->peer.name)
                  : ferry_fail(FERRY_ERR_TOO_MANY_REQUESTS,
                               "notification from %s (engine %016llx, %s) refused: %zu from this %s are queued unread",
-                              c->peer.name, (unsigned long long)c->peer.engine_id, n->n.addr, count, over);
+                              c->peer.name, (unsigned long long)c->peer.engine_id, n->from.addr, count, over);
     free(msg);
     free(n);
     return rc;
@@ -243,6 +243,12 @@ int ferry_notify(ferry_engine_t *e, const char *peer, const void *msg, size_t le
 
 long ferry_get_notifications(ferry_engine_t *e, ferry_notification_t *out, size_t max)
 {
+    return ferry_get_notifications_from(e, out, NULL, max);
+}
+
+long ferry_get_notifications_from(ferry_engine_t *e, ferry_notification_t *out, ferry_notification_sender_t *from,
+                                  size_t max)
+{
     if (!e || (!out && max)) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "get notifications: NULL argument");
     size_t k = 0;
     pthread_mutex_lock(&e->notify_lock);
@@ -254,6 +260,7 @@ long ferry_get_notifications(ferry_engine_t *e, ferry_notification_t *out, size_
         e->notify_bytes -= n->n.len;
         count_put(e->notify_tables->sender, n->sender, n->n.len);
         count_put(e->notify_tables->source, n->source, n->n.len);
+        if (from) from[k] = n->from;
         out[k++] = n->n;
         free(n);
     }

@@ -220,10 +220,7 @@ class RegionInfo(ctypes.Structure):
 
 class Notification(ctypes.Structure):
     _fields_ = [("peer", ctypes.c_char * 256), ("len", c_size_t),
-                ("msg", ctypes.POINTER(ctypes.c_ubyte)),
-                # what the receiver verified of the sender (ferry.h)
-                ("addr", ctypes.c_char * 64), ("engine_id", ctypes.c_uint64),
-                ("epoch", ctypes.c_uint64), ("authenticated", ctypes.c_int)]
+                ("msg", ctypes.POINTER(ctypes.c_ubyte))]
 
 
 # ----------------------------------------------------------------- prototypes
