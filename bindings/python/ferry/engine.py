@@ -872,16 +872,18 @@ _CUDA_DRIVER = []
 
 
 def _cuda_driver():
-    """libcuda (the driver API), loaded at run time, or None. Never initializes
-    CUDA: a process that did not is left as it is (fork-safe)."""
+    """libcuda (the driver API) if this process has loaded it already, or None.
+    Never loads nor initializes CUDA: a process that did not is left as it is
+    (fork-safe); asked again until found. FERRY_CUDA_DRIVER names another
+    file, as for libferry (the tests' stub driver)."""
     if not _CUDA_DRIVER:
-        lib = None
         try:
-            lib = ctypes.CDLL("libcuda.so.1")
+            lib = ctypes.CDLL(os.environ.get("FERRY_CUDA_DRIVER") or "libcuda.so.1",
+                              mode=os.RTLD_NOLOAD | os.RTLD_LOCAL)
             lib.cuPointerGetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64]
             lib.cuPointerGetAttribute.restype = ctypes.c_int
         except (OSError, AttributeError):
-            lib = None
+            return None
         _CUDA_DRIVER.append(lib)
     return _CUDA_DRIVER[0]
 
@@ -962,12 +964,14 @@ def _cudart():
 
 
 def _support_cuda():
-    # Worked out on first use: asking at import would initialize CUDA (in a
-    # CUDA build) in a process that may fork afterwards.
+    # Asked of the library on each use until True (then kept): libferry uses
+    # the CUDA driver only once this process has loaded it (torch.cuda, ...),
+    # so False before CUDA is in use here can turn True later.
     value = globals().get("SUPPORT_CUDA")
     if value is None:
         value = core.device_memory_supported()[0]
-        globals()["SUPPORT_CUDA"] = value
+        if value:
+            globals()["SUPPORT_CUDA"] = value
     return value
 
 
