@@ -23,3 +23,10 @@ if(FERRY_HAVE_CUDA)
   set_property(TEST test_cuda APPEND PROPERTY ENVIRONMENT
     "FERRY_CUDA_STUB=$<TARGET_FILE:cuda_stub>" "FERRY_CUDA_STUB_PARTIAL=$<TARGET_FILE:cuda_stub_partial>")
 endif()
+# libferry links nothing from CUDA (the driver is dlopen'ed), and exports
+# none of its CUDA functions.
+find_program(FERRY_READELF readelf)
+if(FERRY_HAVE_CUDA AND FERRY_READELF)
+  add_test(NAME cuda_not_linked
+           COMMAND sh -c "! ${FERRY_READELF} -dW --dyn-syms $<TARGET_FILE:ferry_shared> | grep -Eq 'libcuda|libcudart|ferry_cuda_'")
+endif()
