@@ -246,7 +246,10 @@ FERRY_API int ferry_region_query(ferry_engine_t *e, const void *addr, size_t len
 FERRY_API int ferry_region_write(ferry_engine_t *e, void *dst, const void *src, size_t len);
 FERRY_API int ferry_region_read(ferry_engine_t *e, void *dst, const void *src, size_t len);
 /* 1 when this build and process tell device (CUDA) memory from host memory
- * at registration, else 0; *why (if why is not NULL) says which and why. */
+ * at registration, else 0; *why (if why is not NULL) says which and why.
+ * The CUDA driver is used only once the process has loaded it (Ferry never
+ * loads nor initializes CUDA), so 0 may turn 1 after the application starts
+ * using CUDA. */
 FERRY_API int ferry_device_memory_supported(const char **why);
 
 /* --------------------------------------------------------------- sessions */

@@ -922,12 +922,14 @@ def _cuda_stream_wait(stream):
         elif torch.cuda.is_initialized():
             torch.cuda.synchronize()
         return 0
-    rt = _cudart()
+    # No CUDA driver loaded: nothing can be queued, and loading the runtime
+    # here would initialize CUDA in a process that does not use it.
+    rt = _cudart() if _cuda_driver() is not None else None
     if rt is None:
         if stream:
             fail(_code("NOT_IMPLEMENTED"), "NOT_IMPLEMENTED (-303): stream_ptr %#x given, but no "
-                 "usable CUDA runtime in this process (no torch.cuda; libcudart missing or "
-                 "without a driver or device)" % stream)
+                 "usable CUDA runtime in this process (no torch.cuda; no CUDA driver loaded, "
+                 "libcudart missing, or without a device)" % stream)
         return 0  # no CUDA in this process: nothing can be queued on a stream
     err = rt.cudaStreamSynchronize(ctypes.c_void_p(stream))
     if err != 0:
