@@ -23,6 +23,10 @@
 #   --ferry PATH       the ferry binary (build/ferry)
 #   --dir DIR          where logs go (a new temporary directory)
 #   --seed N           picks the decode engines hurt by churn
+#   --inject X         show that the checks can fail: corrupt (a prefill flips
+#                      a byte), stray (a prefill writes into pages it no longer
+#                      owns), silent-kill (a decode is killed, not logged as a
+#                      fault: its failures are unexplained)
 #
 # Exit: 0 when the report finds no violation, 1 when it does (or an engine
 # failed), 77 when network namespaces cannot be created here (a skip).
@@ -36,7 +40,7 @@ set -uo pipefail
 
 ENGINES=16 PATTERN=pairs FAN_IN=15 RATE=200mbit DURATION=20 WARMUP=3 CHURN=none
 TIMEOUT_MS=2000 WINDOW=2 STREAMS=2 LAYERS=4 PAGE_BYTES=4096 PAGES=16
-FERRY=${FERRY:-build/ferry} DIR= SEED=$RANDOM KEEP=0
+FERRY=${FERRY:-build/ferry} DIR= SEED=$RANDOM KEEP=0 INJECT=
 CANCEL_MS=1000 PORT=17000 HUB_IP=10.77.255.254 ETCD_PORT=2379
 
 die() { echo "cluster: $*" >&2; exit 1; }
@@ -60,6 +64,7 @@ while [ $# -gt 0 ]; do
     --ferry) FERRY=$2; shift ;;
     --dir) DIR=$2; shift ;;
     --seed) SEED=$2; shift ;;
+    --inject) INJECT=$2; shift ;;
     --keep) KEEP=1 ;;
     -h|--help) usage 0 ;;
     *) echo "cluster: unknown option $1" >&2; usage 2 ;;
@@ -69,6 +74,7 @@ done
 
 case $PATTERN in pairs|all-to-all|incast) ;; *) die "--pattern must be pairs, all-to-all or incast" ;; esac
 case $CHURN in none|short|full) ;; *) die "--churn must be none, short or full" ;; esac
+case $INJECT in ''|corrupt|stray|silent-kill) ;; *) die "--inject must be corrupt, stray or silent-kill" ;; esac
 [ "$ENGINES" -ge 2 ] && [ "$ENGINES" -le 400 ] 2>/dev/null || die "--engines must be 2..400"
 [ -x "$FERRY" ] || die "no ferry binary at $FERRY (build first, or --ferry PATH)"
 FERRY=$(cd "$(dirname "$FERRY")" && pwd)/$(basename "$FERRY")
@@ -220,8 +226,6 @@ for ((i = 0; i < ENGINES; i++)); do echo "$i ${ROLE[i]} $(name_of "$i")" >>"$DIR
 echo "$PROBE probe $(name_of "$PROBE")" >>"$DIR/nodes"
 COMMON=(--layers "$LAYERS" --page-bytes "$PAGE_BYTES" --pages "$PAGES" --timeout-ms "$TIMEOUT_MS" --dir "$DIR")
 declare -a INCARNATION
-START_MS=$(( $(now_ms) + 2000 ))
-END_MS=$(( START_MS + (WARMUP + DURATION) * 1000 ))
 
 peers_of() { # DECODE_INDEX
   local out= p
@@ -233,7 +237,8 @@ start_node() { # INDEX
   INCARNATION[i]=$(( ${INCARNATION[i]:-0} + 1 ))
   case $role in
     decode) extra=(--peers "$(peers_of "$i")" --until-ms "$END_MS" --window "$WINDOW") ;;
-    prefill) extra=(--streams "$STREAMS") ;;
+    prefill) extra=(--streams "$STREAMS")
+             case $INJECT in corrupt|stray) [ "$i" -eq 0 ] && extra+=(--inject "$INJECT") ;; esac ;;
     probe) local list= p; for ((p = 0; p < ENGINES; p++)); do [ "${ROLE[p]}" = prefill ] && list+=${list:+,}$(name_of "$p"); done
            extra=(--peers "$list") ;;
   esac
@@ -242,13 +247,26 @@ start_node() { # INDEX
     >>"$DIR/node-$i.out" 2>&1 </dev/null &
   PIDS[i]=$!
 }
+# Until engine I logged that it is up (published in etcd), bounded.
+wait_up() { # INDEX
+  for _ in $(seq 1 300); do
+    grep -q '^B ' "$DIR/node-$1.log" 2>/dev/null && return 0
+    kill -0 "${PIDS[$1]}" 2>/dev/null || break
+    sleep 0.1
+  done
+  die "engine $1 did not come up: $(tail -n 3 "$DIR/node-$1.out" 2>/dev/null)"
+}
 # Prefill first (they only serve), then the probe, then the decodes.
 for ((i = 0; i < ENGINES; i++)); do [ "${ROLE[i]}" = prefill ] && start_node "$i"; done
+for ((i = 0; i < ENGINES; i++)); do [ "${ROLE[i]}" = prefill ] && wait_up "$i"; done
 start_node "$PROBE"
-sleep 1
+# The clock starts with the decodes: they drive the work until END_MS.
+START_MS=$(now_ms)
+END_MS=$(( START_MS + (WARMUP + DURATION) * 1000 ))
 for ((i = 0; i < ENGINES; i++)); do [ "${ROLE[i]}" = decode ] && start_node "$i"; done
-OPS0=$(etcd_ops)
-OPS_SEEN=0
+for ((i = 0; i <= PROBE; i++)); do wait_up "$i"; done
+OPS0=$(etcd_ops) OPS_T0=$(now_ms)
+OPS_SEEN=0 ETCD_DOWN_MS=0
 
 # ------------------------------------------------------------------ churn
 fault() { echo "$(now_ms) $1 $2 $3" >>"$DIR/faults"; echo "cluster: +$(( ($(now_ms) - START_MS) / 1000 )) s: $1 $2 $3"; }
@@ -275,12 +293,14 @@ stop_cont() { # INDEX SECONDS
   kill -CONT "${PIDS[i]}"; fault stop "$name" end
 }
 etcd_outage() { # SECONDS
-  local before; before=$(etcd_ops)
+  local before t0; before=$(etcd_ops)
   OPS_SEEN=$(( OPS_SEEN + before - OPS0 ))
+  t0=$(now_ms)
   fault etcd etcd start; stop_etcd
   sleep "$1"
   start_etcd || die "etcd did not come back"
   fault etcd etcd end
+  ETCD_DOWN_MS=$(( ETCD_DOWN_MS + $(now_ms) - t0 ))
   OPS0=$(etcd_ops)
 }
 drop_link() { # INDEX PERCENT SECONDS
@@ -298,6 +318,9 @@ EOF
 }
 
 W=$WARMUP
+if [ "$INJECT" = silent-kill ]; then
+  at $(( W + 1 )); victim=$(pick_decode); kill -9 "${PIDS[victim]}"; wait "${PIDS[victim]}" 2>/dev/null; start_node "$victim"
+fi
 case $CHURN in
   short)
     at $(( W + 3 )); kill_restart "$(pick_decode)" 1
@@ -313,6 +336,7 @@ esac
 # ------------------------------------------------------------------ finish
 at $(( W + DURATION ))
 OPS_SEEN=$(( OPS_SEEN + $(etcd_ops) - OPS0 ))
+ETCD_UP_MS=$(( $(now_ms) - OPS_T0 - ETCD_DOWN_MS ))
 # Decodes stop asking at END_MS and drain (bounded by their abandon limit).
 DRAIN_S=$(( (3 * TIMEOUT_MS + 5000) / 1000 + 10 ))
 FAILED_ENGINES=0
@@ -339,7 +363,6 @@ for ((i = 0; i <= PROBE; i++)); do
 done
 PIDS=()
 
-ELAPSED_S=$(( (END_MS - START_MS) / 1000 ))
 cat >"$DIR/run" <<EOF
 start_ms=$START_MS
 end_ms=$END_MS
@@ -351,7 +374,7 @@ cancel_ms=$CANCEL_MS
 warmup_ms=$(( WARMUP * 1000 ))
 EOF
 "$FERRY" cluster report --dir "$DIR"; rc=$?
-echo "etcd: $OPS_SEEN requests in ${ELAPSED_S} s while etcd was up = $(( OPS_SEEN / (ELAPSED_S > 0 ? ELAPSED_S : 1) )) per second for $(( ENGINES + 1 )) engines (leases, lookups, publishes)"
+echo "etcd: $OPS_SEEN requests in $(( ETCD_UP_MS / 1000 )) s while it was up = $(( OPS_SEEN * 1000 / (ETCD_UP_MS > 0 ? ETCD_UP_MS : 1) )) per second for $(( ENGINES + 1 )) engines (lease grants and refreshes, lookups, publishes)"
 if [ "$FAILED_ENGINES" -gt 0 ]; then
   echo "cluster: $FAILED_ENGINES engine(s) failed or hung; their last words:" >&2
   for f in "$DIR"/node-*.out; do [ -s "$f" ] && { echo "== $f" >&2; tail -n 5 "$f" >&2; }; done

@@ -60,7 +60,12 @@ struct node_opts {
     uint32_t layers, page_bytes, pages; /* one request: pages pages of page_bytes in each layer */
     int timeout_ms;     /* the engine's request deadline */
     int streams;        /* prefill: sender threads per decode peer */
+    const char *inject; /* prefill, to show the checks can fail: "corrupt" flips a byte of
+                           its 20th request; "stray" writes other bytes into the pages of its
+                           20th to 22nd requests after their success notice */
 };
+
+static atomic_uint prefill_sends;
 
 static atomic_bool stopping;
 static FILE *logf;
@@ -309,6 +314,10 @@ static int send_job(struct peerq *q, struct pool *src, const struct job *j, bool
             src_pages[pos] = (int32_t)pos;
             fill_page(pool_page(src, l, (int32_t)pos), words, seed, ((uint64_t)l * o->pages + pos) * words);
         }
+    unsigned nth = atomic_fetch_add(&prefill_sends, 1) + 1;
+    bool corrupt = o->inject && !strcmp(o->inject, "corrupt") && nth == 20;
+    bool stray = o->inject && !strcmp(o->inject, "stray") && nth >= 20 && nth <= 22;
+    if (corrupt) ((unsigned char *)pool_page(src, 0, 0))[100] ^= 0x01;
     ferry_kv_cache_desc_t sd = pool_desc(o->layers, src->num_pages, o->page_bytes, src->addrs);
     ferry_kv_cache_desc_t dd = pool_desc(o->layers, j->dst_num_pages, o->page_bytes, j->addrs);
     ferry_kv_plan_t *plan = NULL;
@@ -317,6 +326,13 @@ static int send_job(struct peerq *q, struct pool *src, const struct job *j, bool
     if (rc == 0) {
         ferry_kv_send_args_t args = {.request_id = j->req, .timeout_ms = o->timeout_ms};
         rc = ferry_kv_send(q->e, q->name, plan, &args);
+    }
+    if (rc == 0 && stray) {
+        /* Bytes that are not this request's, written where it was: a
+         * late writer the decode must catch (verify or canary check). */
+        fill_page(pool_page(src, 0, 0), words, seed + 1, 0);
+        ferry_transfer_sync(q->e, q->name, FERRY_OP_WRITE, pool_page(src, 0, 0),
+                            j->addrs[0] + (uint64_t)j->pages[0] * o->page_bytes, o->page_bytes);
     }
     ferry_kv_plan_destroy(plan);
     free(src_pages);
@@ -711,6 +727,11 @@ static int decode_main(const struct node_opts *o, ferry_engine_t *e)
     sample_process(e);
     logline("E %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", wall_ms(), D.verified, D.bad,
             D.stale, D.quarantined, D.abandoned);
+    for (int i = 0; i < D.nasks; i++) free(D.asks[i].used ? D.asks[i].pages : NULL);
+    free(D.asks);
+    free(D.inflight);
+    free(D.backoff_until);
+    free(D.free_pages);
     return D.bad || D.stale ? 4 : 0;
 }
 
@@ -742,7 +763,7 @@ static int usage(FILE *out)
             "usage: ferry cluster node --role prefill|decode|probe --index N --host IP --port P --dir DIR\n"
             "                          [--peers NAME,NAME...] [--incarnation K] [--until-ms WALL_MS]\n"
             "                          [--window W] [--streams S] [--layers L] [--page-bytes B] [--pages N]\n"
-            "                          [--timeout-ms T]\n"
+            "                          [--timeout-ms T] [--inject corrupt|stray]\n"
             "       ferry cluster report --dir DIR [--warmup-ms MS]\n"
             "One engine of the cluster scripts/cluster.sh builds (metadata from FERRY_METADATA), or the\n"
             "report over the logs they wrote. Run scripts/cluster.sh --help for the cluster itself.\n");
@@ -784,6 +805,7 @@ static int node_main(int argc, char **argv)
         else if (strcmp(a, "--page-bytes") == 0) o.page_bytes = (uint32_t)atoi(v);
         else if (strcmp(a, "--pages") == 0) o.pages = (uint32_t)atoi(v);
         else if (strcmp(a, "--timeout-ms") == 0) o.timeout_ms = atoi(v);
+        else if (strcmp(a, "--inject") == 0) o.inject = v;
         else return usage(stderr);
     }
     bool known_role = !strcmp(o.role, "prefill") || !strcmp(o.role, "decode") || !strcmp(o.role, "probe");

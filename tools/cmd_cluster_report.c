@@ -497,8 +497,8 @@ int cluster_report_main(int argc, char **argv)
             if (!strcmp(faults[k].kind, "etcd") && probes[i].t >= faults[k].t0 && probes[i].t <= faults[k].t1 + 3000)
                 in_outage = probes[i].code == FERRY_ERR_METADATA;
         if (!in_outage)
-            violation("a new session failed with %s at +%.1f s", ferry_error_name(probes[i].code),
-                      (double)(probes[i].t - run_start) / 1000.0);
+            violation("a new session failed with %s at %+.1f s", ferry_error_name(probes[i].code),
+                      ((double)probes[i].t - (double)run_start) / 1000.0);
     }
 
     for (int side = 0; side < 2; side++) {
