@@ -147,6 +147,7 @@ cleanup() {
   for p in "${PIDS[@]}" $ETCD_PID; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null; done
   for p in "${PIDS[@]}" $ETCD_PID; do [ -n "$p" ] && wait "$p" 2>/dev/null; done
   for n in "${MADE_NS[@]}"; do ip netns del "$n" 2>/dev/null; done
+  case ${ETCD_DATA:-} in /dev/shm/ferry-cluster-*) rm -rf "$ETCD_DATA" ;; esac
   if [ "$KEEP" = 0 ] && [ -n "${OWN_DIR:-}" ]; then rm -rf "$DIR"; fi
   exit "$rc"
 }
@@ -192,8 +193,12 @@ for ((i = 0; i <= PROBE; i++)); do make_node_ns "$i" || die "namespace setup fai
 # ------------------------------------------------------------------- etcd
 ETCD_URL=http://$HUB_IP:$ETCD_PORT
 if [ "$(uname -m)" = aarch64 ]; then export ETCD_UNSUPPORTED_ARCH=arm64; fi
+# Its data in memory where possible: fsync on a disk shared with the
+# builds of a busy machine stalls etcd for seconds (lease grants time out).
+ETCD_DATA=$DIR/etcd-data
+if [ -d /dev/shm ] && [ -w /dev/shm ]; then ETCD_DATA=/dev/shm/ferry-cluster-$TAG-etcd; fi
 start_etcd() {
-  ip netns exec "$HUB" etcd --name ferry-cluster --data-dir "$DIR/etcd-data" \
+  ip netns exec "$HUB" etcd --name ferry-cluster --data-dir "$ETCD_DATA" \
     --listen-client-urls "$ETCD_URL" --advertise-client-urls "$ETCD_URL" \
     --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
     --initial-cluster ferry-cluster=http://127.0.0.1:2380 --initial-cluster-state new \
@@ -212,13 +217,18 @@ stop_etcd() {
   for _ in $(seq 1 50); do kill -0 "$ETCD_PID" 2>/dev/null || break; sleep 0.1; done
   kill -9 "$ETCD_PID" 2>/dev/null; wait "$ETCD_PID" 2>/dev/null; ETCD_PID=
 }
-# Requests etcd handled so far (gRPC, which its JSON gateway also goes through).
+# Requests etcd handled so far (gRPC, which its JSON gateway also goes
+# through); empty when it did not answer.
 etcd_ops() {
-  hubx curl -sf --max-time 2 "$ETCD_URL/metrics" 2>/dev/null |
-    awk '/^grpc_server_handled_total/ {s += $NF} END {printf "%d\n", s}'
+  hubx curl -sf --max-time 5 "$ETCD_URL/metrics" 2>/dev/null |
+    awk '/^grpc_server_handled_total/ {s += $NF; n++} END {if (n) printf "%d\n", s}'
+}
+OPS_SEEN=0 OPS_KNOWN=1 ETCD_DOWN_MS=0
+ops_add() { # FROM TO: counts etcd requests between two readings
+  if [ -n "$1" ] && [ -n "$2" ]; then OPS_SEEN=$(( OPS_SEEN + $2 - $1 )); else OPS_KNOWN=0; fi
 }
 start_etcd || die "etcd did not start (log above)"
-export FERRY_METADATA=etcd://$HUB_IP:$ETCD_PORT FERRY_CANCEL_TIMEOUT_MS=$CANCEL_MS FERRY_CONNECT_TIMEOUT_MS=$TIMEOUT_MS
+export FERRY_METADATA=etcd://$HUB_IP:$ETCD_PORT FERRY_CANCEL_TIMEOUT_MS=$CANCEL_MS
 
 # ---------------------------------------------------------------- engines
 : >"$DIR/nodes"
@@ -266,7 +276,6 @@ END_MS=$(( START_MS + (WARMUP + DURATION) * 1000 ))
 for ((i = 0; i < ENGINES; i++)); do [ "${ROLE[i]}" = decode ] && start_node "$i"; done
 for ((i = 0; i <= PROBE; i++)); do wait_up "$i"; done
 OPS0=$(etcd_ops) OPS_T0=$(now_ms)
-OPS_SEEN=0 ETCD_DOWN_MS=0
 
 # ------------------------------------------------------------------ churn
 fault() { echo "$(now_ms) $1 $2 $3" >>"$DIR/faults"; echo "cluster: +$(( ($(now_ms) - START_MS) / 1000 )) s: $1 $2 $3"; }
@@ -293,8 +302,8 @@ stop_cont() { # INDEX SECONDS
   kill -CONT "${PIDS[i]}"; fault stop "$name" end
 }
 etcd_outage() { # SECONDS
-  local before t0; before=$(etcd_ops)
-  OPS_SEEN=$(( OPS_SEEN + before - OPS0 ))
+  local t0
+  ops_add "$OPS0" "$(etcd_ops)"
   t0=$(now_ms)
   fault etcd etcd start; stop_etcd
   sleep "$1"
@@ -335,7 +344,7 @@ esac
 
 # ------------------------------------------------------------------ finish
 at $(( W + DURATION ))
-OPS_SEEN=$(( OPS_SEEN + $(etcd_ops) - OPS0 ))
+ops_add "$OPS0" "$(etcd_ops)"
 ETCD_UP_MS=$(( $(now_ms) - OPS_T0 - ETCD_DOWN_MS ))
 # Decodes stop asking at END_MS and drain (bounded by their abandon limit).
 DRAIN_S=$(( (3 * TIMEOUT_MS + 5000) / 1000 + 10 ))
@@ -347,20 +356,25 @@ for ((i = 0; i < ENGINES; i++)); do
     echo "cluster: decode $i did not finish within ${DRAIN_S}s of the end (a hang); killing it" >&2
     kill -9 "${PIDS[i]}"; FAILED_ENGINES=$(( FAILED_ENGINES + 1 ))
   fi
-  wait "${PIDS[i]}"; rc=$?
-  [ "$rc" -eq 0 ] || [ "$rc" -eq 137 ] || { echo "cluster: decode $i exited $rc (see $DIR/node-$i.out)" >&2; FAILED_ENGINES=$(( FAILED_ENGINES + 1 )); }
+  wait "${PIDS[i]}"; rc=$?; PIDS[i]=
+  [ "$rc" -eq 0 ] || { echo "cluster: decode $i exited $rc (see $DIR/node-$i.out)" >&2; FAILED_ENGINES=$(( FAILED_ENGINES + 1 )); }
 done
-for ((i = 0; i <= PROBE; i++)); do [ "${ROLE[i]:-probe}" = decode ] || kill -TERM "${PIDS[i]}" 2>/dev/null; done
-for ((i = 0; i <= PROBE; i++)); do
-  [ "${ROLE[i]:-probe}" = decode ] && continue
+# SIGTERM, then at most the time one request may take to end, then -9.
+stop_engine() { # INDEX
+  local i=$1 rc
+  kill -TERM "${PIDS[i]}" 2>/dev/null
   for _ in $(seq 1 $(( (TIMEOUT_MS + CANCEL_MS) / 100 + 50 ))); do kill -0 "${PIDS[i]}" 2>/dev/null || break; sleep 0.1; done
   if kill -0 "${PIDS[i]}" 2>/dev/null; then
     echo "cluster: engine $i ignored SIGTERM (a hang); killing it" >&2
     kill -9 "${PIDS[i]}"; FAILED_ENGINES=$(( FAILED_ENGINES + 1 ))
   fi
-  wait "${PIDS[i]}"; rc=$?
+  wait "${PIDS[i]}"; rc=$?; PIDS[i]=
   [ "$rc" -eq 0 ] || { echo "cluster: engine $i exited $rc (see $DIR/node-$i.out)" >&2; FAILED_ENGINES=$(( FAILED_ENGINES + 1 )); }
-done
+}
+# The probe first: it must not open sessions to prefills that are leaving.
+stop_engine "$PROBE"
+for ((i = 0; i < ENGINES; i++)); do [ "${ROLE[i]}" = prefill ] && kill -TERM "${PIDS[i]}" 2>/dev/null; done
+for ((i = 0; i < ENGINES; i++)); do [ "${ROLE[i]}" = prefill ] && stop_engine "$i"; done
 PIDS=()
 
 cat >"$DIR/run" <<EOF
@@ -374,7 +388,7 @@ cancel_ms=$CANCEL_MS
 warmup_ms=$(( WARMUP * 1000 ))
 EOF
 "$FERRY" cluster report --dir "$DIR"; rc=$?
-echo "etcd: $OPS_SEEN requests in $(( ETCD_UP_MS / 1000 )) s while it was up = $(( OPS_SEEN * 1000 / (ETCD_UP_MS > 0 ? ETCD_UP_MS : 1) )) per second for $(( ENGINES + 1 )) engines (lease grants and refreshes, lookups, publishes)"
+[ "$OPS_KNOWN" = 1 ] && echo "etcd: $OPS_SEEN requests in $(( ETCD_UP_MS / 1000 )) s while it was up = $(( OPS_SEEN * 1000 / (ETCD_UP_MS > 0 ? ETCD_UP_MS : 1) )) per second for $(( ENGINES + 1 )) engines (lease grants and refreshes, lookups, publishes)"
 if [ "$FAILED_ENGINES" -gt 0 ]; then
   echo "cluster: $FAILED_ENGINES engine(s) failed or hung; their last words:" >&2
   for f in "$DIR"/node-*.out; do [ -s "$f" ] && { echo "== $f" >&2; tail -n 5 "$f" >&2; }; done
