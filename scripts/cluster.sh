@@ -181,14 +181,42 @@ make_node_ns() { # INDEX
   MADE_NS+=("$ns")
   ip -n "$HUB" link add "v$i" type veth peer name eth0 netns "$ns" || return 1
   ip -n "$HUB" link set "v$i" master br0 up
+  ip -n "$ns" link set eth0 address "$(mac_of "$i")"
   ip -n "$ns" addr add "$(ip_of "$i")/16" dev eth0
   ip -n "$ns" link set eth0 up
   ip -n "$ns" link set lo up
   shape "$ns" eth0 && shape "$HUB" "v$i"
 }
 
+# Fixed MACs and permanent neighbour entries everywhere: the kernel's ARP
+# table is shared by all namespaces (gc_thresh3, 1,024 entries by default),
+# and a full mesh of 64 engines learning each other dynamically overflows
+# it ("neighbor table overflow": connects time out). Permanent entries are
+# exempt from that limit and vanish with their namespaces.
+mac_of() { printf '02:77:00:00:%02x:%02x\n' $(( $1 / 256 )) $(( $1 % 256 )); }
+HUB_MAC=02:77:00:00:ff:fe
+static_neighbours() {
+  local i j batch
+  ip -n "$HUB" link set br0 address "$HUB_MAC"
+  batch=$DIR/neigh.hub
+  : >"$batch"
+  for ((j = 0; j <= PROBE; j++)); do echo "neigh replace $(ip_of "$j") lladdr $(mac_of "$j") dev br0 nud permanent" >>"$batch"; done
+  ip -n "$HUB" -batch "$batch" || return 1
+  for ((i = 0; i <= PROBE; i++)); do
+    batch=$DIR/neigh.$i
+    echo "neigh replace $HUB_IP lladdr $HUB_MAC dev eth0 nud permanent" >"$batch"
+    for ((j = 0; j <= PROBE; j++)); do
+      [ "$j" -eq "$i" ] || echo "neigh replace $(ip_of "$j") lladdr $(mac_of "$j") dev eth0 nud permanent" >>"$batch"
+    done
+    ip -n "$(ns_of "$i")" -batch "$batch" || return 1
+    rm -f "$batch"
+  done
+  rm -f "$DIR/neigh.hub"
+}
+
 echo "cluster: $ENGINES engines + 1 probe, pattern $PATTERN, links $RATE each way, churn $CHURN, logs in $DIR"
 for ((i = 0; i <= PROBE; i++)); do make_node_ns "$i" || die "namespace setup failed for engine $i"; done
+static_neighbours || die "could not set the neighbour entries"
 
 # ------------------------------------------------------------------- etcd
 ETCD_URL=http://$HUB_IP:$ETCD_PORT
@@ -273,7 +301,12 @@ start_node "$PROBE"
 # The clock starts with the decodes: they drive the work until END_MS.
 START_MS=$(now_ms)
 END_MS=$(( START_MS + (WARMUP + DURATION) * 1000 ))
-for ((i = 0; i < ENGINES; i++)); do [ "${ROLE[i]}" = decode ] && start_node "$i"; done
+# A few at a time: each opens its sessions at once, through etcd.
+for ((i = 0; i < ENGINES; i++)); do
+  [ "${ROLE[i]}" = decode ] || continue
+  start_node "$i"
+  [ $(( i % 8 )) -eq 7 ] && sleep 0.5
+done
 for ((i = 0; i <= PROBE; i++)); do wait_up "$i"; done
 OPS0=$(etcd_ops) OPS_T0=$(now_ms)
 
