@@ -17,9 +17,12 @@
 #   --churn C          none | short (one kill, one etcd restart) |
 #                      full (kills, SIGSTOP, etcd down 10 s, 5% drop) (none)
 #   --timeout-ms T     each request's deadline (2000)
-#   --window W --streams S --layers L --page-bytes B --pages N
-#                      asks in flight per pair, sender threads per pair, and
-#                      one request's shape: N pages of B bytes in L layers
+#   --window W --inflight N --streams S --send-slots N
+#                      asks in flight per pair (2) and per decode (8), sender
+#                      threads per pair (2), KV sends at once per prefill (4)
+#   --layers L --page-bytes B --pages N
+#                      one request: N pages of B bytes in L layers (4, 4096,
+#                      16: 256 KiB in 64 pieces)
 #   --ferry PATH       the ferry binary (build/ferry)
 #   --dir DIR          where logs go (a new temporary directory)
 #   --seed N           picks the decode engines hurt by churn
@@ -39,7 +42,7 @@
 set -uo pipefail
 
 ENGINES=16 PATTERN=pairs FAN_IN=15 RATE=200mbit DURATION=20 WARMUP=3 CHURN=none
-TIMEOUT_MS=2000 WINDOW=2 STREAMS=2 LAYERS=4 PAGE_BYTES=4096 PAGES=16
+TIMEOUT_MS=2000 WINDOW=2 INFLIGHT=8 STREAMS=2 SLOTS=4 LAYERS=4 PAGE_BYTES=4096 PAGES=16
 FERRY=${FERRY:-build/ferry} DIR= SEED=$RANDOM KEEP=0 INJECT=
 CANCEL_MS=1000 PORT=17000 HUB_IP=10.77.255.254 ETCD_PORT=2379
 
@@ -57,6 +60,8 @@ while [ $# -gt 0 ]; do
     --churn) CHURN=$2; shift ;;
     --timeout-ms) TIMEOUT_MS=$2; shift ;;
     --window) WINDOW=$2; shift ;;
+    --inflight) INFLIGHT=$2; shift ;;
+    --send-slots) SLOTS=$2; shift ;;
     --streams) STREAMS=$2; shift ;;
     --layers) LAYERS=$2; shift ;;
     --page-bytes) PAGE_BYTES=$2; shift ;;
@@ -274,8 +279,8 @@ start_node() { # INDEX
   local i=$1 role=${ROLE[$1]:-probe} extra=()
   INCARNATION[i]=$(( ${INCARNATION[i]:-0} + 1 ))
   case $role in
-    decode) extra=(--peers "$(peers_of "$i")" --until-ms "$END_MS" --window "$WINDOW") ;;
-    prefill) extra=(--streams "$STREAMS")
+    decode) extra=(--peers "$(peers_of "$i")" --go-file "$DIR/go" --window "$WINDOW" --inflight "$INFLIGHT") ;;
+    prefill) extra=(--streams "$STREAMS" --send-slots "$SLOTS")
              case $INJECT in corrupt|stray) [ "$i" -eq 0 ] && extra+=(--inject "$INJECT") ;; esac ;;
     probe) local list= p; for ((p = 0; p < ENGINES; p++)); do [ "${ROLE[p]}" = prefill ] && list+=${list:+,}$(name_of "$p"); done
            extra=(--peers "$list") ;;
@@ -298,16 +303,13 @@ wait_up() { # INDEX
 for ((i = 0; i < ENGINES; i++)); do [ "${ROLE[i]}" = prefill ] && start_node "$i"; done
 for ((i = 0; i < ENGINES; i++)); do [ "${ROLE[i]}" = prefill ] && wait_up "$i"; done
 start_node "$PROBE"
-# The clock starts with the decodes: they drive the work until END_MS.
+rm -f "$DIR/go"
+for ((i = 0; i < ENGINES; i++)); do [ "${ROLE[i]}" = decode ] && start_node "$i"; done
+for ((i = 0; i <= PROBE; i++)); do wait_up "$i"; done
+# Every engine is up: the clock starts, the decodes ask until END_MS.
 START_MS=$(now_ms)
 END_MS=$(( START_MS + (WARMUP + DURATION) * 1000 ))
-# A few at a time: each opens its sessions at once, through etcd.
-for ((i = 0; i < ENGINES; i++)); do
-  [ "${ROLE[i]}" = decode ] || continue
-  start_node "$i"
-  [ $(( i % 8 )) -eq 7 ] && sleep 0.5
-done
-for ((i = 0; i <= PROBE; i++)); do wait_up "$i"; done
+echo "$START_MS $END_MS" >"$DIR/go.tmp" && mv "$DIR/go.tmp" "$DIR/go"
 OPS0=$(etcd_ops) OPS_T0=$(now_ms)
 
 # ------------------------------------------------------------------ churn

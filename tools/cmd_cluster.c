@@ -57,15 +57,41 @@ struct node_opts {
     unsigned incarnation;
     uint64_t until_ms;  /* decode: stop asking at this wall-clock time */
     int window;         /* decode: asks in flight per prefill peer */
+    int inflight;       /* decode: asks in flight in all, like a server's admission limit:
+                           more than its link carries within the deadline only times out */
     uint32_t layers, page_bytes, pages; /* one request: pages pages of page_bytes in each layer */
     int timeout_ms;     /* the engine's request deadline */
     int streams;        /* prefill: sender threads per decode peer */
+    int send_slots;     /* prefill: KV sends at once, all peers together */
+    const char *go_file; /* decode: wait for "START_MS END_MS" in it before asking */
     const char *inject; /* prefill, to show the checks can fail: "corrupt" flips a byte of
                            its 20th request; "stray" writes other bytes into the pages of its
                            20th to 22nd requests after their success notice */
 };
 
 static atomic_uint prefill_sends;
+
+/* prefill: at most --send-slots KV sends at once, like a server's send
+ * queue; the others wait their turn before their deadline starts. */
+static pthread_mutex_t slots_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t slots_cond = PTHREAD_COND_INITIALIZER;
+static int slots_free;
+
+static void slot_take(void)
+{
+    pthread_mutex_lock(&slots_lock);
+    while (slots_free == 0) pthread_cond_wait(&slots_cond, &slots_lock);
+    slots_free--;
+    pthread_mutex_unlock(&slots_lock);
+}
+
+static void slot_give(void)
+{
+    pthread_mutex_lock(&slots_lock);
+    slots_free++;
+    pthread_cond_signal(&slots_cond);
+    pthread_mutex_unlock(&slots_lock);
+}
 
 static atomic_bool stopping;
 static FILE *logf;
@@ -365,7 +391,12 @@ static void *prefill_sender(void *arg)
     while ((j = peerq_pop(q)) != NULL) {
         uint64_t t0 = mono_us();
         bool stale = j->stale;
-        int rc = stale ? FERRY_ERR_PEER_RESTARTED : send_job(q, &src, j, &stale);
+        int rc = FERRY_ERR_PEER_RESTARTED;
+        if (!stale) {
+            slot_take();
+            rc = send_job(q, &src, j, &stale);
+            slot_give();
+        }
         if (rc && !stale) {
             char detail[512];
             snprintf(detail, sizeof detail, "%s", ferry_last_error_detail());
@@ -524,7 +555,7 @@ struct decode {
     int32_t *free_pages;
     uint32_t nfree;
     struct ask *asks;
-    int nasks;
+    int nasks, busy;
     int *inflight;           /* per peer */
     uint64_t *backoff_until; /* per peer, mono us */
     uint64_t seq;
@@ -608,6 +639,7 @@ static void decode_ask(struct decode *D, int peer)
     struct ask *a = &D->asks[slot];
     *a = (struct ask){.used = true, .peer = peer, .req = req, .t_us = mono_us(), .pages = pages};
     D->inflight[peer]++;
+    D->busy++;
     int rc = ferry_notify(D->e, o->peers[peer], msg, len);
     free(msg);
     if (rc) {
@@ -618,6 +650,7 @@ static void decode_ask(struct decode *D, int peer)
         pages_quarantine(D, pages);
         a->used = false;
         D->inflight[peer]--;
+        D->busy--;
         D->backoff_until[peer] = mono_us() + 500000;
     }
 }
@@ -668,6 +701,7 @@ static void decode_notice(struct decode *D, const ferry_kv_notice_t *n)
     }
     a->used = false;
     D->inflight[a->peer]--;
+    D->busy--;
 }
 
 static void decode_expire(struct decode *D, uint64_t limit_us)
@@ -681,11 +715,30 @@ static void decode_expire(struct decode *D, uint64_t limit_us)
         pages_quarantine(D, a->pages);
         a->used = false;
         D->inflight[a->peer]--;
+        D->busy--;
     }
 }
 
-static int decode_main(const struct node_opts *o, ferry_engine_t *e)
+/* The script starts the clock once every engine is up: until then, and at
+ * most 10 minutes, a decode waits for the go file. */
+static void wait_for_go(struct node_opts *o)
 {
+    for (int i = 0; o->go_file && i < 60000 && !atomic_load(&stopping); i++) {
+        FILE *f = fopen(o->go_file, "r");
+        unsigned long long start, end;
+        int n = f ? fscanf(f, "%llu %llu", &start, &end) : 0;
+        if (f) fclose(f);
+        if (n == 2) {
+            o->until_ms = end;
+            return;
+        }
+        sleep_ms(10);
+    }
+}
+
+static int decode_main(struct node_opts *o, ferry_engine_t *e)
+{
+    wait_for_go(o);
     struct decode D = {.o = o, .e = e, .words = o->page_bytes / 8};
     /* Room for every ask in flight three times over: quarantined pages
      * (CANCEL_UNCONFIRMED, abandoned asks) never come back. */
@@ -707,12 +760,10 @@ static int decode_main(const struct node_opts *o, ferry_engine_t *e)
         uint64_t now = wall_ms();
         bool asking = now < o->until_ms && !atomic_load(&stopping);
         if (!asking && drain_until == 0) drain_until = now + abandon_us / 1000;
-        int busy = 0;
-        for (int i = 0; i < D.nasks; i++) busy += D.asks[i].used;
-        if (!asking && (busy == 0 || now >= drain_until)) break;
+        if (!asking && (D.busy == 0 || now >= drain_until)) break;
         for (int k = 0; asking && k < o->npeers; k++) {
             int p = (start + k) % o->npeers; /* no peer always first */
-            while (D.inflight[p] < o->window && mono_us() >= D.backoff_until[p]) {
+            while (D.inflight[p] < o->window && D.busy < o->inflight && mono_us() >= D.backoff_until[p]) {
                 int before = D.inflight[p];
                 decode_ask(&D, p);
                 if (D.inflight[p] == before) break;
@@ -776,7 +827,7 @@ static int usage(FILE *out)
     fprintf(out,
             "usage: ferry cluster node --role prefill|decode|probe --index N --host IP --port P --dir DIR\n"
             "                          [--peers NAME,NAME...] [--incarnation K] [--until-ms WALL_MS]\n"
-            "                          [--window W] [--streams S] [--layers L] [--page-bytes B] [--pages N]\n"
+            "                          [--window W] [--inflight N] [--streams S] [--send-slots N] [--go-file F] [--layers L] [--page-bytes B] [--pages N]\n"
             "                          [--timeout-ms T] [--inject corrupt|stray]\n"
             "       ferry cluster report --dir DIR [--warmup-ms MS]\n"
             "One engine of the cluster scripts/cluster.sh builds (metadata from FERRY_METADATA), or the\n"
@@ -796,7 +847,7 @@ static int parse_peers(struct node_opts *o, char *list)
 
 static int node_main(int argc, char **argv)
 {
-    struct node_opts o = {.role = "", .index = -1, .incarnation = 1, .window = 2, .streams = 2, .layers = 4,
+    struct node_opts o = {.role = "", .index = -1, .incarnation = 1, .window = 2, .inflight = 8, .send_slots = 4, .streams = 2, .layers = 4,
                           .page_bytes = 4096, .pages = 16, .timeout_ms = 2000};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -814,6 +865,9 @@ static int node_main(int argc, char **argv)
         } else if (strcmp(a, "--incarnation") == 0) o.incarnation = (unsigned)atoi(v);
         else if (strcmp(a, "--until-ms") == 0) o.until_ms = strtoull(v, NULL, 10);
         else if (strcmp(a, "--window") == 0) o.window = atoi(v);
+        else if (strcmp(a, "--inflight") == 0) o.inflight = atoi(v);
+        else if (strcmp(a, "--send-slots") == 0) o.send_slots = atoi(v);
+        else if (strcmp(a, "--go-file") == 0) o.go_file = v;
         else if (strcmp(a, "--streams") == 0) o.streams = atoi(v);
         else if (strcmp(a, "--layers") == 0) o.layers = (uint32_t)atoi(v);
         else if (strcmp(a, "--page-bytes") == 0) o.page_bytes = (uint32_t)atoi(v);
@@ -823,7 +877,7 @@ static int node_main(int argc, char **argv)
         else return usage(stderr);
     }
     bool known_role = !strcmp(o.role, "prefill") || !strcmp(o.role, "decode") || !strcmp(o.role, "probe");
-    if (!known_role || o.index < 0 || !o.host || !o.port || !o.dir || o.window < 1 || o.streams < 1 ||
+    if (!known_role || o.index < 0 || !o.host || !o.port || !o.dir || o.window < 1 || o.inflight < 1 || o.send_slots < 1 || o.streams < 1 ||
         o.layers < 1 || o.layers > 64 || o.pages < 1 || o.page_bytes < TOKENS_PER_PAGE * 8 ||
         o.page_bytes % (TOKENS_PER_PAGE * 8) != 0 || o.timeout_ms < 1 ||
         (strcmp(o.role, "prefill") != 0 && o.npeers == 0)) {
@@ -843,6 +897,7 @@ static int node_main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    slots_free = o.send_slots;
     ferry_engine_t *e = node_engine(&o);
     logline("B %" PRIu64 " %u\n", wall_ms(), o.incarnation);
     int rc;
