@@ -826,10 +826,10 @@ static int usage(FILE *out)
 {
     fprintf(out,
             "usage: ferry cluster node --role prefill|decode|probe --index N --host IP --port P --dir DIR\n"
-            "                          [--peers NAME,NAME...] [--incarnation K] [--until-ms WALL_MS]\n"
-            "                          [--window W] [--inflight N] [--streams S] [--send-slots N] [--go-file F] [--layers L] [--page-bytes B] [--pages N]\n"
-            "                          [--timeout-ms T] [--inject corrupt|stray]\n"
-            "       ferry cluster report --dir DIR [--warmup-ms MS]\n"
+            "           [--peers NAME,NAME...] [--incarnation K] [--until-ms WALL_MS] [--go-file F]\n"
+            "           [--window W] [--inflight N] [--streams S] [--send-slots N]\n"
+            "           [--layers L] [--page-bytes B] [--pages N] [--timeout-ms T] [--inject corrupt|stray]\n"
+            "       ferry cluster report --dir DIR\n"
             "One engine of the cluster scripts/cluster.sh builds (metadata from FERRY_METADATA), or the\n"
             "report over the logs they wrote. Run scripts/cluster.sh --help for the cluster itself.\n");
     return out == stdout ? 0 : 2;
