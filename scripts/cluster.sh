@@ -96,7 +96,7 @@ rate_bps() {
     *) die "--rate: use kbit, mbit or gbit (e.g. 200mbit)" ;;
   esac
 }
-RATE_BPS=$(rate_bps "$RATE")
+RATE_BPS=$(rate_bps "$RATE") || exit 2
 
 now_ms() { date +%s%3N; }
 
@@ -262,6 +262,8 @@ ops_add() { # FROM TO: counts etcd requests between two readings
 }
 start_etcd || die "etcd did not start (log above)"
 export FERRY_METADATA=etcd://$HUB_IP:$ETCD_PORT FERRY_CANCEL_TIMEOUT_MS=$CANCEL_MS
+# New sessions (connect + handshake) get the request deadline, 5 s at least.
+export FERRY_CONNECT_TIMEOUT_MS=$(( TIMEOUT_MS > 5000 ? TIMEOUT_MS : 5000 ))
 
 # ---------------------------------------------------------------- engines
 : >"$DIR/nodes"

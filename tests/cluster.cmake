@@ -6,11 +6,16 @@
 # a request or engine that hangs (every wait in the script is bounded and
 # ctest's TIMEOUT bounds the rest), or an engine that exits with an error.
 # Skipped (77) where network namespaces cannot be created (not root).
+# The deadline is 10 s, not the 2 s of the benchmark runs: this machine can
+# stall every process for seconds (seen: 6.5 s), which must not read as a
+# TIMEOUT no fault explains. A kill is noticed by a closed or refused
+# connection, not by the deadline, so the codes are checked all the same.
 # Namespaces, nftables and 9 engines on 2 cores: run alone, never in TSan
 # (the engines are processes of their own; nothing in-process to check).
 add_test(NAME cluster_short
          COMMAND ${CMAKE_SOURCE_DIR}/scripts/cluster.sh --ferry $<TARGET_FILE:ferry_cli>
-                 --engines 8 --pattern pairs --rate 100mbit --warmup 3 --duration 20 --churn short)
+                 --engines 8 --pattern pairs --rate 100mbit --warmup 3 --duration 20 --churn short
+                 --timeout-ms 10000)
 set_tests_properties(cluster_short PROPERTIES TIMEOUT 240 SKIP_RETURN_CODE 77 RUN_SERIAL TRUE
                      LABELS "cluster;slow;no-tsan")
 

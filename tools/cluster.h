@@ -1,7 +1,9 @@
 /* `ferry cluster`: one engine of a many-engine cluster (cmd_cluster.c) and
  * the report over the logs the engines wrote (cmd_cluster_report.c).
  * scripts/cluster.sh builds the namespaces, links and etcd, starts one
- * `ferry cluster node` per namespace, injects the faults and runs
+ * `ferry cluster node` per namespace, writes DIR/go ("START_MS END_MS")
+ * once every engine is up (the decodes ask from then until END_MS), injects
+ * the faults (DIR/faults: "T_MS KIND TARGET start|end") and runs
  * `ferry cluster report`.
  *
  * Logs: DIR/node-INDEX.log, one line per event, appended by every

@@ -343,20 +343,25 @@ static void report_fault(int fi)
         printf("  in flight at the fault: %" PRIu64 " requests, all ended %.0f ms after it at the latest\n", inflight,
                (double)(inflight_last - f->t0));
     if (!strcmp(f->kind, "etcd")) {
-        uint64_t first_meta = 0, back = 0;
+        uint64_t first_meta = 0, last_meta = 0, back = 0;
         struct codes pc = {0};
         for (size_t i = 0; i < nprobes; i++) {
             if (probes[i].t < f->t0 || probes[i].t > f->t1 + 5000) continue;
             codes_add(&pc, probes[i].code, 1);
             if (probes[i].code == FERRY_ERR_METADATA && !first_meta) first_meta = probes[i].t;
-            if (probes[i].code == 0 && probes[i].t >= f->t1 && !back) back = probes[i].t;
+            if (probes[i].code == FERRY_ERR_METADATA) last_meta = probes[i].t;
         }
+        /* Back: the first success after the last refusal, at any later time
+         * (the script logs the end once etcd answered its health check, so
+         * a probe may succeed a moment before that line). */
+        for (size_t i = 0; i < nprobes && !back; i++)
+            if (probes[i].code == 0 && probes[i].t > f->t0 && probes[i].t > last_meta) back = probes[i].t;
         printf("  new sessions (probe) during the outage and 5 s after:");
         codes_print(&pc);
         printf("\n");
         if (first_meta) printf("  first new session refused with METADATA %.0f ms after etcd stopped\n", (double)(first_meta - f->t0));
         else violation("etcd was down but no new session failed with METADATA");
-        if (back) printf("  new sessions succeed again %.0f ms after etcd restarted\n", (double)(back - f->t1));
+        if (back) printf("  new sessions succeed again %.0f ms after etcd restarted\n", back > f->t1 ? (double)(back - f->t1) : 0.0);
         else violation("new sessions did not succeed again after etcd restarted");
     }
     double base = goodput(f->t0 > 3000 ? f->t0 - 3000 : 0, f->t0, -1);
