@@ -20,7 +20,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Optional
 
-from . import _buffers, _lib, errors
+from . import _buffers, _lib, _vectors, errors
 from .errors import check, fail
 
 __all__ = [
@@ -624,6 +624,10 @@ class Engine:
         """n requests of one opcode: all complete, or the first failure raised."""
         op = _opcode(opcode)
         p = _peer_bytes(peer)
+        vecs = _vectors.triple(locals_, remotes, lengths) if lengths is not None else None
+        if vecs is not None:  # all ints: C vectors, no per-entry Python work
+            self._transfer_vectors(p, op, *vecs)
+            return
         locals_ = list(locals_)
         remotes = list(remotes)
         lengths = [None] * len(locals_) if lengths is None else list(lengths)
@@ -654,6 +658,19 @@ class Engine:
             for pin in pins:
                 if pin is not None:
                     pin.release()
+
+    def _transfer_vectors(self, p, op, la, ra, ln):
+        """ferry_batch_transfer_sync over vectors from _vectors (raw addresses)."""
+        k = len(ln)
+        if k == 0:
+            return
+        e = self._enter()
+        try:
+            check(_lib.fn("ferry_batch_transfer_sync")(
+                e, p, op, _vectors.pointer(la, ctypes.c_void_p),
+                _vectors.pointer(ra, ctypes.c_uint64), _vectors.pointer(ln, ctypes.c_size_t), k))
+        finally:
+            self._leave()
 
     def write_batch(self, peer, locals_, remotes, lengths=None):
         self.transfer_batch(peer, WRITE, locals_, remotes, lengths)
@@ -788,13 +805,25 @@ class Batch:
                 if pin is not None:
                     pin.release()
             raise
+        return self._submit_array(p, arr, len(reqs), pins, timeout_ms)
+
+    def _submit_vectors(self, peer, opcode, la, ra, ln, timeout_ms=0):
+        """submit() for n requests of one opcode given as vectors from
+        _vectors (raw addresses: nothing to pin); None when the request
+        struct's layout does not allow it (use submit)."""
+        arr = _vectors.requests(_lib.Request, _opcode(opcode), la, ra, ln)
+        if arr is None:
+            return None
+        return self._submit_array(_peer_bytes(peer), arr, len(ln), [], timeout_ms)
+
+    def _submit_array(self, p, arr, n, pins, timeout_ms):
         b = self._begin()
         try:
             with self._submit_lock:
-                first = int(_lib.fn("ferry_batch_submit")(b, p, arr, len(reqs), int(timeout_ms)))
+                first = int(_lib.fn("ferry_batch_submit")(b, p, arr, n, int(timeout_ms)))
                 if first >= 0:
                     self._pins.extend(pins)
-                    self._count = max(self._count, first + len(reqs))
+                    self._count = max(self._count, first + n)
         finally:
             self._end()
         if first < 0:

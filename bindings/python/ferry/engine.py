@@ -29,7 +29,7 @@ import operator
 import os
 import threading
 
-from . import _buffers, _lib, core, errors
+from . import _buffers, _lib, _vectors, core, errors
 from .core import Engine
 from .errors import FerryError, fail
 
@@ -556,7 +556,12 @@ class TransferEngine:
 
         def go():
             eng = self._eng()
-            bufs, remotes, lens = _nonempty(*_lists(buffers, peer_buffer_addresses, lengths))
+            vecs = _vectors.triple(buffers, peer_buffer_addresses, lengths)
+            if vecs is not None:  # all ints: C vectors (see _vectors), no per-entry Python
+                eng._transfer_vectors(core._peer_bytes(peer), op, *_vectors.nonzero(*vecs))
+                bufs = ()
+            else:
+                bufs, remotes, lens = _nonempty(*_lists(buffers, peer_buffer_addresses, lengths))
             if len(bufs):
                 try:
                     eng.transfer_batch(peer, op, bufs, remotes, lens)
@@ -589,6 +594,11 @@ class TransferEngine:
 
         def go():
             eng = self._eng()
+            vecs = _vectors.triple(buffers, peer_buffer_addresses, lengths)
+            if vecs is not None:
+                bid = self._async_vectors(eng, peer, op, vecs)
+                if bid is not None:
+                    return bid
             all_bufs, all_remotes, all_lens = _lists(buffers, peer_buffer_addresses, lengths)
             bufs, remotes, lens = _nonempty(all_bufs, all_remotes, all_lens)
             batch = None
@@ -610,6 +620,27 @@ class TransferEngine:
                 self._batches[bid] = (batch, len(all_bufs), total)
             return bid
         return self._run_peer(peer, go, on_error=0)
+
+    def _async_vectors(self, eng, peer, op, vecs):
+        """batch_transfer_async's body for all-int arguments converted to C
+        vectors (see _vectors): the batch id, or None when the request struct
+        does not allow it (the per-entry path then runs)."""
+        la, ra, ln = _vectors.nonzero(*vecs)
+        batch = None
+        if len(ln):
+            self._session(eng, peer)
+            batch = eng.batch(len(ln))
+            try:
+                if batch._submit_vectors(peer, op, la, ra, ln) is None:
+                    batch._shutdown()
+                    return None
+            except BaseException:
+                batch._shutdown()
+                raise
+        with self._lock:
+            bid = next(self._batch_ids)
+            self._batches[bid] = (batch, len(vecs[2]), _vectors.total(ln))
+        return bid
 
     def transfer_submit_write(self, target_hostname, buffer, peer_buffer_address, length,
                               transport_hint=""):
