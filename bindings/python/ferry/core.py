@@ -13,6 +13,7 @@ A registered object is pinned (kept alive, not resizable) until deregistered.
 """
 
 import ctypes
+import itertools
 import operator
 import struct
 import threading
@@ -374,8 +375,18 @@ class Engine:
         if ent is not None and ent[1] is not None:
             ent[1].release()
 
+    def _drop_regions(self, addrs):
+        with self._lock:
+            ents = [self._regions.pop(a, None) for a in addrs]
+        for ent in ents:
+            if ent is not None and ent[1] is not None:
+                ent[1].release()
+
     def register_batch(self, bufs, lengths=None, flags=MEM_REMOTE):
         """All or nothing; returns the addresses."""
+        vecs = _vectors.pair(bufs, lengths) if lengths is not None else None
+        if vecs is not None:  # all ints: C vectors, nothing to resolve or pin
+            return self._register_vectors(*vecs, flags)
         bufs = list(bufs)
         if lengths is None:
             lengths = [None] * len(bufs)
@@ -410,11 +421,28 @@ class Engine:
                 self._regions[a] = (n, p)
         return [r[0] for r in resolved]
 
+    def _register_vectors(self, addrs, lens, flags):
+        k = len(addrs)
+        e = self._enter()
+        try:
+            check(_lib.fn("ferry_register_batch")(
+                e, _vectors.pointer(addrs, ctypes.c_void_p) if k else (ctypes.c_void_p * 1)(),
+                _vectors.pointer(lens, ctypes.c_size_t) if k else (ctypes.c_size_t * 1)(), k,
+                flags))
+        finally:
+            self._leave()
+        out = addrs.tolist()
+        with self._lock:
+            self._regions.update(zip(out, zip(lens.tolist(), itertools.repeat(None))))
+        return out
+
     def deregister_batch(self, bufs):
         """Deregisters each; raises the first failure after processing all."""
-        addrs_l = [_buffers.address(b) for b in bufs]
+        vec = _vectors.u64(bufs, "buffer_addresses")
+        addrs_l = vec.tolist() if vec is not None else [_buffers.address(b) for b in bufs]
         k = len(addrs_l)
-        addrs = (ctypes.c_void_p * max(k, 1))(*addrs_l)
+        addrs = (_vectors.pointer(vec, ctypes.c_void_p) if vec is not None and k
+                 else (ctypes.c_void_p * max(k, 1))(*addrs_l))
         e = self._enter()
         try:
             rc = _lib.fn("ferry_deregister_batch")(e, addrs, k)
@@ -423,9 +451,8 @@ class Engine:
             self._leave()
         # Regions whose deregistration failed were not registered (or are
         # still); dropping our pin only for those gone is what matters.
-        for a in addrs_l:
-            if rc >= 0:
-                self._drop_region(a)
+        if rc >= 0:
+            self._drop_regions(addrs_l)
         if rc < 0:
             self._resync_regions(addrs_l)
             check(rc, detail or None)

@@ -130,6 +130,14 @@ def _seq(v, what):
     return v if hasattr(v, "__len__") and hasattr(v, "__getitem__") else list(v)
 
 
+def _sized(v):
+    """v itself when it is a sequence or an array (for the vector fast path,
+    see _vectors), else a list of it."""
+    if hasattr(v, "__len__") and hasattr(v, "__getitem__") and not isinstance(v, (str, bytes)):
+        return v
+    return list(v)
+
+
 def _lists(buffers, peer_buffer_addresses, lengths):
     """The three lists of a batch call; INVALID_ARGUMENT when their counts differ."""
     bufs = _seq(buffers, "buffers")
@@ -442,7 +450,8 @@ class TransferEngine:
     def batch_register_memory(self, buffer_addresses, capacities, location="*"):
         def go():
             eng = self._eng()
-            addrs = eng.register_batch(list(buffer_addresses), list(capacities), core.MEM_REMOTE)
+            addrs = eng.register_batch(_sized(buffer_addresses), _sized(capacities),
+                                       core.MEM_REMOTE)
             self._check_location(eng, addrs, location)
             return 0
         return self._run(go)
@@ -481,7 +490,7 @@ class TransferEngine:
                  % (location, info.addr, info.len, info.kind))
 
     def batch_unregister_memory(self, buffer_addresses):
-        return self._run(lambda: (self._eng().deregister_batch(list(buffer_addresses)), 0)[1])
+        return self._run(lambda: (self._eng().deregister_batch(_sized(buffer_addresses)), 0)[1])
 
     def allocate_managed_buffer(self, length):
         """A registered buffer of length bytes owned by the engine; its address, 0 on failure."""
