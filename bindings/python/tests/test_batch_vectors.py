@@ -56,6 +56,7 @@ class TestVectorConversion(unittest.TestCase):
         self.assertIsNone(_vectors.u64(np.array([1, -1], dtype=np.int64)))
         self.assertIsNone(_vectors.u64(np.zeros((2, 2), dtype=np.uint64)))
         self.assertIsNone(_vectors.u64(np.array([True])))
+        self.assertEqual(_vectors.u64(np.array([1, 2 ** 40], dtype=">u8")).tolist(), [1, 2 ** 40])
         # numpy integer scalars in a list convert too
         self.assertEqual(_vectors.u64([np.uint64(7), np.int64(8)]).tolist(), [7, 8])
         for dt in (np.float64, np.float32, np.complex128):
@@ -169,6 +170,21 @@ class TestBatchInputs(unittest.TestCase):
         rem2[:, 1] = rem
         self.assertFalse(loc2[:, 0].flags["C_CONTIGUOUS"])
         self.check_write(loc2[:, 0], rem2[:, 1], np.array(lens, dtype=np.uint32))
+
+    @requires_numpy
+    def test_strict_engine_and_read_only_arrays(self):
+        loc, rem, lens = self.lists()
+        arrs = [np.array(v, dtype=np.uint64) for v in (loc, rem, lens)]
+        for a in arrs:
+            a.flags.writeable = False
+        self.p.engine.write_batch(self.sid, *arrs)
+        self.assertEqual(bytes(self.dst), self.expected())
+        bad = np.array(rem, dtype=np.int64)
+        bad[0] = -1
+        with self.assertRaises(ferry.InvalidArgument):
+            self.p.engine.write_batch(self.sid, arrs[0], bad, arrs[2])
+        with self.assertRaises(TypeError):
+            self.p.engine.write_batch(self.sid, arrs[0], arrs[1], arrs[2].astype(np.float64))
 
     @requires_numpy
     def test_numpy_scalars_in_lists(self):
