@@ -65,6 +65,8 @@ def u64(seq, what="list"):
             return None
         if seq.typecode in "fd":
             raise TypeError("%s must hold ints (addresses or lengths), not floats" % what)
+        if seq.typecode not in "BHILQ" + _SIGNED_CODES:
+            return None  # 'u', 'w': characters
         return array.array("Q", seq)
     if not (hasattr(seq, "__len__") and hasattr(seq, "__getitem__")) or isinstance(
             seq, (str, bytes, bytearray)):

@@ -43,6 +43,7 @@ class TestVectorConversion(unittest.TestCase):
         self.assertEqual(_vectors.u64(array.array("I", [3, 4])).tolist(), [3, 4])
         self.assertEqual(_vectors.u64(array.array("q", [3, 4])).tolist(), [3, 4])
         self.assertIsNone(_vectors.u64(array.array("q", [3, -4])))
+        self.assertIsNone(_vectors.u64(array.array("u", "ab")))
         with self.assertRaises(TypeError):
             _vectors.u64(array.array("d", [1.0]))
 
