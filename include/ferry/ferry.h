@@ -366,6 +366,11 @@ FERRY_API int ferry_batch_free(ferry_batch_t *b);
  * TOO_MANY_REQUESTS when the receiver holds too many unread ones from this
  * sender or its address (see below). */
 FERRY_API int ferry_notify(ferry_engine_t *e, const char *peer, const void *msg, size_t len);
+/* The same, ending by timeout_ms (<= 0: config.timeout_ms) with TIMEOUT:
+ * for a notice to a peer that may not answer (one whose transfer just
+ * timed out), which must not hold the caller a whole default deadline. */
+FERRY_API int ferry_notify_timeout(ferry_engine_t *e, const char *peer, const void *msg, size_t len,
+                                   int timeout_ms);
 
 /* Who sent a notification. ferry_notification_t's peer is the name the
  * sender gave in its handshake: with a shared secret (config.secret) only
