@@ -79,6 +79,7 @@ void ferry_conn_free(ferry_conn_t *c)
 {
     if (!c) return;
     if (c->fd >= 0) close(c->fd);
+    ferry_cancel_conn_close(c);
     if (c->xport_free) c->xport_free(c->xport);
     free(c->bounce);
     free(c);
@@ -196,7 +197,9 @@ int ferry_serve_hello(ferry_conn_t *c, const ferry_frame_t *f)
     } else if (atomic_load(&e->stopping)) {
         status = FERRY_ERR_REJECT_HANDSHAKE;
     }
-    ferry_frame_t out = {.type = FERRY_FRAME_HELLO_ACK, .status = status, .plen = (uint32_t)alen};
+    /* aux: the key CANCELs name this connection by (cancel.h). */
+    ferry_frame_t out = {.type = FERRY_FRAME_HELLO_ACK, .status = status, .plen = (uint32_t)alen,
+                         .aux = status ? 0 : ferry_cancel_conn_open(c)};
     int src = ferry_conn_send_frame(c, &out, ack, deadline);
     if (status == FERRY_ERR_AUTH_FAILED) return status; /* keeps its detail for the log */
     if (src) return src;
@@ -241,20 +244,22 @@ static int serve_notify(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadli
     return ferry_conn_send_frame(c, &ack, NULL, deadline);
 }
 
-bool ferry_engine_is_cancelled(ferry_engine_t *e, uint64_t engine_id, uint64_t req_id)
-{
-    return req_id && ferry_cancel_set_has(&e->cancels, engine_id, req_id);
-}
+static void send_error(ferry_conn_t *c, int code);
 
-/* Records the cancel, then waits out every placement in progress (they hold
- * the registry's read lock): once CANCEL_ACK is sent, no byte of the request
- * can land, because every later chunk checks the cancel set first under
- * that lock (cancel.h). */
+/* Records the cancel on the data connection it names (aux), then waits out
+ * every placement in progress (they hold the registry's read lock): once
+ * CANCEL_ACK is sent, no byte of the request can land, because every later
+ * chunk checks its connection's cancel set first under that lock
+ * (cancel.h). */
 static int serve_cancel(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline)
 {
     ferry_engine_t *e = c->engine;
-    int rc = ferry_cancel_set_add(&e->cancels, c->peer.engine_id, f->req_id, c->serial);
-    if (rc) return rc; /* no ack: the initiator reports CANCEL_UNCONFIRMED */
+    int rc = ferry_cancel_record(c, f->req_id, f->aux);
+    if (rc) {
+        /* No ack: the initiator reports CANCEL_UNCONFIRMED. */
+        send_error(c, rc);
+        return rc;
+    }
     ferry_registry_barrier(&e->registry);
     ferry_frame_t ack = {.type = FERRY_FRAME_CANCEL_ACK, .req_id = f->req_id};
     return ferry_conn_send_frame(c, &ack, NULL, deadline);
@@ -340,37 +345,31 @@ static void *serve_thread(void *arg)
     return NULL;
 }
 
-/* Forgets cancels that no served connection can carry any more (cancel.h). */
-static void prune_cancels_locked(ferry_engine_t *e)
-{
-    uint64_t oldest = UINT64_MAX;
-    for (ferry_conn_t *c = e->conns; c; c = c->next)
-        if (!atomic_load(&c->done) && c->serial < oldest) oldest = c->serial;
-    ferry_cancel_set_prune(&e->cancels, oldest);
-}
-
-/* Joins and frees served connections whose threads have finished. */
+/* Joins and frees served connections whose threads have finished. Only
+ * the listener (or destroy, after it) changes the list, so *pp stays put
+ * while the lock is dropped. A connection leaves the list only once its
+ * thread is joined: a CANCEL naming it must find it while it can still
+ * place a byte (cancel.h). */
 static void reap_conns(ferry_engine_t *e, bool all)
 {
     pthread_mutex_lock(&e->conns_lock);
-    bool reaped = false;
     ferry_conn_t **pp = &e->conns;
     while (*pp) {
         ferry_conn_t *c = *pp;
         if (all || atomic_load(&c->done)) {
-            *pp = c->next;
-            e->nconns_served--;
             pthread_mutex_unlock(&e->conns_lock);
             if (all) shutdown(c->fd, SHUT_RDWR);
             pthread_join(c->thread, NULL);
+            pthread_mutex_lock(&e->conns_lock);
+            *pp = c->next;
+            e->nconns_served--;
+            pthread_mutex_unlock(&e->conns_lock);
             ferry_conn_free(c);
             pthread_mutex_lock(&e->conns_lock);
-            reaped = true;
         } else {
             pp = &c->next;
         }
     }
-    if (reaped) prune_cancels_locked(e);
     pthread_mutex_unlock(&e->conns_lock);
 }
 
@@ -418,7 +417,18 @@ static void accept_one(ferry_engine_t *e)
     c->engine = e;
     c->serial = atomic_fetch_add(&e->next_conn_serial, 1);
     describe_remote(fd, c->remote, sizeof c->remote);
+    /* Listed before its thread starts: a CANCEL naming it must find it as
+     * soon as its handshake is answered (cancel.h). */
+    pthread_mutex_lock(&e->conns_lock);
+    c->next = e->conns;
+    e->conns = c;
+    e->nconns_served++;
     int prc = pthread_create(&c->thread, NULL, serve_thread, c);
+    if (prc != 0) {
+        e->conns = c->next;
+        e->nconns_served--;
+    }
+    pthread_mutex_unlock(&e->conns_lock);
     if (prc != 0) {
         FERRY_LOG(FERRY_LOG_ERROR, "engine", "cannot start a connection thread: %s", strerror(prc));
         FERRY_STAT_ADD(&e->stats, connections_refused, 1);
@@ -426,11 +436,6 @@ static void accept_one(ferry_engine_t *e)
         return;
     }
     FERRY_STAT_ADD(&e->stats, connections_accepted, 1);
-    pthread_mutex_lock(&e->conns_lock);
-    c->next = e->conns;
-    e->conns = c;
-    e->nconns_served++;
-    pthread_mutex_unlock(&e->conns_lock);
 }
 
 static void *listener_thread(void *arg)
@@ -492,7 +497,6 @@ static void engine_free(ferry_engine_t *e)
     pthread_mutex_destroy(&e->queue_lock);
     pthread_cond_destroy(&e->queue_cond);
     pthread_mutex_destroy(&e->notify_lock);
-    ferry_cancel_set_destroy(&e->cancels);
     free(e->cfg_strings);
     free(e);
 }
@@ -507,7 +511,6 @@ static ferry_engine_t *engine_alloc(void)
     pthread_mutex_init(&e->queue_lock, NULL);
     ferry_cond_init_monotonic(&e->queue_cond);
     pthread_mutex_init(&e->notify_lock, NULL);
-    ferry_cancel_set_init(&e->cancels);
     atomic_store(&e->next_conn_serial, 1);
     ferry_registry_init(&e->registry);
     ferry_metrics_init(&e->metrics);

@@ -33,7 +33,13 @@ typedef struct ferry_conn {
     atomic_bool done;          /* target side: the thread has finished */
     void *xport;               /* a transport's per-connection state, or NULL */
     void (*xport_free)(void *); /* frees xport with the connection */
-    uint64_t serial;           /* target side: accept order, 1, 2, ... (cancel.h) */
+    uint64_t serial;           /* target side: accept order, 1, 2, ... */
+    /* Cancels (cancel.h). Target side: the key this connection was given in
+     * its HELLO_ACK, the peer engine it serves (both published once the
+     * handshake is read, 0 before), and the ids it refuses (NULL: none).
+     * Initiator side: cancel_key is the key the target gave. */
+    _Atomic uint64_t cancel_key, cancel_peer;
+    _Atomic(ferry_cancel_set_t *) cancels;
     uint64_t pool_gen;         /* initiator side: the session's pool generation at connect */
     char remote[64];           /* target side: the socket's peer address, for logs */
 } ferry_conn_t;
@@ -63,7 +69,7 @@ struct ferry_session {
     ferry_peer_stats_t *stats;  /* the engine's metrics entry for this peer */
     /* Request ids whose cancel the peer has not confirmed yet (cancel.c):
      * fenced again before the next request goes out. */
-    uint64_t *unfenced;
+    ferry_fence_id_t *unfenced;
     size_t nunfenced;
 
     /* The peer's remote-accessible segments, sorted by address. */
@@ -159,10 +165,10 @@ struct ferry_engine {
     size_t notify_count;
     size_t notify_bytes;
 
-    /* Requests initiators cancelled, whose late frames this target refuses
-     * (cancel.h); connections get serials in accept order. */
-    ferry_cancel_set_t cancels;
+    /* Connections get serials in accept order; cancelled requests are kept
+     * per served connection, this many in all (cancel.h). */
     _Atomic uint64_t next_conn_serial;
+    atomic_size_t cancels_held;
 
     /* The RDMA transport's state (src/transport/rdma.c): probe result and
      * device context, made at first use. */
@@ -187,7 +193,6 @@ int ferry_serve_hello(ferry_conn_t *c, const ferry_frame_t *f);
 /* Runs a served connection to its end: handshake, then frames until the
  * peer leaves, misbehaves or the engine stops. Frees nothing. */
 void ferry_serve_connection(ferry_conn_t *c);
-bool ferry_engine_is_cancelled(ferry_engine_t *e, uint64_t engine_id, uint64_t req_id);
 void ferry_hello_fill(ferry_engine_t *e, ferry_hello_t *h);
 
 /* frame I/O shared by both sides */

@@ -168,6 +168,7 @@ static int recv_hello_ack(ferry_conn_t *c, ferry_session_t *s, uint8_t *ack, siz
     rc = ferry_net_recv(c->fd, ack, f.plen, deadline);
     if (rc) return rc;
     *alen = f.plen;
+    atomic_store(&c->cancel_key, f.aux); /* names this connection in CANCELs (cancel.h) */
     rc = ferry_hello_decode(ack, f.plen, &c->peer);
     if (rc) return rc;
     int ours = e->cfg.test_protocol_version ? e->cfg.test_protocol_version : FERRY_PROTOCOL_VERSION;

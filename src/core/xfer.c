@@ -147,10 +147,11 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
             ferry_stream_ctl_arm(ctl, c->fd);
             rc = session_transport(s)->run(c, xs, n, &broken);
             interrupted = ferry_stream_ctl_disarm(ctl);
+            uint64_t conn_key = atomic_load(&c->cancel_key);
             ferry_session_checkin(s, c, !broken && !interrupted); /* fired: shut down */
             /* No late write: what the aborted connection may still deliver
              * is fenced before anything is reported or retried (cancel.h). */
-            if (broken) ferry_fence_in_doubt(s, xs, n, rc);
+            if (broken) ferry_fence_in_doubt(s, xs, n, rc, conn_key);
         }
         if (interrupted) {
             /* A canceller broke the stream on purpose: not the peer's fault,
