@@ -497,6 +497,9 @@ static void engine_free(ferry_engine_t *e)
     pthread_mutex_destroy(&e->queue_lock);
     pthread_cond_destroy(&e->queue_cond);
     pthread_mutex_destroy(&e->notify_lock);
+    pthread_mutex_destroy(&e->busy_lock);
+    pthread_mutex_destroy(&e->calls_lock);
+    pthread_cond_destroy(&e->calls_cond);
     free(e->cfg_strings);
     free(e);
 }
@@ -511,6 +514,9 @@ static ferry_engine_t *engine_alloc(void)
     pthread_mutex_init(&e->queue_lock, NULL);
     ferry_cond_init_monotonic(&e->queue_cond);
     pthread_mutex_init(&e->notify_lock, NULL);
+    pthread_mutex_init(&e->busy_lock, NULL);
+    pthread_mutex_init(&e->calls_lock, NULL);
+    pthread_cond_init(&e->calls_cond, NULL);
     atomic_store(&e->next_conn_serial, 1);
     ferry_registry_init(&e->registry);
     ferry_metrics_init(&e->metrics);
@@ -589,6 +595,36 @@ fail:
     return rc;
 }
 
+int ferry_engine_enter(ferry_engine_t *e)
+{
+    atomic_fetch_add(&e->calls, 1);
+    if (atomic_load(&e->stopping)) {
+        ferry_engine_leave(e);
+        return ferry_fail(FERRY_ERR_CONTEXT, "the engine is shutting down");
+    }
+    return 0;
+}
+
+void ferry_engine_leave(ferry_engine_t *e)
+{
+    /* The last one out while destroy waits tells it; nothing of e is
+     * touched after that. */
+    if (atomic_fetch_sub(&e->calls, 1) == 1 && atomic_load(&e->stopping)) {
+        pthread_mutex_lock(&e->calls_lock);
+        pthread_cond_broadcast(&e->calls_cond);
+        pthread_mutex_unlock(&e->calls_lock);
+    }
+}
+
+/* Each call still in progress was woken (ferry_sessions_interrupt) and
+ * ends within its fence's cancel_timeout_ms. */
+static void wait_for_calls(ferry_engine_t *e)
+{
+    pthread_mutex_lock(&e->calls_lock);
+    while (atomic_load(&e->calls) > 0) pthread_cond_wait(&e->calls_cond, &e->calls_lock);
+    pthread_mutex_unlock(&e->calls_lock);
+}
+
 void ferry_engine_destroy(ferry_engine_t *e)
 {
     if (!e) return;
@@ -596,9 +632,12 @@ void ferry_engine_destroy(ferry_engine_t *e)
      * answering. It stays open for our own lookups until no thread is left. */
     ferry_directory_unpublish(e);
     atomic_store(&e->stopping, true);
+    ferry_sessions_interrupt(e);
     if (write(e->wake_fd[1], "x", 1) < 0) { /* the listener also polls with a timeout */ }
     pthread_join(e->listener, NULL);
     reap_conns(e, true);
+    /* Calls in progress may hand pieces to the workers: they go first. */
+    wait_for_calls(e);
     ferry_workers_stop(e);
     ferry_sessions_destroy(e);
     ferry_directory_stop(e);

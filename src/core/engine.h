@@ -29,6 +29,7 @@ typedef struct ferry_conn {
     unsigned char *bounce;     /* checksum / device-memory staging, lazily made */
     size_t bounce_cap;         /* its size; 0 = FERRY_WIRE_MAX_DATA (the target's checksum staging) */
     struct ferry_conn *next;   /* target side: list of served connections */
+    struct ferry_conn *busy_prev, *busy_next; /* initiator side: the engine's checked-out list */
     pthread_t thread;          /* target side: its serving thread */
     atomic_bool done;          /* target side: the thread has finished */
     void *xport;               /* a transport's per-connection state, or NULL */
@@ -152,6 +153,15 @@ struct ferry_engine {
     pthread_mutex_t sessions_lock;
     ferry_session_t *sessions;
 
+    /* Initiator connections checked out or connecting (session.c): destroy
+     * shuts them down to wake the calls blocked on them. */
+    pthread_mutex_t busy_lock;
+    ferry_conn_t *busy;
+    /* Public calls in progress (ferry_engine_enter); destroy waits for 0. */
+    atomic_int calls;
+    pthread_mutex_t calls_lock;
+    pthread_cond_t calls_cond;
+
     /* Async batch workers. */
     pthread_mutex_t queue_lock;
     pthread_cond_t queue_cond;
@@ -187,6 +197,12 @@ int ferry_config_copy(ferry_engine_t *e, const ferry_config_t *cfg);
 /* Notifications queued and not yet fetched; more are refused. */
 #define FERRY_MAX_QUEUED_NOTIFY 65536
 #define FERRY_MAX_QUEUED_NOTIFY_BYTES (256u << 20)
+
+/* engine.c: a public call that may block on a peer enters first (CONTEXT
+ * once destroy began) and leaves when done; destroy wakes the calls in
+ * progress and waits until they all left before freeing anything. */
+int ferry_engine_enter(ferry_engine_t *e);
+void ferry_engine_leave(ferry_engine_t *e);
 
 /* engine.c: target side */
 int ferry_serve_hello(ferry_conn_t *c, const ferry_frame_t *f);
@@ -236,6 +252,10 @@ int ferry_session_refresh_segments(ferry_session_t *s, uint64_t deadline);
  * afresh, epoch check included, and refetches the segments. */
 void ferry_session_teardown(ferry_session_t *s);
 void ferry_sessions_destroy(ferry_engine_t *e);
+/* Destroy began (e->stopping set): shuts down every checked-out connection
+ * and wakes every wait for one, so that each call blocked on a peer comes
+ * out at once. */
+void ferry_sessions_interrupt(ferry_engine_t *e);
 
 /* xfer.c: running pieces on one connection with retries and re-resolution */
 int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);

@@ -71,7 +71,7 @@ static int send_notify(ferry_conn_t *c, const void *msg, size_t len, uint64_t de
     return 0;
 }
 
-int ferry_notify(ferry_engine_t *e, const char *peer, const void *msg, size_t len)
+static int notify(ferry_engine_t *e, const char *peer, const void *msg, size_t len)
 {
     ferry_clear_last_error();
     if (!e || !peer || (!msg && len)) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "notify: NULL argument");
@@ -94,6 +94,16 @@ int ferry_notify(ferry_engine_t *e, const char *peer, const void *msg, size_t le
     }
     ferry_session_put(s);
     if (rc) ferry_fail_context("notify %s (%zu bytes)", peer, len);
+    return rc;
+}
+
+/* Inside the engine's count of calls in progress (engine.h). */
+int ferry_notify(ferry_engine_t *e, const char *peer, const void *msg, size_t len)
+{
+    int rc = e ? ferry_engine_enter(e) : 0;
+    if (rc) return rc;
+    rc = notify(e, peer, msg, len);
+    if (e) ferry_engine_leave(e);
     return rc;
 }
 

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "auth.h"
@@ -307,7 +308,54 @@ static int handshake(ferry_conn_t *c, ferry_session_t *s, uint64_t deadline)
     return rc;
 }
 
-static int connect_new(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out)
+/* ------------------------------------------------- checked-out connections */
+
+/* Lists c as in use. Once destroy began, only a fence (spare) may still
+ * use a connection (bounded by cancel_timeout_ms): others get CONTEXT. The
+ * check is made under the list's lock, so ferry_sessions_interrupt either
+ * sees c or c sees the engine stopping. */
+static int busy_add(ferry_conn_t *c, bool spare)
+{
+    ferry_engine_t *e = c->engine;
+    pthread_mutex_lock(&e->busy_lock);
+    bool stopping = atomic_load(&e->stopping);
+    if (spare || !stopping) {
+        c->busy_prev = NULL;
+        c->busy_next = e->busy;
+        if (e->busy) e->busy->busy_prev = c;
+        e->busy = c;
+    }
+    pthread_mutex_unlock(&e->busy_lock);
+    if (spare || !stopping) return 0;
+    return ferry_fail(FERRY_ERR_CONTEXT, "the engine is shutting down");
+}
+
+static void busy_remove(ferry_conn_t *c)
+{
+    ferry_engine_t *e = c->engine;
+    pthread_mutex_lock(&e->busy_lock);
+    if (c->busy_prev)
+        c->busy_prev->busy_next = c->busy_next;
+    else if (e->busy == c)
+        e->busy = c->busy_next;
+    if (c->busy_next) c->busy_next->busy_prev = c->busy_prev;
+    c->busy_prev = c->busy_next = NULL;
+    pthread_mutex_unlock(&e->busy_lock);
+}
+
+void ferry_sessions_interrupt(ferry_engine_t *e)
+{
+    pthread_mutex_lock(&e->busy_lock);
+    /* Listed connections are open: they leave the list before closing. */
+    for (ferry_conn_t *c = e->busy; c; c = c->busy_next) shutdown(c->fd, SHUT_RDWR);
+    pthread_mutex_unlock(&e->busy_lock);
+    pthread_mutex_lock(&e->sessions_lock);
+    for (ferry_session_t *s = e->sessions; s; s = s->next) ferry_session_wake(s);
+    pthread_mutex_unlock(&e->sessions_lock);
+}
+
+/* Connects, handshakes, and lists the connection as in use. */
+static int connect_new(ferry_session_t *s, uint64_t deadline, bool spare, ferry_conn_t **out)
 {
     ferry_engine_t *e = s->engine;
     uint64_t cdl = ferry_deadline_after_ms(e->cfg.connect_timeout_ms);
@@ -337,10 +385,17 @@ static int connect_new(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out
         free(c);
         return rc;
     }
+    rc = busy_add(c, spare);
+    if (rc) {
+        ferry_conn_free(c);
+        return rc;
+    }
     ferry_net_tune(c->fd, e->cfg.keepalive_ms);
     rc = handshake(c, s, cdl);
     if (rc) {
         if (rc == FERRY_ERR_TIMEOUT) ferry_fail_context("handshake with %s", s->name);
+        if (atomic_load(&e->stopping) && !spare) rc = ferry_fail(FERRY_ERR_CONTEXT, "the engine is shutting down");
+        busy_remove(c);
         ferry_conn_free(c);
         return rc;
     }
@@ -366,11 +421,11 @@ static bool conn_looks_healthy(ferry_conn_t *c)
 
 /* With s->lock held: counts a new connection, releases the lock and
  * connects; a failed connect gives its place back. */
-static int connect_counted(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out)
+static int connect_counted(ferry_session_t *s, uint64_t deadline, bool spare, ferry_conn_t **out)
 {
     s->nconns++;
     pthread_mutex_unlock(&s->lock);
-    int rc = connect_new(s, deadline, out);
+    int rc = connect_new(s, deadline, spare, out);
     if (rc) {
         pthread_mutex_lock(&s->lock);
         s->nconns--;
@@ -410,18 +465,25 @@ int ferry_session_checkout_abortable(ferry_session_t *s, uint64_t deadline, atom
             pthread_mutex_unlock(&s->lock);
             return ferry_fail(FERRY_ERR_CANCELLED, "interrupted while waiting for a connection to %s", s->name);
         }
+        if (atomic_load(&s->engine->stopping)) {
+            pthread_mutex_unlock(&s->lock);
+            return ferry_fail(FERRY_ERR_CONTEXT, "the engine is shutting down");
+        }
         if (s->state != SESSION_OK) {
             int rc = state_error(s);
             pthread_mutex_unlock(&s->lock);
             return rc;
         }
-        if (atomic_load(&s->engine->stopping)) {
-            pthread_mutex_unlock(&s->lock);
-            return ferry_fail(FERRY_ERR_CONTEXT, "the engine is shutting down");
-        }
         if (s->nidle > 0) {
             ferry_conn_t *c = s->idle[--s->nidle];
             if (conn_looks_healthy(c)) {
+                int rc = busy_add(c, false);
+                if (rc) {
+                    s->nconns--;
+                    pthread_mutex_unlock(&s->lock);
+                    ferry_conn_free(c);
+                    return rc;
+                }
                 pthread_mutex_unlock(&s->lock);
                 *out = c;
                 return 0;
@@ -430,7 +492,7 @@ int ferry_session_checkout_abortable(ferry_session_t *s, uint64_t deadline, atom
             ferry_conn_free(c);
             continue;
         }
-        if (s->nconns < s->max_conns) return connect_counted(s, deadline, out);
+        if (s->nconns < s->max_conns) return connect_counted(s, deadline, false, out);
         struct timespec ts = ferry_deadline_timespec(deadline);
         if (deadline == UINT64_MAX)
             pthread_cond_wait(&s->cond, &s->lock);
@@ -449,6 +511,7 @@ int ferry_session_checkout_spare(ferry_session_t *s, uint64_t deadline, bool fre
     while (!fresh && s->state == SESSION_OK && s->nidle > 0) {
         ferry_conn_t *c = s->idle[--s->nidle];
         if (conn_looks_healthy(c)) {
+            busy_add(c, true);
             pthread_mutex_unlock(&s->lock);
             *out = c;
             return 0;
@@ -456,11 +519,12 @@ int ferry_session_checkout_spare(ferry_session_t *s, uint64_t deadline, bool fre
         s->nconns--;
         ferry_conn_free(c);
     }
-    return connect_counted(s, deadline, out);
+    return connect_counted(s, deadline, true, out);
 }
 
 void ferry_session_checkin(ferry_session_t *s, ferry_conn_t *c, bool ok)
 {
+    busy_remove(c);
     pthread_mutex_lock(&s->lock);
     if (ok && s->state == SESSION_OK && c->pool_gen == s->pool_gen && s->nidle < s->max_conns) {
         s->idle[s->nidle++] = c;
@@ -660,7 +724,7 @@ int ferry_session_resolve(ferry_session_t *s, int opcode, uint64_t remote, uint6
 
 /* ------------------------------------------------------------- public API */
 
-int ferry_session_open(ferry_engine_t *e, const char *peer)
+static int session_open(ferry_engine_t *e, const char *peer)
 {
     ferry_clear_last_error();
     ferry_session_t *s;
@@ -700,7 +764,7 @@ int ferry_session_close(ferry_engine_t *e, const char *peer)
     return 0;
 }
 
-int ferry_session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info)
+static int session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info)
 {
     ferry_clear_last_error();
     if (!info) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "session info: info is NULL");
@@ -730,7 +794,7 @@ int ferry_session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *i
     return rc;
 }
 
-long ferry_session_segments(ferry_engine_t *e, const char *peer, ferry_segment_t *out, size_t max)
+static long session_segments(ferry_engine_t *e, const char *peer, ferry_segment_t *out, size_t max)
 {
     ferry_clear_last_error();
     if (!out && max) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "session segments: out is NULL");
@@ -750,7 +814,7 @@ long ferry_session_segments(ferry_engine_t *e, const char *peer, ferry_segment_t
     return n;
 }
 
-int ferry_session_ping(ferry_engine_t *e, const char *peer, uint64_t *rtt_us)
+static int session_ping(ferry_engine_t *e, const char *peer, uint64_t *rtt_us)
 {
     ferry_clear_last_error();
     if (!rtt_us) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "ping: rtt_us is NULL");
@@ -774,5 +838,44 @@ int ferry_session_ping(ferry_engine_t *e, const char *peer, uint64_t *rtt_us)
     }
     if (rc) ferry_fail_context("ping %s", peer);
     ferry_session_put(s);
+    return rc;
+}
+
+/* The calls that talk to a peer run inside the engine's count of calls in
+ * progress, so that destroy wakes them and waits for them (engine.h). */
+
+int ferry_session_open(ferry_engine_t *e, const char *peer)
+{
+    int rc = e ? ferry_engine_enter(e) : 0;
+    if (rc) return rc;
+    rc = session_open(e, peer);
+    if (e) ferry_engine_leave(e);
+    return rc;
+}
+
+int ferry_session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info)
+{
+    int rc = e ? ferry_engine_enter(e) : 0;
+    if (rc) return rc;
+    rc = session_info(e, peer, info);
+    if (e) ferry_engine_leave(e);
+    return rc;
+}
+
+long ferry_session_segments(ferry_engine_t *e, const char *peer, ferry_segment_t *out, size_t max)
+{
+    int rc = e ? ferry_engine_enter(e) : 0;
+    if (rc) return rc;
+    long n = session_segments(e, peer, out, max);
+    if (e) ferry_engine_leave(e);
+    return n;
+}
+
+int ferry_session_ping(ferry_engine_t *e, const char *peer, uint64_t *rtt_us)
+{
+    int rc = e ? ferry_engine_enter(e) : 0;
+    if (rc) return rc;
+    rc = session_ping(e, peer, rtt_us);
+    if (e) ferry_engine_leave(e);
     return rc;
 }

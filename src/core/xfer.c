@@ -161,6 +161,9 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
             attempt--;
             continue;
         }
+        if (rc && atomic_load(&e->stopping))
+            rc = ferry_fail(FERRY_ERR_CONTEXT, "the engine was destroyed while the request to %s ran (%s)", s->name,
+                            ferry_error_name(rc));
         bool corrupted = false;
         for (size_t i = 0; i < n; i++) {
             if (xs[i].rc == FERRY_ERR_STALE_SEGMENT) explain_stale(s, &xs[i]);
@@ -291,11 +294,23 @@ static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const
     return rc;
 }
 
+/* run_sync inside the engine's count of calls in progress (destroy waits). */
+static int run_sync_entered(ferry_engine_t *e, const char *peer, int opcode, void *const *locals,
+                            const uint64_t *remotes, const size_t *lens, size_t n)
+{
+    if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "engine is NULL");
+    int rc = ferry_engine_enter(e);
+    if (rc) return rc;
+    rc = run_sync(e, peer, opcode, locals, remotes, lens, n);
+    ferry_engine_leave(e);
+    return rc;
+}
+
 int ferry_transfer_sync(ferry_engine_t *e, const char *peer, int opcode, void *local, uint64_t remote, size_t len)
 {
     ferry_clear_last_error();
     uint64_t r = remote;
-    return run_sync(e, peer, opcode, &local, &r, &len, 1);
+    return run_sync_entered(e, peer, opcode, &local, &r, &len, 1);
 }
 
 int ferry_batch_transfer_sync(ferry_engine_t *e, const char *peer, int opcode, void *const *locals,
@@ -304,5 +319,5 @@ int ferry_batch_transfer_sync(ferry_engine_t *e, const char *peer, int opcode, v
     ferry_clear_last_error();
     if (!locals || !remotes || !lens) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "batch transfer: NULL array");
     if (n == 0) return 0;
-    return run_sync(e, peer, opcode, locals, remotes, lens, n);
+    return run_sync_entered(e, peer, opcode, locals, remotes, lens, n);
 }
