@@ -680,6 +680,7 @@ long ferry_batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_
     int rc = b ? ferry_engine_enter(b->engine) : 0;
     if (rc) return rc;
     long first = batch_submit(b, peer, reqs, n, timeout_ms);
-    if (b) ferry_engine_leave(b->engine);
-    return first;
+    if (!b) return first;
+    rc = ferry_engine_leave(b->engine, first < 0 ? (int)first : 0);
+    return rc ? rc : first;
 }

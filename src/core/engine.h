@@ -202,7 +202,9 @@ int ferry_config_copy(ferry_engine_t *e, const ferry_config_t *cfg);
  * once destroy began) and leaves when done; destroy wakes the calls in
  * progress and waits until they all left before freeing anything. */
 int ferry_engine_enter(ferry_engine_t *e);
-void ferry_engine_leave(ferry_engine_t *e);
+/* Returns rc, except that a link failure (PEER_CLOSED, SOCKET, TIMEOUT)
+ * while destroy runs, which destroy caused, becomes CONTEXT. */
+int ferry_engine_leave(ferry_engine_t *e, int rc);
 
 /* engine.c: target side */
 int ferry_serve_hello(ferry_conn_t *c, const ferry_frame_t *f);

@@ -103,8 +103,7 @@ int ferry_notify(ferry_engine_t *e, const char *peer, const void *msg, size_t le
     int rc = e ? ferry_engine_enter(e) : 0;
     if (rc) return rc;
     rc = notify(e, peer, msg, len);
-    if (e) ferry_engine_leave(e);
-    return rc;
+    return e ? ferry_engine_leave(e, rc) : rc;
 }
 
 long ferry_get_notifications(ferry_engine_t *e, ferry_notification_t *out, size_t max)

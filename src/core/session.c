@@ -849,8 +849,7 @@ int ferry_session_open(ferry_engine_t *e, const char *peer)
     int rc = e ? ferry_engine_enter(e) : 0;
     if (rc) return rc;
     rc = session_open(e, peer);
-    if (e) ferry_engine_leave(e);
-    return rc;
+    return e ? ferry_engine_leave(e, rc) : rc;
 }
 
 int ferry_session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info)
@@ -858,8 +857,7 @@ int ferry_session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *i
     int rc = e ? ferry_engine_enter(e) : 0;
     if (rc) return rc;
     rc = session_info(e, peer, info);
-    if (e) ferry_engine_leave(e);
-    return rc;
+    return e ? ferry_engine_leave(e, rc) : rc;
 }
 
 long ferry_session_segments(ferry_engine_t *e, const char *peer, ferry_segment_t *out, size_t max)
@@ -867,8 +865,9 @@ long ferry_session_segments(ferry_engine_t *e, const char *peer, ferry_segment_t
     int rc = e ? ferry_engine_enter(e) : 0;
     if (rc) return rc;
     long n = session_segments(e, peer, out, max);
-    if (e) ferry_engine_leave(e);
-    return n;
+    if (!e) return n;
+    rc = ferry_engine_leave(e, n < 0 ? (int)n : 0);
+    return rc ? rc : n;
 }
 
 int ferry_session_ping(ferry_engine_t *e, const char *peer, uint64_t *rtt_us)
@@ -876,6 +875,5 @@ int ferry_session_ping(ferry_engine_t *e, const char *peer, uint64_t *rtt_us)
     int rc = e ? ferry_engine_enter(e) : 0;
     if (rc) return rc;
     rc = session_ping(e, peer, rtt_us);
-    if (e) ferry_engine_leave(e);
-    return rc;
+    return e ? ferry_engine_leave(e, rc) : rc;
 }

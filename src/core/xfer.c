@@ -301,9 +301,7 @@ static int run_sync_entered(ferry_engine_t *e, const char *peer, int opcode, voi
     if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "engine is NULL");
     int rc = ferry_engine_enter(e);
     if (rc) return rc;
-    rc = run_sync(e, peer, opcode, locals, remotes, lens, n);
-    ferry_engine_leave(e);
-    return rc;
+    return ferry_engine_leave(e, run_sync(e, peer, opcode, locals, remotes, lens, n));
 }
 
 int ferry_transfer_sync(ferry_engine_t *e, const char *peer, int opcode, void *local, uint64_t remote, size_t len)
