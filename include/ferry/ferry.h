@@ -91,6 +91,19 @@ typedef struct ferry_config {
     int spin_us;
     /* Testing only: advertise this protocol version instead of ours (0 = ours). */
     int test_protocol_version;
+    /* Served connections that completed the handshake, 2048
+     * (FERRY_MAX_CONNECTIONS). When full, a peer finishing its handshake
+     * takes the place of the connection idle the longest; one with a request
+     * in flight is never closed. Connections still in their handshake have
+     * a separate budget of max(8, max_connections / 16), oldest dropped
+     * first, so silent connections cannot crowd out working ones. */
+    int max_connections;
+    /* Connections from one source address at once, 0 (default) = a quarter
+     * of max_connections (FERRY_MAX_CONNECTIONS_PER_SOURCE). */
+    int max_connections_per_source;
+    /* Address the metrics endpoint listens on, NULL = host
+     * (FERRY_METRICS_HOST); "0.0.0.0" serves every interface. */
+    const char *metrics_host;
 } ferry_config_t;
 
 /* Fills *cfg with defaults. */
@@ -149,11 +162,14 @@ typedef struct ferry_stats {
     uint64_t checksum_failures;   /* CRC32C mismatches detected, either side */
     /* target side */
     uint64_t connections_accepted;
-    uint64_t connections_refused; /* over the connection cap, or handshake refused */
+    uint64_t connections_refused; /* over a connection limit, or handshake refused */
     uint64_t auth_failures;       /* shared-secret authentications failed, either side */
     uint64_t frames_rejected;     /* connections dropped for a malformed frame */
     uint64_t bytes_placed;        /* bytes peers wrote into this engine's memory */
     uint64_t bytes_served;        /* bytes peers read from it */
+    uint64_t connections_evicted; /* idle connections closed to make room (config.max_connections) */
+    uint64_t handshakes_evicted;  /* connections closed still in their handshake, to make room */
+    uint64_t accept_backoffs;     /* times accept() found no file descriptor left and the listener paused */
     /* per code: codes[0..ncodes), in the order of the error table */
     size_t ncodes;
     ferry_stats_code_t codes[FERRY_STATS_MAX_CODES];
@@ -182,6 +198,29 @@ int ferry_register_batch(ferry_engine_t *e, void *const *addrs, const size_t *le
 int ferry_deregister_batch(ferry_engine_t *e, void *const *addrs, size_t n);
 /* Number of registered regions. */
 size_t ferry_region_count(ferry_engine_t *e);
+
+/* A registered region, as ferry_region_query reports it. */
+typedef struct ferry_region_info {
+    uint64_t addr, len;  /* the whole region */
+    unsigned flags;      /* FERRY_MEM_* it was registered with */
+    int device;          /* -1: host memory; else the device ordinal (CUDA) */
+    char kind[24];       /* "host", "cuda:0", ... */
+} ferry_region_info_t;
+
+/* The region registered with e that holds all of [addr, addr+len) (len 0:
+ * the byte at addr): 0 and *out, or ADDRESS_NOT_REGISTERED / OUT_OF_BOUNDS
+ * with the range named. Touches no memory. */
+int ferry_region_query(ferry_engine_t *e, const void *addr, size_t len, ferry_region_info_t *out);
+/* Copies len bytes from host memory src into dst, or from src into host
+ * memory dst, where dst (resp. src) must lie in memory registered with e, of
+ * any kind (device memory is copied by its own API). Checked first:
+ * ADDRESS_NOT_REGISTERED / OUT_OF_BOUNDS, nothing touched. Deregistration
+ * waits for a copy under way. len 0: 0, nothing checked nor touched. */
+int ferry_region_write(ferry_engine_t *e, void *dst, const void *src, size_t len);
+int ferry_region_read(ferry_engine_t *e, void *dst, const void *src, size_t len);
+/* 1 when this build and process tell device (CUDA) memory from host memory
+ * at registration, else 0; *why (if why is not NULL) says which and why. */
+int ferry_device_memory_supported(const char **why);
 
 /* --------------------------------------------------------------- sessions */
 
@@ -223,7 +262,10 @@ long ferry_session_segments(ferry_engine_t *e, const char *peer, ferry_segment_t
 
 enum ferry_opcode { FERRY_OP_READ = 0, FERRY_OP_WRITE = 1 };
 
-/* One contiguous request: local [local, local+len) <-> peer [remote, +len). */
+/* One contiguous request: local [local, local+len) <-> peer [remote, +len).
+ * len 0 is refused (INVALID_ARGUMENT): in C it is usually a bug. The Python
+ * binding's Mooncake API completes zero-length requests without a call, as
+ * Mooncake does. */
 typedef struct ferry_request {
     int opcode;      /* FERRY_OP_READ or FERRY_OP_WRITE */
     void *local;

@@ -28,6 +28,9 @@ void ferry_config_init(ferry_config_t *cfg)
     cfg->metadata_ttl_s = 10;
     cfg->cancel_timeout_ms = 1000;
     cfg->spin_us = 0;
+    cfg->max_connections = 2048;
+    cfg->max_connections_per_source = 0;
+    cfg->metrics_host = NULL;
 }
 
 int ferry_env_long(const char *name, long lo, long hi, long *out)
@@ -79,6 +82,9 @@ int ferry_config_from_env(ferry_config_t *cfg)
     ENV_INT("FERRY_METRICS_PORT", metrics_port, -1, 65535);
     ENV_INT("FERRY_CANCEL_TIMEOUT_MS", cancel_timeout_ms, 1, 600000);
     ENV_INT("FERRY_SPIN_US", spin_us, 0, 1000000);
+    ENV_INT("FERRY_MAX_CONNECTIONS", max_connections, 1, FERRY_MAX_CONNECTIONS_LIMIT);
+    ENV_INT("FERRY_MAX_CONNECTIONS_PER_SOURCE", max_connections_per_source, 0, FERRY_MAX_CONNECTIONS_LIMIT);
+    ENV_STR("FERRY_METRICS_HOST", metrics_host);
     return 0;
 }
 
@@ -106,6 +112,12 @@ static int check_config(const ferry_config_t *c)
                           c->cancel_timeout_ms);
     if (c->spin_us < 0 || c->spin_us > 1000000)
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: spin_us=%d not in [0, 1000000]", c->spin_us);
+    if (c->max_connections < 1 || c->max_connections > FERRY_MAX_CONNECTIONS_LIMIT)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: max_connections=%d not in [1, %d]", c->max_connections,
+                          FERRY_MAX_CONNECTIONS_LIMIT);
+    if (c->max_connections_per_source < 0 || c->max_connections_per_source > FERRY_MAX_CONNECTIONS_LIMIT)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: max_connections_per_source=%d not in [0, %d]",
+                          c->max_connections_per_source, FERRY_MAX_CONNECTIONS_LIMIT);
     return 0;
 }
 
@@ -115,15 +127,16 @@ int ferry_config_copy(ferry_engine_t *e, const ferry_config_t *cfg)
     int rc = check_config(cfg);
     if (rc) return rc;
     e->cfg = *cfg;
-    const char *strs[4] = {cfg->host, cfg->metadata ? cfg->metadata : "p2p",
-                           cfg->transport ? cfg->transport : "auto", cfg->secret ? cfg->secret : ""};
+    const char *strs[5] = {cfg->host, cfg->metadata ? cfg->metadata : "p2p",
+                           cfg->transport ? cfg->transport : "auto", cfg->secret ? cfg->secret : "",
+                           cfg->metrics_host && *cfg->metrics_host ? cfg->metrics_host : cfg->host};
     size_t total = 0;
-    for (int i = 0; i < 4; i++) total += strlen(strs[i]) + 1;
+    for (int i = 0; i < 5; i++) total += strlen(strs[i]) + 1;
     e->cfg_strings = malloc(total);
     if (!e->cfg_strings) return ferry_fail(FERRY_ERR_MEMORY, "config: out of memory");
     char *p = e->cfg_strings;
-    const char **dst[4] = {&e->cfg.host, &e->cfg.metadata, &e->cfg.transport, &e->cfg.secret};
-    for (int i = 0; i < 4; i++) {
+    const char **dst[5] = {&e->cfg.host, &e->cfg.metadata, &e->cfg.transport, &e->cfg.secret, &e->cfg.metrics_host};
+    for (int i = 0; i < 5; i++) {
         size_t n = strlen(strs[i]) + 1;
         memcpy(p, strs[i], n);
         *dst[i] = p;

@@ -123,6 +123,9 @@ class Config(ctypes.Structure):
         ("cancel_timeout_ms", c_int),
         ("spin_us", c_int),
         ("test_protocol_version", c_int),
+        ("max_connections", c_int),
+        ("max_connections_per_source", c_int),
+        ("metrics_host", c_char_p),
     ]
 
 
@@ -187,6 +190,11 @@ class Status(ctypes.Structure):
     _fields_ = [("state", c_int), ("code", c_int), ("bytes", c_u64)]
 
 
+class RegionInfo(ctypes.Structure):
+    _fields_ = [("addr", c_u64), ("len", c_u64), ("flags", ctypes.c_uint), ("device", c_int),
+                ("kind", ctypes.c_char * 24)]
+
+
 class Notification(ctypes.Structure):
     _fields_ = [("peer", ctypes.c_char * 256), ("len", c_size_t),
                 ("msg", ctypes.POINTER(ctypes.c_ubyte))]
@@ -218,6 +226,10 @@ _ENGINE_API = {
     "ferry_register_batch": (c_int, [c_void_p, _P(c_void_p), _P(c_size_t), c_size_t, ctypes.c_uint]),
     "ferry_deregister_batch": (c_int, [c_void_p, _P(c_void_p), c_size_t]),
     "ferry_region_count": (c_size_t, [c_void_p]),
+    "ferry_region_query": (c_int, [c_void_p, c_void_p, c_size_t, _P(RegionInfo)]),
+    "ferry_region_write": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t]),
+    "ferry_region_read": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t]),
+    "ferry_device_memory_supported": (c_int, [_P(c_char_p)]),
     "ferry_session_open": (c_int, [c_void_p, c_char_p]),
     "ferry_session_close": (c_int, [c_void_p, c_char_p]),
     "ferry_session_info": (c_int, [c_void_p, c_char_p, _P(PeerInfo)]),
