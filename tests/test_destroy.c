@@ -32,7 +32,7 @@ typedef struct rig {
     unsigned char *src, *dst;
 } rig_t;
 
-static void rig_up(rig_t *r, const char *transport, int conns)
+static void rig_up_fence(rig_t *r, const char *transport, int conns, int cancel_timeout_ms)
 {
     memset(r, 0, sizeof *r);
     r->target = harness_engine(TIMEOUT_MS);
@@ -41,7 +41,7 @@ static void rig_up(rig_t *r, const char *transport, int conns)
     cfg.transport = transport;
     cfg.timeout_ms = TIMEOUT_MS;
     cfg.connect_timeout_ms = TIMEOUT_MS; /* a handshake could outlast destroy only by being waited for */
-    cfg.cancel_timeout_ms = CANCEL_TIMEOUT_MS;
+    cfg.cancel_timeout_ms = cancel_timeout_ms;
     cfg.conns_per_peer = conns;
     cfg.workers = 2;
     r->initiator = harness_engine_cfg(&cfg);
@@ -54,6 +54,11 @@ static void rig_up(rig_t *r, const char *transport, int conns)
     harness_fill(r->src, LEN, 5);
     assert_int_equal(ferry_register(r->initiator, r->src, LEN, FERRY_MEM_LOCAL), 0);
     assert_int_equal(ferry_register(r->target, r->dst, LEN, FERRY_MEM_REMOTE), 0);
+}
+
+static void rig_up(rig_t *r, const char *transport, int conns)
+{
+    rig_up_fence(r, transport, conns, CANCEL_TIMEOUT_MS);
 }
 
 static void rig_down(rig_t *r)
@@ -215,6 +220,39 @@ static void destroy_during_a_blocked_batch(void **state)
     rig_down(&r);
 }
 
+static void *destroy_main(void *arg)
+{
+    ferry_engine_destroy(arg);
+    return NULL;
+}
+
+/* A call that starts while destroy waits for a blocked one (its fence
+ * cannot be confirmed for 5 s) fails with CONTEXT at once. */
+static void call_started_during_destroy_gets_context(void **state)
+{
+    (void)state;
+    rig_t r;
+    rig_up_fence(&r, "tcp", 1, 5000);
+    assert_int_equal(ferry_session_open(r.initiator, r.peer), 0);
+    caller_t c = {.r = &r, .what = SYNC_WRITE};
+    pthread_t t, d;
+    pthread_create(&t, NULL, call_main, &c);
+    uint64_t until = harness_now_ms() + 20000;
+    while (delay_proxy_bytes_to_target(r.proxy) < (2u << 20) && harness_now_ms() < until) sleep_ms(5);
+    delay_proxy_stall(r.proxy, true);
+    sleep_ms(200);
+    pthread_create(&d, NULL, destroy_main, r.initiator);
+    sleep_ms(200); /* destroy began; it cannot end before the fence gives up (5 s) */
+    uint64_t rtt;
+    assert_false(atomic_load(&c.returned));
+    assert_int_equal(ferry_session_ping(r.initiator, r.peer, &rtt), FERRY_ERR_CONTEXT);
+    assert_detail_contains("shutting down");
+    pthread_join(d, NULL);
+    pthread_join(t, NULL);
+    assert_true(c.rc == FERRY_ERR_CONTEXT || c.rc == FERRY_ERR_CANCEL_UNCONFIRMED);
+    rig_down(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -223,6 +261,7 @@ int main(void)
         cmocka_unit_test(destroy_during_a_blocked_handshake),
         cmocka_unit_test(destroy_during_a_ping_and_a_wait_for_its_connection),
         cmocka_unit_test(destroy_during_a_blocked_batch),
+        cmocka_unit_test(call_started_during_destroy_gets_context),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
