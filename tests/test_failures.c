@@ -11,6 +11,7 @@
 
 #include "delay_proxy.h"
 #include "harness.h"
+#include "core/testing.h"
 
 #define GUARD 4096
 #define BODY 65536
@@ -338,8 +339,8 @@ static void version_mismatch_is_refused(void **state)
     fixture_t *f = *state;
     ferry_config_t cfg;
     ferry_config_init(&cfg);
-    cfg.test_protocol_version = FERRY_PROTOCOL_VERSION + 7;
     ferry_engine_t *future = harness_engine_cfg(&cfg);
+    ferry_test_set_protocol_version(future, FERRY_PROTOCOL_VERSION + 7);
     int rc = ferry_session_open(future, f->peer);
     assert_int_equal(rc, FERRY_ERR_VERSION_MISMATCH);
     assert_detail_contains("speaks protocol 1..1");

@@ -5,10 +5,40 @@
 
 #include "engine.h"
 #include "fail.h"
+#include "sized.h"
+#include "testing.h"
 
-void ferry_config_init(ferry_config_t *cfg)
+const char *ferry_version(void)
+{
+    return FERRY_VERSION_STRING;
+}
+
+unsigned ferry_version_number(void)
+{
+    return FERRY_VERSION_NUMBER;
+}
+
+void ferry_test_set_protocol_version(ferry_engine_t *e, int version)
+{
+    __atomic_store_n(&e->test_protocol_version, version, __ATOMIC_RELAXED);
+}
+
+int ferry_test_protocol_version(const ferry_engine_t *e)
+{
+    return __atomic_load_n(&e->test_protocol_version, __ATOMIC_RELAXED);
+}
+
+int ferry_protocol_version_advertised(const ferry_engine_t *e)
+{
+    int v = ferry_test_protocol_version(e);
+    return v ? v : FERRY_PROTOCOL_VERSION;
+}
+
+/* The defaults, in this library's full struct. */
+static void config_defaults(ferry_config_t *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
     cfg->host = "127.0.0.1";
     cfg->port = 0;
     cfg->metadata = "p2p";
@@ -31,6 +61,17 @@ void ferry_config_init(ferry_config_t *cfg)
     cfg->max_connections = 2048;
     cfg->max_connections_per_source = 0;
     cfg->metrics_host = NULL;
+}
+
+/* Writes the defaults into the fields the caller's struct_size covers (a
+ * size below every published layout gets nothing: ferry_engine_create then
+ * names the problem). */
+void (ferry_config_init)(ferry_config_t *cfg)
+{
+    if (!cfg || cfg->struct_size < FERRY_CONFIG_SIZE_0_1) return;
+    ferry_config_t all;
+    config_defaults(&all);
+    ferry_sized_export(cfg, &all, sizeof all);
 }
 
 int ferry_env_long(const char *name, long lo, long hi, long *out)
@@ -61,7 +102,8 @@ int ferry_env_long(const char *name, long lo, long hi, long *out)
         if (s_ && *s_) cfg->field = s_;             \
     } while (0)
 
-int ferry_config_from_env(ferry_config_t *cfg)
+/* Applies the environment to this library's full struct. */
+static int config_from_env(ferry_config_t *cfg)
 {
     ENV_STR("FERRY_HOST", host);
     ENV_INT("FERRY_PORT", port, 0, 65535);
@@ -86,6 +128,17 @@ int ferry_config_from_env(ferry_config_t *cfg)
     ENV_INT("FERRY_MAX_CONNECTIONS_PER_SOURCE", max_connections_per_source, 0, FERRY_MAX_CONNECTIONS_LIMIT);
     ENV_STR("FERRY_METRICS_HOST", metrics_host);
     return 0;
+}
+
+int (ferry_config_from_env)(ferry_config_t *cfg)
+{
+    if (!cfg) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config from env: cfg is NULL");
+    ferry_config_t all;
+    config_defaults(&all);
+    int rc = ferry_sized_import(&all, sizeof all, cfg, FERRY_CONFIG_SIZE_0_1, "config");
+    if (rc == 0) rc = config_from_env(&all);
+    if (rc == 0) ferry_sized_export(cfg, &all, sizeof all);
+    return rc;
 }
 
 static int check_config(const ferry_config_t *c)
@@ -121,10 +174,16 @@ static int check_config(const ferry_config_t *c)
     return 0;
 }
 
-/* Copies cfg into e->cfg, duplicating its strings so callers may free theirs. */
-int ferry_config_copy(ferry_engine_t *e, const ferry_config_t *cfg)
+/* Copies cfg into e->cfg, duplicating its strings so callers may free
+ * theirs; fields beyond the caller's struct_size take their defaults. */
+int ferry_config_copy(ferry_engine_t *e, const ferry_config_t *theirs)
 {
-    int rc = check_config(cfg);
+    ferry_config_t all;
+    config_defaults(&all);
+    int rc = ferry_sized_import(&all, sizeof all, theirs, FERRY_CONFIG_SIZE_0_1, "config");
+    if (rc) return rc;
+    const ferry_config_t *cfg = &all;
+    rc = check_config(cfg);
     if (rc) return rc;
     e->cfg = *cfg;
     const char *strs[5] = {cfg->host, cfg->metadata ? cfg->metadata : "p2p",

@@ -22,6 +22,8 @@
 #include "log.h"
 #include "memkind.h"
 #include "net.h"
+#include "sized.h"
+#include "testing.h"
 #include "transport/transport.h"
 
 /* The listener's pause after accept() found no file descriptor left (or
@@ -324,7 +326,7 @@ static void conn_ended(ferry_conn_t *c)
 void ferry_hello_fill(ferry_engine_t *e, ferry_hello_t *h)
 {
     memset(h, 0, sizeof *h);
-    uint16_t v = e->cfg.test_protocol_version ? (uint16_t)e->cfg.test_protocol_version : FERRY_PROTOCOL_VERSION;
+    uint16_t v = (uint16_t)ferry_protocol_version_advertised(e);
     h->proto_min = v;
     h->proto_max = v;
     h->flags = FERRY_HELLO_F_CMA | (e->cfg.secret ? FERRY_HELLO_F_AUTH : 0);
@@ -952,11 +954,15 @@ uint16_t ferry_engine_port(const ferry_engine_t *e) { return e ? e->port : 0; }
 const char *ferry_engine_name(const ferry_engine_t *e) { return e ? e->name : ""; }
 uint64_t ferry_engine_epoch(const ferry_engine_t *e) { return e ? e->epoch : 0; }
 
-int ferry_engine_stats(ferry_engine_t *e, ferry_stats_t *out)
+int (ferry_engine_stats)(ferry_engine_t *e, ferry_stats_t *out)
 {
     ferry_clear_last_error();
     if (!e || !out) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "engine stats: NULL argument");
-    ferry_stats_read(&e->stats, out);
+    int rc = ferry_sized_check(out, FERRY_STATS_SIZE_0_1, "engine stats");
+    if (rc) return rc;
+    ferry_stats_t all;
+    ferry_stats_read(&e->stats, &all);
+    ferry_sized_export(out, &all, sizeof all);
     return 0;
 }
 

@@ -148,6 +148,7 @@ typedef struct ferry_notify_node {
 struct ferry_engine {
     ferry_config_t cfg;
     char *cfg_strings;         /* owned copies of the config's strings */
+    int test_protocol_version; /* 0, or what tests make it advertise (testing.h) */
     char name[300];
     uint16_t port;
     int listen_fd;

@@ -10,6 +10,7 @@
 #include "engine.h"
 #include "fail.h"
 #include "memkind.h"
+#include "sized.h"
 
 static void fill_info(const ferry_region_t *reg, ferry_region_info_t *out)
 {
@@ -21,15 +22,19 @@ static void fill_info(const ferry_region_t *reg, ferry_region_info_t *out)
     ferry_memkind_name(reg->kind, out->kind, sizeof out->kind);
 }
 
-int ferry_region_query(ferry_engine_t *e, const void *addr, size_t len, ferry_region_info_t *out)
+int (ferry_region_query)(ferry_engine_t *e, const void *addr, size_t len, ferry_region_info_t *out)
 {
     ferry_clear_last_error();
     if (!e || !out) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "region query: NULL argument");
+    int rc = ferry_sized_check(out, FERRY_REGION_INFO_SIZE_0_1, "region info");
+    if (rc) return rc;
     uint64_t a = (uint64_t)(uintptr_t)addr, n = len ? len : 1;
+    ferry_region_info_t all;
     ferry_registry_read_lock(&e->registry);
-    int rc = ferry_registry_check_locked(&e->registry, a, n, 0, 0, "local");
-    if (rc == 0) fill_info(ferry_registry_lookup_locked(&e->registry, a, n), out);
+    rc = ferry_registry_check_locked(&e->registry, a, n, 0, 0, "local");
+    if (rc == 0) fill_info(ferry_registry_lookup_locked(&e->registry, a, n), &all);
     ferry_registry_unlock(&e->registry);
+    if (rc == 0) ferry_sized_export(out, &all, sizeof all);
     return rc;
 }
 

@@ -12,6 +12,8 @@
 #include "clock.h"
 #include "directory.h"
 #include "engine.h"
+#include "sized.h"
+#include "testing.h"
 #include "fail.h"
 #include "log.h"
 #include "net.h"
@@ -275,7 +277,7 @@ static int recv_hello_ack(ferry_conn_t *c, ferry_session_t *s, uint8_t *ack, siz
     atomic_store(&c->cancel_key, f.aux); /* names this connection in CANCELs (cancel.h) */
     rc = ferry_hello_decode(ack, f.plen, &c->peer);
     if (rc) return rc;
-    int ours = e->cfg.test_protocol_version ? e->cfg.test_protocol_version : FERRY_PROTOCOL_VERSION;
+    int ours = ferry_protocol_version_advertised(e);
     if (f.status == FERRY_ERR_VERSION_MISMATCH)
         return ferry_fail(FERRY_ERR_VERSION_MISMATCH, "peer %s speaks protocol %u..%u, this engine speaks %d..%d",
                           s->name, c->peer.proto_min, c->peer.proto_max, ours, ours);
@@ -878,10 +880,9 @@ int ferry_session_close(ferry_engine_t *e, const char *peer)
     return 0;
 }
 
-static int session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info)
+/* Fills the whole struct (this library's size). */
+static int session_info_all(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info)
 {
-    ferry_clear_last_error();
-    if (!info) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "session info: info is NULL");
     ferry_session_t *s;
     int rc = ferry_session_get(e, peer, &s);
     if (rc) return rc;
@@ -905,6 +906,21 @@ static int session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *
         pthread_rwlock_unlock(&s->seg_lock);
     }
     ferry_session_put(s);
+    return rc;
+}
+
+int (ferry_session_info)(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info)
+{
+    ferry_clear_last_error();
+    if (!info) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "session info: info is NULL");
+    int rc = ferry_sized_check(info, FERRY_PEER_INFO_SIZE_0_1, "session info");
+    if (rc) return rc;
+    rc = e ? ferry_engine_enter(e) : 0; /* destroy waits for it (engine.h) */
+    if (rc) return rc;
+    ferry_peer_info_t all;
+    rc = session_info_all(e, peer, &all);
+    if (e) rc = ferry_engine_leave(e, rc);
+    if (rc == 0) ferry_sized_export(info, &all, sizeof all);
     return rc;
 }
 
@@ -963,14 +979,6 @@ int ferry_session_open(ferry_engine_t *e, const char *peer)
     int rc = e ? ferry_engine_enter(e) : 0;
     if (rc) return rc;
     rc = session_open(e, peer);
-    return e ? ferry_engine_leave(e, rc) : rc;
-}
-
-int ferry_session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info)
-{
-    int rc = e ? ferry_engine_enter(e) : 0;
-    if (rc) return rc;
-    rc = session_info(e, peer, info);
     return e ? ferry_engine_leave(e, rc) : rc;
 }
 

@@ -46,7 +46,8 @@ STATUS_TIMEOUT = 5
 STATUS_NAMES = {0: "WAITING", 1: "PENDING", 2: "COMPLETED", 3: "FAILED", 4: "CANCELLED",
                 5: "TIMEOUT"}
 
-CONFIG_FIELDS = tuple(f[0] for f in _lib.Config._fields_)
+# struct_size is the ABI's bookkeeping (set by new_struct), not a setting.
+CONFIG_FIELDS = tuple(f[0] for f in _lib.Config._fields_ if f[0] != "struct_size")
 _STRING_FIELDS = {f[0] for f in _lib.Config._fields_ if f[1] is ctypes.c_char_p}
 
 _NOTIFY_MAX = 64 * 1024
@@ -458,7 +459,7 @@ class Engine:
         n = operator.index(length)
         if n < 0:
             _inval("negative length %d" % n)
-        info = _lib.RegionInfo()
+        info = _lib.new_struct(_lib.RegionInfo)
         e = self._enter()
         try:
             check(_lib.fn("ferry_region_query")(e, a, n, ctypes.byref(info)))
