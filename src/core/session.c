@@ -847,7 +847,7 @@ int ferry_session_resolve(ferry_session_t *s, int opcode, uint64_t remote, uint6
 static int session_open(ferry_engine_t *e, const char *peer)
 {
     ferry_clear_last_error();
-    ferry_session_t *s;
+    ferry_session_t *s = NULL; /* set when get succeeds (GCC cannot tell once this is inlined) */
     int rc = ferry_session_get(e, peer, &s);
     if (rc) return rc;
     pthread_mutex_lock(&s->lock);
