@@ -146,8 +146,13 @@ FERRY_API int ferry_config_from_env(ferry_config_t *cfg);
 /* Creates an engine listening on cfg->host:cfg->port (cfg NULL: defaults
  * plus environment). Returns 0 and *out, or a negative code. */
 FERRY_API int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out);
-/* Closes every session and connection, waits for threads, frees. Requests
- * still in flight fail with CONTEXT. NULL is ignored. */
+/* Closes every session and connection, waits for threads, frees. Calls
+ * blocked in other threads are woken at once and fail with CONTEXT (or
+ * CANCEL_UNCONFIRMED when bytes were on the wire and the target could not
+ * confirm within config.cancel_timeout_ms); destroy returns after they all
+ * returned. Calls that start once destroy began fail with CONTEXT while it
+ * runs; using the engine after it returned is undefined.
+ * NULL is ignored. */
 FERRY_API void ferry_engine_destroy(ferry_engine_t *e);
 /* The port actually listened on. */
 FERRY_API uint16_t ferry_engine_port(const ferry_engine_t *e);

@@ -209,7 +209,7 @@ static int send_status(ferry_conn_t *c, uint8_t type, const ferry_frame_t *req, 
 static int check_locked(ferry_conn_t *c, const ferry_frame_t *f, uint32_t need)
 {
     ferry_engine_t *e = c->engine;
-    if (ferry_engine_is_cancelled(e, c->peer.engine_id, f->req_id))
+    if (ferry_conn_is_cancelled(c, f->req_id))
         return ferry_fail(FERRY_ERR_CANCELLED, "request %llu was cancelled", (unsigned long long)f->req_id);
     /* Against the registry as it is now, whatever generation the initiator
      * learned: a range registered again at the same address takes the
