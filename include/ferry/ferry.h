@@ -25,7 +25,8 @@
  * poll), never busy-polls, unless config.spin_us asks for a bounded spin
  * first. An idle engine uses no CPU beyond one wake-up a second.
  *
- * All calls are thread-safe. Every blocking call ends by its deadline
+ * All calls are thread-safe, except where a call says it must not race
+ * (destroy and free against use of the same object). Every blocking call ends by its deadline
  * (config.timeout_ms unless stated otherwise) and returns FERRY_ERR_TIMEOUT;
  * a transfer that had bytes in flight at its deadline reports at most
  * config.cancel_timeout_ms later (the confirmation above).
@@ -251,7 +252,8 @@ typedef struct ferry_status {
     uint64_t bytes;     /* bytes confirmed so far */
 } ferry_status_t;
 
-/* A batch holds up to capacity requests over its life (until freed). */
+/* A batch holds up to capacity requests over its life (until freed). Threads
+ * may share a batch: concurrent submits take distinct slots. */
 int ferry_batch_alloc(ferry_engine_t *e, size_t capacity, ferry_batch_t **out);
 /* Submits n requests to peer; they start at once on the worker threads.
  * timeout_ms is the deadline of each of these requests (<= 0: config.
@@ -280,7 +282,9 @@ int ferry_batch_cancel(ferry_batch_t *b);
 /* The same for request idx alone (NOT_FOUND if not submitted); the batch's
  * other requests go on (those sharing its connection resume on another). */
 int ferry_batch_cancel_request(ferry_batch_t *b, size_t idx);
-/* Frees; BATCH_BUSY while requests are in flight (cancel or wait first). */
+/* Frees; BATCH_BUSY while requests are in flight (cancel or wait first).
+ * Must not race with other calls on b; freeing twice is misuse (refused
+ * with INVALID_ARGUMENT unless the memory was reused by a new batch). */
 int ferry_batch_free(ferry_batch_t *b);
 
 /* ---------------------------------------------------------- notifications */
