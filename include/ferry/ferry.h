@@ -204,7 +204,10 @@ typedef struct ferry_peer_info {
 /* Opens (or returns the cached) session to peer "host:port": connects,
  * handshakes (versions, engine id, epoch, segments). Idempotent. */
 int ferry_session_open(ferry_engine_t *e, const char *peer);
-/* Drops the cached session; the next use or open handshakes afresh. */
+/* Drops the cached session; the next use or open handshakes afresh.
+ * Requests other threads have in flight on it then fail with
+ * SESSION_INVALID once they need a new connection (retry them; the retry
+ * opens a new session). */
 int ferry_session_close(ferry_engine_t *e, const char *peer);
 /* Describes an open session. */
 int ferry_session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info);
