@@ -267,7 +267,8 @@ long ferry_kv_poll(ferry_engine_t *e, ferry_kv_event_t *out, size_t max);
 void ferry_kv_events_free(ferry_kv_event_t *ev, size_t n);
 
 /* A decode rank's view of one request: one receiver-bound plan per prefill
- * source (ferry_kv_tp_sources). */
+ * source (ferry_kv_tp_sources). Threads may offer notices to one tracker at
+ * once; destroy must not race with them. */
 typedef struct ferry_kv_recv ferry_kv_recv_t;
 
 int ferry_kv_recv_create(uint64_t request_id, ferry_kv_plan_t *const *plans, size_t n,
