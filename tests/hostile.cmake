@@ -5,3 +5,7 @@ foreach(t test_hostile)
     set_property(TEST ${t} APPEND PROPERTY LABELS fault)
   endif()
 endforeach()
+# The metadata client shared by threads needs the etcd / Redis servers.
+if(TEST test_concurrency_meta)
+  set_tests_properties(test_concurrency_meta PROPERTIES LABELS "meta;services" TIMEOUT 180)
+endif()
