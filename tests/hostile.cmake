@@ -9,3 +9,7 @@ endforeach()
 if(TEST test_concurrency_meta)
   set_tests_properties(test_concurrency_meta PROPERTIES LABELS "meta;services" TIMEOUT 180)
 endif()
+# Parsing the metadata records is single-threaded: nothing for TSan.
+if(TEST fuzz_meta_replay)
+  set_property(TEST fuzz_meta_replay APPEND PROPERTY LABELS no-tsan)
+endif()
