@@ -6,6 +6,7 @@
  * under a request: SESSION_INVALID), and the data must be right.
  * (The batch has its own file, test_concurrency_batch.c.) */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -452,11 +453,105 @@ static void kv_shared(void **state)
     free(kw.dmem);
 }
 
+/* ------------------------------------------- deregister under writes */
+
+/* Writers keep writing into one region while another thread deregisters
+ * it, zeroes it, lets every writer make two more attempts, checks that
+ * nothing landed (ferry_deregister: "after it returns, no peer write lands
+ * in it"), and registers it again. */
+typedef struct churn {
+    world_t *w;
+    unsigned char *region;
+    atomic_bool stop;
+    atomic_long attempts[THREADS];
+    atomic_long landed;
+} churn_t;
+
+typedef struct churn_worker {
+    churn_t *c;
+    int id;
+} churn_worker_t;
+
+static void *churn_writer(void *arg)
+{
+    churn_worker_t *k = arg;
+    churn_t *c = k->c;
+    world_t *w = c->w;
+    unsigned char *mine = w->src + (size_t)k->id * SLOT;
+    memset(mine, 0xa5, 4096);
+    while (!atomic_load(&c->stop)) {
+        int rc = ferry_transfer_sync(w->ini, w->peer, FERRY_OP_WRITE, mine,
+                                     (uint64_t)(uintptr_t)(c->region + (size_t)k->id * 4096), 4096);
+        if (rc == 0) atomic_fetch_add(&c->landed, 1);
+        else if (rc != FERRY_ERR_ADDRESS_NOT_REGISTERED && rc != FERRY_ERR_STALE_SEGMENT) {
+            fprintf(stderr, "writer %d: %d %s\n", k->id, rc, ferry_last_error_detail());
+            atomic_fetch_add(&w->errors, 1);
+        }
+        atomic_fetch_add(&c->attempts[k->id], 1);
+    }
+    return NULL;
+}
+
+static void wait_attempts(churn_t *c, int writers, long more)
+{
+    long start[THREADS];
+    for (int i = 0; i < writers; i++) start[i] = atomic_load(&c->attempts[i]);
+    for (int i = 0; i < writers; i++)
+        while (atomic_load(&c->attempts[i]) < start[i] + more) sched_yield();
+}
+
+static void deregister_under_writes(const char *transport)
+{
+    world_t w;
+    world_open(&w, transport);
+    churn_t c = {.w = &w};
+    enum { WRITERS = THREADS - 1 };
+    c.region = calloc(WRITERS, 4096);
+    assert_int_equal(ferry_register(w.tgt, c.region, WRITERS * 4096, FERRY_MEM_REMOTE), 0);
+    pthread_t t[WRITERS];
+    churn_worker_t k[WRITERS];
+    for (int i = 0; i < WRITERS; i++) {
+        k[i] = (churn_worker_t){&c, i};
+        assert_int_equal(pthread_create(&t[i], NULL, churn_writer, &k[i]), 0);
+    }
+    for (int round = 0; round < 30; round++) {
+        wait_attempts(&c, WRITERS, 1);
+        assert_int_equal(ferry_deregister(w.tgt, c.region), 0);
+        memset(c.region, 0, WRITERS * 4096);
+        wait_attempts(&c, WRITERS, 2);
+        for (size_t i = 0; i < WRITERS * 4096; i++)
+            if (c.region[i]) fail_msg("round %d: byte %zu landed after ferry_deregister returned", round, i);
+        assert_int_equal(ferry_register(w.tgt, c.region, WRITERS * 4096, FERRY_MEM_REMOTE), 0);
+    }
+    atomic_store(&c.stop, true);
+    for (int i = 0; i < WRITERS; i++) pthread_join(t[i], NULL);
+    fprintf(stderr, "%s: %ld writes landed across 30 deregistrations\n", transport ? transport : "auto",
+            atomic_load(&c.landed));
+    assert_int_equal(atomic_load(&w.errors), 0);
+    assert_int_equal(ferry_deregister(w.tgt, c.region), 0);
+    world_close(&w);
+    free(c.region);
+}
+
+static void deregister_under_writes_tcp(void **state)
+{
+    (void)state;
+    deregister_under_writes("tcp");
+}
+
+static void deregister_under_writes_auto(void **state)
+{
+    (void)state;
+    deregister_under_writes(NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(engine_shared_tcp),
         cmocka_unit_test(engine_shared_auto),
+        cmocka_unit_test(deregister_under_writes_tcp),
+        cmocka_unit_test(deregister_under_writes_auto),
         cmocka_unit_test(pool_shared),
         cmocka_unit_test(kv_shared),
     };

@@ -165,6 +165,8 @@ typedef struct ferry_kv_plan ferry_kv_plan_t;
 int ferry_kv_plan_create(const ferry_kv_cache_desc_t *src, const ferry_kv_cache_desc_t *dst,
                          const int32_t *src_pages, const int32_t *dst_pages, size_t n,
                          ferry_kv_plan_t **out);
+/* Must not race with a use of p. Threads may send along one bound plan at
+ * once unless it gathers (they would share its staging buffer). */
 void ferry_kv_plan_destroy(ferry_kv_plan_t *p);
 void ferry_kv_plan_get_info(const ferry_kv_plan_t *p, ferry_kv_plan_info_t *info);
 
@@ -291,7 +293,7 @@ const void *ferry_kv_recv_aux(const ferry_kv_recv_t *r, size_t *len);
 typedef struct ferry_kv_embed ferry_kv_embed_t;
 
 int ferry_kv_embed_create(ferry_engine_t *e, size_t capacity, ferry_kv_embed_t **out);
-/* Deregisters and frees. NULL is ignored. */
+/* Deregisters and frees. NULL is ignored. Must not race with a send on b. */
 void ferry_kv_embed_destroy(ferry_kv_embed_t *b);
 void *ferry_kv_embed_data(ferry_kv_embed_t *b);
 size_t ferry_kv_embed_capacity(const ferry_kv_embed_t *b);

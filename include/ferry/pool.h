@@ -55,7 +55,7 @@ int ferry_pool_alloc(ferry_pool_t *p, size_t len, void **out);
 int ferry_pool_free(ferry_pool_t *p, void *ptr);
 int ferry_pool_stats(ferry_pool_t *p, ferry_pool_stats_t *st);
 /* Deregisters and unmaps the pool; buffers still allocated become invalid.
- * NULL is ignored. */
+ * NULL is ignored. Must not race with other calls on p. */
 void ferry_pool_destroy(ferry_pool_t *p);
 
 #ifdef __cplusplus
