@@ -242,12 +242,34 @@ static void double_free_refused(void **state)
     ferry_engine_destroy(e);
 }
 
+/* A submit that fails (a peer name without a port) takes no slot: the next one gets
+ * index 0 of a batch of one. Slots are reserved only once nothing of the
+ * submit can fail, so a canceller waiting on a slot always sees it end. */
+static void failed_submit_takes_no_slot(void **state)
+{
+    (void)state;
+    world_t w;
+    world_open(&w);
+    ferry_batch_t *b;
+    assert_int_equal(ferry_batch_alloc(w.ini, 1, &b), 0);
+    ferry_request_t r = block_write(&w, 0);
+    assert_true(ferry_batch_submit(b, "no port here", &r, 1, 0) < 0);
+    ferry_status_t st;
+    assert_int_equal(ferry_batch_status(b, 0, &st), FERRY_ERR_NOT_FOUND);
+    assert_int_equal(ferry_batch_submit(b, ferry_engine_name(w.tgt), &r, 1, 0), 0);
+    assert_int_equal(ferry_batch_submit(b, ferry_engine_name(w.tgt), &r, 1, 0), FERRY_ERR_TOO_MANY_REQUESTS);
+    assert_int_equal(ferry_batch_wait(b, -1), 0);
+    assert_int_equal(ferry_batch_free(b), 0);
+    world_close(&w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(shared_batch_submits),
         cmocka_unit_test(shared_batch_mixed_calls),
         cmocka_unit_test(double_free_refused),
+        cmocka_unit_test(failed_submit_takes_no_slot),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

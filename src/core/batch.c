@@ -465,10 +465,12 @@ static void batch_task_start(ferry_task_t *t, void *owner)
 }
 
 /* Reserves slots [first, first+n) under one hold of the lock, so that
- * concurrent submits never share a slot nor pass the capacity. The submit
- * counts as a pending task until its tasks are queued (submit_end), so
- * that wait, cancel and free see it. */
-static long reserve_slots(ferry_batch_t *b, size_t n)
+ * concurrent submits never share a slot nor pass the capacity. Nothing of
+ * the submit can fail after it (slots are never given back: a canceller
+ * may already wait on them). The submit counts as a pending task until
+ * its tasks are queued (submit_end), so that wait, cancel and free see
+ * it. With reserve false, only checks that n slots are left now. */
+static long reserve_slots(ferry_batch_t *b, size_t n, bool reserve)
 {
     pthread_mutex_lock(&b->lock);
     if (n > b->capacity - b->count) {
@@ -478,27 +480,18 @@ static long reserve_slots(ferry_batch_t *b, size_t n)
                           n, b->capacity, used);
     }
     size_t first = b->count;
-    b->count += n;
-    b->tasks_pending++;
+    if (reserve) {
+        b->count += n;
+        b->tasks_pending++;
+    }
     pthread_mutex_unlock(&b->lock);
     return (long)first;
 }
 
-/* Ends a submit. On failure (rc) its slots are given back when no later
- * submit took slots after them, and otherwise end FAILED with rc. */
-static void submit_end(ferry_batch_t *b, size_t first, size_t n, int rc)
+/* The submit's tasks are queued. */
+static void submit_end(ferry_batch_t *b)
 {
     pthread_mutex_lock(&b->lock);
-    if (rc && b->count == first + n) {
-        b->count = first;
-        for (size_t i = first; i < first + n; i++) atomic_store(&b->reqs[i].cancel, false);
-    } else if (rc) {
-        for (size_t i = first; i < first + n; i++) {
-            b->reqs[i].code = rc;
-            b->reqs[i].state = FERRY_STATUS_FAILED;
-            b->reqs[i].detail = strdup(ferry_fail_message());
-        }
-    }
     b->tasks_pending--;
     pthread_cond_broadcast(&b->cond);
     pthread_mutex_unlock(&b->lock);
@@ -521,15 +514,11 @@ long ferry_batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_
         rc = ferry_check_request(e, reqs[i].opcode, reqs[i].local, reqs[i].remote, reqs[i].len);
         if (rc) return ferry_fail_context("batch submit: request %zu of %zu", i, n);
     }
-    long reserved = reserve_slots(b, n);
-    if (reserved < 0) return reserved;
-    size_t first = (size_t)reserved;
+    long left = reserve_slots(b, n, false); /* fails early, before connecting */
+    if (left < 0) return left;
     ferry_session_t *s;
     rc = ferry_session_get(e, peer, &s);
-    if (rc) {
-        submit_end(b, first, n, rc);
-        return rc;
-    }
+    if (rc) return rc;
     uint64_t deadline = ferry_deadline_after_ms(timeout_ms > 0 ? timeout_ms : e->cfg.timeout_ms);
     /* Pieces are cut per opcode run, since ferry_make_pieces takes one. */
     void **locals = malloc(n * sizeof *locals);
@@ -547,11 +536,13 @@ long ferry_batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_
     free(locals);
     free(remotes);
     free(lens);
-    if (rc) {
+    long reserved = rc ? rc : reserve_slots(b, n, true);
+    if (reserved < 0) {
+        free(xs);
         ferry_session_put(s);
-        submit_end(b, first, n, rc);
-        return rc;
+        return reserved;
     }
+    size_t first = (size_t)reserved;
     FERRY_STAT_ADD(&e->stats, requests, n);
     pthread_mutex_lock(&b->lock);
     for (size_t i = 0; i < nx; i++) {
@@ -608,7 +599,7 @@ long ferry_batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_
     }
     free(xs);
     ferry_session_put(s);
-    submit_end(b, first, n, 0);
+    submit_end(b);
     return (long)first;
 }
 
