@@ -28,9 +28,9 @@
  * All calls are thread-safe, except where a call says it must not race
  * (destroy and free against use of the same object). Every blocking call
  * ends by its deadline (config.timeout_ms unless stated otherwise) and
- * returns FERRY_ERR_TIMEOUT;
- * a transfer that had bytes in flight at its deadline reports at most
- * config.cancel_timeout_ms later (the confirmation above).
+ * returns FERRY_ERR_TIMEOUT; a transfer that had bytes in flight at its
+ * deadline reports at most config.cancel_timeout_ms later (the
+ * confirmation above).
  * On failure a negative code from <ferry/error.h> is returned and
  * ferry_last_error_detail() describes it.
  */
