@@ -1,5 +1,6 @@
 /* The concurrency layer (issue 15): every public object that threads may
- * share -- engine, session, pool, KV sender and receiver -- hammered from
+ * share -- engine, session, pool, KV sender, receiver and embeddings
+ * buffer -- hammered from
  * 8 threads with mixed calls, under ASan and TSan (the suite's sanitizer
  * stages). Bounds are iteration counts, never clocks. Each answer must be
  * success or a code the header documents for that race (a session closed
@@ -341,6 +342,9 @@ typedef struct kv_world {
     unsigned char *smem, *dmem;
     ferry_kv_plan_t *send_plan, *recv_plan;
     ferry_kv_recv_t *shared_recv; /* one request's tracker, offered from every thread */
+    ferry_kv_embed_t *embed;      /* one embeddings buffer, sent from every thread */
+    unsigned char *embed_dst;
+    atomic_int embeds;
     atomic_int completes;
 } kv_world_t;
 
@@ -364,8 +368,14 @@ static void *kv_worker(void *arg)
     kv_world_t *kw = (kv_world_t *)k->w;
     world_t *w = &kw->w;
     for (uint64_t i = 0; i < ITERS / 2; i++) {
-        unsigned pick = next_rand(k) % 4;
-        if (pick < 2) {
+        unsigned pick = next_rand(k) % 5;
+        if (pick == 4) {
+            ferry_kv_send_args_t a = {.request_id = 5000 + i * THREADS + (uint64_t)k->id};
+            int rc = ferry_kv_embed_send(kw->embed, w->peer, 4096, (uint64_t)(uintptr_t)kw->embed_dst, &a);
+            expect_ok(k, "embed send", rc, false);
+            if (rc == 0) atomic_fetch_add(&w->notes_sent, 1);
+            if (rc == 0) atomic_fetch_add(&kw->embeds, 1);
+        } else if (pick < 2) {
             /* Every thread sends along the one shared plan. */
             ferry_kv_send_args_t a = {.request_id = 1000 + i * THREADS + (uint64_t)k->id, .aux = "tok",
                                       .aux_len = 3};
@@ -423,6 +433,10 @@ static void kv_shared(void **state)
     assert_int_equal(ferry_kv_plan_create(&kw.sd, &kw.dd, kv_src_pages, kv_dst_pages, KV_SEND_PAGES, &kw.recv_plan), 0);
     assert_int_equal(ferry_kv_plan_bind_receiver(kw.recv_plan, 0, 0), 0);
     assert_int_equal(ferry_kv_recv_create(7, &kw.recv_plan, 1, &kw.shared_recv), 0);
+    assert_int_equal(ferry_kv_embed_create(w->ini, 4096, &kw.embed), 0);
+    harness_fill(ferry_kv_embed_data(kw.embed), 4096, 11);
+    kw.embed_dst = calloc(1, 4096);
+    assert_int_equal(ferry_register(w->tgt, kw.embed_dst, 4096, FERRY_MEM_REMOTE_WRITE), 0);
     run_threads(w, kv_worker);
     /* Every success notice arrives, and the pages hold the source's bytes. */
     for (int spins = 0; spins < 2000 && atomic_load(&w->notes_got) < atomic_load(&w->notes_sent); spins++) {
@@ -438,19 +452,22 @@ static void kv_shared(void **state)
     }
     assert_int_equal(atomic_load(&w->notes_got), atomic_load(&w->notes_sent));
     assert_int_equal(atomic_load(&w->errors), 0);
-    fprintf(stderr, "kv: %ld sends, %d completions of the shared tracker\n", atomic_load(&w->notes_sent),
-            atomic_load(&kw.completes));
+    fprintf(stderr, "kv: %ld sends (%d of them embeddings), %d completions of the shared tracker\n",
+            atomic_load(&w->notes_sent), atomic_load(&kw.embeds), atomic_load(&kw.completes));
     uint64_t page = ferry_kv_page_bytes(&kw.sd);
     for (int l = 0; l < 2 * KV_LAYERS; l++)
         for (int p = 0; p < KV_SEND_PAGES && atomic_load(&w->notes_sent) > 0; p++)
             assert_memory_equal(kw.dmem + (size_t)l * buf + (size_t)kv_dst_pages[p] * page,
                                 kw.smem + (size_t)l * buf + (size_t)kv_src_pages[p] * page, page);
+    if (atomic_load(&kw.embeds) > 0) assert_true(harness_check(kw.embed_dst, 4096, 11));
+    ferry_kv_embed_destroy(kw.embed);
     ferry_kv_recv_destroy(kw.shared_recv);
     ferry_kv_plan_destroy(kw.send_plan);
     ferry_kv_plan_destroy(kw.recv_plan);
     world_close(w);
     free(kw.smem);
     free(kw.dmem);
+    free(kw.embed_dst);
 }
 
 /* ------------------------------------------- deregister under writes */
