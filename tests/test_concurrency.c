@@ -1,8 +1,7 @@
 /* The concurrency layer (issue 15): every public object that threads may
  * share -- engine, session, pool, KV sender, receiver and embeddings
- * buffer -- hammered from
- * 8 threads with mixed calls, under ASan and TSan (the suite's sanitizer
- * stages). Bounds are iteration counts, never clocks. Each answer must be
+ * buffer -- hammered from 8 threads with mixed calls, under ASan and TSan
+ * (the suite's sanitizer stages). Bounds are iteration counts, never clocks. Each answer must be
  * success or a code the header documents for that race (a session closed
  * under a request: SESSION_INVALID), and the data must be right.
  * (The batch has its own file, test_concurrency_batch.c.) */
