@@ -748,12 +748,19 @@ static int fetch_segments(ferry_conn_t *c, ferry_session_t *s, uint64_t deadline
             free(segs);
             continue;
         }
+        /* Concurrent fetches may finish out of order: never put an older
+         * table over a newer one (a region registered between them would
+         * vanish from the cache, and its writes fail as unregistered). */
         pthread_rwlock_wrlock(&s->seg_lock);
-        free(s->segs);
-        s->segs = segs;
-        s->nsegs = pos;
-        s->seg_version = version;
+        if (!s->segs || version >= s->seg_version) {
+            ferry_segment_t *old = s->segs;
+            s->segs = segs;
+            s->nsegs = pos;
+            s->seg_version = version;
+            segs = old;
+        }
         pthread_rwlock_unlock(&s->seg_lock);
+        free(segs);
         return 0;
     }
     return ferry_fail(FERRY_ERR_TIMEOUT, "segments of %s kept changing while being fetched", s->name);
