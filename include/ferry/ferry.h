@@ -25,10 +25,12 @@
  * poll), never busy-polls, unless config.spin_us asks for a bounded spin
  * first. An idle engine uses no CPU beyond one wake-up a second.
  *
- * All calls are thread-safe. Every blocking call ends by its deadline
- * (config.timeout_ms unless stated otherwise) and returns FERRY_ERR_TIMEOUT;
- * a transfer that had bytes in flight at its deadline reports at most
- * config.cancel_timeout_ms later (the confirmation above).
+ * All calls are thread-safe, except where a call says it must not race
+ * (destroy and free against use of the same object). Every blocking call
+ * ends by its deadline (config.timeout_ms unless stated otherwise) and
+ * returns FERRY_ERR_TIMEOUT; a transfer that had bytes in flight at its
+ * deadline reports at most config.cancel_timeout_ms later (the
+ * confirmation above).
  * On failure a negative code from <ferry/error.h> is returned and
  * ferry_last_error_detail() describes it.
  */
@@ -146,8 +148,13 @@ FERRY_API int ferry_config_from_env(ferry_config_t *cfg);
 /* Creates an engine listening on cfg->host:cfg->port (cfg NULL: defaults
  * plus environment). Returns 0 and *out, or a negative code. */
 FERRY_API int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out);
-/* Closes every session and connection, waits for threads, frees. Requests
- * still in flight fail with CONTEXT. NULL is ignored. */
+/* Closes every session and connection, waits for threads, frees. Calls
+ * blocked in other threads are woken at once and fail with CONTEXT (or
+ * CANCEL_UNCONFIRMED when bytes were on the wire and the target could not
+ * confirm within config.cancel_timeout_ms); destroy returns after they all
+ * returned. Calls that start once destroy began fail with CONTEXT while it
+ * runs; using the engine after it returned is undefined.
+ * NULL is ignored. */
 FERRY_API void ferry_engine_destroy(ferry_engine_t *e);
 /* The port actually listened on. */
 FERRY_API uint16_t ferry_engine_port(const ferry_engine_t *e);
@@ -278,7 +285,10 @@ typedef struct ferry_peer_info {
 /* Opens (or returns the cached) session to peer "host:port": connects,
  * handshakes (versions, engine id, epoch, segments). Idempotent. */
 FERRY_API int ferry_session_open(ferry_engine_t *e, const char *peer);
-/* Drops the cached session; the next use or open handshakes afresh. */
+/* Drops the cached session; the next use or open handshakes afresh.
+ * Requests other threads have in flight on it then fail with
+ * SESSION_INVALID once they need a new connection (retry them; the retry
+ * opens a new session). */
 FERRY_API int ferry_session_close(ferry_engine_t *e, const char *peer);
 /* Describes an open session. */
 FERRY_API int ferry_session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info);
@@ -330,7 +340,8 @@ typedef struct ferry_status {
     uint64_t bytes;     /* bytes confirmed so far */
 } ferry_status_t;
 
-/* A batch holds up to capacity requests over its life (until freed). */
+/* A batch holds up to capacity requests over its life (until freed). Threads
+ * may share a batch: concurrent submits take distinct slots. */
 FERRY_API int ferry_batch_alloc(ferry_engine_t *e, size_t capacity, ferry_batch_t **out);
 /* Submits n requests to peer; they start at once on the worker threads.
  * timeout_ms is the deadline of each of these requests (<= 0: config.
@@ -359,7 +370,9 @@ FERRY_API int ferry_batch_cancel(ferry_batch_t *b);
 /* The same for request idx alone (NOT_FOUND if not submitted); the batch's
  * other requests go on (those sharing its connection resume on another). */
 FERRY_API int ferry_batch_cancel_request(ferry_batch_t *b, size_t idx);
-/* Frees; BATCH_BUSY while requests are in flight (cancel or wait first). */
+/* Frees; BATCH_BUSY while requests are in flight (cancel or wait first).
+ * Must not race with other calls on b; freeing twice is misuse (refused
+ * with INVALID_ARGUMENT unless the memory was reused by a new batch). */
 FERRY_API int ferry_batch_free(ferry_batch_t *b);
 
 /* ---------------------------------------------------------- notifications */
@@ -369,6 +382,11 @@ FERRY_API int ferry_batch_free(ferry_batch_t *b);
  * TOO_MANY_REQUESTS when the receiver holds too many unread ones from this
  * sender or its address (see below). */
 FERRY_API int ferry_notify(ferry_engine_t *e, const char *peer, const void *msg, size_t len);
+/* The same, ending by timeout_ms (<= 0: config.timeout_ms) with TIMEOUT:
+ * for a notice to a peer that may not answer (one whose transfer just
+ * timed out), which must not hold the caller a whole default deadline. */
+FERRY_API int ferry_notify_timeout(ferry_engine_t *e, const char *peer, const void *msg, size_t len,
+                                   int timeout_ms);
 
 /* Who sent a notification. ferry_notification_t's peer is the name the
  * sender gave in its handshake: with a shared secret (config.secret) only

@@ -61,6 +61,23 @@ static bool link_failure(int rc, int broken)
            (rc == FERRY_ERR_TIMEOUT && broken);
 }
 
+/* A connect refused (SOCKET) by a peer this session had handshaken with
+ * means the peer went away: say PEER_CLOSED, the code a caller watching
+ * for dead peers checks, with the connect's own words kept in the detail.
+ * A peer never reached keeps SOCKET. */
+static int peer_gone_if_refused(ferry_session_t *s, int rc)
+{
+    if (rc != FERRY_ERR_SOCKET) return rc;
+    pthread_mutex_lock(&s->lock);
+    bool known = s->have_peer;
+    pthread_mutex_unlock(&s->lock);
+    if (!known) return rc;
+    char why[512];
+    snprintf(why, sizeof why, "%s", ferry_fail_message());
+    return ferry_fail(FERRY_ERR_PEER_CLOSED, "%s went away: its connection broke and a new one failed (%s)",
+                      s->name, why);
+}
+
 static void sleep_backoff(int ms, uint64_t deadline)
 {
     uint64_t until = ferry_now_ns() + (uint64_t)ms * 1000000ull;
@@ -166,10 +183,11 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
             ferry_stream_ctl_arm(ctl, c->fd);
             rc = session_transport(s)->run(c, xs, n, &broken);
             interrupted = ferry_stream_ctl_disarm(ctl);
+            uint64_t conn_key = atomic_load(&c->cancel_key);
             ferry_session_checkin(s, c, !broken && !interrupted); /* fired: shut down */
             /* No late write: what the aborted connection may still deliver
              * is fenced before anything is reported or retried (cancel.h). */
-            if (broken) ferry_fence_in_doubt(s, xs, n, rc);
+            if (broken) ferry_fence_in_doubt(s, xs, n, rc, conn_key);
         }
         if (interrupted) {
             /* A canceller broke the stream on purpose: not the peer's fault,
@@ -179,6 +197,9 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
             attempt--;
             continue;
         }
+        if (rc && atomic_load(&e->stopping))
+            rc = ferry_fail(FERRY_ERR_CONTEXT, "the engine was destroyed while the request to %s ran (%s)", s->name,
+                            ferry_error_name(rc));
         bool corrupted = false, relearned = false, refreshed = false;
         for (size_t i = 0; i < n; i++) {
             if (xs[i].rc == FERRY_ERR_STALE_SEGMENT && relearn_stale(s, &xs[i], relearns > 0, &refreshed))
@@ -199,6 +220,7 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
                         : corrupted && any_pending(xs, n);
         if (!retry) {
             if (rc) {
+                rc = peer_gone_if_refused(s, rc);
                 fail_pending(xs, n, rc);
                 /* Retries ran out on a broken link: the whole pool goes. */
                 if (link_failure(rc, broken)) ferry_session_teardown(s);
@@ -317,11 +339,21 @@ static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const
     return rc;
 }
 
+/* run_sync inside the engine's count of calls in progress (destroy waits). */
+static int run_sync_entered(ferry_engine_t *e, const char *peer, int opcode, void *const *locals,
+                            const uint64_t *remotes, const size_t *lens, size_t n)
+{
+    if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "engine is NULL");
+    int rc = ferry_engine_enter(e);
+    if (rc) return rc;
+    return ferry_engine_leave(e, run_sync(e, peer, opcode, locals, remotes, lens, n));
+}
+
 int ferry_transfer_sync(ferry_engine_t *e, const char *peer, int opcode, void *local, uint64_t remote, size_t len)
 {
     ferry_clear_last_error();
     uint64_t r = remote;
-    return run_sync(e, peer, opcode, &local, &r, &len, 1);
+    return run_sync_entered(e, peer, opcode, &local, &r, &len, 1);
 }
 
 int ferry_batch_transfer_sync(ferry_engine_t *e, const char *peer, int opcode, void *const *locals,
@@ -330,5 +362,5 @@ int ferry_batch_transfer_sync(ferry_engine_t *e, const char *peer, int opcode, v
     ferry_clear_last_error();
     if (!locals || !remotes || !lens) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "batch transfer: NULL array");
     if (n == 0) return 0;
-    return run_sync(e, peer, opcode, locals, remotes, lens, n);
+    return run_sync_entered(e, peer, opcode, locals, remotes, lens, n);
 }

@@ -488,7 +488,7 @@ static ssize_t cma_once(pid_t pid, bool write, void *mine, uint64_t theirs, size
 static int check_locked(ferry_conn_t *c, const ferry_frame_t *f, uint32_t need)
 {
     ferry_engine_t *e = c->engine;
-    if (ferry_engine_is_cancelled(e, c->peer.engine_id, f->req_id))
+    if (ferry_conn_is_cancelled(c, f->req_id))
         return ferry_fail(FERRY_ERR_CANCELLED, "request %llu was cancelled", (unsigned long long)f->req_id);
     /* The registry as it is now, whatever generation the initiator learned
      * (as tcp.c): a range registered again takes the access. */

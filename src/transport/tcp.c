@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include "core/clock.h"
 #include "core/fail.h"
@@ -209,7 +211,7 @@ static int send_status(ferry_conn_t *c, uint8_t type, const ferry_frame_t *req, 
 static int check_locked(ferry_conn_t *c, const ferry_frame_t *f, uint32_t need)
 {
     ferry_engine_t *e = c->engine;
-    if (ferry_engine_is_cancelled(e, c->peer.engine_id, f->req_id))
+    if (ferry_conn_is_cancelled(c, f->req_id))
         return ferry_fail(FERRY_ERR_CANCELLED, "request %llu was cancelled", (unsigned long long)f->req_id);
     /* Against the registry as it is now, whatever generation the initiator
      * learned: a range registered again at the same address takes the
@@ -227,8 +229,53 @@ static long recv_ready(int fd, unsigned char *dst, size_t want)
         if (n == 0) return ferry_fail(FERRY_ERR_PEER_CLOSED, "the initiator closed the connection mid-slice");
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+        /* The destination is registered but not mapped: the kernel refused
+         * the copy and left the bytes in the socket. */
+        if (errno == EFAULT) return FERRY_ERR_ADDRESS_NOT_REGISTERED;
         return ferry_fail(FERRY_ERR_SOCKET, "recv: %s", strerror(errno));
     }
+}
+
+/* A registered range the owner unmapped (or protected) without
+ * deregistering it: refused, named, and the target goes on. */
+static int unmapped(ferry_conn_t *c, uint64_t addr, uint64_t n)
+{
+    return ferry_fail(FERRY_ERR_ADDRESS_NOT_REGISTERED,
+                      "target memory [0x%llx+%llu) for %s is registered but not mapped writable "
+                      "(unmapped without ferry_deregister?)",
+                      (unsigned long long)addr, (unsigned long long)n, c->peer.name);
+}
+
+/* Copies n bytes between this process's own addresses through the kernel,
+ * which reports EFAULT for an unmapped or protected page where memcpy
+ * would crash the target. Writes into dst when into, else reads from src.
+ * 0, or -1 with errno. Where the call is forbidden (ENOSYS, EPERM under
+ * some seccomp profiles) it falls back to memcpy, as before. */
+static int copy_checked(void *dst, const void *src, size_t n, bool into)
+{
+    static atomic_bool forbidden;
+    size_t done = 0;
+    while (done < n && !atomic_load_explicit(&forbidden, memory_order_relaxed)) {
+        struct iovec local = {.iov_base = into ? (void *)((const char *)src + done) : (char *)dst + done,
+                              .iov_len = n - done};
+        struct iovec other = {.iov_base = into ? (char *)dst + done : (void *)((const char *)src + done),
+                              .iov_len = n - done};
+        ssize_t k = into ? process_vm_writev(getpid(), &local, 1, &other, 1, 0)
+                         : process_vm_readv(getpid(), &local, 1, &other, 1, 0);
+        if (k > 0) {
+            done += (size_t)k;
+            continue;
+        }
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && (errno == ENOSYS || errno == EPERM)) {
+            atomic_store(&forbidden, true);
+            break;
+        }
+        if (k == 0) errno = EFAULT;
+        return -1;
+    }
+    if (done < n) memcpy((char *)dst + done, (const char *)src + done, n - done);
+    return 0;
 }
 
 /* Places f->len payload bytes straight into target memory, re-validating
@@ -254,9 +301,10 @@ static int place_direct(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadli
         if (rc == 0) n = recv_ready(c->fd, (unsigned char *)(uintptr_t)(f->addr + done), want);
         drained = n >= 0 && (uint64_t)n < want;
         ferry_registry_unlock(r);
+        if (rc == FERRY_ERR_ADDRESS_NOT_REGISTERED) ferry_fail_context("region deregistered during the write");
+        if (rc == 0 && n == FERRY_ERR_ADDRESS_NOT_REGISTERED) rc = unmapped(c, f->addr + done, want);
         if (rc) {
             *status = rc;
-            if (rc == FERRY_ERR_ADDRESS_NOT_REGISTERED) ferry_fail_context("region deregistered during the write");
             return ferry_conn_discard(c, f->len - done, deadline);
         }
         if (n < 0) return (int)n;
@@ -285,9 +333,9 @@ static int place_staged(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadli
     rc = check_locked(c, f, FERRY_MEM_REMOTE_WRITE);
     if (rc == 0) {
         uint32_t kind = kind_of(r, f->addr, f->len, true);
-        if (kind == FERRY_MEMKIND_HOST)
-            memcpy((void *)(uintptr_t)f->addr, b, f->len);
-        else if ((rc = ferry_memkind_from_host(kind, (void *)(uintptr_t)f->addr, b, f->len)) != 0)
+        if (kind == FERRY_MEMKIND_HOST) {
+            if (copy_checked((void *)(uintptr_t)f->addr, b, f->len, true) != 0) rc = unmapped(c, f->addr, f->len);
+        } else if ((rc = ferry_memkind_from_host(kind, (void *)(uintptr_t)f->addr, b, f->len)) != 0)
             ferry_fail_context("placing [0x%llx+%llu) from %s into device memory", (unsigned long long)f->addr,
                                (unsigned long long)f->len, c->peer.name);
     }
@@ -340,6 +388,11 @@ static int send_from_memory(ferry_conn_t *c, const ferry_frame_t *f, uint64_t de
         }
         ferry_registry_unlock(r);
         if (rc) return ferry_fail_context("region changed during a read; resetting the connection");
+        if (n < 0 && errno == EFAULT)
+            return ferry_fail(FERRY_ERR_ADDRESS_NOT_REGISTERED,
+                              "target memory [0x%llx+%llu) for %s is registered but not mapped readable; "
+                              "resetting the connection mid-answer",
+                              (unsigned long long)f->addr, (unsigned long long)f->len, c->peer.name);
         if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
             return ferry_fail(FERRY_ERR_PEER_CLOSED, "send: %s", strerror(errno));
         if (n > 0) done += (uint64_t)n;
@@ -358,7 +411,21 @@ static int serve_read(ferry_conn_t *c, const ferry_frame_t *f)
     int status = check_locked(c, f, FERRY_MEM_REMOTE_READ);
     const unsigned char *from = (const unsigned char *)(uintptr_t)f->addr, *staged = NULL;
     uint32_t kind = status ? FERRY_MEMKIND_HOST : kind_of(r, f->addr, f->len, true);
-    if (kind != FERRY_MEMKIND_HOST) {
+    if (status == 0 && kind == FERRY_MEMKIND_HOST && (f->flags & FERRY_FRAME_F_CRC)) {
+        /* Checksummed: stage the slice, so that the checksum covers the
+         * bytes sent and an unmapped page is refused, not a crash. */
+        unsigned char *b = ferry_conn_bounce(c, f->len);
+        if (!b)
+            status = ferry_fail(FERRY_ERR_MEMORY, "staging buffer of %llu bytes: out of memory",
+                                (unsigned long long)f->len);
+        else if (copy_checked(b, from, f->len, false) != 0)
+            status = ferry_fail(FERRY_ERR_ADDRESS_NOT_REGISTERED,
+                                "target memory [0x%llx+%llu) for %s is registered but not mapped readable "
+                                "(unmapped without ferry_deregister?)",
+                                (unsigned long long)f->addr, (unsigned long long)f->len, c->peer.name);
+        else
+            staged = b;
+    } else if (kind != FERRY_MEMKIND_HOST) {
         /* Device memory: copy the slice out while the region is held. */
         unsigned char *b = ferry_conn_bounce(c, f->len);
         status = b ? ferry_memkind_to_host(kind, b, from, f->len)

@@ -13,6 +13,7 @@ A registered object is pinned (kept alive, not resizable) until deregistered.
 """
 
 import ctypes
+import itertools
 import operator
 import struct
 import threading
@@ -20,7 +21,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Optional
 
-from . import _buffers, _lib, errors
+from . import _buffers, _lib, _vectors, errors
 from .errors import check, fail
 
 __all__ = [
@@ -374,8 +375,18 @@ class Engine:
         if ent is not None and ent[1] is not None:
             ent[1].release()
 
+    def _drop_regions(self, addrs):
+        with self._lock:
+            ents = [self._regions.pop(a, None) for a in addrs]
+        for ent in ents:
+            if ent is not None and ent[1] is not None:
+                ent[1].release()
+
     def register_batch(self, bufs, lengths=None, flags=MEM_REMOTE):
         """All or nothing; returns the addresses."""
+        vecs = _vectors.pair(bufs, lengths) if lengths is not None else None
+        if vecs is not None:  # all ints: C vectors, nothing to resolve or pin
+            return self._register_vectors(*vecs, flags)
         bufs = list(bufs)
         if lengths is None:
             lengths = [None] * len(bufs)
@@ -410,11 +421,28 @@ class Engine:
                 self._regions[a] = (n, p)
         return [r[0] for r in resolved]
 
+    def _register_vectors(self, addrs, lens, flags):
+        k = len(addrs)
+        e = self._enter()
+        try:
+            check(_lib.fn("ferry_register_batch")(
+                e, _vectors.pointer(addrs, ctypes.c_void_p) if k else (ctypes.c_void_p * 1)(),
+                _vectors.pointer(lens, ctypes.c_size_t) if k else (ctypes.c_size_t * 1)(), k,
+                flags))
+        finally:
+            self._leave()
+        out = addrs.tolist()
+        with self._lock:
+            self._regions.update(zip(out, zip(lens.tolist(), itertools.repeat(None))))
+        return out
+
     def deregister_batch(self, bufs):
         """Deregisters each; raises the first failure after processing all."""
-        addrs_l = [_buffers.address(b) for b in bufs]
+        vec = _vectors.u64(bufs, "buffer_addresses")
+        addrs_l = vec.tolist() if vec is not None else [_buffers.address(b) for b in bufs]
         k = len(addrs_l)
-        addrs = (ctypes.c_void_p * max(k, 1))(*addrs_l)
+        addrs = (_vectors.pointer(vec, ctypes.c_void_p) if vec is not None and k
+                 else (ctypes.c_void_p * max(k, 1))(*addrs_l))
         e = self._enter()
         try:
             rc = _lib.fn("ferry_deregister_batch")(e, addrs, k)
@@ -423,9 +451,8 @@ class Engine:
             self._leave()
         # Regions whose deregistration failed were not registered (or are
         # still); dropping our pin only for those gone is what matters.
-        for a in addrs_l:
-            if rc >= 0:
-                self._drop_region(a)
+        if rc >= 0:
+            self._drop_regions(addrs_l)
         if rc < 0:
             self._resync_regions(addrs_l)
             check(rc, detail or None)
@@ -624,6 +651,10 @@ class Engine:
         """n requests of one opcode: all complete, or the first failure raised."""
         op = _opcode(opcode)
         p = _peer_bytes(peer)
+        vecs = _vectors.triple(locals_, remotes, lengths) if lengths is not None else None
+        if vecs is not None:  # all ints: C vectors, no per-entry Python work
+            self._transfer_vectors(p, op, *vecs)
+            return
         locals_ = list(locals_)
         remotes = list(remotes)
         lengths = [None] * len(locals_) if lengths is None else list(lengths)
@@ -654,6 +685,19 @@ class Engine:
             for pin in pins:
                 if pin is not None:
                     pin.release()
+
+    def _transfer_vectors(self, p, op, la, ra, ln):
+        """ferry_batch_transfer_sync over vectors from _vectors (raw addresses)."""
+        k = len(ln)
+        if k == 0:
+            return
+        e = self._enter()
+        try:
+            check(_lib.fn("ferry_batch_transfer_sync")(
+                e, p, op, _vectors.pointer(la, ctypes.c_void_p),
+                _vectors.pointer(ra, ctypes.c_uint64), _vectors.pointer(ln, ctypes.c_size_t), k))
+        finally:
+            self._leave()
 
     def write_batch(self, peer, locals_, remotes, lengths=None):
         self.transfer_batch(peer, WRITE, locals_, remotes, lengths)
@@ -788,13 +832,25 @@ class Batch:
                 if pin is not None:
                     pin.release()
             raise
+        return self._submit_array(p, arr, len(reqs), pins, timeout_ms)
+
+    def _submit_vectors(self, peer, opcode, la, ra, ln, timeout_ms=0):
+        """submit() for n requests of one opcode given as vectors from
+        _vectors (raw addresses: nothing to pin); None when the request
+        struct's layout does not allow it (use submit)."""
+        arr = _vectors.requests(_lib.Request, _opcode(opcode), la, ra, ln)
+        if arr is None:
+            return None
+        return self._submit_array(_peer_bytes(peer), arr, len(ln), [], timeout_ms)
+
+    def _submit_array(self, p, arr, n, pins, timeout_ms):
         b = self._begin()
         try:
             with self._submit_lock:
-                first = int(_lib.fn("ferry_batch_submit")(b, p, arr, len(reqs), int(timeout_ms)))
+                first = int(_lib.fn("ferry_batch_submit")(b, p, arr, n, int(timeout_ms)))
                 if first >= 0:
                     self._pins.extend(pins)
-                    self._count = max(self._count, first + len(reqs))
+                    self._count = max(self._count, first + n)
         finally:
             self._end()
         if first < 0:
