@@ -10,6 +10,10 @@ if(FERRY_HAVE_CUDA)
     target_link_libraries(${stub} PRIVATE Threads::Threads)
   endforeach()
   target_compile_definitions(cuda_stub_partial PRIVATE CUDA_STUB_PARTIAL=1)
+  # The stub answers to the real driver's soname, so that a process that has
+  # loaded it is found by the default name, libcuda.so.1, as the real one.
+  set_target_properties(cuda_stub PROPERTIES NO_SONAME ON)
+  target_link_options(cuda_stub PRIVATE "LINKER:-soname,libcuda.so.1")
   target_compile_definitions(test_cuda PRIVATE FERRY_HAVE_CUDA=1)
   target_link_libraries(test_cuda PRIVATE ${CMAKE_DL_LIBS})
   add_dependencies(test_cuda cuda_stub cuda_stub_partial)

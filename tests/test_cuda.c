@@ -212,6 +212,10 @@ static void stub_driver_moves_device_memory(void **state)
     const char *why = NULL;
     assert_int_equal(ferry_device_memory_supported(&why), 1);
     assert_non_null(strstr(why, "2 device(s)"));
+    /* By the default name too: the stub's soname is libcuda.so.1. */
+    use_driver(NULL);
+    assert_int_equal(ferry_device_memory_supported(&why), 1);
+    assert_non_null(strstr(why, "libcuda.so.1, driver version 13000"));
 
     size_t len = (3u << 20) + 7;
     unsigned char *gsrc = stub_alloc(len, 1, 0), *gdst = stub_alloc(len, 0, 0);
