@@ -48,8 +48,9 @@ extern "C" {
 #define FERRY_VERSION_MINOR 1
 #define FERRY_VERSION_PATCH 0
 #define FERRY_VERSION_STRING "0.1.0"
-/* Wire protocol version spoken by this build. */
-#define FERRY_PROTOCOL_VERSION 1
+/* Wire protocol version spoken by this build (the newest; it also speaks
+ * every version down to 1 with peers that are older). 2: vector frames. */
+#define FERRY_PROTOCOL_VERSION 2
 
 typedef struct ferry_engine ferry_engine_t;
 typedef struct ferry_batch ferry_batch_t;
@@ -89,7 +90,8 @@ typedef struct ferry_config {
     /* Completion waits first poll without sleeping for this long, then block
      * on an event; 0 (default) never spins (FERRY_SPIN_US, at most 1000000). */
     int spin_us;
-    /* Testing only: advertise this protocol version instead of ours (0 = ours). */
+    /* Testing only: speak only this protocol version instead of ours (0 =
+     * every version this build knows); e.g. 1 behaves as an older peer. */
     int test_protocol_version;
 } ferry_config_t;
 
@@ -189,7 +191,7 @@ typedef struct ferry_segment {
 
 typedef struct ferry_peer_info {
     char name[256];         /* as opened */
-    uint32_t protocol_version;
+    uint32_t protocol_version; /* the version both ends speak (the highest in common) */
     uint64_t engine_id;
     uint64_t epoch;
     uint64_t segment_version; /* bumps on every (de)registration at the peer */

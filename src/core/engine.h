@@ -36,6 +36,7 @@ typedef struct ferry_conn {
     uint64_t serial;           /* target side: accept order, 1, 2, ... (cancel.h) */
     uint64_t pool_gen;         /* initiator side: the session's pool generation at connect */
     char remote[64];           /* target side: the socket's peer address, for logs */
+    struct ferry_vec_scratch *vec; /* vector frames' per-connection buffers (transport/vec.h), lazily made */
 } ferry_conn_t;
 
 enum ferry_session_state { SESSION_OK = 0, SESSION_RESTARTED, SESSION_CLOSED };
@@ -189,6 +190,11 @@ int ferry_serve_hello(ferry_conn_t *c, const ferry_frame_t *f);
 void ferry_serve_connection(ferry_conn_t *c);
 bool ferry_engine_is_cancelled(ferry_engine_t *e, uint64_t engine_id, uint64_t req_id);
 void ferry_hello_fill(ferry_engine_t *e, ferry_hello_t *h);
+/* The newest protocol version this engine speaks (config.test_protocol_version
+ * pins it), and the one both ends of a handshaken connection speak: the
+ * highest in common. Vector frames need FERRY_PROTOCOL_VEC. */
+unsigned ferry_engine_proto_max(const ferry_engine_t *e);
+unsigned ferry_conn_version(const ferry_conn_t *c);
 
 /* frame I/O shared by both sides */
 int ferry_conn_send_frame(ferry_conn_t *c, ferry_frame_t *f, const void *payload, uint64_t deadline);
