@@ -160,6 +160,8 @@ struct opts {
     size_t blocks;        /* distinct blocks per thread (0 = batch size) */
     int spin_us;          /* config.spin_us for both engines (-1 = config/env) */
     int shared_pool;      /* target: the buffer is a shared pool's (ferry_pool_create_shared) */
+    int scatter;          /* blocks at scattered (permuted, non-adjacent) slots on both sides */
+    size_t iov;           /* baseline cma: iovecs per process_vm_writev call (1) */
     /* extras */
     int regions, sessions;
     double idle;
@@ -182,6 +184,24 @@ static void opts_init(struct opts *o)
     o->spin_us = -1;
 }
 
+/* --scatter: block i of n sits in slot (i * mul + 7) mod n, mul coprime to
+ * n, so that neighbours in a batch are neither adjacent nor in order (paged
+ * KV: pages of one sequence anywhere in the pool). */
+static size_t scatter_slot(size_t i, size_t n, size_t mul)
+{
+    if (n < 2) return 0;
+    for (;; mul += 2) {
+        size_t a = mul % n, b = n;
+        while (a) {
+            size_t t = b % a;
+            b = a;
+            a = t;
+        }
+        if (b == 1) break;
+    }
+    return (i * mul + 7) % n;
+}
+
 static size_t nblocks(const struct opts *o)
 {
     size_t n = o->blocks ? o->blocks : o->batch;
@@ -194,7 +214,8 @@ static void usage(FILE *f)
             "usage: ferry bench --local [OPTIONS]            fork a target and measure against it\n"
             "       ferry bench target [--host H] [--port P] [--buffer-size S] [--duration SEC]\n"
             "       ferry bench initiator --peer HOST:PORT --remote-addr A --remote-len L [OPTIONS]\n"
-            "       ferry bench baseline memcpy|memfd|cma [--block-size S] [--duration SEC] [--json]\n"
+            "       ferry bench baseline memcpy|memfd|cma [--block-size S] [--blocks N] [--iov N] [--scatter]\n"
+            "                                                [--duration SEC] [--json]\n"
             "       ferry bench extras [--regions N] [--sessions N] [--idle SEC] [--json]\n"
             "\n"
             "options:\n"
@@ -211,6 +232,7 @@ static void usage(FILE *f)
             "                        (config.spin_us; default: none, waits block)\n"
             "  --json                one JSON object on stdout instead of text\n"
             "  --hugepages           buffers ask for transparent huge pages (both sides)\n"
+            "  --scatter             blocks at scattered slots (permuted, not adjacent) on both sides\n"
             "  --shared-pool         the target's buffer is in a shared pool (memfd): same-host\n"
             "                        initiators map it and copy with memcpy\n"
             "\n"
@@ -235,6 +257,8 @@ static int parse_opts(int argc, char **argv, int i, struct opts *o)
         if (strcmp(a, "--local") == 0) o->local = 1;
         else if (strcmp(a, "--hugepages") == 0) use_hugepages = 1;
         else if (strcmp(a, "--shared-pool") == 0) o->shared_pool = 1;
+        else if (strcmp(a, "--scatter") == 0) o->scatter = 1;
+        else if (strcmp(a, "--iov") == 0) { NEED_VALUE(); o->iov = (size_t)atol(v); }
         else if (strcmp(a, "--json") == 0) o->json = 1;
         else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
@@ -445,8 +469,10 @@ static void *worker_main(void *arg)
         /* Request i uses block i * blocks / batch: with --blocks 2 the two
          * halves of a batch (one per connection) each reuse one block. */
         size_t k = i * nblocks(o) / b;
-        w->locals[i] = w->local + k * o->block;
-        w->remotes[i] = w->remote + k * o->block;
+        size_t lk = o->scatter ? scatter_slot(k, nblocks(o), 613) : k;
+        size_t rk = o->scatter ? scatter_slot(k, nblocks(o), 733) : k;
+        w->locals[i] = w->local + lk * o->block;
+        w->remotes[i] = w->remote + rk * o->block;
         w->lens[i] = o->block;
     }
     while (now_s() < w->start) {
@@ -568,17 +594,19 @@ static int run_initiator(const struct opts *o, const char *peer, uint64_t raddr,
     const char *opname = o->op == FERRY_OP_WRITE ? "write" : "read";
     if (o->json) {
         printf("{\"tool\":\"ferry\",\"op\":\"%s\",\"block_size\":%zu,\"batch_size\":%zu,\"threads\":%d,\"conns\":%d,"
-               "\"blocks\":%zu,\"hugepages\":%s,\"spin_us\":%d,\"transport\":",
-               opname, o->block, o->batch, o->threads, conns, nblocks(o), use_hugepages ? "true" : "false", spin);
+               "\"blocks\":%zu,\"scatter\":%s,\"hugepages\":%s,\"spin_us\":%d,\"transport\":",
+               opname, o->block, o->batch, o->threads, conns, nblocks(o), o->scatter ? "true" : "false",
+               use_hugepages ? "true" : "false", spin);
         json_str(stdout, info.transport);
         printf(",\"transport_reason\":");
         json_str(stdout, info.transport_reason);
         printf(",\"peer\":");
         json_str(stdout, peer);
         printf(",\"seconds\":%.3f,\"bytes\":%" PRIu64 ",\"calls\":%" PRIu64 ",\"requests\":%" PRIu64
-               ",\"gbps\":%.4f,\"lat_us\":{\"p50\":%.2f,\"p99\":%.2f,\"p999\":%.2f,\"max\":%.2f,\"mean\":%.2f},"
-               "\"cpu\":{\"initiator\":%.3f,\"target\":",
-               wall, bytes, calls, calls * (uint64_t)o->batch, gbps, p50, p99, p999, mx, mean,
+               ",\"gbps\":%.4f,\"req_per_s\":%.0f,\"lat_us\":{\"p50\":%.2f,\"p99\":%.2f,\"p999\":%.2f,\"max\":%.2f,"
+               "\"mean\":%.2f},\"cpu\":{\"initiator\":%.3f,\"target\":",
+               wall, bytes, calls, calls * (uint64_t)o->batch, gbps,
+               wall > 0 ? (double)(calls * (uint64_t)o->batch) / wall : 0, p50, p99, p999, mx, mean,
                wall > 0 ? cpu / wall : 0);
         if (wall > 0 && tcpu >= 0) printf("%.3f", tcpu / wall);
         else printf("null");
@@ -589,8 +617,9 @@ static int run_initiator(const struct opts *o, const char *peer, uint64_t raddr,
         printf("ferry bench: %s %s x %zu per call (%zu distinct blocks), %d thread(s), %d connection(s) to %s\n",
                opname, bs, o->batch, nblocks(o), o->threads, conns, peer);
         printf("  transport   %s (%s)\n", info.transport, info.transport_reason);
-        printf("  throughput  %.3f GB/s  (%.1f MiB/s), %" PRIu64 " calls, %" PRIu64 " requests in %.2f s\n", gbps,
-               wall > 0 ? (double)bytes / wall / 1048576.0 : 0, calls, calls * (uint64_t)o->batch, wall);
+        printf("  throughput  %.3f GB/s  (%.1f MiB/s), %" PRIu64 " calls, %" PRIu64 " requests in %.2f s (%.0f/s)\n",
+               gbps, wall > 0 ? (double)bytes / wall / 1048576.0 : 0, calls, calls * (uint64_t)o->batch, wall,
+               wall > 0 ? (double)(calls * (uint64_t)o->batch) / wall : 0);
         printf("  latency     per call: p50 %.1f us, p99 %.1f us, p999 %.1f us, max %.1f us, mean %.1f us (%s)\n", p50,
                p99, p999, mx, mean, spin ? "busy-polls first" : "blocking waits");
         printf("  cpu         initiator %.0f%% of a core", wall > 0 ? 100 * cpu / wall : 0);
@@ -620,7 +649,15 @@ static int baseline(const struct opts *o, const char *how)
     /* --blocks N: copy N distinct blocks in turn (the working set Ferry's
      * batches have); 1 by default, the same block again and again. */
     size_t nb = o->blocks ? o->blocks : 1;
+    /* --iov N: N blocks per call (process_vm_writev with N iovecs; memcpy
+     * and memfd copy them in a loop), --scatter: at scattered slots. */
+    size_t per = o->iov ? o->iov : 1;
+    if (per > 1024) per = 1024;
+    if (nb < per) nb = per;
+    nb -= nb % per;
     size_t span = nb * len;
+    struct iovec *liov = calloc(per, sizeof *liov), *riov = calloc(per, sizeof *riov);
+    if (!liov || !riov) return 1;
     unsigned char *src = alloc_touched(span);
     unsigned char *dst = NULL;
     pid_t child = 0;
@@ -671,24 +708,30 @@ static int baseline(const struct opts *o, const char *how)
     double start = now_s() + o->warmup, stop = start + o->duration, wall0 = 0;
     int rc = 0;
     size_t k = 0;
-    for (int measuring = 0;; k = (k + 1) % nb) {
+    for (int measuring = 0;; k = (k + per) % nb) {
         double t0 = now_s();
-        unsigned char *s_k = src + k * len, *d_k = dst + k * len;
+        for (size_t j = 0; j < per; j++) {
+            size_t sk = o->scatter ? scatter_slot(k + j, nb, 613) : k + j;
+            size_t dk = o->scatter ? scatter_slot(k + j, nb, 733) : k + j;
+            liov[j] = (struct iovec){src + sk * len, len};
+            riov[j] = (struct iovec){dst + dk * len, len};
+        }
         if (!measuring && t0 >= start) {
             measuring = 1;
             wall0 = t0;
         }
         if (t0 >= stop) break;
         if (child && strcmp(how, "cma") == 0) {
-            struct iovec l = {s_k, len}, r = {d_k, len};
-            if (process_vm_writev(child, &l, 1, &r, 1, 0) != (ssize_t)len) {
+            if (process_vm_writev(child, liov, per, riov, per, 0) != (ssize_t)(len * per)) {
                 fprintf(stderr, "ferry bench baseline: process_vm_writev: %s\n", strerror(errno));
                 rc = 1;
                 break;
             }
         } else {
-            memcpy(d_k, s_k, len);
-            __asm__ __volatile__("" ::"r"(d_k) : "memory");
+            for (size_t j = 0; j < per; j++) {
+                memcpy(riov[j].iov_base, liov[j].iov_base, len);
+                __asm__ __volatile__("" ::"r"(riov[j].iov_base) : "memory");
+            }
         }
         if (!measuring) continue;
         double t1 = now_s();
@@ -697,7 +740,7 @@ static int baseline(const struct opts *o, const char *how)
             lat = realloc(lat, cap * sizeof *lat);
         }
         lat[nlat++] = (t1 - t0) * 1e6;
-        bytes += len;
+        bytes += len * per;
     }
     double wall = now_s() - wall0;
     if (child) {
@@ -707,17 +750,22 @@ static int baseline(const struct opts *o, const char *how)
     qsort(lat, nlat, sizeof *lat, cmp_double);
     double gbps = wall > 0 ? (double)bytes / wall / 1e9 : 0;
     if (o->json)
-        printf("{\"tool\":\"baseline\",\"baseline\":\"%s\",\"block_size\":%zu,\"blocks\":%zu,\"hugepages\":%s,"
-               "\"seconds\":%.3f,\"gbps\":%.4f,\"lat_us\":{\"p50\":%.2f,\"p99\":%.2f,\"p999\":%.2f},\"ok\":%s}\n",
-               how, len, nb, use_hugepages ? "true" : "false", wall, gbps, pct(lat, nlat, 0.5), pct(lat, nlat, 0.99),
+        printf("{\"tool\":\"baseline\",\"baseline\":\"%s\",\"block_size\":%zu,\"blocks\":%zu,\"iov\":%zu,"
+               "\"scatter\":%s,\"hugepages\":%s,\"seconds\":%.3f,\"gbps\":%.4f,\"req_per_s\":%.0f,"
+               "\"lat_us\":{\"p50\":%.2f,\"p99\":%.2f,\"p999\":%.2f},\"ok\":%s}\n",
+               how, len, nb, per, o->scatter ? "true" : "false", use_hugepages ? "true" : "false", wall, gbps,
+               wall > 0 ? (double)bytes / (double)len / wall : 0, pct(lat, nlat, 0.5), pct(lat, nlat, 0.99),
                pct(lat, nlat, 0.999), rc ? "false" : "true");
     else {
         char bs[32];
         fmt_size(len, bs, sizeof bs);
-        printf("baseline %s, %s blocks (%zu distinct): %.3f GB/s, p50 %.1f us, p99 %.1f us\n", how, bs, nb, gbps,
-               pct(lat, nlat, 0.5), pct(lat, nlat, 0.99));
+        printf("baseline %s, %s blocks (%zu distinct%s), %zu per call: %.3f GB/s, %.0f blocks/s, p50 %.1f us, "
+               "p99 %.1f us\n", how, bs, nb, o->scatter ? ", scattered" : "", per, gbps,
+               wall > 0 ? (double)bytes / (double)len / wall : 0, pct(lat, nlat, 0.5), pct(lat, nlat, 0.99));
     }
     free(lat);
+    free(liov);
+    free(riov);
     return rc;
 }
 

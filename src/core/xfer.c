@@ -250,7 +250,8 @@ static void record_requests(ferry_session_t *s, const ferry_xfer_t *xs, size_t n
             bytes += xs[j].done;
             if (!rc) rc = xs[j].rc;
         }
-        ferry_metrics_request(s->stats, tname, xs[i].opcode, bytes, latency_ns, rc);
+        /* The transport's name once per call: it costs a copy under the lock. */
+        ferry_metrics_request(s->stats, i == 0 ? tname : NULL, xs[i].opcode, bytes, latency_ns, rc);
         i = j;
     }
 }
