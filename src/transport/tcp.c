@@ -424,10 +424,12 @@ static int serve_read(ferry_conn_t *c, const ferry_frame_t *f)
 
 /* ------------------------------------------------- target: vector frames */
 
-/* Points the rest of piece i's receive at the sink: it failed mid-way. */
+/* Points the rest of piece i's receive at the sink once it failed (maybe
+ * mid-way); its bytes still have to be read off the connection. */
 static void sink_piece(struct ferry_vec_scratch *v, size_t i)
 {
-    v->iov[i].iov_base = v->sink;
+    unsigned char *b = v->iov[i].iov_base;
+    if (b < v->sink || b >= v->sink + sizeof v->sink) v->iov[i].iov_base = v->sink;
 }
 
 /* Receives a WRITEV's payload straight into the target regions, with few
@@ -456,11 +458,9 @@ static int vec_place_direct(ferry_conn_t *c, const ferry_frame_t *f, struct ferr
         ferry_registry_read_lock(r);
         if (r->version != version || ferry_cancel_set_count(&e->cancels) > 0) {
             bool device = false;
-            for (size_t i = at; i < n; i++) {
-                if (v->st[i]) continue;
-                ferry_vec_validate_locked(c, v, i, i + 1, FERRY_MEM_REMOTE_WRITE, &device);
+            ferry_vec_validate_locked(c, v, at, n, FERRY_MEM_REMOTE_WRITE, &device);
+            for (size_t i = at; i < n; i++)
                 if (v->st[i]) sink_piece(v, i);
-            }
             version = r->version;
         }
         size_t cnt = n - at < IOV_MAX ? n - at : IOV_MAX;
