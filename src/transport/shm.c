@@ -1063,10 +1063,33 @@ static int map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
         while (ic->maps) icache_drop(ic, ic->maps);
         return 0;
     }
+    /* Small pieces in a row share one hold of the region's in-use count
+     * (taken and checked once, up to SHM_CHUNK bytes): the copy loop is
+     * then little more than the memcpys. */
+    struct shm_map *held = NULL;
+    uint64_t held_bytes = 0;
     for (size_t i = 0; i < nx && ic->state > 0; i++) {
         ferry_xfer_t *x = &xs[i];
         if (!ferry_piece_sendable(x, x->done)) continue;
         uint64_t at = x->remote + x->done, left = x->len - x->done;
+        if (held && held_bytes < SHM_CHUNK && left <= FERRY_WIRE_VEC_PIECE_MAX && at >= held->addr &&
+            at - held->addr < held->len && left <= held->addr + held->len - at &&
+            (!x->generation || x->generation == held->generation) &&
+            (held->flags & (x->opcode == FERRY_OP_WRITE ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_REMOTE_READ))) {
+            unsigned char *there = held->map + held->off + (at - held->addr);
+            if (x->opcode == FERRY_OP_WRITE) memcpy(there, x->local + x->done, (size_t)left);
+            else memcpy(x->local + x->done, there, (size_t)left);
+            x->done += left;
+            held_bytes += left;
+            if (x->progress) atomic_fetch_add(x->progress, left);
+            continue;
+        }
+        if (held) {
+            /* A seq_cst read-modify-write: a release, so the copies are
+             * placed before the target can see the count drop. */
+            atomic_fetch_sub(&((ferry_share_ctl_t *)held->map)->inuse, 1);
+            held = NULL;
+        }
         struct shm_map *m = ic->maps;
         while (m && !(at >= m->addr && at - m->addr < m->len)) m = m->next;
         if (m && x->generation && m->generation != x->generation) {
@@ -1092,13 +1115,19 @@ static int map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
             }
             if (x->opcode == FERRY_OP_WRITE) memcpy(there, x->local + x->done, (size_t)n);
             else memcpy(x->local + x->done, there, (size_t)n);
+            x->done += n;
+            if (x->progress) atomic_fetch_add(x->progress, n);
+            if (x->done == x->len && n <= FERRY_WIRE_VEC_PIECE_MAX) {
+                held = m; /* the next small pieces copy under this hold */
+                held_bytes = n;
+                break;
+            }
             /* A seq_cst read-modify-write: a release, so the copy is placed
              * before the target can see the count drop. */
             atomic_fetch_sub(&ctl->inuse, 1);
-            x->done += n;
-            if (x->progress) atomic_fetch_add(x->progress, n);
         }
     }
+    if (held) atomic_fetch_sub(&((ferry_share_ctl_t *)held->map)->inuse, 1);
     return 0;
 }
 
