@@ -194,6 +194,34 @@ static void corrupted_small_piece_is_retried(void **state)
     done(w);
 }
 
+/* A vector read's answer arrives corrupted: the piece hit is caught by its
+ * CRC32C at the initiator and read again; every piece ends intact. */
+static void corrupted_small_piece_read_is_retried(void **state)
+{
+    (void)state;
+    world_t *w = make(1, 1, (proxy_opts_t){.corrupt_reads = 1});
+    harness_fill(w->dst, LEN, 13);
+    void *locals[PIECES];
+    uint64_t remotes[PIECES];
+    size_t lens[PIECES];
+    for (int i = 0; i < PIECES; i++) {
+        locals[i] = w->src + (size_t)i * PIECE;
+        remotes[i] = (uint64_t)(uintptr_t)piece_dst(w, i);
+        lens[i] = PIECE;
+    }
+    memset(w->src, 0, LEN);
+    int rc = ferry_batch_transfer_sync(w->ini, proxy_name(w->px), FERRY_OP_READ, locals, remotes, lens, PIECES);
+    if (rc) fprintf(stderr, "%s\n", ferry_last_error_detail());
+    assert_int_equal(rc, 0);
+    assert_int_equal(proxy_corrupted(w->px), 1);
+    for (int i = 0; i < PIECES; i++) assert_memory_equal(w->src + (size_t)i * PIECE, piece_dst(w, i), PIECE);
+    ferry_stats_t si;
+    ferry_engine_stats(w->ini, &si);
+    assert_int_equal(si.retries, 1);
+    assert_int_equal(si.checksum_failures, 1);
+    done(w);
+}
+
 /* Every frame corrupted: the pieces hit fail with CHECKSUM_MISMATCH and
  * none of their bytes lands; the frames' other pieces are placed whole. */
 static void corrupted_small_pieces_never_placed(void **state)
@@ -229,6 +257,7 @@ int main(void)
         cmocka_unit_test(without_checksum_corruption_is_silent),
         cmocka_unit_test(corrupted_small_piece_is_retried),
         cmocka_unit_test(corrupted_small_pieces_never_placed),
+        cmocka_unit_test(corrupted_small_piece_read_is_retried),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

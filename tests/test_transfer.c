@@ -382,6 +382,20 @@ static void small_pieces_fail_one_by_one(pair_t *p, bool vector)
         assert_true(later_in_frame > 0);
     else
         assert_int_equal(later_in_frame, 0);
+    /* Reads the same way: the live pieces come back, the others fail. */
+    ferry_batch_t *rb;
+    assert_int_equal(ferry_batch_alloc(p->initiator, N, &rb), 0);
+    memset(src, 0, N * BLOCK);
+    for (int i = 0; i < N; i++) reqs[i].opcode = FERRY_OP_READ;
+    assert_int_equal(ferry_batch_submit(rb, p->peer, reqs, N, 0), 0);
+    assert_int_equal(ferry_batch_wait(rb, 20000), FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    for (int i = 0; i < N; i++) {
+        ferry_status_t st;
+        assert_int_equal(ferry_batch_status(rb, (size_t)i, &st), 0);
+        assert_int_equal(st.code, i % 4 == 3 ? FERRY_ERR_ADDRESS_NOT_REGISTERED : 0);
+        if (i % 4 != 3) assert_memory_equal(src + (size_t)i * BLOCK, dst + (size_t)i * BLOCK, BLOCK);
+    }
+    assert_int_equal(ferry_batch_free(rb), 0);
     assert_int_equal(ferry_batch_free(b), 0);
     free(gone);
     release(p, src, dst);

@@ -215,6 +215,22 @@ static void vector_limits(void **state)
     assert_int_equal(ferry_vec_statuses_decode(st, 3, got), 0);
     assert_int_equal(got[1], FERRY_ERR_OUT_OF_BOUNDS);
     assert_int_equal(got[0], 0);
+    /* A READV's answer: its sizes add up (statuses, reason, CRCs, bytes). */
+    ferry_frame_t r = {.type = FERRY_FRAME_VEC_ACK, .len = 3, .addr = 300, .plen = 300};
+    assert_int_equal(ferry_vec_read_ack_check(&r, 3, 300), 0);
+    assert_int_equal(ferry_vec_read_ack_check(&r, 3, 400), FERRY_ERR_MALFORMED_FRAME); /* all served: all bytes */
+    r.flags = FERRY_FRAME_F_CRC;
+    assert_int_equal(ferry_vec_read_ack_check(&r, 3, 300), FERRY_ERR_MALFORMED_FRAME);
+    r.plen = 300 + 12;
+    assert_int_equal(ferry_vec_read_ack_check(&r, 3, 300), 0);
+    r = (ferry_frame_t){.type = FERRY_FRAME_VEC_ACK, .status = FERRY_ERR_OUT_OF_BOUNDS, .len = 3, .addr = 200,
+                        .aux = 5, .plen = 12 + 5 + 200};
+    assert_int_equal(ferry_vec_read_ack_check(&r, 3, 300), 0);
+    r.addr = 400;
+    r.plen = 12 + 5 + 400;
+    assert_int_equal(ferry_vec_read_ack_check(&r, 3, 300), FERRY_ERR_MALFORMED_FRAME); /* more than asked */
+    ferry_frame_t q = {.type = FERRY_FRAME_READV, .len = 1, .addr = 64, .aux = 1, .plen = FERRY_WIRE_VEC_DESC_SIZE};
+    assert_int_equal(ferry_vec_frame_check(&q), FERRY_ERR_MALFORMED_FRAME);
 }
 
 int main(void)

@@ -3,10 +3,12 @@
  * vec.h and wire/wire.h. */
 #include "vec.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "core/clock.h"
 #include "core/fail.h"
@@ -28,6 +30,36 @@ struct ferry_vec_scratch *ferry_vec_scratch(ferry_conn_t *c)
 }
 
 /* ------------------------------------------------------------- initiator */
+
+/* Receives exactly the bytes of iov[0..cnt) with one recvmsg per
+ * socketful (up to IOV_MAX entries), waiting for more until the deadline. */
+static int recv_gathered(int fd, struct iovec *iov, size_t cnt, uint64_t deadline)
+{
+    while (cnt > 0) {
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = cnt < IOV_MAX ? cnt : IOV_MAX};
+        ssize_t k = recvmsg(fd, &mh, MSG_DONTWAIT);
+        if (k == 0) return ferry_fail(FERRY_ERR_PEER_CLOSED, "the target closed the connection mid-answer");
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK) return ferry_fail(FERRY_ERR_SOCKET, "recvmsg: %s", strerror(errno));
+            int w = ferry_net_wait_readable(fd, deadline);
+            if (w == 0) return ferry_fail(FERRY_ERR_TIMEOUT, "answer stalled: no bytes before the deadline");
+            if (w < 0) return ferry_fail(FERRY_ERR_SOCKET, "poll: %s", strerror(errno));
+            continue;
+        }
+        size_t left = (size_t)k;
+        while (cnt > 0 && left >= iov->iov_len) {
+            left -= iov->iov_len;
+            iov++;
+            cnt--;
+        }
+        if (cnt > 0) {
+            iov->iov_base = (char *)iov->iov_base + left;
+            iov->iov_len -= left;
+        }
+    }
+    return 0;
+}
 
 bool ferry_vec_eligible(ferry_conn_t *c, const ferry_xfer_t *x)
 {
@@ -97,7 +129,8 @@ int ferry_vec_send(ferry_conn_t *c, uint8_t type, ferry_xfer_t *g, size_t n)
     ferry_frame_t f = {.type = type, .flags = crc ? FERRY_FRAME_F_CRC : 0, .req_id = g[0].req_id, .addr = total,
                        .len = n, .plen = (uint32_t)(n * FERRY_WIRE_VEC_DESC_SIZE)};
     if (type == FERRY_FRAME_WRITEV) f.plen += (uint32_t)total;
-    else f.aux = (uint64_t)g[0].opcode;
+    else if (type == FERRY_FRAME_CMA_VEC) f.aux = (uint64_t)g[0].opcode;
+    else if (c->engine->cfg.checksum) f.flags = FERRY_FRAME_F_CRC; /* READV: asks for checksummed answers */
     uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
     ferry_frame_encode(&f, hdr);
     v->iov[0] = (struct iovec){hdr, sizeof hdr};
@@ -159,6 +192,82 @@ int ferry_vec_recv_ack(ferry_conn_t *c, ferry_xfer_t *g, size_t n, unsigned spin
             ferry_xfer_fail(x, st);
             first = false;
         }
+    }
+    return 0;
+}
+
+/* Settles piece x of a frame of n by its status st (the detail in
+ * v->reason belongs to the first refused piece). */
+static void settle_piece(ferry_conn_t *c, struct ferry_vec_scratch *v, ferry_xfer_t *x, int st, size_t n, bool *first)
+{
+    if (st == 0) {
+        piece_placed(x);
+        return;
+    }
+    if (x->rc) return;
+    if (*first)
+        ferry_fail(st, "target %s refused: %s", c->peer.name, v->reason[0] ? v->reason : "(no detail)");
+    else
+        ferry_fail(st, "target %s refused [0x%llx+%llu) with %s (one of %zu pieces in one frame; the first refused: %s)",
+                   c->peer.name, (unsigned long long)x->remote, (unsigned long long)x->len, ferry_error_name(st), n,
+                   v->reason[0] ? v->reason : "(no detail)");
+    ferry_xfer_fail(x, st);
+    *first = false;
+}
+
+int ferry_vec_recv_read(ferry_conn_t *c, ferry_xfer_t *g, size_t n, unsigned spin_us, int *broken)
+{
+    struct ferry_vec_scratch *v = c->vec; /* made by the send */
+    uint64_t deadline = earliest(g, n), total = 0;
+    for (size_t i = 0; i < n; i++) total += g[i].len;
+    ferry_frame_t f;
+    int rc = ferry_conn_recv_frame_spin(c, &f, deadline, spin_us);
+    if (rc == 0 && f.type == FERRY_FRAME_ERROR && f.status < 0) {
+        rc = ferry_conn_fail_from_target(c, &f, deadline, NULL, 0);
+    } else if (rc == 0 && (f.type != FERRY_FRAME_VEC_ACK || f.req_id != g[0].req_id)) {
+        rc = ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected VEC_ACK for request %llu, got %s for %llu",
+                        (unsigned long long)g[0].req_id, ferry_frame_type_name(f.type), (unsigned long long)f.req_id);
+    }
+    if (rc == 0) rc = ferry_vec_read_ack_check(&f, (uint32_t)n, total);
+    memset(v->st, 0, n * sizeof v->st[0]);
+    v->reason[0] = '\0';
+    if (rc == 0 && f.status < 0) {
+        rc = ferry_net_recv(c->fd, v->raw, 4 * n, deadline);
+        if (rc == 0) rc = ferry_net_recv(c->fd, v->reason, f.aux, deadline);
+        v->reason[rc == 0 ? f.aux : 0] = '\0';
+        if (rc == 0) rc = ferry_vec_statuses_decode(v->raw, (uint32_t)n, v->st);
+    }
+    bool crc = (f.flags & FERRY_FRAME_F_CRC) != 0;
+    if (rc == 0 && crc) rc = ferry_net_recv(c->fd, v->crcs, 4 * n, deadline);
+    size_t cnt = 0;
+    uint64_t bytes = 0;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        if (v->st[i]) continue;
+        v->iov[cnt++] = (struct iovec){g[i].local, g[i].len};
+        bytes += g[i].len;
+    }
+    if (rc == 0 && bytes != f.addr)
+        rc = ferry_fail(FERRY_ERR_MALFORMED_FRAME, "VEC_ACK carries %llu bytes for pieces of %llu",
+                        (unsigned long long)f.addr, (unsigned long long)bytes);
+    if (rc == 0) rc = recv_gathered(c->fd, v->iov, cnt, deadline);
+    if (rc) {
+        *broken = 1;
+        return rc;
+    }
+    bool first = true;
+    for (size_t i = 0; i < n; i++) {
+        ferry_xfer_t *x = &g[i];
+        x->inflight--;
+        int st = v->st[i];
+        if (st == 0 && crc && ferry_crc32c(0, x->local, x->len) != get32(v->crcs + 4 * i)) {
+            st = FERRY_ERR_CHECKSUM_MISMATCH;
+            if (x->rc == 0)
+                ferry_xfer_fail(x, ferry_fail(st, "read piece [0x%llx+%llu) from %s arrived corrupted",
+                                              (unsigned long long)x->remote, (unsigned long long)x->len,
+                                              c->peer.name));
+            continue;
+        }
+        settle_piece(c, v, x, st, n, &first);
     }
     return 0;
 }

@@ -31,6 +31,7 @@ struct ferry_vec_scratch {
     struct iovec iov[FERRY_WIRE_VEC_MAX + 2];    /* gathered I/O: header, descriptors, pieces */
     struct iovec riov[FERRY_WIRE_VEC_MAX];       /* cross-memory attach: the other process's side */
     uint8_t raw[FERRY_WIRE_VEC_MAX * FERRY_WIRE_VEC_DESC_SIZE];
+    uint8_t crcs[FERRY_WIRE_VEC_MAX * 4];        /* READV answers: per-piece CRC32C */
     char reason[FERRY_WIRE_MAX_REASON + 1];      /* the detail of the failed piece of lowest index */
     size_t reason_idx;                           /* that piece */
     unsigned char sink[FERRY_WIRE_VEC_PIECE_MAX]; /* takes the bytes of refused pieces */
@@ -61,6 +62,11 @@ int ferry_vec_send(ferry_conn_t *c, uint8_t type, ferry_xfer_t *g, size_t n);
  * the target's text. 0, or with *broken a connection failure. */
 int ferry_vec_recv_ack(ferry_conn_t *c, ferry_xfer_t *g, size_t n, unsigned spin_us, int *broken, bool refusable,
                        bool *refused, char *reason, size_t cap);
+/* The same for a READV of pieces g[0..n): the bytes of the pieces the
+ * target served land straight in their local buffers (one gathered receive
+ * per socketful), each checked against its CRC32C when the answer has
+ * them. */
+int ferry_vec_recv_read(ferry_conn_t *c, ferry_xfer_t *g, size_t n, unsigned spin_us, int *broken);
 
 /* ---------------------------------------------------------------- target */
 

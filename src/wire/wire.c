@@ -15,7 +15,7 @@ static const char *const type_names[] = {
     "READ_REQ", "READ_RESP", "NOTIFY", "NOTIFY_ACK", "PING", "PONG", "CANCEL",
     "CANCEL_ACK", "CMA_WRITE", "CMA_READ", "AUTH", "AUTH_ACK", "ERROR",
     "RDMA_CONNECT", "RDMA_CONNECT_ACK", "RDMA_MR_QUERY", "RDMA_MR_INFO", "RDMA_COMMIT", "RDMA_COMMIT_ACK", "SHM_MAP_REQ", "SHM_MAP_RESP",
-    "WRITEV", "VEC_ACK", "CMA_VEC"};
+    "WRITEV", "VEC_ACK", "CMA_VEC", "READV"};
 _Static_assert(sizeof type_names / sizeof type_names[0] == FERRY_FRAME_TYPE_MAX + 1, "a frame type has no name");
 
 const char *ferry_frame_type_name(uint8_t type)
@@ -39,9 +39,10 @@ uint32_t ferry_frame_max_payload(uint8_t type)
     case FERRY_FRAME_WRITEV:
         return FERRY_WIRE_MAX_DATA + FERRY_WIRE_VEC_MAX * FERRY_WIRE_VEC_DESC_SIZE;
     case FERRY_FRAME_CMA_VEC:
+    case FERRY_FRAME_READV:
         return FERRY_WIRE_VEC_MAX * FERRY_WIRE_VEC_DESC_SIZE;
-    case FERRY_FRAME_VEC_ACK:
-        return FERRY_WIRE_VEC_MAX * 4 + FERRY_WIRE_MAX_REASON;
+    case FERRY_FRAME_VEC_ACK: /* statuses, reason, CRCs, and a READV's bytes */
+        return FERRY_WIRE_MAX_DATA + FERRY_WIRE_VEC_MAX * 8 + FERRY_WIRE_MAX_REASON;
     case FERRY_FRAME_AUTH:
     case FERRY_FRAME_AUTH_ACK:
         return FERRY_WIRE_MAC_SIZE;
@@ -204,6 +205,8 @@ int ferry_vec_frame_check(const ferry_frame_t *f)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s of %llu pieces, %llu bytes carries %u payload bytes, not %llu",
                           name, (unsigned long long)f->len, (unsigned long long)f->addr, f->plen,
                           (unsigned long long)want);
+    if (f->type == FERRY_FRAME_READV && f->aux != 0)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "READV with aux %llu", (unsigned long long)f->aux);
     if (f->type == FERRY_FRAME_CMA_VEC && ((f->flags & FERRY_FRAME_F_CRC) || (f->aux != 0 && f->aux != 1)))
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "CMA_VEC with flags 0x%x, direction %llu", f->flags,
                           (unsigned long long)f->aux);
@@ -225,7 +228,8 @@ int ferry_vec_desc_decode(const ferry_frame_t *f, const uint8_t *in, ferry_vec_d
             return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s piece %llu: [0x%llx+%u) is empty, too long or wraps",
                               ferry_frame_type_name(f->type), (unsigned long long)i, (unsigned long long)d->addr,
                               d->len);
-        if (cma ? d->aux == 0 || d->aux + d->len < d->aux : d->aux >> 32 || (!crc && d->aux))
+        if (cma ? d->aux == 0 || d->aux + d->len < d->aux
+                : d->aux >> 32 || ((!crc || f->type == FERRY_FRAME_READV) && d->aux))
             return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s piece %llu: bad aux field 0x%llx",
                               ferry_frame_type_name(f->type), (unsigned long long)i, (unsigned long long)d->aux);
         total += d->len;
@@ -233,6 +237,22 @@ int ferry_vec_desc_decode(const ferry_frame_t *f, const uint8_t *in, ferry_vec_d
     if (total != f->addr)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s pieces add up to %llu bytes, the header says %llu",
                           ferry_frame_type_name(f->type), (unsigned long long)total, (unsigned long long)f->addr);
+    return 0;
+}
+
+int ferry_vec_read_ack_check(const ferry_frame_t *f, uint32_t n, uint64_t total)
+{
+    if (f->len != n)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "VEC_ACK for %llu pieces, %u were asked for",
+                          (unsigned long long)f->len, n);
+    uint64_t meta = (f->status < 0 ? 4ull * n + f->aux : 0) + ((f->flags & FERRY_FRAME_F_CRC) ? 4ull * n : 0);
+    if (f->aux > FERRY_WIRE_MAX_REASON || (f->status == 0 && f->aux) || f->addr > total ||
+        f->plen != meta + f->addr || (f->status == 0 && f->addr != total))
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME,
+                          "VEC_ACK with status %d, %llu data bytes, reason of %llu and %u payload bytes for %u "
+                          "pieces of %llu bytes",
+                          f->status, (unsigned long long)f->addr, (unsigned long long)f->aux, f->plen, n,
+                          (unsigned long long)total);
     return 0;
 }
 

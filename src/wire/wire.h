@@ -84,7 +84,8 @@ enum ferry_frame_type {
     FERRY_FRAME_VEC_ACK = 29,   /* t->i: len = pieces; status < 0: payload = per-piece statuses + reason */
     FERRY_FRAME_CMA_VEC = 30,   /* i->t: len = pieces; payload = descriptors (aux: the initiator's address);
                                  * frame aux = FERRY_OP_WRITE (target pulls) or FERRY_OP_READ (pushes) */
-    FERRY_FRAME_TYPE_MAX = 30
+    FERRY_FRAME_READV = 31,     /* i->t: len = pieces; payload = descriptors; answered by a VEC_ACK with the bytes */
+    FERRY_FRAME_TYPE_MAX = 31
 };
 
 #define FERRY_FRAME_F_CRC 0x01u
@@ -158,7 +159,11 @@ typedef struct ferry_wire_segment {
  * every piece placed, no payload. Status < 0 (the first failure's code):
  * payload = n statuses (i32 each, 0 or a Ferry code), then the first
  * failed piece's reason text. A piece that fails has placed nothing the
- * caller may rely on; the others are placed (pieces fail one by one). */
+ * caller may rely on; the others are placed (pieces fail one by one).
+ * A READV (descriptors only; F_CRC asks for checksums) is answered by a
+ * VEC_ACK that carries the bytes: addr = the bytes that follow, aux = the
+ * reason text's length; payload = [n statuses, reason text: status < 0]
+ * [n CRC32Cs, u32 each: F_CRC] [the placed pieces' bytes, in order]. */
 #define FERRY_WIRE_VEC_MAX 1024
 #define FERRY_WIRE_VEC_DESC_SIZE 32
 #define FERRY_WIRE_VEC_PIECE_MAX (64u << 10)
@@ -185,6 +190,8 @@ int ferry_vec_desc_decode(const ferry_frame_t *f, const uint8_t *in, ferry_vec_d
  * decodes the statuses (each 0 or a Ferry code, at least one failing).
  * 0 or MALFORMED_FRAME. */
 int ferry_vec_ack_check(const ferry_frame_t *f, uint32_t n);
+/* The same for the answer to a READV of n pieces, total bytes at most. */
+int ferry_vec_read_ack_check(const ferry_frame_t *f, uint32_t n, uint64_t total);
 int ferry_vec_statuses_decode(const uint8_t *in, uint32_t n, int32_t *st);
 
 void ferry_segment_encode(const ferry_wire_segment_t *s, uint8_t out[FERRY_WIRE_SEGMENT_SIZE]);

@@ -98,7 +98,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 size_t fuzz_seed(int i, uint8_t *buf, size_t cap)
 {
     size_t pos = 0;
-    if (i > 12) return 0;
+    if (i > 13) return 0;
     buf[pos++] = i == 9 ? 1 : 0; /* engine: 0 plain, 1 with a secret */
     fuzz_put_hello(buf, cap, &pos, FERRY_FRAME_HELLO, i == 9 ? FERRY_HELLO_F_AUTH : 0, 1);
     switch (i) {
@@ -138,6 +138,13 @@ size_t fuzz_seed(int i, uint8_t *buf, size_t cap)
         uint64_t a[2] = {FUZZ_REMOTE_ADDR, FUZZ_REMOTE_ADDR + 4096};
         uint32_t l[2] = {128, 2048};
         fuzz_put_vector(buf, cap, &pos, FERRY_FRAME_CMA_VEC, FERRY_OP_WRITE, false, 2, a, l);
+        break;
+    }
+    case 13: {
+        /* A vector read: served, past the end, and unregistered pieces. */
+        uint64_t a[3] = {FUZZ_REMOTE_ADDR + 64, FUZZ_REMOTE_ADDR + FUZZ_REMOTE_LEN - 4, 0x2000};
+        uint32_t l[3] = {256, 64, 32};
+        fuzz_put_vector(buf, cap, &pos, FERRY_FRAME_READV, 0, false, 3, a, l);
         break;
     }
     }

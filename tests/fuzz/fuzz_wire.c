@@ -28,7 +28,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             /* A vector frame's descriptors or statuses after it. */
             size_t avail = size - FERRY_FRAME_HEADER_SIZE;
             const uint8_t *body = data + FERRY_FRAME_HEADER_SIZE;
-            if ((f.type == FERRY_FRAME_WRITEV || f.type == FERRY_FRAME_CMA_VEC) && ferry_vec_frame_check(&f) == 0 &&
+            if ((f.type == FERRY_FRAME_WRITEV || f.type == FERRY_FRAME_CMA_VEC || f.type == FERRY_FRAME_READV) &&
+                ferry_vec_frame_check(&f) == 0 &&
                 avail >= f.len * FERRY_WIRE_VEC_DESC_SIZE) {
                 static ferry_vec_desc_t d[FERRY_WIRE_VEC_MAX];
                 if (ferry_vec_desc_decode(&f, body, d) == 0) {
@@ -50,6 +51,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 if (ferry_vec_statuses_decode(body, (uint32_t)f.len, st) == 0)
                     for (uint64_t i = 0; i < f.len; i++) check(st[i] <= 0);
             }
+            if (f.type == FERRY_FRAME_VEC_ACK && f.len <= FERRY_WIRE_VEC_MAX &&
+                ferry_vec_read_ack_check(&f, (uint32_t)f.len, f.addr) == 0)
+                check(f.aux <= FERRY_WIRE_MAX_REASON && f.plen >= f.addr);
             /* The hello payload after it, if it is one. */
             if (f.type == FERRY_FRAME_HELLO || f.type == FERRY_FRAME_HELLO_ACK) {
                 size_t n = size - FERRY_FRAME_HEADER_SIZE < f.plen ? size - FERRY_FRAME_HEADER_SIZE : f.plen;
@@ -113,6 +117,12 @@ size_t fuzz_seed(int i, uint8_t *buf, size_t cap)
         for (int k = 0; k < 4; k++) p[4 + k] = (uint8_t)(bad >> (8 * k));
         memcpy(p + 12, "why", 3);
         fuzz_put_frame(buf, cap, &pos, FERRY_FRAME_VEC_ACK, FERRY_ERR_OUT_OF_BOUNDS, 100, 0, 3, 0, p, sizeof p);
+        break;
+    }
+    case 8: {
+        uint64_t a[2] = {FUZZ_REMOTE_ADDR, FUZZ_REMOTE_ADDR + 100};
+        uint32_t l[2] = {64, 64};
+        fuzz_put_vector(buf, cap, &pos, FERRY_FRAME_READV, 0, true, 2, a, l);
         break;
     }
     default: return 0;

@@ -45,7 +45,7 @@ void fuzz_put_vector(uint8_t *buf, size_t cap, size_t *pos, uint8_t type, uint64
 {
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++) total += lens[i];
-    bool writev = type == FERRY_FRAME_WRITEV;
+    bool writev = type == FERRY_FRAME_WRITEV, cma = type == FERRY_FRAME_CMA_VEC;
     size_t plen = n * FERRY_WIRE_VEC_DESC_SIZE + (writev ? total : 0);
     if (*pos + FERRY_FRAME_HEADER_SIZE + plen > cap) return;
     ferry_frame_t f = {.type = type, .flags = crc ? FERRY_FRAME_F_CRC : 0, .req_id = 100, .addr = total, .len = n,
@@ -57,7 +57,7 @@ void fuzz_put_vector(uint8_t *buf, size_t cap, size_t *pos, uint8_t type, uint64
     uint64_t off = 0;
     for (size_t i = 0; i < n; i++) {
         ferry_vec_desc_t d = {.addr = addrs[i], .len = lens[i], .generation = 0, .req_id = 100 + i};
-        if (!writev) d.aux = 0x1000 + off;
+        if (cma) d.aux = 0x1000 + off;
         else if (crc) d.aux = ferry_crc32c(0, data + off, lens[i]);
         ferry_vec_desc_encode(&d, buf + *pos + i * FERRY_WIRE_VEC_DESC_SIZE);
         off += lens[i];

@@ -279,12 +279,14 @@ static bool parse(struct dir *d, uint8_t *buf, size_t n)
                         (uint32_t)d->hdr[15] << 24;
         d->payload_left = plen;
         d->corrupt_next = false;
-        d->vector = type == FERRY_FRAME_WRITEV;
+        uint64_t data = 0; /* a VEC_ACK's bytes (the answer to a READV) */
+        for (int b = 7; b >= 0; b--) data = data << 8 | d->hdr[24 + b];
+        d->vector = type == FERRY_FRAME_WRITEV || (type == FERRY_FRAME_VEC_ACK && data > 0);
         if (plen == 0) continue;
         if (d->i2t && type == FERRY_FRAME_WRITE && take(&px->cut_writes)) cut = true;
         if (d->i2t && (type == FERRY_FRAME_WRITE || type == FERRY_FRAME_WRITEV))
             d->corrupt_next = take(&px->corrupt_writes) || rand01(&d->rng) < px->o.corrupt_prob;
-        else if (!d->i2t && type == FERRY_FRAME_READ_RESP)
+        else if (!d->i2t && (type == FERRY_FRAME_READ_RESP || d->vector))
             d->corrupt_next = take(&px->corrupt_reads) || rand01(&d->rng) < px->o.corrupt_prob;
     }
     return cut;
