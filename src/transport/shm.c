@@ -637,7 +637,7 @@ static int vec_copy_host(ferry_conn_t *c, struct shm_conn *sc, struct ferry_vec_
     uint64_t version = 0;
     bool checked = false;
     size_t i = 0;
-    while (i < n) {
+    while (i < n && sc->state >= 0) { /* refused mid-way: the caller refuses the rest */
         ferry_registry_read_lock(r);
         if (!checked || r->version != version || ferry_cancel_set_count(&e->cancels) > 0) {
             ferry_vec_validate_locked(c, v, i, n, need, device);
