@@ -33,6 +33,17 @@ free_port() {
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
+# The pid in PIDFILE still runs the program we started (NAME): a pidfile left
+# from an earlier run may name a pid the system has since given to another
+# process, which must not be signalled. Processes are only ever stopped by
+# the pid this script recorded, never by name.
+ours() {
+  local pidfile=$1 name=$2 comm
+  alive "$pidfile" || return 1
+  comm=$(cat "/proc/$(cat "$pidfile")/comm" 2>/dev/null) || return 1
+  [ "$comm" = "$name" ]
+}
+
 redis_ok() { redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null | grep -q PONG; }
 etcd_ok() { curl -sf --max-time 1 "http://127.0.0.1:$1/health" 2>/dev/null | grep -q '"health":"true"'; }
 
@@ -90,7 +101,7 @@ start_etcd() {
 
 stop_pid() {
   local pidfile=$1 name=$2
-  alive "$pidfile" || { rm -f "$pidfile"; return 0; }
+  ours "$pidfile" "$name" || { rm -f "$pidfile"; return 0; }
   local pid; pid=$(cat "$pidfile")
   kill "$pid" 2>/dev/null || true
   for _ in $(seq 1 50); do

@@ -64,7 +64,9 @@ python_tests() {
   [ -d bindings/python/tests ] || { echo "no Python tests yet"; return 0; }
   FERRY_LIBRARY="$ROOT/build/libferry.so" PYTHONPATH="$ROOT/bindings/python" \
     /usr/bin/python3 -m unittest discover -s bindings/python/tests -v 2>&1 | tail -n 40
-  return "${PIPESTATUS[0]}"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || return 1
+  # pip install of the package, the library from `cmake --install`.
+  tests/install/check_python_package.sh build /usr/bin/python3
 }
 
 optional_builds() {

@@ -6,7 +6,7 @@ if(NOT FERRY_TEST_PYTHON)
   find_program(FERRY_TEST_PYTHON NAMES python3)
 endif()
 
-set(_ferry_py_env "FERRY_LIBRARY=$<TARGET_FILE:ferry>")
+set(_ferry_py_env "FERRY_LIBRARY=$<TARGET_FILE:ferry_shared>")
 set(_ferry_py_ok ON)
 if(FERRY_SANITIZE STREQUAL "address")
   # An ASan library loads into an uninstrumented interpreter only when the
@@ -27,5 +27,14 @@ if(FERRY_TEST_PYTHON AND _ferry_py_ok)
   add_test(NAME python_bindings
            COMMAND ${FERRY_TEST_PYTHON} -m unittest discover -s ${CMAKE_SOURCE_DIR}/bindings/python/tests)
   set_tests_properties(python_bindings PROPERTIES TIMEOUT 600 LABELS python
+                       ENVIRONMENT "${_ferry_py_env}")
+endif()
+
+# `pip install` of the package (no network) with the library from
+# `cmake --install`: found by the system loader and by FERRY_LIBRARY.
+if(FERRY_TEST_PYTHON AND _ferry_py_ok)
+  add_test(NAME python_package
+           COMMAND ${CMAKE_SOURCE_DIR}/tests/install/check_python_package.sh ${CMAKE_BINARY_DIR} ${FERRY_TEST_PYTHON})
+  set_tests_properties(python_package PROPERTIES TIMEOUT 300 LABELS "python;install"
                        ENVIRONMENT "${_ferry_py_env}")
 endif()

@@ -9,5 +9,5 @@ endif()
 find_program(FERRY_READELF readelf)
 if(FERRY_READELF)
   add_test(NAME rdma_not_linked
-           COMMAND sh -c "! ${FERRY_READELF} -d $<TARGET_FILE:ferry> | grep -q libibverbs")
+           COMMAND sh -c "! ${FERRY_READELF} -d $<TARGET_FILE:ferry_shared> | grep -q libibverbs")
 endif()

@@ -285,6 +285,70 @@ static void mixed_batch(void **state)
 
 /* ------------------------------------------------------ registry hooks */
 
+/* The owner's view of its registered memory (what the Python binding's
+ * write_bytes_to_buffer / read_bytes_from_buffer use): a lookup that names
+ * host or device memory, and copies that check the registration first and
+ * go through the kind's copy functions, so a careless address is an error
+ * and device memory is reached without the CPU touching it. */
+static void region_access_checks_and_reaches_device_memory(void **state)
+{
+    (void)state;
+    ferry_engine_t *e = harness_engine(2000);
+    fake_dev_t d = fake_new(8192);
+    unsigned char *host = calloc(1, 4096), out[64];
+    assert_int_equal(ferry_register(e, d.base, d.len, FERRY_MEM_REMOTE), 0);
+    assert_int_equal(ferry_register(e, host, 4096, FERRY_MEM_LOCAL), 0);
+
+    ferry_region_info_t info;
+    assert_int_equal(ferry_region_query(e, d.base + 100, 64, &info), 0);
+    assert_int_equal(info.addr, (uint64_t)(uintptr_t)d.base);
+    assert_int_equal(info.len, 8192);
+    assert_int_equal(info.flags, FERRY_MEM_REMOTE);
+    assert_int_equal(info.device, 0);
+    assert_string_equal(info.kind, "fake:0");
+    assert_int_equal(ferry_region_query(e, host, 0, &info), 0);
+    assert_int_equal(info.device, -1);
+    assert_string_equal(info.kind, "host");
+
+    /* Into and out of "device" memory: only through the staging copies. */
+    unsigned long to0, from0, to1, from1;
+    ferry_memkind_fake_counts(&to0, &from0);
+    assert_int_equal(ferry_region_write(e, d.base + 10, "device bytes", 12), 0);
+    assert_memory_equal(d.alias + 10, "device bytes", 12);
+    assert_int_equal(ferry_region_read(e, out, d.base + 10, 12), 0);
+    assert_memory_equal(out, "device bytes", 12);
+    ferry_memkind_fake_counts(&to1, &from1);
+    assert_int_equal(to1 - to0, 1);
+    assert_int_equal(from1 - from0, 1);
+    assert_int_equal(ferry_region_write(e, host + 4090, "abcdef", 6), 0);
+    assert_memory_equal(host + 4090, "abcdef", 6);
+
+    /* Careless addresses: named, nothing touched. */
+    assert_int_equal(ferry_region_write(e, NULL, "x", 1), FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    assert_non_null(strstr(ferry_last_error_detail(), "not registered"));
+    assert_int_equal(ferry_region_read(e, out, (void *)8, 8), FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    assert_int_equal(ferry_region_read(e, out, (void *)1, 16), FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    assert_int_equal(ferry_region_write(e, host + 4090, "abcdefg", 7), FERRY_ERR_OUT_OF_BOUNDS);
+    assert_int_equal(ferry_region_query(e, out, 8, &info), FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    assert_int_equal(ferry_region_read(e, NULL, host, 8), FERRY_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ferry_region_query(NULL, host, 8, &info), FERRY_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ferry_region_write(e, NULL, NULL, 0), 0); /* zero bytes: nothing to do */
+    assert_int_equal(ferry_deregister(e, host), 0);
+    assert_int_equal(ferry_region_write(e, host, "x", 1), FERRY_ERR_ADDRESS_NOT_REGISTERED);
+
+    /* Device-memory support is reported (no CUDA device here: 0, and why). */
+    const char *why = NULL;
+    int support = ferry_device_memory_supported(&why);
+    assert_true(support == 0 || support == 1);
+    assert_non_null(why);
+    assert_non_null(strstr(why, "CUDA"));
+
+    ferry_deregister(e, d.base);
+    fake_free(&d);
+    free(host);
+    ferry_engine_destroy(e);
+}
+
 static int released;
 static void count_release(void *ctx, ferry_region_t *reg)
 {
@@ -348,6 +412,7 @@ int main(void)
         cmocka_unit_test_teardown(device_to_device_both_ways, teardown_fakes),
         cmocka_unit_test_teardown(staging_with_checksums, teardown_fakes),
         cmocka_unit_test_teardown(mixed_batch, teardown_fakes),
+        cmocka_unit_test_teardown(region_access_checks_and_reaches_device_memory, teardown_fakes),
         cmocka_unit_test(registry_release_hook),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/testing.h"
 #include "harness.h"
 
 typedef struct pair {
@@ -414,8 +415,8 @@ static void small_pieces_with_protocol_1(void **state)
         const char *transport = getenv("FERRY_TRANSPORT");
         if (transport && *transport) cfg.transport = transport;
         cfg.timeout_ms = 20000;
-        cfg.test_protocol_version = 1;
         ferry_engine_t *old = harness_engine_cfg(&cfg);
+        ferry_test_set_protocol_version(old, 1); /* before its first handshake */
         if (side == 0) {
             ferry_engine_destroy(p->initiator);
             p->initiator = old;

@@ -12,6 +12,7 @@
  * 1e9 bytes/s); latency is measured per call (one batch of --batch-size
  * requests), reported as p50/p99/p999. */
 #include <errno.h>
+#include <getopt.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -26,10 +27,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include <ferry/ferry.h>
 #include <ferry/pool.h>
 
 #include "cli.h"
+#include "opts.h"
 
 /* ------------------------------------------------------------- helpers */
 
@@ -68,15 +72,12 @@ static void fmt_size(size_t n, char *out, size_t cap)
     else snprintf(out, cap, "%zu B", n);
 }
 
-static void json_str(FILE *f, const char *s)
+/* Prints obj (consumed) as one compact JSON line on stdout. */
+static void print_json_line(json_t *obj)
 {
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\') fprintf(f, "\\%c", *s);
-        else if ((unsigned char)*s < 0x20) fprintf(f, "\\u%04x", *s);
-        else fputc(*s, f);
-    }
-    fputc('"', f);
+    json_dumpf(obj, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
+    json_decref(obj);
+    printf("\n");
 }
 
 /* --hugepages: buffers ask for transparent huge pages (MADV_HUGEPAGE). */
@@ -240,69 +241,104 @@ static void usage(FILE *f)
             "Latency is per call: one batch of --batch-size requests, submit to completion.\n");
 }
 
-/* Parses argv from index i; returns 0, or 2 after printing the problem. */
-static int parse_opts(int argc, char **argv, int i, struct opts *o)
+/* A size option's value: bytes, K/M/G suffixes; 0 and *out, or -1 after
+ * printing the problem. */
+static int opt_size(const char *opt, const char *arg, size_t *out)
 {
-    for (; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEED_VALUE()                                                      \
-    do {                                                                  \
-        if (!v) {                                                         \
-            fprintf(stderr, "ferry bench: %s needs a value\n", a);        \
-            return 2;                                                     \
-        }                                                                 \
-        i++;                                                              \
-    } while (0)
-        if (strcmp(a, "--local") == 0) o->local = 1;
-        else if (strcmp(a, "--hugepages") == 0) use_hugepages = 1;
-        else if (strcmp(a, "--shared-pool") == 0) o->shared_pool = 1;
-        else if (strcmp(a, "--scatter") == 0) o->scatter = 1;
-        else if (strcmp(a, "--iov") == 0) { NEED_VALUE(); o->iov = (size_t)atol(v); }
-        else if (strcmp(a, "--json") == 0) o->json = 1;
-        else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            exit(0);
-        } else if (strcmp(a, "--peer") == 0) { NEED_VALUE(); o->peer = v; }
-        else if (strcmp(a, "--host") == 0) { NEED_VALUE(); o->host = v; }
-        else if (strcmp(a, "--transport") == 0) { NEED_VALUE(); o->transport = v; }
-        else if (strcmp(a, "--port") == 0) { NEED_VALUE(); o->port = atoi(v); }
-        else if (strcmp(a, "--threads") == 0) { NEED_VALUE(); o->threads = atoi(v); }
-        else if (strcmp(a, "--conns") == 0) { NEED_VALUE(); o->conns = atoi(v); }
-        else if (strcmp(a, "--regions") == 0) { NEED_VALUE(); o->regions = atoi(v); }
-        else if (strcmp(a, "--sessions") == 0) { NEED_VALUE(); o->sessions = atoi(v); }
-        else if (strcmp(a, "--blocks") == 0) { NEED_VALUE(); o->blocks = (size_t)atol(v); }
-        else if (strcmp(a, "--spin-us") == 0) { NEED_VALUE(); o->spin_us = atoi(v); }
-        else if (strcmp(a, "--duration") == 0) { NEED_VALUE(); o->duration = atof(v); }
-        else if (strcmp(a, "--warmup") == 0) { NEED_VALUE(); o->warmup = atof(v); }
-        else if (strcmp(a, "--idle") == 0) { NEED_VALUE(); o->idle = atof(v); }
-        else if (strcmp(a, "--remote-addr") == 0) { NEED_VALUE(); o->remote_addr = strtoull(v, NULL, 0); }
-        else if (strcmp(a, "--op") == 0) {
-            NEED_VALUE();
-            if (strcmp(v, "write") == 0) o->op = FERRY_OP_WRITE;
-            else if (strcmp(v, "read") == 0) o->op = FERRY_OP_READ;
+    if (parse_size(arg, out) != 0 || *out == 0) {
+        fprintf(stderr, "ferry bench: bad size '%s' for --%s\n", arg, opt);
+        return -1;
+    }
+    return 0;
+}
+
+/* Parses the options in argv[first..argc) (getopt_long; they may come in
+ * any order); returns 0, or 2 after printing the problem. */
+static int parse_opts(int argc, char **argv, int first, struct opts *o)
+{
+    enum { O_LOCAL = 256, O_HUGEPAGES, O_SHARED_POOL, O_JSON, O_PEER, O_HOST, O_TRANSPORT, O_PORT, O_THREADS,
+           O_CONNS, O_REGIONS, O_SESSIONS, O_BLOCKS, O_SPIN_US, O_DURATION, O_WARMUP, O_IDLE, O_REMOTE_ADDR,
+           O_OP, O_BLOCK_SIZE, O_BATCH_SIZE, O_BUFFER_SIZE, O_REMOTE_LEN, O_SCATTER, O_IOV };
+    static const struct option options[] = {
+        {"local", no_argument, NULL, O_LOCAL},
+        {"hugepages", no_argument, NULL, O_HUGEPAGES},
+        {"shared-pool", no_argument, NULL, O_SHARED_POOL},
+        {"json", no_argument, NULL, O_JSON},
+        {"help", no_argument, NULL, 'h'},
+        {"peer", required_argument, NULL, O_PEER},
+        {"host", required_argument, NULL, O_HOST},
+        {"transport", required_argument, NULL, O_TRANSPORT},
+        {"port", required_argument, NULL, O_PORT},
+        {"threads", required_argument, NULL, O_THREADS},
+        {"conns", required_argument, NULL, O_CONNS},
+        {"regions", required_argument, NULL, O_REGIONS},
+        {"sessions", required_argument, NULL, O_SESSIONS},
+        {"blocks", required_argument, NULL, O_BLOCKS},
+        {"spin-us", required_argument, NULL, O_SPIN_US},
+        {"duration", required_argument, NULL, O_DURATION},
+        {"warmup", required_argument, NULL, O_WARMUP},
+        {"idle", required_argument, NULL, O_IDLE},
+        {"remote-addr", required_argument, NULL, O_REMOTE_ADDR},
+        {"op", required_argument, NULL, O_OP},
+        {"block-size", required_argument, NULL, O_BLOCK_SIZE},
+        {"batch-size", required_argument, NULL, O_BATCH_SIZE},
+        {"buffer-size", required_argument, NULL, O_BUFFER_SIZE},
+        {"remote-len", required_argument, NULL, O_REMOTE_LEN},
+        {"scatter", no_argument, NULL, O_SCATTER},
+        {"iov", required_argument, NULL, O_IOV},
+        {NULL, 0, NULL, 0},
+    };
+    /* argv[first - 1] stands in for the program name. */
+    int n = argc - first + 1, opt;
+    char **args = argv + first - 1;
+    long v;
+    unsigned long long addr;
+    optind = 1;
+    while ((opt = getopt_long(n, args, "h", options, NULL)) != -1) {
+        switch (opt) {
+        case O_LOCAL: o->local = 1; break;
+        case O_HUGEPAGES: use_hugepages = 1; break;
+        case O_SHARED_POOL: o->shared_pool = 1; break;
+        case O_SCATTER: o->scatter = 1; break;
+        case O_IOV: if (opt_long("bench", "iov", optarg, 1, 1024, &v)) return 2; o->iov = (size_t)v; break;
+        case O_JSON: o->json = 1; break;
+        case 'h': usage(stdout); exit(0);
+        case O_PEER: o->peer = optarg; break;
+        case O_HOST: o->host = optarg; break;
+        case O_TRANSPORT: o->transport = optarg; break;
+        case O_PORT: if (opt_long("bench", "port", optarg, 0, 65535, &v)) return 2; o->port = (int)v; break;
+        case O_THREADS: if (opt_long("bench", "threads", optarg, 1, 64, &v)) return 2; o->threads = (int)v; break;
+        case O_CONNS: if (opt_long("bench", "conns", optarg, 1, 64, &v)) return 2; o->conns = (int)v; break;
+        case O_REGIONS: if (opt_long("bench", "regions", optarg, 1, 10000000, &v)) return 2; o->regions = (int)v; break;
+        case O_SESSIONS: if (opt_long("bench", "sessions", optarg, 1, 100000, &v)) return 2; o->sessions = (int)v; break;
+        case O_BLOCKS: if (opt_long("bench", "blocks", optarg, 1, 1L << 30, &v)) return 2; o->blocks = (size_t)v; break;
+        case O_SPIN_US: if (opt_long("bench", "spin-us", optarg, 0, 1000000, &v)) return 2; o->spin_us = (int)v; break;
+        case O_DURATION: if (opt_double("bench", "duration", optarg, 0, 86400, &o->duration)) return 2; break;
+        case O_WARMUP: if (opt_double("bench", "warmup", optarg, 0, 3600, &o->warmup)) return 2; break;
+        case O_IDLE: if (opt_double("bench", "idle", optarg, 0, 3600, &o->idle)) return 2; break;
+        case O_REMOTE_ADDR: if (opt_u64("bench", "remote-addr", optarg, &addr)) return 2; o->remote_addr = addr; break;
+        case O_OP:
+            if (strcmp(optarg, "write") == 0) o->op = FERRY_OP_WRITE;
+            else if (strcmp(optarg, "read") == 0) o->op = FERRY_OP_READ;
             else {
-                fprintf(stderr, "ferry bench: --op is write or read, not '%s'\n", v);
+                fprintf(stderr, "ferry bench: --op is write or read, not '%s'\n", optarg);
                 return 2;
             }
-        } else if (strcmp(a, "--block-size") == 0 || strcmp(a, "--batch-size") == 0 || strcmp(a, "--buffer-size") == 0 ||
-                   strcmp(a, "--remote-len") == 0) {
-            NEED_VALUE();
-            size_t n;
-            if (parse_size(v, &n) != 0 || n == 0) {
-                fprintf(stderr, "ferry bench: bad size '%s' for %s\n", v, a);
-                return 2;
-            }
-            if (a[2] == 'b' && a[3] == 'l') o->block = n;
-            else if (a[2] == 'b' && a[3] == 'a') o->batch = n;
-            else if (a[2] == 'b') o->buffer = n;
-            else o->remote_len = n;
-        } else {
-            fprintf(stderr, "ferry bench: unknown option '%s'\n\n", a);
+            break;
+        case O_BLOCK_SIZE: if (opt_size("block-size", optarg, &o->block)) return 2; break;
+        case O_BATCH_SIZE: if (opt_size("batch-size", optarg, &o->batch)) return 2; break;
+        case O_BUFFER_SIZE: if (opt_size("buffer-size", optarg, &o->buffer)) return 2; break;
+        case O_REMOTE_LEN: if (opt_size("remote-len", optarg, &o->remote_len)) return 2; break;
+        default: /* getopt_long named the problem */
+            fprintf(stderr, "\n");
             usage(stderr);
             return 2;
         }
-#undef NEED_VALUE
+    }
+    if (optind < n) {
+        fprintf(stderr, "ferry bench: unexpected argument '%s'\n\n", args[optind]);
+        usage(stderr);
+        return 2;
     }
     if (o->threads < 1 || o->threads > 64 || o->duration <= 0 || o->batch > 65536) {
         fprintf(stderr, "ferry bench: need 1..64 threads, a positive duration, at most 65536 per batch\n");
@@ -369,10 +405,15 @@ static int run_target(const struct opts *o, int out)
     sa.sa_handler = on_signal;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
-    char line[512];
-    int n = snprintf(line, sizeof line, "{\"name\":\"%s\",\"addr\":%" PRIu64 ",\"len\":%zu,\"pid\":%d}\n",
-                     ferry_engine_name(e), (uint64_t)(uintptr_t)buf, len, (int)getpid());
-    if (write(out, line, (size_t)n) != n) return 1;
+    json_t *ready = json_pack("{s:s,s:I,s:I,s:i}", "name", ferry_engine_name(e), "addr",
+                              (json_int_t)(uintptr_t)buf, "len", (json_int_t)len, "pid", (int)getpid());
+    char *line = json_dumps(ready, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(ready);
+    if (!line) return 1;
+    size_t n = strlen(line);
+    int ok = write(out, line, n) == (ssize_t)n && write(out, "\n", 1) == 1;
+    free(line);
+    if (!ok) return 1;
     double end = o->duration > 0 && !o->local ? now_s() + o->duration : 0;
     while (!stop_flag && (end == 0 || now_s() < end)) {
         struct timespec ts = {0, 50 * 1000000};
@@ -417,18 +458,19 @@ static int spawn_target(const struct opts *o, size_t len, struct target_proc *t)
     }
     line[n] = '\0';
     close(p[0]);
-    char *nm = strstr(line, "\"name\":\"");
-    char *ad = strstr(line, "\"addr\":");
-    if (!nm || !ad) {
+    json_t *ready = json_loads(line, 0, NULL);
+    const char *name = NULL;
+    json_int_t addr = 0;
+    if (!ready || json_unpack(ready, "{s:s,s:I}", "name", &name, "addr", &addr) != 0) {
         fprintf(stderr, "ferry bench: the target did not start\n");
+        json_decref(ready);
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
         return -1;
     }
-    nm += 8;
-    char *q = strchr(nm, '"');
-    snprintf(t->name, sizeof t->name, "%.*s", (int)(q - nm), nm);
-    t->addr = strtoull(ad + 7, NULL, 10);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->addr = (uint64_t)addr;
+    json_decref(ready);
     t->len = len;
     t->pid = pid;
     return 0;
@@ -593,24 +635,19 @@ static int run_initiator(const struct opts *o, const char *peer, uint64_t raddr,
     double mx = nlat ? lat[nlat - 1] : 0, mean = nlat ? sum / (double)nlat : 0;
     const char *opname = o->op == FERRY_OP_WRITE ? "write" : "read";
     if (o->json) {
-        printf("{\"tool\":\"ferry\",\"op\":\"%s\",\"block_size\":%zu,\"batch_size\":%zu,\"threads\":%d,\"conns\":%d,"
-               "\"blocks\":%zu,\"scatter\":%s,\"hugepages\":%s,\"spin_us\":%d,\"transport\":",
-               opname, o->block, o->batch, o->threads, conns, nblocks(o), o->scatter ? "true" : "false",
-               use_hugepages ? "true" : "false", spin);
-        json_str(stdout, info.transport);
-        printf(",\"transport_reason\":");
-        json_str(stdout, info.transport_reason);
-        printf(",\"peer\":");
-        json_str(stdout, peer);
-        printf(",\"seconds\":%.3f,\"bytes\":%" PRIu64 ",\"calls\":%" PRIu64 ",\"requests\":%" PRIu64
-               ",\"gbps\":%.4f,\"req_per_s\":%.0f,\"lat_us\":{\"p50\":%.2f,\"p99\":%.2f,\"p999\":%.2f,\"max\":%.2f,"
-               "\"mean\":%.2f},\"cpu\":{\"initiator\":%.3f,\"target\":",
-               wall, bytes, calls, calls * (uint64_t)o->batch, gbps,
-               wall > 0 ? (double)(calls * (uint64_t)o->batch) / wall : 0, p50, p99, p999, mx, mean,
-               wall > 0 ? cpu / wall : 0);
-        if (wall > 0 && tcpu >= 0) printf("%.3f", tcpu / wall);
-        else printf("null");
-        printf("},\"ok\":%s}\n", rc ? "false" : "true");
+        json_t *target_cpu = wall > 0 && tcpu >= 0 ? json_real(tcpu / wall) : json_null();
+        print_json_line(json_pack(
+            "{s:s,s:s,s:I,s:I,s:i,s:i,s:I,s:b,s:b,s:i,s:s,s:s,s:s,s:f,s:I,s:I,s:I,s:f,s:f,"
+            "s:{s:f,s:f,s:f,s:f,s:f},s:{s:f,s:o},s:b}",
+            "tool", "ferry", "op", opname, "block_size", (json_int_t)o->block, "batch_size", (json_int_t)o->batch,
+            "threads", o->threads, "conns", conns, "blocks", (json_int_t)nblocks(o), "scatter", o->scatter,
+            "hugepages", use_hugepages,
+            "spin_us", spin, "transport", info.transport, "transport_reason", info.transport_reason, "peer", peer,
+            "seconds", wall, "bytes", (json_int_t)bytes, "calls", (json_int_t)calls, "requests",
+            (json_int_t)(calls * (uint64_t)o->batch), "gbps", gbps, "req_per_s",
+            wall > 0 ? (double)(calls * (uint64_t)o->batch) / wall : 0.0, "lat_us", "p50", p50, "p99", p99, "p999", p999,
+            "max", mx, "mean", mean, "cpu", "initiator", wall > 0 ? cpu / wall : 0, "target", target_cpu, "ok",
+            rc == 0));
     } else {
         char bs[32];
         fmt_size(o->block, bs, sizeof bs);
@@ -750,12 +787,12 @@ static int baseline(const struct opts *o, const char *how)
     qsort(lat, nlat, sizeof *lat, cmp_double);
     double gbps = wall > 0 ? (double)bytes / wall / 1e9 : 0;
     if (o->json)
-        printf("{\"tool\":\"baseline\",\"baseline\":\"%s\",\"block_size\":%zu,\"blocks\":%zu,\"iov\":%zu,"
-               "\"scatter\":%s,\"hugepages\":%s,\"seconds\":%.3f,\"gbps\":%.4f,\"req_per_s\":%.0f,"
-               "\"lat_us\":{\"p50\":%.2f,\"p99\":%.2f,\"p999\":%.2f},\"ok\":%s}\n",
-               how, len, nb, per, o->scatter ? "true" : "false", use_hugepages ? "true" : "false", wall, gbps,
-               wall > 0 ? (double)bytes / (double)len / wall : 0, pct(lat, nlat, 0.5), pct(lat, nlat, 0.99),
-               pct(lat, nlat, 0.999), rc ? "false" : "true");
+        print_json_line(json_pack("{s:s,s:s,s:I,s:I,s:I,s:b,s:b,s:f,s:f,s:f,s:{s:f,s:f,s:f},s:b}", "tool", "baseline",
+                                  "baseline", how, "block_size", (json_int_t)len, "blocks", (json_int_t)nb, "iov",
+                                  (json_int_t)per, "scatter", o->scatter, "hugepages", use_hugepages, "seconds", wall,
+                                  "gbps", gbps, "req_per_s", wall > 0 ? (double)bytes / (double)len / wall : 0.0,
+                                  "lat_us", "p50", pct(lat, nlat, 0.5), "p99", pct(lat, nlat, 0.99), "p999",
+                                  pct(lat, nlat, 0.999), "ok", rc == 0));
     else {
         char bs[32];
         fmt_size(len, bs, sizeof bs);
@@ -891,13 +928,13 @@ static int extras(const struct opts *o)
     free(lens);
     munmap(pool, (size_t)n * each);
     if (o->json) {
-        printf("{\"tool\":\"extras\",\"regions\":%d,\"register_ms\":%.3f,\"deregister_ms\":%.3f,"
-               "\"register_batch_ms\":%.3f,\"deregister_batch_ms\":%.3f,\"open_with_regions_ms\":%.3f,"
-               "\"sessions\":%d,\"sessions_open_ms\":%.3f,\"first_write_ms\":%.3f,\"transport\":\"%s\","
-               "\"sessions_close_ms\":%.3f,\"idle_seconds\":%.2f,\"idle_cpu_initiator\":%.5f,"
-               "\"idle_cpu_targets\":%.5f}\n",
-               n, reg * 1e3, dereg * 1e3, reg_batch * 1e3, dereg_batch * 1e3, open_many * 1e3, s, open_s * 1e3,
-               first_s * 1e3, info.transport, close_s * 1e3, idle_wall, idle_self, idle_targets);
+        print_json_line(json_pack("{s:s,s:i,s:f,s:f,s:f,s:f,s:f,s:i,s:f,s:f,s:s,s:f,s:f,s:f,s:f}", "tool", "extras",
+                                  "regions", n, "register_ms", reg * 1e3, "deregister_ms", dereg * 1e3,
+                                  "register_batch_ms", reg_batch * 1e3, "deregister_batch_ms", dereg_batch * 1e3,
+                                  "open_with_regions_ms", open_many * 1e3, "sessions", s, "sessions_open_ms",
+                                  open_s * 1e3, "first_write_ms", first_s * 1e3, "transport", info.transport,
+                                  "sessions_close_ms", close_s * 1e3, "idle_seconds", idle_wall,
+                                  "idle_cpu_initiator", idle_self, "idle_cpu_targets", idle_targets));
     } else {
         printf("register %d regions one by one: %.2f ms (%.2f us each); deregister: %.2f ms\n", n, reg * 1e3,
                reg * 1e6 / n, dereg * 1e3);
@@ -923,7 +960,7 @@ static int cmd_bench(int argc, char **argv)
         if (parse_opts(argc, argv, 2, &o)) return 2;
         /* The target serves until killed unless --duration was given. */
         int given = 0;
-        for (int i = 2; i < argc; i++) given |= strcmp(argv[i], "--duration") == 0;
+        for (int i = 2; i < argc; i++) given |= strncmp(argv[i], "--duration", 10) == 0; /* also --duration=S */
         if (!given) o.duration = 0;
         setvbuf(stdout, NULL, _IONBF, 0);
         return run_target(&o, STDOUT_FILENO);

@@ -13,6 +13,7 @@
  * Loopback, one process; figures are noisy on a shared machine: read the
  * ratios. */
 #include <poll.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,29 @@
 #include <ferry/ferry.h>
 
 #include "cli.h"
+
+/* Human-readable lines go to out (stderr under --json, whose object is
+ * the only thing on stdout). */
+static FILE *out;
+
+#define JSON_MAX 32
+static struct {
+    const char *key;
+    double value;
+} json_fields[JSON_MAX];
+static int json_n;
+
+static void json_add(const char *key, double value)
+{
+    if (json_n < JSON_MAX) json_fields[json_n].key = key, json_fields[json_n++].value = value;
+}
+
+static void json_print(void)
+{
+    printf("{");
+    for (int i = 0; i < json_n; i++) printf("%s\"%s\": %.6g", i ? ", " : "", json_fields[i].key, json_fields[i].value);
+    printf("}\n");
+}
 
 static double now_s(void)
 {
@@ -89,7 +113,8 @@ static void idle_cpu(double seconds)
     double spin_pct = 100 * (cpu_s() - c0) / (now_s() - t0);
     close(sv[0]);
     close(sv[1]);
-    printf("idle CPU over %.1f s: ferry (2 engines, 1 session) %.3f%% of a core; busy-poll baseline %.1f%% "
+    json_add("idle_cpu_pct", ferry_pct);
+    fprintf(out, "idle CPU over %.1f s: ferry (2 engines, 1 session) %.3f%% of a core; busy-poll baseline %.1f%% "
            "(ratio %.5f)\n",
            seconds, ferry_pct, spin_pct, ferry_pct / (spin_pct > 0 ? spin_pct : 1));
     ferry_deregister(a, src);
@@ -147,7 +172,9 @@ static void cancel_latency(void)
     double took = now_s() - t0;
     ferry_status_t st;
     ferry_batch_status(bt, 0, &st);
-    printf("cancel: a 256 MiB write takes %.1f ms; cancelled at 20%% it returned in %.2f ms (%s, %s, %.0f%% sent), "
+    json_add("cancel_returned_ms", took * 1e3);
+    json_add("cancel_write_full_ms", full * 1e3);
+    fprintf(out, "cancel: a 256 MiB write takes %.1f ms; cancelled at 20%% it returned in %.2f ms (%s, %s, %.0f%% sent), "
            "ratio %.3f\n",
            full * 1e3, took * 1e3, rc ? ferry_error_name(rc) : "confirmed",
            st.state == FERRY_STATUS_CANCELLED ? "CANCELLED" : "finished first", 100.0 * (double)st.bytes / len,
@@ -194,13 +221,17 @@ static void scale_and_short_lived(size_t regions)
     t0 = now_s();
     CHECK(ferry_transfer_sync(a, peer, FERRY_OP_WRITE, buf, (uint64_t)(uintptr_t)late, 4096));
     double t_late = now_s() - t0;
-    printf("scale: %zu regions: register_batch %.1f ms, session open %.1f ms, segment table %.1f ms "
+    json_add("scale_regions", (double)regions);
+    json_add("scale_session_open_ms", t_open * 1e3);
+    json_add("scale_segment_table_ms", t_segs * 1e3);
+    json_add("scale_first_write_late_region_ms", t_late * 1e3);
+    fprintf(out, "scale: %zu regions: register_batch %.1f ms, session open %.1f ms, segment table %.1f ms "
            "(%zu pages of 4096), first write to a region registered after %.1f ms\n",
            regions, t_reg * 1e3, t_open * 1e3, t_segs * 1e3, (regions + 4095) / 4096, t_late * 1e3);
 
     /* Local side, per buffer: register+deregister among N regions (engine
      * b holds them) vs alloc+free from a pool. */
-    enum { CYCLES = 20000, TSENDS = 20 };
+    enum { CYCLES = 20000, TSENDS = 1000 };
     unsigned char *tmp = malloc(64 << 10);
     t0 = now_s();
     for (int i = 0; i < CYCLES; i++) {
@@ -217,39 +248,59 @@ static void scale_and_short_lived(size_t regions)
         CHECK(ferry_pool_free(pool, p));
     }
     double pool_only = (now_s() - t0) / CYCLES;
-    /* Target side, per send: a fresh region the peer must learn (its next
-     * write misses and re-fetches the whole table) vs a buffer from a pool
-     * the peer already knows. */
-    int stale = 0;
-    t0 = now_s();
-    for (int i = 0; i < TSENDS; i++) {
+    /* Target side, per send: SGLang's per-request pattern (register a
+     * buffer, take one write, deregister; the allocator hands the same
+     * address back) vs the same write into a region registered for good.
+     * A write into the range registered now lands the first time. */
+    /* Interleaved in rounds, so that load from elsewhere falls on both. */
+    enum { ROUNDS = 10 };
+    int refused = 0;
+    double t_long = 0, t_short = 0;
+    CHECK(ferry_register(b, tmp, 64 << 10, FERRY_MEM_REMOTE));
+    CHECK(ferry_transfer_sync(a, peer, FERRY_OP_WRITE, buf, (uint64_t)(uintptr_t)tmp, 4096)); /* peer learns it */
+    CHECK(ferry_deregister(b, tmp));
+    for (int round = 0; round < ROUNDS; round++) {
         CHECK(ferry_register(b, tmp, 64 << 10, FERRY_MEM_REMOTE));
-        int rc = ferry_transfer_sync(a, peer, FERRY_OP_WRITE, buf, (uint64_t)(uintptr_t)tmp, 4096);
-        if (rc == FERRY_ERR_STALE_SEGMENT) { /* same address registered again: learn it, send again */
-            stale++;
-            rc = ferry_transfer_sync(a, peer, FERRY_OP_WRITE, buf, (uint64_t)(uintptr_t)tmp, 4096);
-        }
-        CHECK(rc);
+        t0 = now_s();
+        for (int i = 0; i < TSENDS / ROUNDS; i++)
+            CHECK(ferry_transfer_sync(a, peer, FERRY_OP_WRITE, buf, (uint64_t)(uintptr_t)tmp, 4096));
+        t_long += now_s() - t0;
         CHECK(ferry_deregister(b, tmp));
+        t0 = now_s();
+        for (int i = 0; i < TSENDS / ROUNDS; i++) {
+            CHECK(ferry_register(b, tmp, 64 << 10, FERRY_MEM_REMOTE));
+            int rc = ferry_transfer_sync(a, peer, FERRY_OP_WRITE, buf, (uint64_t)(uintptr_t)tmp, 4096);
+            if (rc) refused++;
+            CHECK(ferry_deregister(b, tmp));
+        }
+        t_short += now_s() - t0;
     }
-    double per_reg = (now_s() - t0) / TSENDS;
+    double per_long = t_long / TSENDS, per_reg = t_short / TSENDS;
     CHECK(ferry_pool_create(b, 64u << 20, FERRY_MEM_REMOTE, &tpool));
     void *warm;
     CHECK(ferry_pool_alloc(tpool, 4096, &warm));
     CHECK(ferry_transfer_sync(a, peer, FERRY_OP_WRITE, buf, (uint64_t)(uintptr_t)warm, 4096)); /* peer learns it */
     t0 = now_s();
-    for (int i = 0; i < TSENDS * 50; i++) {
+    for (int i = 0; i < TSENDS; i++) {
         void *p;
         CHECK(ferry_pool_alloc(tpool, 64 << 10, &p));
         CHECK(ferry_transfer_sync(a, peer, FERRY_OP_WRITE, buf, (uint64_t)(uintptr_t)p, 4096));
         CHECK(ferry_pool_free(tpool, p));
     }
-    double per_pool = (now_s() - t0) / (TSENDS * 50);
-    printf("short-lived buffers, %zu regions registered: register+deregister %.2f us vs pool alloc+free %.2f us; "
-           "target-side buffer per 4 KiB send: registered for the send %.1f us vs from a known pool %.1f us "
-           "(ratio %.1f; %d of %d sends hit STALE_SEGMENT and were sent again)\n",
-           regions, reg_only * 1e6, pool_only * 1e6, per_reg * 1e6, per_pool * 1e6, per_reg / per_pool, stale,
-           (int)TSENDS);
+    double per_pool = (now_s() - t0) / TSENDS;
+    fprintf(out, "short-lived buffers, %zu regions registered: register+deregister %.2f us vs pool alloc+free "
+            "%.2f us\n", regions, reg_only * 1e6, pool_only * 1e6);
+    fprintf(out, "target-side buffer per 4 KiB send: register+write+deregister (same address each time) %.1f us vs "
+            "write into a long-lived region %.1f us (ratio %.2f) vs buffer from a known pool %.1f us; %d of %d "
+            "per-request writes refused\n",
+            per_reg * 1e6, per_long * 1e6, per_reg / per_long, per_pool * 1e6, refused, (int)TSENDS);
+    json_add("short_lived_register_deregister_us", reg_only * 1e6);
+    json_add("short_lived_pool_alloc_free_us", pool_only * 1e6);
+    json_add("per_request_register_write_deregister_us", per_reg * 1e6);
+    json_add("long_lived_region_write_us", per_long * 1e6);
+    json_add("per_request_vs_long_lived_ratio", per_reg / per_long);
+    json_add("pool_buffer_write_us", per_pool * 1e6);
+    json_add("per_request_writes_refused", refused);
     ferry_pool_free(tpool, warm);
     ferry_pool_destroy(tpool);
     ferry_pool_destroy(pool);
@@ -270,8 +321,11 @@ static int cmd_bench_completion(int argc, char **argv)
     size_t regions = 100000;
     int spin = 50, ops = 2000;
     double idle = 2.0;
+    bool json = false;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--regions") == 0 && i + 1 < argc)
+        if (strcmp(argv[i], "--json") == 0)
+            json = true;
+        else if (strcmp(argv[i], "--regions") == 0 && i + 1 < argc)
             regions = strtoul(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "--spin-us") == 0 && i + 1 < argc)
             spin = atoi(argv[++i]);
@@ -280,9 +334,10 @@ static int cmd_bench_completion(int argc, char **argv)
         else if (strcmp(argv[i], "--idle-s") == 0 && i + 1 < argc)
             idle = atof(argv[++i]);
         else {
-            printf("usage: ferry bench-completion [--regions N] [--spin-us US] [--ops N] [--idle-s S]\n"
+            printf("usage: ferry bench-completion [--regions N] [--spin-us US] [--ops N] [--idle-s S] [--json]\n"
                    "  idle CPU, blocking vs spinning waits, cancel latency, N-region scale,\n"
-                   "  short-lived registration vs a pre-registered pool (loopback)\n");
+                   "  short-lived registration vs a pre-registered pool (loopback);\n"
+                   "  --json: the figures as one JSON object on stdout, the text on stderr\n");
             return strcmp(argv[i], "--help") == 0 ? 0 : 2;
         }
     }
@@ -290,15 +345,21 @@ static int cmd_bench_completion(int argc, char **argv)
         fprintf(stderr, "bench-completion: bad option value\n");
         return 2;
     }
+    out = json ? stderr : stdout;
     idle_cpu(idle);
     double b50, b99, bcpu, s50, s99, scpu;
     wait_mode(0, ops, &b50, &b99, &bcpu);
     wait_mode(spin, ops, &s50, &s99, &scpu);
-    printf("wait modes, 4 KiB sync write round trip, %d ops: blocking p50 %.1f us p99 %.1f us, %.1f us CPU/op; "
+    json_add("wait_blocking_p50_us", b50);
+    json_add("wait_blocking_p99_us", b99);
+    json_add("wait_spin_p50_us", s50);
+    json_add("wait_spin_p99_us", s99);
+    fprintf(out, "wait modes, 4 KiB sync write round trip, %d ops: blocking p50 %.1f us p99 %.1f us, %.1f us CPU/op; "
            "spin_us=%d p50 %.1f us p99 %.1f us, %.1f us CPU/op (p50 ratio %.2f)\n",
            ops, b50, b99, bcpu, spin, s50, s99, scpu, s50 / b50);
     cancel_latency();
     scale_and_short_lived(regions);
+    if (json) json_print();
     return 0;
 }
 

@@ -1,14 +1,19 @@
 /* ferry serve: an engine that registers one remote-accessible buffer and
  * serves peers until stopped; prints one JSON line with its name and buffer. */
+#include <getopt.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include <ferry/ferry.h>
 
 #include "cli.h"
+#include "opts.h"
 
 static volatile sig_atomic_t stop_requested;
 static void on_signal(int sig) { (void)sig; stop_requested = 1; }
@@ -30,27 +35,32 @@ static int cmd_serve(int argc, char **argv)
         fprintf(stderr, "ferry serve: %s\n", ferry_last_error_detail());
         return 1;
     }
-    size_t mib = 64;
-    long duration = -1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help")) return usage(stdout, 0);
-        if (!v) return usage(stderr, 2);
-        if (!strcmp(a, "--host")) cfg.host = v;
-        else if (!strcmp(a, "--port")) cfg.port = (uint16_t)atoi(v);
-        else if (!strcmp(a, "--size")) mib = (size_t)atol(v);
-        else if (!strcmp(a, "--duration")) duration = atol(v);
-        else return usage(stderr, 2);
-        i++;
+    static const struct option options[] = {
+        {"host", required_argument, NULL, 'H'},     {"port", required_argument, NULL, 'p'},
+        {"size", required_argument, NULL, 's'},     {"duration", required_argument, NULL, 'd'},
+        {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
+    };
+    long mib = 64, duration = -1, port = cfg.port;
+    int opt;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
+        switch (opt) {
+        case 'H': cfg.host = optarg; break;
+        case 'p': if (opt_long("serve", "port", optarg, 0, 65535, &port)) return 2; break;
+        case 's': if (opt_long("serve", "size", optarg, 1, 1L << 20, &mib)) return 2; break;
+        case 'd': if (opt_long("serve", "duration", optarg, 0, 86400L * 365, &duration)) return 2; break;
+        case 'h': return usage(stdout, 0);
+        default: return usage(stderr, 2);
+        }
     }
-    if (mib == 0) return usage(stderr, 2);
+    if (optind != argc) return usage(stderr, 2);
+    cfg.port = (uint16_t)port;
     ferry_engine_t *e;
     if (ferry_engine_create(&cfg, &e) != 0) {
         fprintf(stderr, "ferry serve: %s\n", ferry_last_error_detail());
         return 1;
     }
-    size_t len = mib << 20;
+    size_t len = (size_t)mib << 20;
     unsigned char *buf = calloc(1, len);
     if (!buf || ferry_register(e, buf, len, FERRY_MEM_REMOTE) != 0) {
         fprintf(stderr, "ferry serve: %s\n", buf ? ferry_last_error_detail() : "out of memory");
@@ -58,8 +68,13 @@ static int cmd_serve(int argc, char **argv)
         free(buf);
         return 1;
     }
-    printf("{\"name\":\"%s\",\"addr\":%llu,\"len\":%zu,\"epoch\":\"%016llx\"}\n", ferry_engine_name(e),
-           (unsigned long long)(uintptr_t)buf, len, (unsigned long long)ferry_engine_epoch(e));
+    char epoch[32];
+    snprintf(epoch, sizeof epoch, "%016llx", (unsigned long long)ferry_engine_epoch(e));
+    json_t *line = json_pack("{s:s,s:I,s:I,s:s}", "name", ferry_engine_name(e), "addr",
+                             (json_int_t)(uintptr_t)buf, "len", (json_int_t)len, "epoch", epoch);
+    json_dumpf(line, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(line);
+    printf("\n");
     fflush(stdout);
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);

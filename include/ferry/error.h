@@ -12,6 +12,8 @@
 #ifndef FERRY_ERROR_H
 #define FERRY_ERROR_H
 
+#include <ferry/export.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -61,25 +63,25 @@ enum ferry_error {
 #define FERRY_ERR_MALFORMED_JSON FERRY_ERR_MALFORMED_FRAME
 
 /* "ADDRESS_NOT_REGISTERED" for -3; "UNKNOWN" for a value not in the table. */
-const char *ferry_error_name(int code);
+FERRY_API const char *ferry_error_name(int code);
 /* One line: what the code means. */
-const char *ferry_strerror(int code);
+FERRY_API const char *ferry_strerror(int code);
 /* Likely causes and what to do, a few lines of text (for `ferry explain`). */
-const char *ferry_error_advice(int code);
+FERRY_API const char *ferry_error_advice(int code);
 /* 1 when retrying the same operation may succeed, 0 when it cannot. */
-int ferry_error_retryable(int code);
+FERRY_API int ferry_error_retryable(int code);
 /* Looks a code up by name ("TIMEOUT", "FERRY_ERR_TIMEOUT") or number; 1 found. */
-int ferry_error_parse(const char *text, int *code);
+FERRY_API int ferry_error_parse(const char *text, int *code);
 
 /* The calling thread's last failure in full, e.g.
  * "write to 127.0.0.1:7001 [0x7f..+4096) failed at target validation:
  *  ADDRESS_NOT_REGISTERED (-3): range ends 128 bytes past region [..)".
  * Empty string when the thread saw no failure. Valid until the thread's next
  * Ferry call. */
-const char *ferry_last_error_detail(void);
+FERRY_API const char *ferry_last_error_detail(void);
 /* The code of the calling thread's last failure (0 if none). */
-int ferry_last_error_code(void);
-void ferry_clear_last_error(void);
+FERRY_API int ferry_last_error_code(void);
+FERRY_API void ferry_clear_last_error(void);
 
 #ifdef __cplusplus
 }

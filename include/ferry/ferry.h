@@ -48,16 +48,44 @@ extern "C" {
 #define FERRY_VERSION_MINOR 1
 #define FERRY_VERSION_PATCH 0
 #define FERRY_VERSION_STRING "0.1.0"
+/* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons. */
+#define FERRY_VERSION_NUMBER \
+    (FERRY_VERSION_MAJOR * 10000 + FERRY_VERSION_MINOR * 100 + FERRY_VERSION_PATCH)
 /* Wire protocol version spoken by this build (the newest; it also speaks
  * every version down to 1 with peers that are older). 2: vector frames. */
 #define FERRY_PROTOCOL_VERSION 2
 
+/* The version of the library loaded at run time, "MAJOR.MINOR.PATCH", which
+ * may be newer than the FERRY_VERSION_* this program was compiled with
+ * (docs/ABI.md says which differences are compatible). */
+FERRY_API const char *ferry_version(void);
+/* The same as FERRY_VERSION_NUMBER computes it. */
+FERRY_API unsigned ferry_version_number(void);
+
 typedef struct ferry_engine ferry_engine_t;
 typedef struct ferry_batch ferry_batch_t;
+
+/* ---------------------------------------------------------- sized structs
+ *
+ * Structs that may grow in later versions begin with `size_t struct_size`:
+ * sizeof the struct as the caller was compiled. The library reads and writes
+ * only the fields that size covers, so a program built against an older
+ * header keeps working with a newer library, and fields are only ever added
+ * at the end, 0 meaning "the default" (docs/ABI.md). C and C++ callers need
+ * not set it: each function taking such a struct is wrapped below by a
+ * macro of the same name that sets struct_size first. Callers from other
+ * languages (ctypes, FFI) set it themselves before each call. */
+static inline void *ferry_sized_(void *s, size_t size)
+{
+    if (s) *(size_t *)s = size;
+    return s;
+}
+#define FERRY_SIZED_(type, s) ((type *)ferry_sized_((s), sizeof(type)))
 
 /* ---------------------------------------------------------------- config */
 
 typedef struct ferry_config {
+    size_t struct_size;        /* sizeof(ferry_config_t), set by ferry_config_init */
     const char *host;          /* listen address, default "127.0.0.1" (FERRY_HOST) */
     uint16_t port;             /* listen port, 0 picks a free one (FERRY_PORT) */
     const char *metadata;      /* "p2p" (default), "etcd://h:p", "redis://h:p" (FERRY_METADATA) */
@@ -90,32 +118,44 @@ typedef struct ferry_config {
     /* Completion waits first poll without sleeping for this long, then block
      * on an event; 0 (default) never spins (FERRY_SPIN_US, at most 1000000). */
     int spin_us;
-    /* Testing only: speak only this protocol version instead of ours (0 =
-     * every version this build knows); e.g. 1 behaves as an older peer. */
-    int test_protocol_version;
+    /* Served connections that completed the handshake, 2048
+     * (FERRY_MAX_CONNECTIONS). When full, a peer finishing its handshake
+     * takes the place of the connection idle the longest; one with a request
+     * in flight is never closed. Connections still in their handshake have
+     * a separate budget of max(8, max_connections / 16), oldest dropped
+     * first, so silent connections cannot crowd out working ones. */
+    int max_connections;
+    /* Connections from one source address at once, 0 (default) = a quarter
+     * of max_connections (FERRY_MAX_CONNECTIONS_PER_SOURCE). */
+    int max_connections_per_source;
+    /* Address the metrics endpoint listens on, NULL = host
+     * (FERRY_METRICS_HOST); "0.0.0.0" serves every interface. */
+    const char *metrics_host;
 } ferry_config_t;
 
-/* Fills *cfg with defaults. */
-void ferry_config_init(ferry_config_t *cfg);
+/* Fills *cfg with defaults (the macro sets cfg->struct_size first). */
+FERRY_API void ferry_config_init(ferry_config_t *cfg);
+#define ferry_config_init(cfg) (ferry_config_init)(FERRY_SIZED_(ferry_config_t, cfg))
 /* Overrides fields of *cfg from the FERRY_* environment variables above.
  * Strings point into the environment. Returns 0 or INVALID_ARGUMENT naming
  * the bad variable. */
-int ferry_config_from_env(ferry_config_t *cfg);
+FERRY_API int ferry_config_from_env(ferry_config_t *cfg);
+#define ferry_config_from_env(cfg) (ferry_config_from_env)(FERRY_SIZED_(ferry_config_t, cfg))
 
 /* ---------------------------------------------------------------- engine */
 
 /* Creates an engine listening on cfg->host:cfg->port (cfg NULL: defaults
  * plus environment). Returns 0 and *out, or a negative code. */
-int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out);
+FERRY_API int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out);
 /* Closes every session and connection, waits for threads, frees. Requests
  * still in flight fail with CONTEXT. NULL is ignored. */
-void ferry_engine_destroy(ferry_engine_t *e);
+FERRY_API void ferry_engine_destroy(ferry_engine_t *e);
 /* The port actually listened on. */
-uint16_t ferry_engine_port(const ferry_engine_t *e);
+FERRY_API uint16_t ferry_engine_port(const ferry_engine_t *e);
 /* "host:port", the name peers use for this engine. */
-const char *ferry_engine_name(const ferry_engine_t *e);
+FERRY_API const char *ferry_engine_name(const ferry_engine_t *e);
 /* This boot's epoch: random, fixed for the engine's life. */
-uint64_t ferry_engine_epoch(const ferry_engine_t *e);
+FERRY_API uint64_t ferry_engine_epoch(const ferry_engine_t *e);
 
 /* ------------------------------------------------------------------ stats */
 
@@ -132,6 +172,7 @@ typedef struct ferry_stats_code {
  * counters describe this engine's own requests; target counters what peers
  * did to it. A plain struct, for export (e.g. as Prometheus counters). */
 typedef struct ferry_stats {
+    size_t struct_size;           /* sizeof(ferry_stats_t), set by the ferry_engine_stats macro */
     /* initiator side */
     uint64_t requests;            /* transfer requests accepted (sync and async) */
     uint64_t requests_completed;
@@ -146,18 +187,22 @@ typedef struct ferry_stats {
     uint64_t checksum_failures;   /* CRC32C mismatches detected, either side */
     /* target side */
     uint64_t connections_accepted;
-    uint64_t connections_refused; /* over the connection cap, or handshake refused */
+    uint64_t connections_refused; /* over a connection limit, or handshake refused */
     uint64_t auth_failures;       /* shared-secret authentications failed, either side */
     uint64_t frames_rejected;     /* connections dropped for a malformed frame */
     uint64_t bytes_placed;        /* bytes peers wrote into this engine's memory */
     uint64_t bytes_served;        /* bytes peers read from it */
+    uint64_t connections_evicted; /* idle connections closed to make room (config.max_connections) */
+    uint64_t handshakes_evicted;  /* connections closed still in their handshake, to make room */
+    uint64_t accept_backoffs;     /* times accept() found no file descriptor left and the listener paused */
     /* per code: codes[0..ncodes), in the order of the error table */
     size_t ncodes;
     ferry_stats_code_t codes[FERRY_STATS_MAX_CODES];
 } ferry_stats_t;
 
 /* Copies the engine's counters into *out. 0, or INVALID_ARGUMENT. */
-int ferry_engine_stats(ferry_engine_t *e, ferry_stats_t *out);
+FERRY_API int ferry_engine_stats(ferry_engine_t *e, ferry_stats_t *out);
+#define ferry_engine_stats(e, out) (ferry_engine_stats)((e), FERRY_SIZED_(ferry_stats_t, out))
 
 /* ----------------------------------------------------------- registration */
 
@@ -168,17 +213,42 @@ int ferry_engine_stats(ferry_engine_t *e, ferry_stats_t *out);
 
 /* Registers [addr, addr+len). Overlap with a registered region gives
  * ADDRESS_OVERLAPPED. Peers see the change at their next segment refresh. */
-int ferry_register(ferry_engine_t *e, void *addr, size_t len, unsigned flags);
+FERRY_API int ferry_register(ferry_engine_t *e, void *addr, size_t len, unsigned flags);
 /* Deregisters the region that starts at addr; unknown addr gives
  * ADDRESS_NOT_REGISTERED. After it returns, no peer write lands in it. */
-int ferry_deregister(ferry_engine_t *e, void *addr);
+FERRY_API int ferry_deregister(ferry_engine_t *e, void *addr);
 /* All or nothing: on failure none of the n regions stays registered. */
-int ferry_register_batch(ferry_engine_t *e, void *const *addrs, const size_t *lens,
+FERRY_API int ferry_register_batch(ferry_engine_t *e, void *const *addrs, const size_t *lens,
                          size_t n, unsigned flags);
 /* Deregisters each; returns the first failure but processes all. */
-int ferry_deregister_batch(ferry_engine_t *e, void *const *addrs, size_t n);
+FERRY_API int ferry_deregister_batch(ferry_engine_t *e, void *const *addrs, size_t n);
 /* Number of registered regions. */
-size_t ferry_region_count(ferry_engine_t *e);
+FERRY_API size_t ferry_region_count(ferry_engine_t *e);
+
+/* A registered region, as ferry_region_query reports it. */
+typedef struct ferry_region_info {
+    size_t struct_size;  /* sizeof(ferry_region_info_t), set by the ferry_region_query macro */
+    uint64_t addr, len;  /* the whole region */
+    unsigned flags;      /* FERRY_MEM_* it was registered with */
+    int device;          /* -1: host memory; else the device ordinal (CUDA) */
+    char kind[24];       /* "host", "cuda:0", ... */
+} ferry_region_info_t;
+
+/* The region registered with e that holds all of [addr, addr+len) (len 0:
+ * the byte at addr): 0 and *out, or ADDRESS_NOT_REGISTERED / OUT_OF_BOUNDS
+ * with the range named. Touches no memory. */
+FERRY_API int ferry_region_query(ferry_engine_t *e, const void *addr, size_t len, ferry_region_info_t *out);
+#define ferry_region_query(e, addr, len, out) (ferry_region_query)((e), (addr), (len), FERRY_SIZED_(ferry_region_info_t, out))
+/* Copies len bytes from host memory src into dst, or from src into host
+ * memory dst, where dst (resp. src) must lie in memory registered with e, of
+ * any kind (device memory is copied by its own API). Checked first:
+ * ADDRESS_NOT_REGISTERED / OUT_OF_BOUNDS, nothing touched. Deregistration
+ * waits for a copy under way. len 0: 0, nothing checked nor touched. */
+FERRY_API int ferry_region_write(ferry_engine_t *e, void *dst, const void *src, size_t len);
+FERRY_API int ferry_region_read(ferry_engine_t *e, void *dst, const void *src, size_t len);
+/* 1 when this build and process tell device (CUDA) memory from host memory
+ * at registration, else 0; *why (if why is not NULL) says which and why. */
+FERRY_API int ferry_device_memory_supported(const char **why);
 
 /* --------------------------------------------------------------- sessions */
 
@@ -190,6 +260,7 @@ typedef struct ferry_segment {
 } ferry_segment_t;
 
 typedef struct ferry_peer_info {
+    size_t struct_size;     /* sizeof(ferry_peer_info_t), set by the ferry_session_info macro */
     char name[256];         /* as opened */
     uint32_t protocol_version; /* the version both ends speak (the highest in common) */
     uint64_t engine_id;
@@ -204,23 +275,27 @@ typedef struct ferry_peer_info {
 
 /* Opens (or returns the cached) session to peer "host:port": connects,
  * handshakes (versions, engine id, epoch, segments). Idempotent. */
-int ferry_session_open(ferry_engine_t *e, const char *peer);
+FERRY_API int ferry_session_open(ferry_engine_t *e, const char *peer);
 /* Drops the cached session; the next use or open handshakes afresh. */
-int ferry_session_close(ferry_engine_t *e, const char *peer);
+FERRY_API int ferry_session_close(ferry_engine_t *e, const char *peer);
 /* Describes an open session. */
-int ferry_session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info);
+FERRY_API int ferry_session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info);
+#define ferry_session_info(e, peer, info) (ferry_session_info)((e), (peer), FERRY_SIZED_(ferry_peer_info_t, info))
 /* Round trip of a small control frame to the peer, in microseconds. */
-int ferry_session_ping(ferry_engine_t *e, const char *peer, uint64_t *rtt_us);
+FERRY_API int ferry_session_ping(ferry_engine_t *e, const char *peer, uint64_t *rtt_us);
 /* Copies up to max of the peer's remote-accessible segments (ascending addr);
  * returns how many exist, or a negative code. Refreshes from the peer first. */
-long ferry_session_segments(ferry_engine_t *e, const char *peer, ferry_segment_t *out,
+FERRY_API long ferry_session_segments(ferry_engine_t *e, const char *peer, ferry_segment_t *out,
                             size_t max);
 
 /* -------------------------------------------------------------- transfers */
 
 enum ferry_opcode { FERRY_OP_READ = 0, FERRY_OP_WRITE = 1 };
 
-/* One contiguous request: local [local, local+len) <-> peer [remote, +len). */
+/* One contiguous request: local [local, local+len) <-> peer [remote, +len).
+ * len 0 is refused (INVALID_ARGUMENT): in C it is usually a bug. The Python
+ * binding's Mooncake API completes zero-length requests without a call, as
+ * Mooncake does. */
 typedef struct ferry_request {
     int opcode;      /* FERRY_OP_READ or FERRY_OP_WRITE */
     void *local;
@@ -229,10 +304,10 @@ typedef struct ferry_request {
 } ferry_request_t;
 
 /* Moves len bytes; 0 when complete (see the completion guarantee above). */
-int ferry_transfer_sync(ferry_engine_t *e, const char *peer, int opcode, void *local,
+FERRY_API int ferry_transfer_sync(ferry_engine_t *e, const char *peer, int opcode, void *local,
                         uint64_t remote, size_t len);
 /* n requests of one opcode, all complete or the first failure returned. */
-int ferry_batch_transfer_sync(ferry_engine_t *e, const char *peer, int opcode,
+FERRY_API int ferry_batch_transfer_sync(ferry_engine_t *e, const char *peer, int opcode,
                               void *const *locals, const uint64_t *remotes,
                               const size_t *lens, size_t n);
 
@@ -254,22 +329,22 @@ typedef struct ferry_status {
 } ferry_status_t;
 
 /* A batch holds up to capacity requests over its life (until freed). */
-int ferry_batch_alloc(ferry_engine_t *e, size_t capacity, ferry_batch_t **out);
+FERRY_API int ferry_batch_alloc(ferry_engine_t *e, size_t capacity, ferry_batch_t **out);
 /* Submits n requests to peer; they start at once on the worker threads.
  * timeout_ms is the deadline of each of these requests (<= 0: config.
  * timeout_ms); one that has not completed by then ends FERRY_STATUS_TIMEOUT,
  * with the no-late-write guarantee. Submit separately for separate
  * deadlines. Returns the index of the first request (requests are numbered
  * in submission order) or a negative code. */
-long ferry_batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_t *reqs,
+FERRY_API long ferry_batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_t *reqs,
                         size_t n, int timeout_ms);
 /* Status of request idx. */
-int ferry_batch_status(ferry_batch_t *b, size_t idx, ferry_status_t *st);
+FERRY_API int ferry_batch_status(ferry_batch_t *b, size_t idx, ferry_status_t *st);
 /* Waits on a condition variable (after config.spin_us of spinning, if set)
  * until every submitted request ended or timeout_ms passed (-1 forever).
  * 0: all completed; first failure code; or TIMEOUT (of this wait: the
  * requests go on). */
-int ferry_batch_wait(ferry_batch_t *b, int timeout_ms);
+FERRY_API int ferry_batch_wait(ferry_batch_t *b, int timeout_ms);
 /* Cancels every unfinished request and waits until they ended: the running
  * ones are interrupted at once, wherever they are blocked, and the target
  * confirms it refuses the rest of them. Requests that completed first stay
@@ -278,18 +353,18 @@ int ferry_batch_wait(ferry_batch_t *b, int timeout_ms);
  * in a read's buffer, so the pages may be freed or reused; or
  * CANCEL_UNCONFIRMED when the target could not confirm within
  * config.cancel_timeout_ms. */
-int ferry_batch_cancel(ferry_batch_t *b);
+FERRY_API int ferry_batch_cancel(ferry_batch_t *b);
 /* The same for request idx alone (NOT_FOUND if not submitted); the batch's
  * other requests go on (those sharing its connection resume on another). */
-int ferry_batch_cancel_request(ferry_batch_t *b, size_t idx);
+FERRY_API int ferry_batch_cancel_request(ferry_batch_t *b, size_t idx);
 /* Frees; BATCH_BUSY while requests are in flight (cancel or wait first). */
-int ferry_batch_free(ferry_batch_t *b);
+FERRY_API int ferry_batch_free(ferry_batch_t *b);
 
 /* ---------------------------------------------------------- notifications */
 
 /* Sends a small message (<= 64 KiB) to the peer's notification queue; it is
  * delivered after every write this thread issued to that peer before it. */
-int ferry_notify(ferry_engine_t *e, const char *peer, const void *msg, size_t len);
+FERRY_API int ferry_notify(ferry_engine_t *e, const char *peer, const void *msg, size_t len);
 
 typedef struct ferry_notification {
     char peer[256];    /* sender's engine name */
@@ -298,14 +373,14 @@ typedef struct ferry_notification {
 } ferry_notification_t;
 
 /* Moves up to max queued notifications into out; returns how many. */
-long ferry_get_notifications(ferry_engine_t *e, ferry_notification_t *out, size_t max);
-void ferry_notifications_free(ferry_notification_t *n, size_t count);
+FERRY_API long ferry_get_notifications(ferry_engine_t *e, ferry_notification_t *out, size_t max);
+FERRY_API void ferry_notifications_free(ferry_notification_t *n, size_t count);
 
 /* ---------------------------------------------------------------- metrics */
 
 /* Latency histogram bucket upper bounds, microseconds; the last is +Inf. */
 #define FERRY_LATENCY_BUCKETS 19
-extern const uint64_t ferry_latency_bounds_us[FERRY_LATENCY_BUCKETS];
+FERRY_API extern const uint64_t ferry_latency_bounds_us[FERRY_LATENCY_BUCKETS];
 #define FERRY_METRICS_MAX_CODES 64
 
 typedef struct ferry_peer_metrics {
@@ -323,14 +398,14 @@ typedef struct ferry_peer_metrics {
 } ferry_peer_metrics_t;
 
 /* Copies up to max peers' metrics; returns how many peers exist. */
-long ferry_metrics_peers(ferry_engine_t *e, ferry_peer_metrics_t *out, size_t max);
+FERRY_API long ferry_metrics_peers(ferry_engine_t *e, ferry_peer_metrics_t *out, size_t max);
 /* Sums the peers that used transport ("tcp", "shm", "rdma") into *out. */
-int ferry_metrics_transport(ferry_engine_t *e, const char *transport, ferry_peer_metrics_t *out);
+FERRY_API int ferry_metrics_transport(ferry_engine_t *e, const char *transport, ferry_peer_metrics_t *out);
 /* Renders every metric in Prometheus text format into buf (NUL-terminated,
  * cut at cap); returns the full length, so a caller can size buf. */
-long ferry_metrics_prometheus(ferry_engine_t *e, char *buf, size_t cap);
+FERRY_API long ferry_metrics_prometheus(ferry_engine_t *e, char *buf, size_t cap);
 /* The port of the metrics HTTP endpoint (GET /metrics), 0 when off. */
-uint16_t ferry_metrics_port(const ferry_engine_t *e);
+FERRY_API uint16_t ferry_metrics_port(const ferry_engine_t *e);
 
 #ifdef __cplusplus
 }

@@ -62,16 +62,16 @@ typedef struct ferry_kv_cache_desc {
 } ferry_kv_cache_desc_t;
 
 /* 0 when the descriptor is consistent; INVALID_ARGUMENT naming the field. */
-int ferry_kv_cache_validate(const ferry_kv_cache_desc_t *d);
+FERRY_API int ferry_kv_cache_validate(const ferry_kv_cache_desc_t *d);
 /* Buffers per layer: 2 for SPLIT, 1 otherwise. */
-uint32_t ferry_kv_buffers_per_layer(const ferry_kv_cache_desc_t *d);
+FERRY_API uint32_t ferry_kv_buffers_per_layer(const ferry_kv_cache_desc_t *d);
 /* Bytes of one token's row in one buffer of one layer. */
-uint64_t ferry_kv_token_bytes(const ferry_kv_cache_desc_t *d);
+FERRY_API uint64_t ferry_kv_token_bytes(const ferry_kv_cache_desc_t *d);
 /* Bytes of one page of one buffer: page_size * token bytes. */
-uint64_t ferry_kv_page_bytes(const ferry_kv_cache_desc_t *d);
+FERRY_API uint64_t ferry_kv_page_bytes(const ferry_kv_cache_desc_t *d);
 /* The heads rank tp_rank of tp_size holds out of total_heads. 0 or
  * INVALID_ARGUMENT when neither divides the other. */
-int ferry_kv_rank_heads(uint32_t total_heads, uint32_t tp_size, uint32_t tp_rank,
+FERRY_API int ferry_kv_rank_heads(uint32_t total_heads, uint32_t tp_size, uint32_t tp_rank,
                         uint32_t *first, uint32_t *count);
 
 /* --------------------------------------------------------- coalescing */
@@ -86,7 +86,7 @@ typedef struct ferry_kv_block {
 /* Checks that n page indices are each in [0, num_pages) and distinct.
  * INVALID_ARGUMENT naming the side ("prefill"/"decode" as given in side),
  * the position and the index otherwise. */
-int ferry_kv_check_pages(const char *side, const int32_t *pages, size_t n, uint32_t num_pages);
+FERRY_API int ferry_kv_check_pages(const char *side, const int32_t *pages, size_t n, uint32_t num_pages);
 
 /* Blocks for one buffer: page src_pages[i] of the buffer at src_base goes to
  * page dst_pages[i] of the buffer at dst_base (page_bytes each). Runs where
@@ -94,7 +94,7 @@ int ferry_kv_check_pages(const char *side, const int32_t *pages, size_t n, uint3
  * out (n blocks always suffice; out may be NULL with max 0 to count) and
  * returns the number of blocks, or a negative code (bad or duplicate index,
  * or max too small). *bytes, when not NULL, gets the bytes covered. */
-long ferry_kv_coalesce_pages(uint64_t src_base, uint64_t dst_base, uint64_t page_bytes,
+FERRY_API long ferry_kv_coalesce_pages(uint64_t src_base, uint64_t dst_base, uint64_t page_bytes,
                              const int32_t *src_pages, uint32_t src_num_pages,
                              const int32_t *dst_pages, uint32_t dst_num_pages, size_t n,
                              ferry_kv_block_t *out, size_t max, uint64_t *bytes);
@@ -116,11 +116,11 @@ typedef struct ferry_kv_head_slice {
  * serving decode rank d is replica d % replicas, to spread the load. MLA
  * caches pass total_heads 1. Writes up to max slices, returns how many
  * exist, or INVALID_ARGUMENT. */
-long ferry_kv_tp_sources(uint32_t total_heads, uint32_t prefill_tp, uint32_t decode_tp,
+FERRY_API long ferry_kv_tp_sources(uint32_t total_heads, uint32_t prefill_tp, uint32_t decode_tp,
                          uint32_t decode_rank, ferry_kv_head_slice_t *out, size_t max);
 /* The decode ranks a prefill rank sends to (the same slices, seen from the
  * sender), ascending by decode rank. */
-long ferry_kv_tp_targets(uint32_t total_heads, uint32_t prefill_tp, uint32_t decode_tp,
+FERRY_API long ferry_kv_tp_targets(uint32_t total_heads, uint32_t prefill_tp, uint32_t decode_tp,
                          uint32_t prefill_rank, ferry_kv_head_slice_t *out, size_t max);
 
 /* --------------------------------------------------------------- plans */
@@ -142,6 +142,7 @@ enum ferry_kv_mode {
  * more heads than it sends, the receiver scatters when the pair fills only
  * part of its rows; the other side's pages are read or written directly. */
 typedef struct ferry_kv_plan_info {
+    size_t struct_size;          /* sizeof(ferry_kv_plan_info_t), set by the ferry_kv_plan_get_info macro */
     int mode;                    /* enum ferry_kv_mode */
     int gather;                  /* 1: sender gathers into its staging first */
     int scatter;                 /* 1: receiver scatters from its staging after */
@@ -162,11 +163,12 @@ typedef struct ferry_kv_plan ferry_kv_plan_t;
  * The descriptors must agree on the model (kind, layers, page size, heads,
  * head size). The page lists are copied; the address arrays are read again
  * by bind, gather and scatter, so they must outlive the plan. */
-int ferry_kv_plan_create(const ferry_kv_cache_desc_t *src, const ferry_kv_cache_desc_t *dst,
+FERRY_API int ferry_kv_plan_create(const ferry_kv_cache_desc_t *src, const ferry_kv_cache_desc_t *dst,
                          const int32_t *src_pages, const int32_t *dst_pages, size_t n,
                          ferry_kv_plan_t **out);
-void ferry_kv_plan_destroy(ferry_kv_plan_t *p);
-void ferry_kv_plan_get_info(const ferry_kv_plan_t *p, ferry_kv_plan_info_t *info);
+FERRY_API void ferry_kv_plan_destroy(ferry_kv_plan_t *p);
+FERRY_API void ferry_kv_plan_get_info(const ferry_kv_plan_t *p, ferry_kv_plan_info_t *info);
+#define ferry_kv_plan_get_info(p, info) (ferry_kv_plan_get_info)((p), FERRY_SIZED_(ferry_kv_plan_info_t, info))
 
 /* Sender side: gives the plan its staging memory and computes the transfer
  * blocks (sender addresses -> receiver addresses). Needs src and dst
@@ -175,23 +177,23 @@ void ferry_kv_plan_get_info(const ferry_kv_plan_t *p, ferry_kv_plan_info_t *info
  * receiver advertised it (dst_len bytes; this pair writes at
  * dst_staging_offset), when it scatters. Unused ones may be 0.
  * INVALID_ARGUMENT names what is missing or short, and the size needed. */
-int ferry_kv_plan_bind_sender(ferry_kv_plan_t *p, uint64_t src_staging, uint64_t src_len,
+FERRY_API int ferry_kv_plan_bind_sender(ferry_kv_plan_t *p, uint64_t src_staging, uint64_t src_len,
                               uint64_t dst_staging, uint64_t dst_len);
 /* Receiver side: needs dst addresses (local memory) and, when the plan
  * scatters, the local staging buffer that the sender writes into. */
-int ferry_kv_plan_bind_receiver(ferry_kv_plan_t *p, uint64_t dst_staging, uint64_t dst_len);
+FERRY_API int ferry_kv_plan_bind_receiver(ferry_kv_plan_t *p, uint64_t dst_staging, uint64_t dst_len);
 /* The blocks computed by bind_sender; *count gets how many. NULL (and 0)
  * before it. */
-const ferry_kv_block_t *ferry_kv_plan_blocks(const ferry_kv_plan_t *p, size_t *count);
+FERRY_API const ferry_kv_block_t *ferry_kv_plan_blocks(const ferry_kv_plan_t *p, size_t *count);
 
 /* Sender side: copies this pair's head slice of every page into src
  * staging, so that the blocks can read it. 0 at once without gather;
  * INVALID_ARGUMENT before bind_sender. */
-int ferry_kv_gather(const ferry_kv_plan_t *p);
+FERRY_API int ferry_kv_gather(const ferry_kv_plan_t *p);
 /* Receiver side, after every byte landed: copies the pair's region of the
  * staging buffer into the decode pages. 0 at once without scatter;
  * INVALID_ARGUMENT before bind_receiver. */
-int ferry_kv_scatter(const ferry_kv_plan_t *p);
+FERRY_API int ferry_kv_scatter(const ferry_kv_plan_t *p);
 
 /* -------------------------------------------------- completion notices */
 
@@ -214,14 +216,14 @@ typedef struct ferry_kv_notice {
 } ferry_kv_notice_t;
 
 /* Bytes ferry_kv_notice_encode writes for n. */
-size_t ferry_kv_notice_size(const ferry_kv_notice_t *n);
+FERRY_API size_t ferry_kv_notice_size(const ferry_kv_notice_t *n);
 /* Writes n into buf (cap bytes); returns the length, or INVALID_ARGUMENT
  * (aux over FERRY_KV_AUX_MAX, cap too small). Little-endian, versioned. */
-long ferry_kv_notice_encode(const ferry_kv_notice_t *n, void *buf, size_t cap);
+FERRY_API long ferry_kv_notice_encode(const ferry_kv_notice_t *n, void *buf, size_t cap);
 /* Reads a message: 1 and *out when it is a KV notice (out->aux points into
  * msg), 0 when it is some other message, MALFORMED_FRAME when it claims to
  * be a KV notice but is truncated or inconsistent. */
-int ferry_kv_notice_decode(const void *msg, size_t len, ferry_kv_notice_t *out);
+FERRY_API int ferry_kv_notice_decode(const void *msg, size_t len, ferry_kv_notice_t *out);
 
 /* ------------------------------------------------ sending over an engine
  *
@@ -244,11 +246,11 @@ typedef struct ferry_kv_send_args {
  * carrying the aux bytes. When any step fails it notifies a failure notice
  * instead (status = the code, reason = the detail) and returns the code;
  * the detail names the request, the peer and the step. */
-int ferry_kv_send(ferry_engine_t *e, const char *peer, const ferry_kv_plan_t *plan,
+FERRY_API int ferry_kv_send(ferry_engine_t *e, const char *peer, const ferry_kv_plan_t *plan,
                   const ferry_kv_send_args_t *args);
 /* Tells the decode rank that this prefill rank will not deliver request_id
  * (aborted, out of memory, ...): a failure notice with status and reason. */
-int ferry_kv_send_failure(ferry_engine_t *e, const char *peer, uint64_t request_id,
+FERRY_API int ferry_kv_send_failure(ferry_engine_t *e, const char *peer, uint64_t request_id,
                           uint32_t prefill_rank, uint32_t decode_rank, int status,
                           const char *reason);
 
@@ -263,25 +265,25 @@ typedef struct ferry_kv_event {
 /* Moves up to max queued notifications into out; returns how many. A
  * message that claims to be a notice but is malformed comes back as
  * is_notice 0. */
-long ferry_kv_poll(ferry_engine_t *e, ferry_kv_event_t *out, size_t max);
-void ferry_kv_events_free(ferry_kv_event_t *ev, size_t n);
+FERRY_API long ferry_kv_poll(ferry_engine_t *e, ferry_kv_event_t *out, size_t max);
+FERRY_API void ferry_kv_events_free(ferry_kv_event_t *ev, size_t n);
 
 /* A decode rank's view of one request: one receiver-bound plan per prefill
  * source (ferry_kv_tp_sources). */
 typedef struct ferry_kv_recv ferry_kv_recv_t;
 
-int ferry_kv_recv_create(uint64_t request_id, ferry_kv_plan_t *const *plans, size_t n,
+FERRY_API int ferry_kv_recv_create(uint64_t request_id, ferry_kv_plan_t *const *plans, size_t n,
                          ferry_kv_recv_t **out);
-void ferry_kv_recv_destroy(ferry_kv_recv_t *r);
+FERRY_API void ferry_kv_recv_destroy(ferry_kv_recv_t *r);
 /* Feeds one notice. A source's success notice scatters its staging region
  * at once. Returns 0 (another request's notice, a repeat, or sources still
  * missing), 1 once every source delivered (the KV is in place), or the
  * status of a source's failure notice, the detail carrying its reason;
  * INVALID_ARGUMENT for a notice from a prefill rank this request does not
  * expect. After 1 or a failure, later notices return the same outcome. */
-int ferry_kv_recv_offer(ferry_kv_recv_t *r, const ferry_kv_notice_t *n);
+FERRY_API int ferry_kv_recv_offer(ferry_kv_recv_t *r, const ferry_kv_notice_t *n);
 /* The aux bytes of the first success notice that carried any. */
-const void *ferry_kv_recv_aux(const ferry_kv_recv_t *r, size_t *len);
+FERRY_API const void *ferry_kv_recv_aux(const ferry_kv_recv_t *r, size_t *len);
 
 /* -------------------------------------------------------- embeddings
  *
@@ -289,15 +291,15 @@ const void *ferry_kv_recv_aux(const ferry_kv_recv_t *r, size_t *len);
  * send of the request (multimodal embeddings, hidden states, ...). */
 typedef struct ferry_kv_embed ferry_kv_embed_t;
 
-int ferry_kv_embed_create(ferry_engine_t *e, size_t capacity, ferry_kv_embed_t **out);
+FERRY_API int ferry_kv_embed_create(ferry_engine_t *e, size_t capacity, ferry_kv_embed_t **out);
 /* Deregisters and frees. NULL is ignored. */
-void ferry_kv_embed_destroy(ferry_kv_embed_t *b);
-void *ferry_kv_embed_data(ferry_kv_embed_t *b);
-size_t ferry_kv_embed_capacity(const ferry_kv_embed_t *b);
+FERRY_API void ferry_kv_embed_destroy(ferry_kv_embed_t *b);
+FERRY_API void *ferry_kv_embed_data(ferry_kv_embed_t *b);
+FERRY_API size_t ferry_kv_embed_capacity(const ferry_kv_embed_t *b);
 /* Writes the first len bytes to remote at peer, waits for the peer's
  * acknowledgement, then notifies a success notice (bytes = len, aux from
  * args); on failure, a failure notice, as ferry_kv_send. */
-int ferry_kv_embed_send(ferry_kv_embed_t *b, const char *peer, size_t len, uint64_t remote,
+FERRY_API int ferry_kv_embed_send(ferry_kv_embed_t *b, const char *peer, size_t len, uint64_t remote,
                         const ferry_kv_send_args_t *args);
 
 #ifdef __cplusplus

@@ -30,6 +30,7 @@ typedef struct ferry_pool ferry_pool_t;
 #define FERRY_POOL_BLOCK 4096u
 
 typedef struct ferry_pool_stats {
+    size_t struct_size;  /* sizeof(ferry_pool_stats_t), set by the ferry_pool_stats macro */
     size_t size;         /* bytes the pool manages */
     size_t used;         /* bytes allocated (rounded sizes) */
     size_t largest_free; /* the largest allocation that would succeed now */
@@ -38,7 +39,7 @@ typedef struct ferry_pool_stats {
 
 /* Maps bytes (rounded up to 4 KiB) of anonymous memory and registers it with
  * e under flags (FERRY_MEM_*). Destroy the pool before its engine. */
-int ferry_pool_create(ferry_engine_t *e, size_t bytes, unsigned flags, ferry_pool_t **out);
+FERRY_API int ferry_pool_create(ferry_engine_t *e, size_t bytes, unsigned flags, ferry_pool_t **out);
 /* As ferry_pool_create, but the pool lives in a memfd (MAP_SHARED) that
  * initiators on this host may map: their writes and reads into it are one
  * plain memcpy instead of cross-memory attach (the shm transport). The
@@ -46,17 +47,18 @@ int ferry_pool_create(ferry_engine_t *e, size_t bytes, unsigned flags, ferry_poo
  * (and ferry_pool_destroy) revoke the mapping: after either returns, no
  * peer's copy lands. Peers elsewhere, or where mapping fails, use the
  * ordinary paths. */
-int ferry_pool_create_shared(ferry_engine_t *e, size_t bytes, unsigned flags, ferry_pool_t **out);
+FERRY_API int ferry_pool_create_shared(ferry_engine_t *e, size_t bytes, unsigned flags, ferry_pool_t **out);
 /* A len-byte buffer (len > 0) from the pool into *out; MEMORY when no free
  * run is large enough (the detail gives the largest free run). */
-int ferry_pool_alloc(ferry_pool_t *p, size_t len, void **out);
+FERRY_API int ferry_pool_alloc(ferry_pool_t *p, size_t len, void **out);
 /* Returns a buffer from ferry_pool_alloc; INVALID_ARGUMENT for any other
  * pointer, including a second free of the same buffer. */
-int ferry_pool_free(ferry_pool_t *p, void *ptr);
-int ferry_pool_stats(ferry_pool_t *p, ferry_pool_stats_t *st);
+FERRY_API int ferry_pool_free(ferry_pool_t *p, void *ptr);
+FERRY_API int ferry_pool_stats(ferry_pool_t *p, ferry_pool_stats_t *st);
+#define ferry_pool_stats(p, st) (ferry_pool_stats)((p), FERRY_SIZED_(ferry_pool_stats_t, st))
 /* Deregisters and unmaps the pool; buffers still allocated become invalid.
  * NULL is ignored. */
-void ferry_pool_destroy(ferry_pool_t *p);
+FERRY_API void ferry_pool_destroy(ferry_pool_t *p);
 
 #ifdef __cplusplus
 }

@@ -5,10 +5,40 @@
 
 #include "engine.h"
 #include "fail.h"
+#include "sized.h"
+#include "testing.h"
 
-void ferry_config_init(ferry_config_t *cfg)
+const char *ferry_version(void)
+{
+    return FERRY_VERSION_STRING;
+}
+
+unsigned ferry_version_number(void)
+{
+    return FERRY_VERSION_NUMBER;
+}
+
+void ferry_test_set_protocol_version(ferry_engine_t *e, int version)
+{
+    __atomic_store_n(&e->test_protocol_version, version, __ATOMIC_RELAXED);
+}
+
+int ferry_test_protocol_version(const ferry_engine_t *e)
+{
+    return __atomic_load_n(&e->test_protocol_version, __ATOMIC_RELAXED);
+}
+
+int ferry_protocol_version_advertised(const ferry_engine_t *e)
+{
+    int v = ferry_test_protocol_version(e);
+    return v ? v : FERRY_PROTOCOL_VERSION;
+}
+
+/* The defaults, in this library's full struct. */
+static void config_defaults(ferry_config_t *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
     cfg->host = "127.0.0.1";
     cfg->port = 0;
     cfg->metadata = "p2p";
@@ -28,6 +58,20 @@ void ferry_config_init(ferry_config_t *cfg)
     cfg->metadata_ttl_s = 10;
     cfg->cancel_timeout_ms = 1000;
     cfg->spin_us = 0;
+    cfg->max_connections = 2048;
+    cfg->max_connections_per_source = 0;
+    cfg->metrics_host = NULL;
+}
+
+/* Writes the defaults into the fields the caller's struct_size covers (a
+ * size below every published layout gets nothing: ferry_engine_create then
+ * names the problem). */
+void (ferry_config_init)(ferry_config_t *cfg)
+{
+    if (!cfg || cfg->struct_size < FERRY_CONFIG_SIZE_0_1) return;
+    ferry_config_t all;
+    config_defaults(&all);
+    ferry_sized_export(cfg, &all, sizeof all);
 }
 
 int ferry_env_long(const char *name, long lo, long hi, long *out)
@@ -58,7 +102,8 @@ int ferry_env_long(const char *name, long lo, long hi, long *out)
         if (s_ && *s_) cfg->field = s_;             \
     } while (0)
 
-int ferry_config_from_env(ferry_config_t *cfg)
+/* Applies the environment to this library's full struct. */
+static int config_from_env(ferry_config_t *cfg)
 {
     ENV_STR("FERRY_HOST", host);
     ENV_INT("FERRY_PORT", port, 0, 65535);
@@ -79,7 +124,21 @@ int ferry_config_from_env(ferry_config_t *cfg)
     ENV_INT("FERRY_METRICS_PORT", metrics_port, -1, 65535);
     ENV_INT("FERRY_CANCEL_TIMEOUT_MS", cancel_timeout_ms, 1, 600000);
     ENV_INT("FERRY_SPIN_US", spin_us, 0, 1000000);
+    ENV_INT("FERRY_MAX_CONNECTIONS", max_connections, 1, FERRY_MAX_CONNECTIONS_LIMIT);
+    ENV_INT("FERRY_MAX_CONNECTIONS_PER_SOURCE", max_connections_per_source, 0, FERRY_MAX_CONNECTIONS_LIMIT);
+    ENV_STR("FERRY_METRICS_HOST", metrics_host);
     return 0;
+}
+
+int (ferry_config_from_env)(ferry_config_t *cfg)
+{
+    if (!cfg) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config from env: cfg is NULL");
+    ferry_config_t all;
+    config_defaults(&all);
+    int rc = ferry_sized_import(&all, sizeof all, cfg, FERRY_CONFIG_SIZE_0_1, "config");
+    if (rc == 0) rc = config_from_env(&all);
+    if (rc == 0) ferry_sized_export(cfg, &all, sizeof all);
+    return rc;
 }
 
 static int check_config(const ferry_config_t *c)
@@ -106,24 +165,37 @@ static int check_config(const ferry_config_t *c)
                           c->cancel_timeout_ms);
     if (c->spin_us < 0 || c->spin_us > 1000000)
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: spin_us=%d not in [0, 1000000]", c->spin_us);
+    if (c->max_connections < 1 || c->max_connections > FERRY_MAX_CONNECTIONS_LIMIT)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: max_connections=%d not in [1, %d]", c->max_connections,
+                          FERRY_MAX_CONNECTIONS_LIMIT);
+    if (c->max_connections_per_source < 0 || c->max_connections_per_source > FERRY_MAX_CONNECTIONS_LIMIT)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: max_connections_per_source=%d not in [0, %d]",
+                          c->max_connections_per_source, FERRY_MAX_CONNECTIONS_LIMIT);
     return 0;
 }
 
-/* Copies cfg into e->cfg, duplicating its strings so callers may free theirs. */
-int ferry_config_copy(ferry_engine_t *e, const ferry_config_t *cfg)
+/* Copies cfg into e->cfg, duplicating its strings so callers may free
+ * theirs; fields beyond the caller's struct_size take their defaults. */
+int ferry_config_copy(ferry_engine_t *e, const ferry_config_t *theirs)
 {
-    int rc = check_config(cfg);
+    ferry_config_t all;
+    config_defaults(&all);
+    int rc = ferry_sized_import(&all, sizeof all, theirs, FERRY_CONFIG_SIZE_0_1, "config");
+    if (rc) return rc;
+    const ferry_config_t *cfg = &all;
+    rc = check_config(cfg);
     if (rc) return rc;
     e->cfg = *cfg;
-    const char *strs[4] = {cfg->host, cfg->metadata ? cfg->metadata : "p2p",
-                           cfg->transport ? cfg->transport : "auto", cfg->secret ? cfg->secret : ""};
+    const char *strs[5] = {cfg->host, cfg->metadata ? cfg->metadata : "p2p",
+                           cfg->transport ? cfg->transport : "auto", cfg->secret ? cfg->secret : "",
+                           cfg->metrics_host && *cfg->metrics_host ? cfg->metrics_host : cfg->host};
     size_t total = 0;
-    for (int i = 0; i < 4; i++) total += strlen(strs[i]) + 1;
+    for (int i = 0; i < 5; i++) total += strlen(strs[i]) + 1;
     e->cfg_strings = malloc(total);
     if (!e->cfg_strings) return ferry_fail(FERRY_ERR_MEMORY, "config: out of memory");
     char *p = e->cfg_strings;
-    const char **dst[4] = {&e->cfg.host, &e->cfg.metadata, &e->cfg.transport, &e->cfg.secret};
-    for (int i = 0; i < 4; i++) {
+    const char **dst[5] = {&e->cfg.host, &e->cfg.metadata, &e->cfg.transport, &e->cfg.secret, &e->cfg.metrics_host};
+    for (int i = 0; i < 5; i++) {
         size_t n = strlen(strs[i]) + 1;
         memcpy(p, strs[i], n);
         *dst[i] = p;

@@ -44,6 +44,12 @@ const char *ferry_cuda_status(void)
     return status_text;
 }
 
+int ferry_cuda_usable(void)
+{
+    pthread_once(&init_once, cuda_init);
+    return cuda_usable;
+}
+
 int ferry_cuda_classify(int err, int type, int device, uint32_t *kind)
 {
     *kind = FERRY_MEMKIND_HOST;

@@ -36,8 +36,29 @@ typedef struct ferry_conn {
     uint64_t serial;           /* target side: accept order, 1, 2, ... (cancel.h) */
     uint64_t pool_gen;         /* initiator side: the session's pool generation at connect */
     char remote[64];           /* target side: the socket's peer address, for logs */
+    /* Target side, for the listener's limits (engine.c): where the
+     * connection stands (CONN_*), whether it is in the engine's list and
+     * counted there, whether the peer spoke yet, its source address (IPv4 as
+ * v4-mapped IPv6), and when
+     * it was accepted or last went idle. */
+    atomic_int state;
+    atomic_bool heard;         /* in its handshake: the peer has sent something */
+    bool listed;
+    uint8_t source[16];
+    _Atomic uint64_t idle_since_ns;
     struct ferry_vec_scratch *vec; /* vector frames' per-connection buffers (transport/vec.h), lazily made */
 } ferry_conn_t;
+
+/* ferry_conn_t.state on the target side. Changes under the engine's
+ * conns_lock, except IDLE <-> BUSY, which the serving thread makes alone
+ * (a compare-and-swap against the evictor's IDLE -> EVICTED). */
+enum ferry_conn_state {
+    CONN_HANDSHAKE = 0, /* counted in nhandshaking */
+    CONN_IDLE,          /* handshake done, waiting for a request: counted in nestablished */
+    CONN_BUSY,          /* serving a frame: counted in nestablished, never evicted */
+    CONN_EVICTED,       /* closed to make room; counted nowhere */
+    CONN_ENDED          /* its thread is finishing; counted nowhere */
+};
 
 enum ferry_session_state { SESSION_OK = 0, SESSION_RESTARTED, SESSION_CLOSED };
 
@@ -74,7 +95,7 @@ struct ferry_session {
     uint64_t seg_version;
     atomic_bool segs_stale;    /* refetch before the next resolve (after a teardown) */
 
-    ferry_session_t *next;     /* engine's session list */
+    ferry_session_t *next;     /* next in its bucket of the engine's session table */
 };
 
 /* One contiguous transfer for a transport to move. */
@@ -121,6 +142,7 @@ typedef struct ferry_notify_node {
 struct ferry_engine {
     ferry_config_t cfg;
     char *cfg_strings;         /* owned copies of the config's strings */
+    int test_protocol_version; /* 0, or what tests make it advertise (testing.h) */
     char name[300];
     uint16_t port;
     int listen_fd;
@@ -143,9 +165,17 @@ struct ferry_engine {
     pthread_mutex_t conns_lock;
     ferry_conn_t *conns;       /* target side, served connections */
     int nconns_served;         /* length of conns (under conns_lock) */
+    int nhandshaking;          /* ... of them in CONN_HANDSHAKE */
+    int nestablished;          /* ... in CONN_IDLE or CONN_BUSY */
+    /* The listener's limits, from the config (engine.c): connections past
+     * the handshake, in it, and from one source address. */
+    int max_established, max_handshaking, max_per_source, max_handshaking_per_source;
+    int reserve_fd;            /* held open, given up to shed a connection when out of fds */
+    _Atomic uint64_t limit_warned_ns; /* last warning about a full table (rate limit) */
 
-    pthread_mutex_t sessions_lock;
-    ferry_session_t *sessions;
+    /* Sessions by peer name (session.c): a hash table with striped locks. */
+    struct ferry_session_table *session_table;
+    atomic_int nsessions;
 
     /* Async batch workers. */
     pthread_mutex_t queue_lock;
@@ -176,9 +206,10 @@ struct ferry_engine {
 int ferry_env_long(const char *name, long lo, long hi, long *out);
 int ferry_config_copy(ferry_engine_t *e, const ferry_config_t *cfg);
 
-/* Served connections at once; more are refused at accept. Each costs a
- * thread, so a peer opening connections without end cannot exhaust us. */
-#define FERRY_MAX_SERVED_CONNS 2048
+/* Upper bound of config.max_connections. Each served connection costs a
+ * thread; the limits (engine.c) keep peers opening connections without
+ * end from exhausting threads or file descriptors. */
+#define FERRY_MAX_CONNECTIONS_LIMIT 65536
 /* Notifications queued and not yet fetched; more are refused. */
 #define FERRY_MAX_QUEUED_NOTIFY 65536
 #define FERRY_MAX_QUEUED_NOTIFY_BYTES (256u << 20)
@@ -190,9 +221,10 @@ int ferry_serve_hello(ferry_conn_t *c, const ferry_frame_t *f);
 void ferry_serve_connection(ferry_conn_t *c);
 bool ferry_engine_is_cancelled(ferry_engine_t *e, uint64_t engine_id, uint64_t req_id);
 void ferry_hello_fill(ferry_engine_t *e, ferry_hello_t *h);
-/* The newest protocol version this engine speaks (config.test_protocol_version
- * pins it), and the one both ends of a handshaken connection speak: the
- * highest in common. Vector frames need FERRY_PROTOCOL_VEC. */
+/* The newest protocol version this engine speaks (a test may pin it:
+ * ferry_test_set_protocol_version, core/testing.h), and the one both ends
+ * of a handshaken connection speak: the highest in common. Vector frames
+ * need FERRY_PROTOCOL_VEC. */
 unsigned ferry_engine_proto_max(const ferry_engine_t *e);
 unsigned ferry_conn_version(const ferry_conn_t *c);
 
@@ -237,6 +269,10 @@ int ferry_session_refresh_segments(ferry_session_t *s, uint64_t deadline);
  * afresh, epoch check included, and refetches the segments. */
 void ferry_session_teardown(ferry_session_t *s);
 void ferry_sessions_destroy(ferry_engine_t *e);
+/* The session table: made once config.max_sessions is known, freed with
+ * the engine (ferry_sessions_destroy empties it). */
+int ferry_sessions_init(ferry_engine_t *e);
+void ferry_sessions_free(ferry_engine_t *e);
 
 /* xfer.c: running pieces on one connection with retries and re-resolution */
 int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);

@@ -97,9 +97,11 @@ static const struct error_advice advice_table[] = {
      "reports PEER_RESTARTED."},
     {FERRY_ERR_PEER_RESTARTED,
      "Causes: the peer process restarted: its epoch changed, so every address learned from\n"
-     "the old process is void. Ferry refuses to write with old addresses.\n"
-     "What to do: close the session (ferry_session_close), re-open it, and fetch the new\n"
-     "buffer addresses from the peer before transferring again."},
+     "the old process is void. The call that finds the new epoch fails with this code and\n"
+     "writes nothing (calls already under way with the old session fail too).\n"
+     "What to do: fetch the new process's buffer addresses and send again: the session\n"
+     "re-opens by itself, so the next call learns the new process (no probe or\n"
+     "ferry_session_open needed; ferry_session_open still works)."},
     {FERRY_ERR_VERSION_MISMATCH,
      "Causes: the two engines run Ferry builds with incompatible protocol versions.\n"
      "What to do: upgrade both sides to the same release."},
@@ -121,8 +123,11 @@ static const struct error_advice advice_table[] = {
      "Causes: the two engines do not share the same secret (FERRY_SECRET), or one has none.\n"
      "What to do: configure the same secret on both engines."},
     {FERRY_ERR_STALE_SEGMENT,
-     "Causes: the target deregistered and registered the region again since this engine\n"
-     "learned it; the memory behind the address may belong to something else now.\n"
+     "Causes: a key or mapping this engine holds belongs to an older registration of the\n"
+     "target's region (RDMA, shared pools), and the range was not registered again in time\n"
+     "for the call's own refetch (a target re-registering it over and over). A range that is\n"
+     "registered when the target checks takes the write; one deregistered fails with\n"
+     "ADDRESS_NOT_REGISTERED.\n"
      "What to do: fetch the peer's current buffer addresses, then retry."},
     {FERRY_ERR_SESSION_INVALID,
      "Causes: the session was closed, or invalidated after repeated failures.\n"

@@ -154,6 +154,15 @@ const char *ferry_memkind_name(uint32_t kind, char *buf, size_t cap)
     return buf;
 }
 
+int ferry_memkind_device_usable(void)
+{
+#ifdef FERRY_HAVE_CUDA
+    return ferry_cuda_usable();
+#else
+    return 0;
+#endif
+}
+
 const char *ferry_memkind_status(void)
 {
 #ifdef FERRY_HAVE_CUDA

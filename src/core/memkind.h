@@ -39,6 +39,9 @@ const char *ferry_memkind_name(uint32_t kind, char *buf, size_t cap);
 /* One line on device-memory support in this build and process, e.g.
  * "CUDA built in; unavailable: cudaErrorInsufficientDriver (...)". */
 const char *ferry_memkind_status(void);
+/* 1 when device memory is told from host memory at registration: CUDA built
+ * in and a driver and device usable in this process. */
+int ferry_memkind_device_usable(void);
 
 /* ---- test hooks: a fake device kind backed by host memory ----
  * [base, base+len) is declared fake device memory whose bytes live at
@@ -56,6 +59,7 @@ void ferry_memkind_fake_counts(unsigned long *to_host, unsigned long *from_host)
 int ferry_cuda_detect(const void *addr, size_t len, uint32_t *kind);
 int ferry_cuda_copy(uint32_t kind, void *dst, const void *src, size_t n, int to_host);
 const char *ferry_cuda_status(void);
+int ferry_cuda_usable(void);
 #endif
 
 #endif

@@ -212,6 +212,11 @@ static void render_engine_stats(struct text *t, ferry_engine_t *e)
         {"ferry_engine_frames_rejected_total", "Connections dropped for a malformed frame.", st.frames_rejected},
         {"ferry_engine_bytes_placed_total", "Bytes peers wrote into this engine's memory.", st.bytes_placed},
         {"ferry_engine_bytes_served_total", "Bytes peers read from this engine.", st.bytes_served},
+        {"ferry_engine_connections_evicted_total", "Idle connections closed to make room.", st.connections_evicted},
+        {"ferry_engine_handshakes_evicted_total", "Connections closed in their handshake to make room.",
+         st.handshakes_evicted},
+        {"ferry_engine_accept_backoffs_total", "Pauses of the listener for want of file descriptors.",
+         st.accept_backoffs},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         put(t, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", rows[i].name, rows[i].help, rows[i].name, rows[i].name,

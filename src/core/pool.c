@@ -20,6 +20,7 @@
 
 #include "engine.h"
 #include "share.h"
+#include "sized.h"
 
 #include "fail.h"
 
@@ -241,15 +242,19 @@ int ferry_pool_free(ferry_pool_t *p, void *ptr)
     return 0;
 }
 
-int ferry_pool_stats(ferry_pool_t *p, ferry_pool_stats_t *st)
+int (ferry_pool_stats)(ferry_pool_t *p, ferry_pool_stats_t *out)
 {
-    if (!p || !st) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "pool stats: NULL argument");
+    if (!p || !out) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "pool stats: NULL argument");
+    int rc = ferry_sized_check(out, FERRY_POOL_STATS_SIZE_0_1, "pool stats");
+    if (rc) return rc;
+    ferry_pool_stats_t st = {.struct_size = sizeof st};
     pthread_mutex_lock(&p->lock);
-    st->size = p->size;
-    st->used = p->used;
-    st->largest_free = largest_free_locked(p);
-    st->allocations = p->live;
+    st.size = p->size;
+    st.used = p->used;
+    st.largest_free = largest_free_locked(p);
+    st.allocations = p->live;
     pthread_mutex_unlock(&p->lock);
+    ferry_sized_export(out, &st, sizeof st);
     return 0;
 }
 

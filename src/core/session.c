@@ -11,6 +11,8 @@
 #include "clock.h"
 #include "directory.h"
 #include "engine.h"
+#include "sized.h"
+#include "testing.h"
 #include "fail.h"
 #include "log.h"
 #include "net.h"
@@ -31,7 +33,7 @@ static ferry_session_t *session_new(ferry_engine_t *e, const char *peer)
     s->engine = e;
     s->stats = ferry_metrics_peer(&e->metrics, peer);
     s->max_conns = e->cfg.conns_per_peer;
-    atomic_store(&s->refs, 1); /* the engine's list holds one */
+    atomic_store(&s->refs, 1); /* the engine's table holds one */
     pthread_mutex_init(&s->lock, NULL);
     ferry_cond_init_monotonic(&s->cond);
     pthread_rwlock_init(&s->seg_lock, NULL);
@@ -68,22 +70,101 @@ static void session_invalidate(ferry_session_t *s)
     pthread_mutex_unlock(&s->lock);
 }
 
-/* Unlinks s from the engine's list (sessions_lock held). */
-static void unlink_locked(ferry_engine_t *e, ferry_session_t *s)
+/* ---------------------------------------------------------- the table */
+
+/* Sessions by peer name: a hash table whose buckets are guarded by striped
+ * locks (bucket i by stripe i % SESSION_STRIPES), so that threads working
+ * with different peers look up, open and close without contending; one
+ * lock for all, with a list searched under it, serialised every call. A
+ * lookup holds its stripe only to find the session and take a reference. */
+#define SESSION_STRIPES 64
+
+struct session_stripe {
+    _Alignas(64) pthread_mutex_t lock; /* a cache line each: no false sharing */
+};
+
+struct ferry_session_table {
+    struct session_stripe stripes[SESSION_STRIPES];
+    size_t mask;                 /* buckets - 1 (a power of two, >= SESSION_STRIPES) */
+    ferry_session_t **buckets;   /* chained through ferry_session.next */
+};
+
+int ferry_sessions_init(ferry_engine_t *e)
 {
-    for (ferry_session_t **pp = &e->sessions; *pp; pp = &(*pp)->next) {
-        if (*pp == s) {
-            *pp = s->next;
-            return;
-        }
+    size_t want = e->cfg.max_sessions < 65536 ? (size_t)e->cfg.max_sessions : 65536, n = SESSION_STRIPES;
+    while (n < want) n *= 2;
+    struct ferry_session_table *t = aligned_alloc(64, sizeof *t);
+    ferry_session_t **buckets = calloc(n, sizeof *buckets);
+    if (!t || !buckets) {
+        free(t);
+        free(buckets);
+        return ferry_fail(FERRY_ERR_MEMORY, "session table of %zu buckets: out of memory", n);
     }
+    memset(t, 0, sizeof *t);
+    for (int i = 0; i < SESSION_STRIPES; i++) pthread_mutex_init(&t->stripes[i].lock, NULL);
+    t->mask = n - 1;
+    t->buckets = buckets;
+    e->session_table = t;
+    atomic_store(&e->nsessions, 0);
+    return 0;
 }
 
-static int count_locked(ferry_engine_t *e)
+void ferry_sessions_free(ferry_engine_t *e)
 {
-    int n = 0;
-    for (ferry_session_t *s = e->sessions; s; s = s->next) n++;
-    return n;
+    struct ferry_session_table *t = e->session_table;
+    if (!t) return;
+    for (int i = 0; i < SESSION_STRIPES; i++) pthread_mutex_destroy(&t->stripes[i].lock);
+    free(t->buckets);
+    free(t);
+    e->session_table = NULL;
+}
+
+/* FNV-1a over the peer's name. */
+static size_t bucket_of(const struct ferry_session_table *t, const char *peer)
+{
+    uint64_t h = 14695981039346656037ull;
+    for (const unsigned char *p = (const unsigned char *)peer; *p; p++) h = (h ^ *p) * 1099511628211ull;
+    return (size_t)(h ^ (h >> 32)) & t->mask;
+}
+
+static pthread_mutex_t *stripe_of(struct ferry_session_table *t, size_t bucket)
+{
+    return &t->stripes[bucket % SESSION_STRIPES].lock;
+}
+
+/* The session named peer in its bucket (its stripe held), or NULL; with
+ * take, taken out of the table. */
+static ferry_session_t *find_locked(ferry_engine_t *e, size_t bucket, const char *peer, bool take)
+{
+    for (ferry_session_t **pp = &e->session_table->buckets[bucket]; *pp; pp = &(*pp)->next) {
+        ferry_session_t *s = *pp;
+        if (strcmp(s->name, peer) != 0) continue;
+        if (take) {
+            *pp = s->next;
+            atomic_fetch_sub(&e->nsessions, 1);
+        }
+        return s;
+    }
+    return NULL;
+}
+
+/* Takes s out of the table (for ferry_session_close): NULL when no session
+ * is named peer. The table's reference passes to the caller. */
+static ferry_session_t *session_remove(ferry_engine_t *e, const char *peer)
+{
+    size_t b = bucket_of(e->session_table, peer);
+    pthread_mutex_lock(stripe_of(e->session_table, b));
+    ferry_session_t *s = find_locked(e, b, peer, true);
+    pthread_mutex_unlock(stripe_of(e->session_table, b));
+    return s;
+}
+
+static bool session_restarted(ferry_session_t *s)
+{
+    pthread_mutex_lock(&s->lock);
+    bool restarted = s->state == SESSION_RESTARTED;
+    pthread_mutex_unlock(&s->lock);
+    return restarted;
 }
 
 int ferry_session_get(ferry_engine_t *e, const char *peer, ferry_session_t **out)
@@ -94,42 +175,66 @@ int ferry_session_get(ferry_engine_t *e, const char *peer, ferry_session_t **out
     uint16_t port;
     int rc = ferry_parse_hostport(peer, host, sizeof host, &port);
     if (rc) return rc;
-    pthread_mutex_lock(&e->sessions_lock);
-    ferry_session_t *s = e->sessions;
-    while (s && strcmp(s->name, peer) != 0) s = s->next;
+    struct ferry_session_table *t = e->session_table;
+    size_t b = bucket_of(t, peer);
+    pthread_mutex_lock(stripe_of(t, b));
+    ferry_session_t *s = find_locked(e, b, peer, false), *restarted = NULL;
+    if (s && session_restarted(s)) {
+        /* A restart was found and reported by an earlier call: the next
+         * call opens a fresh session, which learns the new process (its
+         * epoch, its addresses). Calls still holding the old one keep
+         * failing with PEER_RESTARTED: they carry the old addresses. */
+        find_locked(e, b, peer, true);
+        restarted = s;
+        s = NULL;
+    }
     if (!s) {
-        if (count_locked(e) >= e->cfg.max_sessions) {
-            pthread_mutex_unlock(&e->sessions_lock);
+        /* Counted before it is made: two stripes adding at once cannot
+         * both take the last place. */
+        if (atomic_fetch_add(&e->nsessions, 1) >= e->cfg.max_sessions) {
+            atomic_fetch_sub(&e->nsessions, 1);
+            pthread_mutex_unlock(stripe_of(t, b));
+            ferry_session_put(restarted);
             return ferry_fail(FERRY_ERR_TOO_MANY_REQUESTS, "session to %s: already %d sessions (max_sessions)", peer,
                               e->cfg.max_sessions);
         }
         s = session_new(e, peer);
         if (!s) {
-            pthread_mutex_unlock(&e->sessions_lock);
+            atomic_fetch_sub(&e->nsessions, 1);
+            pthread_mutex_unlock(stripe_of(t, b));
+            ferry_session_put(restarted);
             return ferry_fail(FERRY_ERR_MEMORY, "session to %s: out of memory", peer);
         }
         snprintf(s->host, sizeof s->host, "%s", host);
         s->port = port;
-        s->next = e->sessions;
-        e->sessions = s;
+        s->next = t->buckets[b];
+        t->buckets[b] = s;
     }
     atomic_fetch_add(&s->refs, 1);
-    pthread_mutex_unlock(&e->sessions_lock);
+    pthread_mutex_unlock(stripe_of(t, b));
+    if (restarted) {
+        FERRY_LOG(FERRY_LOG_INFO, "session", "%s: re-opened after the peer's restart", peer);
+        ferry_session_put(restarted); /* the table's reference */
+    }
     *out = s;
     return 0;
 }
 
 void ferry_sessions_destroy(ferry_engine_t *e)
 {
-    pthread_mutex_lock(&e->sessions_lock);
-    ferry_session_t *s = e->sessions;
-    e->sessions = NULL;
-    pthread_mutex_unlock(&e->sessions_lock);
-    while (s) {
-        ferry_session_t *next = s->next;
-        session_invalidate(s);
-        ferry_session_put(s);
-        s = next;
+    struct ferry_session_table *t = e->session_table;
+    for (size_t b = 0; b <= t->mask; b++) {
+        pthread_mutex_lock(stripe_of(t, b));
+        ferry_session_t *s = t->buckets[b];
+        t->buckets[b] = NULL;
+        pthread_mutex_unlock(stripe_of(t, b));
+        while (s) {
+            ferry_session_t *next = s->next;
+            atomic_fetch_sub(&e->nsessions, 1);
+            session_invalidate(s);
+            ferry_session_put(s);
+            s = next;
+        }
     }
 }
 
@@ -170,10 +275,10 @@ static int recv_hello_ack(ferry_conn_t *c, ferry_session_t *s, uint8_t *ack, siz
     *alen = f.plen;
     rc = ferry_hello_decode(ack, f.plen, &c->peer);
     if (rc) return rc;
-    int ours = e->cfg.test_protocol_version ? e->cfg.test_protocol_version : FERRY_PROTOCOL_VERSION;
+    int ours = ferry_protocol_version_advertised(e);
     if (f.status == FERRY_ERR_VERSION_MISMATCH)
         return ferry_fail(FERRY_ERR_VERSION_MISMATCH, "peer %s speaks protocol %u..%u, this engine speaks %d..%d",
-                          s->name, c->peer.proto_min, c->peer.proto_max, e->cfg.test_protocol_version ? ours : 1, ours);
+                          s->name, c->peer.proto_min, c->peer.proto_max, ferry_test_protocol_version(e) ? ours : 1, ours);
     if (f.status == FERRY_ERR_AUTH_FAILED) {
         FERRY_STAT_ADD(&e->stats, auth_failures, 1);
         bool they = (c->peer.flags & FERRY_HELLO_F_AUTH) != 0;
@@ -189,6 +294,9 @@ static int recv_hello_ack(ferry_conn_t *c, ferry_session_t *s, uint8_t *ack, siz
                               s->name);
         return ferry_fail(FERRY_ERR_AUTH_FAILED, "peer %s refused the handshake's authentication", s->name);
     }
+    if (f.status == FERRY_ERR_TOO_MANY_REQUESTS)
+        return ferry_fail(f.status, "peer %s refused the connection: it serves as many as it may, all busy "
+                                    "(its config.max_connections)", s->name);
     if (f.status && f.status != FERRY_ERR_PEER_RESTARTED)
         return ferry_fail(f.status, "peer %s refused the handshake", s->name);
     return f.status;
@@ -236,6 +344,9 @@ static int authenticate(ferry_conn_t *c, ferry_session_t *s, const uint8_t *hell
         return ferry_fail(FERRY_ERR_AUTH_FAILED,
                           "peer %s rejected this engine's MAC: the two engines' shared secrets differ", s->name);
     }
+    if (f.type == FERRY_FRAME_AUTH_ACK && f.status == FERRY_ERR_TOO_MANY_REQUESTS)
+        return ferry_fail(f.status, "peer %s refused the connection: it serves as many as it may, all busy "
+                                    "(its config.max_connections)", s->name);
     if (f.type != FERRY_FRAME_AUTH_ACK || f.status != 0 || f.plen != FERRY_WIRE_MAC_SIZE)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "peer %s answered AUTH with %s (status %d, %u bytes)", s->name,
                           ferry_frame_type_name(f.type), f.status, f.plen);
@@ -261,7 +372,7 @@ static int check_epoch(ferry_session_t *s, const ferry_hello_t *peer)
         s->state = SESSION_RESTARTED;
         rc = ferry_fail(FERRY_ERR_PEER_RESTARTED,
                         "peer %s restarted: epoch %016llx became %016llx; its old addresses are void "
-                        "(close and re-open the session, then fetch its new addresses)",
+                        "(nothing was written; the next call re-opens the session: fetch the new addresses)",
                         s->name, (unsigned long long)s->peer.epoch, (unsigned long long)peer->epoch);
     } else if (!s->have_peer) {
         s->peer = *peer;
@@ -383,8 +494,8 @@ static int state_error(ferry_session_t *s)
 {
     if (s->state == SESSION_RESTARTED)
         return ferry_fail(FERRY_ERR_PEER_RESTARTED,
-                          "peer %s restarted since this session was opened (epoch %016llx is void); close and "
-                          "re-open the session",
+                          "peer %s restarted since this call began (epoch %016llx is void); the next call "
+                          "re-opens the session: fetch the new addresses",
                           s->name, (unsigned long long)s->peer.epoch);
     return ferry_fail(FERRY_ERR_SESSION_INVALID, "the session to %s was closed", s->name);
 }
@@ -688,21 +799,16 @@ int ferry_session_close(ferry_engine_t *e, const char *peer)
 {
     ferry_clear_last_error();
     if (!e || !peer) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "session close: NULL argument");
-    pthread_mutex_lock(&e->sessions_lock);
-    ferry_session_t *s = e->sessions;
-    while (s && strcmp(s->name, peer) != 0) s = s->next;
-    if (s) unlink_locked(e, s);
-    pthread_mutex_unlock(&e->sessions_lock);
+    ferry_session_t *s = session_remove(e, peer);
     if (!s) return ferry_fail(FERRY_ERR_NOT_FOUND, "no session to %s", peer);
     session_invalidate(s);
     ferry_session_put(s);
     return 0;
 }
 
-int ferry_session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info)
+/* Fills the whole struct (this library's size). */
+static int session_info_all(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info)
 {
-    ferry_clear_last_error();
-    if (!info) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "session info: info is NULL");
     ferry_session_t *s;
     int rc = ferry_session_get(e, peer, &s);
     if (rc) return rc;
@@ -727,6 +833,18 @@ int ferry_session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *i
         pthread_rwlock_unlock(&s->seg_lock);
     }
     ferry_session_put(s);
+    return rc;
+}
+
+int (ferry_session_info)(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info)
+{
+    ferry_clear_last_error();
+    if (!info) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "session info: info is NULL");
+    int rc = ferry_sized_check(info, FERRY_PEER_INFO_SIZE_0_1, "session info");
+    if (rc) return rc;
+    ferry_peer_info_t all;
+    rc = session_info_all(e, peer, &all);
+    if (rc == 0) ferry_sized_export(info, &all, sizeof all);
     return rc;
 }
 

@@ -20,7 +20,8 @@ enum { FERRY_ERROR_TABLE_SIZE = 0 FERRY_ERROR_TABLE(FERRY_X_COUNT) };
     X(bytes_read) X(retries) X(connections_opened) X(reconnects)             \
     X(session_teardowns) X(peer_restarts) X(checksum_failures)               \
     X(connections_accepted) X(connections_refused) X(auth_failures)          \
-    X(frames_rejected) X(bytes_placed) X(bytes_served)
+    X(frames_rejected) X(bytes_placed) X(bytes_served)                     \
+    X(connections_evicted) X(handshakes_evicted) X(accept_backoffs)
 
 typedef struct ferry_counters {
 #define FERRY_X_FIELD(f) _Atomic uint64_t f;

@@ -161,14 +161,32 @@ static int resolve_pieces(ferry_session_t *s, ferry_xfer_t *xs, size_t n)
     return 0;
 }
 
-/* After STALE_SEGMENT: learn the peer's current table and say precisely
- * whether the range is gone or was registered again. */
-static void explain_stale(ferry_session_t *s, ferry_xfer_t *x)
+/* After STALE_SEGMENT (a key or mapping the initiator cached belongs to an
+ * older registration of the range): learn the peer's current table. A
+ * range that is registered and remote-accessible now is resolved to its
+ * new generation and the piece goes on (true); one that is gone fails with
+ * the table's precise answer (ADDRESS_NOT_REGISTERED, OUT_OF_BOUNDS, ...).
+ * may_resume false (the call's budget is spent): only the latter.
+ * Nothing was written by the refused attempt, and the target checks the
+ * new generation again, so no byte lands outside a live registration. */
+static bool relearn_stale(ferry_session_t *s, ferry_xfer_t *x, bool may_resume, bool *refreshed)
 {
     uint32_t gen = 0;
-    if (ferry_session_refresh_segments(s, x->deadline) != 0) return;
+    if (!*refreshed) { /* once a round, however many pieces were refused */
+        if (ferry_session_refresh_segments(s, x->deadline) != 0) return false;
+        *refreshed = true;
+    }
     int rc = ferry_session_resolve(s, x->opcode, x->remote, x->len, &gen, x->deadline);
-    if (rc) ferry_xfer_fail(x, rc);
+    if (rc) {
+        ferry_xfer_fail(x, rc);
+        return false;
+    }
+    if (gen == x->generation || !may_resume) return false; /* keep the refusal */
+    x->generation = gen;
+    x->rc = 0;
+    free(x->detail);
+    x->detail = NULL;
+    return true;
 }
 
 /* Pieces still to do: no failure yet and bytes left. */
@@ -196,6 +214,7 @@ static const ferry_transport_ops_t *session_transport(ferry_session_t *s)
 int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n)
 {
     int backoff = e->cfg.retry_backoff_ms;
+    int relearns = 4; /* in-call re-resolutions after STALE_SEGMENT (a region re-registered meanwhile) */
     ferry_stream_ctl_t *ctl = n ? xs[0].ctl : NULL; /* cancel.h */
     pthread_mutex_lock(&s->lock);
     bool unfenced = s->nunfenced > 0;
@@ -228,13 +247,21 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
             attempt--;
             continue;
         }
-        bool corrupted = false;
+        bool corrupted = false, relearned = false, refreshed = false;
         for (size_t i = 0; i < n; i++) {
-            if (xs[i].rc == FERRY_ERR_STALE_SEGMENT) explain_stale(s, &xs[i]);
+            if (xs[i].rc == FERRY_ERR_STALE_SEGMENT && relearn_stale(s, &xs[i], relearns > 0, &refreshed))
+                relearned = true;
             if (xs[i].rc == FERRY_ERR_CHECKSUM_MISMATCH) {
                 FERRY_STAT_ADD(&e->stats, checksum_failures, 1);
                 if (attempt < e->cfg.retries) xs[i].rc = 0, corrupted = true;
             }
+        }
+        if (relearned && rc == 0) {
+            /* The range is registered now, under a newer generation: send
+             * again at once, without using up a retry. */
+            relearns--;
+            attempt--;
+            continue;
         }
         bool retry = rc ? auto_retryable(rc) && attempt < e->cfg.retries && ferry_ms_left(deadline) > 0
                         : corrupted && any_pending(xs, n);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/fail.h"
+#include "core/sized.h"
 #include "kv/kv_internal.h"
 
 static int model_field_differs(const char *field, uint64_t prefill, uint64_t decode)
@@ -140,10 +141,12 @@ void ferry_kv_plan_destroy(ferry_kv_plan_t *p)
     free(p);
 }
 
-void ferry_kv_plan_get_info(const ferry_kv_plan_t *p, ferry_kv_plan_info_t *info)
+void (ferry_kv_plan_get_info)(const ferry_kv_plan_t *p, ferry_kv_plan_info_t *out)
 {
-    *info = p->info;
-    info->blocks = p->sender_bound ? p->blocks.count : 0;
+    if (ferry_sized_check(out, FERRY_KV_PLAN_INFO_SIZE_0_1, "kv plan info") != 0) return;
+    ferry_kv_plan_info_t info = p->info;
+    info.blocks = p->sender_bound ? p->blocks.count : 0;
+    ferry_sized_export(out, &info, sizeof info);
 }
 
 static int check_staging(const char *which, uint64_t addr, uint64_t len, uint64_t need)

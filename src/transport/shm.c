@@ -484,7 +484,9 @@ static int check_locked(ferry_conn_t *c, const ferry_frame_t *f, uint32_t need)
     ferry_engine_t *e = c->engine;
     if (ferry_engine_is_cancelled(e, c->peer.engine_id, f->req_id))
         return ferry_fail(FERRY_ERR_CANCELLED, "request %llu was cancelled", (unsigned long long)f->req_id);
-    return ferry_registry_check_locked(&e->registry, f->addr, f->len, need, f->crc, "target");
+    /* The registry as it is now, whatever generation the initiator learned
+     * (as tcp.c): a range registered again takes the access. */
+    return ferry_registry_check_locked(&e->registry, f->addr, f->len, need, 0, "target");
 }
 
 /* The memory kind of the target range (host without a lookup when no

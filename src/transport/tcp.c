@@ -260,7 +260,10 @@ static int check_locked(ferry_conn_t *c, const ferry_frame_t *f, uint32_t need)
     ferry_engine_t *e = c->engine;
     if (ferry_engine_is_cancelled(e, c->peer.engine_id, f->req_id))
         return ferry_fail(FERRY_ERR_CANCELLED, "request %llu was cancelled", (unsigned long long)f->req_id);
-    return ferry_registry_check_locked(&e->registry, f->addr, f->len, need, (uint32_t)f->aux, "target");
+    /* Against the registry as it is now, whatever generation the initiator
+     * learned: a range registered again at the same address takes the
+     * write (as on Mooncake); one deregistered is refused. */
+    return ferry_registry_check_locked(&e->registry, f->addr, f->len, need, 0, "target");
 }
 
 /* Receives up to want bytes into dst without blocking; returns the count,

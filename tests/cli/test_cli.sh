@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The ferry CLI as a user runs it: explain, serve + doctor, doctor on a dead peer.
+# The ferry CLI as a user runs it: explain, help, option checks, serve + doctor (text and --json), doctor on a dead peer.
 set -uo pipefail
 FERRY=$1
 fails=0; passes=0
 check() { # check NAME: the previous command's output ($out) must match $2
   if grep -qE -- "$2" <<<"$out"; then passes=$((passes + 1)); else echo "FAIL $1: wanted /$2/ in:"; echo "$out"; fails=$((fails + 1)); fi
+}
+# json_check TEXT PYTHON-EXPRESSION: TEXT parses as JSON and the expression (over `d`) holds.
+json_check() {
+  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if eval(sys.argv[2]) else 1)' "$1" "$2"
 }
 out=$("$FERRY" explain -3); check explain-number "ADDRESS_NOT_REGISTERED \(-3\)"
 check explain-advice "re-register"
@@ -14,6 +18,34 @@ out=$("$FERRY" explain BOGUS 2>&1); rc=$?; check explain-unknown "unknown error 
 [ $rc -ne 0 ] || { echo "FAIL explain BOGUS exited 0"; fails=$((fails + 1)); }
 out=$("$FERRY" nosuchcommand 2>&1); check unknown-command "unknown command"
 out=$("$FERRY" --help); check help "doctor"
+# `ferry help COMMAND` covers every command the list shows.
+cmds=$("$FERRY" help | sed -nE 's/^  ([a-z][a-z-]*) .*/\1/p')
+[ -n "$cmds" ] || { echo "FAIL help lists no command"; fails=$((fails + 1)); }
+for c in $cmds; do
+  out=$("$FERRY" help "$c" 2>&1); rc=$?
+  check "help-$c" "usage: ferry $c"
+  [ $rc -eq 0 ] || { echo "FAIL ferry help $c exited $rc"; fails=$((fails + 1)); }
+done
+out=$("$FERRY" help nosuchcommand 2>&1); rc=$?; check help-unknown "unknown command 'nosuchcommand'"
+[ $rc -eq 2 ] || { echo "FAIL ferry help nosuchcommand exited $rc"; fails=$((fails + 1)); }
+out=$("$FERRY" doctor 127.0.0.1:7 --probe-mib 4x 2>&1); rc=$?; check doctor-bad-number "--probe-mib '4x' is not a whole number"
+[ $rc -eq 2 ] || { echo "FAIL doctor --probe-mib 4x exited $rc"; fails=$((fails + 1)); }
+out=$("$FERRY" bench --local --threads x 2>&1); rc=$?; check bench-bad-number "--threads 'x' is not a whole number"
+[ $rc -eq 2 ] || { echo "FAIL bench --threads x exited $rc"; fails=$((fails + 1)); }
+out=$("$FERRY" bench --local --duration 1s 2>&1); rc=$?; check bench-bad-duration "--duration '1s' is not a number"
+[ $rc -eq 2 ] || { echo "FAIL bench --duration 1s exited $rc"; fails=$((fails + 1)); }
+out=$("$FERRY" bench initiator --peer 127.0.0.1:7 --remote-addr 0xzz --remote-len 4K 2>&1); rc=$?
+check bench-bad-addr "--remote-addr '0xzz' is not an unsigned number"
+[ $rc -eq 2 ] || { echo "FAIL bench --remote-addr 0xzz exited $rc"; fails=$((fails + 1)); }
+out=$(FERRY_TIMEOUT_MS=soon "$FERRY" doctor 127.0.0.1:7 --json 2>&1); rc=$?
+if json_check "$out" 'not d["ok"] and d["checks"][0]["check"] == "local" and d["checks"][0]["error"] == "INVALID_ARGUMENT" and "FERRY_TIMEOUT_MS" in d["checks"][0]["message"]'; then
+  passes=$((passes + 1))
+else
+  echo "FAIL doctor-json-bad-env: unexpected report:"; echo "$out"; fails=$((fails + 1))
+fi
+[ $rc -eq 1 ] || { echo "FAIL doctor with a bad FERRY_TIMEOUT_MS exited $rc"; fails=$((fails + 1)); }
+out=$("$FERRY" serve --size 0 2>&1); rc=$?; check serve-bad-number "--size '0' is not a whole number"
+[ $rc -eq 2 ] || { echo "FAIL serve --size 0 exited $rc"; fails=$((fails + 1)); }
 
 tmp=$(mktemp -d); trap 'kill $serve 2>/dev/null; rm -rf "$tmp"' EXIT
 "$FERRY" serve --size 8 --duration 60 >"$tmp/serve.json" 2>"$tmp/serve.err" & serve=$!
@@ -25,12 +57,26 @@ check doctor-transport "transport: shm \\(.*cross-memory attach"
 check doctor-segments "segments: 1 remote-accessible region"
 check doctor-probe "bandwidth probe: read"
 [ $rc -eq 0 ] || { echo "FAIL doctor exited $rc"; fails=$((fails + 1)); }
+out=$("$FERRY" doctor "$name" --probe-mib 4 --json); rc=$?
+if json_check "$out" 'd["ok"] and d["peer"] and [c["check"] for c in d["checks"]] == ["connect", "session", "transport", "segments", "rtt", "bandwidth"][:len(d["checks"])] and len(d["checks"]) >= 6 and all(c["status"] in ("ok", "note") for c in d["checks"]) and d["checks"][3]["count"] == 1'; then
+  passes=$((passes + 1))
+else
+  echo "FAIL doctor-json: unexpected report:"; echo "$out"; fails=$((fails + 1))
+fi
+[ $rc -eq 0 ] || { echo "FAIL doctor --json exited $rc"; fails=$((fails + 1)); }
 kill $serve; wait $serve 2>/dev/null
 out=$("$FERRY" doctor "$name" --timeout 1000 2>&1); rc=$?
 check doctor-dead "FAIL +connect and handshake"
 check doctor-dead-explained "SOCKET \(-102\).*retryable"
 check doctor-dead-advice "What to do"
 [ $rc -eq 1 ] || { echo "FAIL doctor on a dead peer exited $rc"; fails=$((fails + 1)); }
+out=$("$FERRY" doctor "$name" --timeout 1000 --json 2>&1); rc=$?
+if json_check "$out" 'not d["ok"] and d["checks"][0]["status"] == "fail" and d["checks"][0]["error"] == "SOCKET" and d["checks"][0]["retryable"] and "What to do" in d["checks"][0]["advice"]'; then
+  passes=$((passes + 1))
+else
+  echo "FAIL doctor-json-dead: unexpected report:"; echo "$out"; fails=$((fails + 1))
+fi
+[ $rc -eq 1 ] || { echo "FAIL doctor --json on a dead peer exited $rc"; fails=$((fails + 1)); }
 out=$("$FERRY" doctor "no.such.host.invalid:7" 2>&1); check doctor-dns "DNS \(-101\)"
 echo "cli: $passes passed, $fails failed"
 [ $fails -eq 0 ]

@@ -20,7 +20,8 @@ from .core import (CONFIG_FIELDS, MEM_LOCAL, MEM_REMOTE, MEM_REMOTE_READ, MEM_RE
                    Notification, PeerInfo, RequestStatus, Segment)
 from .engine import TransferEngine, TransferNotify, TransferOpcode
 from .errors import *  # noqa: F401,F403 - FerryError and its subclasses
-from .errors import FerryError, last_error_detail, retryable, strerror
+from .errors import (FerryError, clear_last_error, last_error, last_error_code,
+                     last_error_detail, retryable, strerror)
 
 __version__ = "0.1.0"
 

@@ -2,10 +2,14 @@
 
 Search order:
   1. $FERRY_LIBRARY: a path to the library file, or a directory holding it;
-  2. the repository's build directories relative to this package
-     (build/, then build-*/ in name order), skipping builds that cannot be
-     loaded into this interpreter (an ASan build without LD_PRELOAD);
-  3. the system loader (ctypes.util.find_library("ferry"), then "libferry.so").
+  2. when this package runs from a checkout, the repository's build
+     directories (build/, then build-*/ in name order), skipping builds that
+     cannot be loaded into this interpreter (an ASan build without LD_PRELOAD);
+  3. the system loader: libferry.so.<ABI_MAJOR> (the SONAME; found through
+     LD_LIBRARY_PATH and the ldconfig cache, so an installed library in
+     /usr/local/lib needs `ldconfig` once), then ctypes.util.find_library.
+A library is taken only if it exports ferry_version() with the major
+version this binding was written for (docs/ABI.md).
 
 Functions of the engine half are bound lazily: a library built before the
 engine existed still loads and serves the error functions, and a call to a
@@ -22,6 +26,9 @@ __all__ = ["LibraryNotFound", "lib", "path", "fn", "has", "Config", "Segment", "
            "PeerMetrics", "Request", "Status", "Notification", "new_struct"]
 
 LIB_NAME = "libferry.so"
+# The ABI major version this binding speaks: the SONAME is libferry.so.<ABI_MAJOR>.
+ABI_MAJOR = 0
+SONAME = "%s.%d" % (LIB_NAME, ABI_MAJOR)
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 # bindings/python/ferry -> repository root
@@ -40,16 +47,31 @@ def _candidates():
         else:
             yield env, "FERRY_LIBRARY"
         return  # an explicit choice is not second-guessed
-    build_dirs = [os.path.join(REPO_ROOT, "build")]
-    build_dirs += sorted(d for d in glob.glob(os.path.join(REPO_ROOT, "build-*")) if os.path.isdir(d))
-    for d in build_dirs:
-        p = os.path.join(d, LIB_NAME)
-        if os.path.exists(p):
-            yield p, "repository build"
+    if os.path.exists(os.path.join(REPO_ROOT, "include", "ferry", "ferry.h")):
+        build_dirs = [os.path.join(REPO_ROOT, "build")]
+        build_dirs += sorted(d for d in glob.glob(os.path.join(REPO_ROOT, "build-*")) if os.path.isdir(d))
+        for d in build_dirs:
+            p = os.path.join(d, LIB_NAME)
+            if os.path.exists(p):
+                yield p, "repository build"
+    yield SONAME, "system loader"
     found = ctypes.util.find_library("ferry")
-    if found:
+    if found and found != SONAME:
         yield found, "system loader"
-    yield LIB_NAME, "system loader"
+
+
+def _incompatible(handle):
+    """Why the loaded library cannot serve this binding, or None."""
+    if not hasattr(handle, "ferry_error_name"):
+        return "not a Ferry library (no ferry_error_name)"
+    if not hasattr(handle, "ferry_version"):
+        return "a Ferry library older than its stable ABI (no ferry_version)"
+    handle.ferry_version.restype = ctypes.c_char_p
+    handle.ferry_version.argtypes = []
+    version = handle.ferry_version().decode()
+    if version.split(".")[0] != str(ABI_MAJOR):
+        return "Ferry %s, but this binding needs ABI major %d" % (version, ABI_MAJOR)
+    return None
 
 
 _lock = threading.Lock()
@@ -72,16 +94,18 @@ def lib():
             except OSError as exc:
                 tried.append("%s (%s): %s" % (cand, origin, exc))
                 continue
-            if not hasattr(handle, "ferry_error_name"):
-                tried.append("%s (%s): not a Ferry library (no ferry_error_name)" % (cand, origin))
+            why = _incompatible(handle)
+            if why:
+                tried.append("%s (%s): %s" % (cand, origin, why))
                 continue
             _declare_error_api(handle)
             _path = cand
             _lib = handle
             return _lib
         raise LibraryNotFound(
-            "libferry.so not found or not loadable; build it (cmake -S . -B build && "
-            "cmake --build build) or set FERRY_LIBRARY. Tried:\n  " + "\n  ".join(tried))
+            "libferry.so not found or not loadable; install it (cmake --install, then ldconfig), "
+            "build it (cmake -S . -B build && cmake --build build) or set FERRY_LIBRARY. "
+            "Tried:\n  " + "\n  ".join(tried))
 
 
 def path():
@@ -100,8 +124,13 @@ c_char_p = ctypes.c_char_p
 c_void_p = ctypes.c_void_p
 
 
+# Structs that may grow begin with struct_size (docs/ABI.md): the library
+# reads and writes only the bytes it covers, so these classes need not match
+# a newer library's; new_struct() sets it. tests/test_layout.py checks that
+# the fields match the header.
 class Config(ctypes.Structure):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("host", c_char_p),
         ("port", c_u16),
         ("metadata", c_char_p),
@@ -122,7 +151,9 @@ class Config(ctypes.Structure):
         ("metrics_port", c_int),
         ("cancel_timeout_ms", c_int),
         ("spin_us", c_int),
-        ("test_protocol_version", c_int),
+        ("max_connections", c_int),
+        ("max_connections_per_source", c_int),
+        ("metrics_host", c_char_p),
     ]
 
 
@@ -132,6 +163,7 @@ class Segment(ctypes.Structure):
 
 class PeerInfo(ctypes.Structure):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("name", ctypes.c_char * 256),
         ("protocol_version", c_u32),
         ("engine_id", c_u64),
@@ -145,18 +177,12 @@ class PeerInfo(ctypes.Structure):
     ]
 
 
-# Single structures the library fills (config, peer info) live in an
-# oversized buffer: a library whose struct grew since this file was written
-# writes into slack, not into the Python heap (tests/test_layout.py checks
-# that the fields match the header).
-_SLACK = 4096
-
-
 def new_struct(cls):
-    """A zeroed cls instance backed by _SLACK bytes (kept alive by the instance)."""
-    storage = ctypes.create_string_buffer(max(_SLACK, ctypes.sizeof(cls)))
-    obj = cls.from_buffer(storage)
-    obj._storage = storage
+    """A zeroed cls instance, its struct_size set when it has one: the
+    library then writes no byte past the struct this file describes."""
+    obj = cls()
+    if "struct_size" in (f[0] for f in cls._fields_):
+        obj.struct_size = ctypes.sizeof(cls)
     return obj
 
 
@@ -185,6 +211,11 @@ class Request(ctypes.Structure):
 
 class Status(ctypes.Structure):
     _fields_ = [("state", c_int), ("code", c_int), ("bytes", c_u64)]
+
+
+class RegionInfo(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("addr", c_u64), ("len", c_u64), ("flags", ctypes.c_uint), ("device", c_int),
+                ("kind", ctypes.c_char * 24)]
 
 
 class Notification(ctypes.Structure):
@@ -218,6 +249,10 @@ _ENGINE_API = {
     "ferry_register_batch": (c_int, [c_void_p, _P(c_void_p), _P(c_size_t), c_size_t, ctypes.c_uint]),
     "ferry_deregister_batch": (c_int, [c_void_p, _P(c_void_p), c_size_t]),
     "ferry_region_count": (c_size_t, [c_void_p]),
+    "ferry_region_query": (c_int, [c_void_p, c_void_p, c_size_t, _P(RegionInfo)]),
+    "ferry_region_write": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t]),
+    "ferry_region_read": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t]),
+    "ferry_device_memory_supported": (c_int, [_P(c_char_p)]),
     "ferry_session_open": (c_int, [c_void_p, c_char_p]),
     "ferry_session_close": (c_int, [c_void_p, c_char_p]),
     "ferry_session_info": (c_int, [c_void_p, c_char_p, _P(PeerInfo)]),

@@ -13,6 +13,7 @@ A registered object is pinned (kept alive, not resizable) until deregistered.
 """
 
 import ctypes
+import operator
 import struct
 import threading
 import weakref
@@ -45,7 +46,8 @@ STATUS_TIMEOUT = 5
 STATUS_NAMES = {0: "WAITING", 1: "PENDING", 2: "COMPLETED", 3: "FAILED", 4: "CANCELLED",
                 5: "TIMEOUT"}
 
-CONFIG_FIELDS = tuple(f[0] for f in _lib.Config._fields_)
+# struct_size is the ABI's bookkeeping (set by new_struct), not a setting.
+CONFIG_FIELDS = tuple(f[0] for f in _lib.Config._fields_ if f[0] != "struct_size")
 _STRING_FIELDS = {f[0] for f in _lib.Config._fields_ if f[1] is ctypes.c_char_p}
 
 _NOTIFY_MAX = 64 * 1024
@@ -134,6 +136,24 @@ class PeerMetrics:
                            tuple(m.requests), tuple(m.bytes), int(m.failures), int(m.retries),
                            tuple(m.latency), int(m.latency_sum_us),
                            {int(m.error_codes[i]): int(m.error_counts[i]) for i in range(n)})
+
+
+@dataclass(frozen=True)
+class RegionInfo:
+    addr: int
+    len: int
+    flags: int
+    device: int  # -1: host memory
+    kind: str    # "host", "cuda:0", ...
+
+
+def device_memory_supported():
+    """(supported, why): whether this build and process tell device (CUDA)
+    memory from host memory at registration. The first call may initialize
+    the CUDA driver."""
+    why = ctypes.c_char_p()
+    ok = int(_lib.fn("ferry_device_memory_supported")(ctypes.byref(why))) == 1
+    return ok, (why.value or b"").decode()
 
 
 @dataclass(frozen=True)
@@ -472,6 +492,48 @@ class Engine:
             return int(_lib.fn("ferry_region_count")(e))
         finally:
             self._leave()
+
+    def region_info(self, addr, length=0):
+        """The region registered with this engine that holds [addr, addr+length):
+        RegionInfo(addr, len, flags, device, kind); device is -1 for host memory,
+        else the device ordinal (kind "cuda:0", ...). Raises AddressNotRegistered /
+        OutOfBounds. Touches no memory."""
+        a = _buffers.address(addr)
+        n = operator.index(length)
+        if n < 0:
+            _inval("negative length %d" % n)
+        info = _lib.new_struct(_lib.RegionInfo)
+        e = self._enter()
+        try:
+            check(_lib.fn("ferry_region_query")(e, a, n, ctypes.byref(info)))
+        finally:
+            self._leave()
+        return RegionInfo(info.addr, info.len, info.flags, info.device, info.kind.decode())
+
+    def write_registered(self, addr, data):
+        """Copies data (bytes-like) into memory registered with this engine at addr,
+        host or device; the registration is checked first (nothing touched else)."""
+        a = _buffers.address(addr)
+        src = bytes(data)
+        e = self._enter()
+        try:
+            check(_lib.fn("ferry_region_write")(e, a, src, len(src)))
+        finally:
+            self._leave()
+
+    def read_registered(self, addr, length):
+        """length bytes of memory registered with this engine at addr (host or device)."""
+        a = _buffers.address(addr)
+        n = operator.index(length)
+        if n < 0:
+            _inval("negative length %d" % n)
+        out = ctypes.create_string_buffer(n)
+        e = self._enter()
+        try:
+            check(_lib.fn("ferry_region_read")(e, out, a, n))
+        finally:
+            self._leave()
+        return out.raw[:n]
 
     def is_registered(self, addr):
         """True when a region registered through this object starts at addr."""

@@ -25,10 +25,11 @@ import itertools
 import json
 import logging
 import mmap
+import operator
 import os
 import threading
 
-from . import _lib, core, errors
+from . import _buffers, _lib, core, errors
 from .core import Engine
 from .errors import FerryError, fail
 
@@ -42,7 +43,8 @@ SUPPORT_EFA = False
 SUPPORT_HIP = False
 SUPPORT_MNNVL = False
 SUPPORT_INTRA_NVLINK = False
-SUPPORT_CUDA = False
+# SUPPORT_CUDA: whether this library and process tell CUDA device memory from
+# host memory at registration (module __getattr__ below, on first use).
 
 P2PHANDSHAKE = "P2PHANDSHAKE"
 
@@ -84,6 +86,88 @@ class TransferNotify:
 
 def _code(name):
     return errors.CODES[name]
+
+
+# ---- argument types. Mooncake's pybind11 signatures refuse a wrong type with
+# TypeError before anything runs; so does this binding (never an
+# AttributeError from deep inside, never a crash).
+def _peer(v, what="target_hostname"):
+    if isinstance(v, str):
+        return v
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "surrogateescape")
+    raise TypeError("%s must be a str (the peer's session id \"host:port\"), not %s"
+                    % (what, type(v).__name__))
+
+
+def _int(v, what):
+    if isinstance(v, bool) or not _buffers._is_int(v):
+        raise TypeError("%s must be an int, not %s" % (what, type(v).__name__))
+    return operator.index(v)
+
+
+def _notify(v):
+    if v is None or isinstance(v, TransferNotify):
+        return v
+    if hasattr(v, "name") and hasattr(v, "msg"):  # another TransferNotify class (Mooncake's own)
+        return v
+    raise TypeError("notify must be a TransferNotify(name, msg) or None, not %s"
+                    % type(v).__name__)
+
+
+def _opcode_arg(v):
+    if isinstance(v, bool) or not _buffers._is_int(v):
+        raise TypeError("opcode must be a TransferOpcode, not %s" % type(v).__name__)
+    return int(v)
+
+
+def _seq(v, what):
+    """A batch argument as given (a list, tuple, numpy array, array.array: no
+    per-entry work here, so large batches keep the library's fast paths),
+    or a list of an iterable; TypeError for anything else."""
+    if isinstance(v, (str, bytes, bytearray)) or not hasattr(v, "__iter__"):
+        raise TypeError("%s must be a list, not %s" % (what, type(v).__name__))
+    return v if hasattr(v, "__len__") and hasattr(v, "__getitem__") else list(v)
+
+
+def _lists(buffers, peer_buffer_addresses, lengths):
+    """The three lists of a batch call; INVALID_ARGUMENT when their counts differ."""
+    bufs = _seq(buffers, "buffers")
+    remotes = _seq(peer_buffer_addresses, "peer_buffer_addresses")
+    lens = _seq(lengths, "lengths")
+    if not (len(bufs) == len(remotes) == len(lens)):
+        fail(_code("INVALID_ARGUMENT"), "INVALID_ARGUMENT (-1): buffers, "
+             "peer_buffer_addresses and lengths differ in count (%d, %d, %d)"
+             % (len(bufs), len(remotes), len(lens)))
+    return bufs, remotes, lens
+
+
+def _check_int_entries(remotes, lens):
+    """After the library refused a batch's arguments: a TypeError naming the
+    first entry that is not an int (Mooncake's pybind11 would have raised
+    one), else nothing (the refusal stands)."""
+    for what, seq in (("peer_buffer_addresses", remotes), ("lengths", lens)):
+        if getattr(getattr(seq, "dtype", None), "kind", "") in ("i", "u"):
+            continue
+        for i, v in enumerate(seq):
+            _int(v, "%s[%d]" % (what, i))
+
+
+def _nonempty(bufs, remotes, lens):
+    """Mooncake's convention: a zero-length request is complete as it is;
+    only the others go to the engine. Without a zero length (the usual
+    case, found at C speed), the lists go on untouched."""
+    if not _has_zero(lens):
+        return bufs, remotes, lens
+    keep = [i for i, n in enumerate(lens) if isinstance(n, bool) or n != 0]
+    return [bufs[i] for i in keep], [remotes[i] for i in keep], [lens[i] for i in keep]
+
+
+def _has_zero(lens):
+    try:
+        return bool(0 in lens)
+    except (TypeError, ValueError):
+        return False
 
 
 def _split_hostname(local_hostname):
@@ -176,6 +260,11 @@ class TransferEngine:
         self._batches = {}  # id -> (core.Batch or None, count, total bytes)
         self._batch_ids = itertools.count(1)
         self._managed = {}  # addr -> mmap
+        # Peers whose session this object opened (Mooncake's segment handle
+        # cache): the first call to a peer opens its session, synchronously,
+        # so an async submit to a peer nobody answers for fails at submit
+        # (0); a failed call forgets the peer, so the next one opens afresh.
+        self._open_peers = set()
 
     # ------------------------------------------------------------ plumbing
     def _fail(self, exc):
@@ -188,6 +277,25 @@ class TransferEngine:
         try:
             out = f(*args)
         except FerryError as exc:
+            errors._record(exc.code, exc.detail)
+            if self.raise_on_error:
+                raise
+            return exc.code if on_error is None else on_error
+        errors._record(0, "")
+        return out
+
+    def _session(self, eng, peer):
+        """Opens the session to peer on this object's first call to it."""
+        if peer not in self._open_peers:
+            eng.open_session(peer)
+            self._open_peers.add(peer)
+
+    def _run_peer(self, peer, f, on_error=None):
+        """_run for a call to one peer: a failure forgets the peer (see _open_peers)."""
+        try:
+            out = f()
+        except FerryError as exc:
+            self._open_peers.discard(peer)
             errors._record(exc.code, exc.detail)
             if self.raise_on_error:
                 raise
@@ -318,15 +426,59 @@ class TransferEngine:
     # ---------------------------------------------------------- registration
     def register_memory(self, buffer_addr, capacity, location="*"):
         """Registers [buffer_addr, +capacity) as remote-accessible. 0 or a negative code.
-        buffer_addr: an int or a buffer object; location is accepted and unused."""
-        return self._run(lambda: (self._eng().register(buffer_addr, capacity, core.MEM_REMOTE), 0)[1])
+        buffer_addr: an int or a buffer object. The library tells device from host
+        memory itself; a location that names the other kind ("cuda:0" for memory
+        taken as host memory, "cpu" for device memory) is refused (see _check_location)."""
+        def go():
+            eng = self._eng()
+            addr = eng.register(buffer_addr, capacity, core.MEM_REMOTE)
+            self._check_location(eng, [addr], location)
+            return 0
+        return self._run(go)
 
     def unregister_memory(self, buffer_addr):
         return self._run(lambda: (self._eng().deregister(buffer_addr), 0)[1])
 
     def batch_register_memory(self, buffer_addresses, capacities, location="*"):
-        return self._run(lambda: (self._eng().register_batch(
-            list(buffer_addresses), list(capacities), core.MEM_REMOTE), 0)[1])
+        def go():
+            eng = self._eng()
+            addrs = eng.register_batch(list(buffer_addresses), list(capacities), core.MEM_REMOTE)
+            self._check_location(eng, addrs, location)
+            return 0
+        return self._run(go)
+
+    @staticmethod
+    def _check_location(eng, addrs, location):
+        _check_device_without_cuda(eng, addrs)
+        TransferEngine._check_named_location(eng, addrs, location)
+
+    @staticmethod
+    def _check_named_location(eng, addrs, location):
+        """Mooncake's location ("cuda:0", "cpu:0", "*"): "*" lets the library
+        decide. One naming the other kind than the library found fails loudly
+        (the regions are deregistered): device memory taken as host memory would
+        be touched by the CPU, a crash or garbage far from here."""
+        loc = (location or "*").strip().lower() if isinstance(location, str) else "*"
+        want_device = loc.startswith(("cuda", "gpu"))
+        want_host = loc.startswith(("cpu", "host"))
+        if not (want_device or want_host):
+            return
+        for a in addrs:
+            info = eng.region_info(a)
+            if want_device == (info.device >= 0):
+                continue
+            _deregister_all(eng, addrs)
+            if want_device:
+                ok, why = core.device_memory_supported()
+                fail(_code("NOT_IMPLEMENTED") if not ok else _code("INVALID_ARGUMENT"),
+                     "%s: location %r names device memory but [%#x+%d) was registered as host "
+                     "memory (%s); not registered" % (
+                         "NOT_IMPLEMENTED (-303)" if not ok else "INVALID_ARGUMENT (-1)",
+                         location, info.addr, info.len,
+                         why if not ok else "CUDA does not know this pointer"))
+            fail(_code("INVALID_ARGUMENT"), "INVALID_ARGUMENT (-1): location %r names host memory "
+                 "but [%#x+%d) is device memory (%s); not registered"
+                 % (location, info.addr, info.len, info.kind))
 
     def batch_unregister_memory(self, buffer_addresses):
         return self._run(lambda: (self._eng().deregister_batch(list(buffer_addresses)), 0)[1])
@@ -376,13 +528,17 @@ class TransferEngine:
                       notify=None, transport_hint=""):
         """0 when every byte is placed (write) or received (read); a negative code.
         notify (TransferNotify): sent to the peer after the transfer completes."""
+        peer, op, note = _peer(target_hostname), _opcode_arg(opcode), _notify(notify)
+        remote, n = _int(peer_buffer_address, "peer_buffer_address"), _int(length, "length")
+
         def go():
             eng = self._eng()
-            eng.transfer(target_hostname, int(opcode), buffer, peer_buffer_address, length)
-            if notify is not None:
-                eng.notify(target_hostname, notify.msg, name=notify.name)
+            if n != 0:  # zero bytes: complete as it is (Mooncake)
+                eng.transfer(peer, op, buffer, remote, n)
+            if note is not None:
+                eng.notify(peer, note.msg, name=note.name)
             return 0
-        return self._run(go)
+        return self._run_peer(peer, go)
 
     def batch_transfer_sync_write(self, target_hostname, buffers, peer_buffer_addresses, lengths,
                                   transport_hint=""):
@@ -396,14 +552,21 @@ class TransferEngine:
 
     def batch_transfer_sync(self, target_hostname, buffers, peer_buffer_addresses, lengths,
                             opcode, notify=None, transport_hint=""):
+        peer, op, note = _peer(target_hostname), _opcode_arg(opcode), _notify(notify)
+
         def go():
             eng = self._eng()
-            eng.transfer_batch(target_hostname, int(opcode), buffers, peer_buffer_addresses,
-                               lengths)
-            if notify is not None:
-                eng.notify(target_hostname, notify.msg, name=notify.name)
+            bufs, remotes, lens = _nonempty(*_lists(buffers, peer_buffer_addresses, lengths))
+            if len(bufs):
+                try:
+                    eng.transfer_batch(peer, op, bufs, remotes, lens)
+                except errors.InvalidArgument:  # noqa: F821 - from the code table
+                    _check_int_entries(remotes, lens)
+                    raise
+            if note is not None:
+                eng.notify(peer, note.msg, name=note.name)
             return 0
-        return self._run(go)
+        return self._run_peer(peer, go)
 
     # ---------------------------------------------------------- async batches
     def batch_transfer_async_write(self, target_hostname, buffers, peer_buffer_addresses,
@@ -418,34 +581,39 @@ class TransferEngine:
 
     def batch_transfer_async(self, target_hostname, buffers, peer_buffer_addresses, lengths,
                              opcode, transport_hint=""):
-        """A batch id (> 0) for get_batch_transfer_status / transfer_check_status, or a
-        negative code (Mooncake returns 0 on failure)."""
+        """A batch id (> 0) for get_batch_transfer_status / transfer_check_status, or 0
+        when the submit failed (as Mooncake): errors.last_error_detail() and
+        ferry.last_error() say why; raise_on_error=True raises instead.
+        Zero-length requests are complete as they are."""
+        peer, op = _peer(target_hostname), _opcode_arg(opcode)
+
         def go():
             eng = self._eng()
-            bufs, remotes, lens = list(buffers), list(peer_buffer_addresses), list(lengths)
-            if not (len(bufs) == len(remotes) == len(lens)):
-                fail(_code("INVALID_ARGUMENT"), "INVALID_ARGUMENT (-1): buffers, "
-                     "peer_buffer_addresses and lengths differ in count (%d, %d, %d)"
-                     % (len(bufs), len(remotes), len(lens)))
-            op = int(opcode)
+            all_bufs, all_remotes, all_lens = _lists(buffers, peer_buffer_addresses, lengths)
+            bufs, remotes, lens = _nonempty(all_bufs, all_remotes, all_lens)
             batch = None
-            if bufs:
+            if len(bufs):
+                self._session(eng, peer)
                 batch = eng.batch(len(bufs))
                 try:
-                    batch.submit(target_hostname, [(op, b, r, n) for b, r, n in
-                                                   zip(bufs, remotes, lens)])
+                    batch.submit(peer, [(op, b, r, n) for b, r, n in zip(bufs, remotes, lens)])
+                except errors.InvalidArgument:  # noqa: F821
+                    batch._shutdown()
+                    _check_int_entries(remotes, lens)
+                    raise
                 except BaseException:
                     batch._shutdown()
                     raise
-            total = sum(int(n) for n in lens)
+            total = int(sum(lens))
             with self._lock:
                 bid = next(self._batch_ids)
-                self._batches[bid] = (batch, len(bufs), total)
+                self._batches[bid] = (batch, len(all_bufs), total)
             return bid
-        return self._run(go)
+        return self._run_peer(peer, go, on_error=0)
 
     def transfer_submit_write(self, target_hostname, buffer, peer_buffer_address, length,
                               transport_hint=""):
+        """A batch id for transfer_check_status, or 0 when the submit failed."""
         return self.batch_transfer_async(target_hostname, [buffer], [peer_buffer_address],
                                          [length], TransferOpcode.Write)
 
@@ -583,25 +751,227 @@ class TransferEngine:
     def send_notify(self, target_hostname, notify, msg=None):
         """Ferry extension: sends a notification without a transfer.
         send_notify(peer, TransferNotify(name, msg)) or send_notify(peer, name, msg)."""
+        peer = _peer(target_hostname)
+        if msg is not None and not isinstance(msg, (str, bytes, bytearray)):
+            raise TypeError("msg must be a str or bytes, not %s" % type(msg).__name__)
+        if isinstance(notify, (str, bytes)) or notify is None:
+            name, m = notify, msg if msg is not None else ""
+        else:
+            note = _notify(notify)
+            name, m = note.name, note.msg
+        if not isinstance(m, (str, bytes, bytearray)):
+            raise TypeError("msg must be a str or bytes, not %s" % type(m).__name__)
+
         def go():
-            if isinstance(notify, TransferNotify):
-                name, m = notify.name, notify.msg
-            else:
-                name, m = notify, msg if msg is not None else ""
-            self._eng().notify(target_hostname, m, name=name)
+            self._eng().notify(peer, m, name=name)
             return 0
         return self._run(go)
 
     # ----------------------------------------------------------- raw memory
     def write_bytes_to_buffer(self, dest_address, src_ptr, length):
-        src = src_ptr.encode() if isinstance(src_ptr, str) else bytes(src_ptr)
-        n = int(length)
-        if n > len(src) or n < 0:
-            return self._run(fail, _code("INVALID_ARGUMENT"),
-                             "INVALID_ARGUMENT (-1): length %d exceeds the %d source bytes"
-                             % (n, len(src)))
-        ctypes.memmove(int(dest_address), src, n)
-        return 0
+        """Copies length bytes of src_ptr (bytes or str) to dest_address, which must
+        lie in memory registered with this engine (host or device): 0, or
+        ADDRESS_NOT_REGISTERED / OUT_OF_BOUNDS / INVALID_ARGUMENT, nothing touched.
+        Mooncake copies blindly (a bad address crashes the interpreter)."""
+        dest = _int(dest_address, "dest_address")
+        if isinstance(src_ptr, str):
+            src = src_ptr.encode("utf-8", "surrogateescape")
+        elif isinstance(src_ptr, (bytes, bytearray, memoryview)):
+            src = bytes(src_ptr)
+        else:
+            raise TypeError("src_ptr must be bytes or str, not %s" % type(src_ptr).__name__)
+        n = _int(length, "length")
+
+        def go():
+            eng = self._eng()
+            if n > len(src) or n < 0:
+                fail(_code("INVALID_ARGUMENT"), "INVALID_ARGUMENT (-1): length %d exceeds the %d "
+                     "source bytes" % (n, len(src)))
+            eng.write_registered(dest, src[:n])
+            return 0
+        return self._run(go)
 
     def read_bytes_from_buffer(self, source_address, length):
-        return ctypes.string_at(int(source_address), int(length))
+        """length bytes at source_address, which must lie in memory registered with
+        this engine (host or device). On failure the negative code (an int, not
+        bytes: never uninitialised bytes); raise_on_error=True raises."""
+        src = _int(source_address, "source_address")
+        n = _int(length, "length")
+
+        def go():
+            if n < 0:
+                fail(_code("INVALID_ARGUMENT"), "INVALID_ARGUMENT (-1): negative length %d" % n)
+            return self._eng().read_registered(src, n)
+        return self._run(go)
+
+    # ------------------------------------------------------- CUDA streams
+    # Mooncake (built with CUDA) queues the transfer on the stream with
+    # cudaLaunchHostFunc: it starts after the stream's earlier work and later
+    # work waits for it. Ferry waits for the stream's earlier work here, then
+    # transfers before returning, which gives the same order. Mooncake
+    # returns None and exits the process when the transfer fails; Ferry
+    # returns 0 or the negative code (raise_on_error=True raises).
+    def transfer_write_on_cuda(self, target_hostname, buffer, peer_buffer_address, length,
+                               stream_ptr=0, transport_hint=""):
+        return self._on_cuda(target_hostname, [buffer], [peer_buffer_address], [length],
+                             TransferOpcode.Write, stream_ptr)
+
+    def transfer_read_on_cuda(self, target_hostname, buffer, peer_buffer_address, length,
+                              stream_ptr=0, transport_hint=""):
+        return self._on_cuda(target_hostname, [buffer], [peer_buffer_address], [length],
+                             TransferOpcode.Read, stream_ptr)
+
+    def batch_transfer_write_on_cuda(self, target_hostname, buffers, peer_buffer_addresses,
+                                     lengths, stream_ptr=0, transport_hint=""):
+        return self._on_cuda(target_hostname, buffers, peer_buffer_addresses, lengths,
+                             TransferOpcode.Write, stream_ptr)
+
+    def batch_transfer_read_on_cuda(self, target_hostname, buffers, peer_buffer_addresses,
+                                    lengths, stream_ptr=0, transport_hint=""):
+        return self._on_cuda(target_hostname, buffers, peer_buffer_addresses, lengths,
+                             TransferOpcode.Read, stream_ptr)
+
+    def _on_cuda(self, target_hostname, buffers, peer_buffer_addresses, lengths, opcode,
+                 stream_ptr):
+        stream = _int(stream_ptr, "stream_ptr")
+        rc = self._run(_cuda_stream_wait, stream)
+        if rc != 0:
+            return rc
+        return self.batch_transfer_sync(target_hostname, buffers, peer_buffer_addresses, lengths,
+                                        opcode)
+
+
+# ------------------------------------------------------------------- CUDA
+def _deregister_all(eng, addrs):
+    for a in addrs:
+        try:
+            eng.deregister(a)
+        except FerryError:
+            pass
+
+
+def _check_device_without_cuda(eng, addrs):
+    """A library that cannot tell device memory (SUPPORT_CUDA False) would take
+    a CUDA pointer for host memory and touch it with the CPU. Ask the CUDA
+    driver, if this process has one initialized, and refuse such a pointer
+    loudly (the regions are deregistered)."""
+    if _support_cuda():
+        return  # the library tells them apart itself
+    for a in addrs:
+        ordinal = _device_ordinal(a)
+        if ordinal is None:
+            continue
+        _deregister_all(eng, addrs)
+        why = core.device_memory_supported()[1]
+        fail(_code("NOT_IMPLEMENTED"), "NOT_IMPLEMENTED (-303): %#x is CUDA device %d memory, "
+             "and this libferry cannot move device memory (%s); not registered. Use a library "
+             "built with FERRY_WITH_CUDA, or register host memory" % (a, ordinal, why))
+
+
+_CUDA_DRIVER = []
+
+
+def _cuda_driver():
+    """libcuda (the driver API), loaded at run time, or None. Never initializes
+    CUDA: a process that did not is left as it is (fork-safe)."""
+    if not _CUDA_DRIVER:
+        lib = None
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+            lib.cuPointerGetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64]
+            lib.cuPointerGetAttribute.restype = ctypes.c_int
+        except (OSError, AttributeError):
+            lib = None
+        _CUDA_DRIVER.append(lib)
+    return _CUDA_DRIVER[0]
+
+
+_CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2
+_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
+_CU_MEMORYTYPE_DEVICE = 2
+
+
+def _device_ordinal(addr):
+    """The CUDA device whose memory addr is (device memory only: pinned host
+    and managed memory are CPU-accessible), or None. Any driver error (no
+    driver, not initialized in this process, an unknown pointer) is None."""
+    drv = _cuda_driver()
+    if drv is None:
+        return None
+    kind = ctypes.c_uint(0)
+    if drv.cuPointerGetAttribute(ctypes.byref(kind), _CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr) != 0:
+        return None
+    if kind.value != _CU_MEMORYTYPE_DEVICE:
+        return None
+    ordinal = ctypes.c_int(-1)
+    drv.cuPointerGetAttribute(ctypes.byref(ordinal), _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, addr)
+    return ordinal.value
+
+
+def _cuda_stream_wait(stream):
+    """Waits until the work queued on a CUDA stream (0: the default stream) has
+    finished, through torch when it is loaded, else the CUDA runtime library.
+    A non-zero stream without CUDA in this process is NOT_IMPLEMENTED."""
+    import sys
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "cuda", None) is not None and torch.cuda.is_available():
+        if stream:
+            torch.cuda.ExternalStream(stream).synchronize()
+        elif torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        return 0
+    rt = _cudart()
+    if rt is None:
+        if stream:
+            fail(_code("NOT_IMPLEMENTED"), "NOT_IMPLEMENTED (-303): stream_ptr %#x given, but no "
+                 "usable CUDA runtime in this process (no torch.cuda; libcudart missing or "
+                 "without a driver or device)" % stream)
+        return 0  # no CUDA in this process: nothing can be queued on a stream
+    err = rt.cudaStreamSynchronize(ctypes.c_void_p(stream))
+    if err != 0:
+        fail(_code("INVALID_ARGUMENT"), "INVALID_ARGUMENT (-1): cudaStreamSynchronize(%#x) "
+             "failed with CUDA error %d" % (stream, err))
+    return 0
+
+
+_CUDART = []
+
+
+def _cudart():
+    if not _CUDART:
+        import ctypes.util
+        lib = None
+        for name in (ctypes.util.find_library("cudart"), "libcudart.so", "libcudart.so.12",
+                     "libcudart.so.11.0"):
+            if not name:
+                continue
+            try:
+                lib = ctypes.CDLL(name)
+                lib.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
+                lib.cudaStreamSynchronize.restype = ctypes.c_int
+                break
+            except (OSError, AttributeError):
+                lib = None
+        if lib is not None:
+            # A runtime without a driver or device cannot have queued anything.
+            n = ctypes.c_int(0)
+            if lib.cudaGetDeviceCount(ctypes.byref(n)) != 0 or n.value <= 0:
+                lib = None
+        _CUDART.append(lib)
+    return _CUDART[0]
+
+
+def _support_cuda():
+    # Worked out on first use: asking at import would initialize CUDA (in a
+    # CUDA build) in a process that may fork afterwards.
+    value = globals().get("SUPPORT_CUDA")
+    if value is None:
+        value = core.device_memory_supported()[0]
+        globals()["SUPPORT_CUDA"] = value
+    return value
+
+
+def __getattr__(name):
+    if name == "SUPPORT_CUDA":
+        return _support_cuda()
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

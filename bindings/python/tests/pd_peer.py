@@ -7,6 +7,11 @@ on stdin, one reply line each:
   {"cmd": "digest", "ranges": [[o, n], ...]} -> {"sha256": [hex of kv[o:o+n], ...]}
   {"cmd": "fill", "seed": s}              -> kv filled with pattern(seed)
   {"cmd": "notifies"}                     -> {"notifies": [[name, msg], ...]}
+  {"cmd": "scratch_reg", "size": n}       -> a per-request buffer, zeroed and registered;
+                                             always at the same address, as an allocator
+                                             handing it back: {"addr", "rc"}
+  {"cmd": "scratch_dereg"}                -> {"rc"}: deregistered after receipt
+  {"cmd": "scratch_digest", "n": n}       -> {"sha256": hex of scratch[:n]}
   {"cmd": "exit"}
 EOF on stdin ends it too.
 """
@@ -64,6 +69,7 @@ def main():
     out({"session_id": te.get_session_id(), "kv_addr": addr, "kv_len": args.size,
          "rpc_port": te.get_rpc_port(), "pid": __import__("os").getpid()})
 
+    scratch = scratch_view = scratch_addr = None
     for line in sys.stdin:
         cmd = json.loads(line)
         c = cmd["cmd"]
@@ -74,6 +80,17 @@ def main():
             out({"ok": True})
         elif c == "notifies":
             out({"notifies": [[n.name, n.msg] for n in te.get_notifies()]})
+        elif c == "scratch_reg":
+            if scratch is None:
+                scratch = mmap.mmap(-1, cmd["size"])
+                scratch_view = memoryview(scratch)
+                scratch_addr = ctypes.addressof(ctypes.c_char.from_buffer(scratch))
+            scratch_view[:] = bytes(len(scratch))
+            out({"addr": scratch_addr, "rc": te.register_memory(scratch_addr, len(scratch))})
+        elif c == "scratch_dereg":
+            out({"rc": te.unregister_memory(scratch_addr)})
+        elif c == "scratch_digest":
+            out({"sha256": hashlib.sha256(scratch_view[:cmd["n"]]).hexdigest()})
         elif c == "exit":
             out({"ok": True})
             break

@@ -154,18 +154,19 @@ class TestExceptions(unittest.TestCase):
     def test_c_detail_reaches_python(self):
         # The C library records a failure's detail per thread; check() picks it
         # up only when its code matches the failure being reported.
+        # A public call that fails in C (libferry.so exports nothing else).
         lib = _lib.lib()
-        lib.ferry_fail.restype = ctypes.c_int
-        lib.ferry_fail.argtypes = [ctypes.c_int, ctypes.c_char_p]
+        lib.ferry_register.restype = ctypes.c_int
+        lib.ferry_register.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
         errors.clear_last_error()
-        self.assertEqual(lib.ferry_fail(-404, b"range ends 128 bytes past region"), -404)
-        with self.assertRaises(ferry.OutOfBounds) as cm:
-            errors.check(-404)
-        self.assertIn("range ends 128 bytes past region", cm.exception.detail)
-        self.assertIn("OUT_OF_BOUNDS (-404)", str(cm.exception))
+        self.assertEqual(lib.ferry_register(None, None, 64, 0), -1)
+        with self.assertRaises(ferry.InvalidArgument) as cm:
+            errors.check(-1)
+        self.assertIn("register: engine is NULL", cm.exception.detail)
+        self.assertIn("INVALID_ARGUMENT (-1)", str(cm.exception))
         with self.assertRaises(ferry.FerryTimeout) as cm:
-            errors.check(-400)  # C's last error is -404: its detail is not reused
-        self.assertNotIn("128 bytes", cm.exception.detail)
+            errors.check(-400)  # C's last error is -1: its detail is not reused
+        self.assertNotIn("engine is NULL", cm.exception.detail)
 
 
 class TestLoader(unittest.TestCase):

@@ -19,6 +19,7 @@ STRUCTS = {
     "ferry_status_t": _lib.Status,
     "ferry_notification_t": _lib.Notification,
     "ferry_peer_metrics_t": _lib.PeerMetrics,
+    "ferry_region_info_t": _lib.RegionInfo,
 }
 
 CONSTANTS = ["FERRY_MEM_LOCAL", "FERRY_MEM_REMOTE_READ", "FERRY_MEM_REMOTE_WRITE",

@@ -58,8 +58,18 @@ MOONCAKE = {
     "send_probe": ["peer_server_name"],
     "get_engine": [],
     "get_engine_ptr": [],
+    # Mooncake binds these when built with CUDA (USE_CUDA); Ferry always has them.
+    "transfer_write_on_cuda": ["target_hostname", "buffer", "peer_buffer_address", "length",
+                               "stream_ptr", "transport_hint"],
+    "transfer_read_on_cuda": ["target_hostname", "buffer", "peer_buffer_address", "length",
+                              "stream_ptr", "transport_hint"],
+    "batch_transfer_write_on_cuda": ["target_hostname", "buffers", "peer_buffer_addresses",
+                                     "lengths", "stream_ptr", "transport_hint"],
+    "batch_transfer_read_on_cuda": ["target_hostname", "buffers", "peer_buffer_addresses",
+                                    "lengths", "stream_ptr", "transport_hint"],
 }
-DEFAULTS = {"transport_hint": "", "notify": None, "location": "*", "device_name": None}
+DEFAULTS = {"transport_hint": "", "notify": None, "location": "*", "device_name": None,
+            "stream_ptr": 0}
 
 
 class TestSurface(unittest.TestCase):
@@ -83,8 +93,12 @@ class TestSurface(unittest.TestCase):
         n = m.TransferNotify("prefill-0", "done")
         self.assertEqual((n.name, n.msg), ("prefill-0", "done"))
         self.assertEqual(m.TransferNotify(), m.TransferNotify("", ""))
-        for flag in ("SUPPORT_EFA", "SUPPORT_HIP", "SUPPORT_MNNVL", "SUPPORT_CUDA"):
+        for flag in ("SUPPORT_EFA", "SUPPORT_HIP", "SUPPORT_MNNVL"):
             self.assertIs(getattr(m, flag), False)
+        # SUPPORT_CUDA says what the library and process can do.
+        self.assertIs(m.SUPPORT_CUDA, ferry.core.device_memory_supported()[0])
+        if not m.SUPPORT_CUDA:
+            self.assertIn("CUDA", ferry.core.device_memory_supported()[1])
         self.assertIs(ferry.TransferEngine, TransferEngine)
 
     def test_mooncake_shim(self):
@@ -169,14 +183,18 @@ class TestInitializeParsing(unittest.TestCase):
         with self.assertRaises(ferry.ContextError):
             TransferEngine(raise_on_error=True).get_rpc_port()
 
-    def test_raw_memory_helpers(self):
+    def test_raw_memory_helpers_need_an_engine(self):
+        # They touch only memory registered with the engine: none before initialize.
         import ctypes
         te = TransferEngine()
         buf = (ctypes.c_char * 16)()
-        self.assertEqual(te.write_bytes_to_buffer(ctypes.addressof(buf), b"hello", 5), 0)
-        self.assertEqual(te.read_bytes_from_buffer(ctypes.addressof(buf), 5), b"hello")
-        self.assertEqual(te.write_bytes_to_buffer(ctypes.addressof(buf), b"hi", 5),
-                         errors.INVALID_ARGUMENT)
+        self.assertEqual(te.write_bytes_to_buffer(ctypes.addressof(buf), b"hello", 5), errors.CONTEXT)
+        self.assertEqual(te.read_bytes_from_buffer(ctypes.addressof(buf), 5), errors.CONTEXT)
+        self.assertEqual(te.write_bytes_to_buffer(0, b"hello", 5), errors.CONTEXT)
+        with self.assertRaises(TypeError):
+            te.write_bytes_to_buffer(ctypes.addressof(buf), 12345, 5)
+        with self.assertRaises(TypeError):
+            te.read_bytes_from_buffer("0x1000", 5)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,19 @@
+/* Hooks for tests: internal (hidden) functions, which tests and tools reach
+ * by linking the static library; libferry.so does not export them. Test
+ * knobs live here, never in the public config. */
+#ifndef FERRY_CORE_TESTING_H
+#define FERRY_CORE_TESTING_H
+
+#include <ferry/ferry.h>
+
+/* From now on e advertises protocol version `version` (0: its own,
+ * FERRY_PROTOCOL_VERSION) in the handshakes it starts and answers: how a
+ * test meets an engine from the future. */
+void ferry_test_set_protocol_version(ferry_engine_t *e, int version);
+/* The knob itself: 0, or the version a test set (what the public config's
+ * test_protocol_version field used to hold). */
+int ferry_test_protocol_version(const ferry_engine_t *e);
+/* The version e advertises: the knob, or FERRY_PROTOCOL_VERSION. */
+int ferry_protocol_version_advertised(const ferry_engine_t *e);
+
+#endif
