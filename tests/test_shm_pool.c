@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -21,6 +22,8 @@
 #include <ferry/pool.h>
 
 #define POOL (8u << 20)
+/* The writable pool's size in the next child started. */
+static size_t child_pool = POOL;
 
 enum { CMD_QUIT = 0, CMD_CHECK, CMD_FILL, CMD_DEREG_WATCH, CMD_PLACED, CMD_CHECK_RO };
 
@@ -55,9 +58,9 @@ static void child_main(int in, int out, uint16_t port)
     void *buf = NULL, *buf_ro = NULL;
     struct reply r = {0};
     r.rc = ferry_engine_create(&cfg, &e);
-    if (r.rc == 0) r.rc = ferry_pool_create_shared(e, POOL, FERRY_MEM_REMOTE, &p);
+    if (r.rc == 0) r.rc = ferry_pool_create_shared(e, child_pool, FERRY_MEM_REMOTE, &p);
     if (r.rc == 0) r.rc = ferry_pool_create_shared(e, POOL, FERRY_MEM_REMOTE_READ, &ro);
-    if (r.rc == 0) r.rc = ferry_pool_alloc(p, POOL, &buf);
+    if (r.rc == 0) r.rc = ferry_pool_alloc(p, child_pool, &buf);
     if (r.rc == 0) r.rc = ferry_pool_alloc(ro, POOL, &buf_ro);
     if (r.rc == 0) {
         harness_fill(buf_ro, POOL, 11);
@@ -305,6 +308,83 @@ static void peer_restart_drops_mappings(void **state)
     child_stop(b, false);
 }
 
+struct big_writer {
+    ferry_engine_t *e;
+    char peer[64];
+    uint64_t addr;
+    unsigned char *src;
+    size_t len;
+    int rc;
+    atomic_bool done;
+};
+
+static void *big_writer_main(void *arg)
+{
+    struct big_writer *w = arg;
+    w->rc = ferry_transfer_sync(w->e, w->peer, FERRY_OP_WRITE, w->src, w->addr, w->len);
+    atomic_store(&w->done, true);
+    return NULL;
+}
+
+/* One byte of the child's memory. */
+static unsigned char child_byte(pid_t pid, uint64_t addr)
+{
+    unsigned char b = 0;
+    struct iovec mine = {&b, 1}, theirs = {(void *)(uintptr_t)addr, 1};
+    assert_int_equal(process_vm_readv(pid, &mine, 1, &theirs, 1, 0), 1);
+    return b;
+}
+
+/* The target is killed (SIGKILL) while a large write is being copied into
+ * its mapped pool: the write must not report success, although the copy
+ * itself goes on into the dead process's memfd (the mapping outlives it).
+ * A trial counts when the target was stopped (then killed) after the first
+ * byte landed and before the last. (Before the owner's confirmation, 10 of 10 such writes
+ * reported COMPLETED.) */
+static void killed_owner_write_never_completes(void **state)
+{
+    (void)state;
+    const size_t big = 128u << 20;
+    bool conclusive = false;
+    for (int trial = 0; trial < 5 && !conclusive; trial++) {
+        child_pool = big;
+        child_t *c = child_start(0);
+        child_pool = POOL;
+        ferry_engine_t *e = initiator();
+        unsigned char *src = malloc(big);
+        assert_non_null(src);
+        assert_int_equal(ferry_register(e, src, big, FERRY_MEM_LOCAL), 0);
+        memset(src, 0x11, 4096);
+        /* Mapped already, so the big write starts copying at once. */
+        assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, 4096), 0);
+        harness_fill(src, big, 60 + (uint64_t)trial);
+        src[0] = 0xa5;
+        src[big - 1] = 0x5a;
+        struct big_writer w = {.e = e, .addr = c->addr, .src = src, .len = big};
+        snprintf(w.peer, sizeof w.peer, "%s", c->peer);
+        pid_t pid = c->pid;
+        uint64_t addr = c->addr;
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, big_writer_main, &w), 0);
+        while (!atomic_load(&w.done) && child_byte(pid, addr) != 0xa5) {
+        }
+        /* Stopped, the target answers nothing more; if the copy has not
+         * reached its last byte yet, nothing was asked of it either. */
+        kill(pid, SIGSTOP);
+        bool midway = !atomic_load(&w.done) && child_byte(pid, addr + big - 1) != 0x5a;
+        child_stop(c, true);
+        pthread_join(t, NULL);
+        printf("# trial %d: killed %s the copy; the write returned %d\n", trial, midway ? "during" : "after", w.rc);
+        if (midway) {
+            conclusive = true;
+            assert_int_not_equal(w.rc, 0);
+        }
+        ferry_engine_destroy(e);
+        free(src);
+    }
+    assert_true(conclusive);
+}
+
 static void fallback_when_mapping_is_off(void **state)
 {
     (void)state;
@@ -338,6 +418,7 @@ int main(void)
         cmocka_unit_test(round_trips_are_mapped),
         cmocka_unit_test(deregister_while_writing),
         cmocka_unit_test(peer_restart_drops_mappings),
+        cmocka_unit_test(killed_owner_write_never_completes),
         cmocka_unit_test(fallback_when_mapping_is_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -363,17 +363,54 @@ FERRY_API int ferry_batch_free(ferry_batch_t *b);
 /* ---------------------------------------------------------- notifications */
 
 /* Sends a small message (<= 64 KiB) to the peer's notification queue; it is
- * delivered after every write this thread issued to that peer before it. */
+ * delivered after every write this thread issued to that peer before it.
+ * TOO_MANY_REQUESTS when the receiver holds too many unread ones from this
+ * sender or its address (see below). */
 FERRY_API int ferry_notify(ferry_engine_t *e, const char *peer, const void *msg, size_t len);
 
+/* Who sent a notification. ferry_notification_t's peer is the name the
+ * sender gave in its handshake: with a shared secret (config.secret) only
+ * holders of the secret get a connection at all, and it is the name a
+ * holder gave itself (authenticated = 1 below): trust it as far as you
+ * trust the holders. Without a secret anyone able to connect can claim any
+ * name, "prefill" included: identify the sender by what this engine
+ * observed, the connection's source address (which a peer off this host
+ * cannot choose) with the engine id and epoch of the handshake, and treat
+ * peer as a label.
+ *
+ * Fair share: a sender (engine id and epoch from its handshake, at its
+ * source IP address) may have at most FERRY_NOTIFY_SENDER_MAX unread
+ * notifications (and 1/8 of the queue's bytes) here, and one source IP
+ * address at most FERRY_NOTIFY_SOURCE_MAX, of FERRY_NOTIFY_QUEUE_MAX in
+ * all; past its share a sender's notifications are refused
+ * (TOO_MANY_REQUESTS at its ferry_notify) and nobody else's. A flooding
+ * peer that mints a new engine id per connection is still held to its
+ * address's share: other hosts' notifications keep arriving, those of
+ * other engines on the flooder's own host may not. */
+#define FERRY_NOTIFY_QUEUE_MAX 65536
+#define FERRY_NOTIFY_SENDER_MAX (FERRY_NOTIFY_QUEUE_MAX / 8)
+#define FERRY_NOTIFY_SOURCE_MAX (FERRY_NOTIFY_QUEUE_MAX / 2)
+
 typedef struct ferry_notification {
-    char peer[256];    /* sender's engine name */
+    char peer[256];    /* sender's engine name, as it claimed it (see above) */
     size_t len;
     unsigned char *msg; /* owned; freed by ferry_notifications_free */
 } ferry_notification_t;
 
+/* What the receiver verified of a notification's sender (above). */
+typedef struct ferry_notification_sender {
+    char addr[64];      /* the connection's source, "ip:port" ("[ip6]:port"), as observed */
+    uint64_t engine_id; /* the sender's engine id and epoch, from its handshake */
+    uint64_t epoch;
+    int authenticated;  /* 1: the sender proved it holds this engine's shared secret */
+} ferry_notification_sender_t;
+
 /* Moves up to max queued notifications into out; returns how many. */
 FERRY_API long ferry_get_notifications(ferry_engine_t *e, ferry_notification_t *out, size_t max);
+/* The same, with from[i] (an array of max, or NULL) describing out[i]'s
+ * sender. */
+FERRY_API long ferry_get_notifications_from(ferry_engine_t *e, ferry_notification_t *out,
+                                            ferry_notification_sender_t *from, size_t max);
 FERRY_API void ferry_notifications_free(ferry_notification_t *n, size_t count);
 
 /* ---------------------------------------------------------------- metrics */

@@ -42,11 +42,44 @@ typedef struct ferry_pool_stats {
 FERRY_API int ferry_pool_create(ferry_engine_t *e, size_t bytes, unsigned flags, ferry_pool_t **out);
 /* As ferry_pool_create, but the pool lives in a memfd (MAP_SHARED) that
  * initiators on this host may map: their writes and reads into it are one
- * plain memcpy instead of cross-memory attach (the shm transport). The
- * first 4 KiB of the memfd hold a control word that lets ferry_deregister
- * (and ferry_pool_destroy) revoke the mapping: after either returns, no
- * peer's copy lands. Peers elsewhere, or where mapping fails, use the
- * ordinary paths. */
+ * plain memcpy instead of cross-memory attach (the shm transport). Peers
+ * elsewhere, or where mapping fails, use the ordinary paths.
+ *
+ * What the owner (this process) enforces with the kernel, whatever a peer
+ * does:
+ *  - flags FERRY_MEM_LOCAL: no memfd at all (anonymous memory, as
+ *    ferry_pool_create); map requests for it are refused (ACCESS_DENIED).
+ *  - FERRY_MEM_REMOTE_READ only: the memfd is sealed (F_SEAL_FUTURE_WRITE):
+ *    no process, however it got the fd, can map it writable or write(2) it.
+ *  - ferry_deregister of the pool (and ferry_pool_destroy, and destroying
+ *    the engine) detaches it: its pages are moved onto private memory
+ *    holding the same bytes, so no peer mapping reaches the pool after the
+ *    call returns, and it waits for no peer (its cost: one copy of the pool,
+ *    under ferry_deregister; ferry_pool_destroy skips the copy). Do not
+ *    write into the pool from this process during that deregistration.
+ *  - the pool's memfds are handed only to verified initiators, with
+ *    SCM_RIGHTS: the data read-only unless the pool is remote-writable, the
+ *    control header (live or revoked, and the generation) read-only and
+ *    sealed so that only this process writes it.
+ *  - an initiator reports a mapped write or read complete only after this
+ *    engine confirmed, on the same connection, that the region is still
+ *    registered at the generation the copy began under: an owner killed
+ *    during the copy, or that deregistered the pool, confirms nothing. (The
+ *    confirmation costs one round trip per call and region.)
+ *
+ * What a same-host peer can do (not enforceable here): map requests are
+ * served only on connections whose initiator the engine verified (same host,
+ * the claimed pid owns the socket, the kernel lets the engine attach to it);
+ * such a peer runs as the same user. While a writable pool is registered, a
+ * peer that mapped it can write any byte of it at any time, not only the
+ * ranges its requests name, and read it; requests cannot be ordered against
+ * its stores. A process the kernel lets ptrace or attach to this one (same
+ * user, Yama permitting; an engine that initiates over shm sets
+ * PR_SET_PTRACER_ANY under ptrace_scope 1) can read and write all of this
+ * process's memory anyway: pools do not protect against it, and no Ferry
+ * setting does. Keep pools
+ * FERRY_MEM_LOCAL or read-only where such peers are not trusted, or use
+ * FERRY_SHM_NOMAP=1 / transport "tcp" at initiators you control. */
 FERRY_API int ferry_pool_create_shared(ferry_engine_t *e, size_t bytes, unsigned flags, ferry_pool_t **out);
 /* A len-byte buffer (len > 0) from the pool into *out; MEMORY when no free
  * run is large enough (the detail gives the largest free run). */

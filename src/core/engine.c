@@ -484,7 +484,7 @@ static int serve_notify(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadli
         free(msg);
         return rc;
     }
-    int status = ferry_notify_push(c->engine, c->peer.name, msg, f->plen);
+    int status = ferry_notify_push(c, msg, f->plen);
     ferry_frame_t ack = {.type = FERRY_FRAME_NOTIFY_ACK, .req_id = f->req_id, .status = status};
     return ferry_conn_send_frame(c, &ack, NULL, deadline);
 }

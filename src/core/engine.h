@@ -134,8 +134,11 @@ typedef struct ferry_task {
     struct ferry_task *next;
 } ferry_task_t;
 
+struct ferry_notify_count;
 typedef struct ferry_notify_node {
     ferry_notification_t n;
+    ferry_notification_sender_t from;
+    struct ferry_notify_count *sender, *source; /* its sender's and address's counts (notify.c) */
     struct ferry_notify_node *next;
 } ferry_notify_node_t;
 
@@ -189,6 +192,7 @@ struct ferry_engine {
     ferry_notify_node_t *notify_head, *notify_tail;
     size_t notify_count;
     size_t notify_bytes;
+    struct ferry_notify_tables *notify_tables; /* queued per sender and per address (notify.c) */
 
     /* Requests initiators cancelled, whose late frames this target refuses
      * (cancel.h); connections get serials in accept order. */
@@ -210,8 +214,9 @@ int ferry_config_copy(ferry_engine_t *e, const ferry_config_t *cfg);
  * thread; the limits (engine.c) keep peers opening connections without
  * end from exhausting threads or file descriptors. */
 #define FERRY_MAX_CONNECTIONS_LIMIT 65536
-/* Notifications queued and not yet fetched; more are refused. */
-#define FERRY_MAX_QUEUED_NOTIFY 65536
+/* Notifications queued and not yet fetched; more are refused (and per
+ * sender and source address, ferry.h's FERRY_NOTIFY_*_MAX). */
+#define FERRY_MAX_QUEUED_NOTIFY FERRY_NOTIFY_QUEUE_MAX
 #define FERRY_MAX_QUEUED_NOTIFY_BYTES (256u << 20)
 
 /* engine.c: target side */
@@ -286,7 +291,8 @@ void ferry_workers_stop(ferry_engine_t *e);
 
 /* notify.c */
 /* Queues msg (taking it); TOO_MANY_REQUESTS (msg freed) when the queue is full. */
-int ferry_notify_push(ferry_engine_t *e, const char *peer, unsigned char *msg, size_t len);
+/* Queues msg (taking it) as received on the target-side connection c. */
+int ferry_notify_push(ferry_conn_t *c, unsigned char *msg, size_t len);
 void ferry_notify_clear(ferry_engine_t *e);
 
 /* crc32c.c */

@@ -1,42 +1,180 @@
 /* Notifications: small messages delivered to the peer's queue through the
  * engine, after the writes that preceded them completed. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "clock.h"
 #include "engine.h"
 #include "fail.h"
 
-int ferry_notify_push(ferry_engine_t *e, const char *peer, unsigned char *msg, size_t len)
+/* Unread notifications per sender and per source address, so that one
+ * peer filling the queue refuses only itself (ferry.h: fair share). A
+ * count lives while a queued notification points at it. */
+#define NOTIFY_BUCKETS 256
+#define NOTIFY_KEY 32
+
+typedef struct ferry_notify_count {
+    uint8_t key[NOTIFY_KEY];
+    size_t n, bytes;
+    struct ferry_notify_count *next;
+} ferry_notify_count_t;
+
+struct ferry_notify_tables {
+    ferry_notify_count_t *sender[NOTIFY_BUCKETS], *source[NOTIFY_BUCKETS];
+};
+
+static unsigned key_bucket(const uint8_t *key)
 {
-    pthread_mutex_lock(&e->notify_lock);
-    bool full = e->notify_count >= FERRY_MAX_QUEUED_NOTIFY || e->notify_bytes + len > FERRY_MAX_QUEUED_NOTIFY_BYTES;
-    size_t count = e->notify_count;
-    pthread_mutex_unlock(&e->notify_lock);
-    if (full) {
-        free(msg);
-        return ferry_fail(FERRY_ERR_TOO_MANY_REQUESTS, "notification from %s refused: %zu are queued unread", peer,
-                          count);
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (int i = 0; i < NOTIFY_KEY; i++) h = (h ^ key[i]) * 16777619u;
+    return h % NOTIFY_BUCKETS;
+}
+
+/* The count for key in table, made (zero) if missing; NULL when out of memory. */
+static ferry_notify_count_t *count_get(ferry_notify_count_t **table, const uint8_t *key)
+{
+    ferry_notify_count_t **b = &table[key_bucket(key)];
+    for (ferry_notify_count_t *c = *b; c; c = c->next)
+        if (memcmp(c->key, key, NOTIFY_KEY) == 0) return c;
+    ferry_notify_count_t *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    memcpy(c->key, key, NOTIFY_KEY);
+    c->next = *b;
+    *b = c;
+    return c;
+}
+
+/* Frees a count that holds no notification. */
+static void count_forget_empty(ferry_notify_count_t **table, ferry_notify_count_t *c)
+{
+    if (!c || c->n) return;
+    ferry_notify_count_t **p = &table[key_bucket(c->key)];
+    while (*p != c) p = &(*p)->next;
+    *p = c->next;
+    free(c);
+}
+
+/* Takes one notification of len bytes off the count. */
+static void count_put(ferry_notify_count_t **table, ferry_notify_count_t *c, size_t len)
+{
+    c->n--;
+    c->bytes -= len;
+    count_forget_empty(table, c);
+}
+
+/* The connection's source address: 16 bytes (IPv4 as ::ffff:a.b.c.d) into
+ * ip, and "ip:port" text into text. */
+static void source_of(int fd, uint8_t ip[16], char *text, size_t cap)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    char host[INET6_ADDRSTRLEN] = "?";
+    unsigned port = 0;
+    memset(ip, 0, 16);
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0 && ss.ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)&ss;
+        ip[10] = ip[11] = 0xff;
+        memcpy(ip + 12, &a->sin_addr, 4);
+        inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+        port = ntohs(a->sin_port);
+        snprintf(text, cap, "%s:%u", host, port);
+        return;
     }
+    if (ss.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
+        memcpy(ip, &a->sin6_addr, 16);
+        inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+        port = ntohs(a->sin6_port);
+    }
+    snprintf(text, cap, "[%s]:%u", host, port);
+}
+
+int ferry_notify_push(ferry_conn_t *c, unsigned char *msg, size_t len)
+{
+    ferry_engine_t *e = c->engine;
     ferry_notify_node_t *n = calloc(1, sizeof *n);
     if (!n) {
         free(msg);
-        return ferry_fail(FERRY_ERR_MEMORY, "notification from %s: out of memory", peer);
+        return ferry_fail(FERRY_ERR_MEMORY, "notification from %s: out of memory", c->peer.name);
     }
-    snprintf(n->n.peer, sizeof n->n.peer, "%s", peer);
+    uint8_t ip[16], sender_key[NOTIFY_KEY] = {0}, source_key[NOTIFY_KEY] = {0};
+    source_of(c->fd, ip, n->from.addr, sizeof n->from.addr);
+    memcpy(sender_key, ip, 16);
+    memcpy(sender_key + 16, &c->peer.engine_id, 8);
+    memcpy(sender_key + 24, &c->peer.epoch, 8);
+    memcpy(source_key, ip, 16);
+    snprintf(n->n.peer, sizeof n->n.peer, "%s", c->peer.name);
     n->n.msg = msg;
     n->n.len = len;
+    n->from.engine_id = c->peer.engine_id;
+    n->from.epoch = c->peer.epoch;
+    /* Served connections exist only after the handshake; with a secret,
+     * only after the initiator proved it holds it (engine.c). */
+    n->from.authenticated = e->cfg.secret != NULL;
+
+    const char *over = NULL;
+    size_t count = 0;
     pthread_mutex_lock(&e->notify_lock);
-    if (e->notify_tail)
-        e->notify_tail->next = n;
-    else
-        e->notify_head = n;
-    e->notify_tail = n;
-    e->notify_count++;
-    e->notify_bytes += len;
+    if (!e->notify_tables) e->notify_tables = calloc(1, sizeof *e->notify_tables);
+    ferry_notify_count_t *snd = e->notify_tables ? count_get(e->notify_tables->sender, sender_key) : NULL;
+    ferry_notify_count_t *src = snd ? count_get(e->notify_tables->source, source_key) : NULL;
+    if (!src) {
+        over = "memory";
+    } else if (snd->n >= FERRY_NOTIFY_SENDER_MAX || snd->bytes + len > FERRY_MAX_QUEUED_NOTIFY_BYTES / 8) {
+        over = "sender";
+        count = snd->n;
+    } else if (src->n >= FERRY_NOTIFY_SOURCE_MAX || src->bytes + len > FERRY_MAX_QUEUED_NOTIFY_BYTES / 2) {
+        over = "address";
+        count = src->n;
+    } else if (e->notify_count >= FERRY_MAX_QUEUED_NOTIFY || e->notify_bytes + len > FERRY_MAX_QUEUED_NOTIFY_BYTES) {
+        over = "queue";
+        count = e->notify_count;
+    }
+    if (over) {
+        /* A count made just now for this refused one holds nothing. */
+        if (e->notify_tables) {
+            count_forget_empty(e->notify_tables->sender, snd);
+            count_forget_empty(e->notify_tables->source, src);
+        }
+    } else {
+        snd->n++;
+        snd->bytes += len;
+        src->n++;
+        src->bytes += len;
+        n->sender = snd;
+        n->source = src;
+        if (e->notify_tail)
+            e->notify_tail->next = n;
+        else
+            e->notify_head = n;
+        e->notify_tail = n;
+        e->notify_count++;
+        e->notify_bytes += len;
+    }
     pthread_mutex_unlock(&e->notify_lock);
-    return 0;
+    if (!over) return 0;
+    int rc = strcmp(over, "memory") == 0
+                 ? ferry_fail(FERRY_ERR_MEMORY, "notification from %s: out of memory", c->peer.name)
+                 : ferry_fail(FERRY_ERR_TOO_MANY_REQUESTS,
+                              "notification from %s (engine %016llx, %s) refused: %zu from this %s are queued unread",
+                              c->peer.name, (unsigned long long)c->peer.engine_id, n->from.addr, count, over);
+    free(msg);
+    free(n);
+    return rc;
+}
+
+static void tables_free(ferry_notify_count_t **table)
+{
+    for (int b = 0; b < NOTIFY_BUCKETS; b++)
+        while (table[b]) {
+            ferry_notify_count_t *c = table[b];
+            table[b] = c->next;
+            free(c);
+        }
 }
 
 void ferry_notify_clear(ferry_engine_t *e)
@@ -51,6 +189,12 @@ void ferry_notify_clear(ferry_engine_t *e)
     e->notify_head = e->notify_tail = NULL;
     e->notify_count = 0;
     e->notify_bytes = 0;
+    if (e->notify_tables) {
+        tables_free(e->notify_tables->sender);
+        tables_free(e->notify_tables->source);
+        free(e->notify_tables);
+        e->notify_tables = NULL;
+    }
 }
 
 static int send_notify(ferry_conn_t *c, const void *msg, size_t len, uint64_t deadline)
@@ -99,6 +243,12 @@ int ferry_notify(ferry_engine_t *e, const char *peer, const void *msg, size_t le
 
 long ferry_get_notifications(ferry_engine_t *e, ferry_notification_t *out, size_t max)
 {
+    return ferry_get_notifications_from(e, out, NULL, max);
+}
+
+long ferry_get_notifications_from(ferry_engine_t *e, ferry_notification_t *out, ferry_notification_sender_t *from,
+                                  size_t max)
+{
     if (!e || (!out && max)) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "get notifications: NULL argument");
     size_t k = 0;
     pthread_mutex_lock(&e->notify_lock);
@@ -108,6 +258,9 @@ long ferry_get_notifications(ferry_engine_t *e, ferry_notification_t *out, size_
         if (!e->notify_head) e->notify_tail = NULL;
         e->notify_count--;
         e->notify_bytes -= n->n.len;
+        count_put(e->notify_tables->sender, n->sender, n->n.len);
+        count_put(e->notify_tables->source, n->source, n->n.len);
+        if (from) from[k] = n->from;
         out[k++] = n->n;
         free(n);
     }

@@ -41,8 +41,9 @@ struct ferry_pool {
     uint32_t *next, *prev;   /* free-list links of run heads */
     uint32_t head[MAX_ORDERS];
     size_t used, live;
-    int memfd;               /* shared pools: the memfd, else -1 */
-    unsigned char *map;      /* shared pools: the whole mapping (header, then base) */
+    int memfd;               /* shared pools: the data's memfd (mapped at base), else -1 */
+    int ctlfd;               /* shared pools: the control header's memfd, else -1 */
+    unsigned char *map;      /* shared pools: the control header's mapping */
     size_t map_len;
 };
 
@@ -72,43 +73,62 @@ static size_t largest_free_locked(const ferry_pool_t *p)
     return 0;
 }
 
-/* Maps len bytes for the pool: anonymous memory, or (shared) a sealed
- * memfd holding the control header then the data. */
-static unsigned char *map_pool(ferry_pool_t *p, bool shared)
+static void unmap_pool(ferry_pool_t *p);
+
+/* A memfd of len bytes mapped read-write here at *mem, then sealed: never
+ * shrinking (a peer's mapping can never fault with SIGBUS) nor growing,
+ * and with read_only, against any later writable mapping or write(2),
+ * whoever opens it (through /proc/<pid>/fd, in whatever mode): only our
+ * own mapping, made before the seal, can write it. The fd, or -1. */
+static int sealed_memfd(const char *name, size_t len, bool read_only, unsigned char **mem)
+{
+    int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return -1;
+    void *m = MAP_FAILED;
+    unsigned seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL | (read_only ? F_SEAL_FUTURE_WRITE : 0);
+    if (ftruncate(fd, (off_t)len) == 0) m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m != MAP_FAILED && fcntl(fd, F_ADD_SEALS, seals) == 0) {
+        *mem = m;
+        return fd;
+    }
+    if (m != MAP_FAILED) munmap(m, len);
+    close(fd);
+    return -1;
+}
+
+/* Maps the pool: anonymous memory, or (shared) two sealed memfds: the
+ * control header (core/share.h), which only we can write, and the data,
+ * which peers can write only if the pool is remote-writable. */
+static unsigned char *map_pool(ferry_pool_t *p, bool shared, unsigned flags)
 {
     if (!shared) {
         void *mem = mmap(NULL, p->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         return mem == MAP_FAILED ? NULL : mem;
     }
-    p->map_len = FERRY_SHARE_HEADER + p->size;
-    int fd = memfd_create("ferry-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0) return NULL;
-    /* Sealed against shrinking: a peer's mapping can never fault (SIGBUS). */
-    if (ftruncate(fd, (off_t)p->map_len) != 0 ||
-        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-        close(fd);
+    unsigned char *data = NULL;
+    p->map_len = FERRY_SHARE_HEADER;
+    p->ctlfd = sealed_memfd("ferry-pool-ctl", p->map_len, true, &p->map);
+    if (p->ctlfd >= 0) p->memfd = sealed_memfd("ferry-pool", p->size, !(flags & FERRY_MEM_REMOTE_WRITE), &data);
+    if (p->memfd < 0) {
+        unmap_pool(p);
         return NULL;
     }
-    void *mem = mmap(NULL, p->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (mem == MAP_FAILED) {
-        close(fd);
-        return NULL;
-    }
-    p->memfd = fd;
-    p->map = mem;
-    return p->map + FERRY_SHARE_HEADER;
+    return data;
 }
 
 static void unmap_pool(ferry_pool_t *p)
 {
+    if (p->ctlfd >= 0) {
+        munmap(p->map, p->map_len);
+        close(p->ctlfd);
+        p->ctlfd = -1;
+        p->map = NULL;
+    }
     if (p->memfd >= 0) {
-        if (p->map) munmap(p->map, p->map_len);
         close(p->memfd);
         p->memfd = -1;
-        p->map = NULL;
-    } else if (p->base) {
-        munmap(p->base, p->size);
     }
+    if (p->base) munmap(p->base, p->size);
     p->base = NULL;
 }
 
@@ -121,7 +141,8 @@ int ferry_pool_create(ferry_engine_t *e, size_t bytes, unsigned flags, ferry_poo
 
 int ferry_pool_create_shared(ferry_engine_t *e, size_t bytes, unsigned flags, ferry_pool_t **out)
 {
-    return pool_create(e, bytes, flags, true, out);
+    /* A pool no peer may touch has no business in a memfd a peer could map. */
+    return pool_create(e, bytes, flags, (flags & FERRY_MEM_REMOTE) != 0, out);
 }
 
 static int pool_create(ferry_engine_t *e, size_t bytes, unsigned flags, bool shared, ferry_pool_t **out)
@@ -137,20 +158,20 @@ static int pool_create(ferry_engine_t *e, size_t bytes, unsigned flags, bool sha
     if (!p) return ferry_fail(FERRY_ERR_MEMORY, "pool create: out of memory");
     p->engine = e;
     p->memfd = -1;
+    p->ctlfd = -1;
     p->nblocks = (uint32_t)nblocks;
     p->size = nblocks * FERRY_POOL_BLOCK;
     p->tag = calloc(nblocks, 1);
     p->next = malloc(nblocks * sizeof *p->next);
     p->prev = malloc(nblocks * sizeof *p->prev);
     int rc = 0;
-    if (p->tag && p->next && p->prev) p->base = map_pool(p, shared);
+    if (p->tag && p->next && p->prev) p->base = map_pool(p, shared, flags);
     if (!p->tag || !p->next || !p->prev || !p->base)
         rc = ferry_fail(FERRY_ERR_MEMORY, "pool create: cannot map %zu bytes%s", p->size,
                         shared ? " in a memfd" : "");
     if (rc == 0) rc = ferry_register(e, p->base, p->size, flags);
     if (rc == 0 && shared) {
-        rc = ferry_registry_set_shared(&e->registry, (uint64_t)(uintptr_t)p->base, p->memfd, FERRY_SHARE_HEADER,
-                                       p->map);
+        rc = ferry_registry_set_shared(&e->registry, (uint64_t)(uintptr_t)p->base, p->memfd, p->map, p->ctlfd);
         if (rc) ferry_deregister(e, p->base);
     }
     if (rc) {
@@ -261,6 +282,8 @@ int (ferry_pool_stats)(ferry_pool_t *p, ferry_pool_stats_t *out)
 void ferry_pool_destroy(ferry_pool_t *p)
 {
     if (!p) return;
+    /* Unshared first: the pages are unmapped next, no detach needed. */
+    if (p->memfd >= 0) ferry_registry_unshare(&p->engine->registry, (uint64_t)(uintptr_t)p->base);
     ferry_deregister(p->engine, p->base);
     unmap_pool(p);
     pthread_mutex_destroy(&p->lock);

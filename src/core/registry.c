@@ -5,10 +5,13 @@
 #include "registry.h"
 
 #include <sched.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <search.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "clock.h"
 #include "fail.h"
@@ -42,7 +45,9 @@ static void revoke_visit(const void *node, VISIT which, void *closure)
     (void)closure;
     if (which != postorder && which != leaf) return;
     ferry_region_t *reg = *(ferry_region_t *const *)node;
-    if (reg->share_ctl) ferry_share_revoke(reg->share_ctl);
+    if (!reg->share_ctl) return;
+    ferry_share_revoke(reg->share_ctl);
+    ferry_share_detach((void *)(uintptr_t)reg->addr, (size_t)reg->len, reg->share_fd, reg->share_off);
 }
 
 void ferry_registry_destroy(ferry_registry_t *r)
@@ -79,6 +84,7 @@ static int add_locked(ferry_registry_t *r, uint64_t addr, uint64_t len, uint32_t
     reg->share_fd = -1;
     reg->share_off = 0;
     reg->share_ctl = NULL;
+    reg->share_ctl_fd = -1;
     reg->generation = r->next_generation++;
     if (r->next_generation == 0) r->next_generation = 1; /* 0 means "any" on the wire */
     void **slot = tsearch(reg, &r->root, compare_ranges);
@@ -168,6 +174,8 @@ int ferry_registry_remove(ferry_registry_t *r, uint64_t addr)
     ferry_region_t *reg = find_locked(r, addr);
     int rc = 0;
     ferry_share_ctl_t *ctl = NULL;
+    uint64_t shared_len = 0, shared_off = 0;
+    int shared_fd = -1;
     if (!reg)
         rc = ferry_fail(FERRY_ERR_ADDRESS_NOT_REGISTERED, "deregister: no region at 0x%llx", (unsigned long long)addr);
     else if (reg->addr != addr)
@@ -176,27 +184,52 @@ int ferry_registry_remove(ferry_registry_t *r, uint64_t addr)
                         (unsigned long long)addr, (unsigned long long)reg->addr, (unsigned long long)reg->len);
     else {
         ctl = reg->share_ctl;
-        if (ctl) atomic_store(&ctl->state, FERRY_SHARE_REVOKED);
+        shared_len = reg->len;
+        shared_fd = reg->share_fd;
+        shared_off = reg->share_off;
+        if (ctl) ferry_share_revoke(ctl);
         remove_locked(r, reg);
     }
     pthread_rwlock_unlock(&r->lock);
-    /* Outside the lock: peers' copies into a shared pool take no lock here. */
-    if (ctl) ferry_share_revoke(ctl);
+    /* Outside the lock (the move copies the whole pool): no placement by
+     * this engine starts into the range now, and peers' mappings stop
+     * reaching it once it returns. */
+    if (ctl) ferry_share_detach((void *)(uintptr_t)addr, (size_t)shared_len, shared_fd, shared_off);
     return rc;
 }
 
-int ferry_registry_set_shared(ferry_registry_t *r, uint64_t addr, int fd, uint64_t off, void *ctl)
+int ferry_registry_unshare(ferry_registry_t *r, uint64_t addr)
 {
     pthread_rwlock_wrlock(&r->lock);
     ferry_region_t *reg = find_locked(r, addr);
     int rc = 0;
-    if (!reg || reg->addr != addr || !ctl || fd < 0) {
+    if (!reg || reg->addr != addr || !reg->share_ctl) {
+        rc = ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "unshare: no shared region starting at 0x%llx",
+                        (unsigned long long)addr);
+    } else {
+        ferry_share_revoke(reg->share_ctl);
+        reg->share_fd = -1;
+        reg->share_off = 0;
+        reg->share_ctl = NULL;
+        reg->share_ctl_fd = -1;
+    }
+    pthread_rwlock_unlock(&r->lock);
+    return rc;
+}
+
+int ferry_registry_set_shared(ferry_registry_t *r, uint64_t addr, int fd, void *ctl, int ctl_fd)
+{
+    pthread_rwlock_wrlock(&r->lock);
+    ferry_region_t *reg = find_locked(r, addr);
+    int rc = 0;
+    if (!reg || reg->addr != addr || !ctl || fd < 0 || ctl_fd < 0) {
         rc = ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "share: no region starting at 0x%llx", (unsigned long long)addr);
     } else {
         ferry_share_ctl_t *c = ctl;
         reg->share_fd = fd;
-        reg->share_off = off;
+        reg->share_off = 0;
         reg->share_ctl = ctl;
+        reg->share_ctl_fd = ctl_fd;
         atomic_store(&c->generation, reg->generation);
         atomic_store(&c->magic, FERRY_SHARE_MAGIC);
         atomic_store(&c->state, FERRY_SHARE_LIVE);
@@ -208,23 +241,32 @@ int ferry_registry_set_shared(ferry_registry_t *r, uint64_t addr, int fd, uint64
 void ferry_share_revoke(ferry_share_ctl_t *ctl)
 {
     atomic_store(&ctl->state, FERRY_SHARE_REVOKED);
-    uint64_t deadline = ferry_deadline_after_ms(FERRY_SHARE_REVOKE_WAIT_MS);
-    unsigned spins = 0;
-    while (atomic_load(&ctl->inuse) > 0) {
-        if (ferry_now_ns() >= deadline) {
-            FERRY_LOG(FERRY_LOG_WARN, "pool",
-                      "deregistering a shared pool: a peer's copy still marked in progress after %d ms (a peer that "
-                      "died mid-copy?); returning anyway",
-                      FERRY_SHARE_REVOKE_WAIT_MS);
-            return;
-        }
-        if (++spins > 1000) {
-            struct timespec ts = {0, 50000};
-            nanosleep(&ts, NULL);
-        } else {
-            sched_yield();
+}
+
+int ferry_share_detach(void *base, size_t len, int fd, uint64_t off)
+{
+    void *fresh = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    int err = 0;
+    if (fresh == MAP_FAILED) {
+        err = errno;
+    } else {
+        memcpy(fresh, base, len);
+        if (mremap(fresh, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, base) == MAP_FAILED) {
+            err = errno;
+            munmap(fresh, len);
+        } else if (fd >= 0) {
+            /* The memfd's pages are nobody's now: give them back (peers
+             * still mapping them see zeros). A read-only pool's seal
+             * refuses this; its pages go when the pool is destroyed. */
+            (void)fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
         }
     }
+    if (err)
+        FERRY_LOG(FERRY_LOG_WARN, "pool",
+                  "cannot detach shared pool [%p+%zu) from its peers' mappings: %s; a same-host peer that mapped "
+                  "it can still write it",
+                  base, len, strerror(err));
+    return -err;
 }
 
 ferry_region_t *ferry_registry_lookup_locked(ferry_registry_t *r, uint64_t addr, uint64_t len)

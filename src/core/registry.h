@@ -19,11 +19,12 @@ typedef struct ferry_region {
     void *xport;             /* a transport's per-region state (the RDMA memory region), or NULL;
                               * released by the registry's release hook before the region goes */
     /* Shared pools (core/share.h): the memfd behind the region, the region's
-     * offset in it, and its control header; share_fd -1 and share_ctl NULL
-     * for every other region. Deregistration revokes and waits. */
+     * offset in it, and its control header (and that header's memfd); share_fd -1 and share_ctl NULL
+     * for every other region. Deregistration revokes and detaches (share.h). */
     int share_fd;
-    uint64_t share_off;
+    uint64_t share_off;      /* 0: the data has its own memfd */
     void *share_ctl;
+    int share_ctl_fd;        /* the control header's memfd */
 } ferry_region_t;
 
 /* Called with the write lock held, for each region that leaves the registry
@@ -57,9 +58,13 @@ int ferry_registry_add_kind(ferry_registry_t *r, uint64_t addr, uint64_t len, ui
 int ferry_registry_add_many_kinds(ferry_registry_t *r, void *const *addrs, const size_t *lens, size_t n,
                                   uint32_t flags, const uint32_t *kinds);
 int ferry_registry_remove(ferry_registry_t *r, uint64_t addr);
-/* Marks the region starting at addr as shareable (core/share.h): stores fd,
- * off and ctl, and makes ctl live with the region's generation. */
-int ferry_registry_set_shared(ferry_registry_t *r, uint64_t addr, int fd, uint64_t off, void *ctl);
+/* Marks the region starting at addr as shareable (core/share.h): stores
+ * the data's memfd fd, the control header ctl and its memfd ctl_fd, and
+ * makes ctl live with the region's generation. */
+int ferry_registry_set_shared(ferry_registry_t *r, uint64_t addr, int fd, void *ctl, int ctl_fd);
+/* Revokes the shared region starting at addr and makes it an ordinary
+ * region (no detach: for a pool about to be unmapped anyway). */
+int ferry_registry_unshare(ferry_registry_t *r, uint64_t addr);
 
 /* With the read (or write) lock held: the region that contains all of
  * [addr, addr+len), or NULL. */

@@ -1,38 +1,55 @@
-/* Shared pools (ferry_pool_create_shared): the control header at the start
- * of a pool's memfd, which an initiator on this host maps together with the
- * pool's data to write and read it with a plain memcpy (transport/shm.c).
+/* Shared pools (ferry_pool_create_shared): the control header, in a memfd
+ * of its own, which an initiator on this host maps (read-only) together
+ * with the pool's data memfd to write and read the pool with a plain
+ * memcpy (transport/shm.c).
  *
- * Revocation protocol (all seq_cst): an initiator increments inuse, then
- * checks state == LIVE and generation, copies, fences, decrements. The
- * target's deregistration stores state = REVOKED, then waits for inuse to
- * reach 0 (ferry_share_revoke). Either the initiator's increment comes first
- * (the target waits for its copy) or the revoke does (the initiator sees it
- * and copies nothing). */
+ * What the owner enforces does not depend on peers cooperating:
+ *  - only pools with a FERRY_MEM_REMOTE_* flag live in a memfd (a local-only
+ *    pool is anonymous memory: there is nothing to map);
+ *  - a read-only pool's memfd is sealed F_SEAL_FUTURE_WRITE once the owner
+ *    mapped it: no other mapping of it can be writable, whoever opens it;
+ *  - deregistration detaches the pool (ferry_share_detach): the owner's
+ *    range is moved onto private pages holding the same bytes, so a peer's
+ *    mapping no longer reaches the owner's memory, whatever the peer does,
+ *    and the owner waits for no peer;
+ *  - the header's memfd is sealed F_SEAL_FUTURE_WRITE: only the owner's
+ *    own mapping writes it; no peer can set a revoked pool live again;
+ *  - an initiator reports a mapped copy complete only after the owner
+ *    confirmed, over the connection, that the region is still registered
+ *    at the generation the copy began under: an owner killed during the
+ *    copy answers nothing (its pages took the bytes, its threads run no
+ *    more), one that deregistered answers no.
+ * The header is a hint for cooperating initiators (stop copying into a
+ * revoked pool early). */
 #ifndef FERRY_SHARE_H
 #define FERRY_SHARE_H
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define FERRY_SHARE_MAGIC 0x46534850u /* "PHSF" */
 #define FERRY_SHARE_LIVE 1u
 #define FERRY_SHARE_REVOKED 2u
-/* The header's size: the pool's data starts this far into the memfd. */
+/* The header memfd's size. */
 #define FERRY_SHARE_HEADER 4096u
-/* How long a deregistration waits for copies in progress. A peer that dies
- * in the middle of a copy leaves inuse raised for good: the deregistration
- * then returns after this long with a warning (the dead peer writes no more). */
-#define FERRY_SHARE_REVOKE_WAIT_MS 10000
 
 typedef struct ferry_share_ctl {
     _Atomic uint32_t magic;
     _Atomic uint32_t state;
     _Atomic uint32_t generation;
     uint32_t reserved;
-    _Atomic int64_t inuse;
+    _Atomic int64_t unused; /* was an in-use count peers raised; ignored */
 } ferry_share_ctl_t;
 
-/* Sets state = REVOKED and waits (bounded) for copies in progress. */
+/* Marks the header revoked (a hint to cooperating peers; no waiting). */
 void ferry_share_revoke(ferry_share_ctl_t *ctl);
+/* Moves [base, base+len) onto private anonymous pages with the same bytes
+ * (mremap over the shared mapping): from then on no peer's mapping aliases
+ * the owner's memory. Then frees the memfd's pages [off, off+len) of fd
+ * where the seals allow it. Bytes the owner itself writes into the range
+ * during the move may be lost. 0, or -errno (the range stays shared;
+ * logged). */
+int ferry_share_detach(void *base, size_t len, int fd, uint64_t off);
 
 #endif

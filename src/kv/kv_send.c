@@ -2,6 +2,7 @@
  * then a completion notice; any failure is notified to the peer too. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include <ferry/ferry.h>
@@ -128,7 +129,22 @@ int kv_write_requests(ferry_engine_t *e, const char *peer, const ferry_request_t
     char detail[FERRY_KV_REASON_MAX] = "";
     if (rc != 0) {
         snprintf(detail, sizeof detail, "%s", detail_message(ferry_last_error_detail(), rc));
-        ferry_batch_cancel(b); /* nothing of the batch may land later */
+        /* Nothing of the batch may land later, unless the target could not
+         * confirm it: then the caller (and the decode side, through the
+         * notice) must hear CANCEL_UNCONFIRMED, not the cause, or it frees
+         * pages that late bytes still reach. */
+        bool unconfirmed = first >= 0 && ferry_batch_cancel(b) == FERRY_ERR_CANCEL_UNCONFIRMED;
+        for (size_t i = 0; first >= 0 && !unconfirmed && i < count; i++) {
+            ferry_status_t st;
+            unconfirmed = ferry_batch_status(b, (size_t)first + i, &st) == 0 &&
+                          st.code == FERRY_ERR_CANCEL_UNCONFIRMED;
+        }
+        if (unconfirmed) {
+            size_t used = strlen(detail);
+            snprintf(detail + used, sizeof detail - used,
+                     "; the peer did not confirm that no more of it can land: do not reuse the pages");
+            rc = FERRY_ERR_CANCEL_UNCONFIRMED;
+        }
     }
     ferry_batch_free(b);
     if (rc != 0) ferry_fail(rc, "%s", detail);

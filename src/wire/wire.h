@@ -115,7 +115,12 @@ const char *ferry_frame_type_name(uint8_t type);
 #define FERRY_HELLO_F_AUTH 0x01u   /* the sender requires shared-secret auth */
 #define FERRY_HELLO_F_CMA 0x02u    /* the sender permits cross-memory attach */
 #define FERRY_HELLO_F_RDMA 0x04u   /* the sender has a usable RDMA device and serves RDMA frames */
-#define FERRY_HELLO_F_SHMPOOL 0x08u /* the sender serves SHM_MAP_REQ (shared pools) */
+#define FERRY_HELLO_F_SHMPOOL 0x08u /* the sender serves SHM_MAP_REQ (shared pools; no longer sent) */
+/* The sender serves SHM_MAP_REQ with the layout below (data and control
+ * header in two memfds, the header writable by the owner only), seals
+ * read-only pools and detaches pools at deregistration (core/share.h).
+ * Initiators map only from such targets. */
+#define FERRY_HELLO_F_SHMPOOL2 0x10u
 
 typedef struct ferry_hello {
     uint16_t proto_min, proto_max;
@@ -215,9 +220,10 @@ int ferry_segment_decode(const uint8_t in[FERRY_WIRE_SEGMENT_SIZE], ferry_wire_s
  *    24    4 region flags (FERRY_MEM_REMOTE_*)  28  4 reserved, 0 */
 /* SHM map info, 40 bytes, sent in SHM_MAP_RESP:
  *     0    8 region address              8    8 region length
- *    16    8 region offset in the memfd (its control header at 0)
- *    24    4 the memfd's fd number in the target (-1: region not shareable)
- *    28    4 region generation          32    4 region flags    36 4 reserved */
+ *    16    8 region offset in the data memfd (0)
+ *    24    4 the data memfd's fd number in the target (-1: region not shareable)
+ *    28    4 region generation          32    4 region flags
+ *    36    4 the control header memfd's fd number in the target (-1: none) */
 #define FERRY_SHM_MAP_INFO_SIZE 40
 #define FERRY_RDMA_QP_INFO_SIZE 48
 #define FERRY_RDMA_MR_INFO_SIZE 32
