@@ -337,8 +337,8 @@ static void report_fault(int fi)
     if (first) printf("  noticed: first failure %.0f ms after the fault\n", (double)(first - f->t0));
     for (int k = 0; !strcmp(f->kind, "kill") && k < failed.len; k++)
         if (failed.code[k] == FERRY_ERR_SOCKET)
-            printf("  note: SOCKET is the automatic retry's refused connect to the dead peer, reported instead\n"
-                   "        of the PEER_CLOSED that caused it\n");
+            printf("  note: SOCKET is a connect refused by the dead peer before any session to it had\n"
+                   "        handshaken (a peer once reached that goes away fails PEER_CLOSED)\n");
     if (inflight)
         printf("  in flight at the fault: %" PRIu64 " requests, all ended %.0f ms after it at the latest\n", inflight,
                (double)(inflight_last - f->t0));

@@ -94,6 +94,23 @@ static bool link_failure(int rc, int broken)
            (rc == FERRY_ERR_TIMEOUT && broken);
 }
 
+/* A connect refused (SOCKET) by a peer this session had handshaken with
+ * means the peer went away: say PEER_CLOSED, the code a caller watching
+ * for dead peers checks, with the connect's own words kept in the detail.
+ * A peer never reached keeps SOCKET. */
+static int peer_gone_if_refused(ferry_session_t *s, int rc)
+{
+    if (rc != FERRY_ERR_SOCKET) return rc;
+    pthread_mutex_lock(&s->lock);
+    bool known = s->have_peer;
+    pthread_mutex_unlock(&s->lock);
+    if (!known) return rc;
+    char why[512];
+    snprintf(why, sizeof why, "%s", ferry_fail_message());
+    return ferry_fail(FERRY_ERR_PEER_CLOSED, "%s went away: its connection broke and a new one failed (%s)",
+                      s->name, why);
+}
+
 static void sleep_backoff(int ms, uint64_t deadline)
 {
     uint64_t until = ferry_now_ns() + (uint64_t)ms * 1000000ull;
@@ -267,6 +284,7 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
                         : corrupted && any_pending(xs, n);
         if (!retry) {
             if (rc) {
+                rc = peer_gone_if_refused(s, rc);
                 fail_pending(xs, n, rc);
                 /* Retries ran out on a broken link: the whole pool goes. */
                 if (link_failure(rc, broken)) ferry_session_teardown(s);

@@ -13,6 +13,7 @@ A registered object is pinned (kept alive, not resizable) until deregistered.
 """
 
 import ctypes
+import itertools
 import operator
 import struct
 import threading
@@ -20,7 +21,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Optional
 
-from . import _buffers, _lib, errors
+from . import _buffers, _lib, _vectors, errors
 from .errors import check, fail
 
 __all__ = [
@@ -209,49 +210,6 @@ class _Closed:
     pass
 
 
-def _u64_array(seq):
-    """seq as a ctypes uint64 array without a Python loop, or None when it
-    is not plainly unsigned 64-bit integers (the slow path then says what
-    is wrong with which entry)."""
-    if isinstance(seq, (list, tuple)):
-        if not seq or type(seq[0]) is not int:
-            return None
-        try:
-            # ctypes wraps out-of-range ints silently: the range is checked
-            # first (min/max fail with TypeError on mixed types).
-            if min(seq) < 0 or max(seq) >= 1 << 64:
-                return None
-            return (ctypes.c_uint64 * len(seq))(*seq)  # TypeError: not all ints
-        except (TypeError, OverflowError):
-            return None
-    try:
-        mv = memoryview(seq)
-    except TypeError:
-        return None
-    if mv.ndim != 1 or mv.itemsize != 8 or not mv.c_contiguous or mv.format.lstrip("<=@") not in ("Q", "L", "q", "l"):
-        return None
-    if mv.format.lstrip("<=@") in ("q", "l") and len(mv) and min(mv) < 0:
-        return None  # a negative entry: explained by the slow path
-    arr = (ctypes.c_uint64 * len(mv))
-    return arr.from_buffer_copy(mv)
-
-
-def _fast_batch(locals_, remotes, lengths):
-    """(locals, remotes, lengths, n) as ctypes arrays when all three are
-    integer sequences of one length (addresses and byte counts), else None."""
-    if lengths is None:
-        return None
-    la = _u64_array(locals_)
-    if la is None:
-        return None
-    ra = _u64_array(remotes)
-    ln = _u64_array(lengths)
-    if ra is None or ln is None or not (len(la) == len(ra) == len(ln)):
-        return None
-    k = len(la)
-    return ctypes.cast(la, ctypes.POINTER(ctypes.c_void_p)), ra, ctypes.cast(ln, ctypes.POINTER(ctypes.c_size_t)), k
-
-
 class Engine:
     """One Ferry engine (listening on host:port). Methods raise FerryError.
 
@@ -417,8 +375,18 @@ class Engine:
         if ent is not None and ent[1] is not None:
             ent[1].release()
 
+    def _drop_regions(self, addrs):
+        with self._lock:
+            ents = [self._regions.pop(a, None) for a in addrs]
+        for ent in ents:
+            if ent is not None and ent[1] is not None:
+                ent[1].release()
+
     def register_batch(self, bufs, lengths=None, flags=MEM_REMOTE):
         """All or nothing; returns the addresses."""
+        vecs = _vectors.pair(bufs, lengths) if lengths is not None else None
+        if vecs is not None:  # all ints: C vectors, nothing to resolve or pin
+            return self._register_vectors(*vecs, flags)
         bufs = list(bufs)
         if lengths is None:
             lengths = [None] * len(bufs)
@@ -453,11 +421,28 @@ class Engine:
                 self._regions[a] = (n, p)
         return [r[0] for r in resolved]
 
+    def _register_vectors(self, addrs, lens, flags):
+        k = len(addrs)
+        e = self._enter()
+        try:
+            check(_lib.fn("ferry_register_batch")(
+                e, _vectors.pointer(addrs, ctypes.c_void_p) if k else (ctypes.c_void_p * 1)(),
+                _vectors.pointer(lens, ctypes.c_size_t) if k else (ctypes.c_size_t * 1)(), k,
+                flags))
+        finally:
+            self._leave()
+        out = addrs.tolist()
+        with self._lock:
+            self._regions.update(zip(out, zip(lens.tolist(), itertools.repeat(None))))
+        return out
+
     def deregister_batch(self, bufs):
         """Deregisters each; raises the first failure after processing all."""
-        addrs_l = [_buffers.address(b) for b in bufs]
+        vec = _vectors.u64(bufs, "buffer_addresses")
+        addrs_l = vec.tolist() if vec is not None else [_buffers.address(b) for b in bufs]
         k = len(addrs_l)
-        addrs = (ctypes.c_void_p * max(k, 1))(*addrs_l)
+        addrs = (_vectors.pointer(vec, ctypes.c_void_p) if vec is not None and k
+                 else (ctypes.c_void_p * max(k, 1))(*addrs_l))
         e = self._enter()
         try:
             rc = _lib.fn("ferry_deregister_batch")(e, addrs, k)
@@ -466,9 +451,8 @@ class Engine:
             self._leave()
         # Regions whose deregistration failed were not registered (or are
         # still); dropping our pin only for those gone is what matters.
-        for a in addrs_l:
-            if rc >= 0:
-                self._drop_region(a)
+        if rc >= 0:
+            self._drop_regions(addrs_l)
         if rc < 0:
             self._resync_regions(addrs_l)
             check(rc, detail or None)
@@ -664,23 +648,12 @@ class Engine:
         self.transfer(peer, READ, local, remote, length)
 
     def transfer_batch(self, peer, opcode, locals_, remotes, lengths=None):
-        """n requests of one opcode: all complete, or the first failure raised.
-
-        Addresses and lengths given as numpy integer arrays (or array.array)
-        or as lists of ints take a fast path: converted at C speed, no
-        per-entry Python work (paged KV batches have 100,000 entries)."""
+        """n requests of one opcode: all complete, or the first failure raised."""
         op = _opcode(opcode)
         p = _peer_bytes(peer)
-        fast = _fast_batch(locals_, remotes, lengths)
-        if fast is not None:
-            la, ra, ln, k = fast
-            if k == 0:
-                return
-            e = self._enter()
-            try:
-                check(_lib.fn("ferry_batch_transfer_sync")(e, p, op, la, ra, ln, k))
-            finally:
-                self._leave()
+        vecs = _vectors.triple(locals_, remotes, lengths) if lengths is not None else None
+        if vecs is not None:  # all ints: C vectors, no per-entry Python work
+            self._transfer_vectors(p, op, *vecs)
             return
         locals_ = list(locals_)
         remotes = list(remotes)
@@ -712,6 +685,19 @@ class Engine:
             for pin in pins:
                 if pin is not None:
                     pin.release()
+
+    def _transfer_vectors(self, p, op, la, ra, ln):
+        """ferry_batch_transfer_sync over vectors from _vectors (raw addresses)."""
+        k = len(ln)
+        if k == 0:
+            return
+        e = self._enter()
+        try:
+            check(_lib.fn("ferry_batch_transfer_sync")(
+                e, p, op, _vectors.pointer(la, ctypes.c_void_p),
+                _vectors.pointer(ra, ctypes.c_uint64), _vectors.pointer(ln, ctypes.c_size_t), k))
+        finally:
+            self._leave()
 
     def write_batch(self, peer, locals_, remotes, lengths=None):
         self.transfer_batch(peer, WRITE, locals_, remotes, lengths)
@@ -846,13 +832,25 @@ class Batch:
                 if pin is not None:
                     pin.release()
             raise
+        return self._submit_array(p, arr, len(reqs), pins, timeout_ms)
+
+    def _submit_vectors(self, peer, opcode, la, ra, ln, timeout_ms=0):
+        """submit() for n requests of one opcode given as vectors from
+        _vectors (raw addresses: nothing to pin); None when the request
+        struct's layout does not allow it (use submit)."""
+        arr = _vectors.requests(_lib.Request, _opcode(opcode), la, ra, ln)
+        if arr is None:
+            return None
+        return self._submit_array(_peer_bytes(peer), arr, len(ln), [], timeout_ms)
+
+    def _submit_array(self, p, arr, n, pins, timeout_ms):
         b = self._begin()
         try:
             with self._submit_lock:
-                first = int(_lib.fn("ferry_batch_submit")(b, p, arr, len(reqs), int(timeout_ms)))
+                first = int(_lib.fn("ferry_batch_submit")(b, p, arr, n, int(timeout_ms)))
                 if first >= 0:
                     self._pins.extend(pins)
-                    self._count = max(self._count, first + len(reqs))
+                    self._count = max(self._count, first + n)
         finally:
             self._end()
         if first < 0:

@@ -29,7 +29,7 @@ import operator
 import os
 import threading
 
-from . import _buffers, _lib, core, errors
+from . import _buffers, _lib, _vectors, core, errors
 from .core import Engine
 from .errors import FerryError, fail
 
@@ -128,6 +128,14 @@ def _seq(v, what):
     if isinstance(v, (str, bytes, bytearray)) or not hasattr(v, "__iter__"):
         raise TypeError("%s must be a list, not %s" % (what, type(v).__name__))
     return v if hasattr(v, "__len__") and hasattr(v, "__getitem__") else list(v)
+
+
+def _sized(v):
+    """v itself when it is a sequence or an array (for the vector fast path,
+    see _vectors), else a list of it."""
+    if hasattr(v, "__len__") and hasattr(v, "__getitem__") and not isinstance(v, (str, bytes)):
+        return v
+    return list(v)
 
 
 def _lists(buffers, peer_buffer_addresses, lengths):
@@ -442,7 +450,8 @@ class TransferEngine:
     def batch_register_memory(self, buffer_addresses, capacities, location="*"):
         def go():
             eng = self._eng()
-            addrs = eng.register_batch(list(buffer_addresses), list(capacities), core.MEM_REMOTE)
+            addrs = eng.register_batch(_sized(buffer_addresses), _sized(capacities),
+                                       core.MEM_REMOTE)
             self._check_location(eng, addrs, location)
             return 0
         return self._run(go)
@@ -481,7 +490,7 @@ class TransferEngine:
                  % (location, info.addr, info.len, info.kind))
 
     def batch_unregister_memory(self, buffer_addresses):
-        return self._run(lambda: (self._eng().deregister_batch(list(buffer_addresses)), 0)[1])
+        return self._run(lambda: (self._eng().deregister_batch(_sized(buffer_addresses)), 0)[1])
 
     def allocate_managed_buffer(self, length):
         """A registered buffer of length bytes owned by the engine; its address, 0 on failure."""
@@ -556,7 +565,12 @@ class TransferEngine:
 
         def go():
             eng = self._eng()
-            bufs, remotes, lens = _nonempty(*_lists(buffers, peer_buffer_addresses, lengths))
+            vecs = _vectors.triple(buffers, peer_buffer_addresses, lengths)
+            if vecs is not None:  # all ints: C vectors (see _vectors), no per-entry Python
+                eng._transfer_vectors(core._peer_bytes(peer), op, *_vectors.nonzero(*vecs))
+                bufs = ()
+            else:
+                bufs, remotes, lens = _nonempty(*_lists(buffers, peer_buffer_addresses, lengths))
             if len(bufs):
                 try:
                     eng.transfer_batch(peer, op, bufs, remotes, lens)
@@ -589,6 +603,11 @@ class TransferEngine:
 
         def go():
             eng = self._eng()
+            vecs = _vectors.triple(buffers, peer_buffer_addresses, lengths)
+            if vecs is not None:
+                bid = self._async_vectors(eng, peer, op, vecs)
+                if bid is not None:
+                    return bid
             all_bufs, all_remotes, all_lens = _lists(buffers, peer_buffer_addresses, lengths)
             bufs, remotes, lens = _nonempty(all_bufs, all_remotes, all_lens)
             batch = None
@@ -610,6 +629,27 @@ class TransferEngine:
                 self._batches[bid] = (batch, len(all_bufs), total)
             return bid
         return self._run_peer(peer, go, on_error=0)
+
+    def _async_vectors(self, eng, peer, op, vecs):
+        """batch_transfer_async's body for all-int arguments converted to C
+        vectors (see _vectors): the batch id, or None when the request struct
+        does not allow it (the per-entry path then runs)."""
+        la, ra, ln = _vectors.nonzero(*vecs)
+        batch = None
+        if len(ln):
+            self._session(eng, peer)
+            batch = eng.batch(len(ln))
+            try:
+                if batch._submit_vectors(peer, op, la, ra, ln) is None:
+                    batch._shutdown()
+                    return None
+            except BaseException:
+                batch._shutdown()
+                raise
+        with self._lock:
+            bid = next(self._batch_ids)
+            self._batches[bid] = (batch, len(vecs[2]), _vectors.total(ln))
+        return bid
 
     def transfer_submit_write(self, target_hostname, buffer, peer_buffer_address, length,
                               transport_hint=""):
