@@ -208,6 +208,29 @@ static void stopped_peer_times_out(void **state)
 
 /* ------------------------------------------------ restart */
 
+/* A notice to a peer that stopped answering ends by its own timeout, not
+ * the engine's (long) default deadline: ferry_kv_send's failure notice
+ * after a timed-out transfer relies on it. */
+static void notify_to_stopped_peer_ends_by_its_timeout(void **state)
+{
+    (void)state;
+    ferry_engine_t *e = initiator(30000);
+    peer_proc_t p;
+    assert_int_equal(peer_spawn(&p, NULL, NULL, NULL), 0);
+    assert_int_equal(ferry_notify(e, p.name, "hello", 5), 0);
+    kill(p.pid, SIGSTOP);
+    uint64_t t0 = harness_now_ms();
+    int rc = ferry_notify_timeout(e, p.name, "late", 4, 300);
+    uint64_t ms = harness_now_ms() - t0;
+    fprintf(stderr, "notify to a stopped peer: %s after %llu ms\n", ferry_error_name(rc), (unsigned long long)ms);
+    assert_int_equal(rc, FERRY_ERR_TIMEOUT);
+    assert_true(ms >= 250);
+    assert_true(ms < 15000); /* far below the 30 s default it would have waited */
+    kill(p.pid, SIGCONT);
+    peer_end(&p, SIGKILL);
+    ferry_engine_destroy(e);
+}
+
 static void restart_same_port(void **state)
 {
     (void)state;
@@ -329,6 +352,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(kill9_mid_transfer),
         cmocka_unit_test(stopped_peer_times_out),
+        cmocka_unit_test(notify_to_stopped_peer_ends_by_its_timeout),
         cmocka_unit_test(restart_same_port),
         cmocka_unit_test(deregistration_is_seen),
     };

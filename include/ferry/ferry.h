@@ -147,8 +147,13 @@ FERRY_API int ferry_config_from_env(ferry_config_t *cfg);
 /* Creates an engine listening on cfg->host:cfg->port (cfg NULL: defaults
  * plus environment). Returns 0 and *out, or a negative code. */
 FERRY_API int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out);
-/* Closes every session and connection, waits for threads, frees. Requests
- * still in flight fail with CONTEXT. NULL is ignored. */
+/* Closes every session and connection, waits for threads, frees. Calls
+ * blocked in other threads are woken at once and fail with CONTEXT (or
+ * CANCEL_UNCONFIRMED when bytes were on the wire and the target could not
+ * confirm within config.cancel_timeout_ms); destroy returns after they all
+ * returned. Calls that start once destroy began fail with CONTEXT while it
+ * runs; using the engine after it returned is undefined.
+ * NULL is ignored. */
 FERRY_API void ferry_engine_destroy(ferry_engine_t *e);
 /* The port actually listened on. */
 FERRY_API uint16_t ferry_engine_port(const ferry_engine_t *e);
@@ -367,6 +372,11 @@ FERRY_API int ferry_batch_free(ferry_batch_t *b);
  * TOO_MANY_REQUESTS when the receiver holds too many unread ones from this
  * sender or its address (see below). */
 FERRY_API int ferry_notify(ferry_engine_t *e, const char *peer, const void *msg, size_t len);
+/* The same, ending by timeout_ms (<= 0: config.timeout_ms) with TIMEOUT:
+ * for a notice to a peer that may not answer (one whose transfer just
+ * timed out), which must not hold the caller a whole default deadline. */
+FERRY_API int ferry_notify_timeout(ferry_engine_t *e, const char *peer, const void *msg, size_t len,
+                                   int timeout_ms);
 
 /* Who sent a notification. ferry_notification_t's peer is the name the
  * sender gave in its handshake: with a shared secret (config.secret) only

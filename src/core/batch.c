@@ -384,7 +384,7 @@ static void batch_task_start(ferry_task_t *t, void *owner)
     pthread_mutex_unlock(&b->lock);
 }
 
-long ferry_batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_t *reqs, size_t n, int timeout_ms)
+static long batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_t *reqs, size_t n, int timeout_ms)
 {
     ferry_clear_last_error();
     if (!b || !peer || (!reqs && n)) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "batch submit: NULL argument");
@@ -678,4 +678,16 @@ int ferry_batch_free(ferry_batch_t *b)
     pthread_cond_destroy(&b->cond);
     free(b);
     return 0;
+}
+
+/* Inside the engine's count of calls in progress (engine.h): a submit that
+ * races destroy either queues before the workers stop or gets CONTEXT. */
+long ferry_batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_t *reqs, size_t n, int timeout_ms)
+{
+    int rc = b ? ferry_engine_enter(b->engine) : 0;
+    if (rc) return rc;
+    long first = batch_submit(b, peer, reqs, n, timeout_ms);
+    if (!b) return first;
+    rc = ferry_engine_leave(b->engine, first < 0 ? (int)first : 0);
+    return rc ? rc : first;
 }

@@ -5,9 +5,11 @@
 
 #include <errno.h>
 #include <search.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -18,18 +20,12 @@
 
 /* ------------------------------------------------------- the cancel set */
 
-struct ferry_cancel_entry {
-    uint64_t engine_id, req_id;
-    uint64_t before; /* serial of the connection the CANCEL came on */
-    ferry_cancel_entry_t *prev, *next;
-};
-
-static int compare_entries(const void *pa, const void *pb)
+/* The tree holds ids themselves as keys (no allocation per entry but the
+ * node); 0 is never a request id. */
+static int compare_ids(const void *pa, const void *pb)
 {
-    const ferry_cancel_entry_t *a = pa, *b = pb;
-    if (a->engine_id != b->engine_id) return a->engine_id < b->engine_id ? -1 : 1;
-    if (a->req_id != b->req_id) return a->req_id < b->req_id ? -1 : 1;
-    return 0;
+    uint64_t a = (uint64_t)(uintptr_t)pa, b = (uint64_t)(uintptr_t)pb;
+    return a < b ? -1 : a > b;
 }
 
 void ferry_cancel_set_init(ferry_cancel_set_t *cs)
@@ -44,95 +40,139 @@ static void free_nothing(void *p) { (void)p; }
 void ferry_cancel_set_destroy(ferry_cancel_set_t *cs)
 {
     tdestroy(cs->root, free_nothing);
-    for (ferry_cancel_entry_t *en = cs->head, *next; en; en = next) {
-        next = en->next;
-        free(en);
-    }
     cs->root = NULL;
-    cs->head = cs->tail = NULL;
+    atomic_store(&cs->count, 0);
     pthread_mutex_destroy(&cs->lock);
 }
 
-/* With the lock held. */
-static void remove_locked(ferry_cancel_set_t *cs, ferry_cancel_entry_t *en)
+int ferry_cancel_set_add(ferry_cancel_set_t *cs, uint64_t req_id)
 {
-    tdelete(en, &cs->root, compare_entries);
-    if (en->prev)
-        en->prev->next = en->next;
-    else
-        cs->head = en->next;
-    if (en->next)
-        en->next->prev = en->prev;
-    else
-        cs->tail = en->prev;
-    free(en);
-    atomic_fetch_sub(&cs->count, 1);
-}
-
-int ferry_cancel_set_add(ferry_cancel_set_t *cs, uint64_t engine_id, uint64_t req_id, uint64_t before)
-{
-    ferry_cancel_entry_t key = {.engine_id = engine_id, .req_id = req_id};
+    _Static_assert(sizeof(uintptr_t) >= sizeof(uint64_t), "request ids are kept as tree keys");
+    void *key = (void *)(uintptr_t)req_id;
     pthread_mutex_lock(&cs->lock);
-    void **slot = tfind(&key, &cs->root, compare_entries);
-    if (slot) {
-        ferry_cancel_entry_t *old = *slot;
-        if (before > old->before) old->before = before;
-        pthread_mutex_unlock(&cs->lock);
-        return 0;
+    int rc = 0;
+    if (!tfind(key, &cs->root, compare_ids)) {
+        if (tsearch(key, &cs->root, compare_ids)) {
+            atomic_fetch_add(&cs->count, 1);
+            rc = 1;
+        } else {
+            rc = ferry_fail(FERRY_ERR_MEMORY, "cancel of request %llu: out of memory", (unsigned long long)req_id);
+        }
     }
-    if (atomic_load(&cs->count) >= FERRY_CANCEL_SET_MAX) {
-        FERRY_LOG(FERRY_LOG_WARN, "cancel",
-                  "%u cancelled requests are remembered while their connections live; forgetting the oldest "
-                  "(a late frame of it would no longer be refused)",
-                  FERRY_CANCEL_SET_MAX);
-        remove_locked(cs, cs->head);
-    }
-    ferry_cancel_entry_t *en = calloc(1, sizeof *en);
-    if (en) {
-        *en = key;
-        en->before = before;
-        slot = tsearch(en, &cs->root, compare_entries);
-    }
-    if (!en || !slot) {
-        free(en);
-        pthread_mutex_unlock(&cs->lock);
-        return ferry_fail(FERRY_ERR_MEMORY, "cancel of request %llu: out of memory", (unsigned long long)req_id);
-    }
-    en->prev = cs->tail;
-    if (cs->tail)
-        cs->tail->next = en;
-    else
-        cs->head = en;
-    cs->tail = en;
-    atomic_fetch_add(&cs->count, 1);
     pthread_mutex_unlock(&cs->lock);
-    return 0;
+    return rc;
 }
 
-bool ferry_cancel_set_has(ferry_cancel_set_t *cs, uint64_t engine_id, uint64_t req_id)
+bool ferry_cancel_set_has(ferry_cancel_set_t *cs, uint64_t req_id)
 {
     /* The common case, nothing cancelled, costs one load per chunk. A racing
      * add is ordered by the registry barrier that follows it (cancel.h). */
     if (atomic_load(&cs->count) == 0) return false;
-    ferry_cancel_entry_t key = {.engine_id = engine_id, .req_id = req_id};
     pthread_mutex_lock(&cs->lock);
-    bool found = tfind(&key, &cs->root, compare_entries) != NULL;
+    bool found = tfind((void *)(uintptr_t)req_id, &cs->root, compare_ids) != NULL;
     pthread_mutex_unlock(&cs->lock);
     return found;
 }
 
-void ferry_cancel_set_prune(ferry_cancel_set_t *cs, uint64_t oldest_live)
+size_t ferry_cancel_set_count(ferry_cancel_set_t *cs) { return atomic_load(&cs->count); }
+
+/* ------------------------------------------- the target's cancel sets */
+
+/* One warning a second at most, with the count of those it stands for: a
+ * peer flooding CANCELs must not flood the log too. */
+static void warn_refused(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void warn_refused(const char *fmt, ...)
 {
-    if (atomic_load(&cs->count) == 0) return;
-    pthread_mutex_lock(&cs->lock);
-    for (ferry_cancel_entry_t *en = cs->head, *next; en; en = next) {
-        next = en->next;
-        if (en->before <= oldest_live) remove_locked(cs, en);
+    static _Atomic uint64_t last_ns, suppressed;
+    uint64_t now = ferry_now_ns(), last = atomic_load(&last_ns);
+    if ((last && now - last < 1000000000ull) || !atomic_compare_exchange_strong(&last_ns, &last, now)) {
+        atomic_fetch_add(&suppressed, 1);
+        return;
     }
-    pthread_mutex_unlock(&cs->lock);
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    uint64_t more = atomic_exchange(&suppressed, 0);
+    FERRY_LOG(FERRY_LOG_WARN, "cancel", "%s (%llu more refused since the last warning)", msg,
+              (unsigned long long)more);
 }
 
-size_t ferry_cancel_set_count(ferry_cancel_set_t *cs) { return atomic_load(&cs->count); }
+uint64_t ferry_cancel_conn_open(ferry_conn_t *c)
+{
+    uint64_t key = 0;
+    while (key == 0)
+        if (getrandom(&key, sizeof key, 0) != sizeof key) key = ferry_now_ns() ^ ((uint64_t)(uintptr_t)c << 16);
+    atomic_store(&c->cancel_peer, c->peer.engine_id);
+    atomic_store(&c->cancel_key, key);
+    return key;
+}
+
+bool ferry_conn_is_cancelled(ferry_conn_t *c, uint64_t req_id)
+{
+    ferry_cancel_set_t *cs = atomic_load_explicit(&c->cancels, memory_order_acquire);
+    return req_id && cs && ferry_cancel_set_has(cs, req_id);
+}
+
+void ferry_cancel_conn_close(ferry_conn_t *c)
+{
+    ferry_cancel_set_t *cs = atomic_exchange(&c->cancels, NULL);
+    if (!cs) return;
+    atomic_fetch_sub(&c->engine->cancels_held, ferry_cancel_set_count(cs));
+    ferry_cancel_set_destroy(cs);
+    free(cs);
+}
+
+size_t ferry_cancel_engine_count(ferry_engine_t *e) { return atomic_load(&e->cancels_held); }
+
+/* With e->conns_lock held: refuses frames of req_id on data connection c. */
+static int record_on(ferry_engine_t *e, ferry_conn_t *c, uint64_t req_id)
+{
+    ferry_cancel_set_t *cs = atomic_load(&c->cancels);
+    if (!cs) {
+        cs = malloc(sizeof *cs);
+        if (!cs) return ferry_fail(FERRY_ERR_MEMORY, "cancel of request %llu: out of memory", (unsigned long long)req_id);
+        ferry_cancel_set_init(cs);
+        atomic_store_explicit(&c->cancels, cs, memory_order_release);
+    }
+    if (ferry_cancel_set_has(cs, req_id)) return 0;
+    int rc = 0;
+    if (ferry_cancel_set_count(cs) >= FERRY_CANCEL_CONN_MAX)
+        rc = ferry_fail(FERRY_ERR_TOO_MANY_REQUESTS,
+                        "cancel of request %llu refused: the connection from %s (calling itself %s) already "
+                        "refuses %u cancelled requests",
+                        (unsigned long long)req_id, c->remote, c->peer.name, FERRY_CANCEL_CONN_MAX);
+    else if (atomic_load(&e->cancels_held) >= FERRY_CANCEL_ENGINE_MAX)
+        rc = ferry_fail(FERRY_ERR_TOO_MANY_REQUESTS,
+                        "cancel of request %llu refused: this engine's connections already refuse %u cancelled "
+                        "requests",
+                        (unsigned long long)req_id, FERRY_CANCEL_ENGINE_MAX);
+    if (rc) {
+        warn_refused("%s", ferry_fail_message());
+        return rc;
+    }
+    rc = ferry_cancel_set_add(cs, req_id);
+    if (rc == 1) atomic_fetch_add(&e->cancels_held, 1);
+    return rc < 0 ? rc : 0;
+}
+
+int ferry_cancel_record(ferry_conn_t *via, uint64_t req_id, uint64_t conn_key)
+{
+    ferry_engine_t *e = via->engine;
+    uint64_t peer = via->peer.engine_id;
+    int rc = 0;
+    pthread_mutex_lock(&e->conns_lock);
+    for (ferry_conn_t *c = e->conns; c && rc == 0; c = c->next) {
+        /* Another engine's connection is never touched, whatever it names. */
+        if (atomic_load(&c->cancel_peer) != peer || atomic_load(&c->done)) continue;
+        uint64_t key = atomic_load(&c->cancel_key);
+        if (key == 0 || (conn_key && key != conn_key)) continue;
+        rc = record_on(e, c, req_id);
+    }
+    pthread_mutex_unlock(&e->conns_lock);
+    return rc;
+}
 
 /* ------------------------------------------------------- stream control */
 
@@ -186,25 +226,26 @@ void ferry_stream_ctl_fire(ferry_stream_ctl_t *ctl)
 
 /* ------------------------------------------------------------ the fence */
 
-/* Sends CANCEL for every in-doubt piece, then reads every CANCEL_ACK. */
-static int fence_exchange(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, uint64_t deadline)
+/* Sends CANCEL for every id, each naming its data connection, then reads
+ * every CANCEL_ACK. */
+static int fence_exchange(ferry_conn_t *c, const ferry_fence_id_t *ids, size_t n, uint64_t deadline)
 {
     for (size_t i = 0; i < n; i++) {
-        if (!xs[i].inflight) continue;
-        ferry_frame_t f = {.type = FERRY_FRAME_CANCEL, .req_id = xs[i].req_id};
+        ferry_frame_t f = {.type = FERRY_FRAME_CANCEL, .req_id = ids[i].req_id, .aux = ids[i].conn_key};
         int rc = ferry_conn_send_frame(c, &f, NULL, deadline);
         if (rc) return rc;
     }
     for (size_t i = 0; i < n; i++) {
-        if (!xs[i].inflight) continue;
         ferry_frame_t f;
         int rc = ferry_conn_recv_frame(c, &f, deadline);
         if (rc) return rc;
-        if (f.type == FERRY_FRAME_ERROR)
-            return ferry_fail(f.status < 0 ? f.status : FERRY_ERR_MALFORMED_FRAME, "the target refused CANCEL");
-        if (f.type != FERRY_FRAME_CANCEL_ACK || f.req_id != xs[i].req_id)
+        if (f.type == FERRY_FRAME_ERROR) {
+            if (f.status < 0) return ferry_conn_fail_from_target(c, &f, deadline, NULL, 0);
+            return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "the target refused CANCEL");
+        }
+        if (f.type != FERRY_FRAME_CANCEL_ACK || f.req_id != ids[i].req_id)
             return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "CANCEL of request %llu answered by %s for %llu",
-                              (unsigned long long)xs[i].req_id, ferry_frame_type_name(f.type),
+                              (unsigned long long)ids[i].req_id, ferry_frame_type_name(f.type),
                               (unsigned long long)f.req_id);
     }
     return 0;
@@ -222,7 +263,7 @@ static bool target_gone(int rc)
     return rc == FERRY_ERR_SOCKET && strstr(ferry_last_error_detail(), strerror(ECONNREFUSED)) != NULL;
 }
 
-static int fence(ferry_session_t *s, ferry_xfer_t *xs, size_t n, uint64_t deadline, bool *gone)
+static int fence(ferry_session_t *s, const ferry_fence_id_t *ids, size_t n, uint64_t deadline, bool *gone)
 {
     int rc = 0;
     *gone = false;
@@ -235,7 +276,7 @@ static int fence(ferry_session_t *s, ferry_xfer_t *xs, size_t n, uint64_t deadli
         ferry_conn_t *c;
         rc = ferry_session_checkout_spare(s, deadline, attempt > 0, &c);
         if (rc == 0) {
-            rc = fence_exchange(c, xs, n, deadline);
+            rc = fence_exchange(c, ids, n, deadline);
             ferry_session_checkin(s, c, rc == 0);
         }
         if (rc == 0) return 0;
@@ -256,7 +297,7 @@ static int fence(ferry_session_t *s, ferry_xfer_t *xs, size_t n, uint64_t deadli
  * it the oldest are dropped, with a warning. */
 #define MAX_UNFENCED 4096
 
-static void remember_unfenced(ferry_session_t *s, uint64_t req_id)
+static void remember_unfenced(ferry_session_t *s, ferry_fence_id_t id)
 {
     pthread_mutex_lock(&s->lock);
     if (!s->unfenced) s->unfenced = calloc(MAX_UNFENCED, sizeof *s->unfenced);
@@ -267,7 +308,7 @@ static void remember_unfenced(ferry_session_t *s, uint64_t req_id)
             memmove(s->unfenced, s->unfenced + 1, (MAX_UNFENCED - 1) * sizeof *s->unfenced);
             s->nunfenced--;
         }
-        s->unfenced[s->nunfenced++] = req_id;
+        s->unfenced[s->nunfenced++] = id;
     }
     pthread_mutex_unlock(&s->lock);
 }
@@ -276,19 +317,16 @@ void ferry_fence_pending(ferry_session_t *s, uint64_t deadline)
 {
     pthread_mutex_lock(&s->lock);
     size_t n = s->nunfenced;
-    ferry_xfer_t *xs = n ? calloc(n, sizeof *xs) : NULL;
-    for (size_t i = 0; xs && i < n; i++) {
-        xs[i].req_id = s->unfenced[i];
-        xs[i].inflight = 1;
-    }
+    ferry_fence_id_t *ids = n ? malloc(n * sizeof *ids) : NULL;
+    if (ids) memcpy(ids, s->unfenced, n * sizeof *ids);
     pthread_mutex_unlock(&s->lock);
-    if (!xs) return;
+    if (!ids) return;
     char saved[1024];
     snprintf(saved, sizeof saved, "%s", ferry_fail_message());
     int saved_code = ferry_last_error_code();
     bool gone = false;
     uint64_t cap = ferry_deadline_after_ms(s->engine->cfg.cancel_timeout_ms);
-    int rc = fence(s, xs, n, cap < deadline ? cap : deadline, &gone);
+    int rc = fence(s, ids, n, cap < deadline ? cap : deadline, &gone);
     if (rc == 0 || gone) {
         /* Drop what we fenced; ids added meanwhile stay. */
         pthread_mutex_lock(&s->lock);
@@ -298,11 +336,11 @@ void ferry_fence_pending(ferry_session_t *s, uint64_t deadline)
         FERRY_LOG(FERRY_LOG_INFO, "cancel", "%s: %zu earlier unconfirmed cancel(s) now confirmed%s", s->name, n,
                   gone ? " (the target is gone)" : "");
     }
-    free(xs);
+    free(ids);
     ferry_fail(saved_code, "%s", saved);
 }
 
-size_t ferry_fence_in_doubt(ferry_session_t *s, ferry_xfer_t *xs, size_t n, int cause)
+size_t ferry_fence_in_doubt(ferry_session_t *s, ferry_xfer_t *xs, size_t n, int cause, uint64_t conn_key)
 {
     size_t doubt = 0;
     for (size_t i = 0; i < n; i++) doubt += xs[i].inflight ? 1 : 0;
@@ -313,7 +351,16 @@ size_t ferry_fence_in_doubt(ferry_session_t *s, ferry_xfer_t *xs, size_t n, int 
     int saved_code = ferry_last_error_code();
     uint64_t t0 = ferry_now_ns();
     bool gone = false;
-    int rc = fence(s, xs, n, ferry_deadline_after_ms(e->cfg.cancel_timeout_ms), &gone);
+    int rc = FERRY_ERR_MEMORY;
+    ferry_fence_id_t *ids = malloc(doubt * sizeof *ids);
+    if (ids) {
+        for (size_t i = 0, k = 0; i < n; i++)
+            if (xs[i].inflight) ids[k++] = (ferry_fence_id_t){xs[i].req_id, conn_key};
+        rc = fence(s, ids, doubt, ferry_deadline_after_ms(e->cfg.cancel_timeout_ms), &gone);
+        free(ids);
+    } else {
+        ferry_fail(rc, "fencing %zu request(s): out of memory", doubt);
+    }
     size_t unconfirmed = 0;
     if (rc == 0 || gone) {
         FERRY_LOG(FERRY_LOG_DEBUG, "cancel", "%zu request(s) to %s fenced after %s in %.2f ms%s", doubt, s->name,
@@ -341,10 +388,9 @@ size_t ferry_fence_in_doubt(ferry_session_t *s, ferry_xfer_t *xs, size_t n, int 
                                           x->opcode == FERRY_OP_WRITE ? "write" : "read",
                                           (unsigned long long)x->remote, (unsigned long long)x->len, s->name,
                                           ferry_error_name(cause), slices, e->cfg.cancel_timeout_ms, why));
+            remember_unfenced(s, (ferry_fence_id_t){x->req_id, conn_key});
         }
         FERRY_LOG(FERRY_LOG_WARN, "cancel", "%zu request(s) to %s could not be fenced: %s", unconfirmed, s->name, why);
-        for (size_t i = 0; i < n; i++)
-            if (xs[i].rc == FERRY_ERR_CANCEL_UNCONFIRMED) remember_unfenced(s, xs[i].req_id);
     }
     ferry_fail(saved_code, "%s", saved);
     return unconfirmed;

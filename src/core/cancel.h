@@ -15,17 +15,26 @@
  *    for CANCEL_ACK. Only then is the piece reported (TIMEOUT, CANCELLED, or
  *    retried under a new id). If the target cannot confirm, the request
  *    fails with CANCEL_UNCONFIRMED: its pages must not be reused yet.
- *  - The target records the id in its cancel set, then takes the registry's
- *    write lock once (a barrier): a chunk being placed holds the read lock,
- *    so it finishes first, and every later chunk checks the cancel set under
- *    the read lock before touching memory. CANCEL_ACK goes out after the
- *    barrier, so once it arrives no byte of that id can land.
- *  - The target forgets an id once every connection that could carry its
- *    frames has ended: frames of a fenced id travel only on connections
- *    accepted before the fence's own connection (accept order is FIFO, and
- *    the initiator never sends a fenced id again), so an entry records the
- *    fence connection's serial and lives while an older connection is
- *    served. A cap bounds memory against a flood (oldest dropped, logged).
+ *  - Every CANCEL names, besides the id, the data connection that carried
+ *    its frames: the key the target gave that connection in its HELLO_ACK
+ *    (aux). The target records the id in that connection's own cancel set
+ *    (and only if the CANCEL comes from the same peer engine), then takes
+ *    the registry's write lock once (a barrier): a chunk being placed holds
+ *    the read lock, so it finishes first, and every later chunk checks its
+ *    connection's set under the read lock before touching memory.
+ *    CANCEL_ACK goes out after the barrier, so once it arrives no byte of
+ *    that id can land. A key no live connection has means that connection
+ *    is over: nothing of it can land, the ack goes at once.
+ *  - A set lives exactly as long as its connection: the initiator never
+ *    sends a fenced id again, so nothing else can carry it. It does not
+ *    matter which connection the CANCEL travels on, nor how old it is.
+ *  - Sets are bounded per connection and in total; past either bound a
+ *    CANCEL is refused (ERROR, the initiator reports CANCEL_UNCONFIRMED),
+ *    never an older entry forgotten, so a peer flooding CANCELs can neither
+ *    evict another peer's fences nor make them forgotten. The warning is
+ *    rate-limited.
+ *  - A CANCEL with key 0 (an initiator that predates keys) is recorded on
+ *    every live connection of the same peer engine, bounded the same way.
  *
  * Not a public header. */
 #ifndef FERRY_CANCEL_H
@@ -37,34 +46,50 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct ferry_conn;
+struct ferry_engine;
 struct ferry_session;
 struct ferry_xfer;
 
+/* A request id and the key of the data connection that carried it. */
+typedef struct ferry_fence_id {
+    uint64_t req_id, conn_key;
+} ferry_fence_id_t;
+
 /* ------------------------------------------------------- target side */
 
-/* Entries above this drop the oldest (a warning is logged). */
-#define FERRY_CANCEL_SET_MAX (1u << 18)
-
-typedef struct ferry_cancel_entry ferry_cancel_entry_t;
+/* Ids one served connection refuses; past this a CANCEL for it is refused. */
+#define FERRY_CANCEL_CONN_MAX 4096
+/* Ids remembered by all connections of an engine together. */
+#define FERRY_CANCEL_ENGINE_MAX (1u << 18)
 
 typedef struct ferry_cancel_set {
     pthread_mutex_t lock;
-    void *root;                       /* tsearch tree by (engine id, req id) */
-    ferry_cancel_entry_t *head, *tail; /* insertion order, oldest first */
+    void *root;                       /* tsearch tree; the id is the key */
     atomic_size_t count;              /* read without the lock: 0 = fast path */
 } ferry_cancel_set_t;
 
 void ferry_cancel_set_init(ferry_cancel_set_t *cs);
 void ferry_cancel_set_destroy(ferry_cancel_set_t *cs);
-/* Refuses frames of (engine_id, req_id) from now on. before: serial of the
- * connection the CANCEL came on; the entry lives while a connection with a
- * lower serial is still served. 0 or MEMORY (then no CANCEL_ACK may go). */
-int ferry_cancel_set_add(ferry_cancel_set_t *cs, uint64_t engine_id, uint64_t req_id, uint64_t before);
-bool ferry_cancel_set_has(ferry_cancel_set_t *cs, uint64_t engine_id, uint64_t req_id);
-/* Drops entries no live connection can carry: oldest_live is the lowest
- * serial of a connection still served (UINT64_MAX when none). */
-void ferry_cancel_set_prune(ferry_cancel_set_t *cs, uint64_t oldest_live);
+/* 1 added, 0 already there, or MEMORY. */
+int ferry_cancel_set_add(ferry_cancel_set_t *cs, uint64_t req_id);
+bool ferry_cancel_set_has(ferry_cancel_set_t *cs, uint64_t req_id);
 size_t ferry_cancel_set_count(ferry_cancel_set_t *cs);
+
+/* Target: records the CANCEL of req_id that arrived on connection via for
+ * the data connection with key conn_key (see above). 0, or the refusal
+ * (TOO_MANY_REQUESTS, MEMORY) with its detail: then no CANCEL_ACK may go. */
+int ferry_cancel_record(struct ferry_conn *via, uint64_t req_id, uint64_t conn_key);
+/* Target, before HELLO_ACK goes out on c: gives c its key (returned, for
+ * the HELLO_ACK's aux) and publishes which peer engine it serves. */
+uint64_t ferry_cancel_conn_open(struct ferry_conn *c);
+/* Whether served connection c refuses frames of req_id (registry read lock
+ * held, see above). */
+bool ferry_conn_is_cancelled(struct ferry_conn *c, uint64_t req_id);
+/* Frees c's cancel set, when it has one (ferry_conn_free). */
+void ferry_cancel_conn_close(struct ferry_conn *c);
+/* Ids remembered by all of e's connections together. */
+size_t ferry_cancel_engine_count(struct ferry_engine *e);
 
 /* ---------------------------------------------------- initiator side */
 
@@ -87,12 +112,12 @@ void ferry_stream_ctl_arm(ferry_stream_ctl_t *ctl, int fd);
 bool ferry_stream_ctl_disarm(ferry_stream_ctl_t *ctl);
 void ferry_stream_ctl_fire(ferry_stream_ctl_t *ctl);
 
-/* After a stream's connection broke (and was aborted): fences every piece
- * with frames in flight. Confirmed pieces get inflight 0 and a fresh id (a
+/* After a stream's connection (key conn_key, see ferry_conn_t) broke and
+ * was aborted: fences every piece with frames in flight. Confirmed pieces get inflight 0 and a fresh id (a
  * retry cannot be refused); unconfirmed ones fail with CANCEL_UNCONFIRMED.
  * cause is the code that broke the stream; the calling thread's error
  * detail is kept. Returns how many pieces stayed unconfirmed. */
-size_t ferry_fence_in_doubt(struct ferry_session *s, struct ferry_xfer *xs, size_t n, int cause);
+size_t ferry_fence_in_doubt(struct ferry_session *s, struct ferry_xfer *xs, size_t n, int cause, uint64_t conn_key);
 
 /* Before a new request goes out: fences again the requests whose cancel the
  * peer never confirmed (their bytes may still sit in the network), so that

@@ -87,6 +87,7 @@ void ferry_conn_free(ferry_conn_t *c)
 {
     if (!c) return;
     if (c->fd >= 0) close(c->fd);
+    ferry_cancel_conn_close(c);
     if (c->xport_free) c->xport_free(c->xport);
     free(c->bounce);
     free(c->vec);
@@ -443,7 +444,9 @@ int ferry_serve_hello(ferry_conn_t *c, const ferry_frame_t *f)
     } else if (!we_auth) {
         status = admit_established(c); /* with a secret: once the peer proved it */
     }
-    ferry_frame_t out = {.type = FERRY_FRAME_HELLO_ACK, .status = status, .plen = (uint32_t)alen};
+    /* aux: the key CANCELs name this connection by (cancel.h). */
+    ferry_frame_t out = {.type = FERRY_FRAME_HELLO_ACK, .status = status, .plen = (uint32_t)alen,
+                         .aux = status ? 0 : ferry_cancel_conn_open(c)};
     int src = ferry_conn_send_frame(c, &out, ack, deadline);
     if (status == FERRY_ERR_AUTH_FAILED || status == FERRY_ERR_TOO_MANY_REQUESTS)
         return status; /* keeps its detail for the log */
@@ -489,20 +492,22 @@ static int serve_notify(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadli
     return ferry_conn_send_frame(c, &ack, NULL, deadline);
 }
 
-bool ferry_engine_is_cancelled(ferry_engine_t *e, uint64_t engine_id, uint64_t req_id)
-{
-    return req_id && ferry_cancel_set_has(&e->cancels, engine_id, req_id);
-}
+static void send_error(ferry_conn_t *c, int code);
 
-/* Records the cancel, then waits out every placement in progress (they hold
- * the registry's read lock): once CANCEL_ACK is sent, no byte of the request
- * can land, because every later chunk checks the cancel set first under
- * that lock (cancel.h). */
+/* Records the cancel on the data connection it names (aux), then waits out
+ * every placement in progress (they hold the registry's read lock): once
+ * CANCEL_ACK is sent, no byte of the request can land, because every later
+ * chunk checks its connection's cancel set first under that lock
+ * (cancel.h). */
 static int serve_cancel(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline)
 {
     ferry_engine_t *e = c->engine;
-    int rc = ferry_cancel_set_add(&e->cancels, c->peer.engine_id, f->req_id, c->serial);
-    if (rc) return rc; /* no ack: the initiator reports CANCEL_UNCONFIRMED */
+    int rc = ferry_cancel_record(c, f->req_id, f->aux);
+    if (rc) {
+        /* No ack: the initiator reports CANCEL_UNCONFIRMED. */
+        send_error(c, rc);
+        return rc;
+    }
     ferry_registry_barrier(&e->registry);
     ferry_frame_t ack = {.type = FERRY_FRAME_CANCEL_ACK, .req_id = f->req_id};
     return ferry_conn_send_frame(c, &ack, NULL, deadline);
@@ -598,37 +603,31 @@ static void *serve_thread(void *arg)
     return NULL;
 }
 
-/* Forgets cancels that no served connection can carry any more (cancel.h). */
-static void prune_cancels_locked(ferry_engine_t *e)
-{
-    uint64_t oldest = UINT64_MAX;
-    for (ferry_conn_t *c = e->conns; c; c = c->next)
-        if (!atomic_load(&c->done) && c->serial < oldest) oldest = c->serial;
-    ferry_cancel_set_prune(&e->cancels, oldest);
-}
-
-/* Joins and frees served connections whose threads have finished. */
+/* Joins and frees served connections whose threads have finished. Only
+ * the listener (or destroy, after it) changes the list, so *pp stays put
+ * while the lock is dropped. A connection leaves the list only once its
+ * thread is joined: a CANCEL naming it must find it while it can still
+ * place a byte (cancel.h). */
 static void reap_conns(ferry_engine_t *e, bool all)
 {
     pthread_mutex_lock(&e->conns_lock);
-    bool reaped = false;
     ferry_conn_t **pp = &e->conns;
     while (*pp) {
         ferry_conn_t *c = *pp;
         if (all || atomic_load(&c->done)) {
-            *pp = c->next;
-            e->nconns_served--;
             pthread_mutex_unlock(&e->conns_lock);
             if (all) shutdown(c->fd, SHUT_RDWR);
             pthread_join(c->thread, NULL);
+            pthread_mutex_lock(&e->conns_lock);
+            *pp = c->next;
+            e->nconns_served--;
+            pthread_mutex_unlock(&e->conns_lock);
             ferry_conn_free(c);
             pthread_mutex_lock(&e->conns_lock);
-            reaped = true;
         } else {
             pp = &c->next;
         }
     }
-    if (reaped) prune_cancels_locked(e);
     pthread_mutex_unlock(&e->conns_lock);
 }
 
@@ -811,7 +810,9 @@ static void engine_free(ferry_engine_t *e)
     pthread_mutex_destroy(&e->queue_lock);
     pthread_cond_destroy(&e->queue_cond);
     pthread_mutex_destroy(&e->notify_lock);
-    ferry_cancel_set_destroy(&e->cancels);
+    pthread_mutex_destroy(&e->busy_lock);
+    pthread_mutex_destroy(&e->calls_lock);
+    pthread_cond_destroy(&e->calls_cond);
     free(e->cfg_strings);
     free(e);
 }
@@ -825,7 +826,9 @@ static ferry_engine_t *engine_alloc(void)
     pthread_mutex_init(&e->queue_lock, NULL);
     ferry_cond_init_monotonic(&e->queue_cond);
     pthread_mutex_init(&e->notify_lock, NULL);
-    ferry_cancel_set_init(&e->cancels);
+    pthread_mutex_init(&e->busy_lock, NULL);
+    pthread_mutex_init(&e->calls_lock, NULL);
+    pthread_cond_init(&e->calls_cond, NULL);
     atomic_store(&e->next_conn_serial, 1);
     ferry_registry_init(&e->registry);
     ferry_metrics_init(&e->metrics);
@@ -908,6 +911,38 @@ fail:
     return rc;
 }
 
+int ferry_engine_enter(ferry_engine_t *e)
+{
+    atomic_fetch_add(&e->calls, 1);
+    if (atomic_load(&e->stopping))
+        return ferry_engine_leave(e, ferry_fail(FERRY_ERR_CONTEXT, "the engine is shutting down"));
+    return 0;
+}
+
+int ferry_engine_leave(ferry_engine_t *e, int rc)
+{
+    bool ours = rc == FERRY_ERR_PEER_CLOSED || rc == FERRY_ERR_SOCKET || rc == FERRY_ERR_TIMEOUT;
+    if (ours && atomic_load(&e->stopping))
+        rc = ferry_fail(FERRY_ERR_CONTEXT, "the engine was destroyed during the call (%s)", ferry_last_error_detail());
+    /* The last one out while destroy waits tells it; nothing of e is
+     * touched after that. */
+    if (atomic_fetch_sub(&e->calls, 1) == 1 && atomic_load(&e->stopping)) {
+        pthread_mutex_lock(&e->calls_lock);
+        pthread_cond_broadcast(&e->calls_cond);
+        pthread_mutex_unlock(&e->calls_lock);
+    }
+    return rc;
+}
+
+/* Each call still in progress was woken (ferry_sessions_interrupt) and
+ * ends within its fence's cancel_timeout_ms. */
+static void wait_for_calls(ferry_engine_t *e)
+{
+    pthread_mutex_lock(&e->calls_lock);
+    while (atomic_load(&e->calls) > 0) pthread_cond_wait(&e->calls_cond, &e->calls_lock);
+    pthread_mutex_unlock(&e->calls_lock);
+}
+
 void ferry_engine_destroy(ferry_engine_t *e)
 {
     if (!e) return;
@@ -915,9 +950,12 @@ void ferry_engine_destroy(ferry_engine_t *e)
      * answering. It stays open for our own lookups until no thread is left. */
     ferry_directory_unpublish(e);
     atomic_store(&e->stopping, true);
+    ferry_sessions_interrupt(e);
     if (write(e->wake_fd[1], "x", 1) < 0) { /* the listener also polls with a timeout */ }
     pthread_join(e->listener, NULL);
     reap_conns(e, true);
+    /* Calls in progress may hand pieces to the workers: they go first. */
+    wait_for_calls(e);
     ferry_workers_stop(e);
     ferry_sessions_destroy(e);
     ferry_directory_stop(e);

@@ -29,11 +29,18 @@ typedef struct ferry_conn {
     unsigned char *bounce;     /* checksum / device-memory staging, lazily made */
     size_t bounce_cap;         /* its size; 0 = FERRY_WIRE_MAX_DATA (the target's checksum staging) */
     struct ferry_conn *next;   /* target side: list of served connections */
+    struct ferry_conn *busy_prev, *busy_next; /* initiator side: the engine's checked-out list */
     pthread_t thread;          /* target side: its serving thread */
     atomic_bool done;          /* target side: the thread has finished */
     void *xport;               /* a transport's per-connection state, or NULL */
     void (*xport_free)(void *); /* frees xport with the connection */
-    uint64_t serial;           /* target side: accept order, 1, 2, ... (cancel.h) */
+    uint64_t serial;           /* target side: accept order, 1, 2, ... */
+    /* Cancels (cancel.h). Target side: the key this connection was given in
+     * its HELLO_ACK, the peer engine it serves (both published once the
+     * handshake is read, 0 before), and the ids it refuses (NULL: none).
+     * Initiator side: cancel_key is the key the target gave. */
+    _Atomic uint64_t cancel_key, cancel_peer;
+    _Atomic(ferry_cancel_set_t *) cancels;
     uint64_t pool_gen;         /* initiator side: the session's pool generation at connect */
     char remote[64];           /* target side: the socket's peer address, for logs */
     /* Target side, for the listener's limits (engine.c): where the
@@ -85,7 +92,7 @@ struct ferry_session {
     ferry_peer_stats_t *stats;  /* the engine's metrics entry for this peer */
     /* Request ids whose cancel the peer has not confirmed yet (cancel.c):
      * fenced again before the next request goes out. */
-    uint64_t *unfenced;
+    ferry_fence_id_t *unfenced;
     size_t nunfenced;
 
     /* The peer's remote-accessible segments, sorted by address. */
@@ -180,6 +187,15 @@ struct ferry_engine {
     struct ferry_session_table *session_table;
     atomic_int nsessions;
 
+    /* Initiator connections checked out or connecting (session.c): destroy
+     * shuts them down to wake the calls blocked on them. */
+    pthread_mutex_t busy_lock;
+    ferry_conn_t *busy;
+    /* Public calls in progress (ferry_engine_enter); destroy waits for 0. */
+    atomic_int calls;
+    pthread_mutex_t calls_lock;
+    pthread_cond_t calls_cond;
+
     /* Async batch workers. */
     pthread_mutex_t queue_lock;
     pthread_cond_t queue_cond;
@@ -194,10 +210,10 @@ struct ferry_engine {
     size_t notify_bytes;
     struct ferry_notify_tables *notify_tables; /* queued per sender and per address (notify.c) */
 
-    /* Requests initiators cancelled, whose late frames this target refuses
-     * (cancel.h); connections get serials in accept order. */
-    ferry_cancel_set_t cancels;
+    /* Connections get serials in accept order; cancelled requests are kept
+     * per served connection, this many in all (cancel.h). */
     _Atomic uint64_t next_conn_serial;
+    atomic_size_t cancels_held;
 
     /* The RDMA transport's state (src/transport/rdma.c): probe result and
      * device context, made at first use. */
@@ -219,12 +235,19 @@ int ferry_config_copy(ferry_engine_t *e, const ferry_config_t *cfg);
 #define FERRY_MAX_QUEUED_NOTIFY FERRY_NOTIFY_QUEUE_MAX
 #define FERRY_MAX_QUEUED_NOTIFY_BYTES (256u << 20)
 
+/* engine.c: a public call that may block on a peer enters first (CONTEXT
+ * once destroy began) and leaves when done; destroy wakes the calls in
+ * progress and waits until they all left before freeing anything. */
+int ferry_engine_enter(ferry_engine_t *e);
+/* Returns rc, except that a link failure (PEER_CLOSED, SOCKET, TIMEOUT)
+ * while destroy runs, which destroy caused, becomes CONTEXT. */
+int ferry_engine_leave(ferry_engine_t *e, int rc);
+
 /* engine.c: target side */
 int ferry_serve_hello(ferry_conn_t *c, const ferry_frame_t *f);
 /* Runs a served connection to its end: handshake, then frames until the
  * peer leaves, misbehaves or the engine stops. Frees nothing. */
 void ferry_serve_connection(ferry_conn_t *c);
-bool ferry_engine_is_cancelled(ferry_engine_t *e, uint64_t engine_id, uint64_t req_id);
 void ferry_hello_fill(ferry_engine_t *e, ferry_hello_t *h);
 /* The newest protocol version this engine speaks (a test may pin it:
  * ferry_test_set_protocol_version, core/testing.h), and the one both ends
@@ -274,6 +297,10 @@ int ferry_session_refresh_segments(ferry_session_t *s, uint64_t deadline);
  * afresh, epoch check included, and refetches the segments. */
 void ferry_session_teardown(ferry_session_t *s);
 void ferry_sessions_destroy(ferry_engine_t *e);
+/* Destroy began (e->stopping set): shuts down every checked-out connection
+ * and wakes every wait for one, so that each call blocked on a peer comes
+ * out at once. */
+void ferry_sessions_interrupt(ferry_engine_t *e);
 /* The session table: made once config.max_sessions is known, freed with
  * the engine (ferry_sessions_destroy empties it). */
 int ferry_sessions_init(ferry_engine_t *e);

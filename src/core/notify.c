@@ -215,7 +215,12 @@ static int send_notify(ferry_conn_t *c, const void *msg, size_t len, uint64_t de
     return 0;
 }
 
-int ferry_notify(ferry_engine_t *e, const char *peer, const void *msg, size_t len)
+static int notify(ferry_engine_t *e, const char *peer, const void *msg, size_t len)
+{
+    return ferry_notify_timeout(e, peer, msg, len, 0);
+}
+
+int ferry_notify_timeout(ferry_engine_t *e, const char *peer, const void *msg, size_t len, int timeout_ms)
 {
     ferry_clear_last_error();
     if (!e || !peer || (!msg && len)) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "notify: NULL argument");
@@ -225,7 +230,7 @@ int ferry_notify(ferry_engine_t *e, const char *peer, const void *msg, size_t le
     ferry_session_t *s;
     int rc = ferry_session_get(e, peer, &s);
     if (rc) return rc;
-    uint64_t deadline = ferry_deadline_after_ms(e->cfg.timeout_ms);
+    uint64_t deadline = ferry_deadline_after_ms(timeout_ms > 0 ? timeout_ms : e->cfg.timeout_ms);
     for (int attempt = 0; attempt <= e->cfg.retries; attempt++) {
         ferry_conn_t *c;
         rc = ferry_session_checkout(s, deadline, &c);
@@ -239,6 +244,15 @@ int ferry_notify(ferry_engine_t *e, const char *peer, const void *msg, size_t le
     ferry_session_put(s);
     if (rc) ferry_fail_context("notify %s (%zu bytes)", peer, len);
     return rc;
+}
+
+/* Inside the engine's count of calls in progress (engine.h). */
+int ferry_notify(ferry_engine_t *e, const char *peer, const void *msg, size_t len)
+{
+    int rc = e ? ferry_engine_enter(e) : 0;
+    if (rc) return rc;
+    rc = notify(e, peer, msg, len);
+    return e ? ferry_engine_leave(e, rc) : rc;
 }
 
 long ferry_get_notifications(ferry_engine_t *e, ferry_notification_t *out, size_t max)

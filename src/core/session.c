@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "auth.h"
@@ -273,6 +274,7 @@ static int recv_hello_ack(ferry_conn_t *c, ferry_session_t *s, uint8_t *ack, siz
     rc = ferry_net_recv(c->fd, ack, f.plen, deadline);
     if (rc) return rc;
     *alen = f.plen;
+    atomic_store(&c->cancel_key, f.aux); /* names this connection in CANCELs (cancel.h) */
     rc = ferry_hello_decode(ack, f.plen, &c->peer);
     if (rc) return rc;
     int ours = ferry_protocol_version_advertised(e);
@@ -417,7 +419,60 @@ static int handshake(ferry_conn_t *c, ferry_session_t *s, uint64_t deadline)
     return rc;
 }
 
-static int connect_new(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out)
+/* ------------------------------------------------- checked-out connections */
+
+/* Lists c as in use. Once destroy began, only a fence (spare) may still
+ * use a connection (bounded by cancel_timeout_ms): others get CONTEXT. The
+ * check is made under the list's lock, so ferry_sessions_interrupt either
+ * sees c or c sees the engine stopping. */
+static int busy_add(ferry_conn_t *c, bool spare)
+{
+    ferry_engine_t *e = c->engine;
+    pthread_mutex_lock(&e->busy_lock);
+    bool stopping = atomic_load(&e->stopping);
+    if (spare || !stopping) {
+        c->busy_prev = NULL;
+        c->busy_next = e->busy;
+        if (e->busy) e->busy->busy_prev = c;
+        e->busy = c;
+    }
+    pthread_mutex_unlock(&e->busy_lock);
+    if (spare || !stopping) return 0;
+    return ferry_fail(FERRY_ERR_CONTEXT, "the engine is shutting down");
+}
+
+static void busy_remove(ferry_conn_t *c)
+{
+    ferry_engine_t *e = c->engine;
+    pthread_mutex_lock(&e->busy_lock);
+    if (c->busy_prev)
+        c->busy_prev->busy_next = c->busy_next;
+    else if (e->busy == c)
+        e->busy = c->busy_next;
+    if (c->busy_next) c->busy_next->busy_prev = c->busy_prev;
+    c->busy_prev = c->busy_next = NULL;
+    pthread_mutex_unlock(&e->busy_lock);
+}
+
+void ferry_sessions_interrupt(ferry_engine_t *e)
+{
+    pthread_mutex_lock(&e->busy_lock);
+    /* Listed connections are open: they leave the list before closing. */
+    for (ferry_conn_t *c = e->busy; c; c = c->busy_next) shutdown(c->fd, SHUT_RDWR);
+    pthread_mutex_unlock(&e->busy_lock);
+    /* Waits for a connection see the engine stopping. A session out of the
+     * table (closed, or replaced after a restart) is woken by the checkins
+     * of its interrupted connections (ferry_session_checkin). */
+    struct ferry_session_table *t = e->session_table;
+    for (size_t b = 0; b <= t->mask; b++) {
+        pthread_mutex_lock(stripe_of(t, b));
+        for (ferry_session_t *s = t->buckets[b]; s; s = s->next) ferry_session_wake(s);
+        pthread_mutex_unlock(stripe_of(t, b));
+    }
+}
+
+/* Connects, handshakes, and lists the connection as in use. */
+static int connect_new(ferry_session_t *s, uint64_t deadline, bool spare, ferry_conn_t **out)
 {
     ferry_engine_t *e = s->engine;
     uint64_t cdl = ferry_deadline_after_ms(e->cfg.connect_timeout_ms);
@@ -447,10 +502,17 @@ static int connect_new(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out
         free(c);
         return rc;
     }
+    rc = busy_add(c, spare);
+    if (rc) {
+        ferry_conn_free(c);
+        return rc;
+    }
     ferry_net_tune(c->fd, e->cfg.keepalive_ms);
     rc = handshake(c, s, cdl);
     if (rc) {
         if (rc == FERRY_ERR_TIMEOUT) ferry_fail_context("handshake with %s", s->name);
+        if (atomic_load(&e->stopping) && !spare) rc = ferry_fail(FERRY_ERR_CONTEXT, "the engine is shutting down");
+        busy_remove(c);
         ferry_conn_free(c);
         return rc;
     }
@@ -476,11 +538,11 @@ static bool conn_looks_healthy(ferry_conn_t *c)
 
 /* With s->lock held: counts a new connection, releases the lock and
  * connects; a failed connect gives its place back. */
-static int connect_counted(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out)
+static int connect_counted(ferry_session_t *s, uint64_t deadline, bool spare, ferry_conn_t **out)
 {
     s->nconns++;
     pthread_mutex_unlock(&s->lock);
-    int rc = connect_new(s, deadline, out);
+    int rc = connect_new(s, deadline, spare, out);
     if (rc) {
         pthread_mutex_lock(&s->lock);
         s->nconns--;
@@ -520,18 +582,25 @@ int ferry_session_checkout_abortable(ferry_session_t *s, uint64_t deadline, atom
             pthread_mutex_unlock(&s->lock);
             return ferry_fail(FERRY_ERR_CANCELLED, "interrupted while waiting for a connection to %s", s->name);
         }
+        if (atomic_load(&s->engine->stopping)) {
+            pthread_mutex_unlock(&s->lock);
+            return ferry_fail(FERRY_ERR_CONTEXT, "the engine is shutting down");
+        }
         if (s->state != SESSION_OK) {
             int rc = state_error(s);
             pthread_mutex_unlock(&s->lock);
             return rc;
         }
-        if (atomic_load(&s->engine->stopping)) {
-            pthread_mutex_unlock(&s->lock);
-            return ferry_fail(FERRY_ERR_CONTEXT, "the engine is shutting down");
-        }
         if (s->nidle > 0) {
             ferry_conn_t *c = s->idle[--s->nidle];
             if (conn_looks_healthy(c)) {
+                int rc = busy_add(c, false);
+                if (rc) {
+                    s->nconns--;
+                    pthread_mutex_unlock(&s->lock);
+                    ferry_conn_free(c);
+                    return rc;
+                }
                 pthread_mutex_unlock(&s->lock);
                 *out = c;
                 return 0;
@@ -540,7 +609,7 @@ int ferry_session_checkout_abortable(ferry_session_t *s, uint64_t deadline, atom
             ferry_conn_free(c);
             continue;
         }
-        if (s->nconns < s->max_conns) return connect_counted(s, deadline, out);
+        if (s->nconns < s->max_conns) return connect_counted(s, deadline, false, out);
         struct timespec ts = ferry_deadline_timespec(deadline);
         if (deadline == UINT64_MAX)
             pthread_cond_wait(&s->cond, &s->lock);
@@ -559,6 +628,7 @@ int ferry_session_checkout_spare(ferry_session_t *s, uint64_t deadline, bool fre
     while (!fresh && s->state == SESSION_OK && s->nidle > 0) {
         ferry_conn_t *c = s->idle[--s->nidle];
         if (conn_looks_healthy(c)) {
+            busy_add(c, true);
             pthread_mutex_unlock(&s->lock);
             *out = c;
             return 0;
@@ -566,11 +636,12 @@ int ferry_session_checkout_spare(ferry_session_t *s, uint64_t deadline, bool fre
         s->nconns--;
         ferry_conn_free(c);
     }
-    return connect_counted(s, deadline, out);
+    return connect_counted(s, deadline, true, out);
 }
 
 void ferry_session_checkin(ferry_session_t *s, ferry_conn_t *c, bool ok)
 {
+    busy_remove(c);
     pthread_mutex_lock(&s->lock);
     if (ok && s->state == SESSION_OK && c->pool_gen == s->pool_gen && s->nidle < s->max_conns) {
         s->idle[s->nidle++] = c;
@@ -579,7 +650,10 @@ void ferry_session_checkin(ferry_session_t *s, ferry_conn_t *c, bool ok)
         s->nconns--;
         if (!ok && s->broken_conns < s->max_conns) s->broken_conns++;
     }
-    pthread_cond_signal(&s->cond);
+    if (atomic_load(&s->engine->stopping))
+        pthread_cond_broadcast(&s->cond); /* every waiter gives up, not one */
+    else
+        pthread_cond_signal(&s->cond);
     pthread_mutex_unlock(&s->lock);
     if (c) ferry_net_abort(c->fd), c->fd = -1, ferry_conn_free(c);
 }
@@ -770,10 +844,10 @@ int ferry_session_resolve(ferry_session_t *s, int opcode, uint64_t remote, uint6
 
 /* ------------------------------------------------------------- public API */
 
-int ferry_session_open(ferry_engine_t *e, const char *peer)
+static int session_open(ferry_engine_t *e, const char *peer)
 {
     ferry_clear_last_error();
-    ferry_session_t *s;
+    ferry_session_t *s = NULL; /* set when get succeeds (GCC cannot tell once this is inlined) */
     int rc = ferry_session_get(e, peer, &s);
     if (rc) return rc;
     pthread_mutex_lock(&s->lock);
@@ -842,13 +916,16 @@ int (ferry_session_info)(ferry_engine_t *e, const char *peer, ferry_peer_info_t 
     if (!info) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "session info: info is NULL");
     int rc = ferry_sized_check(info, FERRY_PEER_INFO_SIZE_0_1, "session info");
     if (rc) return rc;
+    rc = e ? ferry_engine_enter(e) : 0; /* destroy waits for it (engine.h) */
+    if (rc) return rc;
     ferry_peer_info_t all;
     rc = session_info_all(e, peer, &all);
+    if (e) rc = ferry_engine_leave(e, rc);
     if (rc == 0) ferry_sized_export(info, &all, sizeof all);
     return rc;
 }
 
-long ferry_session_segments(ferry_engine_t *e, const char *peer, ferry_segment_t *out, size_t max)
+static long session_segments(ferry_engine_t *e, const char *peer, ferry_segment_t *out, size_t max)
 {
     ferry_clear_last_error();
     if (!out && max) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "session segments: out is NULL");
@@ -868,7 +945,7 @@ long ferry_session_segments(ferry_engine_t *e, const char *peer, ferry_segment_t
     return n;
 }
 
-int ferry_session_ping(ferry_engine_t *e, const char *peer, uint64_t *rtt_us)
+static int session_ping(ferry_engine_t *e, const char *peer, uint64_t *rtt_us)
 {
     ferry_clear_last_error();
     if (!rtt_us) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "ping: rtt_us is NULL");
@@ -893,4 +970,33 @@ int ferry_session_ping(ferry_engine_t *e, const char *peer, uint64_t *rtt_us)
     if (rc) ferry_fail_context("ping %s", peer);
     ferry_session_put(s);
     return rc;
+}
+
+/* The calls that talk to a peer run inside the engine's count of calls in
+ * progress, so that destroy wakes them and waits for them (engine.h). */
+
+int ferry_session_open(ferry_engine_t *e, const char *peer)
+{
+    int rc = e ? ferry_engine_enter(e) : 0;
+    if (rc) return rc;
+    rc = session_open(e, peer);
+    return e ? ferry_engine_leave(e, rc) : rc;
+}
+
+long ferry_session_segments(ferry_engine_t *e, const char *peer, ferry_segment_t *out, size_t max)
+{
+    int rc = e ? ferry_engine_enter(e) : 0;
+    if (rc) return rc;
+    long n = session_segments(e, peer, out, max);
+    if (!e) return n;
+    rc = ferry_engine_leave(e, n < 0 ? (int)n : 0);
+    return rc ? rc : n;
+}
+
+int ferry_session_ping(ferry_engine_t *e, const char *peer, uint64_t *rtt_us)
+{
+    int rc = e ? ferry_engine_enter(e) : 0;
+    if (rc) return rc;
+    rc = session_ping(e, peer, rtt_us);
+    return e ? ferry_engine_leave(e, rc) : rc;
 }

@@ -251,10 +251,11 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
             ferry_stream_ctl_arm(ctl, c->fd);
             rc = session_transport(s)->run(c, xs, n, &broken);
             interrupted = ferry_stream_ctl_disarm(ctl);
+            uint64_t conn_key = atomic_load(&c->cancel_key);
             ferry_session_checkin(s, c, !broken && !interrupted); /* fired: shut down */
             /* No late write: what the aborted connection may still deliver
              * is fenced before anything is reported or retried (cancel.h). */
-            if (broken) ferry_fence_in_doubt(s, xs, n, rc);
+            if (broken) ferry_fence_in_doubt(s, xs, n, rc, conn_key);
         }
         if (interrupted) {
             /* A canceller broke the stream on purpose: not the peer's fault,
@@ -264,6 +265,9 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
             attempt--;
             continue;
         }
+        if (rc && atomic_load(&e->stopping))
+            rc = ferry_fail(FERRY_ERR_CONTEXT, "the engine was destroyed while the request to %s ran (%s)", s->name,
+                            ferry_error_name(rc));
         bool corrupted = false, relearned = false, refreshed = false;
         for (size_t i = 0; i < n; i++) {
             if (xs[i].rc == FERRY_ERR_STALE_SEGMENT && relearn_stale(s, &xs[i], relearns > 0, &refreshed))
@@ -404,11 +408,21 @@ static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const
     return rc;
 }
 
+/* run_sync inside the engine's count of calls in progress (destroy waits). */
+static int run_sync_entered(ferry_engine_t *e, const char *peer, int opcode, void *const *locals,
+                            const uint64_t *remotes, const size_t *lens, size_t n)
+{
+    if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "engine is NULL");
+    int rc = ferry_engine_enter(e);
+    if (rc) return rc;
+    return ferry_engine_leave(e, run_sync(e, peer, opcode, locals, remotes, lens, n));
+}
+
 int ferry_transfer_sync(ferry_engine_t *e, const char *peer, int opcode, void *local, uint64_t remote, size_t len)
 {
     ferry_clear_last_error();
     uint64_t r = remote;
-    return run_sync(e, peer, opcode, &local, &r, &len, 1);
+    return run_sync_entered(e, peer, opcode, &local, &r, &len, 1);
 }
 
 int ferry_batch_transfer_sync(ferry_engine_t *e, const char *peer, int opcode, void *const *locals,
@@ -417,5 +431,5 @@ int ferry_batch_transfer_sync(ferry_engine_t *e, const char *peer, int opcode, v
     ferry_clear_last_error();
     if (!locals || !remotes || !lens) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "batch transfer: NULL array");
     if (n == 0) return 0;
-    return run_sync(e, peer, opcode, locals, remotes, lens, n);
+    return run_sync_entered(e, peer, opcode, locals, remotes, lens, n);
 }

@@ -19,9 +19,25 @@ static const char *detail_message(const char *detail, int code)
     return strncmp(detail, prefix, n) == 0 ? detail + n : detail;
 }
 
+/* How long a failure notice may wait for a peer that just let a transfer
+ * time out (or could not confirm its cancel): it is likely stalled, and the
+ * caller has already waited out the transfer's own deadline. */
+#define KV_NOTICE_TO_STALLED_PEER_MS 1000
+
+static int send_failure_notice(ferry_engine_t *e, const char *peer, uint64_t request_id,
+                               uint32_t prefill_rank, uint32_t decode_rank, int status,
+                               const char *reason, int timeout_ms);
+
 int ferry_kv_send_failure(ferry_engine_t *e, const char *peer, uint64_t request_id,
                           uint32_t prefill_rank, uint32_t decode_rank, int status,
                           const char *reason)
+{
+    return send_failure_notice(e, peer, request_id, prefill_rank, decode_rank, status, reason, 0);
+}
+
+static int send_failure_notice(ferry_engine_t *e, const char *peer, uint64_t request_id,
+                               uint32_t prefill_rank, uint32_t decode_rank, int status,
+                               const char *reason, int timeout_ms)
 {
     if (status >= 0)
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT,
@@ -33,7 +49,7 @@ int ferry_kv_send_failure(ferry_engine_t *e, const char *peer, uint64_t request_
     unsigned char msg[FERRY_KV_NOTICE_HEADER + FERRY_KV_REASON_MAX];
     long len = ferry_kv_notice_encode(&n, msg, sizeof msg);
     if (len < 0) return (int)len;
-    return ferry_notify(e, peer, msg, (size_t)len);
+    return ferry_notify_timeout(e, peer, msg, (size_t)len, timeout_ms);
 }
 
 int kv_notify_success(ferry_engine_t *e, const char *peer, const ferry_kv_notice_t *n)
@@ -57,8 +73,9 @@ int kv_report_failure(ferry_engine_t *e, const char *peer, const ferry_kv_notice
     snprintf(reason, sizeof reason, "kv send request %llu to %s: %s: %s",
              (unsigned long long)base->request_id, peer, step,
              detail_message(ferry_last_error_detail(), code));
-    int notified = ferry_kv_send_failure(e, peer, base->request_id, base->prefill_rank,
-                                         base->decode_rank, code, reason);
+    bool stalled = code == FERRY_ERR_TIMEOUT || code == FERRY_ERR_CANCEL_UNCONFIRMED;
+    int notified = send_failure_notice(e, peer, base->request_id, base->prefill_rank, base->decode_rank,
+                                       code, reason, stalled ? KV_NOTICE_TO_STALLED_PEER_MS : 0);
     if (notified != 0)
         return ferry_fail(code, "%s (the failure notice was not delivered either: %s)", reason,
                           ferry_error_name(notified));

@@ -1190,7 +1190,7 @@ static int serve_commit(ferry_conn_t *c, struct rdma_dev *d, const ferry_frame_t
     if (err) return verbs_fail(FERRY_ERR_INTERNAL, "ibv_post_recv", d, err);
     ferry_registry_t *r = &c->engine->registry;
     ferry_registry_read_lock(r);
-    int status = ferry_engine_is_cancelled(c->engine, c->peer.engine_id, f->req_id)
+    int status = ferry_conn_is_cancelled(c, f->req_id)
                      ? ferry_fail(FERRY_ERR_CANCELLED, "request %llu was cancelled", (unsigned long long)f->req_id)
                      : ferry_registry_check_locked(r, f->addr, f->len, FERRY_MEM_REMOTE_WRITE, (uint32_t)f->aux,
                                                    "target");

@@ -490,7 +490,7 @@ static ssize_t cma_once(pid_t pid, bool write, void *mine, uint64_t theirs, size
 static int check_locked(ferry_conn_t *c, const ferry_frame_t *f, uint32_t need)
 {
     ferry_engine_t *e = c->engine;
-    if (ferry_engine_is_cancelled(e, c->peer.engine_id, f->req_id))
+    if (ferry_conn_is_cancelled(c, f->req_id))
         return ferry_fail(FERRY_ERR_CANCELLED, "request %llu was cancelled", (unsigned long long)f->req_id);
     /* The registry as it is now, whatever generation the initiator learned
      * (as tcp.c): a range registered again takes the access. */
@@ -752,7 +752,7 @@ static int vec_copy_host(ferry_conn_t *c, struct shm_conn *sc, struct ferry_vec_
     size_t i = 0;
     while (i < n && sc->state >= 0) { /* refused mid-way: the caller refuses the rest */
         ferry_registry_read_lock(r);
-        if (!checked || r->version != version || ferry_cancel_set_count(&e->cancels) > 0) {
+        if (!checked || r->version != version || ferry_vec_cancels_pending(c)) {
             ferry_vec_validate_locked(c, v, i, n, need, device);
             version = r->version;
             checked = true;

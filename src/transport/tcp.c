@@ -258,7 +258,7 @@ static int send_status(ferry_conn_t *c, uint8_t type, const ferry_frame_t *req, 
 static int check_locked(ferry_conn_t *c, const ferry_frame_t *f, uint32_t need)
 {
     ferry_engine_t *e = c->engine;
-    if (ferry_engine_is_cancelled(e, c->peer.engine_id, f->req_id))
+    if (ferry_conn_is_cancelled(c, f->req_id))
         return ferry_fail(FERRY_ERR_CANCELLED, "request %llu was cancelled", (unsigned long long)f->req_id);
     /* Against the registry as it is now, whatever generation the initiator
      * learned: a range registered again at the same address takes the
@@ -465,7 +465,7 @@ static int vec_place_direct(ferry_conn_t *c, const ferry_frame_t *f, struct ferr
                                   c->peer.name, (unsigned long long)left, (unsigned long long)f->addr);
         }
         ferry_registry_read_lock(r);
-        if (r->version != version || ferry_cancel_set_count(&e->cancels) > 0) {
+        if (r->version != version || ferry_vec_cancels_pending(c)) {
             bool device = false;
             ferry_vec_validate_locked(c, v, at, n, FERRY_MEM_REMOTE_WRITE, &device);
             for (size_t i = at; i < n; i++)
@@ -585,7 +585,7 @@ static int vec_send_from_memory(ferry_conn_t *c, struct ferry_vec_scratch *v, si
         if (w <= 0) return ferry_fail(FERRY_ERR_TIMEOUT, "read answer to %s stalled", c->peer.name);
         ferry_registry_read_lock(r);
         size_t failed = 0;
-        if (r->version != version || ferry_cancel_set_count(&e->cancels) > 0) {
+        if (r->version != version || ferry_vec_cancels_pending(c)) {
             bool device = false;
             failed = ferry_vec_validate_locked(c, v, 0, n, FERRY_MEM_REMOTE_READ, &device);
         }

@@ -28,7 +28,7 @@ typedef struct ferry_transport_ops {
     int (*run)(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken);
     /* Target side: serves frame f of a type listed in serve_types. A
      * negative return closes the connection. Before touching memory, and
-     * again before every chunk, it must check ferry_engine_is_cancelled()
+     * again before every chunk, it must check ferry_conn_is_cancelled()
      * under the registry's read lock: a CANCEL's barrier relies on it. */
     int (*serve)(ferry_conn_t *c, const ferry_frame_t *f);
     uint32_t serve_types;      /* bit (1 << frame type) for each type served */

@@ -313,7 +313,7 @@ size_t ferry_vec_validate_locked(ferry_conn_t *c, struct ferry_vec_scratch *v, s
     ferry_engine_t *e = c->engine;
     ferry_registry_t *r = &e->registry;
     const ferry_region_t *reg = NULL;
-    bool cancels = ferry_cancel_set_count(&e->cancels) > 0;
+    bool cancels = ferry_vec_cancels_pending(c);
     size_t failed = 0;
     for (size_t i = from; i < n; i++) {
         const ferry_vec_desc_t *d = &v->d[i];
@@ -322,7 +322,7 @@ size_t ferry_vec_validate_locked(ferry_conn_t *c, struct ferry_vec_scratch *v, s
             continue;
         }
         int rc = 0;
-        if (cancels && ferry_engine_is_cancelled(e, c->peer.engine_id, d->req_id)) {
+        if (cancels && ferry_conn_is_cancelled(c, d->req_id)) {
             rc = ferry_fail(FERRY_ERR_CANCELLED, "request %llu was cancelled", (unsigned long long)d->req_id);
         } else if (!fits_region(reg, d, need)) {
             rc = ferry_registry_check_locked(r, d->addr, d->len, need, d->generation, "target");

@@ -79,6 +79,13 @@ int ferry_vec_recv_descs(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_v
  * when a piece lies in device memory. Returns how many pieces failed. */
 size_t ferry_vec_validate_locked(ferry_conn_t *c, struct ferry_vec_scratch *v, size_t from, size_t n, uint32_t need,
                                  bool *device);
+/* Whether connection c refuses any request id (its cancel set is not
+ * empty): only then do pieces need a look at it (cancel.h). */
+static inline bool ferry_vec_cancels_pending(ferry_conn_t *c)
+{
+    ferry_cancel_set_t *cs = atomic_load_explicit(&c->cancels, memory_order_acquire);
+    return cs && ferry_cancel_set_count(cs) > 0;
+}
 /* Records piece i's failure rc (the thread's detail) in v. */
 void ferry_vec_fail_piece(struct ferry_vec_scratch *v, size_t i, int rc);
 /* Sends the one answer for frame req of n pieces. */

@@ -12,7 +12,8 @@
  *    24     8  addr: target address (WRITE, READ_REQ, CMA_*)
  *    32     8  len: operation length in bytes
  *    40     8  aux: region generation (WRITE, READ_REQ), source address (CMA),
- *              segment version (SEG_PAGE), start index (SEG_QUERY)
+ *              segment version (SEG_PAGE), start index (SEG_QUERY),
+ *              connection key (HELLO_ACK, CANCEL)
  *    48     4  crc: CRC32C of the payload when FERRY_FRAME_F_CRC is set;
  *              CMA_WRITE / CMA_READ (no payload): the region generation
  *    52     4  reserved, must be 0
@@ -47,7 +48,7 @@
 
 enum ferry_frame_type {
     FERRY_FRAME_HELLO = 1,      /* i->t: hello payload */
-    FERRY_FRAME_HELLO_ACK = 2,  /* t->i: status, hello payload */
+    FERRY_FRAME_HELLO_ACK = 2,  /* t->i: status, hello payload; aux = the key CANCELs name this connection by */
     FERRY_FRAME_SEG_QUERY = 3,  /* i->t: aux = first index wanted */
     FERRY_FRAME_SEG_PAGE = 4,   /* t->i: addr = total count, aux = version, payload entries */
     FERRY_FRAME_WRITE = 5,      /* i->t: payload = data for [addr, addr+len) */
@@ -58,7 +59,8 @@ enum ferry_frame_type {
     FERRY_FRAME_NOTIFY_ACK = 10,
     FERRY_FRAME_PING = 11,
     FERRY_FRAME_PONG = 12,
-    FERRY_FRAME_CANCEL = 13,    /* i->t: req_id = request to refuse from now on */
+    FERRY_FRAME_CANCEL = 13,    /* i->t: req_id = request to refuse from now on, on the connection whose
+                                   key is aux (0: every connection of this peer); core/cancel.h */
     FERRY_FRAME_CANCEL_ACK = 14,
     FERRY_FRAME_CMA_WRITE = 15, /* i->t: target pulls [aux, aux+len) of the initiator into addr */
     FERRY_FRAME_CMA_READ = 16,  /* i->t: target pushes [addr, addr+len) into the initiator's aux */

@@ -54,6 +54,7 @@ struct delay_proxy {
     int latency_ms;
     size_t rate;
     atomic_bool frozen;
+    atomic_bool stalled;
     _Atomic uint64_t to_target;
     atomic_int connections;
     pthread_t acceptor;
@@ -78,6 +79,12 @@ static void *pump_main(void *arg)
     uint64_t next_send = 0;
     for (;;) {
         if (src_done && !head) break;
+        if (atomic_load(&px->stalled)) {
+            /* Nothing read, nothing sent: the far side looks stopped. */
+            struct pollfd stop = {.fd = px->stop_pipe[0], .events = POLLIN};
+            if (poll(&stop, 1, 10) > 0) break;
+            continue;
+        }
         uint64_t now = now_ns();
         int timeout = -1;
         if (head) {
@@ -219,6 +226,8 @@ delay_proxy_t *delay_proxy_start(uint16_t target_port, int latency_ms, size_t ra
 
 const char *delay_proxy_name(const delay_proxy_t *p) { return p->name; }
 void delay_proxy_freeze_new(delay_proxy_t *p, bool frozen) { atomic_store(&p->frozen, frozen); }
+
+void delay_proxy_stall(delay_proxy_t *p, bool stalled) { atomic_store(&p->stalled, stalled); }
 /* Linux takes a listening socket out of LISTEN on shutdown: connects are
  * refused from then on, and the acceptor's accept fails with EINVAL. */
 void delay_proxy_refuse_new(delay_proxy_t *p) { shutdown(p->listen_fd, SHUT_RDWR); }

@@ -21,6 +21,10 @@ const char *delay_proxy_name(const delay_proxy_t *p);
 /* While frozen, new connections are accepted but nothing passes through
  * them (a black hole); existing ones go on. */
 void delay_proxy_freeze_new(delay_proxy_t *p, bool frozen);
+/* While stalled, no byte moves on any connection, old or new, in either
+ * direction, though new connections are still accepted: like a target
+ * process stopped with SIGSTOP (its kernel still accepts). */
+void delay_proxy_stall(delay_proxy_t *p, bool stalled);
 /* Stops listening: new connections are refused, as when the target's host
  * has nothing on the port any more. */
 void delay_proxy_refuse_new(delay_proxy_t *p);
