@@ -53,8 +53,9 @@ extern "C" {
 /* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons. */
 #define FERRY_VERSION_NUMBER \
     (FERRY_VERSION_MAJOR * 10000 + FERRY_VERSION_MINOR * 100 + FERRY_VERSION_PATCH)
-/* Wire protocol version spoken by this build. */
-#define FERRY_PROTOCOL_VERSION 1
+/* Wire protocol version spoken by this build (the newest; it also speaks
+ * every version down to 1 with peers that are older). 2: vector frames. */
+#define FERRY_PROTOCOL_VERSION 2
 
 /* The version of the library loaded at run time, "MAJOR.MINOR.PATCH", which
  * may be newer than the FERRY_VERSION_* this program was compiled with
@@ -271,7 +272,7 @@ typedef struct ferry_segment {
 typedef struct ferry_peer_info {
     size_t struct_size;     /* sizeof(ferry_peer_info_t), set by the ferry_session_info macro */
     char name[256];         /* as opened */
-    uint32_t protocol_version;
+    uint32_t protocol_version; /* the version both ends speak (the highest in common) */
     uint64_t engine_id;
     uint64_t epoch;
     uint64_t segment_version; /* bumps on every (de)registration at the peer */

@@ -29,12 +29,20 @@ int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const 
                       const size_t *lens, size_t n, uint64_t deadline, ferry_xfer_t **out, size_t *nout)
 {
     size_t total = 0;
-    for (size_t i = 0; i < n; i++) total += (size_t)stripes_for(e, lens[i]);
+    for (size_t i = 0; i < n; i++) total += lens[i] < STRIPE_MIN ? 1 : (size_t)stripes_for(e, lens[i]);
     ferry_xfer_t *xs = calloc(total, sizeof *xs);
     if (!xs) return ferry_fail(FERRY_ERR_MEMORY, "%zu transfer pieces: out of memory", total);
     size_t k = 0;
     uint64_t slice = e->cfg.slice_size;
+    /* One id per piece, so that one piece can be fenced alone (cancel.h);
+     * taken as one block. */
+    uint64_t next_id = atomic_fetch_add(&e->next_req_id, total);
     for (size_t i = 0; i < n; i++) {
+        if (lens[i] < STRIPE_MIN) { /* one piece: the common case, kept cheap */
+            xs[k++] = (ferry_xfer_t){.opcode = opcode, .local = (unsigned char *)locals[i], .remote = remotes[i],
+                                     .len = lens[i], .req_id = next_id++, .deadline = deadline, .index = i};
+            continue;
+        }
         int stripes = stripes_for(e, lens[i]);
         /* Stripe boundaries on slice multiples keep every slice full-sized. */
         uint64_t per = (lens[i] / (uint64_t)stripes + slice - 1) / slice * slice;
@@ -42,8 +50,7 @@ int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const 
             uint64_t off = per * (uint64_t)j;
             if (off >= lens[i]) break;
             uint64_t len = lens[i] - off < per ? lens[i] - off : per;
-            /* One id per piece, so that one piece can be fenced alone (cancel.h). */
-            uint64_t req_id = atomic_fetch_add(&e->next_req_id, 1);
+            uint64_t req_id = next_id++;
             xs[k++] = (ferry_xfer_t){.opcode = opcode, .local = (unsigned char *)locals[i] + off,
                                      .remote = remotes[i] + off, .len = len, .req_id = req_id,
                                      .deadline = deadline, .index = i};
