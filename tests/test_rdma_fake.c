@@ -51,6 +51,7 @@ int main(void)
 
 #define FAKE_LID 1
 #define FAKE_MAX_WR 48 /* below Ferry's own depth (128): its clamp is exercised */
+#define FAKE_MAX_SGE 4 /* below Ferry's own (16): its clamp is exercised */
 
 struct fch {
     struct ibv_comp_channel ch;
@@ -61,7 +62,8 @@ struct fch {
 struct fcq {
     struct ibv_cq cq;
     struct ibv_wc *ring;
-    uint32_t *send_qpn; /* per entry: the QP whose send slot it frees, 0 for receives */
+    uint32_t *send_qpn; /* per entry: the QP whose send slots it frees, 0 for receives */
+    int *send_free;     /* per entry: how many (itself and the unsignalled ones before it) */
     int cap, head, n;
     int armed;
     struct fch *ch;
@@ -73,7 +75,8 @@ struct fqp {
     uint32_t dest, sq_psn, rq_psn;
     uint16_t dlid;
     struct fcq *scq, *rcq;
-    int max_send, max_recv, send_out;
+    int max_send, max_recv, send_out, max_sge;
+    int unsig_done; /* unsignalled sends done since the last send completion: their slots free with it */
     uint64_t *recvs;
     int nrecv, rhead;
     struct fqp *next;
@@ -90,8 +93,10 @@ struct fwr {
     uint64_t wr_id;
     enum ibv_wr_opcode op;
     int signaled;
-    uint64_t laddr, raddr;
-    uint32_t len, lkey, rkey, imm;
+    struct ibv_sge sge[FAKE_MAX_SGE];
+    int nsge;
+    uint64_t raddr;
+    uint32_t len, rkey, imm;
     struct fwr *next;
 };
 
@@ -107,15 +112,22 @@ static struct {
     uint32_t next_qpn, next_key;
     /* knobs */
     int fail_next_wr;     /* the next n work requests fail with RETRY_EXC_ERR */
+    int fail_wr_at;       /* > 0: the fail_wr_at-th work request executed from now fails with fail_status */
+    enum ibv_wc_status fail_status;
+    int max_wr;           /* the device's max_qp_wr; 0 = FAKE_MAX_WR */
     int qp_fail_skip, qp_fail; /* after skipping n creates, fail the next m */
     /* counters */
     long regs, deregs, qps_made, dealloc_busy, imms;
+    long post_calls, post_wrs, post_signaled, post_sges, longest_chain; /* ibv_post_send */
     unsigned long long bytes;
 } H = {.lock = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER, .next_qpn = 0x100, .next_key = 0x1000};
 
 static struct ibv_device fake_device;
 
-static void cq_push(struct fcq *cq, const struct ibv_wc *wc, uint32_t send_qpn)
+/* Pushes a completion; sq: the QP whose send queue it belongs to (NULL for
+ * a receive), whose slots it frees when polled, with those of the
+ * unsignalled work requests done before it. */
+static void cq_push(struct fcq *cq, const struct ibv_wc *wc, struct fqp *sq)
 {
     if (cq->n == cq->cap) {
         fprintf(stderr, "fake HCA: completion queue overflow (%d entries): Ferry sized or drained its CQ wrong\n",
@@ -124,7 +136,9 @@ static void cq_push(struct fcq *cq, const struct ibv_wc *wc, uint32_t send_qpn)
     }
     int at = (cq->head + cq->n) % cq->cap;
     cq->ring[at] = *wc;
-    cq->send_qpn[at] = send_qpn;
+    cq->send_qpn[at] = sq ? sq->qp.qp_num : 0;
+    cq->send_free[at] = sq ? 1 + sq->unsig_done : 0;
+    if (sq) sq->unsig_done = 0;
     cq->n++;
     if (cq->armed && cq->ch) {
         cq->armed = 0;
@@ -157,7 +171,7 @@ static void flush_qp(struct fqp *q, int completions)
             if (completions) {
                 struct ibv_wc wc = {.wr_id = w->wr_id, .status = IBV_WC_WR_FLUSH_ERR, .opcode = wc_op(w->op),
                                     .qp_num = q->qp.qp_num};
-                cq_push(q->scq, &wc, q->qp.qp_num);
+                cq_push(q->scq, &wc, q);
             }
             free(w);
         } else {
@@ -171,7 +185,7 @@ static void flush_qp(struct fqp *q, int completions)
                                 .qp_num = q->qp.qp_num};
             q->rhead = (q->rhead + 1) % q->max_recv;
             q->nrecv--;
-            cq_push(q->rcq, &wc, 0);
+            cq_push(q->rcq, &wc, NULL);
         }
     }
 }
@@ -199,12 +213,20 @@ static enum ibv_wc_status do_op(struct fwr *w, struct fqp *q, struct fqp *dst)
     int remote = w->op == IBV_WR_RDMA_READ ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
     int local = w->op == IBV_WR_RDMA_READ ? IBV_ACCESS_LOCAL_WRITE : 0;
     if (w->len) {
-        if (!mr_find(w->lkey, q->qp.pd, w->laddr, w->len, local)) return IBV_WC_LOC_PROT_ERR;
+        for (int k = 0; k < w->nsge; k++)
+            if (!mr_find(w->sge[k].lkey, q->qp.pd, w->sge[k].addr, w->sge[k].length, local))
+                return IBV_WC_LOC_PROT_ERR;
         if (!mr_find(w->rkey, dst->qp.pd, w->raddr, w->len, remote)) return IBV_WC_REM_ACCESS_ERR;
-        if (w->op == IBV_WR_RDMA_READ)
-            memcpy((void *)(uintptr_t)w->laddr, (const void *)(uintptr_t)w->raddr, w->len);
-        else
-            memcpy((void *)(uintptr_t)w->raddr, (const void *)(uintptr_t)w->laddr, w->len);
+        /* The gather (write) or scatter (read) list against one remote range. */
+        uint64_t r = w->raddr;
+        for (int k = 0; k < w->nsge; k++) {
+            void *l = (void *)(uintptr_t)w->sge[k].addr;
+            if (w->op == IBV_WR_RDMA_READ)
+                memcpy(l, (const void *)(uintptr_t)r, w->sge[k].length);
+            else
+                memcpy((void *)(uintptr_t)r, l, w->sge[k].length);
+            r += w->sge[k].length;
+        }
         H.bytes += w->len;
     }
     if (w->op == IBV_WR_RDMA_WRITE_WITH_IMM) {
@@ -215,7 +237,7 @@ static enum ibv_wc_status do_op(struct fwr *w, struct fqp *q, struct fqp *dst)
                             .qp_num = dst->qp.qp_num, .wc_flags = IBV_WC_WITH_IMM};
         dst->rhead = (dst->rhead + 1) % dst->max_recv;
         dst->nrecv--;
-        cq_push(dst->rcq, &wc, 0);
+        cq_push(dst->rcq, &wc, NULL);
     }
     return IBV_WC_SUCCESS;
 }
@@ -234,6 +256,8 @@ static void execute(struct fwr *w)
         } else if (H.fail_next_wr > 0) {
             H.fail_next_wr--;
             st = IBV_WC_RETRY_EXC_ERR;
+        } else if (H.fail_wr_at > 0 && --H.fail_wr_at == 0) {
+            st = H.fail_status;
         } else {
             st = do_op(w, q, dst);
         }
@@ -241,7 +265,9 @@ static void execute(struct fwr *w)
     if (w->signaled || st != IBV_WC_SUCCESS) {
         struct ibv_wc wc = {.wr_id = w->wr_id, .status = st, .opcode = wc_op(w->op), .qp_num = q->qp.qp_num,
                             .byte_len = w->len};
-        cq_push(q->scq, &wc, q->qp.qp_num);
+        cq_push(q->scq, &wc, q);
+    } else {
+        q->unsig_done++; /* no completion: its slot frees with the next one's */
     }
     if (st != IBV_WC_SUCCESS && st != IBV_WC_WR_FLUSH_ERR) {
         qp_error(q);
@@ -303,7 +329,8 @@ static int f_query_device(struct ibv_context *c, struct ibv_device_attr *a)
 {
     (void)c;
     memset(a, 0, sizeof *a);
-    a->max_qp_wr = FAKE_MAX_WR;
+    a->max_qp_wr = H.max_wr ? H.max_wr : FAKE_MAX_WR;
+    a->max_sge = FAKE_MAX_SGE;
     a->max_cqe = 4096;
     a->max_qp_rd_atom = 16;
     a->max_qp_init_rd_atom = 16;
@@ -419,6 +446,7 @@ static struct ibv_cq *f_create_cq(struct ibv_context *c, int cqe, void *cq_ctx, 
     cq->cap = cqe;
     cq->ring = calloc((size_t)cqe, sizeof *cq->ring);
     cq->send_qpn = calloc((size_t)cqe, sizeof *cq->send_qpn);
+    cq->send_free = calloc((size_t)cqe, sizeof *cq->send_free);
     cq->ch = (struct fch *)ch;
     if (ch) cq->ch->cq = cq;
     return &cq->cq;
@@ -428,6 +456,7 @@ static int f_destroy_cq(struct ibv_cq *c)
     struct fcq *cq = (struct fcq *)c;
     free(cq->ring);
     free(cq->send_qpn);
+    free(cq->send_free);
     free(cq);
     return 0;
 }
@@ -462,7 +491,7 @@ static int f_poll_cq(struct ibv_cq *c, int n, struct ibv_wc *wc)
         wc[k] = cq->ring[cq->head];
         uint32_t qpn = cq->send_qpn[cq->head];
         struct fqp *q = qpn ? qp_by_num(qpn) : NULL;
-        if (q) q->send_out--; /* the send queue slot frees when its completion is polled */
+        if (q) q->send_out -= cq->send_free[cq->head]; /* send queue slots free when their completion is polled */
         cq->head = (cq->head + 1) % cq->cap;
         cq->n--;
     }
@@ -480,8 +509,10 @@ static struct ibv_qp *f_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
         errno = ENOMEM;
         return NULL;
     }
-    if (a->qp_type != IBV_QPT_RC || a->cap.max_send_wr > FAKE_MAX_WR || a->cap.max_recv_wr > FAKE_MAX_WR ||
-        a->cap.max_send_sge > 1 || a->cap.max_recv_sge > 1 || !a->send_cq || !a->recv_cq) {
+    int max_wr = H.max_wr ? H.max_wr : FAKE_MAX_WR;
+    if (a->qp_type != IBV_QPT_RC || a->cap.max_send_wr > (uint32_t)max_wr || a->cap.max_recv_wr > (uint32_t)max_wr ||
+        a->cap.max_send_sge > FAKE_MAX_SGE || a->cap.max_send_sge < 1 || a->cap.max_recv_sge > 1 || !a->send_cq ||
+        !a->recv_cq) {
         pthread_mutex_unlock(&H.lock);
         errno = EINVAL;
         return NULL;
@@ -498,6 +529,7 @@ static struct ibv_qp *f_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
     q->rcq = (struct fcq *)a->recv_cq;
     q->max_send = (int)a->cap.max_send_wr;
     q->max_recv = (int)a->cap.max_recv_wr;
+    q->max_sge = (int)a->cap.max_send_sge;
     q->recvs = calloc((size_t)q->max_recv + 1, sizeof *q->recvs);
     q->next = H.qps;
     H.qps = q;
@@ -565,11 +597,13 @@ static int f_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_sen
 {
     struct fqp *q = (struct fqp *)qp;
     pthread_mutex_lock(&H.lock);
+    H.post_calls++;
+    long chain = 0;
     for (; wr; wr = wr->next) {
         int rc = 0;
         if (q->st != IBV_QPS_RTS) rc = EINVAL;
         else if (q->send_out >= q->max_send) rc = ENOMEM; /* the send queue is full */
-        else if (wr->num_sge > 1 || (wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM &&
+        else if (wr->num_sge > q->max_sge || wr->num_sge < 0 || (wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM &&
                                      wr->opcode != IBV_WR_RDMA_READ))
             rc = EINVAL;
         if (rc) {
@@ -582,11 +616,15 @@ static int f_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_sen
         w->wr_id = wr->wr_id;
         w->op = wr->opcode;
         w->signaled = (wr->send_flags & IBV_SEND_SIGNALED) != 0;
-        if (wr->num_sge) {
-            w->laddr = wr->sg_list[0].addr;
-            w->len = wr->sg_list[0].length;
-            w->lkey = wr->sg_list[0].lkey;
+        w->nsge = wr->num_sge;
+        for (int k = 0; k < wr->num_sge; k++) {
+            w->sge[k] = wr->sg_list[k];
+            w->len += wr->sg_list[k].length;
         }
+        H.post_wrs++;
+        H.post_signaled += w->signaled;
+        H.post_sges += w->nsge;
+        if (++chain > H.longest_chain) H.longest_chain = chain;
         w->raddr = wr->wr.rdma.remote_addr;
         w->rkey = wr->wr.rdma.rkey;
         w->imm = wr->imm_data;
