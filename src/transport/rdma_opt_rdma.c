@@ -953,7 +953,7 @@ static int move_data(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, size
     int mrc = chain_mem_alloc(&m, window, ep->d->max_sge);
     if (mrc) return mrc;
     struct first_err post_fe = {0}, flush_fe = {0};
-    unsigned head = 0, count = 0, seq = 0;
+    unsigned head = 0, count = 0, seq = 0, unknown = 0;
     size_t cur = 0;
     uint64_t cur_off = nx ? pl[0].start : 0, grace = 0;
     bool failed = false, qp_error = false;
@@ -1017,6 +1017,7 @@ static int move_data(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, size
                 continue;
             }
             /* The unsignalled ones before it: outcome unknown, not counted. */
+            if (ahead > 0 && wc[k].status != IBV_WC_WR_FLUSH_ERR && !fe->rc) unknown = ahead;
             if (ahead > 0 && wc[k].status != IBV_WC_WR_FLUSH_ERR)
                 FERRY_LOG(FERRY_LOG_WARN, "rdma", "%s: %u unsignalled RDMA work requests before a failed one "
                           "(pieces %zu..%zu) have an unknown outcome: not counted as completed", c->peer.name, ahead,
@@ -1044,6 +1045,11 @@ static int move_data(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, size
     chain_mem_free(&m);
     if (!failed) return 0;
     if (!fe->rc) *fe = post_fe.rc ? post_fe : flush_fe;
+    if (unknown) {
+        size_t used = strlen(fe->detail);
+        snprintf(fe->detail + used, sizeof fe->detail - used, "; the %u unsignalled work request(s) before it in its "
+                 "chain have an unknown outcome: their pieces are not counted as completed", unknown);
+    }
     *broken = 1;
     return fe->rc ? fe->rc : ferry_fail(FERRY_ERR_INTERNAL, "RDMA data phase failed without a cause");
 }
