@@ -12,13 +12,17 @@
  *             (as for a TCP write or read), registers the region with
  *             ibv_reg_mr at first use, and answers the region and its rkey.
  *             Keys are cached per connection by (region, generation).
- *   data      RDMA WRITE / READ work requests of slice_size bytes, signalled,
- *             up to the send queue depth in flight. Completions are waited
- *             for on the completion channel (poll() on its fd, never
- *             spinning), with the request's deadline.
- *   commit    writes only: after a piece's data completed, a zero-length
- *             RDMA WRITE WITH IMMEDIATE on the same QP, then i->t RDMA_COMMIT
- *             over TCP. The target waits for that immediate's receive
+ *   data      RDMA WRITE / READ work requests of up to slice_size bytes,
+ *             posted as chains (one ibv_post_send each) into the free part
+ *             of the send queue; adjacent small pieces share a work request
+ *             (scatter-gather entries for their local ranges); only every
+ *             (depth / 2)-th work request and each chain's last are
+ *             signalled. Completions are waited for on the completion
+ *             channel (poll() on its fd, never spinning), with the
+ *             request's deadline.
+ *   commit    writes only: after the data completed, a zero-length RDMA
+ *             WRITE WITH IMMEDIATE per piece on the same QP (chained), then
+ *             i->t RDMA_COMMIT over TCP. The target waits for that immediate's receive
  *             completion (RC ordering: every earlier WRITE of the QP is then
  *             placed in its memory), checks the range is still registered
  *             with the same generation and not cancelled, and answers
