@@ -331,6 +331,7 @@ static int f_query_device(struct ibv_context *c, struct ibv_device_attr *a)
     memset(a, 0, sizeof *a);
     a->max_qp_wr = H.max_wr ? H.max_wr : FAKE_MAX_WR;
     a->max_sge = FAKE_MAX_SGE;
+    a->max_sge_rd = FAKE_MAX_SGE;
     a->max_cqe = 4096;
     a->max_qp_rd_atom = 16;
     a->max_qp_init_rd_atom = 16;
@@ -1447,6 +1448,13 @@ static void adjacent_pieces_merge(void **state)
     for (size_t i = 0; i < N; i++) assert_true(scatter_landed(&s, i));
     assert_int_equal(wrs2 - wrs - N, N / FAKE_MAX_SGE); /* data WRs, after the N commit immediates */
     assert_int_equal(sges2 - sges, N);
+    /* Read back the same way: a scatter list of 4 entries per READ. */
+    memset(s.src, 0, s.cap);
+    hca_counts(&calls, &wrs, &sig, &sges);
+    assert_int_equal(ferry_batch_transfer_sync(p.initiator, p.peer, FERRY_OP_READ, s.locals, s.remotes, s.lens, N), 0);
+    hca_counts(&calls2, &wrs2, &sig2, &sges2);
+    for (size_t i = 0; i < N; i++) assert_true(scatter_landed(&s, i));
+    assert_int_equal(wrs2 - wrs, N / FAKE_MAX_SGE);
     /* Contiguous on both sides: one entry for all 512 KiB (one slice). */
     memset(s.dst, 0, s.cap);
     for (size_t i = 0; i < N; i++) s.locals[i] = s.src + i * LEN;

@@ -195,7 +195,7 @@ struct rdma_dev {
     union ibv_gid gid;
     uint64_t guid;
     int send_depth, recv_depth, cq_depth;
-    int max_sge; /* scatter-gather entries per send work request */
+    int max_sge, max_sge_rd; /* scatter-gather entries per send work request; per RDMA READ */
     char name[64];
     pthread_mutex_t mr_lock; /* guards ferry_region_t.xport while the registry is read-locked */
 };
@@ -320,6 +320,7 @@ int ferry_rdma_dev_open(ferry_engine_t *e, const ferry_rdma_env_t *env, void **o
                                  da.max_qp_init_rd_atom > 0 ? da.max_qp_init_rd_atom : 1));
     d->rd_atom = (uint8_t)(rd < 1 ? 1 : rd);
     d->max_sge = min_int(MAX_SGE, da.max_sge > 0 ? da.max_sge : 1);
+    d->max_sge_rd = min_int(d->max_sge, da.max_sge_rd > 0 ? da.max_sge_rd : 1); /* 0: unknown, be safe */
     pthread_mutex_init(&d->mr_lock, NULL);
     ferry_registry_set_release(&e->registry, release_mr, d);
     if (d->link == FERRY_RDMA_LINK_IB)
@@ -858,7 +859,7 @@ static struct slot next_wr(const struct rdma_ep *ep, ferry_xfer_t *xs, size_t nx
     const ferry_xfer_t *x = &xs[i];
     uint64_t remote = x->remote + *cur_off;
     struct slot s = {i, i, *cur_off, min_u64(x->len - *cur_off, slice)};
-    int nsge = 1;
+    int nsge = 1, max_sge = x->opcode == FERRY_OP_READ ? ep->d->max_sge_rd : ep->d->max_sge;
     sge[0] = (struct ibv_sge){(uint64_t)(uintptr_t)(x->local + *cur_off), (uint32_t)s.n, pl[i].lkey};
     *cur_off += s.n;
     while (*cur_off == xs[s.last].len && s.last + 1 < nx) {
@@ -870,7 +871,7 @@ static struct slot next_wr(const struct rdma_ep *ep, ferry_xfer_t *xs, size_t nx
         struct ibv_sge *last = &sge[nsge - 1];
         if (pl[j].lkey == last->lkey && last->addr + last->length == (uint64_t)(uintptr_t)y->local)
             last->length += (uint32_t)y->len;
-        else if (nsge < ep->d->max_sge)
+        else if (nsge < max_sge)
             sge[nsge++] = (struct ibv_sge){(uint64_t)(uintptr_t)y->local, (uint32_t)y->len, pl[j].lkey};
         else
             break;
