@@ -115,10 +115,12 @@ static struct {
     int fail_wr_at;       /* > 0: the fail_wr_at-th work request executed from now fails with fail_status */
     enum ibv_wc_status fail_status;
     int max_wr;           /* the device's max_qp_wr; 0 = FAKE_MAX_WR */
+    int refuse_post_at;   /* > 0: the refuse_post_at-th work request posted from now is refused (ENOMEM) */
     int qp_fail_skip, qp_fail; /* after skipping n creates, fail the next m */
     /* counters */
     long regs, deregs, qps_made, dealloc_busy, imms;
     long post_calls, post_wrs, post_signaled, post_sges, longest_chain; /* ibv_post_send */
+    long err_posts; /* work requests posted to a QP in the error state (flushed at once) */
     unsigned long long bytes;
 } H = {.lock = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER, .next_qpn = 0x100, .next_key = 0x1000};
 
@@ -602,8 +604,9 @@ static int f_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_sen
     long chain = 0;
     for (; wr; wr = wr->next) {
         int rc = 0;
-        if (q->st != IBV_QPS_RTS) rc = EINVAL;
+        if (q->st != IBV_QPS_RTS && q->st != IBV_QPS_ERR) rc = EINVAL;
         else if (q->send_out >= q->max_send) rc = ENOMEM; /* the send queue is full */
+        else if (H.refuse_post_at > 0 && --H.refuse_post_at == 0) rc = ENOMEM;
         else if (wr->num_sge > q->max_sge || wr->num_sge < 0 || (wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM &&
                                      wr->opcode != IBV_WR_RDMA_READ))
             rc = EINVAL;
@@ -611,6 +614,14 @@ static int f_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_sen
             *bad = wr;
             pthread_mutex_unlock(&H.lock);
             return rc;
+        }
+        if (q->st == IBV_QPS_ERR) { /* as the spec says: completed at once with a flush error */
+            struct ibv_wc wc = {.wr_id = wr->wr_id, .status = IBV_WC_WR_FLUSH_ERR, .opcode = wc_op(wr->opcode),
+                                .qp_num = q->qp.qp_num};
+            q->send_out++;
+            H.err_posts++;
+            cq_push(q->scq, &wc, q);
+            continue;
         }
         struct fwr *w = calloc(1, sizeof *w);
         w->qp = q;
@@ -1546,6 +1557,45 @@ static void error_in_the_middle_of_a_chain(void **state)
     pair_end(&p);
 }
 
+/* The HCA refuses a chain part way (the 60th work request: the 13th of the
+ * second chain, unsignalled; then the 10th commit immediate): the accepted
+ * ones end visibly (a signalled marker after the error state, so no wait
+ * for a completion that cannot come), the run retries on a new QP, all
+ * land. */
+static void chain_refused_part_way(void **state)
+{
+    (void)state;
+    enum { N = 256, LEN = 2048 };
+    pair_t p = pair_make_one_conn(20000, 3);
+    scatter_t s = scatter_make(&p, N, LEN, false);
+    assert_int_equal(write_sync(&p, s.src, s.dst, 64), 0);
+    memset(s.dst, 0, s.cap);
+    long marks = hca_get(&H.err_posts), qps = hca_get(&H.qps_made);
+    pthread_mutex_lock(&H.lock);
+    H.refuse_post_at = 60;
+    pthread_mutex_unlock(&H.lock);
+    assert_int_equal(ferry_batch_transfer_sync(p.initiator, p.peer, FERRY_OP_WRITE, s.locals, s.remotes, s.lens, N), 0);
+    for (size_t i = 0; i < N; i++) assert_true(scatter_landed(&s, i));
+    assert_true(hca_get(&H.err_posts) - marks >= 1);
+    assert_true(hca_get(&H.qps_made) - qps >= 2);
+    /* The same in the commits' chain: the 10th immediate after the 256
+     * data work requests. */
+    memset(s.dst, 0, s.cap);
+    assert_int_equal(write_sync(&p, s.src, s.dst, 64), 0);
+    memset(s.dst, 0, 64);
+    marks = hca_get(&H.err_posts);
+    qps = hca_get(&H.qps_made);
+    pthread_mutex_lock(&H.lock);
+    H.refuse_post_at = N + 10;
+    pthread_mutex_unlock(&H.lock);
+    assert_int_equal(ferry_batch_transfer_sync(p.initiator, p.peer, FERRY_OP_WRITE, s.locals, s.remotes, s.lens, N), 0);
+    for (size_t i = 0; i < N; i++) assert_true(scatter_landed(&s, i));
+    assert_true(hca_get(&H.err_posts) - marks >= 1);
+    assert_true(hca_get(&H.qps_made) - qps >= 2);
+    scatter_end(&p, &s);
+    pair_end(&p);
+}
+
 /* Unpauses the HCA when the cancel returned, or after 5 s if the cancel
  * needs the HCA to go on. */
 struct unpause_later {
@@ -1636,6 +1686,7 @@ int main(void)
         cmocka_unit_test(adjacent_pieces_merge),
         cmocka_unit_test(error_in_the_middle_of_a_chain),
         cmocka_unit_test(cancel_mid_chain),
+        cmocka_unit_test(chain_refused_part_way),
     };
     return cmocka_run_group_tests(tests, start_hca, stop_hca);
 }

@@ -845,6 +845,20 @@ static void ep_set_error(struct rdma_ep *ep)
 
 static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
+/* After ep_set_error: a zero-length signalled work request, flushed at
+ * once, whose completion comes after every earlier one's. Needed when the
+ * last work request the HCA accepted was unsignalled (a chain refused part
+ * way): done before the error, it would never complete visibly. */
+static int post_marker(struct rdma_ep *ep, uint64_t wr_id)
+{
+    struct ibv_send_wr wr, *bad = NULL;
+    memset(&wr, 0, sizeof wr);
+    wr.wr_id = wr_id;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    return ep->d->v->post_send(ep->qp, &wr, &bad);
+}
+
 /* Fills wr (with its entries sge) for the next run from piece *cur at
  * *cur_off: one slice of that piece, extended over the following whole
  * pieces while their remote range continues this one (same key, same
@@ -961,7 +975,7 @@ static int move_data(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, size
     unsigned head = 0, count = 0, seq = 0, unknown = 0;
     size_t cur = 0;
     uint64_t cur_off = nx ? pl[0].start : 0, grace = 0;
-    bool failed = false, qp_error = false;
+    bool failed = false, qp_error = false, unsignalled_tail = false;
     for (;;) {
         unsigned built = 0;
         while (!failed && count + built < window) {
@@ -988,6 +1002,7 @@ static int move_data(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, size
                                               "(%u accepted) to %s on %s failed: %s", built, posted, c->peer.name,
                                               ep->d->name, strerror(err)));
                 failed = true;
+                unsignalled_tail = posted > 0 && !(m.wrs[posted - 1].send_flags & IBV_SEND_SIGNALED);
             }
             count += posted;
         }
@@ -995,6 +1010,11 @@ static int move_data(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, size
             ep_set_error(ep);
             qp_error = true;
             grace = ferry_deadline_after_ms(FLUSH_GRACE_MS);
+            if (unsignalled_tail) { /* a free slot is left: the chain was refused part way */
+                unsigned idx = (head + count) % window, prev = (head + count - 1) % window;
+                m.ring[idx] = (struct slot){m.ring[prev].last, m.ring[prev].last, 0, 0};
+                if (post_marker(ep, idx) == 0) count++;
+            }
         }
         if (count == 0) break;
         struct ibv_wc wc[16];
@@ -1060,11 +1080,19 @@ static int move_data(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, size
 }
 
 /* Moves the QP to the error state and waits for the completion of work
- * request last_id (the signalled end of what was posted; every one before
- * it is then done or flushed), so that none is left running. */
-static void ep_abort_until(struct rdma_ep *ep, uint64_t last_id)
+ * request last_id (every one before it is then done or flushed), so that
+ * none is left running. When last_id was not signalled, a marker's. */
+static void ep_abort_until(struct rdma_ep *ep, uint64_t last_id, bool signalled)
 {
     ep_set_error(ep);
+    if (!signalled) {
+        last_id = UINT64_MAX;
+        if (post_marker(ep, last_id) != 0) {
+            FERRY_LOG(FERRY_LOG_ERROR, "rdma", "%s: no marker after the abort; the error state flushes the rest",
+                      ep->d->name);
+            return;
+        }
+    }
     uint64_t grace = ferry_deadline_after_ms(FLUSH_GRACE_MS);
     struct ibv_wc wc[16];
     for (;;) {
@@ -1138,7 +1166,7 @@ static int commit_writes(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, 
         if (rc) {
             keep_err(fe, rc);
             *broken = 1;
-            if (posted) ep_abort_until(ep, posted - 1);
+            if (posted) ep_abort_until(ep, posted - 1, posted == nb);
             return fe->rc;
         }
         for (unsigned k = 0; k < nb; k++) {
@@ -1162,7 +1190,7 @@ static int commit_writes(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, 
             if (rc) {
                 keep_err(fe, rc);
                 *broken = 1;
-                ep_abort_until(ep, nb - 1);
+                ep_abort_until(ep, nb - 1, true);
                 return fe->rc;
             }
             x->done = pl[batch[k]].start + pl[batch[k]].completed;
@@ -1176,7 +1204,7 @@ static int commit_writes(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, 
             if (got < 0) {
                 keep_err(fe, got);
                 *broken = 1;
-                ep_abort_until(ep, nb - 1);
+                ep_abort_until(ep, nb - 1, true);
                 return fe->rc;
             }
             for (int k = 0; k < got; k++) {
