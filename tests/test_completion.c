@@ -10,6 +10,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "core/spin.h"
 #include "harness.h"
 
 typedef struct pair {
@@ -260,6 +261,79 @@ static void bounded_spin_wait(void **state)
     pair_free(p);
 }
 
+/* The adaptive spin's budget (spin.h): twice the median of the recent
+ * waits, floored and capped; nothing before any wait, once half the recent
+ * waits were long, or on one CPU. */
+static void adaptive_spin_budget_follows_recent_waits(void **state)
+{
+    (void)state;
+    uint32_t w[FERRY_SPIN_WINDOW] = {0};
+    assert_int_equal(ferry_spin_budget(w, 0, 2), 0);
+    for (int i = 0; i < FERRY_SPIN_WINDOW; i++) w[i] = 20000; /* 20 us */
+    assert_int_equal(ferry_spin_budget(w, FERRY_SPIN_WINDOW, 2), 40);
+    assert_int_equal(ferry_spin_budget(w, FERRY_SPIN_WINDOW, 1), 0);
+    for (int i = 0; i < FERRY_SPIN_WINDOW; i++) w[i] = 2000; /* 2 us: the floor */
+    assert_int_equal(ferry_spin_budget(w, FERRY_SPIN_WINDOW, 16), FERRY_SPIN_FLOOR_US);
+    for (int i = 0; i < FERRY_SPIN_WINDOW; i++) w[i] = 70000; /* 70 us: the cap */
+    assert_int_equal(ferry_spin_budget(w, FERRY_SPIN_WINDOW, 2), FERRY_SPIN_CAP_US);
+    w[0] = 5000000; /* one slow outlier among short waits does not stop it */
+    assert_int_equal(ferry_spin_budget(w, FERRY_SPIN_WINDOW, 2), FERRY_SPIN_CAP_US);
+
+    /* Through the per-connection record: short waits, then slow ones. */
+    ferry_spin_t sp;
+    memset(&sp, 0, sizeof sp);
+    assert_int_equal(ferry_spin_us(&sp, 0), 0); /* nothing measured: no spin */
+    for (int i = 0; i < 100; i++) ferry_spin_record(&sp, 12000);
+    unsigned fast = ferry_spin_us(&sp, 0);
+    printf("after 12 us waits: spins %u us\n", fast);
+    assert_true(fast == 24 || fast == 0); /* 0 only where this process has one CPU */
+    assert_int_equal(ferry_spin_us(&sp, -1), 0);  /* -1: never */
+    assert_int_equal(ferry_spin_us(&sp, 300), 300); /* N > 0: always N */
+    for (int i = 0; i < FERRY_SPIN_WINDOW / 2 - 1; i++) ferry_spin_record(&sp, 2000000);
+    assert_int_equal(ferry_spin_us(&sp, 0), fast); /* a minority of slow waits */
+    ferry_spin_record(&sp, 2000000);
+    assert_int_equal(ferry_spin_us(&sp, 0), 0); /* half slow: collapses to 0 */
+    ferry_spin_record(&sp, (uint64_t)60 * 1000000000u); /* saturates, does not wrap */
+    assert_int_equal(ferry_spin_us(&sp, 0), 0);
+    for (int i = 0; i < FERRY_SPIN_WINDOW; i++) ferry_spin_record(&sp, 12000);
+    assert_int_equal(ferry_spin_us(&sp, 0), fast); /* and comes back with short waits */
+}
+
+/* With the default (adaptive) spin, after a burst of small round trips
+ * that taught both sides to spin, an idle engine pair burns no CPU: the
+ * waits for the next request and answer stop spinning once idle. */
+static void idle_after_small_round_trips_burns_no_cpu(void **state)
+{
+    (void)state;
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.timeout_ms = 20000;
+    cfg.transport = "tcp";
+    ferry_engine_t *initiator = harness_engine_cfg(&cfg);
+    ferry_engine_t *target = harness_engine(20000);
+    unsigned char src[64], *dst = calloc(1, 64);
+    memset(src, 7, sizeof src);
+    assert_int_equal(ferry_register(initiator, src, sizeof src, 0), 0);
+    assert_int_equal(ferry_register(target, dst, 64, FERRY_MEM_REMOTE), 0);
+    for (int i = 0; i < 2000; i++)
+        assert_int_equal(ferry_transfer_sync(initiator, ferry_engine_name(target), FERRY_OP_WRITE, src + i % 56,
+                                             (uint64_t)(uintptr_t)(dst + i % 56), 8),
+                         0);
+    assert_int_equal(dst[0], 7);
+    double c0 = cpu_seconds();
+    uint64_t t0 = harness_now_ms();
+    struct timespec ts = {1, 0};
+    nanosleep(&ts, NULL);
+    double pct = 100.0 * (cpu_seconds() - c0) / ((double)(harness_now_ms() - t0) / 1000.0);
+    printf("idle after 2000 8 B round trips (adaptive spin): %.3f%% of one core\n", pct);
+    assert_true(pct < 5.0);
+    ferry_deregister(initiator, src);
+    ferry_deregister(target, dst);
+    ferry_engine_destroy(initiator);
+    ferry_engine_destroy(target);
+    free(dst);
+}
+
 static void completion_config_fields(void **state)
 {
     (void)state;
@@ -283,9 +357,19 @@ static void completion_config_fields(void **state)
     assert_int_equal(ferry_engine_create(&cfg, &e), FERRY_ERR_INVALID_ARGUMENT);
     assert_detail_contains("cancel_timeout_ms");
     ferry_config_init(&cfg);
-    cfg.spin_us = -1;
+    cfg.spin_us = -2;
     assert_int_equal(ferry_engine_create(&cfg, &e), FERRY_ERR_INVALID_ARGUMENT);
     assert_detail_contains("spin_us");
+    setenv("FERRY_SPIN_US", "-1", 1); /* never spin */
+    assert_int_equal(ferry_config_from_env(&cfg), 0);
+    assert_int_equal(cfg.spin_us, -1);
+    setenv("FERRY_SPIN_US", "-2", 1);
+    assert_int_equal(ferry_config_from_env(&cfg), FERRY_ERR_INVALID_ARGUMENT);
+    assert_detail_contains("FERRY_SPIN_US");
+    unsetenv("FERRY_SPIN_US");
+    ferry_config_init(&cfg);
+    cfg.spin_us = -1;
+    ferry_engine_destroy(harness_engine_cfg(&cfg));
 }
 
 /* The codes a cancel or an expiry can end with say by themselves what to do. */
@@ -306,6 +390,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(async_completed_means_visible, setup, teardown),
         cmocka_unit_test_setup_teardown(idle_engines_burn_no_cpu, setup, teardown),
         cmocka_unit_test(bounded_spin_wait),
+        cmocka_unit_test(adaptive_spin_budget_follows_recent_waits),
+        cmocka_unit_test(idle_after_small_round_trips_burns_no_cpu),
         cmocka_unit_test(completion_config_fields),
         cmocka_unit_test(cancel_codes_say_what_to_do),
     };

@@ -141,6 +141,8 @@ static double pct(const double *v, size_t n, double p)
 
 /* --------------------------------------------------------------- options */
 
+#define SPIN_FROM_CONFIG (-2) /* --spin-us not given */
+
 struct opts {
     int local;
     const char *peer;
@@ -159,7 +161,7 @@ struct opts {
     int json;
     size_t buffer;        /* target: bytes to register */
     size_t blocks;        /* distinct blocks per thread (0 = batch size) */
-    int spin_us;          /* config.spin_us for both engines (-1 = config/env) */
+    int spin_us;          /* config.spin_us for both engines (SPIN_FROM_CONFIG = config/env) */
     int shared_pool;      /* target: the buffer is a shared pool's (ferry_pool_create_shared) */
     int scatter;          /* blocks at scattered (permuted, non-adjacent) slots on both sides */
     size_t iov;           /* baseline cma: iovecs per process_vm_writev call (1) */
@@ -182,7 +184,7 @@ static void opts_init(struct opts *o)
     o->regions = 10000;
     o->sessions = 100;
     o->idle = 2;
-    o->spin_us = -1;
+    o->spin_us = SPIN_FROM_CONFIG;
 }
 
 /* --scatter: block i of n sits in slot (i * mul + 7) mod n, mul coprime to
@@ -229,8 +231,8 @@ static void usage(FILE *f)
             "  --duration SEC        measured time (3); --warmup SEC before it (0.3)\n"
             "  --transport T         auto|tcp|shm (auto; also FERRY_TRANSPORT)\n"
             "  --conns N             connections per peer (config.conns_per_peer)\n"
-            "  --spin-us N           both engines busy-poll N us for an answer before sleeping\n"
-            "                        (config.spin_us; default: none, waits block)\n"
+            "  --spin-us N           both engines busy-poll N us for an answer before sleeping;\n"
+            "                        0 adaptive (the default), -1 never (config.spin_us)\n"
             "  --json                one JSON object on stdout instead of text\n"
             "  --hugepages           buffers ask for transparent huge pages (both sides)\n"
             "  --scatter             blocks at scattered slots (permuted, not adjacent) on both sides\n"
@@ -312,7 +314,7 @@ static int parse_opts(int argc, char **argv, int first, struct opts *o)
         case O_REGIONS: if (opt_long("bench", "regions", optarg, 1, 10000000, &v)) return 2; o->regions = (int)v; break;
         case O_SESSIONS: if (opt_long("bench", "sessions", optarg, 1, 100000, &v)) return 2; o->sessions = (int)v; break;
         case O_BLOCKS: if (opt_long("bench", "blocks", optarg, 1, 1L << 30, &v)) return 2; o->blocks = (size_t)v; break;
-        case O_SPIN_US: if (opt_long("bench", "spin-us", optarg, 0, 1000000, &v)) return 2; o->spin_us = (int)v; break;
+        case O_SPIN_US: if (opt_long("bench", "spin-us", optarg, -1, 1000000, &v)) return 2; o->spin_us = (int)v; break;
         case O_DURATION: if (opt_double("bench", "duration", optarg, 0, 86400, &o->duration)) return 2; break;
         case O_WARMUP: if (opt_double("bench", "warmup", optarg, 0, 3600, &o->warmup)) return 2; break;
         case O_IDLE: if (opt_double("bench", "idle", optarg, 0, 3600, &o->idle)) return 2; break;
@@ -360,7 +362,7 @@ static int make_engine(const struct opts *o, int listen_port, ferry_engine_t **o
     if (o->transport && (!getenv("FERRY_TRANSPORT") || strcmp(o->transport, "auto") != 0))
         cfg.transport = o->transport;
     if (o->conns > 0) cfg.conns_per_peer = o->conns;
-    if (o->spin_us >= 0) cfg.spin_us = o->spin_us;
+    if (o->spin_us != SPIN_FROM_CONFIG) cfg.spin_us = o->spin_us;
     if (o->threads > cfg.workers) cfg.workers = o->threads;
     int rc = ferry_engine_create(&cfg, out);
     if (rc) fprintf(stderr, "ferry bench: engine: %s\n", ferry_last_error_detail());
@@ -629,7 +631,7 @@ static int run_initiator(const struct opts *o, const char *peer, uint64_t raddr,
     ferry_config_init(&cfg);
     ferry_config_from_env(&cfg);
     int conns = o->conns > 0 ? o->conns : cfg.conns_per_peer;
-    int spin = o->spin_us >= 0 ? o->spin_us : cfg.spin_us;
+    int spin = o->spin_us != SPIN_FROM_CONFIG ? o->spin_us : cfg.spin_us;
     double gbps = wall > 0 ? (double)bytes / wall / 1e9 : 0;
     double p50 = pct(lat, nlat, 0.50), p99 = pct(lat, nlat, 0.99), p999 = pct(lat, nlat, 0.999);
     double mx = nlat ? lat[nlat - 1] : 0, mean = nlat ? sum / (double)nlat : 0;
@@ -658,7 +660,7 @@ static int run_initiator(const struct opts *o, const char *peer, uint64_t raddr,
                gbps, wall > 0 ? (double)bytes / wall / 1048576.0 : 0, calls, calls * (uint64_t)o->batch, wall,
                wall > 0 ? (double)(calls * (uint64_t)o->batch) / wall : 0);
         printf("  latency     per call: p50 %.1f us, p99 %.1f us, p999 %.1f us, max %.1f us, mean %.1f us (%s)\n", p50,
-               p99, p999, mx, mean, spin ? "busy-polls first" : "blocking waits");
+               p99, p999, mx, mean, spin > 0 ? "busy-polls first" : spin < 0 ? "blocking waits" : "adaptive spin");
         printf("  cpu         initiator %.0f%% of a core", wall > 0 ? 100 * cpu / wall : 0);
         if (tcpu >= 0) printf(", target %.0f%%", 100 * tcpu / wall);
         printf("\n");

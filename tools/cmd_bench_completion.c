@@ -2,7 +2,7 @@
  *
  *   idle CPU      two engines with a session, idle: % of one core, next to a
  *                 thread that busy-polls a socket (what a spinning engine costs)
- *   wait modes    4 KiB write round trips, blocking (spin_us=0) vs spinning
+ *   wait modes    4 KiB write round trips, blocking (spin_us=-1) vs spinning
  *                 (spin_us=N): p50/p99 latency and CPU per operation
  *   cancel        how soon ferry_batch_cancel returns with a large write in
  *                 flight, against the time the write takes
@@ -125,7 +125,7 @@ static void idle_cpu(double seconds)
 
 static void wait_mode(int spin_us, int n, double *p50, double *p99, double *cpu_us)
 {
-    ferry_engine_t *a = engine(spin_us), *b = engine(0);
+    ferry_engine_t *a = engine(spin_us), *b = engine(-1); /* the target never spins */
     const char *peer = ferry_engine_name(b);
     static unsigned char src[4096], dst[4096];
     CHECK(ferry_register(a, src, sizeof src, FERRY_MEM_LOCAL));
@@ -348,7 +348,7 @@ static int cmd_bench_completion(int argc, char **argv)
     out = json ? stderr : stdout;
     idle_cpu(idle);
     double b50, b99, bcpu, s50, s99, scpu;
-    wait_mode(0, ops, &b50, &b99, &bcpu);
+    wait_mode(-1, ops, &b50, &b99, &bcpu);
     wait_mode(spin, ops, &s50, &s99, &scpu);
     json_add("wait_blocking_p50_us", b50);
     json_add("wait_blocking_p99_us", b99);

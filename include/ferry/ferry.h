@@ -21,9 +21,12 @@
  * If the target cannot confirm, the code is CANCEL_UNCONFIRMED: do not reuse
  * the target pages until the peer is known dead or restarted.
  *
- * Waiting: every completion wait blocks on an event (condition variable or
- * poll), never busy-polls, unless config.spin_us asks for a bounded spin
- * first. An idle engine uses no CPU beyond one wake-up a second.
+ * Waiting: every completion wait ends blocked on an event (condition
+ * variable or poll). By default a connection's waits first busy-poll
+ * briefly (yielding the CPU at each turn) when its recent waits were short:
+ * at most 100 us, twice their median, none when they were long or on a
+ * single CPU (config.spin_us). An idle engine never spins and uses no CPU
+ * beyond one wake-up a second.
  *
  * All calls are thread-safe, except where a call says it must not race
  * (destroy and free against use of the same object). Every blocking call
@@ -117,8 +120,13 @@ typedef struct ferry_config {
      * target to confirm that no more byte of the request can land, 1000
      * (FERRY_CANCEL_TIMEOUT_MS); past it the request fails CANCEL_UNCONFIRMED. */
     int cancel_timeout_ms;
-    /* Completion waits first poll without sleeping for this long, then block
-     * on an event; 0 (default) never spins (FERRY_SPIN_US, at most 1000000). */
+    /* Waits for an answer (and a target's wait for the next request) first
+     * poll without sleeping, then block on an event. 0 (default): adaptive,
+     * per connection: twice the median of its last 8 waits, at most 100 us,
+     * none when that median is above 100 us or the process has one CPU
+     * (so an idle engine never spins). N > 0: always N us (and
+     * ferry_batch_wait spins N us too). -1: never spin, every wait blocks.
+     * (FERRY_SPIN_US, -1 to 1000000.) */
     int spin_us;
     /* Served connections that completed the handshake, 2048
      * (FERRY_MAX_CONNECTIONS). When full, a peer finishing its handshake
@@ -354,7 +362,7 @@ FERRY_API long ferry_batch_submit(ferry_batch_t *b, const char *peer, const ferr
                         size_t n, int timeout_ms);
 /* Status of request idx. */
 FERRY_API int ferry_batch_status(ferry_batch_t *b, size_t idx, ferry_status_t *st);
-/* Waits on a condition variable (after config.spin_us of spinning, if set)
+/* Waits on a condition variable (after config.spin_us of spinning, if > 0)
  * until every submitted request ended or timeout_ms passed (-1 forever).
  * 0: all completed; first failure code; or TIMEOUT (of this wait: the
  * requests go on). */

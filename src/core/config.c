@@ -123,7 +123,7 @@ static int config_from_env(ferry_config_t *cfg)
     ENV_INT("FERRY_METADATA_TTL_S", metadata_ttl_s, 1, 3600);
     ENV_INT("FERRY_METRICS_PORT", metrics_port, -1, 65535);
     ENV_INT("FERRY_CANCEL_TIMEOUT_MS", cancel_timeout_ms, 1, 600000);
-    ENV_INT("FERRY_SPIN_US", spin_us, 0, 1000000);
+    ENV_INT("FERRY_SPIN_US", spin_us, -1, 1000000);
     ENV_INT("FERRY_MAX_CONNECTIONS", max_connections, 1, FERRY_MAX_CONNECTIONS_LIMIT);
     ENV_INT("FERRY_MAX_CONNECTIONS_PER_SOURCE", max_connections_per_source, 0, FERRY_MAX_CONNECTIONS_LIMIT);
     ENV_STR("FERRY_METRICS_HOST", metrics_host);
@@ -163,8 +163,8 @@ static int check_config(const ferry_config_t *c)
     if (c->cancel_timeout_ms < 1 || c->cancel_timeout_ms > 600000)
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: cancel_timeout_ms=%d not in [1, 600000]",
                           c->cancel_timeout_ms);
-    if (c->spin_us < 0 || c->spin_us > 1000000)
-        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: spin_us=%d not in [0, 1000000]", c->spin_us);
+    if (c->spin_us < -1 || c->spin_us > 1000000)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: spin_us=%d not in [-1, 1000000]", c->spin_us);
     if (c->max_connections < 1 || c->max_connections > FERRY_MAX_CONNECTIONS_LIMIT)
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: max_connections=%d not in [1, %d]", c->max_connections,
                           FERRY_MAX_CONNECTIONS_LIMIT);

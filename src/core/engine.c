@@ -54,10 +54,17 @@ int ferry_conn_recv_frame_spin(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadl
 {
     uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
     size_t got = 0;
+    uint64_t t0 = ferry_now_ns();
     int rc = ferry_net_recv_spin(c->fd, hdr, sizeof hdr, spin_us, &got);
     if (rc == 0 && got < sizeof hdr) rc = ferry_net_recv(c->fd, hdr + got, sizeof hdr - got, deadline);
     if (rc) return rc;
+    ferry_spin_record(&c->spin, ferry_now_ns() - t0);
     return ferry_frame_decode(hdr, f);
+}
+
+unsigned ferry_conn_spin_us(ferry_conn_t *c)
+{
+    return ferry_spin_us(&c->spin, c->engine->cfg.spin_us);
 }
 
 int ferry_conn_discard(ferry_conn_t *c, uint64_t n, uint64_t deadline)
@@ -549,7 +556,6 @@ void ferry_serve_connection(ferry_conn_t *c)
 {
     ferry_engine_t *e = c->engine;
     ferry_frame_t f;
-    unsigned spin_us = (unsigned)e->cfg.spin_us;
     uint64_t deadline = ferry_deadline_after_ms(e->cfg.connect_timeout_ms);
     /* Waits for the first byte apart: from then on the connection counts as
      * handshaking in earnest (oldest_handshaking_locked). */
@@ -564,18 +570,22 @@ void ferry_serve_connection(ferry_conn_t *c)
         conn_set_idle(c);
         /* A request often follows the last answer within microseconds:
          * busy-poll for its header briefly before sleeping (a cross-CPU
-         * wake-up costs more than a loopback round trip), if config.spin_us
-         * asks for it. Idle connections then wait without a deadline (TCP
-         * keepalive reaps dead peers); a frame once begun must arrive whole
-         * within the timeout. */
+         * wake-up costs more than a loopback round trip), for config.spin_us
+         * or, by default, as long as the recent gaps between requests on this
+         * connection say is worth it (spin.h: none once they are long, so an
+         * idle connection never spins). Idle connections then wait without a
+         * deadline (TCP keepalive reaps dead peers); a frame once begun must
+         * arrive whole within the timeout. */
         uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
         size_t got = 0;
-        rc = ferry_net_recv_spin(c->fd, hdr, sizeof hdr, spin_us, &got);
+        uint64_t t0 = ferry_now_ns();
+        rc = ferry_net_recv_spin(c->fd, hdr, sizeof hdr, ferry_conn_spin_us(c), &got);
         if (rc) break;
         if (got == 0) {
             int ready = ferry_net_wait_readable(c->fd, UINT64_MAX);
             if (ready <= 0 || atomic_load(&e->stopping)) break;
         }
+        ferry_spin_record(&c->spin, ferry_now_ns() - t0);
         if (!conn_set_busy(c)) break; /* closed to make room */
         if (got < sizeof hdr) rc = ferry_net_recv(c->fd, hdr + got, sizeof hdr - got, ferry_deadline_after_ms(e->cfg.timeout_ms));
         if (rc == 0) rc = ferry_frame_decode(hdr, &f);

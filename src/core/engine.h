@@ -14,6 +14,7 @@
 #include "meta/meta.h"
 #include "metrics.h"
 #include "registry.h"
+#include "spin.h"
 #include "stats.h"
 #include "wire/wire.h"
 
@@ -54,6 +55,7 @@ typedef struct ferry_conn {
     uint8_t source[16];
     _Atomic uint64_t idle_since_ns;
     struct ferry_vec_scratch *vec; /* vector frames' per-connection buffers (transport/vec.h), lazily made */
+    ferry_spin_t spin;         /* recent waits on it, for the adaptive spin (spin.h) */
 } ferry_conn_t;
 
 /* ferry_conn_t.state on the target side. Changes under the engine's
@@ -262,6 +264,8 @@ int ferry_conn_recv_frame(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline);
 /* The same, busy-polling up to spin_us for the header before sleeping
  * (ferry_net_recv_spin): for answers due within microseconds. */
 int ferry_conn_recv_frame_spin(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline, unsigned spin_us);
+/* How long the next wait on c may spin (config.spin_us, else adaptive). */
+unsigned ferry_conn_spin_us(ferry_conn_t *c);
 /* Reads and discards n payload bytes. */
 int ferry_conn_discard(ferry_conn_t *c, uint64_t n, uint64_t deadline);
 void ferry_conn_free(ferry_conn_t *c);

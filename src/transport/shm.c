@@ -1393,7 +1393,7 @@ static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
      * confirmed prefix. */
     bool *tainted = NULL;
     uint64_t inflight = 0;
-    unsigned spin_us = (unsigned)c->engine->cfg.spin_us;
+    unsigned spin_us = ferry_conn_spin_us(c);
     *broken = 0;
     for (;;) {
         while (cur < nx && !ferry_piece_sendable(&xs[cur], cur_off)) {

@@ -215,7 +215,7 @@ static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
         struct inflight in = ring[head];
         head = (head + 1) % 256;
         count--;
-        unsigned spin = inflight <= SPIN_INFLIGHT_BYTES ? (unsigned)c->engine->cfg.spin_us : 0;
+        unsigned spin = inflight <= SPIN_INFLIGHT_BYTES ? ferry_conn_spin_us(c) : 0;
         inflight -= in.n;
         if (in.count) {
             vec_frames--;
