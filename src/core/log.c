@@ -5,7 +5,7 @@
 #include <time.h>
 #include <unistd.h>
 
-int ferry_log_level = FERRY_LOG_WARN;
+_Atomic int ferry_log_level = FERRY_LOG_WARN;
 
 static const char *const level_names[] = {"error", "warn", "info", "debug", "trace"};
 
