@@ -48,7 +48,7 @@ static ferry_engine_t *engine_with(const char *url, int ttl_s)
 }
 
 struct meta_counts {
-    uint64_t lookups, hits, fetches, stale, invalidations;
+    uint64_t lookups, hits, fetches, stale, invalidations, refreshes, republishes;
 };
 
 static struct meta_counts counts(ferry_engine_t *e)
@@ -56,7 +56,8 @@ static struct meta_counts counts(ferry_engine_t *e)
     ferry_stats_t st;
     assert_int_equal(ferry_engine_stats(e, &st), 0);
     struct meta_counts c = {st.metadata_lookups, st.metadata_cache_hits, st.metadata_fetches,
-                            st.metadata_stale_served, st.metadata_invalidations};
+                            st.metadata_stale_served, st.metadata_invalidations,
+                            st.metadata_lease_refreshes, st.metadata_republishes};
     return c;
 }
 
@@ -367,6 +368,16 @@ static void service_down_during_run(const struct backend *b)
     if (rc_peer || rc_other)
         fail_msg("%s: not re-published 10 s after the restart: %d %d (%s)", b->scheme, rc_peer, rc_other,
                  ferry_last_error_detail());
+    /* Counted: the re-publish after the outage, and refreshes (one every
+     * 0.67 s once it is back; waited for, bounded). */
+    struct meta_counts c = counts(target);
+    for (int i = 0; i < 50 && c.refreshes < 1; i++) {
+        usleep(100 * 1000);
+        c = counts(target);
+    }
+    if (c.refreshes < 1 || c.republishes < 1)
+        fail_msg("%s: lease refreshes %llu, republishes %llu", b->scheme, (unsigned long long)c.refreshes,
+                 (unsigned long long)c.republishes);
     ferry_engine_destroy(late);
     ferry_engine_destroy(other);
     ferry_engine_destroy(target);

@@ -210,6 +210,8 @@ typedef struct ferry_stats {
     uint64_t metadata_fetches;       /* requests to the service (misses, expired or invalidated entries) */
     uint64_t metadata_stale_served;  /* expired entries used because the service did not answer */
     uint64_t metadata_invalidations; /* entries dropped: peer restarted, or its cached address refused */
+    uint64_t metadata_lease_refreshes; /* this engine's lease extended (every metadata_ttl_s / 3) */
+    uint64_t metadata_republishes;   /* its entry published again: lost (service restarted) or lease expired */
 } ferry_stats_t;
 
 /* Copies the engine's counters into *out. 0, or INVALID_ARGUMENT. */

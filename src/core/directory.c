@@ -167,7 +167,9 @@ int ferry_directory_start(ferry_engine_t *e)
     if (!value) return ferry_fail(FERRY_ERR_MEMORY, "metadata descriptor: out of memory");
     char key[400];
     snprintf(key, sizeof key, "%s%s", FERRY_META_KEY_PREFIX, e->name);
-    rc = ferry_meta_publisher_start(&e->meta, key, value, e->cfg.metadata_ttl_s, &e->publisher);
+    rc = ferry_meta_publisher_start_counted(&e->meta, key, value, e->cfg.metadata_ttl_s,
+                                            &e->stats.metadata_lease_refreshes, &e->stats.metadata_republishes,
+                                            &e->publisher);
     free(value);
     if (rc) return ferry_fail_context("publishing %s in %s", e->name, e->cfg.metadata);
     FERRY_LOG(FERRY_LOG_INFO, "directory", "published %s in %s (lease %d s)", e->name, e->cfg.metadata,

@@ -225,6 +225,10 @@ static void render_engine_stats(struct text *t, ferry_engine_t *e)
          st.metadata_stale_served},
         {"ferry_engine_metadata_invalidations_total", "Cached entries dropped: peer restarted or address refused.",
          st.metadata_invalidations},
+        {"ferry_engine_metadata_lease_refreshes_total", "Leases of this engine's entry extended.",
+         st.metadata_lease_refreshes},
+        {"ferry_engine_metadata_republishes_total", "This engine's entry published again after it was lost.",
+         st.metadata_republishes},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         put(t, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", rows[i].name, rows[i].help, rows[i].name, rows[i].name,
