@@ -39,12 +39,9 @@ if(FERRY_MHD_FOUND)
   string(APPEND FERRY_PC_REQUIRES_PRIVATE " libmicrohttpd")
 endif()
 set(FERRY_STATIC_EXTRA_LIBS "")
-if(FERRY_HAVE_RDMA AND CMAKE_DL_LIBS)
+if((FERRY_HAVE_RDMA OR FERRY_HAVE_CUDA) AND CMAKE_DL_LIBS)
   string(APPEND FERRY_PC_LIBS_PRIVATE " -l${CMAKE_DL_LIBS}")
   set(FERRY_STATIC_EXTRA_LIBS ${CMAKE_DL_LIBS})
-endif()
-if(FERRY_HAVE_CUDA)
-  string(APPEND FERRY_PC_LIBS_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcudart")
 endif()
 # prefix relative to the .pc file: the tree may be installed with
 # `cmake --install --prefix P` (another prefix than configured) or moved,

@@ -2,7 +2,8 @@
 # Builds Ferry's libFuzzer targets with clang (ASan + UBSan) and runs each
 # for a bounded time, starting from the seed corpus the targets make.
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]
-# Defaults: $FUZZ_SECONDS or 30 s each; targets wire, handshake, initiator. Environment:
+# Defaults: $FUZZ_SECONDS or 30 s each; targets wire, handshake, initiator, session, meta.
+# Environment:
 #   FUZZ_BUILD (build-fuzz), FUZZ_JOBS (2), FUZZ_CORPUS (build dir/corpus).
 # Exit status: 0 when no target found a crash, leak or timeout; else 1, and
 # the reproducer lies in $FUZZ_BUILD/artifacts/<target>/.
@@ -11,7 +12,7 @@ cd "$(dirname "$0")/.."
 SECS=${1:-${FUZZ_SECONDS:-30}}
 shift || true
 TARGETS=("$@")
-[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(wire handshake initiator)
+[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(wire handshake initiator session meta)
 BUILD=${FUZZ_BUILD:-build-fuzz}
 JOBS=${FUZZ_JOBS:-2}
 CC_BIN=${CC:-}
@@ -21,7 +22,7 @@ fi
 [ -n "$CC_BIN" ] || { echo "fuzz: clang not found (apt-get install clang libclang-rt-14-dev)"; exit 2; }
 
 CC="$CC_BIN" cmake -S . -B "$BUILD" -DFERRY_FUZZ=ON -DFERRY_SANITIZE=address -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DFERRY_WITH_ETCD=OFF -DFERRY_WITH_REDIS=OFF -DFERRY_WITH_RDMA=OFF >/dev/null
+  -DFERRY_WITH_ETCD=ON -DFERRY_WITH_REDIS=OFF -DFERRY_WITH_RDMA=OFF >/dev/null
 build_targets=()
 for t in "${TARGETS[@]}"; do build_targets+=("fuzz_$t" "fuzz_${t}_replay"); done
 cmake --build "$BUILD" -j "$JOBS" --target "${build_targets[@]}" >/dev/null

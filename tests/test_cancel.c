@@ -166,6 +166,56 @@ static void cancelled_batch_lands_nothing_later(void **state)
     rig_down(&r);
 }
 
+/* The same with a batch of small pieces (vector frames, each fenced as a
+ * whole): every request ends CANCELLED with nothing of it confirmed, or
+ * COMPLETED whole, and nothing lands after the cancel returned. */
+static void cancelled_small_pieces_land_nothing_later(void **state)
+{
+    (void)state;
+    enum { PIECE = 2048 };
+    rig_t r;
+    rig_up(&r, initiator_engine(20000, 2, 2, 3000), 16u << 20, 10, 4u << 20);
+    size_t n = r.len / PIECE;
+    ferry_batch_t *b;
+    assert_int_equal(ferry_batch_alloc(r.initiator, n, &b), 0);
+    ferry_request_t *reqs = calloc(n, sizeof *reqs);
+    assert_non_null(reqs);
+    for (size_t i = 0; i < n; i++) /* scattered: piece i into slot n-1-i */
+        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, r.src + i * PIECE, (uint64_t)(uintptr_t)(r.dst + (n - 1 - i) * PIECE),
+                                    PIECE};
+    assert_int_equal(ferry_batch_submit(b, r.peer, reqs, n, 0), 0);
+    sleep_ms(200);
+    int rc = ferry_batch_cancel(b);
+    uint64_t sent_at_return = delay_proxy_bytes_to_target(r.proxy);
+    memcpy(r.snap, r.dst, r.len);
+    if (rc) fprintf(stderr, "cancel: %s\n", ferry_last_error_detail());
+    assert_int_equal(rc, 0);
+    size_t cancelled = 0;
+    for (size_t i = 0; i < n; i++) {
+        ferry_status_t st;
+        assert_int_equal(ferry_batch_status(b, i, &st), 0);
+        if (st.state == FERRY_STATUS_CANCELLED) {
+            assert_int_equal(st.code, FERRY_ERR_CANCELLED);
+            assert_int_equal(st.bytes, 0);
+            cancelled++;
+        } else {
+            assert_int_equal(st.state, FERRY_STATUS_COMPLETED);
+            assert_int_equal(st.bytes, PIECE);
+            assert_memory_equal(r.dst + (n - 1 - i) * PIECE, r.src + i * PIECE, PIECE);
+        }
+    }
+    long changed = watch_unchanged(r.dst, r.snap, r.len, 1500);
+    uint64_t late = delay_proxy_bytes_to_target(r.proxy) - sent_at_return;
+    printf("small-piece batch cancel: %zu of %zu pieces cancelled; %llu bytes reached the target after it, none "
+           "placed\n", cancelled, n, (unsigned long long)late);
+    assert_true(cancelled > 0);
+    assert_int_equal(changed, -1);
+    assert_true(late > 0);
+    assert_int_equal(ferry_batch_free(b), 0);
+    free(reqs);
+    rig_down(&r);
+}
+
 /* One request of two sharing a connection is cancelled: the other resumes
  * on another connection and completes; the cancelled one's range freezes. */
 static void cancel_one_request_the_other_completes(void **state)
@@ -484,6 +534,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(expired_write_lands_nothing_later),
         cmocka_unit_test(cancelled_batch_lands_nothing_later),
+        cmocka_unit_test(cancelled_small_pieces_land_nothing_later),
         cmocka_unit_test(cancel_one_request_the_other_completes),
         cmocka_unit_test(unconfirmed_cancel_is_reported),
         cmocka_unit_test(vanished_target_is_not_unconfirmed),

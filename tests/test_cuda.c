@@ -1,10 +1,18 @@
-/* CUDA device memory (builds with -DFERRY_WITH_CUDA=ON; a skip otherwise).
+/* CUDA device memory through the driver API loaded at run time (built with
+ * FERRY_WITH_CUDA, the default; a skip otherwise). No GPU is needed:
  *
- * Without a GPU or driver (this machine, CI): the classification of
- * cudaPointerGetAttributes' answers, the error mapping, the status line,
- * and that host memory registers and moves as before. With a GPU: device
- * memory is detected at registration and moved over TCP through host
- * staging, both directions (not run where the tests were written: no GPU). */
+ *  - without a driver in the process (always here, and in this test process
+ *    on a GPU machine too: nothing loads libcuda.so.1) all memory is host
+ *    memory, ferry_device_memory_supported() says why, and transfers work;
+ *  - with the stub driver (tests/support/cuda_stub.c, loaded by the test as
+ *    an application would load libcuda.so.1, named by FERRY_CUDA_DRIVER) the
+ *    real code path runs: detection at registration, staged TCP transfers
+ *    both ways with the allocation's context pushed and popped, the primary
+ *    context for memory without one, and every refusal;
+ *  - the classification of the driver's answers, the error mapping, and,
+ *    where a cuda.h is at hand, Ferry's own declarations against it.
+ * What needs a real GPU (cuMemAlloc'd memory, a real driver's answers) is
+ * not run here; see docs/RDMA_AND_GPU.md. */
 #ifndef FERRY_HAVE_CUDA
 #include "harness.h"
 static void skipped(void **state)
@@ -19,68 +27,125 @@ int main(void)
 }
 #else
 
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <cuda_runtime_api.h>
+#ifdef FERRY_TEST_CUDA_H
+#include <cuda.h>
+#endif
 
+#include "core/cuda_driver.h"
 #include "core/cuda_opt_cuda.h"
 #include "core/engine.h"
 #include "core/memkind.h"
 #include "harness.h"
 
-static int have_gpu(void)
+#ifdef FERRY_TEST_CUDA_H
+/* Ferry declares the driver API itself (src/core/cuda_driver.h): the values
+ * must be cuda.h's. Checked when this file compiles. */
+_Static_assert(FERRY_CUDA_SUCCESS == CUDA_SUCCESS, "CUresult");
+_Static_assert(FERRY_CUDA_ERROR_INVALID_VALUE == CUDA_ERROR_INVALID_VALUE, "CUresult");
+_Static_assert(FERRY_CUDA_ERROR_OUT_OF_MEMORY == CUDA_ERROR_OUT_OF_MEMORY, "CUresult");
+_Static_assert(FERRY_CUDA_ERROR_NOT_INITIALIZED == CUDA_ERROR_NOT_INITIALIZED, "CUresult");
+_Static_assert(FERRY_CUDA_ERROR_DEINITIALIZED == CUDA_ERROR_DEINITIALIZED, "CUresult");
+_Static_assert(FERRY_CUDA_ERROR_STUB_LIBRARY == CUDA_ERROR_STUB_LIBRARY, "CUresult");
+_Static_assert(FERRY_CUDA_ERROR_NO_DEVICE == CUDA_ERROR_NO_DEVICE, "CUresult");
+_Static_assert(FERRY_CUDA_ERROR_INVALID_DEVICE == CUDA_ERROR_INVALID_DEVICE, "CUresult");
+_Static_assert(FERRY_CUDA_ERROR_INVALID_CONTEXT == CUDA_ERROR_INVALID_CONTEXT, "CUresult");
+_Static_assert(FERRY_CUDA_ERROR_ILLEGAL_ADDRESS == CUDA_ERROR_ILLEGAL_ADDRESS, "CUresult");
+_Static_assert(FERRY_CUDA_ERROR_SYSTEM_DRIVER_MISMATCH == CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "CUresult");
+_Static_assert(FERRY_CU_POINTER_ATTRIBUTE_CONTEXT == CU_POINTER_ATTRIBUTE_CONTEXT, "attribute");
+_Static_assert(FERRY_CU_POINTER_ATTRIBUTE_MEMORY_TYPE == CU_POINTER_ATTRIBUTE_MEMORY_TYPE, "attribute");
+_Static_assert(FERRY_CU_POINTER_ATTRIBUTE_IS_MANAGED == CU_POINTER_ATTRIBUTE_IS_MANAGED, "attribute");
+_Static_assert(FERRY_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, "attribute");
+_Static_assert(FERRY_CU_MEMORYTYPE_HOST == CU_MEMORYTYPE_HOST, "memory type");
+_Static_assert(FERRY_CU_MEMORYTYPE_DEVICE == CU_MEMORYTYPE_DEVICE, "memory type");
+_Static_assert(FERRY_CU_MEMORYTYPE_ARRAY == CU_MEMORYTYPE_ARRAY, "memory type");
+_Static_assert(FERRY_CU_MEMORYTYPE_UNIFIED == CU_MEMORYTYPE_UNIFIED, "memory type");
+_Static_assert(sizeof(FERRY_CUdeviceptr) == sizeof(CUdeviceptr), "CUdeviceptr");
+_Static_assert(sizeof(FERRY_CUdevice) == sizeof(CUdevice), "CUdevice");
+_Static_assert(sizeof(CUpointer_attribute) == sizeof(int), "enum passed as int");
+#endif
+
+#define STUB_MANAGED 1
+#define STUB_NO_CONTEXT 2
+
+static void *stub;
+static void *(*stub_alloc)(size_t, int, int);
+static void *(*stub_alias)(void *);
+static void (*stub_free)(void *);
+static void (*stub_counts)(unsigned long[7]);
+
+/* The driver named anew (NULL: the default, libcuda.so.1), and forgotten. */
+static void use_driver(const char *path)
 {
-    int n = 0;
-    cudaError_t err = cudaGetDeviceCount(&n);
-    (void)cudaGetLastError();
-    return err == cudaSuccess && n > 0;
+    if (path)
+        setenv("FERRY_CUDA_DRIVER", path, 1);
+    else
+        unsetenv("FERRY_CUDA_DRIVER");
+    unsetenv("FERRY_CUDA_STUB_INIT_ERROR");
+    unsetenv("FERRY_CUDA_STUB_DEVICES");
+    ferry_cuda_forget_driver();
+}
+
+/* What an application using CUDA does: load the driver (here the stub). */
+static void load_stub(void)
+{
+    const char *path = getenv("FERRY_CUDA_STUB");
+    assert_non_null(path);
+    stub = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    assert_non_null(stub);
+    stub_alloc = (void *(*)(size_t, int, int))dlsym(stub, "cuda_stub_alloc");
+    stub_alias = (void *(*)(void *))dlsym(stub, "cuda_stub_alias");
+    stub_free = (void (*)(void *))dlsym(stub, "cuda_stub_free");
+    stub_counts = (void (*)(unsigned long[7]))dlsym(stub, "cuda_stub_counts");
+    assert_true(stub_alloc && stub_alias && stub_free && stub_counts);
 }
 
 static void classification(void **state)
 {
     (void)state;
     uint32_t k = 99;
-    /* Errors: CUDA does not know the pointer, or has no device: host. */
-    assert_int_equal(ferry_cuda_classify(cudaErrorInvalidValue, cudaMemoryTypeDevice, 0, &k), 0);
+    /* Errors: the driver does not know the pointer: host. */
+    assert_int_equal(ferry_cuda_classify(FERRY_CUDA_ERROR_INVALID_VALUE, FERRY_CU_MEMORYTYPE_DEVICE, 0, 0, &k), 0);
     assert_int_equal(k, FERRY_MEMKIND_HOST);
-    assert_int_equal(ferry_cuda_classify(cudaErrorNoDevice, 0, 0, &k), 0);
+    assert_int_equal(ferry_cuda_classify(FERRY_CUDA_ERROR_NOT_INITIALIZED, 0, 0, 0, &k), 0);
     assert_int_equal(k, FERRY_MEMKIND_HOST);
-    assert_int_equal(ferry_cuda_classify(cudaErrorInsufficientDriver, 0, 0, &k), 0);
+    /* CPU-accessible kinds: unknown (0), pinned host, managed, unified. */
+    assert_int_equal(ferry_cuda_classify(FERRY_CUDA_SUCCESS, 0, 0, 0, &k), 0);
     assert_int_equal(k, FERRY_MEMKIND_HOST);
-    /* CPU-accessible kinds: host. */
-    assert_int_equal(ferry_cuda_classify(cudaSuccess, cudaMemoryTypeUnregistered, 0, &k), 0);
+    assert_int_equal(ferry_cuda_classify(FERRY_CUDA_SUCCESS, FERRY_CU_MEMORYTYPE_HOST, 0, 0, &k), 0);
     assert_int_equal(k, FERRY_MEMKIND_HOST);
-    assert_int_equal(ferry_cuda_classify(cudaSuccess, cudaMemoryTypeHost, 0, &k), 0);
+    assert_int_equal(ferry_cuda_classify(FERRY_CUDA_SUCCESS, FERRY_CU_MEMORYTYPE_DEVICE, 1, 1, &k), 0);
     assert_int_equal(k, FERRY_MEMKIND_HOST);
-    assert_int_equal(ferry_cuda_classify(cudaSuccess, cudaMemoryTypeManaged, 1, &k), 0);
+    assert_int_equal(ferry_cuda_classify(FERRY_CUDA_SUCCESS, FERRY_CU_MEMORYTYPE_UNIFIED, 0, 0, &k), 0);
     assert_int_equal(k, FERRY_MEMKIND_HOST);
     /* Device memory, with its ordinal. */
-    assert_int_equal(ferry_cuda_classify(cudaSuccess, cudaMemoryTypeDevice, 2, &k), 0);
+    assert_int_equal(ferry_cuda_classify(FERRY_CUDA_SUCCESS, FERRY_CU_MEMORYTYPE_DEVICE, 0, 2, &k), 0);
     assert_int_equal(FERRY_MEMKIND_TYPE(k), FERRY_MEMKIND_CUDA);
     assert_int_equal(FERRY_MEMKIND_DEVICE(k), 2);
-    assert_int_equal(ferry_cuda_classify(cudaSuccess, cudaMemoryTypeDevice, -1, &k), FERRY_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ferry_cuda_classify(FERRY_CUDA_SUCCESS, FERRY_CU_MEMORYTYPE_DEVICE, 0, -1, &k),
+                     FERRY_ERR_INVALID_ARGUMENT);
     assert_detail_contains("device ordinal -1");
 }
 
 static void error_codes(void **state)
 {
     (void)state;
-    assert_int_equal(ferry_cuda_error_code(cudaSuccess), 0);
-    assert_int_equal(ferry_cuda_error_code(cudaErrorNoDevice), FERRY_ERR_DEVICE_NOT_FOUND);
-    assert_int_equal(ferry_cuda_error_code(cudaErrorInsufficientDriver), FERRY_ERR_DEVICE_NOT_FOUND);
-    assert_int_equal(ferry_cuda_error_code(cudaErrorInvalidValue), FERRY_ERR_INVALID_ARGUMENT);
-    assert_int_equal(ferry_cuda_error_code(cudaErrorMemoryAllocation), FERRY_ERR_MEMORY);
-    assert_int_equal(ferry_cuda_error_code(cudaErrorIllegalAddress), FERRY_ERR_INTERNAL);
+    assert_int_equal(ferry_cuda_error_code(FERRY_CUDA_SUCCESS), 0);
+    assert_int_equal(ferry_cuda_error_code(FERRY_CUDA_ERROR_NO_DEVICE), FERRY_ERR_DEVICE_NOT_FOUND);
+    assert_int_equal(ferry_cuda_error_code(FERRY_CUDA_ERROR_NOT_INITIALIZED), FERRY_ERR_DEVICE_NOT_FOUND);
+    assert_int_equal(ferry_cuda_error_code(FERRY_CUDA_ERROR_SYSTEM_DRIVER_MISMATCH), FERRY_ERR_DEVICE_NOT_FOUND);
+    assert_int_equal(ferry_cuda_error_code(FERRY_CUDA_ERROR_INVALID_VALUE), FERRY_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ferry_cuda_error_code(FERRY_CUDA_ERROR_OUT_OF_MEMORY), FERRY_ERR_MEMORY);
+    assert_int_equal(ferry_cuda_error_code(FERRY_CUDA_ERROR_ILLEGAL_ADDRESS), FERRY_ERR_INTERNAL);
 }
 
-static void host_memory_without_gpu(void **state)
+/* Host memory registers and moves, whatever the driver's state. */
+static void host_transfer(void)
 {
-    (void)state;
-    const char *status = ferry_memkind_status();
-    assert_non_null(strstr(status, "CUDA built in"));
-    if (!have_gpu()) assert_non_null(strstr(status, "unavailable"));
     ferry_engine_t *a = harness_engine(10000), *b = harness_engine(10000);
     size_t len = (2u << 20) + 1;
     unsigned char *src = malloc(len), *dst = calloc(1, len);
@@ -101,42 +166,165 @@ static void host_memory_without_gpu(void **state)
     free(dst);
 }
 
-/* Needs a GPU: device memory registered, staged, and moved both ways. */
-static void device_memory_with_gpu(void **state)
+/* No driver in this process (runs first: nothing has loaded the stub). */
+static void no_driver_is_host_only(void **state)
 {
     (void)state;
-    if (!have_gpu()) skip();
+    use_driver(NULL);
+    const char *why = NULL;
+    assert_int_equal(ferry_device_memory_supported(&why), 0);
+    assert_non_null(strstr(why, "libcuda.so.1 is not loaded in this process"));
+    assert_non_null(strstr(why, "all memory is host memory"));
+    host_transfer();
+    /* A driver path that does not exist: the same, naming it. */
+    use_driver("/nonexistent/libcuda.so.1");
+    assert_int_equal(ferry_device_memory_supported(&why), 0);
+    assert_non_null(strstr(why, "/nonexistent/libcuda.so.1 is not loaded"));
+    /* The stub named but not loaded by the application: still host only. */
+    use_driver(getenv("FERRY_CUDA_STUB"));
+    assert_int_equal(ferry_device_memory_supported(&why), 0);
+    assert_non_null(strstr(why, "is not loaded in this process"));
+    /* A copy of a CUDA kind without a driver: DEVICE_NOT_FOUND, not a crash. */
+    unsigned char buf[8];
+    assert_int_equal(ferry_memkind_to_host(FERRY_MEMKIND_MAKE(FERRY_MEMKIND_CUDA, 0), buf, buf, 8),
+                     FERRY_ERR_DEVICE_NOT_FOUND);
+    assert_detail_contains("not loaded");
+}
+
+static void expect_counts(const unsigned long before[7], long dtoh, long htod)
+{
+    unsigned long now[7];
+    stub_counts(now);
+    assert_int_equal((long)(now[0] - before[0]), dtoh);
+    assert_int_equal((long)(now[1] - before[1]), htod);
+    assert_true(now[2] - before[2] >= (unsigned long)(htod > 0)); /* a stream sync after host->device */
+    assert_int_equal(now[3] - before[3], now[4] - before[4]);     /* every push popped */
+    assert_int_equal(now[5] - before[5], now[6] - before[6]);     /* every retain released */
+}
+
+/* The driver-API path, over the stub: device memory on two devices, moved
+ * over TCP through host staging, both ways. */
+static void stub_driver_moves_device_memory(void **state)
+{
+    (void)state;
+    load_stub();
+    use_driver(getenv("FERRY_CUDA_STUB"));
+    const char *why = NULL;
+    assert_int_equal(ferry_device_memory_supported(&why), 1);
+    assert_non_null(strstr(why, "2 device(s)"));
+    /* By the default name too: the stub's soname is libcuda.so.1. */
+    use_driver(NULL);
+    assert_int_equal(ferry_device_memory_supported(&why), 1);
+    assert_non_null(strstr(why, "libcuda.so.1, driver version 13000"));
+
     size_t len = (3u << 20) + 7;
-    void *gsrc = NULL, *gdst = NULL;
-    assert_int_equal(cudaMalloc(&gsrc, len), cudaSuccess);
-    assert_int_equal(cudaMalloc(&gdst, len), cudaSuccess);
-    unsigned char *host = malloc(len), *back = malloc(len);
-    harness_fill(host, len, 12);
-    assert_int_equal(cudaMemcpy(gsrc, host, len, cudaMemcpyHostToDevice), cudaSuccess);
-    assert_int_equal(cudaMemset(gdst, 0, len), cudaSuccess);
+    unsigned char *gsrc = stub_alloc(len, 1, 0), *gdst = stub_alloc(len, 0, 0);
+    assert_true(gsrc && gdst);
+    harness_fill(stub_alias(gsrc), len, 12);
+    memset(stub_alias(gdst), 0, len);
     ferry_engine_t *a = harness_engine(20000), *b = harness_engine(20000);
     assert_int_equal(ferry_register(a, gsrc, len, FERRY_MEM_LOCAL), 0);
     assert_int_equal(ferry_register(b, gdst, len, FERRY_MEM_REMOTE), 0);
     assert_int_equal(ferry_registry_device_count(&a->registry), 1);
+    uint32_t kind = 0;
+    assert_int_equal(ferry_memkind_detect(gsrc, len, &kind), 0);
+    assert_int_equal(kind, FERRY_MEMKIND_MAKE(FERRY_MEMKIND_CUDA, 1));
+
+    unsigned long before[7];
+    stub_counts(before);
     assert_int_equal(ferry_transfer_sync(a, ferry_engine_name(b), FERRY_OP_WRITE, gsrc, (uint64_t)(uintptr_t)gdst, len),
                      0);
-    assert_int_equal(cudaMemcpy(back, gdst, len, cudaMemcpyDeviceToHost), cudaSuccess);
-    assert_true(harness_check(back, len, 12));
-    assert_int_equal(cudaMemset(gsrc, 0, len), cudaSuccess);
+    assert_true(harness_check(stub_alias(gdst), len, 12));
+    unsigned long after_write[7];
+    stub_counts(after_write);
+    assert_true(after_write[0] > before[0] && after_write[1] > before[1]);
+    expect_counts(before, (long)(after_write[0] - before[0]), (long)(after_write[1] - before[1]));
+
+    memset(stub_alias(gsrc), 0, len);
     assert_int_equal(ferry_transfer_sync(a, ferry_engine_name(b), FERRY_OP_READ, gsrc, (uint64_t)(uintptr_t)gdst, len),
                      0);
-    assert_int_equal(cudaMemcpy(back, gsrc, len, cudaMemcpyDeviceToHost), cudaSuccess);
-    assert_true(harness_check(back, len, 12));
+    assert_true(harness_check(stub_alias(gsrc), len, 12));
+
     /* A range running past the allocation is refused at registration. */
-    assert_int_equal(ferry_register(a, (char *)gdst + 4096, len, FERRY_MEM_LOCAL), FERRY_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ferry_register(a, gdst + 4096, len, FERRY_MEM_LOCAL), FERRY_ERR_INVALID_ARGUMENT);
+    assert_detail_contains("starts in CUDA device 0 memory but its last byte is not");
+
     ferry_deregister(a, gsrc);
     ferry_deregister(b, gdst);
     ferry_engine_destroy(a);
     ferry_engine_destroy(b);
-    cudaFree(gsrc);
-    cudaFree(gdst);
-    free(host);
-    free(back);
+    stub_free(gsrc);
+    stub_free(gdst);
+}
+
+/* Memory without a context attribute: the device's primary context,
+ * retained and released around each copy. Managed memory: host. */
+static void stub_driver_primary_context_and_managed(void **state)
+{
+    (void)state;
+    load_stub();
+    use_driver(getenv("FERRY_CUDA_STUB"));
+    size_t len = 65536;
+    unsigned char *g = stub_alloc(len, 1, STUB_NO_CONTEXT), host[256];
+    harness_fill(stub_alias(g), len, 13);
+    uint32_t kind = 0;
+    assert_int_equal(ferry_memkind_detect(g, len, &kind), 0);
+    unsigned long before[7], now[7];
+    stub_counts(before);
+    assert_int_equal(ferry_memkind_to_host(kind, host, g + 100, sizeof host), 0);
+    assert_int_equal(memcmp(host, (unsigned char *)stub_alias(g) + 100, sizeof host), 0);
+    memset(host, 0x5a, sizeof host);
+    assert_int_equal(ferry_memkind_from_host(kind, g + 1000, host, sizeof host), 0);
+    assert_int_equal(memcmp(host, (unsigned char *)stub_alias(g) + 1000, sizeof host), 0);
+    expect_counts(before, 1, 1);
+    stub_counts(now);
+    assert_int_equal(now[5] - before[5], 2);
+    stub_free(g);
+
+    unsigned char *m = stub_alloc(len, 0, STUB_MANAGED);
+    assert_int_equal(ferry_memkind_detect(m, len, &kind), 0);
+    assert_int_equal(kind, FERRY_MEMKIND_HOST);
+    stub_free(m);
+
+    /* Copies the driver refuses: a clear code and the driver's words. */
+    assert_int_equal(ferry_memkind_to_host(FERRY_MEMKIND_MAKE(FERRY_MEMKIND_CUDA, 0), host, host + 8, 8),
+                     FERRY_ERR_INVALID_ARGUMENT);
+    assert_detail_contains("CUDA device->host copy of 8 bytes on device 0");
+    assert_detail_contains("CUDA_ERROR_INVALID_VALUE");
+    assert_int_equal(ferry_memkind_from_host(FERRY_MEMKIND_MAKE(FERRY_MEMKIND_CUDA, 3), host + 8, host, 8),
+                     FERRY_ERR_DEVICE_NOT_FOUND);
+    assert_detail_contains("CUDA_ERROR_INVALID_DEVICE");
+    stub_counts(now);
+    assert_int_equal(now[3], now[4]);
+    assert_int_equal(now[5], now[6]);
+}
+
+/* A driver that is loaded but unusable: host only, and why. */
+static void stub_driver_unusable(void **state)
+{
+    (void)state;
+    load_stub();
+    const char *why = NULL;
+    use_driver(getenv("FERRY_CUDA_STUB"));
+    setenv("FERRY_CUDA_STUB_INIT_ERROR", "100", 1);
+    assert_int_equal(ferry_device_memory_supported(&why), 0);
+    assert_non_null(strstr(why, "cuInit"));
+    assert_non_null(strstr(why, "CUDA_ERROR_NO_DEVICE"));
+    host_transfer();
+
+    use_driver(getenv("FERRY_CUDA_STUB"));
+    setenv("FERRY_CUDA_STUB_DEVICES", "0", 1);
+    assert_int_equal(ferry_device_memory_supported(&why), 0);
+    assert_non_null(strstr(why, "found 0 devices"));
+
+    const char *partial = getenv("FERRY_CUDA_STUB_PARTIAL");
+    assert_non_null(partial);
+    void *h = dlopen(partial, RTLD_NOW | RTLD_LOCAL);
+    assert_non_null(h);
+    use_driver(partial);
+    assert_int_equal(ferry_device_memory_supported(&why), 0);
+    assert_non_null(strstr(why, "lacks cuMemcpyHtoD_v2"));
+    use_driver(NULL);
 }
 
 int main(void)
@@ -144,8 +332,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(classification),
         cmocka_unit_test(error_codes),
-        cmocka_unit_test(host_memory_without_gpu),
-        cmocka_unit_test(device_memory_with_gpu),
+        cmocka_unit_test(no_driver_is_host_only),
+        cmocka_unit_test(stub_driver_moves_device_memory),
+        cmocka_unit_test(stub_driver_primary_context_and_managed),
+        cmocka_unit_test(stub_driver_unusable),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

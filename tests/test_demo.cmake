@@ -21,6 +21,13 @@ ferry_demo_test(demo_tp_2_to_1 "${FERRY_DEMO_SMALL} --prefill-tp 2 --decode-tp 1
                 "prefill 1 -> decode 0: shm.*verified: [1-9][0-9]* bytes, 0 mismatches")
 ferry_demo_test(demo_tp_1_to_2 "${FERRY_DEMO_SMALL} --prefill-tp 1 --decode-tp 2 --quiet" 0
                 "prefill 0 -> decode 1: shm.*verified: [1-9][0-9]* bytes, 0 mismatches")
+# The paged-KV extremes: one-token pages (every page its own piece, moved
+# in vector frames), and the MLA shape (one 1,152 B latent a token and layer,
+# one buffer, every TP rank holding it whole) with mismatched TP.
+ferry_demo_test(demo_page_1 "${FERRY_DEMO_SMALL} --page 1 --quiet" 0
+                "verified: [1-9][0-9]* bytes, 0 mismatches.*ferry demo: OK")
+ferry_demo_test(demo_mla "${FERRY_DEMO_SMALL} --mla --page 1 --prefill-tp 2 --decode-tp 1" 0
+                "MLA: one 576-element latent.*verified: [1-9][0-9]* bytes, 0 mismatches.*ferry demo: OK")
 ferry_demo_test(demo_json "${FERRY_DEMO_SMALL} --json --quiet" 0
                 "\"ok\": true.*\"mismatches\": 0.*\"errors\": \\[\\]")
 

@@ -150,6 +150,103 @@ static void without_checksum_corruption_is_silent(void **state)
     done(w);
 }
 
+
+/* ------------------------------------------------------ small pieces */
+
+enum { PIECES = 256, PIECE = 2048 };
+
+/* Writes PIECES pieces of PIECE bytes in one batch, scattered (reverse
+ * order), through the proxy. */
+static int write_pieces(world_t *w)
+{
+    void *locals[PIECES];
+    uint64_t remotes[PIECES];
+    size_t lens[PIECES];
+    for (int i = 0; i < PIECES; i++) {
+        locals[i] = w->src + (size_t)i * PIECE;
+        remotes[i] = (uint64_t)(uintptr_t)(w->dst + (size_t)(PIECES - 1 - i) * PIECE);
+        lens[i] = PIECE;
+    }
+    return ferry_batch_transfer_sync(w->ini, proxy_name(w->px), FERRY_OP_WRITE, locals, remotes, lens, PIECES);
+}
+
+static const unsigned char *piece_dst(world_t *w, int i) { return w->dst + (size_t)(PIECES - 1 - i) * PIECE; }
+
+/* One piece of a vector frame arrives corrupted: it alone is refused by
+ * its CRC32C, the others are placed, and the retry sends it again. */
+static void corrupted_small_piece_is_retried(void **state)
+{
+    (void)state;
+    world_t *w = make(1, 1, (proxy_opts_t){.corrupt_writes = 1});
+    harness_fill(w->src, LEN, 11);
+    int rc = write_pieces(w);
+    if (rc) fprintf(stderr, "%s\n", ferry_last_error_detail());
+    assert_int_equal(rc, 0);
+    assert_int_equal(proxy_corrupted(w->px), 1);
+    for (int i = 0; i < PIECES; i++) assert_memory_equal(piece_dst(w, i), w->src + (size_t)i * PIECE, PIECE);
+    ferry_stats_t si, st;
+    ferry_engine_stats(w->ini, &si);
+    ferry_engine_stats(w->tgt, &st);
+    assert_int_equal(si.retries, 1);
+    assert_int_equal(si.checksum_failures, 1);
+    assert_int_equal(st.checksum_failures, 1);
+    assert_int_equal(si.requests_completed, PIECES);
+    done(w);
+}
+
+/* A vector read's answer arrives corrupted: the piece hit is caught by its
+ * CRC32C at the initiator and read again; every piece ends intact. */
+static void corrupted_small_piece_read_is_retried(void **state)
+{
+    (void)state;
+    world_t *w = make(1, 1, (proxy_opts_t){.corrupt_reads = 1});
+    harness_fill(w->dst, LEN, 13);
+    void *locals[PIECES];
+    uint64_t remotes[PIECES];
+    size_t lens[PIECES];
+    for (int i = 0; i < PIECES; i++) {
+        locals[i] = w->src + (size_t)i * PIECE;
+        remotes[i] = (uint64_t)(uintptr_t)piece_dst(w, i);
+        lens[i] = PIECE;
+    }
+    memset(w->src, 0, LEN);
+    int rc = ferry_batch_transfer_sync(w->ini, proxy_name(w->px), FERRY_OP_READ, locals, remotes, lens, PIECES);
+    if (rc) fprintf(stderr, "%s\n", ferry_last_error_detail());
+    assert_int_equal(rc, 0);
+    assert_int_equal(proxy_corrupted(w->px), 1);
+    for (int i = 0; i < PIECES; i++) assert_memory_equal(w->src + (size_t)i * PIECE, piece_dst(w, i), PIECE);
+    ferry_stats_t si;
+    ferry_engine_stats(w->ini, &si);
+    assert_int_equal(si.retries, 1);
+    assert_int_equal(si.checksum_failures, 1);
+    done(w);
+}
+
+/* Every frame corrupted: the pieces hit fail with CHECKSUM_MISMATCH and
+ * none of their bytes lands; the frames' other pieces are placed whole. */
+static void corrupted_small_pieces_never_placed(void **state)
+{
+    (void)state;
+    world_t *w = make(1, 2, (proxy_opts_t){.corrupt_writes = -1});
+    harness_fill(w->src, LEN, 12);
+    int rc = write_pieces(w);
+    assert_int_equal(rc, FERRY_ERR_CHECKSUM_MISMATCH);
+    assert_detail_contains("CRC32C");
+    int refused = 0;
+    for (int i = 0; i < PIECES; i++) {
+        if (all_zero(piece_dst(w, i), PIECE))
+            refused++;
+        else
+            assert_memory_equal(piece_dst(w, i), w->src + (size_t)i * PIECE, PIECE);
+    }
+    assert_true(refused > 0 && refused < PIECES);
+    ferry_stats_t si;
+    ferry_engine_stats(w->ini, &si);
+    assert_int_equal(si.retries, 2);
+    assert_int_equal(si.requests_failed, (uint64_t)refused);
+    done(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -158,6 +255,9 @@ int main(void)
         cmocka_unit_test(corrupted_read_detected),
         cmocka_unit_test(no_retries_fails_at_once),
         cmocka_unit_test(without_checksum_corruption_is_silent),
+        cmocka_unit_test(corrupted_small_piece_is_retried),
+        cmocka_unit_test(corrupted_small_pieces_never_placed),
+        cmocka_unit_test(corrupted_small_piece_read_is_retried),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -558,36 +558,6 @@ static int outage_teardown(void **state)
     return 0;
 }
 
-/* SIGSTOP takes effect asynchronously: a thread of the server running on
- * the other core may still answer one request. Wait until every thread of
- * the process is stopped ('T' in /proc/PID/task/TID/stat). */
-static void wait_stopped(pid_t pid)
-{
-    for (int tries = 0; tries < 200; tries++) {
-        char path[64];
-        snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
-        DIR *d = opendir(path);
-        if (!d) return;
-        int running = 0;
-        struct dirent *ent;
-        while ((ent = readdir(d)) != NULL) {
-            if (ent->d_name[0] == '.') continue;
-            char stat[128], buf[256];
-            snprintf(stat, sizeof stat, "/proc/%d/task/%s/stat", (int)pid, ent->d_name);
-            FILE *f = fopen(stat, "r");
-            if (!f) continue;
-            size_t n = fread(buf, 1, sizeof buf - 1, f);
-            fclose(f);
-            buf[n] = '\0';
-            const char *close_paren = strrchr(buf, ')');
-            if (close_paren && close_paren[1] == ' ' && close_paren[2] != 'T' && close_paren[2] != 't') running++;
-        }
-        closedir(d);
-        if (!running) return;
-        sleep_ms(10);
-    }
-}
-
 static void outage_and_republish(void **state)
 {
     const struct backend *b = *state;
@@ -612,8 +582,7 @@ static void outage_and_republish(void **state)
         fail_msg("%s: publisher did not re-publish within 5 s of the restart", b->scheme);
 
     /* Frozen (alive, connections open, nothing answered): calls time out. */
-    kill(o->s.pid, SIGSTOP);
-    wait_stopped(o->s.pid);
+    harness_stop_process(o->s.pid);
     char *got = NULL;
     uint64_t t_freeze = harness_now_ms();
     int rc = o->other.ops->lookup(o->other.state, key, &got);

@@ -166,7 +166,7 @@ static void stopped_peer_times_out(void **state)
     unsigned char *buf = malloc(p.len);
     assert_int_equal(ferry_register(e, buf, p.len, 0), 0);
     assert_int_equal(ferry_transfer_sync(e, p.name, FERRY_OP_WRITE, buf, p.addr, p.len), 0);
-    kill(p.pid, SIGSTOP);
+    harness_stop_process(p.pid);
     /* A sync write and an async batch, both on a link that went silent. */
     ferry_batch_t *b;
     assert_int_equal(ferry_batch_alloc(e, 8, &b), 0);
@@ -218,7 +218,7 @@ static void notify_to_stopped_peer_ends_by_its_timeout(void **state)
     peer_proc_t p;
     assert_int_equal(peer_spawn(&p, NULL, NULL, NULL), 0);
     assert_int_equal(ferry_notify(e, p.name, "hello", 5), 0);
-    kill(p.pid, SIGSTOP);
+    harness_stop_process(p.pid);
     uint64_t t0 = harness_now_ms();
     int rc = ferry_notify_timeout(e, p.name, "late", 4, 300);
     uint64_t ms = harness_now_ms() - t0;

@@ -530,6 +530,104 @@ static void unmapped_local_buffer(void **state)
     child_stop(c);
 }
 
+/* ------------------------------------------------------ small pieces */
+
+/* Batches of small pieces (CMA_VEC frames: one process_vm_readv/writev
+ * for many pieces) between two processes: placed where they belong; a
+ * piece whose local page is gone fails alone with the target's reason while
+ * the pieces around it, in the same call, are placed; a deregistered
+ * target region refuses every piece, placing nothing. */
+static void small_pieces_over_shm(void **state)
+{
+    (void)state;
+    enum { PIECE = 2048, N = 64 };
+    size_t cap = 4u << 20;
+    child_t *c = child_start(cap, 0);
+    ferry_engine_t *e = initiator("shm", 1);
+    unsigned char *src = malloc(cap);
+    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    harness_reverse_batch_round_trip(e, c->peer, src, c->addr, 1000, 2048, 21);
+    harness_reverse_batch_round_trip(e, c->peer, src, c->addr, 1000, 1152, 22);
+    harness_reverse_batch_round_trip(e, c->peer, src, c->addr, 1000, 4096, 23);
+
+    /* Two pieces a page; page 5 unmapped after registration. */
+    size_t span = N / 2 * 4096;
+    unsigned char *pages = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(pages != MAP_FAILED);
+    for (int i = 0; i < N; i++) harness_fill(pages + (size_t)i * PIECE, PIECE, 1000 + (uint64_t)i);
+    assert_int_equal(ferry_register(e, pages, span, FERRY_MEM_LOCAL), 0);
+    assert_int_equal(child_do(c, CMD_FILL, 5, 0, cap), 0);
+    munmap(pages + 5 * 4096, 4096);
+    ferry_batch_t *b;
+    assert_int_equal(ferry_batch_alloc(e, N, &b), 0);
+    ferry_request_t reqs[N];
+    for (int i = 0; i < N; i++) /* piece i into slot N-1-i */
+        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, pages + (size_t)i * PIECE, c->addr + (uint64_t)(N - 1 - i) * PIECE,
+                                    PIECE};
+    assert_int_equal(ferry_batch_submit(b, c->peer, reqs, N, 0), 0);
+    assert_int_equal(ferry_batch_wait(b, 10000), FERRY_ERR_INVALID_ARGUMENT);
+    for (int i = 0; i < N; i++) {
+        ferry_status_t st;
+        assert_int_equal(ferry_batch_status(b, (size_t)i, &st), 0);
+        uint64_t off = (uint64_t)(N - 1 - i) * PIECE;
+        if (i / 2 == 5) {
+            assert_int_equal(st.code, FERRY_ERR_INVALID_ARGUMENT);
+            assert_detail_contains("cross-memory attach");
+        } else {
+            if (st.code) fail_msg("piece %d: %s", i, ferry_last_error_detail());
+            assert_int_equal(st.state, FERRY_STATUS_COMPLETED);
+            assert_int_equal(child_do(c, CMD_CHECK, 1000 + (uint64_t)i, off, PIECE), 0);
+        }
+    }
+    assert_int_equal(ferry_batch_free(b), 0);
+
+    /* Deregistered behind the initiator's back: every piece refused. */
+    assert_int_equal(child_do(c, CMD_DEREGISTER, 0, 0, 0), 0);
+    assert_int_equal(child_do(c, CMD_FILL, 6, 0, cap), 0);
+    void *locals[N];
+    uint64_t remotes[N];
+    size_t lens[N];
+    for (int i = 0; i < N; i++) {
+        locals[i] = src + (size_t)i * PIECE;
+        remotes[i] = c->addr + (uint64_t)(N - 1 - i) * PIECE;
+        lens[i] = PIECE;
+    }
+    int rc = ferry_batch_transfer_sync(e, c->peer, FERRY_OP_WRITE, locals, remotes, lens, N);
+    assert_int_equal(rc, FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    assert_detail_contains("target range");
+    assert_int_equal(child_do(c, CMD_CHECK, 6, 0, cap), 0); /* nothing placed */
+    ferry_peer_info_t info;
+    info_of(e, c->peer, &info);
+    assert_string_equal(info.transport, "shm");
+    ferry_engine_destroy(e);
+    munmap(pages, span);
+    free(src);
+    child_stop(c);
+}
+
+/* A target that refuses cross-memory attach answers a frame of small
+ * pieces with the refusal: the session moves to tcp and the same pieces
+ * arrive. */
+static void small_pieces_fall_back(void **state)
+{
+    (void)state;
+    size_t cap = 4u << 20;
+    child_t *c = child_start(cap, 1);
+    ferry_engine_t *e = initiator(NULL, 0);
+    unsigned char *src = malloc(cap);
+    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    ferry_peer_info_t info;
+    info_of(e, c->peer, &info);
+    assert_string_equal(info.transport, "shm");
+    harness_reverse_batch_round_trip(e, c->peer, src, c->addr, 500, 2048, 31);
+    info_of(e, c->peer, &info);
+    assert_string_equal(info.transport, "tcp");
+    assert_non_null(strstr(info.transport_reason, "FERRY_SHM_DISABLE"));
+    ferry_engine_destroy(e);
+    free(src);
+    child_stop(c);
+}
+
 /* ----------------------------------------------- device memory, relays */
 
 /* "Device" memory the CPU cannot touch (PROT_NONE; the fake kind's copy
@@ -652,6 +750,8 @@ int main(void)
         cmocka_unit_test(spoofed_pid_is_refused),
         cmocka_unit_test(socket_of_another_user),
         cmocka_unit_test(unmapped_local_buffer),
+        cmocka_unit_test(small_pieces_over_shm),
+        cmocka_unit_test(small_pieces_fall_back),
         cmocka_unit_test(device_memory_over_shm),
         cmocka_unit_test(relay_keeps_bytes_on_tcp),
     };

@@ -3,10 +3,12 @@
  * transport (ctest: test_transfer over shm, the auto choice here, and
  * test_transfer_tcp with FERRY_TRANSPORT=tcp, tests/transports.cmake). */
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/testing.h"
 #include "harness.h"
 
 typedef struct pair {
@@ -290,6 +292,151 @@ static void segments_are_listed(void **state)
     free(c);
 }
 
+
+/* ------------------------------------------------------ small pieces */
+
+/* A batch of n pieces of block bytes, scattered (piece i into slot
+ * perm(i) of the target buffer, a stride of 3 coprime to n), written and
+ * read back and checked. */
+static void small_batch_round_trip(pair_t *p, unsigned char *src, unsigned char *dst, size_t n, size_t block,
+                                   uint64_t seed)
+{
+    void **locals = calloc(n, sizeof *locals);
+    uint64_t *remotes = calloc(n, sizeof *remotes);
+    size_t *lens = calloc(n, sizeof *lens);
+    harness_fill(src, n * block, seed);
+    memset(dst, 0, n * block);
+    for (size_t i = 0; i < n; i++) {
+        size_t slot = (i * 7 + 3) % n;
+        locals[i] = src + i * block;
+        remotes[i] = (uint64_t)(uintptr_t)(dst + slot * block);
+        lens[i] = block;
+    }
+    assert_int_equal(ferry_batch_transfer_sync(p->initiator, p->peer, FERRY_OP_WRITE, locals, remotes, lens, n), 0);
+    for (size_t i = 0; i < n; i++)
+        assert_memory_equal(src + i * block, dst + ((i * 7 + 3) % n) * block, block);
+    memset(src, 0, n * block);
+    assert_int_equal(ferry_batch_transfer_sync(p->initiator, p->peer, FERRY_OP_READ, locals, remotes, lens, n), 0);
+    assert_true(harness_check(src, n * block, seed));
+    free(locals);
+    free(remotes);
+    free(lens);
+}
+
+/* The paged-KV shape: a thousand pieces of 1,152 B, 2 KiB and 4 KiB at
+ * scattered addresses in one batch (vector frames under protocol 2). */
+static void small_pieces_batch(void **state)
+{
+    pair_t *p = *state;
+    static const size_t blocks[] = {1152, 2048, 4096, 1};
+    enum { N = 1000 };
+    unsigned char *src, *dst;
+    buffers(p, N * 4096, &src, &dst);
+    for (size_t k = 0; k < sizeof blocks / sizeof blocks[0]; k++)
+        small_batch_round_trip(p, src, dst, N, blocks[k], 100 + k);
+    assert_transport(p);
+    release(p, src, dst);
+}
+
+/* One frame carries pieces for a live region and for one the target
+ * dropped after the initiator learned its segments: each piece answers
+ * for itself; the dropped region's pieces fail with their own code and
+ * detail, the others are placed. */
+static void small_pieces_fail_one_by_one(pair_t *p, bool vector)
+{
+    enum { N = 64, BLOCK = 2048 };
+    unsigned char *src, *dst;
+    buffers(p, N * BLOCK, &src, &dst);
+    unsigned char *gone = malloc(N * BLOCK);
+    assert_non_null(gone);
+    assert_int_equal(ferry_register(p->target, gone, N * BLOCK, FERRY_MEM_REMOTE), 0);
+    assert_int_equal(ferry_session_open(p->initiator, p->peer), 0); /* learns both regions */
+    assert_int_equal(ferry_deregister(p->target, gone), 0);
+    harness_fill(src, N * BLOCK, 9);
+    memset(dst, 0, N * BLOCK);
+    ferry_batch_t *b;
+    assert_int_equal(ferry_batch_alloc(p->initiator, N, &b), 0);
+    ferry_request_t reqs[N];
+    for (int i = 0; i < N; i++) {
+        unsigned char *to = (i % 4 == 3 ? gone : dst) + (size_t)i * BLOCK;
+        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, src + (size_t)i * BLOCK, (uint64_t)(uintptr_t)to, BLOCK};
+    }
+    assert_int_equal(ferry_batch_submit(b, p->peer, reqs, N, 0), 0);
+    assert_int_equal(ferry_batch_wait(b, 20000), FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    int later_in_frame = 0;
+    for (int i = 0; i < N; i++) {
+        ferry_status_t st;
+        assert_int_equal(ferry_batch_status(b, (size_t)i, &st), 0);
+        if (i % 4 == 3) {
+            assert_int_equal(st.state, FERRY_STATUS_FAILED);
+            assert_int_equal(st.code, FERRY_ERR_ADDRESS_NOT_REGISTERED);
+            assert_detail_contains("not registered");
+            later_in_frame += strstr(ferry_last_error_detail(), "pieces in one frame") != NULL;
+        } else {
+            assert_int_equal(st.state, FERRY_STATUS_COMPLETED);
+            assert_int_equal(st.bytes, BLOCK);
+            assert_memory_equal(src + (size_t)i * BLOCK, dst + (size_t)i * BLOCK, BLOCK);
+        }
+    }
+    /* Under protocol 2 most refusals came in a frame with others. */
+    if (vector)
+        assert_true(later_in_frame > 0);
+    else
+        assert_int_equal(later_in_frame, 0);
+    /* Reads the same way: the live pieces come back, the others fail. */
+    ferry_batch_t *rb;
+    assert_int_equal(ferry_batch_alloc(p->initiator, N, &rb), 0);
+    memset(src, 0, N * BLOCK);
+    for (int i = 0; i < N; i++) reqs[i].opcode = FERRY_OP_READ;
+    assert_int_equal(ferry_batch_submit(rb, p->peer, reqs, N, 0), 0);
+    assert_int_equal(ferry_batch_wait(rb, 20000), FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    for (int i = 0; i < N; i++) {
+        ferry_status_t st;
+        assert_int_equal(ferry_batch_status(rb, (size_t)i, &st), 0);
+        assert_int_equal(st.code, i % 4 == 3 ? FERRY_ERR_ADDRESS_NOT_REGISTERED : 0);
+        if (i % 4 != 3) assert_memory_equal(src + (size_t)i * BLOCK, dst + (size_t)i * BLOCK, BLOCK);
+    }
+    assert_int_equal(ferry_batch_free(rb), 0);
+    assert_int_equal(ferry_batch_free(b), 0);
+    free(gone);
+    release(p, src, dst);
+}
+
+static void small_pieces_per_piece_errors(void **state) { small_pieces_fail_one_by_one(*state, true); }
+
+/* An engine pinned to protocol 1 (an older peer) on either side: the old
+ * framing, negotiated in the handshake; the same batches work. */
+static void small_pieces_with_protocol_1(void **state)
+{
+    pair_t *p = *state;
+    for (int side = 0; side < 2; side++) {
+        ferry_config_t cfg;
+        ferry_config_init(&cfg);
+        const char *transport = getenv("FERRY_TRANSPORT");
+        if (transport && *transport) cfg.transport = transport;
+        cfg.timeout_ms = 20000;
+        ferry_engine_t *old = harness_engine_cfg(&cfg);
+        ferry_test_set_protocol_version(old, 1); /* before its first handshake */
+        if (side == 0) {
+            ferry_engine_destroy(p->initiator);
+            p->initiator = old;
+        } else {
+            ferry_engine_destroy(p->target);
+            p->target = old;
+            snprintf(p->peer, sizeof p->peer, "%s", ferry_engine_name(p->target));
+        }
+        enum { N = 300 };
+        unsigned char *src, *dst;
+        buffers(p, N * 2048, &src, &dst);
+        small_batch_round_trip(p, src, dst, N, 2048, 5);
+        ferry_peer_info_t info;
+        assert_int_equal(ferry_session_info(p->initiator, p->peer, &info), 0);
+        assert_int_equal(info.protocol_version, 1);
+        release(p, src, dst);
+        small_pieces_fail_one_by_one(p, false);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -301,6 +448,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(four_threads_at_once, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(notifications_arrive_in_order, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(segments_are_listed, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(small_pieces_batch, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(small_pieces_per_piece_errors, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(small_pieces_with_protocol_1, pair_setup, pair_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

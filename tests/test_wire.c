@@ -141,6 +141,98 @@ static void segment_limits(void **state)
     assert_int_equal(ferry_segment_decode(b, &g), FERRY_ERR_MALFORMED_FRAME);
 }
 
+
+/* Vector frames: the header's count and sizes, each descriptor, the sum,
+ * and the answer's statuses are checked before anything is used. */
+static void vector_limits(void **state)
+{
+    (void)state;
+    static ferry_vec_desc_t out[FERRY_WIRE_VEC_MAX];
+    uint8_t raw[3 * FERRY_WIRE_VEC_DESC_SIZE];
+    ferry_vec_desc_t d[3] = {{0x1000, 2048, 1, 7, 0}, {0x9000, 1152, 1, 8, 0}, {0x20000, 4096, 2, 9, 0}};
+    for (int i = 0; i < 3; i++) ferry_vec_desc_encode(&d[i], raw + i * FERRY_WIRE_VEC_DESC_SIZE);
+    ferry_frame_t f = {.type = FERRY_FRAME_WRITEV, .len = 3, .addr = 2048 + 1152 + 4096,
+                       .plen = 3 * FERRY_WIRE_VEC_DESC_SIZE + 2048 + 1152 + 4096};
+    assert_int_equal(ferry_vec_frame_check(&f), 0);
+    assert_int_equal(ferry_vec_desc_decode(&f, raw, out), 0);
+    assert_int_equal(out[1].len, 1152);
+    assert_int_equal(out[2].req_id, 9);
+    /* Header: count, total, payload size. */
+    ferry_frame_t g = f;
+    g.len = 0;
+    assert_int_equal(ferry_vec_frame_check(&g), FERRY_ERR_MALFORMED_FRAME);
+    g.len = FERRY_WIRE_VEC_MAX + 1;
+    assert_int_equal(ferry_vec_frame_check(&g), FERRY_ERR_MALFORMED_FRAME);
+    g = f;
+    g.plen -= 1;
+    assert_int_equal(ferry_vec_frame_check(&g), FERRY_ERR_MALFORMED_FRAME);
+    assert_detail_contains("payload bytes");
+    /* The pieces must add up to the header's total. */
+    g = f;
+    g.addr += 1;
+    g.plen += 1;
+    assert_int_equal(ferry_vec_frame_check(&g), 0);
+    assert_int_equal(ferry_vec_desc_decode(&g, raw, out), FERRY_ERR_MALFORMED_FRAME);
+    assert_detail_contains("add up");
+    /* A piece too long, empty, wrapping, or with a CRC when none is asked. */
+    ferry_vec_desc_t bad[4] = {{0x1000, FERRY_WIRE_VEC_PIECE_MAX + 1, 0, 1, 0}, {0x1000, 0, 0, 1, 0},
+                               {UINT64_MAX - 10, 100, 0, 1, 0}, {0x1000, 10, 0, 1, 0x1234}};
+    for (int i = 0; i < 4; i++) {
+        uint8_t one[FERRY_WIRE_VEC_DESC_SIZE];
+        ferry_vec_desc_encode(&bad[i], one);
+        ferry_frame_t h = {.type = FERRY_FRAME_WRITEV, .len = 1, .addr = bad[i].len, .plen = 0};
+        assert_int_equal(ferry_vec_desc_decode(&h, one, out), FERRY_ERR_MALFORMED_FRAME);
+        assert_detail_contains("piece 0");
+    }
+    /* CMA_VEC: no payload beyond descriptors, a direction, an initiator address. */
+    ferry_frame_t c = {.type = FERRY_FRAME_CMA_VEC, .len = 1, .addr = 64, .aux = 2,
+                       .plen = FERRY_WIRE_VEC_DESC_SIZE};
+    assert_int_equal(ferry_vec_frame_check(&c), FERRY_ERR_MALFORMED_FRAME);
+    c.aux = FERRY_OP_WRITE;
+    assert_int_equal(ferry_vec_frame_check(&c), 0);
+    uint8_t one[FERRY_WIRE_VEC_DESC_SIZE];
+    ferry_vec_desc_t cd = {0x1000, 64, 0, 1, 0};
+    ferry_vec_desc_encode(&cd, one);
+    assert_int_equal(ferry_vec_desc_decode(&c, one, out), FERRY_ERR_MALFORMED_FRAME);
+    cd.aux = 0x5000;
+    ferry_vec_desc_encode(&cd, one);
+    assert_int_equal(ferry_vec_desc_decode(&c, one, out), 0);
+    /* The answer: counts, sizes, and statuses that are Ferry codes. */
+    ferry_frame_t a = {.type = FERRY_FRAME_VEC_ACK, .len = 3};
+    assert_int_equal(ferry_vec_ack_check(&a, 3), 0);
+    assert_int_equal(ferry_vec_ack_check(&a, 4), FERRY_ERR_MALFORMED_FRAME);
+    a.status = FERRY_ERR_OUT_OF_BOUNDS;
+    assert_int_equal(ferry_vec_ack_check(&a, 3), FERRY_ERR_MALFORMED_FRAME);
+    a.plen = 12 + 5;
+    assert_int_equal(ferry_vec_ack_check(&a, 3), 0);
+    uint8_t st[12] = {0};
+    int32_t got[3];
+    assert_int_equal(ferry_vec_statuses_decode(st, 3, got), FERRY_ERR_MALFORMED_FRAME); /* none failed */
+    st[4] = 7;
+    assert_int_equal(ferry_vec_statuses_decode(st, 3, got), FERRY_ERR_MALFORMED_FRAME); /* positive */
+    uint32_t code = (uint32_t)FERRY_ERR_OUT_OF_BOUNDS;
+    for (int k = 0; k < 4; k++) st[4 + k] = (uint8_t)(code >> (8 * k));
+    assert_int_equal(ferry_vec_statuses_decode(st, 3, got), 0);
+    assert_int_equal(got[1], FERRY_ERR_OUT_OF_BOUNDS);
+    assert_int_equal(got[0], 0);
+    /* A READV's answer: its sizes add up (statuses, reason, CRCs, bytes). */
+    ferry_frame_t r = {.type = FERRY_FRAME_VEC_ACK, .len = 3, .addr = 300, .plen = 300};
+    assert_int_equal(ferry_vec_read_ack_check(&r, 3, 300), 0);
+    assert_int_equal(ferry_vec_read_ack_check(&r, 3, 400), FERRY_ERR_MALFORMED_FRAME); /* all served: all bytes */
+    r.flags = FERRY_FRAME_F_CRC;
+    assert_int_equal(ferry_vec_read_ack_check(&r, 3, 300), FERRY_ERR_MALFORMED_FRAME);
+    r.plen = 300 + 12;
+    assert_int_equal(ferry_vec_read_ack_check(&r, 3, 300), 0);
+    r = (ferry_frame_t){.type = FERRY_FRAME_VEC_ACK, .status = FERRY_ERR_OUT_OF_BOUNDS, .len = 3, .addr = 200,
+                        .aux = 5, .plen = 12 + 5 + 200};
+    assert_int_equal(ferry_vec_read_ack_check(&r, 3, 300), 0);
+    r.addr = 400;
+    r.plen = 12 + 5 + 400;
+    assert_int_equal(ferry_vec_read_ack_check(&r, 3, 300), FERRY_ERR_MALFORMED_FRAME); /* more than asked */
+    ferry_frame_t q = {.type = FERRY_FRAME_READV, .len = 1, .addr = 64, .aux = 1, .plen = FERRY_WIRE_VEC_DESC_SIZE};
+    assert_int_equal(ferry_vec_frame_check(&q), FERRY_ERR_MALFORMED_FRAME);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -148,6 +240,7 @@ int main(void)
         cmocka_unit_test(frame_rejects),
         cmocka_unit_test(hello_limits),
         cmocka_unit_test(segment_limits),
+        cmocka_unit_test(vector_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

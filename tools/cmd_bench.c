@@ -161,6 +161,8 @@ struct opts {
     size_t blocks;        /* distinct blocks per thread (0 = batch size) */
     int spin_us;          /* config.spin_us for both engines (-1 = config/env) */
     int shared_pool;      /* target: the buffer is a shared pool's (ferry_pool_create_shared) */
+    int scatter;          /* blocks at scattered (permuted, non-adjacent) slots on both sides */
+    size_t iov;           /* baseline cma: iovecs per process_vm_writev call (1) */
     /* extras */
     int regions, sessions;
     double idle;
@@ -183,6 +185,24 @@ static void opts_init(struct opts *o)
     o->spin_us = -1;
 }
 
+/* --scatter: block i of n sits in slot (i * mul + 7) mod n, mul coprime to
+ * n, so that neighbours in a batch are neither adjacent nor in order (paged
+ * KV: pages of one sequence anywhere in the pool). */
+static size_t scatter_slot(size_t i, size_t n, size_t mul)
+{
+    if (n < 2) return 0;
+    for (;; mul += 2) {
+        size_t a = mul % n, b = n;
+        while (a) {
+            size_t t = b % a;
+            b = a;
+            a = t;
+        }
+        if (b == 1) break;
+    }
+    return (i * mul + 7) % n;
+}
+
 static size_t nblocks(const struct opts *o)
 {
     size_t n = o->blocks ? o->blocks : o->batch;
@@ -195,7 +215,8 @@ static void usage(FILE *f)
             "usage: ferry bench --local [OPTIONS]            fork a target and measure against it\n"
             "       ferry bench target [--host H] [--port P] [--buffer-size S] [--duration SEC]\n"
             "       ferry bench initiator --peer HOST:PORT --remote-addr A --remote-len L [OPTIONS]\n"
-            "       ferry bench baseline memcpy|memfd|cma [--block-size S] [--duration SEC] [--json]\n"
+            "       ferry bench baseline memcpy|memfd|cma [--block-size S] [--blocks N] [--iov N] [--scatter]\n"
+            "                                                [--duration SEC] [--json]\n"
             "       ferry bench extras [--regions N] [--sessions N] [--idle SEC] [--json]\n"
             "\n"
             "options:\n"
@@ -212,6 +233,7 @@ static void usage(FILE *f)
             "                        (config.spin_us; default: none, waits block)\n"
             "  --json                one JSON object on stdout instead of text\n"
             "  --hugepages           buffers ask for transparent huge pages (both sides)\n"
+            "  --scatter             blocks at scattered slots (permuted, not adjacent) on both sides\n"
             "  --shared-pool         the target's buffer is in a shared pool (memfd): same-host\n"
             "                        initiators map it and copy with memcpy\n"
             "\n"
@@ -236,7 +258,7 @@ static int parse_opts(int argc, char **argv, int first, struct opts *o)
 {
     enum { O_LOCAL = 256, O_HUGEPAGES, O_SHARED_POOL, O_JSON, O_PEER, O_HOST, O_TRANSPORT, O_PORT, O_THREADS,
            O_CONNS, O_REGIONS, O_SESSIONS, O_BLOCKS, O_SPIN_US, O_DURATION, O_WARMUP, O_IDLE, O_REMOTE_ADDR,
-           O_OP, O_BLOCK_SIZE, O_BATCH_SIZE, O_BUFFER_SIZE, O_REMOTE_LEN };
+           O_OP, O_BLOCK_SIZE, O_BATCH_SIZE, O_BUFFER_SIZE, O_REMOTE_LEN, O_SCATTER, O_IOV };
     static const struct option options[] = {
         {"local", no_argument, NULL, O_LOCAL},
         {"hugepages", no_argument, NULL, O_HUGEPAGES},
@@ -262,6 +284,8 @@ static int parse_opts(int argc, char **argv, int first, struct opts *o)
         {"batch-size", required_argument, NULL, O_BATCH_SIZE},
         {"buffer-size", required_argument, NULL, O_BUFFER_SIZE},
         {"remote-len", required_argument, NULL, O_REMOTE_LEN},
+        {"scatter", no_argument, NULL, O_SCATTER},
+        {"iov", required_argument, NULL, O_IOV},
         {NULL, 0, NULL, 0},
     };
     /* argv[first - 1] stands in for the program name. */
@@ -275,6 +299,8 @@ static int parse_opts(int argc, char **argv, int first, struct opts *o)
         case O_LOCAL: o->local = 1; break;
         case O_HUGEPAGES: use_hugepages = 1; break;
         case O_SHARED_POOL: o->shared_pool = 1; break;
+        case O_SCATTER: o->scatter = 1; break;
+        case O_IOV: if (opt_long("bench", "iov", optarg, 1, 1024, &v)) return 2; o->iov = (size_t)v; break;
         case O_JSON: o->json = 1; break;
         case 'h': usage(stdout); exit(0);
         case O_PEER: o->peer = optarg; break;
@@ -485,8 +511,10 @@ static void *worker_main(void *arg)
         /* Request i uses block i * blocks / batch: with --blocks 2 the two
          * halves of a batch (one per connection) each reuse one block. */
         size_t k = i * nblocks(o) / b;
-        w->locals[i] = w->local + k * o->block;
-        w->remotes[i] = w->remote + k * o->block;
+        size_t lk = o->scatter ? scatter_slot(k, nblocks(o), 613) : k;
+        size_t rk = o->scatter ? scatter_slot(k, nblocks(o), 733) : k;
+        w->locals[i] = w->local + lk * o->block;
+        w->remotes[i] = w->remote + rk * o->block;
         w->lens[i] = o->block;
     }
     while (now_s() < w->start) {
@@ -609,13 +637,15 @@ static int run_initiator(const struct opts *o, const char *peer, uint64_t raddr,
     if (o->json) {
         json_t *target_cpu = wall > 0 && tcpu >= 0 ? json_real(tcpu / wall) : json_null();
         print_json_line(json_pack(
-            "{s:s,s:s,s:I,s:I,s:i,s:i,s:I,s:b,s:i,s:s,s:s,s:s,s:f,s:I,s:I,s:I,s:f,"
+            "{s:s,s:s,s:I,s:I,s:i,s:i,s:I,s:b,s:b,s:i,s:s,s:s,s:s,s:f,s:I,s:I,s:I,s:f,s:f,"
             "s:{s:f,s:f,s:f,s:f,s:f},s:{s:f,s:o},s:b}",
             "tool", "ferry", "op", opname, "block_size", (json_int_t)o->block, "batch_size", (json_int_t)o->batch,
-            "threads", o->threads, "conns", conns, "blocks", (json_int_t)nblocks(o), "hugepages", use_hugepages,
+            "threads", o->threads, "conns", conns, "blocks", (json_int_t)nblocks(o), "scatter", o->scatter,
+            "hugepages", use_hugepages,
             "spin_us", spin, "transport", info.transport, "transport_reason", info.transport_reason, "peer", peer,
             "seconds", wall, "bytes", (json_int_t)bytes, "calls", (json_int_t)calls, "requests",
-            (json_int_t)(calls * (uint64_t)o->batch), "gbps", gbps, "lat_us", "p50", p50, "p99", p99, "p999", p999,
+            (json_int_t)(calls * (uint64_t)o->batch), "gbps", gbps, "req_per_s",
+            wall > 0 ? (double)(calls * (uint64_t)o->batch) / wall : 0.0, "lat_us", "p50", p50, "p99", p99, "p999", p999,
             "max", mx, "mean", mean, "cpu", "initiator", wall > 0 ? cpu / wall : 0, "target", target_cpu, "ok",
             rc == 0));
     } else {
@@ -624,8 +654,9 @@ static int run_initiator(const struct opts *o, const char *peer, uint64_t raddr,
         printf("ferry bench: %s %s x %zu per call (%zu distinct blocks), %d thread(s), %d connection(s) to %s\n",
                opname, bs, o->batch, nblocks(o), o->threads, conns, peer);
         printf("  transport   %s (%s)\n", info.transport, info.transport_reason);
-        printf("  throughput  %.3f GB/s  (%.1f MiB/s), %" PRIu64 " calls, %" PRIu64 " requests in %.2f s\n", gbps,
-               wall > 0 ? (double)bytes / wall / 1048576.0 : 0, calls, calls * (uint64_t)o->batch, wall);
+        printf("  throughput  %.3f GB/s  (%.1f MiB/s), %" PRIu64 " calls, %" PRIu64 " requests in %.2f s (%.0f/s)\n",
+               gbps, wall > 0 ? (double)bytes / wall / 1048576.0 : 0, calls, calls * (uint64_t)o->batch, wall,
+               wall > 0 ? (double)(calls * (uint64_t)o->batch) / wall : 0);
         printf("  latency     per call: p50 %.1f us, p99 %.1f us, p999 %.1f us, max %.1f us, mean %.1f us (%s)\n", p50,
                p99, p999, mx, mean, spin ? "busy-polls first" : "blocking waits");
         printf("  cpu         initiator %.0f%% of a core", wall > 0 ? 100 * cpu / wall : 0);
@@ -655,7 +686,15 @@ static int baseline(const struct opts *o, const char *how)
     /* --blocks N: copy N distinct blocks in turn (the working set Ferry's
      * batches have); 1 by default, the same block again and again. */
     size_t nb = o->blocks ? o->blocks : 1;
+    /* --iov N: N blocks per call (process_vm_writev with N iovecs; memcpy
+     * and memfd copy them in a loop), --scatter: at scattered slots. */
+    size_t per = o->iov ? o->iov : 1;
+    if (per > 1024) per = 1024;
+    if (nb < per) nb = per;
+    nb -= nb % per;
     size_t span = nb * len;
+    struct iovec *liov = calloc(per, sizeof *liov), *riov = calloc(per, sizeof *riov);
+    if (!liov || !riov) return 1;
     unsigned char *src = alloc_touched(span);
     unsigned char *dst = NULL;
     pid_t child = 0;
@@ -706,24 +745,30 @@ static int baseline(const struct opts *o, const char *how)
     double start = now_s() + o->warmup, stop = start + o->duration, wall0 = 0;
     int rc = 0;
     size_t k = 0;
-    for (int measuring = 0;; k = (k + 1) % nb) {
+    for (int measuring = 0;; k = (k + per) % nb) {
         double t0 = now_s();
-        unsigned char *s_k = src + k * len, *d_k = dst + k * len;
+        for (size_t j = 0; j < per; j++) {
+            size_t sk = o->scatter ? scatter_slot(k + j, nb, 613) : k + j;
+            size_t dk = o->scatter ? scatter_slot(k + j, nb, 733) : k + j;
+            liov[j] = (struct iovec){src + sk * len, len};
+            riov[j] = (struct iovec){dst + dk * len, len};
+        }
         if (!measuring && t0 >= start) {
             measuring = 1;
             wall0 = t0;
         }
         if (t0 >= stop) break;
         if (child && strcmp(how, "cma") == 0) {
-            struct iovec l = {s_k, len}, r = {d_k, len};
-            if (process_vm_writev(child, &l, 1, &r, 1, 0) != (ssize_t)len) {
+            if (process_vm_writev(child, liov, per, riov, per, 0) != (ssize_t)(len * per)) {
                 fprintf(stderr, "ferry bench baseline: process_vm_writev: %s\n", strerror(errno));
                 rc = 1;
                 break;
             }
         } else {
-            memcpy(d_k, s_k, len);
-            __asm__ __volatile__("" ::"r"(d_k) : "memory");
+            for (size_t j = 0; j < per; j++) {
+                memcpy(riov[j].iov_base, liov[j].iov_base, len);
+                __asm__ __volatile__("" ::"r"(riov[j].iov_base) : "memory");
+            }
         }
         if (!measuring) continue;
         double t1 = now_s();
@@ -732,7 +777,7 @@ static int baseline(const struct opts *o, const char *how)
             lat = realloc(lat, cap * sizeof *lat);
         }
         lat[nlat++] = (t1 - t0) * 1e6;
-        bytes += len;
+        bytes += len * per;
     }
     double wall = now_s() - wall0;
     if (child) {
@@ -742,17 +787,22 @@ static int baseline(const struct opts *o, const char *how)
     qsort(lat, nlat, sizeof *lat, cmp_double);
     double gbps = wall > 0 ? (double)bytes / wall / 1e9 : 0;
     if (o->json)
-        print_json_line(json_pack("{s:s,s:s,s:I,s:I,s:b,s:f,s:f,s:{s:f,s:f,s:f},s:b}", "tool", "baseline", "baseline",
-                                  how, "block_size", (json_int_t)len, "blocks", (json_int_t)nb, "hugepages",
-                                  use_hugepages, "seconds", wall, "gbps", gbps, "lat_us", "p50", pct(lat, nlat, 0.5),
-                                  "p99", pct(lat, nlat, 0.99), "p999", pct(lat, nlat, 0.999), "ok", rc == 0));
+        print_json_line(json_pack("{s:s,s:s,s:I,s:I,s:I,s:b,s:b,s:f,s:f,s:f,s:{s:f,s:f,s:f},s:b}", "tool", "baseline",
+                                  "baseline", how, "block_size", (json_int_t)len, "blocks", (json_int_t)nb, "iov",
+                                  (json_int_t)per, "scatter", o->scatter, "hugepages", use_hugepages, "seconds", wall,
+                                  "gbps", gbps, "req_per_s", wall > 0 ? (double)bytes / (double)len / wall : 0.0,
+                                  "lat_us", "p50", pct(lat, nlat, 0.5), "p99", pct(lat, nlat, 0.99), "p999",
+                                  pct(lat, nlat, 0.999), "ok", rc == 0));
     else {
         char bs[32];
         fmt_size(len, bs, sizeof bs);
-        printf("baseline %s, %s blocks (%zu distinct): %.3f GB/s, p50 %.1f us, p99 %.1f us\n", how, bs, nb, gbps,
-               pct(lat, nlat, 0.5), pct(lat, nlat, 0.99));
+        printf("baseline %s, %s blocks (%zu distinct%s), %zu per call: %.3f GB/s, %.0f blocks/s, p50 %.1f us, "
+               "p99 %.1f us\n", how, bs, nb, o->scatter ? ", scattered" : "", per, gbps,
+               wall > 0 ? (double)bytes / (double)len / wall : 0, pct(lat, nlat, 0.5), pct(lat, nlat, 0.99));
     }
     free(lat);
+    free(liov);
+    free(riov);
     return rc;
 }
 

@@ -54,6 +54,8 @@ static void usage(FILE *out)
             "  --layers N          transformer layers (32)\n"
             "  --heads N           KV heads of the model (8)\n"
             "  --head-dim N        elements per head (128)\n"
+            "  --mla               DeepSeek-style MLA: one 576-element latent per token per layer in one\n"
+            "                      buffer, every TP rank holding it whole (--heads/--head-dim ignored)\n"
             "  --dtype-size N      bytes per element (2, fp16)\n"
             "  --page N            tokens per KV page (16)\n"
             "  --requests N        requests in the batch (8)\n"
@@ -154,6 +156,10 @@ static int parse_opts(int argc, char **argv, struct demo_opts *o)
             o->json = 1;
             continue;
         }
+        if (strcmp(argv[i], "--mla") == 0) {
+            s->mla = 1;
+            continue;
+        }
         for (size_t k = 0; k < sizeof nums / sizeof nums[0] && !done; k++) {
             if (!option_value(argc, argv, &i, nums[k].name, &v, &missing)) continue;
             done = 1;
@@ -194,6 +200,10 @@ static int parse_opts(int argc, char **argv, struct demo_opts *o)
         } else {
             return bad_option("unknown option '%s'", argv[i]);
         }
+    }
+    if (s->mla) { /* the latent row as one "head" of 576 elements */
+        s->heads = 1;
+        s->head_dim = 576;
     }
     if (s->tokens_min > s->tokens_max)
         return bad_option("--tokens-min %u is more than --tokens-max %u", s->tokens_min, s->tokens_max);
@@ -709,14 +719,19 @@ static void print_header(struct demo *d)
 {
     const struct demo_shape *s = d->s;
     if (d->o.json) return;
-    uint64_t token_bytes = (uint64_t)s->layers * 2 * s->heads * s->head_dim * s->dtype;
+    uint64_t token_bytes = (uint64_t)s->layers * demo_buffers(s) * s->heads * s->head_dim * s->dtype;
     char tb[32], hb[32];
     human_bytes(tb, sizeof tb, (double)token_bytes);
     printf("ferry demo: KV cache of %u requests, prefill -> decode over Ferry engines, every byte verified\n",
            s->requests);
-    printf("  model     %u layers x %u KV heads x %u dims, %s (%u B), K and V in separate buffers,\n"
-           "            %u-token pages: %s of KV a token\n",
-           s->layers, s->heads, s->head_dim, dtype_name(s->dtype), s->dtype, s->page, tb);
+    if (s->mla)
+        printf("  model     %u layers, MLA: one %u-element latent per token, %s (%u B), one buffer a layer,\n"
+               "            %u-token pages: %s of KV a token\n",
+               s->layers, s->head_dim, dtype_name(s->dtype), s->dtype, s->page, tb);
+    else
+        printf("  model     %u layers x %u KV heads x %u dims, %s (%u B), K and V in separate buffers,\n"
+               "            %u-token pages: %s of KV a token\n",
+               s->layers, s->heads, s->head_dim, dtype_name(s->dtype), s->dtype, s->page, tb);
     printf("  prompts   %u..%u tokens (seed %llu):", s->tokens_min, s->tokens_max, (unsigned long long)s->seed);
     for (uint32_t r = 0; r < s->requests && r < 32; r++) printf(" %u", d->reqs[r].tokens);
     if (s->requests > 32) printf(" ... (%u more)", s->requests - 32);
@@ -994,9 +1009,9 @@ static void print_json(const struct demo *d, const struct totals *t, int ok)
     fprintf(f,
             "  \"shape\": {\"layers\": %u, \"kv_heads\": %u, \"head_dim\": %u, \"dtype_bytes\": %u, "
             "\"page_tokens\": %u, \"requests\": %u, \"tokens_min\": %u, \"tokens_max\": %u, "
-            "\"prefill_tp\": %u, \"decode_tp\": %u, \"inflight\": %u, \"seed\": %llu, \"transport\": ",
+            "\"prefill_tp\": %u, \"decode_tp\": %u, \"inflight\": %u, \"seed\": %llu, \"mla\": %s, \"transport\": ",
             s->layers, s->heads, s->head_dim, s->dtype, s->page, s->requests, s->tokens_min, s->tokens_max,
-            s->prefill_tp, s->decode_tp, s->inflight, (unsigned long long)s->seed);
+            s->prefill_tp, s->decode_tp, s->inflight, (unsigned long long)s->seed, s->mla ? "true" : "false");
     json_string(f, s->transport ? s->transport : "default");
     fprintf(f, "},\n  \"ranks\": [");
     for (uint32_t i = 0; i < d->nkids; i++) {

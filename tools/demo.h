@@ -34,6 +34,7 @@ struct demo_shape {
     int timeout_ms;      /* engine deadline and the orchestrator's no-progress limit */
     int inject;          /* enum demo_inject */
     uint32_t inject_request;
+    uint32_t mla;        /* --mla: one latent buffer per layer (FERRY_KV_MLA), rows of heads x head_dim */
     /* Derived by demo_shape_derive. */
     uint32_t max_pages;    /* pages of the longest possible request */
     uint32_t prefill_pool; /* pages in each prefill rank's pool */
@@ -41,6 +42,8 @@ struct demo_shape {
 };
 
 void demo_shape_derive(struct demo_shape *s);
+/* Buffers per layer: K and V, or the one MLA latent buffer. */
+static inline uint32_t demo_buffers(const struct demo_shape *s) { return s->mla ? 1 : 2; }
 /* The descriptor of one rank; addrs may be NULL (geometry only). */
 ferry_kv_cache_desc_t demo_desc(const struct demo_shape *s, int decode, uint32_t rank,
                                 const uint64_t *k_addrs, const uint64_t *v_addrs);

@@ -252,7 +252,7 @@ static void prefill_send(struct prefill *P, struct demo_tok *t)
         ferry_kv_plan_get_info(plans[i], &in);
         bytes += in.bytes;
         /* Without coalescing: one block per page per buffer of every layer. */
-        before += (uint64_t)n * 2 * s->layers;
+        before += (uint64_t)n * demo_buffers(s) * s->layers;
         after += in.blocks;
         jobs[i] = (struct send_job){.engine = P->e, .peer = p->name, .plan = plans[i],
                                     .request_id = req, .timeout_ms = s->timeout_ms};

@@ -30,6 +30,11 @@ ferry_kv_cache_desc_t demo_desc(const struct demo_shape *s, int decode, uint32_t
 {
     uint32_t tp = decode ? s->decode_tp : s->prefill_tp, first = 0, count = 0;
     ferry_kv_rank_heads(s->heads, tp, rank, &first, &count);
+    if (s->mla) /* the latent row is never split: every rank holds it whole */
+        return (ferry_kv_cache_desc_t){.kind = FERRY_KV_MLA, .num_layers = s->layers,
+                                       .num_pages = decode ? s->decode_pool : s->prefill_pool,
+                                       .page_size = s->page, .mla_row_bytes = s->heads * s->head_dim * s->dtype,
+                                       .tp_rank = rank, .tp_size = tp, .k_addrs = k_addrs};
     return (ferry_kv_cache_desc_t){.kind = FERRY_KV_SPLIT, .num_layers = s->layers,
                                    .num_pages = decode ? s->decode_pool : s->prefill_pool,
                                    .page_size = s->page, .kv_heads = count,
@@ -41,7 +46,7 @@ ferry_kv_cache_desc_t demo_desc(const struct demo_shape *s, int decode, uint32_t
 uint64_t demo_pool_bytes(const struct demo_shape *s, int decode, uint32_t rank)
 {
     ferry_kv_cache_desc_t d = demo_desc(s, decode, rank, NULL, NULL);
-    return ferry_kv_page_bytes(&d) * d.num_pages * 2 * s->layers;
+    return ferry_kv_page_bytes(&d) * d.num_pages * demo_buffers(s) * s->layers;
 }
 
 int demo_staging_need(const struct demo_shape *s, uint32_t prank, uint32_t drank,
@@ -102,7 +107,7 @@ int demo_pool_create(struct demo_pool *p, const struct demo_shape *s, int decode
     p->page_bytes = ferry_kv_page_bytes(&p->desc);
     p->buffer_bytes = p->page_bytes * p->desc.num_pages;
     for (uint32_t l = 0; l < s->layers; l++) {
-        for (uint32_t b = 0; b < 2; b++) {
+        for (uint32_t b = 0; b < demo_buffers(s); b++) {
             void *m = demo_map(p->buffer_bytes);
             if (!m) {
                 char text[160];
@@ -123,7 +128,7 @@ int demo_pool_create(struct demo_pool *p, const struct demo_shape *s, int decode
 void demo_pool_destroy(struct demo_pool *p, ferry_engine_t *e)
 {
     for (uint32_t l = 0; p->k_addrs && p->v_addrs && l < p->desc.num_layers; l++) {
-        for (uint32_t b = 0; b < 2; b++) {
+        for (uint32_t b = 0; b < ferry_kv_buffers_per_layer(&p->desc); b++) {
             uint64_t a = (b ? p->v_addrs : p->k_addrs)[l];
             if (!a) continue;
             if (e) ferry_deregister(e, (void *)(uintptr_t)a);
@@ -200,7 +205,7 @@ void demo_fill_request(const struct demo_shape *s, const struct demo_pool *p, ui
 {
     size_t hb = (size_t)s->head_dim * s->dtype;
     for (uint32_t l = 0; l < s->layers; l++) {
-        for (uint32_t b = 0; b < 2; b++) {
+        for (uint32_t b = 0; b < demo_buffers(s); b++) {
             uint64_t prefix = stream_prefix(s->seed, req, l, b);
             for (uint32_t i = 0; i < npages; i++) {
                 unsigned char *page = demo_pool_page(p, l, b, pages[i]);
@@ -252,7 +257,7 @@ uint64_t demo_check_request(const struct demo_shape *s, const struct demo_pool *
     uint64_t checked = 0;
     CROSS_PROCESS_BEGIN();
     for (uint32_t l = 0; l < s->layers; l++) {
-        for (uint32_t b = 0; b < 2; b++) {
+        for (uint32_t b = 0; b < demo_buffers(s); b++) {
             uint64_t prefix = stream_prefix(s->seed, req, l, b);
             for (uint32_t i = 0; i < npages; i++) {
                 const unsigned char *page = demo_pool_page(p, l, b, pages[i]);
@@ -281,7 +286,7 @@ uint64_t demo_check_canary(const struct demo_pool *p, const int32_t *pages, uint
     memset(&want, DEMO_CANARY, sizeof want);
     CROSS_PROCESS_BEGIN();
     for (uint32_t l = 0; l < p->desc.num_layers; l++) {
-        for (uint32_t b = 0; b < 2; b++) {
+        for (uint32_t b = 0; b < ferry_kv_buffers_per_layer(&p->desc); b++) {
             for (uint32_t i = 0; i < npages; i++) {
                 const unsigned char *page = demo_pool_page(p, l, b, pages[i]);
                 uint64_t diff = 0, j = 0;
@@ -320,7 +325,7 @@ void demo_fill_canary(const struct demo_pool *p, const int32_t *pages, uint32_t 
 {
     CROSS_PROCESS_BEGIN();
     for (uint32_t l = 0; l < p->desc.num_layers; l++)
-        for (uint32_t b = 0; b < 2; b++)
+        for (uint32_t b = 0; b < ferry_kv_buffers_per_layer(&p->desc); b++)
             for (uint32_t i = 0; i < npages; i++)
                 memset(demo_pool_page(p, l, b, pages[i]), DEMO_CANARY, p->page_bytes);
     CROSS_PROCESS_END();

@@ -25,10 +25,12 @@
  * poll), never busy-polls, unless config.spin_us asks for a bounded spin
  * first. An idle engine uses no CPU beyond one wake-up a second.
  *
- * All calls are thread-safe. Every blocking call ends by its deadline
- * (config.timeout_ms unless stated otherwise) and returns FERRY_ERR_TIMEOUT;
- * a transfer that had bytes in flight at its deadline reports at most
- * config.cancel_timeout_ms later (the confirmation above).
+ * All calls are thread-safe, except where a call says it must not race
+ * (destroy and free against use of the same object). Every blocking call
+ * ends by its deadline (config.timeout_ms unless stated otherwise) and
+ * returns FERRY_ERR_TIMEOUT; a transfer that had bytes in flight at its
+ * deadline reports at most config.cancel_timeout_ms later (the
+ * confirmation above).
  * On failure a negative code from <ferry/error.h> is returned and
  * ferry_last_error_detail() describes it.
  */
@@ -51,8 +53,9 @@ extern "C" {
 /* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons. */
 #define FERRY_VERSION_NUMBER \
     (FERRY_VERSION_MAJOR * 10000 + FERRY_VERSION_MINOR * 100 + FERRY_VERSION_PATCH)
-/* Wire protocol version spoken by this build. */
-#define FERRY_PROTOCOL_VERSION 1
+/* Wire protocol version spoken by this build (the newest; it also speaks
+ * every version down to 1 with peers that are older). 2: vector frames. */
+#define FERRY_PROTOCOL_VERSION 2
 
 /* The version of the library loaded at run time, "MAJOR.MINOR.PATCH", which
  * may be newer than the FERRY_VERSION_* this program was compiled with
@@ -261,7 +264,10 @@ FERRY_API int ferry_region_query(ferry_engine_t *e, const void *addr, size_t len
 FERRY_API int ferry_region_write(ferry_engine_t *e, void *dst, const void *src, size_t len);
 FERRY_API int ferry_region_read(ferry_engine_t *e, void *dst, const void *src, size_t len);
 /* 1 when this build and process tell device (CUDA) memory from host memory
- * at registration, else 0; *why (if why is not NULL) says which and why. */
+ * at registration, else 0; *why (if why is not NULL) says which and why.
+ * The CUDA driver is used only once the process has loaded it (Ferry never
+ * loads nor initializes CUDA), so 0 may turn 1 after the application starts
+ * using CUDA. */
 FERRY_API int ferry_device_memory_supported(const char **why);
 
 /* --------------------------------------------------------------- sessions */
@@ -276,7 +282,7 @@ typedef struct ferry_segment {
 typedef struct ferry_peer_info {
     size_t struct_size;     /* sizeof(ferry_peer_info_t), set by the ferry_session_info macro */
     char name[256];         /* as opened */
-    uint32_t protocol_version;
+    uint32_t protocol_version; /* the version both ends speak (the highest in common) */
     uint64_t engine_id;
     uint64_t epoch;
     uint64_t segment_version; /* bumps on every (de)registration at the peer */
@@ -290,7 +296,10 @@ typedef struct ferry_peer_info {
 /* Opens (or returns the cached) session to peer "host:port": connects,
  * handshakes (versions, engine id, epoch, segments). Idempotent. */
 FERRY_API int ferry_session_open(ferry_engine_t *e, const char *peer);
-/* Drops the cached session; the next use or open handshakes afresh. */
+/* Drops the cached session; the next use or open handshakes afresh.
+ * Requests other threads have in flight on it then fail with
+ * SESSION_INVALID once they need a new connection (retry them; the retry
+ * opens a new session). */
 FERRY_API int ferry_session_close(ferry_engine_t *e, const char *peer);
 /* Describes an open session. */
 FERRY_API int ferry_session_info(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info);
@@ -342,7 +351,8 @@ typedef struct ferry_status {
     uint64_t bytes;     /* bytes confirmed so far */
 } ferry_status_t;
 
-/* A batch holds up to capacity requests over its life (until freed). */
+/* A batch holds up to capacity requests over its life (until freed). Threads
+ * may share a batch: concurrent submits take distinct slots. */
 FERRY_API int ferry_batch_alloc(ferry_engine_t *e, size_t capacity, ferry_batch_t **out);
 /* Submits n requests to peer; they start at once on the worker threads.
  * timeout_ms is the deadline of each of these requests (<= 0: config.
@@ -371,7 +381,9 @@ FERRY_API int ferry_batch_cancel(ferry_batch_t *b);
 /* The same for request idx alone (NOT_FOUND if not submitted); the batch's
  * other requests go on (those sharing its connection resume on another). */
 FERRY_API int ferry_batch_cancel_request(ferry_batch_t *b, size_t idx);
-/* Frees; BATCH_BUSY while requests are in flight (cancel or wait first). */
+/* Frees; BATCH_BUSY while requests are in flight (cancel or wait first).
+ * Must not race with other calls on b; freeing twice is misuse (refused
+ * with INVALID_ARGUMENT unless the memory was reused by a new batch). */
 FERRY_API int ferry_batch_free(ferry_batch_t *b);
 
 /* ---------------------------------------------------------- notifications */

@@ -166,6 +166,8 @@ typedef struct ferry_kv_plan ferry_kv_plan_t;
 FERRY_API int ferry_kv_plan_create(const ferry_kv_cache_desc_t *src, const ferry_kv_cache_desc_t *dst,
                          const int32_t *src_pages, const int32_t *dst_pages, size_t n,
                          ferry_kv_plan_t **out);
+/* Must not race with a use of p. Threads may send along one bound plan at
+ * once unless it gathers (they would share its staging buffer). */
 FERRY_API void ferry_kv_plan_destroy(ferry_kv_plan_t *p);
 FERRY_API void ferry_kv_plan_get_info(const ferry_kv_plan_t *p, ferry_kv_plan_info_t *info);
 #define ferry_kv_plan_get_info(p, info) (ferry_kv_plan_get_info)((p), FERRY_SIZED_(ferry_kv_plan_info_t, info))
@@ -269,7 +271,8 @@ FERRY_API long ferry_kv_poll(ferry_engine_t *e, ferry_kv_event_t *out, size_t ma
 FERRY_API void ferry_kv_events_free(ferry_kv_event_t *ev, size_t n);
 
 /* A decode rank's view of one request: one receiver-bound plan per prefill
- * source (ferry_kv_tp_sources). */
+ * source (ferry_kv_tp_sources). Threads may offer notices to one tracker at
+ * once; destroy must not race with them. */
 typedef struct ferry_kv_recv ferry_kv_recv_t;
 
 FERRY_API int ferry_kv_recv_create(uint64_t request_id, ferry_kv_plan_t *const *plans, size_t n,
@@ -292,7 +295,7 @@ FERRY_API const void *ferry_kv_recv_aux(const ferry_kv_recv_t *r, size_t *len);
 typedef struct ferry_kv_embed ferry_kv_embed_t;
 
 FERRY_API int ferry_kv_embed_create(ferry_engine_t *e, size_t capacity, ferry_kv_embed_t **out);
-/* Deregisters and frees. NULL is ignored. */
+/* Deregisters and frees. NULL is ignored. Must not race with a send on b. */
 FERRY_API void ferry_kv_embed_destroy(ferry_kv_embed_t *b);
 FERRY_API void *ferry_kv_embed_data(ferry_kv_embed_t *b);
 FERRY_API size_t ferry_kv_embed_capacity(const ferry_kv_embed_t *b);

@@ -90,7 +90,7 @@ FERRY_API int ferry_pool_free(ferry_pool_t *p, void *ptr);
 FERRY_API int ferry_pool_stats(ferry_pool_t *p, ferry_pool_stats_t *st);
 #define ferry_pool_stats(p, st) (ferry_pool_stats)((p), FERRY_SIZED_(ferry_pool_stats_t, st))
 /* Deregisters and unmaps the pool; buffers still allocated become invalid.
- * NULL is ignored. */
+ * NULL is ignored. Must not race with other calls on p. */
 FERRY_API void ferry_pool_destroy(ferry_pool_t *p);
 
 #ifdef __cplusplus

@@ -29,12 +29,20 @@ int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const 
                       const size_t *lens, size_t n, uint64_t deadline, ferry_xfer_t **out, size_t *nout)
 {
     size_t total = 0;
-    for (size_t i = 0; i < n; i++) total += (size_t)stripes_for(e, lens[i]);
+    for (size_t i = 0; i < n; i++) total += lens[i] < STRIPE_MIN ? 1 : (size_t)stripes_for(e, lens[i]);
     ferry_xfer_t *xs = calloc(total, sizeof *xs);
     if (!xs) return ferry_fail(FERRY_ERR_MEMORY, "%zu transfer pieces: out of memory", total);
     size_t k = 0;
     uint64_t slice = e->cfg.slice_size;
+    /* One id per piece, so that one piece can be fenced alone (cancel.h);
+     * taken as one block. */
+    uint64_t next_id = atomic_fetch_add(&e->next_req_id, total);
     for (size_t i = 0; i < n; i++) {
+        if (lens[i] < STRIPE_MIN) { /* one piece: the common case, kept cheap */
+            xs[k++] = (ferry_xfer_t){.opcode = opcode, .local = (unsigned char *)locals[i], .remote = remotes[i],
+                                     .len = lens[i], .req_id = next_id++, .deadline = deadline, .index = i};
+            continue;
+        }
         int stripes = stripes_for(e, lens[i]);
         /* Stripe boundaries on slice multiples keep every slice full-sized. */
         uint64_t per = (lens[i] / (uint64_t)stripes + slice - 1) / slice * slice;
@@ -42,8 +50,7 @@ int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const 
             uint64_t off = per * (uint64_t)j;
             if (off >= lens[i]) break;
             uint64_t len = lens[i] - off < per ? lens[i] - off : per;
-            /* One id per piece, so that one piece can be fenced alone (cancel.h). */
-            uint64_t req_id = atomic_fetch_add(&e->next_req_id, 1);
+            uint64_t req_id = next_id++;
             xs[k++] = (ferry_xfer_t){.opcode = opcode, .local = (unsigned char *)locals[i] + off,
                                      .remote = remotes[i] + off, .len = len, .req_id = req_id,
                                      .deadline = deadline, .index = i};
@@ -249,15 +256,96 @@ struct batch_req {
     ferry_peer_stats_t *stats; /* the peer's metrics entry */
 };
 
+#define BATCH_MAGIC 0x46594241u /* "FYBA": a live batch */
+#define BATCH_FREED 0xdeadba7cu
+
 struct ferry_batch {
+    uint32_t magic;            /* BATCH_MAGIC while live: catches some use after free */
     ferry_engine_t *engine;
     size_t capacity, count;
     struct batch_req *reqs;
     pthread_mutex_t lock;
     pthread_cond_t cond;       /* a piece or a task ended */
-    size_t tasks_pending;
+    size_t tasks_pending;      /* outstanding tasks, and submits still cutting theirs */
     struct task_ext *tasks;    /* outstanding tasks, queued or running */
 };
+
+/* The live batches, so that a second ferry_batch_free is refused without
+ * touching the freed batch: an open-addressing set of pointers, kept at
+ * most half full. Only alloc and free take its lock. */
+static struct {
+    pthread_mutex_t lock;
+    ferry_batch_t **slots;
+    size_t cap, used;
+} live = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static size_t live_hash(const ferry_batch_t *b, size_t cap)
+{
+    uint64_t h = (uint64_t)(uintptr_t)b * 0x9e3779b97f4a7c15ull;
+    return (size_t)(h >> 32) & (cap - 1);
+}
+
+/* With live.lock held: the slot of b, or of the empty slot ending its probe. */
+static size_t live_find_locked(const ferry_batch_t *b)
+{
+    size_t i = live_hash(b, live.cap);
+    while (live.slots[i] && live.slots[i] != b) i = (i + 1) & (live.cap - 1);
+    return i;
+}
+
+static int live_add(ferry_batch_t *b)
+{
+    pthread_mutex_lock(&live.lock);
+    if ((live.used + 1) * 2 > live.cap) {
+        size_t cap = live.cap ? live.cap * 2 : 64;
+        ferry_batch_t **old = live.slots, **slots = calloc(cap, sizeof *slots);
+        if (!slots) {
+            pthread_mutex_unlock(&live.lock);
+            return -1;
+        }
+        size_t old_cap = live.cap;
+        live.slots = slots;
+        live.cap = cap;
+        for (size_t i = 0; i < old_cap; i++)
+            if (old[i]) live.slots[live_find_locked(old[i])] = old[i];
+        free(old);
+    }
+    live.slots[live_find_locked(b)] = b;
+    live.used++;
+    pthread_mutex_unlock(&live.lock);
+    return 0;
+}
+
+/* Removes b; false if b is not a live batch (freed already, or never one). */
+static bool live_remove(ferry_batch_t *b)
+{
+    pthread_mutex_lock(&live.lock);
+    size_t i = live.cap ? live_find_locked(b) : 0;
+    bool found = live.cap && live.slots[i] == b;
+    if (found) {
+        /* Backward-shift deletion keeps every probe chain unbroken. */
+        live.slots[i] = NULL;
+        for (size_t j = (i + 1) & (live.cap - 1); live.slots[j]; j = (j + 1) & (live.cap - 1)) {
+            ferry_batch_t *moved = live.slots[j];
+            live.slots[j] = NULL;
+            live.slots[live_find_locked(moved)] = moved;
+        }
+        live.used--;
+    }
+    pthread_mutex_unlock(&live.lock);
+    return found;
+}
+
+/* A cheap guard at every entry: a freed batch whose memory was not yet
+ * reused still carries BATCH_FREED. */
+static int batch_check(const ferry_batch_t *b, const char *call)
+{
+    if (!b) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "%s: batch is NULL", call);
+    if (b->magic != BATCH_MAGIC)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "%s: %p is not a live batch (used after ferry_batch_free?)",
+                          call, (const void *)b);
+    return 0;
+}
 
 int ferry_batch_alloc(ferry_engine_t *e, size_t capacity, ferry_batch_t **out)
 {
@@ -271,6 +359,12 @@ int ferry_batch_alloc(ferry_engine_t *e, size_t capacity, ferry_batch_t **out)
         free(b);
         return ferry_fail(FERRY_ERR_MEMORY, "batch of %zu: out of memory", capacity);
     }
+    if (live_add(b) != 0) {
+        free(b->reqs);
+        free(b);
+        return ferry_fail(FERRY_ERR_MEMORY, "batch of %zu: out of memory", capacity);
+    }
+    b->magic = BATCH_MAGIC;
     b->engine = e;
     b->capacity = capacity;
     pthread_mutex_init(&b->lock, NULL);
@@ -377,24 +471,60 @@ static void batch_task_start(ferry_task_t *t, void *owner)
     pthread_mutex_unlock(&b->lock);
 }
 
+/* Reserves slots [first, first+n) under one hold of the lock, so that
+ * concurrent submits never share a slot nor pass the capacity. Nothing of
+ * the submit can fail after it (slots are never given back: a canceller
+ * may already wait on them). The submit counts as a pending task until
+ * its tasks are queued (submit_end), so that wait, cancel and free see
+ * it. With reserve false, only checks that n slots are left now. */
+static long reserve_slots(ferry_batch_t *b, size_t n, bool reserve)
+{
+    pthread_mutex_lock(&b->lock);
+    if (n > b->capacity - b->count) {
+        size_t used = b->count;
+        pthread_mutex_unlock(&b->lock);
+        return ferry_fail(FERRY_ERR_TOO_MANY_REQUESTS, "batch submit: %zu more requests exceed capacity %zu (%zu used)",
+                          n, b->capacity, used);
+    }
+    size_t first = b->count;
+    if (reserve) {
+        b->count += n;
+        b->tasks_pending++;
+    }
+    pthread_mutex_unlock(&b->lock);
+    return (long)first;
+}
+
+/* The submit's tasks are queued. */
+static void submit_end(ferry_batch_t *b)
+{
+    pthread_mutex_lock(&b->lock);
+    b->tasks_pending--;
+    pthread_cond_broadcast(&b->cond);
+    pthread_mutex_unlock(&b->lock);
+}
+
 static long batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_t *reqs, size_t n, int timeout_ms)
 {
     ferry_clear_last_error();
-    if (!b || !peer || (!reqs && n)) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "batch submit: NULL argument");
+    int rc = batch_check(b, "batch submit");
+    if (rc) return rc;
+    if (!peer || (!reqs && n)) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "batch submit: NULL argument");
     ferry_engine_t *e = b->engine;
-    if (n == 0) return (long)b->count;
+    if (n == 0) {
+        pthread_mutex_lock(&b->lock);
+        size_t count = b->count;
+        pthread_mutex_unlock(&b->lock);
+        return (long)count;
+    }
     for (size_t i = 0; i < n; i++) {
-        int rc = ferry_check_request(e, reqs[i].opcode, reqs[i].local, reqs[i].remote, reqs[i].len);
+        rc = ferry_check_request(e, reqs[i].opcode, reqs[i].local, reqs[i].remote, reqs[i].len);
         if (rc) return ferry_fail_context("batch submit: request %zu of %zu", i, n);
     }
-    pthread_mutex_lock(&b->lock);
-    bool full = b->count + n > b->capacity;
-    pthread_mutex_unlock(&b->lock);
-    if (full)
-        return ferry_fail(FERRY_ERR_TOO_MANY_REQUESTS, "batch submit: %zu more requests exceed capacity %zu (%zu used)",
-                          n, b->capacity, b->count);
+    long left = reserve_slots(b, n, false); /* fails early, before connecting */
+    if (left < 0) return left;
     ferry_session_t *s;
-    int rc = ferry_session_get(e, peer, &s);
+    rc = ferry_session_get(e, peer, &s);
     if (rc) return rc;
     uint64_t deadline = ferry_deadline_after_ms(timeout_ms > 0 ? timeout_ms : e->cfg.timeout_ms);
     /* Pieces are cut per opcode run, since ferry_make_pieces takes one. */
@@ -413,14 +543,15 @@ static long batch_submit(ferry_batch_t *b, const char *peer, const ferry_request
     free(locals);
     free(remotes);
     free(lens);
-    if (rc) {
+    long reserved = rc ? rc : reserve_slots(b, n, true);
+    if (reserved < 0) {
+        free(xs);
         ferry_session_put(s);
-        return rc;
+        return reserved;
     }
+    size_t first = (size_t)reserved;
     FERRY_STAT_ADD(&e->stats, requests, n);
     pthread_mutex_lock(&b->lock);
-    size_t first = b->count;
-    b->count += n;
     for (size_t i = 0; i < nx; i++) {
         xs[i].opcode = reqs[xs[i].index].opcode;
         xs[i].index += first;
@@ -475,12 +606,15 @@ static long batch_submit(ferry_batch_t *b, const char *peer, const ferry_request
     }
     free(xs);
     ferry_session_put(s);
+    submit_end(b);
     return (long)first;
 }
 
 int ferry_batch_status(ferry_batch_t *b, size_t idx, ferry_status_t *st)
 {
-    if (!b || !st) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "batch status: NULL argument");
+    int rc = batch_check(b, "batch status");
+    if (rc) return rc;
+    if (!st) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "batch status: NULL argument");
     pthread_mutex_lock(&b->lock);
     if (idx >= b->count) {
         size_t count = b->count;
@@ -515,7 +649,8 @@ static void spin_until_idle(ferry_batch_t *b, uint64_t deadline)
 int ferry_batch_wait(ferry_batch_t *b, int timeout_ms)
 {
     ferry_clear_last_error();
-    if (!b) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "batch wait: batch is NULL");
+    int check = batch_check(b, "batch wait");
+    if (check) return check;
     uint64_t deadline = ferry_deadline_after_ms(timeout_ms);
     spin_until_idle(b, deadline);
     struct timespec ts = ferry_deadline_timespec(deadline);
@@ -627,7 +762,8 @@ static int unconfirmed_locked(ferry_batch_t *b, size_t first, size_t n)
 int ferry_batch_cancel(ferry_batch_t *b)
 {
     ferry_clear_last_error();
-    if (!b) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "batch cancel: batch is NULL");
+    int check = batch_check(b, "batch cancel");
+    if (check) return check;
     pthread_mutex_lock(&b->lock);
     cancel_locked(b, 0, b->count);
     /* Each interrupted task fences what it had on the wire (bounded by
@@ -641,7 +777,8 @@ int ferry_batch_cancel(ferry_batch_t *b)
 int ferry_batch_cancel_request(ferry_batch_t *b, size_t idx)
 {
     ferry_clear_last_error();
-    if (!b) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "batch cancel: batch is NULL");
+    int check = batch_check(b, "batch cancel");
+    if (check) return check;
     pthread_mutex_lock(&b->lock);
     if (idx >= b->count) {
         size_t count = b->count;
@@ -659,12 +796,19 @@ int ferry_batch_free(ferry_batch_t *b)
 {
     ferry_clear_last_error();
     if (!b) return 0;
+    /* Looked up before b is read: a batch freed twice is never touched. */
+    if (!live_remove(b))
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "batch free: %p is not a live batch (freed twice?)",
+                          (void *)b);
     pthread_mutex_lock(&b->lock);
     size_t pending = b->tasks_pending;
     pthread_mutex_unlock(&b->lock);
-    if (pending)
+    if (pending) {
+        live_add(b); /* it stays live; the set had room for it a moment ago */
         return ferry_fail(FERRY_ERR_BATCH_BUSY, "batch free: %zu task(s) still in flight (wait or cancel first)",
                           pending);
+    }
+    b->magic = BATCH_FREED;
     for (size_t i = 0; i < b->count; i++) free(b->reqs[i].detail);
     free(b->reqs);
     pthread_mutex_destroy(&b->lock);
@@ -677,10 +821,11 @@ int ferry_batch_free(ferry_batch_t *b)
  * races destroy either queues before the workers stop or gets CONTEXT. */
 long ferry_batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_t *reqs, size_t n, int timeout_ms)
 {
-    int rc = b ? ferry_engine_enter(b->engine) : 0;
+    int rc = batch_check(b, "batch submit");
+    if (rc) return rc;
+    rc = ferry_engine_enter(b->engine);
     if (rc) return rc;
     long first = batch_submit(b, peer, reqs, n, timeout_ms);
-    if (!b) return first;
     rc = ferry_engine_leave(b->engine, first < 0 ? (int)first : 0);
     return rc ? rc : first;
 }

@@ -1,90 +1,219 @@
-/* CUDA device memory (built with -DFERRY_WITH_CUDA=ON): detection of device
- * pointers at registration with cudaPointerGetAttributes, and the host
- * staging copies with cudaMemcpy. Only the CUDA runtime API is used.
+/* CUDA device memory through the CUDA driver API, loaded at run time.
  *
- * A process without a CUDA driver or device still registers and moves host
- * memory: the first detection asks cudaGetDeviceCount once, and when that
- * fails every later registration is host memory without further CUDA calls
- * (ferry_memkind_status() says why). */
+ * Nothing from CUDA is linked: libcuda.so.1 (or the file FERRY_CUDA_DRIVER
+ * names, how the tests bring a stub driver) is dlopen()ed, and only when
+ * this process has loaded it already (RTLD_NOLOAD). The reason: device
+ * memory exists only in a process that uses CUDA, and that process has the
+ * driver loaded; a process that does not use CUDA never gets it loaded or
+ * initialized by Ferry (cuInit before a fork breaks CUDA in the child).
+ * While the driver is not loaded every registration is host memory and the
+ * next one asks again; once it is, cuInit and the symbols are checked once,
+ * and the answer (usable or why not) is kept (ferry_memkind_status()).
+ *
+ * Detection: cuPointerGetAttributes (memory type, managed, device ordinal)
+ * of the first and the last byte. Staging copies: cuMemcpyDtoH/HtoD with the
+ * pointer's context pushed on the calling thread (Ferry's threads have none)
+ * and popped after, so the caller's CUDA state is left as it was. */
+#include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include <cuda_runtime_api.h>
-
+#include "cuda_driver.h"
 #include "cuda_opt_cuda.h"
 #include "fail.h"
 #include "memkind.h"
 
-static pthread_once_t init_once = PTHREAD_ONCE_INIT;
-static int cuda_usable;
-static char status_text[256];
+static struct {
+    ferry_cuInit_fn init;
+    ferry_cuDriverGetVersion_fn driver_version;
+    ferry_cuDeviceGetCount_fn device_count;
+    ferry_cuDeviceGet_fn device_get;
+    ferry_cuGetErrorName_fn error_name;
+    ferry_cuGetErrorString_fn error_string;
+    ferry_cuPointerGetAttributes_fn pointer_attributes;
+    ferry_cuDevicePrimaryCtxRetain_fn primary_retain;
+    ferry_cuDevicePrimaryCtxRelease_fn primary_release;
+    ferry_cuCtxPushCurrent_fn ctx_push;
+    ferry_cuCtxPopCurrent_fn ctx_pop;
+    ferry_cuMemcpyDtoH_fn dtoh;
+    ferry_cuMemcpyHtoD_fn htod;
+    ferry_cuStreamSynchronize_fn stream_sync;
+} cu;
 
-static void cuda_init(void)
+enum { DRIVER_NOT_LOADED, DRIVER_USABLE, DRIVER_UNUSABLE };
+static pthread_mutex_t driver_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int driver_state = DRIVER_NOT_LOADED;
+static char status_text[384];
+
+static const char *driver_path(void)
 {
-    int runtime = 0, driver = 0, n = 0;
-    cudaRuntimeGetVersion(&runtime);
-    cudaDriverGetVersion(&driver);
-    cudaError_t err = cudaGetDeviceCount(&n);
-    if (err != cudaSuccess || n <= 0) {
-        snprintf(status_text, sizeof status_text,
-                 "CUDA built in (runtime %d, driver %d); unavailable: %s (%s); all memory is host memory", runtime,
-                 driver, err != cudaSuccess ? cudaGetErrorName(err) : "no device",
-                 err != cudaSuccess ? cudaGetErrorString(err) : "cudaGetDeviceCount found 0 devices");
-        (void)cudaGetLastError();
-        return;
+    const char *p = getenv("FERRY_CUDA_DRIVER");
+    return p && *p ? p : "libcuda.so.1";
+}
+
+/* Under driver_lock. Rewritten only when it changes, so that a reader of the
+ * pointer ferry_cuda_status() returned does not race a writer. */
+static void set_status(const char *text)
+{
+    if (strcmp(status_text, text) != 0) snprintf(status_text, sizeof status_text, "%s", text);
+}
+
+static const char *error_text(int err, char *buf, size_t cap)
+{
+    const char *name = NULL, *text = NULL;
+    if (cu.error_name) cu.error_name(err, &name);
+    if (cu.error_string) cu.error_string(err, &text);
+    snprintf(buf, cap, "%s (%s)", name ? name : "CUDA error", text ? text : "no description");
+    if (!name) snprintf(buf, cap, "CUDA error %d", err);
+    return buf;
+}
+
+static int resolve(void *h, const char *path, char *why, size_t cap)
+{
+    static const struct {
+        const char *name;
+        void **slot;
+    } table[] = {
+        {"cuInit", (void **)&cu.init},
+        {"cuDriverGetVersion", (void **)&cu.driver_version},
+        {"cuDeviceGetCount", (void **)&cu.device_count},
+        {"cuDeviceGet", (void **)&cu.device_get},
+        {"cuGetErrorName", (void **)&cu.error_name},
+        {"cuGetErrorString", (void **)&cu.error_string},
+        {"cuPointerGetAttributes", (void **)&cu.pointer_attributes},
+        {"cuDevicePrimaryCtxRetain", (void **)&cu.primary_retain},
+        {"cuDevicePrimaryCtxRelease_v2", (void **)&cu.primary_release},
+        {"cuCtxPushCurrent_v2", (void **)&cu.ctx_push},
+        {"cuCtxPopCurrent_v2", (void **)&cu.ctx_pop},
+        {"cuMemcpyDtoH_v2", (void **)&cu.dtoh},
+        {"cuMemcpyHtoD_v2", (void **)&cu.htod},
+        {"cuStreamSynchronize", (void **)&cu.stream_sync},
+    };
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+        *table[i].slot = dlsym(h, table[i].name);
+        if (!*table[i].slot) {
+            snprintf(why, cap, "CUDA built in; the CUDA driver %s lacks %s (driver too old?): all memory is host memory",
+                     path, table[i].name);
+            memset(&cu, 0, sizeof cu);
+            return -1;
+        }
     }
-    cuda_usable = 1;
-    snprintf(status_text, sizeof status_text, "CUDA built in (runtime %d, driver %d); %d device(s)", runtime, driver, n);
+    return 0;
+}
+
+/* Under driver_lock, while DRIVER_NOT_LOADED. */
+static void driver_try_load(void)
+{
+    char why[sizeof status_text], err_buf[200];
+    const char *path = driver_path();
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    if (!h) {
+        snprintf(why, sizeof why,
+                 "CUDA built in (driver API at run time); the CUDA driver %s is not loaded in this process "
+                 "(not installed, or no CUDA used here yet): all memory is host memory",
+                 path);
+        set_status(why);
+        return; /* asked again at the next registration */
+    }
+    int state = DRIVER_UNUSABLE, version = 0, n = 0, err;
+    if (resolve(h, path, why, sizeof why) == 0) {
+        if ((err = cu.init(0)) != FERRY_CUDA_SUCCESS) {
+            snprintf(why, sizeof why, "CUDA built in; cuInit of %s failed: %s: all memory is host memory", path,
+                     error_text(err, err_buf, sizeof err_buf));
+        } else if ((err = cu.device_count(&n)) != FERRY_CUDA_SUCCESS || n <= 0) {
+            snprintf(why, sizeof why, "CUDA built in; %s: %s: all memory is host memory", path,
+                     err ? error_text(err, err_buf, sizeof err_buf) : "cuDeviceGetCount found 0 devices");
+        } else {
+            cu.driver_version(&version);
+            snprintf(why, sizeof why, "CUDA built in (driver API, %s, driver version %d); %d device(s)", path, version,
+                     n);
+            state = DRIVER_USABLE;
+        }
+    }
+    set_status(why);
+    /* An unusable driver stays loaded (it was before us; dlclose would only
+     * drop our reference) and is not asked again. */
+    atomic_store(&driver_state, state);
+}
+
+static int driver_usable(void)
+{
+    int state = atomic_load(&driver_state);
+    if (state != DRIVER_NOT_LOADED) return state == DRIVER_USABLE;
+    pthread_mutex_lock(&driver_lock);
+    if (atomic_load(&driver_state) == DRIVER_NOT_LOADED) driver_try_load();
+    pthread_mutex_unlock(&driver_lock);
+    return atomic_load(&driver_state) == DRIVER_USABLE;
 }
 
 const char *ferry_cuda_status(void)
 {
-    pthread_once(&init_once, cuda_init);
+    driver_usable();
     return status_text;
 }
 
-int ferry_cuda_usable(void)
+int ferry_cuda_usable(void) { return driver_usable(); }
+
+void ferry_cuda_forget_driver(void)
 {
-    pthread_once(&init_once, cuda_init);
-    return cuda_usable;
+    pthread_mutex_lock(&driver_lock);
+    memset(&cu, 0, sizeof cu);
+    status_text[0] = '\0';
+    atomic_store(&driver_state, DRIVER_NOT_LOADED);
+    pthread_mutex_unlock(&driver_lock);
 }
 
-int ferry_cuda_classify(int err, int type, int device, uint32_t *kind)
+int ferry_cuda_classify(int err, int type, int managed, int device, uint32_t *kind)
 {
     *kind = FERRY_MEMKIND_HOST;
-    /* An error means CUDA does not know the pointer (or has no device):
-     * then it is not device memory, and the CPU may touch it. */
-    if (err != cudaSuccess) return 0;
-    /* Pinned host, managed and unregistered memory are all CPU-accessible. */
-    if (type != cudaMemoryTypeDevice) return 0;
+    /* An error means CUDA does not know the pointer: then it is not device
+     * memory, and the CPU may touch it. */
+    if (err != FERRY_CUDA_SUCCESS) return 0;
+    /* Host (pinned), managed and unknown (type 0) memory: CPU-accessible. */
+    if (type != FERRY_CU_MEMORYTYPE_DEVICE || managed) return 0;
     if (device < 0 || device > 0xffffff)
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "register: CUDA reports device ordinal %d", device);
     *kind = FERRY_MEMKIND_MAKE(FERRY_MEMKIND_CUDA, device);
     return 0;
 }
 
+struct pointer_info {
+    unsigned int type;
+    unsigned int managed; /* the driver writes a bool: 0 stays 0 */
+    int device;
+};
+
+/* cuPointerGetAttributes: an address CUDA does not know gets the default
+ * (zero) values and CUDA_SUCCESS. */
+static int pointer_info(const void *p, struct pointer_info *info)
+{
+    memset(info, 0, sizeof *info);
+    info->device = -1;
+    int attrs[] = {FERRY_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, FERRY_CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                   FERRY_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+    void *data[] = {&info->type, &info->managed, &info->device};
+    return cu.pointer_attributes(3, attrs, data, (FERRY_CUdeviceptr)(uintptr_t)p);
+}
+
 int ferry_cuda_detect(const void *addr, size_t len, uint32_t *kind)
 {
     *kind = FERRY_MEMKIND_HOST;
-    pthread_once(&init_once, cuda_init);
-    if (!cuda_usable) return 0;
-    struct cudaPointerAttributes a;
-    memset(&a, 0, sizeof a);
-    cudaError_t err = cudaPointerGetAttributes(&a, addr);
-    if (err != cudaSuccess) (void)cudaGetLastError(); /* not sticky: clear it for the caller */
-    int rc = ferry_cuda_classify(err, a.type, a.device, kind);
+    if (!driver_usable()) return 0;
+    struct pointer_info a, b;
+    int err = pointer_info(addr, &a);
+    int rc = ferry_cuda_classify(err, (int)a.type, (int)a.managed, a.device, kind);
     if (rc || *kind == FERRY_MEMKIND_HOST) return rc;
     /* The whole range must be memory of that one device. */
-    struct cudaPointerAttributes b;
-    memset(&b, 0, sizeof b);
-    err = cudaPointerGetAttributes(&b, (const char *)addr + len - 1);
-    if (err != cudaSuccess) (void)cudaGetLastError();
-    if (err != cudaSuccess || b.type != cudaMemoryTypeDevice || b.device != a.device) {
+    err = pointer_info((const char *)addr + len - 1, &b);
+    if (err != FERRY_CUDA_SUCCESS || b.type != FERRY_CU_MEMORYTYPE_DEVICE || b.managed || b.device != a.device) {
+        char buf[200];
         *kind = FERRY_MEMKIND_HOST;
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT,
                           "register: [%p+%zu) starts in CUDA device %d memory but its last byte is not (%s)", addr, len,
-                          a.device, err != cudaSuccess ? cudaGetErrorName(err) : "another kind or device");
+                          a.device, err ? error_text(err, buf, sizeof buf) : "another kind or device");
     }
     return 0;
 }
@@ -92,30 +221,73 @@ int ferry_cuda_detect(const void *addr, size_t len, uint32_t *kind)
 int ferry_cuda_error_code(int err)
 {
     switch (err) {
-    case cudaSuccess: return 0;
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorInvalidDevice: return FERRY_ERR_DEVICE_NOT_FOUND;
-    case cudaErrorInvalidValue: return FERRY_ERR_INVALID_ARGUMENT;
-    case cudaErrorMemoryAllocation: return FERRY_ERR_MEMORY;
+    case FERRY_CUDA_SUCCESS: return 0;
+    case FERRY_CUDA_ERROR_NO_DEVICE:
+    case FERRY_CUDA_ERROR_INVALID_DEVICE:
+    case FERRY_CUDA_ERROR_NOT_INITIALIZED:
+    case FERRY_CUDA_ERROR_DEINITIALIZED:
+    case FERRY_CUDA_ERROR_STUB_LIBRARY:
+    case FERRY_CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: return FERRY_ERR_DEVICE_NOT_FOUND;
+    case FERRY_CUDA_ERROR_INVALID_VALUE: return FERRY_ERR_INVALID_ARGUMENT;
+    case FERRY_CUDA_ERROR_OUT_OF_MEMORY: return FERRY_ERR_MEMORY;
     default: return FERRY_ERR_INTERNAL;
     }
 }
 
+/* The context device memory at p belongs to, pushed on this thread. Memory
+ * without one (cuMemCreate/cuMemMap) gets its device's primary context,
+ * retained (*primary set) until copy_leave. */
+static int copy_enter(const void *p, int ordinal, FERRY_CUdevice *primary)
+{
+    FERRY_CUcontext ctx = NULL;
+    int attr = FERRY_CU_POINTER_ATTRIBUTE_CONTEXT;
+    void *data[] = {&ctx};
+    int err = cu.pointer_attributes(1, &attr, data, (FERRY_CUdeviceptr)(uintptr_t)p);
+    if (err == FERRY_CUDA_SUCCESS && !ctx) {
+        FERRY_CUdevice dev;
+        err = cu.device_get(&dev, ordinal);
+        if (err == FERRY_CUDA_SUCCESS) err = cu.primary_retain(&ctx, dev);
+        if (err == FERRY_CUDA_SUCCESS) *primary = dev;
+    }
+    if (err == FERRY_CUDA_SUCCESS) err = cu.ctx_push(ctx);
+    if (err != FERRY_CUDA_SUCCESS && *primary >= 0) {
+        cu.primary_release(*primary);
+        *primary = -1;
+    }
+    return err;
+}
+
+static void copy_leave(FERRY_CUdevice primary)
+{
+    FERRY_CUcontext popped;
+    cu.ctx_pop(&popped);
+    if (primary >= 0) cu.primary_release(primary);
+}
+
 int ferry_cuda_copy(uint32_t kind, void *dst, const void *src, size_t n, int to_host)
 {
-    int dev = FERRY_MEMKIND_DEVICE(kind), old = -1;
-    /* Copies run on Ferry's threads and on the caller's (sync transfers):
-     * switch to the region's device and back, so the caller's current
-     * device is left as it was. */
-    cudaError_t err = cudaGetDevice(&old);
-    if (err == cudaSuccess && old != dev) err = cudaSetDevice(dev);
-    if (err == cudaSuccess)
-        err = cudaMemcpy(dst, src, n, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice);
-    if (old >= 0 && old != dev) cudaSetDevice(old);
-    if (err == cudaSuccess) return 0;
-    (void)cudaGetLastError();
-    return ferry_fail(ferry_cuda_error_code(err), "cudaMemcpy %s of %zu bytes on device %d (%p -> %p) failed: %s: %s",
-                      to_host ? "device->host" : "host->device", n, dev, src, dst, cudaGetErrorName(err),
-                      cudaGetErrorString(err));
+    int ordinal = FERRY_MEMKIND_DEVICE(kind);
+    if (!driver_usable())
+        return ferry_fail(FERRY_ERR_DEVICE_NOT_FOUND, "CUDA copy of %zu bytes on device %d: %s", n, ordinal,
+                          status_text);
+    const void *device_side = to_host ? src : dst;
+    FERRY_CUdevice primary = -1;
+    int err = copy_enter(device_side, ordinal, &primary);
+    if (err == FERRY_CUDA_SUCCESS) {
+        if (to_host) {
+            err = cu.dtoh(dst, (FERRY_CUdeviceptr)(uintptr_t)src, n);
+        } else {
+            /* From pageable memory the copy may return before the DMA ends:
+             * wait on the legacy stream (which the copy ran on) so the bytes
+             * are on the device when the transfer is reported complete. */
+            err = cu.htod((FERRY_CUdeviceptr)(uintptr_t)dst, src, n);
+            if (err == FERRY_CUDA_SUCCESS) err = cu.stream_sync(NULL);
+        }
+        copy_leave(primary);
+    }
+    if (err == FERRY_CUDA_SUCCESS) return 0;
+    char buf[200];
+    return ferry_fail(ferry_cuda_error_code(err), "CUDA %s copy of %zu bytes on device %d (%p -> %p) failed: %s",
+                      to_host ? "device->host" : "host->device", n, ordinal, src, dst,
+                      error_text(err, buf, sizeof buf));
 }

@@ -1,15 +1,19 @@
-/* The CUDA memory kind's decisions, apart from the CUDA calls so that the
+/* The CUDA memory kind's decisions, apart from the driver calls so that the
  * tests check them with any input (built with FERRY_WITH_CUDA only). */
 #ifndef FERRY_CUDA_OPT_CUDA_H
 #define FERRY_CUDA_OPT_CUDA_H
 
 #include <stdint.h>
 
-/* From cudaPointerGetAttributes' result (err: its cudaError_t; type and
- * device: the attributes' fields): the memory kind. Errors and every
- * CPU-accessible type give host memory. */
-int ferry_cuda_classify(int err, int type, int device, uint32_t *kind);
-/* The Ferry code for a cudaError_t. */
+/* From cuPointerGetAttributes' result (err: its CUresult; type, managed and
+ * device: CU_POINTER_ATTRIBUTE_MEMORY_TYPE, _IS_MANAGED, _DEVICE_ORDINAL):
+ * the memory kind. Errors and every CPU-accessible type give host memory. */
+int ferry_cuda_classify(int err, int type, int managed, int device, uint32_t *kind);
+/* The Ferry code for a CUresult. */
 int ferry_cuda_error_code(int err);
+/* Tests: forget the driver (usable or not), so that the next registration
+ * looks for it again, e.g. after FERRY_CUDA_DRIVER changed. The symbols of
+ * a driver in use are dropped: call it with no device region registered. */
+void ferry_cuda_forget_driver(void);
 
 #endif

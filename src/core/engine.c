@@ -90,6 +90,7 @@ void ferry_conn_free(ferry_conn_t *c)
     ferry_cancel_conn_close(c);
     if (c->xport_free) c->xport_free(c->xport);
     free(c->bounce);
+    free(c->vec);
     free(c);
 }
 
@@ -327,7 +328,9 @@ void ferry_hello_fill(ferry_engine_t *e, ferry_hello_t *h)
 {
     memset(h, 0, sizeof *h);
     uint16_t v = (uint16_t)ferry_protocol_version_advertised(e);
-    h->proto_min = v;
+    /* Every version down to 1 (older peers keep their framing), unless a
+     * test pinned one (core/testing.h). */
+    h->proto_min = ferry_test_protocol_version(e) ? v : 1;
     h->proto_max = v;
     h->flags = FERRY_HELLO_F_CMA | (e->cfg.secret ? FERRY_HELLO_F_AUTH : 0);
     for (int i = 0; ferry_transports[i]; i++)
@@ -345,6 +348,17 @@ void ferry_hello_fill(ferry_engine_t *e, ferry_hello_t *h)
      * ferry_serve_hello and the initiator's handshake refuse to MAC. */
     if (e->cfg.secret && ferry_auth_nonce(h->nonce) != 0) memset(h->nonce, 0, sizeof h->nonce);
     snprintf(h->name, sizeof h->name, "%s", e->name);
+}
+
+unsigned ferry_engine_proto_max(const ferry_engine_t *e)
+{
+    return (unsigned)ferry_protocol_version_advertised(e);
+}
+
+unsigned ferry_conn_version(const ferry_conn_t *c)
+{
+    unsigned ours = ferry_engine_proto_max(c->engine);
+    return c->peer.proto_max < ours ? c->peer.proto_max : ours;
 }
 
 static bool nonce_is_zero(const uint8_t *n)

@@ -53,6 +53,7 @@ typedef struct ferry_conn {
     bool listed;
     uint8_t source[16];
     _Atomic uint64_t idle_since_ns;
+    struct ferry_vec_scratch *vec; /* vector frames' per-connection buffers (transport/vec.h), lazily made */
 } ferry_conn_t;
 
 /* ferry_conn_t.state on the target side. Changes under the engine's
@@ -249,6 +250,12 @@ int ferry_serve_hello(ferry_conn_t *c, const ferry_frame_t *f);
  * peer leaves, misbehaves or the engine stops. Frees nothing. */
 void ferry_serve_connection(ferry_conn_t *c);
 void ferry_hello_fill(ferry_engine_t *e, ferry_hello_t *h);
+/* The newest protocol version this engine speaks (a test may pin it:
+ * ferry_test_set_protocol_version, core/testing.h), and the one both ends
+ * of a handshaken connection speak: the highest in common. Vector frames
+ * need FERRY_PROTOCOL_VEC. */
+unsigned ferry_engine_proto_max(const ferry_engine_t *e);
+unsigned ferry_conn_version(const ferry_conn_t *c);
 
 /* frame I/O shared by both sides */
 int ferry_conn_send_frame(ferry_conn_t *c, ferry_frame_t *f, const void *payload, uint64_t deadline);

@@ -8,16 +8,17 @@
 
 enum { FERRY_LOG_ERROR = 0, FERRY_LOG_WARN = 1, FERRY_LOG_INFO = 2, FERRY_LOG_DEBUG = 3, FERRY_LOG_TRACE = 4 };
 
-/* Atomic: an engine being created sets it while other engines' threads
- * log (relaxed: only the value matters, not its order). */
+/* Process-wide, set by every ferry_engine_create while other engines'
+ * threads log: atomic (relaxed loads below). */
 extern _Atomic int ferry_log_level;
 
 void ferry_log_write(int level, const char *component, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-#define FERRY_LOG(level, component, ...)                                  \
-    do {                                                                  \
-        if ((level) <= atomic_load_explicit(&ferry_log_level, memory_order_relaxed)) ferry_log_write((level), (component), __VA_ARGS__); \
+#define FERRY_LOG(level, component, ...)                                            \
+    do {                                                                            \
+        if ((level) <= atomic_load_explicit(&ferry_log_level, memory_order_relaxed)) \
+            ferry_log_write((level), (component), __VA_ARGS__);                     \
     } while (0)
 
 #endif

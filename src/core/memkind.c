@@ -168,6 +168,6 @@ const char *ferry_memkind_status(void)
 #ifdef FERRY_HAVE_CUDA
     return ferry_cuda_status();
 #else
-    return "CUDA not built in (configure with -DFERRY_WITH_CUDA=ON); all memory is host memory";
+    return "CUDA not built in (configured with -DFERRY_WITH_CUDA=OFF); all memory is host memory";
 #endif
 }

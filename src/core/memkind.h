@@ -37,7 +37,8 @@ int ferry_memkind_from_host(uint32_t kind, void *dst, const void *src, size_t n)
 /* "host", "cuda:0", "fake:0". */
 const char *ferry_memkind_name(uint32_t kind, char *buf, size_t cap);
 /* One line on device-memory support in this build and process, e.g.
- * "CUDA built in; unavailable: cudaErrorInsufficientDriver (...)". */
+ * "CUDA built in (driver API ...); the CUDA driver libcuda.so.1 is not loaded
+ * in this process ...". */
 const char *ferry_memkind_status(void);
 /* 1 when device memory is told from host memory at registration: CUDA built
  * in and a driver and device usable in this process. */

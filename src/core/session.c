@@ -280,7 +280,7 @@ static int recv_hello_ack(ferry_conn_t *c, ferry_session_t *s, uint8_t *ack, siz
     int ours = ferry_protocol_version_advertised(e);
     if (f.status == FERRY_ERR_VERSION_MISMATCH)
         return ferry_fail(FERRY_ERR_VERSION_MISMATCH, "peer %s speaks protocol %u..%u, this engine speaks %d..%d",
-                          s->name, c->peer.proto_min, c->peer.proto_max, ours, ours);
+                          s->name, c->peer.proto_min, c->peer.proto_max, ferry_test_protocol_version(e) ? ours : 1, ours);
     if (f.status == FERRY_ERR_AUTH_FAILED) {
         FERRY_STAT_ADD(&e->stats, auth_failures, 1);
         bool they = (c->peer.flags & FERRY_HELLO_F_AUTH) != 0;
@@ -741,12 +741,19 @@ static int fetch_segments(ferry_conn_t *c, ferry_session_t *s, uint64_t deadline
             free(segs);
             continue;
         }
+        /* Concurrent fetches may finish out of order: never put an older
+         * table over a newer one (a region registered between them would
+         * vanish from the cache, and its writes fail as unregistered). */
         pthread_rwlock_wrlock(&s->seg_lock);
-        free(s->segs);
-        s->segs = segs;
-        s->nsegs = pos;
-        s->seg_version = version;
+        if (!s->segs || version >= s->seg_version) {
+            ferry_segment_t *old = s->segs;
+            s->segs = segs;
+            s->nsegs = pos;
+            s->seg_version = version;
+            segs = old;
+        }
         pthread_rwlock_unlock(&s->seg_lock);
+        free(segs);
         return 0;
     }
     return ferry_fail(FERRY_ERR_TIMEOUT, "segments of %s kept changing while being fetched", s->name);
@@ -885,7 +892,8 @@ static int session_info_all(ferry_engine_t *e, const char *peer, ferry_peer_info
         memset(info, 0, sizeof *info);
         pthread_mutex_lock(&s->lock);
         snprintf(info->name, sizeof info->name, "%s", s->name);
-        info->protocol_version = s->peer.proto_max;
+        unsigned ours = ferry_engine_proto_max(e);
+        info->protocol_version = s->peer.proto_max < ours ? s->peer.proto_max : ours;
         info->engine_id = s->peer.engine_id;
         info->epoch = s->peer.epoch;
         info->pid = s->peer.pid;

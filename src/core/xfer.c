@@ -27,8 +27,41 @@ int ferry_check_local(ferry_engine_t *e, const void *local, uint64_t len)
     return rc;
 }
 
+static int check_args(int opcode, const void *local, uint64_t remote, uint64_t len);
+
 /* Checks one request's arguments; touches no memory. */
 int ferry_check_request(ferry_engine_t *e, int opcode, const void *local, uint64_t remote, uint64_t len)
+{
+    int rc = check_args(opcode, local, remote, len);
+    return rc ? rc : ferry_check_local(e, local, len);
+}
+
+/* ferry_check_request for n requests under one hold of the registry's read
+ * lock, a region lookup once per run of local buffers in the same region
+ * (a batch of small pieces is mostly such runs). */
+static int check_requests(ferry_engine_t *e, int opcode, void *const *locals, const uint64_t *remotes,
+                          const size_t *lens, size_t n)
+{
+    ferry_registry_t *r = &e->registry;
+    const ferry_region_t *reg = NULL;
+    int rc = 0;
+    ferry_registry_read_lock(r);
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        uint64_t a = (uint64_t)(uintptr_t)locals[i];
+        rc = check_args(opcode, locals[i], remotes[i], lens[i]);
+        if (rc == 0 &&
+            !(reg && a >= reg->addr && a - reg->addr <= reg->len && lens[i] <= reg->len - (a - reg->addr))) {
+            rc = ferry_registry_check_locked(r, a, lens[i], 0, 0, "local");
+            if (rc) ferry_fail_context("the local buffer must be registered with this engine");
+            reg = rc ? NULL : ferry_registry_lookup_locked(r, a, lens[i]);
+        }
+        if (rc && n > 1) ferry_fail_context("request %zu of %zu", i, n);
+    }
+    ferry_registry_unlock(r);
+    return rc;
+}
+
+static int check_args(int opcode, const void *local, uint64_t remote, uint64_t len)
 {
     if (opcode != FERRY_OP_READ && opcode != FERRY_OP_WRITE)
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "opcode %d is neither FERRY_OP_READ nor FERRY_OP_WRITE", opcode);
@@ -41,7 +74,7 @@ int ferry_check_request(ferry_engine_t *e, int opcode, const void *local, uint64
     if (remote + len < remote)
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "remote range [0x%llx+%llu) wraps the address space",
                           (unsigned long long)remote, (unsigned long long)len);
-    return ferry_check_local(e, local, len);
+    return 0;
 }
 
 /* Failures worth an automatic retry on a fresh connection: the code is
@@ -94,18 +127,53 @@ static uint64_t earliest_deadline(const ferry_xfer_t *xs, size_t n)
     return d;
 }
 
+/* Copies the cached segment holding piece x's remote range into *out when
+ * it is the generation x was resolved to (ferry_session_resolve checked
+ * its access). */
+static bool segment_of(ferry_session_t *s, const ferry_xfer_t *x, ferry_segment_t *out)
+{
+    bool found = false;
+    pthread_rwlock_rdlock(&s->seg_lock);
+    size_t lo = 0, hi = s->nsegs;
+    while (lo < hi) { /* the last segment starting at or below x->remote */
+        size_t mid = lo + (hi - lo) / 2;
+        if (s->segs[mid].addr <= x->remote) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo > 0) {
+        const ferry_segment_t *g = &s->segs[lo - 1];
+        found = g->generation == x->generation && x->remote - g->addr < g->len;
+        if (found) *out = *g;
+    }
+    pthread_rwlock_unlock(&s->seg_lock);
+    return found;
+}
+
 /* Resolves each unresolved live piece against the peer's segments. A
  * piece the peer's table refuses fails; a retryable link failure while
  * fetching the table stops here and is returned (the pieces left
  * unresolved, never sent so), for the caller's retry policy. */
 static int resolve_pieces(ferry_session_t *s, ferry_xfer_t *xs, size_t n)
 {
+    /* The segment that resolved the last piece (a copy): the next pieces
+     * that lie in it with the same access need no lookup of their own. */
+    ferry_segment_t run = {0};
+    int run_op = -1;
     for (size_t i = 0; i < n; i++) {
         ferry_xfer_t *x = &xs[i];
         if (x->rc || x->generation) continue;
+        if (x->opcode == run_op && x->remote >= run.addr && x->remote - run.addr <= run.len &&
+            x->len <= run.len - (x->remote - run.addr)) {
+            x->generation = run.generation;
+            continue;
+        }
         int rc = ferry_session_resolve(s, x->opcode, x->remote, x->len, &x->generation, x->deadline);
         if (rc && auto_retryable(rc)) return rc;
-        if (rc) ferry_xfer_fail(x, rc);
+        if (rc) {
+            ferry_xfer_fail(x, rc);
+            continue;
+        }
+        run_op = segment_of(s, x, &run) ? x->opcode : -1;
     }
     return 0;
 }
@@ -253,6 +321,7 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
 void ferry_stats_requests_done(ferry_engine_t *e, const ferry_xfer_t *xs, size_t n)
 {
     size_t i = 0;
+    uint64_t completed = 0;
     while (i < n) {
         size_t idx = xs[i].index;
         int code = 0;
@@ -262,9 +331,10 @@ void ferry_stats_requests_done(ferry_engine_t *e, const ferry_xfer_t *xs, size_t
             FERRY_STAT_ADD(&e->stats, requests_failed, 1);
             ferry_stats_failure(&e->stats, code);
         } else {
-            FERRY_STAT_ADD(&e->stats, requests_completed, 1);
+            completed++;
         }
     }
+    if (completed) FERRY_STAT_ADD(&e->stats, requests_completed, completed);
 }
 
 /* Re-raises piece x's failure as the thread's error, with context. */
@@ -299,7 +369,8 @@ static void record_requests(ferry_session_t *s, const ferry_xfer_t *xs, size_t n
             bytes += xs[j].done;
             if (!rc) rc = xs[j].rc;
         }
-        ferry_metrics_request(s->stats, tname, xs[i].opcode, bytes, latency_ns, rc);
+        /* The transport's name once per call: it costs a copy under the lock. */
+        ferry_metrics_request(s->stats, i == 0 ? tname : NULL, xs[i].opcode, bytes, latency_ns, rc);
         i = j;
     }
 }
@@ -309,12 +380,10 @@ static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const
 {
     if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "engine is NULL");
     if (!peer) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "peer name is NULL");
-    for (size_t i = 0; i < n; i++) {
-        int rc = ferry_check_request(e, opcode, locals[i], remotes[i], lens[i]);
-        if (rc) return n > 1 ? ferry_fail_context("request %zu of %zu", i, n) : rc;
-    }
+    int rc = check_requests(e, opcode, locals, remotes, lens, n);
+    if (rc) return rc;
     ferry_session_t *s;
-    int rc = ferry_session_get(e, peer, &s);
+    rc = ferry_session_get(e, peer, &s);
     if (rc) return rc;
     ferry_xfer_t *xs;
     size_t nx;

@@ -1,5 +1,6 @@
 /* The decode side: reading notices off the engine's queue and tracking one
  * request until every prefill source delivered. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,7 @@ void ferry_kv_events_free(ferry_kv_event_t *ev, size_t n)
 }
 
 struct ferry_kv_recv {
+    pthread_mutex_t lock;  /* threads may offer notices at once */
     uint64_t request_id;
     ferry_kv_plan_t **plans;
     int *delivered;      /* per plan: its source's success notice arrived */
@@ -72,6 +74,7 @@ int ferry_kv_recv_create(uint64_t request_id, ferry_kv_plan_t *const *plans, siz
                           (unsigned long long)request_id, n);
     }
     if (n) memcpy(r->plans, plans, n * sizeof *plans);
+    pthread_mutex_init(&r->lock, NULL);
     r->request_id = request_id;
     r->n = r->remaining = n;
     r->outcome = n == 0 ? 1 : 0;
@@ -82,6 +85,7 @@ int ferry_kv_recv_create(uint64_t request_id, ferry_kv_plan_t *const *plans, siz
 void ferry_kv_recv_destroy(ferry_kv_recv_t *r)
 {
     if (!r) return;
+    if (r->plans && r->delivered) pthread_mutex_destroy(&r->lock);
     free(r->plans);
     free(r->delivered);
     free(r->aux);
@@ -104,9 +108,19 @@ static int keep_aux(ferry_kv_recv_t *r, const ferry_kv_notice_t *n)
     return 0;
 }
 
+static int offer_locked(ferry_kv_recv_t *r, const ferry_kv_notice_t *n);
+
 int ferry_kv_recv_offer(ferry_kv_recv_t *r, const ferry_kv_notice_t *n)
 {
     if (!r || !n) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "kv recv: NULL tracker or notice");
+    pthread_mutex_lock(&r->lock);
+    int rc = offer_locked(r, n);
+    pthread_mutex_unlock(&r->lock);
+    return rc;
+}
+
+static int offer_locked(ferry_kv_recv_t *r, const ferry_kv_notice_t *n)
+{
     if (n->request_id != r->request_id || r->outcome != 0) return current_outcome(r);
     size_t i = 0;
     while (i < r->n && r->plans[i]->src.tp_rank != n->prefill_rank) i++;
@@ -131,6 +145,15 @@ int ferry_kv_recv_offer(ferry_kv_recv_t *r, const ferry_kv_notice_t *n)
 
 const void *ferry_kv_recv_aux(const ferry_kv_recv_t *r, size_t *len)
 {
-    if (len) *len = r ? r->aux_len : 0;
-    return r ? r->aux : NULL;
+    if (!r) {
+        if (len) *len = 0;
+        return NULL;
+    }
+    /* Set once, kept until destroy: the pointer stays valid. */
+    pthread_mutex_t *lock = (pthread_mutex_t *)&r->lock;
+    pthread_mutex_lock(lock);
+    if (len) *len = r->aux_len;
+    const void *aux = r->aux;
+    pthread_mutex_unlock(lock);
+    return aux;
 }

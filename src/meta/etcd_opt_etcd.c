@@ -381,6 +381,20 @@ static int etcd_keepalive(void *state)
     return 0;
 }
 
+/* The first value of a range answer into *value (malloc'd): 0,
+ * FERRY_ERR_NOT_FOUND (no key), or FERRY_ERR_METADATA (not base64 text);
+ * no detail set. The answer is whatever the server (or whoever wrote the
+ * key) sent: fuzzed by tests/fuzz/fuzz_meta.c. */
+static int range_value(json_t *resp, char **value)
+{
+    json_t *kvs = json_object_get(resp, "kvs");
+    json_t *v = json_object_get(json_array_get(kvs, 0), "value");
+    if (!json_is_array(kvs) || json_array_size(kvs) == 0) return FERRY_ERR_NOT_FOUND;
+    /* An empty value is left out of the JSON altogether. */
+    *value = v ? (json_is_string(v) ? b64_decode(json_string_value(v)) : NULL) : strdup("");
+    return *value ? 0 : FERRY_ERR_METADATA;
+}
+
 static int etcd_lookup(void *state, const char *key, char **value)
 {
     struct etcd *e = state;
@@ -392,18 +406,26 @@ static int etcd_lookup(void *state, const char *key, char **value)
     int rc = etcd_call(e, "/kv/range", kv_request(key, NULL), step, &resp);
     pthread_mutex_unlock(&e->mu);
     if (rc) return rc;
-    json_t *kvs = json_object_get(resp, "kvs");
-    json_t *v = json_object_get(json_array_get(kvs, 0), "value");
-    if (!json_is_array(kvs) || json_array_size(kvs) == 0) {
-        json_decref(resp);
-        return ferry_fail(FERRY_ERR_NOT_FOUND, "etcd at %s: %s: no such key", e->addr, step);
-    }
-    /* An empty value is left out of the JSON altogether. */
-    *value = v ? (json_is_string(v) ? b64_decode(json_string_value(v)) : NULL) : strdup("");
+    rc = range_value(resp, value);
     json_decref(resp);
-    if (!*value)
-        return ferry_fail(FERRY_ERR_METADATA, "etcd at %s: %s: value is not base64 text",
-                          e->addr, step);
+    if (rc == FERRY_ERR_NOT_FOUND) return ferry_fail(rc, "etcd at %s: %s: no such key", e->addr, step);
+    if (rc) return ferry_fail(rc, "etcd at %s: %s: value is not base64 text", e->addr, step);
+    return 0;
+}
+
+int ferry_etcd_range_answer(const char *body, char **value)
+{
+    *value = NULL;
+    json_error_t jerr;
+    json_t *j = json_loads(body, 0, &jerr);
+    if (!json_is_object(j)) {
+        json_decref(j);
+        return ferry_fail(FERRY_ERR_METADATA, "etcd answer is not a JSON object");
+    }
+    int rc = range_value(j, value);
+    json_decref(j);
+    if (rc == FERRY_ERR_NOT_FOUND) return ferry_fail(rc, "etcd answer: no such key");
+    if (rc) return ferry_fail(rc, "etcd answer: value is not base64 text");
     return 0;
 }
 

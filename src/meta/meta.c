@@ -99,6 +99,15 @@ static int known_scheme(const char *scheme)
     return 0;
 }
 
+#ifndef FERRY_HAVE_ETCD
+int ferry_etcd_range_answer(const char *body, char **value)
+{
+    (void)body;
+    *value = NULL;
+    return ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "etcd answer: the etcd backend is not built into this library");
+}
+#endif
+
 int ferry_meta_backend_built(const char *scheme)
 {
     return scheme && find_backend(scheme) != NULL;

@@ -81,6 +81,11 @@ int ferry_meta_publisher_start_counted(ferry_meta_t *m, const char *key, const c
  * removal's error; p is freed either way. NULL is a no-op. */
 int ferry_meta_publisher_stop(struct ferry_meta_publisher *p);
 
+/* The value of an etcd /kv/range answer body, as etcd_lookup reads it: 0,
+ * NOT_FOUND or METADATA with detail (NOT_IMPLEMENTED without etcd). For
+ * tests (tests/fuzz/fuzz_meta.c). */
+int ferry_etcd_range_answer(const char *body, char **value);
+
 /* Keys are namespaced: "ferry/v1/engines/<name>". */
 #define FERRY_META_KEY_PREFIX "ferry/v1/engines/"
 

@@ -12,13 +12,17 @@
  *             (as for a TCP write or read), registers the region with
  *             ibv_reg_mr at first use, and answers the region and its rkey.
  *             Keys are cached per connection by (region, generation).
- *   data      RDMA WRITE / READ work requests of slice_size bytes, signalled,
- *             up to the send queue depth in flight. Completions are waited
- *             for on the completion channel (poll() on its fd, never
- *             spinning), with the request's deadline.
- *   commit    writes only: after a piece's data completed, a zero-length
- *             RDMA WRITE WITH IMMEDIATE on the same QP, then i->t RDMA_COMMIT
- *             over TCP. The target waits for that immediate's receive
+ *   data      RDMA WRITE / READ work requests of up to slice_size bytes,
+ *             posted as chains (one ibv_post_send each) into the free part
+ *             of the send queue; adjacent small pieces share a work request
+ *             (scatter-gather entries for their local ranges); only every
+ *             (depth / 2)-th work request and each chain's last are
+ *             signalled. Completions are waited for on the completion
+ *             channel (poll() on its fd, never spinning), with the
+ *             request's deadline.
+ *   commit    writes only: after the data completed, a zero-length RDMA
+ *             WRITE WITH IMMEDIATE per piece on the same QP (chained), then
+ *             i->t RDMA_COMMIT over TCP. The target waits for that immediate's receive
  *             completion (RC ordering: every earlier WRITE of the QP is then
  *             placed in its memory), checks the range is still registered
  *             with the same generation and not cancelled, and answers
@@ -61,6 +65,8 @@
 #define RECV_DEPTH 128
 #define COMMIT_WINDOW 64
 #define RKEY_CACHE_MAX 4096
+/* At most this many scatter-gather entries per work request. */
+#define MAX_SGE 16
 /* After an abort, how long to wait for the flushed completions. */
 #define FLUSH_GRACE_MS 2000
 
@@ -189,6 +195,7 @@ struct rdma_dev {
     union ibv_gid gid;
     uint64_t guid;
     int send_depth, recv_depth, cq_depth;
+    int max_sge, max_sge_rd; /* scatter-gather entries per send work request; per RDMA READ */
     char name[64];
     pthread_mutex_t mr_lock; /* guards ferry_region_t.xport while the registry is read-locked */
 };
@@ -312,6 +319,8 @@ int ferry_rdma_dev_open(ferry_engine_t *e, const ferry_rdma_env_t *env, void **o
     int rd = min_int(16, min_int(da.max_qp_rd_atom > 0 ? da.max_qp_rd_atom : 1,
                                  da.max_qp_init_rd_atom > 0 ? da.max_qp_init_rd_atom : 1));
     d->rd_atom = (uint8_t)(rd < 1 ? 1 : rd);
+    d->max_sge = min_int(MAX_SGE, da.max_sge > 0 ? da.max_sge : 1);
+    d->max_sge_rd = min_int(d->max_sge, da.max_sge_rd > 0 ? da.max_sge_rd : 1); /* 0: unknown, be safe */
     pthread_mutex_init(&d->mr_lock, NULL);
     ferry_registry_set_release(&e->registry, release_mr, d);
     if (d->link == FERRY_RDMA_LINK_IB)
@@ -438,7 +447,7 @@ static int ep_create(struct rdma_dev *d, struct rdma_ep **out)
         ia.recv_cq = ep->cq;
         ia.cap.max_send_wr = (uint32_t)d->send_depth;
         ia.cap.max_recv_wr = (uint32_t)d->recv_depth;
-        ia.cap.max_send_sge = 1;
+        ia.cap.max_send_sge = (uint32_t)d->max_sge;
         ia.cap.max_recv_sge = 1;
         ia.qp_type = IBV_QPT_RC;
         if (!(ep->qp = v->create_qp(d->pd, &ia))) rc = verbs_fail(FERRY_ERR_MEMORY, "ibv_create_qp", d, errno);
@@ -557,27 +566,6 @@ static int ep_wait(struct rdma_ep *ep, struct ibv_wc *wc, int max, uint64_t dead
             v->ack_cq_events(ep->cq, ep->events);
             ep->events = 0;
         }
-    }
-}
-
-/* Moves the QP to the error state and collects the flushed completions of
- * the outstanding work requests, so that none is left running. */
-static void ep_abort(struct rdma_ep *ep, unsigned outstanding)
-{
-    struct ibv_qp_attr a;
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_ERR;
-    ep->d->v->modify_qp(ep->qp, &a, IBV_QP_STATE);
-    uint64_t grace = ferry_deadline_after_ms(FLUSH_GRACE_MS);
-    struct ibv_wc wc[16];
-    while (outstanding > 0) {
-        int n = ep_wait(ep, wc, outstanding < 16 ? (int)outstanding : 16, grace);
-        if (n <= 0) {
-            FERRY_LOG(FERRY_LOG_ERROR, "rdma", "%s: %u work requests not flushed after the abort", ep->d->name,
-                      outstanding);
-            return;
-        }
-        outstanding -= (unsigned)n;
     }
 }
 
@@ -750,10 +738,12 @@ struct plan {
     uint64_t completed; /* bytes from start whose work requests completed */
 };
 
+/* One send work request of the data phase: the pieces first..last it
+ * covers, from offset off of the first, n bytes in all. Pieces after the
+ * first are covered whole. */
 struct slot {
-    size_t piece;
+    size_t first, last;
     uint64_t off, n;
-    bool commit; /* the zero-length WRITE WITH IMMEDIATE of a commit */
 };
 
 static int wc_failure(const ferry_verbs_t *v, const struct ibv_wc *wc, const ferry_xfer_t *x, uint64_t off,
@@ -843,25 +833,6 @@ static int plan_pieces(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, si
     return 0;
 }
 
-static int post_wr(struct rdma_ep *ep, enum ibv_wr_opcode op, uint64_t wr_id, void *local, uint32_t len,
-                   uint32_t lkey, uint64_t remote, uint32_t rkey, uint32_t imm)
-{
-    struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)local, .length = len, .lkey = lkey};
-    struct ibv_send_wr wr, *bad = NULL;
-    memset(&wr, 0, sizeof wr);
-    wr.wr_id = wr_id;
-    wr.sg_list = len ? &sge : NULL;
-    wr.num_sge = len ? 1 : 0;
-    wr.opcode = op;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.imm_data = htonl(imm);
-    wr.wr.rdma.remote_addr = remote;
-    wr.wr.rdma.rkey = rkey;
-    int err = ep->d->v->post_send(ep->qp, &wr, &bad);
-    if (err) return verbs_fail(FERRY_ERR_INTERNAL, "ibv_post_send", ep->d, err);
-    return 0;
-}
-
 /* Moves the QP to the error state: the HCA then flushes every outstanding
  * work request, each with a completion. */
 static void ep_set_error(struct rdma_ep *ep)
@@ -872,52 +843,182 @@ static void ep_set_error(struct rdma_ep *ep)
     ep->d->v->modify_qp(ep->qp, &a, IBV_QP_STATE);
 }
 
-/* The data phase: every sendable slice, windowed by the send queue.
- * Returns 0, or the connection-level failure (*broken set). After a
- * failure nothing more is posted, the QP is moved to the error state, and
- * every outstanding completion is still collected (with a grace deadline),
- * so that none is left running. The failure reported is the first bad
+static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+/* After ep_set_error: a zero-length signalled work request, flushed at
+ * once, whose completion comes after every earlier one's. Needed when the
+ * last work request the HCA accepted was unsignalled (a chain refused part
+ * way): done before the error, it would never complete visibly. */
+static int post_marker(struct rdma_ep *ep, uint64_t wr_id)
+{
+    struct ibv_send_wr wr, *bad = NULL;
+    memset(&wr, 0, sizeof wr);
+    wr.wr_id = wr_id;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    return ep->d->v->post_send(ep->qp, &wr, &bad);
+}
+
+/* Fills wr (with its entries sge) for the next run from piece *cur at
+ * *cur_off: one slice of that piece, extended over the following whole
+ * pieces while their remote range continues this one (same key, same
+ * operation) and their local range either continues the last
+ * scatter-gather entry or fits a new one (up to max_sge). So adjacent
+ * pieces merge into one entry, and pieces scattered locally but adjacent
+ * remotely share one work request. Advances *cur and *cur_off past it. */
+static struct slot next_wr(const struct rdma_ep *ep, ferry_xfer_t *xs, size_t nx, const struct plan *pl, size_t *cur,
+                           uint64_t *cur_off, uint64_t slice, struct ibv_send_wr *wr, struct ibv_sge *sge)
+{
+    size_t i = *cur;
+    const ferry_xfer_t *x = &xs[i];
+    uint64_t remote = x->remote + *cur_off;
+    struct slot s = {i, i, *cur_off, min_u64(x->len - *cur_off, slice)};
+    int nsge = 1, max_sge = x->opcode == FERRY_OP_READ ? ep->d->max_sge_rd : ep->d->max_sge;
+    sge[0] = (struct ibv_sge){(uint64_t)(uintptr_t)(x->local + *cur_off), (uint32_t)s.n, pl[i].lkey};
+    *cur_off += s.n;
+    while (*cur_off == xs[s.last].len && s.last + 1 < nx) {
+        size_t j = s.last + 1;
+        const ferry_xfer_t *y = &xs[j];
+        if (!sendable(y, &pl[j], 0) || pl[j].start != 0 || y->opcode != x->opcode || pl[j].rkey != pl[i].rkey ||
+            y->remote != remote + s.n || s.n + y->len > slice)
+            break;
+        struct ibv_sge *last = &sge[nsge - 1];
+        if (pl[j].lkey == last->lkey && last->addr + last->length == (uint64_t)(uintptr_t)y->local)
+            last->length += (uint32_t)y->len;
+        else if (nsge < max_sge)
+            sge[nsge++] = (struct ibv_sge){(uint64_t)(uintptr_t)y->local, (uint32_t)y->len, pl[j].lkey};
+        else
+            break;
+        s.n += y->len;
+        s.last = j;
+        *cur = j;
+        *cur_off = y->len;
+    }
+    memset(wr, 0, sizeof *wr);
+    wr->sg_list = sge;
+    wr->num_sge = nsge;
+    wr->opcode = x->opcode == FERRY_OP_WRITE ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+    wr->wr.rdma.remote_addr = remote;
+    wr->wr.rdma.rkey = pl[i].rkey;
+    return s;
+}
+
+/* A work request of s completed: its bytes count for its pieces. */
+static void credit_slot(ferry_xfer_t *xs, struct plan *pl, const struct slot *s)
+{
+    uint64_t left = s->n, off = s->off;
+    for (size_t p = s->first; p <= s->last; p++, off = 0) {
+        ferry_xfer_t *x = &xs[p];
+        uint64_t n = min_u64(x->len - off, left);
+        left -= n;
+        if (x->rc || pl[p].start + pl[p].completed != off) continue;
+        pl[p].completed += n;
+        if (x->opcode == FERRY_OP_READ) {
+            x->done += n;
+            if (x->progress) atomic_fetch_add(x->progress, n);
+        }
+    }
+}
+
+/* Working memory of one data phase: the slot ring and one chain's work
+ * requests and entries, allocated once per run, never per piece. */
+struct chain_mem {
+    struct slot *ring;
+    struct ibv_send_wr *wrs;
+    struct ibv_sge *sges;
+};
+
+static int chain_mem_alloc(struct chain_mem *m, unsigned window, int max_sge)
+{
+    m->ring = malloc(window * sizeof *m->ring);
+    m->wrs = malloc(window * sizeof *m->wrs);
+    m->sges = malloc((size_t)window * (size_t)max_sge * sizeof *m->sges);
+    if (m->ring && m->wrs && m->sges) return 0;
+    free(m->ring);
+    free(m->wrs);
+    free(m->sges);
+    return ferry_fail(FERRY_ERR_MEMORY, "RDMA work request chain of %u: out of memory", window);
+}
+
+static void chain_mem_free(struct chain_mem *m)
+{
+    free(m->ring);
+    free(m->wrs);
+    free(m->sges);
+}
+
+/* The data phase: the sendable pieces as chains of work requests, each
+ * chain one ibv_post_send into the free part of the send queue. Only every
+ * sig_every-th work request and the last of each chain are signalled; a
+ * signalled completion retires every earlier outstanding one (RC completes
+ * a send queue in order). Returns 0, or the connection-level failure
+ * (*broken set). After a failure nothing more is posted, the QP is moved to
+ * the error state, and every outstanding work request is still waited for
+ * (with a grace deadline), so that none is left running. An error
+ * completion fails the pieces of its own work request when it is a fault of
+ * their memory; the unsignalled ones before it, retired by it, have an
+ * unknown outcome: they are never counted as completed (they stay pending,
+ * for a retry on a new QP). The failure reported is the first bad
  * completion; failing that, a refused post; failing that, a flush. */
 static int move_data(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, size_t nx, struct plan *pl,
                      struct first_err *fe, int *broken)
 {
     const ferry_verbs_t *v = ep->d->v;
-    size_t slice = c->engine->cfg.slice_size;
+    uint64_t slice = c->engine->cfg.slice_size;
+    if (slice > UINT32_MAX) slice = UINT32_MAX; /* a work request's length is 32 bits */
     unsigned window = (unsigned)ep->d->send_depth;
-    struct slot *ring = malloc(window * sizeof *ring);
-    if (!ring) return ferry_fail(FERRY_ERR_MEMORY, "RDMA slot ring: out of memory");
+    unsigned sig_every = window / 2 ? window / 2 : 1;
+    struct chain_mem m;
+    int mrc = chain_mem_alloc(&m, window, ep->d->max_sge);
+    if (mrc) return mrc;
     struct first_err post_fe = {0}, flush_fe = {0};
-    unsigned head = 0, count = 0;
+    unsigned head = 0, count = 0, seq = 0, unknown = 0;
     size_t cur = 0;
     uint64_t cur_off = nx ? pl[0].start : 0, grace = 0;
-    bool failed = false, qp_error = false;
+    bool failed = false, qp_error = false, unsignalled_tail = false;
     for (;;) {
-        while (!failed && cur < nx && !sendable(&xs[cur], &pl[cur], cur_off)) {
-            if (++cur < nx) cur_off = pl[cur].start;
-        }
-        if (!failed && cur < nx && count < window) {
-            ferry_xfer_t *x = &xs[cur];
-            uint64_t n = x->len - cur_off < slice ? x->len - cur_off : slice;
-            unsigned idx = (head + count) % window;
-            int rc = post_wr(ep, x->opcode == FERRY_OP_WRITE ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ, idx,
-                             x->local + cur_off, (uint32_t)n, pl[cur].lkey, x->remote + cur_off, pl[cur].rkey, 0);
-            if (rc == 0) {
-                ring[idx] = (struct slot){cur, cur_off, n, false};
-                count++;
-                cur_off += n;
-                continue;
+        unsigned built = 0;
+        while (!failed && count + built < window) {
+            while (cur < nx && !sendable(&xs[cur], &pl[cur], cur_off)) {
+                if (++cur < nx) cur_off = pl[cur].start;
             }
-            keep_err(&post_fe, rc);
-            failed = true;
+            if (cur >= nx) break;
+            unsigned idx = (head + count + built) % window;
+            struct ibv_send_wr *wr = &m.wrs[built];
+            m.ring[idx] = next_wr(ep, xs, nx, pl, &cur, &cur_off, slice, wr, &m.sges[(size_t)built * ep->d->max_sge]);
+            wr->wr_id = idx;
+            if (++seq % sig_every == 0) wr->send_flags = IBV_SEND_SIGNALED;
+            if (built > 0) m.wrs[built - 1].next = wr;
+            built++;
+        }
+        if (built > 0) {
+            m.wrs[built - 1].send_flags = IBV_SEND_SIGNALED; /* a chain's end always completes visibly */
+            struct ibv_send_wr *bad = NULL;
+            int err = v->post_send(ep->qp, m.wrs, &bad);
+            unsigned posted = built;
+            if (err) {
+                posted = bad && bad >= m.wrs && bad < m.wrs + built ? (unsigned)(bad - m.wrs) : 0;
+                keep_err(&post_fe, ferry_fail(FERRY_ERR_INTERNAL, "ibv_post_send of a chain of %u work requests "
+                                              "(%u accepted) to %s on %s failed: %s", built, posted, c->peer.name,
+                                              ep->d->name, strerror(err)));
+                failed = true;
+                unsignalled_tail = posted > 0 && !(m.wrs[posted - 1].send_flags & IBV_SEND_SIGNALED);
+            }
+            count += posted;
         }
         if (failed && !qp_error && count > 0) {
             ep_set_error(ep);
             qp_error = true;
             grace = ferry_deadline_after_ms(FLUSH_GRACE_MS);
+            if (unsignalled_tail) { /* a free slot is left: the chain was refused part way */
+                unsigned idx = (head + count) % window, prev = (head + count - 1) % window;
+                m.ring[idx] = (struct slot){m.ring[prev].last, m.ring[prev].last, 0, 0};
+                if (post_marker(ep, idx) == 0) count++;
+            }
         }
         if (count == 0) break;
         struct ibv_wc wc[16];
-        int got = ep_wait(ep, wc, count < 16 ? (int)count : 16, qp_error ? grace : xs[ring[head].piece].deadline);
+        int got = ep_wait(ep, wc, 16, qp_error ? grace : xs[m.ring[head].first].deadline);
         if (got < 0) {
             keep_err(fe, got); /* TIMEOUT first; after an abort, the flush timed out */
             failed = true;
@@ -928,43 +1029,115 @@ static int move_data(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, size
             continue;
         }
         for (int k = 0; k < got; k++) {
-            struct slot s = ring[head];
-            ferry_xfer_t *x = &xs[s.piece];
-            if (wc[k].wr_id != head) {
-                keep_err(fe, ferry_fail(FERRY_ERR_INTERNAL, "RDMA completion for slot %llu, expected %u",
-                                        (unsigned long long)wc[k].wr_id, head));
+            unsigned ahead = (unsigned)((wc[k].wr_id + window - head) % window);
+            if (wc[k].wr_id >= window || ahead >= count) {
+                keep_err(fe, ferry_fail(FERRY_ERR_INTERNAL, "RDMA completion for slot %llu, %u outstanding from %u",
+                                        (unsigned long long)wc[k].wr_id, count, head));
                 failed = true;
-            } else if (wc[k].status == IBV_WC_WR_FLUSH_ERR) {
-                keep_err(&flush_fe, wc_failure(v, &wc[k], x, s.off, s.n, c->peer.name));
-                failed = true;
-            } else if (wc[k].status != IBV_WC_SUCCESS) {
-                int prc = wc_failure(v, &wc[k], x, s.off, s.n, c->peer.name);
-                /* A fault of this piece's memory fails the piece; a fault of
-                 * the path leaves it pending, for a retry on a new QP. */
-                if ((prc == FERRY_ERR_STALE_SEGMENT || prc == FERRY_ERR_ADDRESS_NOT_REGISTERED) && x->rc == 0)
-                    ferry_xfer_fail(x, prc);
-                keep_err(fe, prc);
-                failed = true;
-            } else if (x->rc == 0 && pl[s.piece].start + pl[s.piece].completed == s.off) {
-                pl[s.piece].completed += s.n;
-                if (x->opcode == FERRY_OP_READ) {
-                    x->done += s.n;
-                    if (x->progress) atomic_fetch_add(x->progress, s.n);
-                }
+                continue;
             }
+            if (wc[k].status == IBV_WC_SUCCESS) {
+                for (unsigned r = 0; r <= ahead; r++, head = (head + 1) % window, count--)
+                    credit_slot(xs, pl, &m.ring[head]);
+                continue;
+            }
+            /* The unsignalled ones before it: outcome unknown, not counted. */
+            if (ahead > 0 && wc[k].status != IBV_WC_WR_FLUSH_ERR && !fe->rc) unknown = ahead;
+            if (ahead > 0 && wc[k].status != IBV_WC_WR_FLUSH_ERR)
+                FERRY_LOG(FERRY_LOG_WARN, "rdma", "%s: %u unsignalled RDMA work requests before a failed one "
+                          "(pieces %zu..%zu) have an unknown outcome: not counted as completed", c->peer.name, ahead,
+                          m.ring[head].first, m.ring[(head + ahead - 1) % window].last);
+            head = (head + ahead) % window;
+            count -= ahead;
+            struct slot s = m.ring[head];
+            ferry_xfer_t *x = &xs[s.first];
+            if (wc[k].status == IBV_WC_WR_FLUSH_ERR) {
+                keep_err(&flush_fe, wc_failure(v, &wc[k], x, s.off, s.n, c->peer.name));
+            } else {
+                int prc = wc_failure(v, &wc[k], x, s.off, s.n, c->peer.name);
+                /* A fault of these pieces' memory fails them; a fault of
+                 * the path leaves them pending, for a retry on a new QP. */
+                if (prc == FERRY_ERR_STALE_SEGMENT || prc == FERRY_ERR_ADDRESS_NOT_REGISTERED)
+                    for (size_t p = s.first; p <= s.last; p++)
+                        if (xs[p].rc == 0) ferry_xfer_fail(&xs[p], prc);
+                keep_err(fe, prc);
+            }
+            failed = true;
             head = (head + 1) % window;
             count--;
         }
     }
-    free(ring);
+    chain_mem_free(&m);
     if (!failed) return 0;
     if (!fe->rc) *fe = post_fe.rc ? post_fe : flush_fe;
+    if (unknown) {
+        size_t used = strlen(fe->detail);
+        snprintf(fe->detail + used, sizeof fe->detail - used, "; the %u unsignalled work request(s) before it in its "
+                 "chain have an unknown outcome: their pieces are not counted as completed", unknown);
+    }
     *broken = 1;
     return fe->rc ? fe->rc : ferry_fail(FERRY_ERR_INTERNAL, "RDMA data phase failed without a cause");
 }
 
-/* The commit phase for write pieces: a WRITE WITH IMMEDIATE, then
- * RDMA_COMMIT, and the target's RDMA_COMMIT_ACK, windowed. */
+/* Moves the QP to the error state and waits for the completion of work
+ * request last_id (every one before it is then done or flushed), so that
+ * none is left running. When last_id was not signalled, a marker's. */
+static void ep_abort_until(struct rdma_ep *ep, uint64_t last_id, bool signalled)
+{
+    ep_set_error(ep);
+    if (!signalled) {
+        last_id = UINT64_MAX;
+        if (post_marker(ep, last_id) != 0) {
+            FERRY_LOG(FERRY_LOG_ERROR, "rdma", "%s: no marker after the abort; the error state flushes the rest",
+                      ep->d->name);
+            return;
+        }
+    }
+    uint64_t grace = ferry_deadline_after_ms(FLUSH_GRACE_MS);
+    struct ibv_wc wc[16];
+    for (;;) {
+        int n = ep_wait(ep, wc, 16, grace);
+        if (n <= 0) {
+            FERRY_LOG(FERRY_LOG_ERROR, "rdma", "%s: work requests not flushed after the abort", ep->d->name);
+            return;
+        }
+        for (int k = 0; k < n; k++)
+            if (wc[k].wr_id == last_id) return;
+    }
+}
+
+/* Posts the commits' zero-length WRITE WITH IMMEDIATE of pieces batch[0..nb)
+ * as one chain, the last alone signalled (wr_id nb - 1). Returns how many
+ * the HCA accepted; on a refusal also the failure in *rc. */
+static unsigned post_commit_chain(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, const struct plan *pl,
+                                  const size_t *batch, unsigned nb, int *rc)
+{
+    struct ibv_send_wr wrs[COMMIT_WINDOW], *bad = NULL;
+    memset(wrs, 0, nb * sizeof *wrs);
+    for (unsigned k = 0; k < nb; k++) {
+        size_t i = batch[k];
+        wrs[k].wr_id = k;
+        wrs[k].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+        wrs[k].imm_data = htonl(ep->commit_seq + k);
+        wrs[k].wr.rdma.remote_addr = xs[i].remote + pl[i].start;
+        wrs[k].wr.rdma.rkey = pl[i].rkey;
+        wrs[k].next = k + 1 < nb ? &wrs[k + 1] : NULL;
+    }
+    wrs[nb - 1].send_flags = IBV_SEND_SIGNALED;
+    *rc = 0;
+    int err = ep->d->v->post_send(ep->qp, wrs, &bad);
+    unsigned posted = nb;
+    if (err) {
+        posted = bad && bad >= wrs && bad < wrs + nb ? (unsigned)(bad - wrs) : 0;
+        *rc = ferry_fail(FERRY_ERR_INTERNAL, "ibv_post_send of %u RDMA commits (%u accepted) to %s on %s failed: %s",
+                         nb, posted, c->peer.name, ep->d->name, strerror(err));
+    }
+    ep->commit_seq += posted;
+    return posted;
+}
+
+/* The commit phase for write pieces: a chain of WRITE WITH IMMEDIATE, then
+ * one RDMA_COMMIT per piece, and the target's RDMA_COMMIT_ACKs, windowed. */
 static int commit_writes(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, size_t nx, struct plan *pl,
                          struct first_err *fe, int *broken)
 {
@@ -978,24 +1151,28 @@ static int commit_writes(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, 
         for (; i < nx && nb < window; i++) {
             ferry_xfer_t *x = &xs[i];
             if (x->opcode != FERRY_OP_WRITE || pl[i].mode != PLAN_RDMA || x->rc || pl[i].completed == 0) continue;
-            uint64_t addr = x->remote + pl[i].start;
-            int rc = post_wr(ep, IBV_WR_RDMA_WRITE_WITH_IMM, nb, NULL, 0, 0, addr, pl[i].rkey, ep->commit_seq++);
-            unsigned posted = nb + (rc == 0);
-            ferry_frame_t f = {.type = FERRY_FRAME_RDMA_COMMIT, .req_id = x->req_id, .addr = addr,
-                               .len = pl[i].completed, .aux = x->generation};
-            if (rc == 0) rc = ferry_conn_send_frame(c, &f, NULL, x->deadline);
-            if (rc) {
-                keep_err(fe, rc);
-                *broken = 1;
-                ep_abort(ep, posted);
-                return fe->rc;
-            }
             batch[nb++] = i;
+        }
+        if (nb == 0) break;
+        int rc;
+        unsigned posted = post_commit_chain(c, ep, xs, pl, batch, nb, &rc);
+        for (unsigned k = 0; rc == 0 && k < nb; k++) {
+            ferry_xfer_t *x = &xs[batch[k]];
+            ferry_frame_t f = {.type = FERRY_FRAME_RDMA_COMMIT, .req_id = x->req_id,
+                               .addr = x->remote + pl[batch[k]].start, .len = pl[batch[k]].completed,
+                               .aux = x->generation};
+            rc = ferry_conn_send_frame(c, &f, NULL, x->deadline);
+        }
+        if (rc) {
+            keep_err(fe, rc);
+            *broken = 1;
+            if (posted) ep_abort_until(ep, posted - 1, posted == nb);
+            return fe->rc;
         }
         for (unsigned k = 0; k < nb; k++) {
             ferry_xfer_t *x = &xs[batch[k]];
             ferry_frame_t f;
-            int rc = ferry_conn_recv_frame(c, &f, x->deadline);
+            rc = ferry_conn_recv_frame(c, &f, x->deadline);
             if (rc == 0 && (f.type != FERRY_FRAME_RDMA_COMMIT_ACK || f.req_id != x->req_id))
                 rc = ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected RDMA_COMMIT_ACK for request %llu, got %s for %llu",
                                 (unsigned long long)x->req_id, ferry_frame_type_name(f.type),
@@ -1013,35 +1190,36 @@ static int commit_writes(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, 
             if (rc) {
                 keep_err(fe, rc);
                 *broken = 1;
-                ep_abort(ep, nb);
+                ep_abort_until(ep, nb - 1, true);
                 return fe->rc;
             }
             x->done = pl[batch[k]].start + pl[batch[k]].completed;
             if (x->progress) atomic_fetch_add(x->progress, pl[batch[k]].completed);
         }
-        /* Collect the immediates' own completions. */
-        unsigned left = nb;
-        while (left > 0) {
+        /* The chain's completion: its signalled end, or errors and flushes
+         * up to it. */
+        for (bool ended = false; !ended;) {
             struct ibv_wc wc[16];
-            int got = ep_wait(ep, wc, left < 16 ? (int)left : 16, xs[batch[nb - left]].deadline);
+            int got = ep_wait(ep, wc, 16, xs[batch[nb - 1]].deadline);
             if (got < 0) {
                 keep_err(fe, got);
                 *broken = 1;
-                ep_abort(ep, left);
+                ep_abort_until(ep, nb - 1, true);
                 return fe->rc;
             }
             for (int k = 0; k < got; k++) {
                 if (wc[k].status != IBV_WC_SUCCESS) {
                     /* The target confirmed placement already; the QP is
                      * broken for what follows. */
-                    keep_err(fe, wc_failure(ep->d->v, &wc[k], &xs[batch[nb - left]], 0, 0, c->peer.name));
+                    size_t at = wc[k].wr_id < nb ? batch[wc[k].wr_id] : batch[nb - 1];
+                    keep_err(fe, wc_failure(ep->d->v, &wc[k], &xs[at], 0, 0, c->peer.name));
                     *broken = 1;
                 }
-                left--;
+                if (wc[k].wr_id == nb - 1) ended = true;
             }
         }
         if (*broken) {
-            ep_abort(ep, 0);
+            ep_set_error(ep);
             return fe->rc;
         }
     }

@@ -57,6 +57,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <limits.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <sys/mman.h>
@@ -71,6 +72,7 @@
 #include "core/share.h"
 #include "wire/le.h"
 #include "transport.h"
+#include "vec.h"
 
 /* Bytes per frame: large, since no socket buffer sits in between; one
  * frame is one serving-thread turn at the target. */
@@ -688,8 +690,164 @@ static int serve_map(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *
     return ferry_conn_send_frame(c, &a, info, deadline);
 }
 
+/* ------------------------------------------------ target: vector frames */
+
+/* The connection's trust record, made and decided at first use (probe: an
+ * address the initiator named as its own); NULL when out of memory. */
+static struct shm_conn *vec_trust(ferry_conn_t *c, uint64_t probe)
+{
+    struct shm_conn *sc = c->xport;
+    if (!sc) {
+        sc = calloc(1, sizeof *sc);
+        if (!sc) return NULL;
+        sc->pidfd = -1;
+        c->xport = sc;
+        c->xport_free = shm_conn_free;
+    }
+    if (sc->state == 0) verify_peer(c, sc, probe);
+    if (sc->state == 1 && pidfd_exited(sc->pidfd)) {
+        sc->state = -1;
+        snprintf(sc->reason, sizeof sc->reason, "the verified initiator pid %d has exited", (int)sc->pid);
+    }
+    return sc;
+}
+
+/* Piece i as a one-piece frame, for the per-piece paths and messages. */
+static ferry_frame_t vec_piece_frame(const struct ferry_vec_scratch *v, size_t i)
+{
+    const ferry_vec_desc_t *d = &v->d[i];
+    return (ferry_frame_t){.req_id = d->req_id, .addr = d->addr, .len = d->len, .aux = d->aux,
+                           .crc = d->generation};
+}
+
+/* Moves piece i from byte q on, alone (after a gathered call stopped in
+ * it): its status, or PEER_CLOSED when the initiator is gone. */
+static int vec_piece_rest(struct shm_conn *sc, struct ferry_vec_scratch *v, size_t i, uint64_t q, bool write)
+{
+    const ferry_vec_desc_t *d = &v->d[i];
+    while (q < d->len) {
+        ssize_t got = cma_once(sc->pid, write, (unsigned char *)(uintptr_t)d->addr + q, d->aux + q, d->len - q);
+        if (got < 0) {
+            ferry_frame_t pf = vec_piece_frame(v, i);
+            return cma_error(sc, &pf, write, q, d->len - q, (int)-got);
+        }
+        q += (uint64_t)got;
+    }
+    return 0;
+}
+
+/* Copies the pieces of host memory with one process_vm_readv/writev per up
+ * to IOV_MAX pieces (and SHM_CHUNK bytes), each call under the registry's
+ * read lock after the pieces were checked (again when the registry or the
+ * cancel set changed). A call that stops short fails the piece it stopped
+ * in (its own error) and goes on after it. */
+static int vec_copy_host(ferry_conn_t *c, struct shm_conn *sc, struct ferry_vec_scratch *v, size_t n, bool write,
+                         bool *device)
+{
+    ferry_engine_t *e = c->engine;
+    ferry_registry_t *r = &e->registry;
+    uint32_t need = write ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_REMOTE_READ;
+    uint64_t version = 0;
+    bool checked = false;
+    size_t i = 0;
+    while (i < n && sc->state >= 0) { /* refused mid-way: the caller refuses the rest */
+        ferry_registry_read_lock(r);
+        if (!checked || r->version != version || ferry_vec_cancels_pending(c)) {
+            ferry_vec_validate_locked(c, v, i, n, need, device);
+            version = r->version;
+            checked = true;
+        }
+        if (*device) {
+            ferry_registry_unlock(r);
+            return 0; /* the caller copies piece by piece */
+        }
+        size_t cnt = 0, j = i;
+        uint64_t bytes = 0;
+        for (; j < n && cnt < IOV_MAX && bytes < SHM_CHUNK; j++) {
+            if (v->st[j]) continue;
+            v->iov[cnt] = (struct iovec){(void *)(uintptr_t)v->d[j].addr, v->d[j].len};
+            v->riov[cnt++] = (struct iovec){(void *)(uintptr_t)v->d[j].aux, v->d[j].len};
+            bytes += v->d[j].len;
+        }
+        ssize_t got = 0;
+        int err = 0;
+        if (cnt) {
+            do {
+                got = write ? process_vm_readv(sc->pid, v->iov, cnt, v->riov, cnt, 0)
+                            : process_vm_writev(sc->pid, v->iov, cnt, v->riov, cnt, 0);
+            } while (got < 0 && (errno == EINTR || errno == EAGAIN));
+            err = got < 0 ? errno : 0;
+        }
+        if (got >= 0 && (uint64_t)got < bytes) {
+            /* Stopped in some piece: find it, and move its rest alone to
+             * learn its own error. */
+            uint64_t k = (uint64_t)got;
+            size_t p = i;
+            for (;; p++) {
+                if (v->st[p]) continue;
+                if (k < v->d[p].len) break;
+                k -= v->d[p].len;
+            }
+            int st = vec_piece_rest(sc, v, p, k, write);
+            ferry_registry_unlock(r);
+            if (st == FERRY_ERR_PEER_CLOSED) return st;
+            if (st) ferry_vec_fail_piece(v, p, st);
+            i = p + 1;
+            continue;
+        }
+        ferry_registry_unlock(r);
+        if (got < 0) {
+            /* Nothing moved: the first piece names the error. */
+            size_t p = i;
+            while (v->st[p]) p++;
+            ferry_frame_t pf = vec_piece_frame(v, p);
+            int st = cma_error(sc, &pf, write, 0, v->d[p].len, err);
+            if (st == FERRY_ERR_PEER_CLOSED) return st;
+            ferry_vec_fail_piece(v, p, st);
+            i = p + 1;
+            continue;
+        }
+        i = j;
+    }
+    return 0;
+}
+
+/* CMA_VEC: many pieces by cross-memory attach, one answer (vec.h). */
+static int serve_cma_vec(ferry_conn_t *c, const ferry_frame_t *f)
+{
+    uint64_t deadline = ferry_deadline_after_ms(c->engine->cfg.timeout_ms);
+    struct ferry_vec_scratch *v = ferry_vec_scratch(c);
+    if (!v) return FERRY_ERR_MEMORY;
+    int rc = ferry_vec_recv_descs(c, f, v, deadline);
+    if (rc) return rc;
+    size_t n = (size_t)f->len;
+    bool write = f->aux == FERRY_OP_WRITE;
+    struct shm_conn *sc = vec_trust(c, v->d[0].aux);
+    if (!sc) return ferry_fail(FERRY_ERR_MEMORY, "shm: out of memory");
+    bool device = false;
+    if (sc->state >= 0) rc = vec_copy_host(c, sc, v, n, write, &device);
+    if (rc) return rc; /* the initiator is gone */
+    for (size_t i = 0; i < n; i++) {
+        if (sc->state < 0 && !v->st[i]) {
+            ferry_vec_fail_piece(v, i, ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "%s", sc->reason));
+        } else if (device && !v->st[i]) {
+            ferry_frame_t pf = vec_piece_frame(v, i);
+            int st = copy_chunks(c, sc, &pf, write);
+            if (st == FERRY_ERR_PEER_CLOSED) return st;
+            if (st) ferry_vec_fail_piece(v, i, st);
+        }
+    }
+    uint64_t moved = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!v->st[i]) moved += v->d[i].len;
+    if (write) FERRY_STAT_ADD(&c->engine->stats, bytes_placed, moved);
+    else FERRY_STAT_ADD(&c->engine->stats, bytes_served, moved);
+    return ferry_vec_send_ack(c, f, v, n, deadline);
+}
+
 static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
 {
+    if (f->type == FERRY_FRAME_CMA_VEC) return serve_cma_vec(c, f);
     uint64_t deadline = ferry_deadline_after_ms(c->engine->cfg.timeout_ms);
     bool write = f->type == FERRY_FRAME_CMA_WRITE;
     bool map = f->type == FERRY_FRAME_SHM_MAP_REQ;
@@ -1241,6 +1399,25 @@ static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
         while (cur < nx && !ferry_piece_sendable(&xs[cur], cur_off)) {
             if (++cur < nx) cur_off = xs[cur].done;
         }
+        if (!refused && cur < nx && count < SHM_WINDOW && cur_off == 0 && cur + 1 < nx &&
+            xs[cur + 1].opcode == xs[cur].opcode && ferry_vec_eligible(c, &xs[cur]) &&
+            ferry_piece_sendable(&xs[cur + 1], xs[cur + 1].done) && ferry_vec_eligible(c, &xs[cur + 1])) {
+            /* Small pieces go together: one CMA_VEC, one answer. */
+            size_t g = ferry_vec_collect(c, xs + cur, nx - cur, SHM_CHUNK);
+            int rc = ferry_vec_send(c, FERRY_FRAME_CMA_VEC, xs + cur, g);
+            if (rc) {
+                *broken = 1;
+                free(tainted);
+                return rc;
+            }
+            uint64_t bytes = 0;
+            for (size_t i = 0; i < g; i++) bytes += xs[cur + i].len;
+            ring[(head + count++) % SHM_WINDOW] = (struct inflight){&xs[cur], 0, bytes, (uint32_t)g};
+            inflight += bytes;
+            cur += g;
+            cur_off = cur < nx ? xs[cur].done : 0;
+            continue;
+        }
         if (!refused && cur < nx && count < SHM_WINDOW) {
             ferry_xfer_t *x = &xs[cur];
             uint64_t n = x->len - cur_off < SHM_SLICE ? x->len - cur_off : SHM_SLICE;
@@ -1251,7 +1428,7 @@ static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
                 free(tainted);
                 return rc;
             }
-            ring[(head + count++) % SHM_WINDOW] = (struct inflight){x, cur_off, n};
+            ring[(head + count++) % SHM_WINDOW] = (struct inflight){x, cur_off, n, 0};
             cur_off += n;
             inflight += n;
             continue;
@@ -1263,6 +1440,16 @@ static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
         unsigned spin = inflight <= SHM_SPIN_INFLIGHT ? spin_us : 0;
         inflight -= in.n;
         bool this_refused = false;
+        if (in.count) {
+            /* Refused pieces stay pending (done 0) for the fallback. */
+            int rc = ferry_vec_recv_ack(c, in.x, in.count, spin, broken, true, &this_refused, reason, sizeof reason);
+            if (*broken) {
+                free(tainted);
+                return rc;
+            }
+            refused |= this_refused;
+            continue;
+        }
         int rc = recv_answer(c, &in, broken, &this_refused, reason, sizeof reason, spin);
         if (*broken) {
             free(tainted);
@@ -1366,6 +1553,7 @@ const ferry_transport_ops_t ferry_transport_shm = {
     .usable = shm_usable,
     .run = shm_run,
     .serve = shm_serve,
-    .serve_types = (1u << FERRY_FRAME_CMA_WRITE) | (1u << FERRY_FRAME_CMA_READ) | (1u << FERRY_FRAME_SHM_MAP_REQ),
+    .serve_types = (1u << FERRY_FRAME_CMA_WRITE) | (1u << FERRY_FRAME_CMA_READ) | (1u << FERRY_FRAME_SHM_MAP_REQ) |
+                   (1u << FERRY_FRAME_CMA_VEC),
     .hello_flags = shm_hello_flags,
 };

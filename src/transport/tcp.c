@@ -18,13 +18,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include "core/clock.h"
 #include "core/fail.h"
 #include "core/memkind.h"
 #include "core/net.h"
 #include "transport.h"
+#include "vec.h"
+#include "wire/le.h"
 
 /* Slices in flight per connection: enough to keep loopback and a LAN busy,
  * few enough that acks (56 bytes each) never fill a socket buffer. */
@@ -33,6 +38,11 @@
 /* Waiting on at most this many unanswered bytes, the answer is due within
  * microseconds: spin for it rather than sleep (ferry_net_recv_spin). */
 #define SPIN_INFLIGHT_BYTES (64u << 10)
+
+/* Vector frames (vec.h): bytes per frame, so that the target places one
+ * while the next arrives, and frames in flight. */
+#define VEC_FRAME_BYTES (512u << 10)
+#define VEC_FRAMES_INFLIGHT 16
 
 static unsigned window_slices(size_t slice)
 {
@@ -120,6 +130,20 @@ static int recv_answer(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t 
     return 0;
 }
 
+/* Whether the piece at xs[cur] starts a vector frame (WRITEV or READV): a
+ * small whole piece with at least one more like it after it (a lone piece
+ * goes as a plain WRITE or READ_REQ, the shortest round trip), and few
+ * enough vector frames in flight that their answers cannot fill a socket
+ * buffer while we send (a WRITEV's answer is at most 5 KiB; a READV's
+ * bytes are at most VEC_FRAME_BYTES, and our requests for them are small
+ * enough that the target never waits on us while it sends). */
+static bool x_vec_ok(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, size_t cur, uint64_t cur_off, unsigned vec_frames)
+{
+    return vec_frames < VEC_FRAMES_INFLIGHT && cur + 1 < nx && cur_off == 0 &&
+           xs[cur + 1].opcode == xs[cur].opcode && ferry_vec_eligible(c, &xs[cur]) &&
+           ferry_piece_sendable(&xs[cur + 1], xs[cur + 1].done) && ferry_vec_eligible(c, &xs[cur + 1]);
+}
+
 /* Streams slices of every piece, from each piece's ->done on, keeping up
  * to a window of slices unanswered. A failed answer marks its piece and the
  * stream goes on, so one bad range does not stall the others. */
@@ -132,10 +156,29 @@ static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
     size_t cur = 0;
     uint64_t cur_off = nx ? xs[0].done : 0;
     uint64_t inflight = 0;
+    unsigned vec_frames = 0;
     *broken = 0;
     for (;;) {
         while (cur < nx && !ferry_piece_sendable(&xs[cur], cur_off)) {
             if (++cur < nx) cur_off = xs[cur].done;
+        }
+        if (cur < nx && count < window && x_vec_ok(c, xs, nx, cur, cur_off, vec_frames)) {
+            /* Small pieces travel together: one WRITEV, one answer. */
+            size_t g = ferry_vec_collect(c, xs + cur, nx - cur, VEC_FRAME_BYTES);
+            int rc = ferry_vec_send(c, xs[cur].opcode == FERRY_OP_WRITE ? FERRY_FRAME_WRITEV : FERRY_FRAME_READV,
+                                    xs + cur, g);
+            if (rc) {
+                *broken = 1;
+                return rc;
+            }
+            uint64_t bytes = 0;
+            for (size_t i = 0; i < g; i++) bytes += xs[cur + i].len;
+            ring[(head + count++) % 256] = (struct inflight){&xs[cur], 0, bytes, (uint32_t)g};
+            inflight += bytes;
+            vec_frames++;
+            cur += g;
+            cur_off = cur < nx ? xs[cur].done : 0;
+            continue;
         }
         if (cur < nx && count < window) {
             ferry_xfer_t *x = &xs[cur];
@@ -163,7 +206,7 @@ static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
                 *broken = 1;
                 return rc;
             }
-            ring[(head + count++) % 256] = (struct inflight){x, cur_off, n};
+            ring[(head + count++) % 256] = (struct inflight){x, cur_off, n, 0};
             cur_off += n;
             inflight += n;
             continue;
@@ -174,6 +217,14 @@ static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
         count--;
         unsigned spin = inflight <= SPIN_INFLIGHT_BYTES ? (unsigned)c->engine->cfg.spin_us : 0;
         inflight -= in.n;
+        if (in.count) {
+            vec_frames--;
+            int rc = in.x->opcode == FERRY_OP_READ ? ferry_vec_recv_read(c, in.x, in.count, spin, broken)
+                                                   : ferry_vec_recv_ack(c, in.x, in.count, spin, broken, false, NULL,
+                                                                        NULL, 0);
+            if (*broken) return rc;
+            continue;
+        }
         int rc = recv_answer(c, in.x, in.off, in.n, broken, spin);
         if (*broken) return rc;
         in.x->inflight--;
@@ -227,8 +278,53 @@ static long recv_ready(int fd, unsigned char *dst, size_t want)
         if (n == 0) return ferry_fail(FERRY_ERR_PEER_CLOSED, "the initiator closed the connection mid-slice");
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+        /* The destination is registered but not mapped: the kernel refused
+         * the copy and left the bytes in the socket. */
+        if (errno == EFAULT) return FERRY_ERR_ADDRESS_NOT_REGISTERED;
         return ferry_fail(FERRY_ERR_SOCKET, "recv: %s", strerror(errno));
     }
+}
+
+/* A registered range the owner unmapped (or protected) without
+ * deregistering it: refused, named, and the target goes on. */
+static int unmapped(ferry_conn_t *c, uint64_t addr, uint64_t n)
+{
+    return ferry_fail(FERRY_ERR_ADDRESS_NOT_REGISTERED,
+                      "target memory [0x%llx+%llu) for %s is registered but not mapped writable "
+                      "(unmapped without ferry_deregister?)",
+                      (unsigned long long)addr, (unsigned long long)n, c->peer.name);
+}
+
+/* Copies n bytes between this process's own addresses through the kernel,
+ * which reports EFAULT for an unmapped or protected page where memcpy
+ * would crash the target. Writes into dst when into, else reads from src.
+ * 0, or -1 with errno. Where the call is forbidden (ENOSYS, EPERM under
+ * some seccomp profiles) it falls back to memcpy, as before. */
+static int copy_checked(void *dst, const void *src, size_t n, bool into)
+{
+    static atomic_bool forbidden;
+    size_t done = 0;
+    while (done < n && !atomic_load_explicit(&forbidden, memory_order_relaxed)) {
+        struct iovec local = {.iov_base = into ? (void *)((const char *)src + done) : (char *)dst + done,
+                              .iov_len = n - done};
+        struct iovec other = {.iov_base = into ? (char *)dst + done : (void *)((const char *)src + done),
+                              .iov_len = n - done};
+        ssize_t k = into ? process_vm_writev(getpid(), &local, 1, &other, 1, 0)
+                         : process_vm_readv(getpid(), &local, 1, &other, 1, 0);
+        if (k > 0) {
+            done += (size_t)k;
+            continue;
+        }
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && (errno == ENOSYS || errno == EPERM)) {
+            atomic_store(&forbidden, true);
+            break;
+        }
+        if (k == 0) errno = EFAULT;
+        return -1;
+    }
+    if (done < n) memcpy((char *)dst + done, (const char *)src + done, n - done);
+    return 0;
 }
 
 /* Places f->len payload bytes straight into target memory, re-validating
@@ -254,9 +350,10 @@ static int place_direct(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadli
         if (rc == 0) n = recv_ready(c->fd, (unsigned char *)(uintptr_t)(f->addr + done), want);
         drained = n >= 0 && (uint64_t)n < want;
         ferry_registry_unlock(r);
+        if (rc == FERRY_ERR_ADDRESS_NOT_REGISTERED) ferry_fail_context("region deregistered during the write");
+        if (rc == 0 && n == FERRY_ERR_ADDRESS_NOT_REGISTERED) rc = unmapped(c, f->addr + done, want);
         if (rc) {
             *status = rc;
-            if (rc == FERRY_ERR_ADDRESS_NOT_REGISTERED) ferry_fail_context("region deregistered during the write");
             return ferry_conn_discard(c, f->len - done, deadline);
         }
         if (n < 0) return (int)n;
@@ -285,9 +382,9 @@ static int place_staged(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadli
     rc = check_locked(c, f, FERRY_MEM_REMOTE_WRITE);
     if (rc == 0) {
         uint32_t kind = kind_of(r, f->addr, f->len, true);
-        if (kind == FERRY_MEMKIND_HOST)
-            memcpy((void *)(uintptr_t)f->addr, b, f->len);
-        else if ((rc = ferry_memkind_from_host(kind, (void *)(uintptr_t)f->addr, b, f->len)) != 0)
+        if (kind == FERRY_MEMKIND_HOST) {
+            if (copy_checked((void *)(uintptr_t)f->addr, b, f->len, true) != 0) rc = unmapped(c, f->addr, f->len);
+        } else if ((rc = ferry_memkind_from_host(kind, (void *)(uintptr_t)f->addr, b, f->len)) != 0)
             ferry_fail_context("placing [0x%llx+%llu) from %s into device memory", (unsigned long long)f->addr,
                                (unsigned long long)f->len, c->peer.name);
     }
@@ -340,6 +437,11 @@ static int send_from_memory(ferry_conn_t *c, const ferry_frame_t *f, uint64_t de
         }
         ferry_registry_unlock(r);
         if (rc) return ferry_fail_context("region changed during a read; resetting the connection");
+        if (n < 0 && errno == EFAULT)
+            return ferry_fail(FERRY_ERR_ADDRESS_NOT_REGISTERED,
+                              "target memory [0x%llx+%llu) for %s is registered but not mapped readable; "
+                              "resetting the connection mid-answer",
+                              (unsigned long long)f->addr, (unsigned long long)f->len, c->peer.name);
         if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
             return ferry_fail(FERRY_ERR_PEER_CLOSED, "send: %s", strerror(errno));
         if (n > 0) done += (uint64_t)n;
@@ -358,7 +460,21 @@ static int serve_read(ferry_conn_t *c, const ferry_frame_t *f)
     int status = check_locked(c, f, FERRY_MEM_REMOTE_READ);
     const unsigned char *from = (const unsigned char *)(uintptr_t)f->addr, *staged = NULL;
     uint32_t kind = status ? FERRY_MEMKIND_HOST : kind_of(r, f->addr, f->len, true);
-    if (kind != FERRY_MEMKIND_HOST) {
+    if (status == 0 && kind == FERRY_MEMKIND_HOST && (f->flags & FERRY_FRAME_F_CRC)) {
+        /* Checksummed: stage the slice, so that the checksum covers the
+         * bytes sent and an unmapped page is refused, not a crash. */
+        unsigned char *b = ferry_conn_bounce(c, f->len);
+        if (!b)
+            status = ferry_fail(FERRY_ERR_MEMORY, "staging buffer of %llu bytes: out of memory",
+                                (unsigned long long)f->len);
+        else if (copy_checked(b, from, f->len, false) != 0)
+            status = ferry_fail(FERRY_ERR_ADDRESS_NOT_REGISTERED,
+                                "target memory [0x%llx+%llu) for %s is registered but not mapped readable "
+                                "(unmapped without ferry_deregister?)",
+                                (unsigned long long)f->addr, (unsigned long long)f->len, c->peer.name);
+        else
+            staged = b;
+    } else if (kind != FERRY_MEMKIND_HOST) {
         /* Device memory: copy the slice out while the region is held. */
         unsigned char *b = ferry_conn_bounce(c, f->len);
         status = b ? ferry_memkind_to_host(kind, b, from, f->len)
@@ -382,8 +498,255 @@ static int serve_read(ferry_conn_t *c, const ferry_frame_t *f)
     return rc;
 }
 
+/* ------------------------------------------------- target: vector frames */
+
+/* Points the rest of piece i's receive at the sink once it failed (maybe
+ * mid-way); its bytes still have to be read off the connection. */
+static void sink_piece(struct ferry_vec_scratch *v, size_t i)
+{
+    unsigned char *b = v->iov[i].iov_base;
+    if (b < v->sink || b >= v->sink + sizeof v->sink) v->iov[i].iov_base = v->sink;
+}
+
+/* Receives a WRITEV's payload straight into the target regions, with few
+ * syscalls: one gathered receive (up to IOV_MAX pieces) for whatever the
+ * socket holds, under the registry's read lock. Refused pieces' bytes go to
+ * the sink. Before each receive the pieces still to come are checked again
+ * when the registry or the cancel set changed (place_direct's discipline,
+ * done per run of pieces instead of per piece). */
+static int vec_place_direct(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_vec_scratch *v, uint64_t version,
+                            uint64_t deadline)
+{
+    ferry_engine_t *e = c->engine;
+    ferry_registry_t *r = &e->registry;
+    size_t n = (size_t)f->len, at = 0;
+    for (size_t i = 0; i < n; i++)
+        v->iov[i] = (struct iovec){v->st[i] ? v->sink : (void *)(uintptr_t)v->d[i].addr, v->d[i].len};
+    uint64_t left = f->addr;
+    bool drained = false;
+    while (left > 0) {
+        if (drained) {
+            int w = ferry_net_wait_readable(c->fd, deadline);
+            if (w <= 0)
+                return ferry_fail(FERRY_ERR_TIMEOUT, "vector frame from %s stalled with %llu of %llu bytes to come",
+                                  c->peer.name, (unsigned long long)left, (unsigned long long)f->addr);
+        }
+        ferry_registry_read_lock(r);
+        if (r->version != version || ferry_vec_cancels_pending(c)) {
+            bool device = false;
+            ferry_vec_validate_locked(c, v, at, n, FERRY_MEM_REMOTE_WRITE, &device);
+            for (size_t i = at; i < n; i++)
+                if (v->st[i]) sink_piece(v, i);
+            version = r->version;
+        }
+        size_t cnt = n - at < IOV_MAX ? n - at : IOV_MAX;
+        struct msghdr mh = {.msg_iov = v->iov + at, .msg_iovlen = cnt};
+        ssize_t got = recvmsg(c->fd, &mh, MSG_DONTWAIT);
+        int err = errno;
+        ferry_registry_unlock(r);
+        if (got == 0) return ferry_fail(FERRY_ERR_PEER_CLOSED, "the initiator closed the connection mid-frame");
+        if (got < 0) {
+            if (err == EINTR) continue;
+            if (err != EAGAIN && err != EWOULDBLOCK) return ferry_fail(FERRY_ERR_SOCKET, "recvmsg: %s", strerror(err));
+            drained = true;
+            continue;
+        }
+        left -= (uint64_t)got;
+        uint64_t want = 0;
+        for (size_t i = at; i < at + cnt; i++) want += v->iov[i].iov_len;
+        drained = (uint64_t)got < want;
+        size_t k = (size_t)got;
+        while (at < n && k >= v->iov[at].iov_len) k -= v->iov[at++].iov_len;
+        if (k) {
+            v->iov[at].iov_base = (unsigned char *)v->iov[at].iov_base + k;
+            v->iov[at].iov_len -= k;
+        }
+    }
+    return 0;
+}
+
+/* With checksums, or when a piece lies in device memory: the payload is
+ * staged whole, each piece verified against its CRC32C, and only verified
+ * pieces placed, after checking them again under the read lock. */
+static int vec_place_staged(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_vec_scratch *v, uint64_t deadline)
+{
+    size_t n = (size_t)f->len;
+    unsigned char *b = ferry_conn_bounce(c, f->addr);
+    if (!b) return FERRY_ERR_MEMORY;
+    int rc = ferry_net_recv(c->fd, b, f->addr, deadline);
+    if (rc) return rc;
+    bool crc = (f->flags & FERRY_FRAME_F_CRC) != 0;
+    uint64_t off = 0;
+    for (size_t i = 0; i < n; off += v->d[i++].len) {
+        if (!crc || v->st[i] || ferry_crc32c(0, b + off, v->d[i].len) == (uint32_t)v->d[i].aux) continue;
+        FERRY_STAT_ADD(&c->engine->stats, checksum_failures, 1);
+        ferry_vec_fail_piece(v, i, ferry_fail(FERRY_ERR_CHECKSUM_MISMATCH,
+                                              "piece [0x%llx+%u) from %s failed its CRC32C; not placed",
+                                              (unsigned long long)v->d[i].addr, v->d[i].len, c->peer.name));
+    }
+    ferry_registry_t *r = &c->engine->registry;
+    bool device = false;
+    ferry_registry_read_lock(r);
+    ferry_vec_validate_locked(c, v, 0, n, FERRY_MEM_REMOTE_WRITE, &device);
+    off = 0;
+    for (size_t i = 0; i < n; off += v->d[i++].len) {
+        if (v->st[i]) continue;
+        void *dst = (void *)(uintptr_t)v->d[i].addr;
+        uint32_t kind = kind_of(r, v->d[i].addr, v->d[i].len, true);
+        if (kind == FERRY_MEMKIND_HOST) {
+            memcpy(dst, b + off, v->d[i].len);
+        } else if ((rc = ferry_memkind_from_host(kind, dst, b + off, v->d[i].len)) != 0) {
+            ferry_fail_context("placing [0x%llx+%u) from %s into device memory", (unsigned long long)v->d[i].addr,
+                               v->d[i].len, c->peer.name);
+            ferry_vec_fail_piece(v, i, rc);
+        }
+    }
+    ferry_registry_unlock(r);
+    return 0;
+}
+
+/* WRITEV: many small pieces, one answer (vec.h). */
+static int serve_writev(ferry_conn_t *c, const ferry_frame_t *f)
+{
+    uint64_t deadline = ferry_deadline_after_ms(c->engine->cfg.timeout_ms);
+    struct ferry_vec_scratch *v = ferry_vec_scratch(c);
+    if (!v) return FERRY_ERR_MEMORY;
+    int rc = ferry_vec_recv_descs(c, f, v, deadline);
+    if (rc) return rc;
+    size_t n = (size_t)f->len;
+    ferry_registry_t *r = &c->engine->registry;
+    bool device = false;
+    ferry_registry_read_lock(r);
+    ferry_vec_validate_locked(c, v, 0, n, FERRY_MEM_REMOTE_WRITE, &device);
+    uint64_t version = r->version;
+    ferry_registry_unlock(r);
+    if ((f->flags & FERRY_FRAME_F_CRC) || device)
+        rc = vec_place_staged(c, f, v, deadline);
+    else
+        rc = vec_place_direct(c, f, v, version, deadline);
+    if (rc) return rc;
+    uint64_t placed = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!v->st[i]) placed += v->d[i].len;
+    if (placed) FERRY_STAT_ADD(&c->engine->stats, bytes_placed, placed);
+    return ferry_vec_send_ack(c, f, v, n, deadline);
+}
+
+/* Sends the served pieces of a READV straight from target memory, one
+ * gathered sendmsg per socketful, under the registry's read lock; the
+ * pieces are checked again when the registry or the cancel set changed, and
+ * one that vanished resets the connection (its answer already said
+ * "served": the initiator must never take the rest for data). */
+static int vec_send_from_memory(ferry_conn_t *c, struct ferry_vec_scratch *v, size_t n, uint64_t version,
+                                uint64_t deadline)
+{
+    ferry_engine_t *e = c->engine;
+    ferry_registry_t *r = &e->registry;
+    size_t cnt = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!v->st[i]) v->iov[cnt++] = (struct iovec){(void *)(uintptr_t)v->d[i].addr, v->d[i].len};
+    size_t at = 0;
+    while (at < cnt) {
+        struct pollfd p = {.fd = c->fd, .events = POLLOUT};
+        int w = poll(&p, 1, ferry_ms_left(deadline));
+        if (w <= 0) return ferry_fail(FERRY_ERR_TIMEOUT, "read answer to %s stalled", c->peer.name);
+        ferry_registry_read_lock(r);
+        size_t failed = 0;
+        if (r->version != version || ferry_vec_cancels_pending(c)) {
+            bool device = false;
+            failed = ferry_vec_validate_locked(c, v, 0, n, FERRY_MEM_REMOTE_READ, &device);
+        }
+        ssize_t k = 0;
+        int err = 0;
+        if (failed == 0) {
+            struct msghdr mh = {.msg_iov = v->iov + at, .msg_iovlen = cnt - at < IOV_MAX ? cnt - at : IOV_MAX};
+            k = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+            err = errno;
+        }
+        ferry_registry_unlock(r);
+        if (failed) return ferry_fail_context("a region changed during a vector read; resetting the connection");
+        if (k < 0 && err != EAGAIN && err != EWOULDBLOCK && err != EINTR)
+            return ferry_fail(FERRY_ERR_PEER_CLOSED, "sendmsg: %s", strerror(err));
+        size_t left = k > 0 ? (size_t)k : 0;
+        while (at < cnt && left >= v->iov[at].iov_len) left -= v->iov[at++].iov_len;
+        if (left) {
+            v->iov[at].iov_base = (unsigned char *)v->iov[at].iov_base + left;
+            v->iov[at].iov_len -= left;
+        }
+    }
+    return 0;
+}
+
+/* READV: many small reads, one answer carrying their bytes (vec.h). */
+static int serve_readv(ferry_conn_t *c, const ferry_frame_t *f)
+{
+    uint64_t deadline = ferry_deadline_after_ms(c->engine->cfg.timeout_ms);
+    struct ferry_vec_scratch *v = ferry_vec_scratch(c);
+    if (!v) return FERRY_ERR_MEMORY;
+    int rc = ferry_vec_recv_descs(c, f, v, deadline);
+    if (rc) return rc;
+    size_t n = (size_t)f->len;
+    bool crc = (f->flags & FERRY_FRAME_F_CRC) != 0, device = false;
+    ferry_registry_t *r = &c->engine->registry;
+    unsigned char *staged = NULL;
+    ferry_registry_read_lock(r);
+    ferry_vec_validate_locked(c, v, 0, n, FERRY_MEM_REMOTE_READ, &device);
+    if (device) {
+        /* Device memory: every served piece is copied out while the
+         * regions are held, and sent from the copy. */
+        staged = ferry_conn_bounce(c, f->addr);
+        uint64_t off = 0;
+        for (size_t i = 0; staged && i < n; i++) {
+            if (v->st[i]) continue;
+            const ferry_vec_desc_t *d = &v->d[i];
+            uint32_t kind = kind_of(r, d->addr, d->len, true);
+            int st = kind == FERRY_MEMKIND_HOST
+                         ? (memcpy(staged + off, (void *)(uintptr_t)d->addr, d->len), 0)
+                         : ferry_memkind_to_host(kind, staged + off, (void *)(uintptr_t)d->addr, d->len);
+            if (st) ferry_vec_fail_piece(v, i, st);
+            else off += d->len;
+        }
+    }
+    uint64_t data = 0, off = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t sum = 0;
+        if (!v->st[i]) {
+            if (crc) sum = ferry_crc32c(0, staged ? staged + off : (void *)(uintptr_t)v->d[i].addr, v->d[i].len);
+            off += v->d[i].len;
+            data += v->d[i].len;
+        }
+        put32(v->crcs + 4 * i, sum);
+    }
+    uint64_t version = r->version;
+    ferry_registry_unlock(r);
+    if (device && !staged) return FERRY_ERR_MEMORY;
+    int32_t status = 0;
+    for (size_t i = 0; i < n && !status; i++) status = v->st[i];
+    size_t tlen = status ? strnlen(v->reason, FERRY_WIRE_MAX_REASON) : 0;
+    ferry_frame_t a = {.type = FERRY_FRAME_VEC_ACK, .flags = crc ? FERRY_FRAME_F_CRC : 0, .status = status,
+                       .req_id = f->req_id, .addr = data, .len = n, .aux = tlen};
+    a.plen = (uint32_t)((status ? 4 * n + tlen : 0) + (crc ? 4 * n : 0) + data);
+    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
+    ferry_frame_encode(&a, hdr);
+    struct iovec iov[4] = {{hdr, sizeof hdr}};
+    int cnt = 1;
+    if (status) {
+        for (size_t i = 0; i < n; i++) put32(v->raw + 4 * i, (uint32_t)v->st[i]);
+        iov[cnt++] = (struct iovec){v->raw, 4 * n};
+        if (tlen) iov[cnt++] = (struct iovec){v->reason, tlen};
+    }
+    if (crc) iov[cnt++] = (struct iovec){v->crcs, 4 * n};
+    rc = ferry_net_sendv(c->fd, iov, cnt, deadline);
+    if (rc == 0 && data) rc = staged ? ferry_net_send(c->fd, staged, data, deadline)
+                                     : vec_send_from_memory(c, v, n, version, deadline);
+    if (rc == 0) FERRY_STAT_ADD(&c->engine->stats, bytes_served, data);
+    return rc;
+}
+
 static int tcp_serve(ferry_conn_t *c, const ferry_frame_t *f)
 {
+    if (f->type == FERRY_FRAME_WRITEV) return serve_writev(c, f);
+    if (f->type == FERRY_FRAME_READV) return serve_readv(c, f);
     return f->type == FERRY_FRAME_WRITE ? serve_write(c, f) : serve_read(c, f);
 }
 
@@ -400,5 +763,6 @@ const ferry_transport_ops_t ferry_transport_tcp = {
     .usable = tcp_usable,
     .run = tcp_run,
     .serve = tcp_serve,
-    .serve_types = (1u << FERRY_FRAME_WRITE) | (1u << FERRY_FRAME_READ_REQ),
+    .serve_types = (1u << FERRY_FRAME_WRITE) | (1u << FERRY_FRAME_READ_REQ) | (1u << FERRY_FRAME_WRITEV) |
+                   (1u << FERRY_FRAME_READV),
 };

@@ -45,6 +45,7 @@ typedef struct ferry_transport_ops {
 struct inflight {
     ferry_xfer_t *x;
     uint64_t off, n;
+    uint32_t count; /* > 0: a vector frame of the count pieces from x on (vec.h), n bytes in all */
 };
 
 /* Whether piece x still has bytes to send from off: not failed, not done,

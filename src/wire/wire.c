@@ -3,6 +3,7 @@
 #include "le.h"
 #include "wire.h"
 
+#include <stdbool.h>
 #include <string.h>
 
 #include "core/fail.h"
@@ -13,7 +14,8 @@ static const char *const type_names[] = {
     "INVALID", "HELLO", "HELLO_ACK", "SEG_QUERY", "SEG_PAGE", "WRITE", "WRITE_ACK",
     "READ_REQ", "READ_RESP", "NOTIFY", "NOTIFY_ACK", "PING", "PONG", "CANCEL",
     "CANCEL_ACK", "CMA_WRITE", "CMA_READ", "AUTH", "AUTH_ACK", "ERROR",
-    "RDMA_CONNECT", "RDMA_CONNECT_ACK", "RDMA_MR_QUERY", "RDMA_MR_INFO", "RDMA_COMMIT", "RDMA_COMMIT_ACK", "SHM_MAP_REQ", "SHM_MAP_RESP"};
+    "RDMA_CONNECT", "RDMA_CONNECT_ACK", "RDMA_MR_QUERY", "RDMA_MR_INFO", "RDMA_COMMIT", "RDMA_COMMIT_ACK", "SHM_MAP_REQ", "SHM_MAP_RESP",
+    "WRITEV", "VEC_ACK", "CMA_VEC", "READV"};
 _Static_assert(sizeof type_names / sizeof type_names[0] == FERRY_FRAME_TYPE_MAX + 1, "a frame type has no name");
 
 const char *ferry_frame_type_name(uint8_t type)
@@ -34,6 +36,13 @@ uint32_t ferry_frame_max_payload(uint8_t type)
         return FERRY_WIRE_MAX_CONTROL;
     case FERRY_FRAME_NOTIFY:
         return FERRY_WIRE_MAX_NOTIFY;
+    case FERRY_FRAME_WRITEV:
+        return FERRY_WIRE_MAX_DATA + FERRY_WIRE_VEC_MAX * FERRY_WIRE_VEC_DESC_SIZE;
+    case FERRY_FRAME_CMA_VEC:
+    case FERRY_FRAME_READV:
+        return FERRY_WIRE_VEC_MAX * FERRY_WIRE_VEC_DESC_SIZE;
+    case FERRY_FRAME_VEC_ACK: /* statuses, reason, CRCs, and a READV's bytes */
+        return FERRY_WIRE_MAX_DATA + FERRY_WIRE_VEC_MAX * 8 + FERRY_WIRE_MAX_REASON;
     case FERRY_FRAME_AUTH:
     case FERRY_FRAME_AUTH_ACK:
         return FERRY_WIRE_MAC_SIZE;
@@ -168,5 +177,106 @@ int ferry_segment_decode(const uint8_t in[FERRY_WIRE_SEGMENT_SIZE], ferry_wire_s
                           (unsigned long long)s->addr, (unsigned long long)s->len);
     if (s->flags & ~(uint32_t)FERRY_MEM_REMOTE)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "segment flags 0x%x unknown", s->flags);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- vectors */
+
+void ferry_vec_desc_encode(const ferry_vec_desc_t *d, uint8_t out[FERRY_WIRE_VEC_DESC_SIZE])
+{
+    put64(out, d->addr);
+    put32(out + 8, d->len);
+    put32(out + 12, d->generation);
+    put64(out + 16, d->req_id);
+    put64(out + 24, d->aux);
+}
+
+int ferry_vec_frame_check(const ferry_frame_t *f)
+{
+    const char *name = ferry_frame_type_name(f->type);
+    if (f->len == 0 || f->len > FERRY_WIRE_VEC_MAX)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s of %llu pieces (1..%u)", name, (unsigned long long)f->len,
+                          FERRY_WIRE_VEC_MAX);
+    if (f->addr == 0 || f->addr > FERRY_WIRE_MAX_DATA)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s of %llu bytes (1..%u)", name, (unsigned long long)f->addr,
+                          FERRY_WIRE_MAX_DATA);
+    uint64_t want = f->len * FERRY_WIRE_VEC_DESC_SIZE + (f->type == FERRY_FRAME_WRITEV ? f->addr : 0);
+    if (f->plen != want)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s of %llu pieces, %llu bytes carries %u payload bytes, not %llu",
+                          name, (unsigned long long)f->len, (unsigned long long)f->addr, f->plen,
+                          (unsigned long long)want);
+    if (f->type == FERRY_FRAME_READV && f->aux != 0)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "READV with aux %llu", (unsigned long long)f->aux);
+    if (f->type == FERRY_FRAME_CMA_VEC && ((f->flags & FERRY_FRAME_F_CRC) || (f->aux != 0 && f->aux != 1)))
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "CMA_VEC with flags 0x%x, direction %llu", f->flags,
+                          (unsigned long long)f->aux);
+    return 0;
+}
+
+int ferry_vec_desc_decode(const ferry_frame_t *f, const uint8_t *in, ferry_vec_desc_t *out)
+{
+    uint64_t total = 0;
+    bool cma = f->type == FERRY_FRAME_CMA_VEC, crc = (f->flags & FERRY_FRAME_F_CRC) != 0;
+    for (uint64_t i = 0; i < f->len; i++, in += FERRY_WIRE_VEC_DESC_SIZE) {
+        ferry_vec_desc_t *d = &out[i];
+        d->addr = get64(in);
+        d->len = get32(in + 8);
+        d->generation = get32(in + 12);
+        d->req_id = get64(in + 16);
+        d->aux = get64(in + 24);
+        if (d->len == 0 || d->len > FERRY_WIRE_VEC_PIECE_MAX || d->addr == 0 || d->addr + d->len < d->addr)
+            return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s piece %llu: [0x%llx+%u) is empty, too long or wraps",
+                              ferry_frame_type_name(f->type), (unsigned long long)i, (unsigned long long)d->addr,
+                              d->len);
+        if (cma ? d->aux == 0 || d->aux + d->len < d->aux
+                : d->aux >> 32 || ((!crc || f->type == FERRY_FRAME_READV) && d->aux))
+            return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s piece %llu: bad aux field 0x%llx",
+                              ferry_frame_type_name(f->type), (unsigned long long)i, (unsigned long long)d->aux);
+        total += d->len;
+    }
+    if (total != f->addr)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s pieces add up to %llu bytes, the header says %llu",
+                          ferry_frame_type_name(f->type), (unsigned long long)total, (unsigned long long)f->addr);
+    return 0;
+}
+
+int ferry_vec_read_ack_check(const ferry_frame_t *f, uint32_t n, uint64_t total)
+{
+    if (f->len != n)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "VEC_ACK for %llu pieces, %u were asked for",
+                          (unsigned long long)f->len, n);
+    uint64_t meta = (f->status < 0 ? 4ull * n + f->aux : 0) + ((f->flags & FERRY_FRAME_F_CRC) ? 4ull * n : 0);
+    if (f->aux > FERRY_WIRE_MAX_REASON || (f->status == 0 && f->aux) || f->addr > total ||
+        f->plen != meta + f->addr || (f->status == 0 && f->addr != total))
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME,
+                          "VEC_ACK with status %d, %llu data bytes, reason of %llu and %u payload bytes for %u "
+                          "pieces of %llu bytes",
+                          f->status, (unsigned long long)f->addr, (unsigned long long)f->aux, f->plen, n,
+                          (unsigned long long)total);
+    return 0;
+}
+
+int ferry_vec_ack_check(const ferry_frame_t *f, uint32_t n)
+{
+    if (f->len != n)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "VEC_ACK for %llu pieces, %u were sent", (unsigned long long)f->len,
+                          n);
+    if (f->status == 0 ? f->plen != 0 : f->plen < 4u * n || f->plen > 4u * n + FERRY_WIRE_MAX_REASON)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "VEC_ACK with status %d and %u payload bytes for %u pieces",
+                          f->status, f->plen, n);
+    return 0;
+}
+
+int ferry_vec_statuses_decode(const uint8_t *in, uint32_t n, int32_t *st)
+{
+    bool failed = false;
+    for (uint32_t i = 0; i < n; i++) {
+        st[i] = (int32_t)get32(in + 4 * i);
+        if (st[i] > 0 || (st[i] < 0 && strcmp(ferry_error_name(st[i]), "UNKNOWN") == 0))
+            return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "VEC_ACK status %d of piece %u is no Ferry error code",
+                              st[i], i);
+        failed |= st[i] != 0;
+    }
+    if (!failed) return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "failing VEC_ACK names no failed piece");
     return 0;
 }

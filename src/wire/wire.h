@@ -80,7 +80,14 @@ enum ferry_frame_type {
      * target verified: */
     FERRY_FRAME_SHM_MAP_REQ = 26,      /* i->t: may I map [addr, addr+len)? crc = generation, aux = probe address */
     FERRY_FRAME_SHM_MAP_RESP = 27,     /* t->i: status; payload = ferry_shm_map_info, or the reason text */
-    FERRY_FRAME_TYPE_MAX = 27
+    /* Vector frames (protocol 2, see "Vector frames" below): many small
+     * pieces in one frame, one answer for them all. */
+    FERRY_FRAME_WRITEV = 28,    /* i->t: len = pieces; payload = descriptors, then the pieces' bytes */
+    FERRY_FRAME_VEC_ACK = 29,   /* t->i: len = pieces; status < 0: payload = per-piece statuses + reason */
+    FERRY_FRAME_CMA_VEC = 30,   /* i->t: len = pieces; payload = descriptors (aux: the initiator's address);
+                                 * frame aux = FERRY_OP_WRITE (target pulls) or FERRY_OP_READ (pushes) */
+    FERRY_FRAME_READV = 31,     /* i->t: len = pieces; payload = descriptors; answered by a VEC_ACK with the bytes */
+    FERRY_FRAME_TYPE_MAX = 31
 };
 
 #define FERRY_FRAME_F_CRC 0x01u
@@ -143,6 +150,56 @@ typedef struct ferry_wire_segment {
     uint64_t addr, len;
     uint32_t flags, generation;
 } ferry_wire_segment_t;
+
+/* ---- Vector frames (protocol 2) ----
+ * A WRITEV or CMA_VEC frame carries n pieces (1..FERRY_WIRE_VEC_MAX): the
+ * header's len = n, addr = the pieces' total bytes, req_id = the first
+ * piece's id (the answer echoes it). Its payload starts with n descriptors
+ * of 32 bytes:
+ *   off size field
+ *     0    8 target address          8    4 length (1..FERRY_WIRE_VEC_PIECE_MAX)
+ *    12    4 region generation      16    8 the piece's own request id (cancel.h)
+ *    24    8 WRITEV: CRC32C of the piece in the low 32 bits when the frame
+ *              has FERRY_FRAME_F_CRC, else 0; CMA_VEC: the initiator's address
+ * and, for WRITEV, the pieces' bytes follow in descriptor order.
+ * The one VEC_ACK echoes req_id and len = n, addr = bytes placed. Status 0:
+ * every piece placed, no payload. Status < 0 (the first failure's code):
+ * payload = n statuses (i32 each, 0 or a Ferry code), then the first
+ * failed piece's reason text. A piece that fails has placed nothing the
+ * caller may rely on; the others are placed (pieces fail one by one).
+ * A READV (descriptors only; F_CRC asks for checksums) is answered by a
+ * VEC_ACK that carries the bytes: addr = the bytes that follow, aux = the
+ * reason text's length; payload = [n statuses, reason text: status < 0]
+ * [n CRC32Cs, u32 each: F_CRC] [the placed pieces' bytes, in order]. */
+#define FERRY_WIRE_VEC_MAX 1024
+#define FERRY_WIRE_VEC_DESC_SIZE 32
+#define FERRY_WIRE_VEC_PIECE_MAX (64u << 10)
+/* The protocol version that added vector frames. */
+#define FERRY_PROTOCOL_VEC 2
+
+typedef struct ferry_vec_desc {
+    uint64_t addr;
+    uint32_t len, generation;
+    uint64_t req_id;
+    uint64_t aux;
+} ferry_vec_desc_t;
+
+void ferry_vec_desc_encode(const ferry_vec_desc_t *d, uint8_t out[FERRY_WIRE_VEC_DESC_SIZE]);
+/* Checks a vector frame's header: piece count and payload size against
+ * the total it declares. 0 or MALFORMED_FRAME. */
+int ferry_vec_frame_check(const ferry_frame_t *f);
+/* Decodes the n descriptors in[0 .. n*32) of frame f (checked by
+ * ferry_vec_frame_check): every length in range, no range wraps, the
+ * lengths add up to f->addr, CMA initiator addresses non-zero and not
+ * wrapping. 0 or MALFORMED_FRAME naming the piece. */
+int ferry_vec_desc_decode(const ferry_frame_t *f, const uint8_t *in, ferry_vec_desc_t *out);
+/* Checks a VEC_ACK for n pieces against its header; for status < 0,
+ * decodes the statuses (each 0 or a Ferry code, at least one failing).
+ * 0 or MALFORMED_FRAME. */
+int ferry_vec_ack_check(const ferry_frame_t *f, uint32_t n);
+/* The same for the answer to a READV of n pieces, total bytes at most. */
+int ferry_vec_read_ack_check(const ferry_frame_t *f, uint32_t n, uint64_t total);
+int ferry_vec_statuses_decode(const uint8_t *in, uint32_t n, int32_t *st);
 
 void ferry_segment_encode(const ferry_wire_segment_t *s, uint8_t out[FERRY_WIRE_SEGMENT_SIZE]);
 /* Decodes; rejects zero length and address wrap-around. */

@@ -2,6 +2,7 @@
 #ifndef FERRY_FUZZ_H
 #define FERRY_FUZZ_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -19,6 +20,11 @@ size_t fuzz_seed(int i, uint8_t *buf, size_t cap);
 /* Helpers for building seeds: frames and hellos appended at *pos. */
 void fuzz_put_frame(uint8_t *buf, size_t cap, size_t *pos, uint8_t type, int32_t status, uint64_t req_id,
                     uint64_t addr, uint64_t len, uint64_t aux, const void *payload, uint32_t plen);
+/* A vector frame (WRITEV or CMA_VEC, direction aux) of n pieces at
+ * addrs/lens, with crc flags when asked (WRITEV: true CRCs of the payload,
+ * bytes 0x5a); CMA_VEC names initiator address 0x1000 + piece offset. */
+void fuzz_put_vector(uint8_t *buf, size_t cap, size_t *pos, uint8_t type, uint64_t aux, bool crc, size_t n,
+                     const uint64_t *addrs, const uint32_t *lens);
 void fuzz_put_hello(uint8_t *buf, size_t cap, size_t *pos, uint8_t type, uint32_t flags, uint64_t epoch);
 
 #endif

@@ -98,7 +98,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 size_t fuzz_seed(int i, uint8_t *buf, size_t cap)
 {
     size_t pos = 0;
-    if (i > 9) return 0;
+    if (i > 13) return 0;
     buf[pos++] = i == 9 ? 1 : 0; /* engine: 0 plain, 1 with a secret */
     fuzz_put_hello(buf, cap, &pos, FERRY_FRAME_HELLO, i == 9 ? FERRY_HELLO_F_AUTH : 0, 1);
     switch (i) {
@@ -124,6 +124,29 @@ size_t fuzz_seed(int i, uint8_t *buf, size_t cap)
     }
     case 8: fuzz_put_frame(buf, cap, &pos, FERRY_FRAME_WRITE, 0, 10, FUZZ_REMOTE_ADDR + FUZZ_REMOTE_LEN - 8, 64, 0, NULL, 64); break;
     case 9: fuzz_put_frame(buf, cap, &pos, FERRY_FRAME_AUTH, 0, 0, 0, 0, 0, NULL, 32); break;
+    case 10:
+    case 11: {
+        /* Vector frames: a piece in range, one running past the region's
+         * end, one unregistered, one in range again (11: checksummed). */
+        uint64_t a[4] = {FUZZ_REMOTE_ADDR, FUZZ_REMOTE_ADDR + FUZZ_REMOTE_LEN - 8, 0x1000, FUZZ_REMOTE_ADDR + 512};
+        uint32_t l[4] = {64, 64, 16, 100};
+        fuzz_put_vector(buf, cap, &pos, FERRY_FRAME_WRITEV, 0, i == 11, 4, a, l);
+        fuzz_put_frame(buf, cap, &pos, FERRY_FRAME_PING, 0, 11, 0, 0, 0, NULL, 0);
+        break;
+    }
+    case 12: {
+        uint64_t a[2] = {FUZZ_REMOTE_ADDR, FUZZ_REMOTE_ADDR + 4096};
+        uint32_t l[2] = {128, 2048};
+        fuzz_put_vector(buf, cap, &pos, FERRY_FRAME_CMA_VEC, FERRY_OP_WRITE, false, 2, a, l);
+        break;
+    }
+    case 13: {
+        /* A vector read: served, past the end, and unregistered pieces. */
+        uint64_t a[3] = {FUZZ_REMOTE_ADDR + 64, FUZZ_REMOTE_ADDR + FUZZ_REMOTE_LEN - 4, 0x2000};
+        uint32_t l[3] = {256, 64, 32};
+        fuzz_put_vector(buf, cap, &pos, FERRY_FRAME_READV, 0, false, 3, a, l);
+        break;
+    }
     }
     return pos;
 }

@@ -25,6 +25,35 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             check(memcmp(again, data, sizeof again) == 0);
             check(f.plen <= ferry_frame_max_payload(f.type));
             check(f.status <= 0);
+            /* A vector frame's descriptors or statuses after it. */
+            size_t avail = size - FERRY_FRAME_HEADER_SIZE;
+            const uint8_t *body = data + FERRY_FRAME_HEADER_SIZE;
+            if ((f.type == FERRY_FRAME_WRITEV || f.type == FERRY_FRAME_CMA_VEC || f.type == FERRY_FRAME_READV) &&
+                ferry_vec_frame_check(&f) == 0 &&
+                avail >= f.len * FERRY_WIRE_VEC_DESC_SIZE) {
+                static ferry_vec_desc_t d[FERRY_WIRE_VEC_MAX];
+                if (ferry_vec_desc_decode(&f, body, d) == 0) {
+                    uint64_t total = 0;
+                    for (uint64_t i = 0; i < f.len; i++) {
+                        check(d[i].len > 0 && d[i].len <= FERRY_WIRE_VEC_PIECE_MAX);
+                        check(d[i].addr + d[i].len > d[i].addr);
+                        total += d[i].len;
+                        uint8_t again[FERRY_WIRE_VEC_DESC_SIZE];
+                        ferry_vec_desc_encode(&d[i], again);
+                        check(memcmp(again, body + i * FERRY_WIRE_VEC_DESC_SIZE, sizeof again) == 0);
+                    }
+                    check(total == f.addr && total <= FERRY_WIRE_MAX_DATA);
+                }
+            }
+            if (f.type == FERRY_FRAME_VEC_ACK && f.len <= FERRY_WIRE_VEC_MAX &&
+                ferry_vec_ack_check(&f, (uint32_t)f.len) == 0 && f.status < 0 && avail >= 4 * f.len) {
+                int32_t st[FERRY_WIRE_VEC_MAX];
+                if (ferry_vec_statuses_decode(body, (uint32_t)f.len, st) == 0)
+                    for (uint64_t i = 0; i < f.len; i++) check(st[i] <= 0);
+            }
+            if (f.type == FERRY_FRAME_VEC_ACK && f.len <= FERRY_WIRE_VEC_MAX &&
+                ferry_vec_read_ack_check(&f, (uint32_t)f.len, f.addr) == 0)
+                check(f.aux <= FERRY_WIRE_MAX_REASON && f.plen >= f.addr);
             /* The hello payload after it, if it is one. */
             if (f.type == FERRY_FRAME_HELLO || f.type == FERRY_FRAME_HELLO_ACK) {
                 size_t n = size - FERRY_FRAME_HEADER_SIZE < f.plen ? size - FERRY_FRAME_HEADER_SIZE : f.plen;
@@ -67,6 +96,33 @@ size_t fuzz_seed(int i, uint8_t *buf, size_t cap)
         ferry_segment_encode(&s[0], buf);
         ferry_segment_encode(&s[1], buf + FERRY_WIRE_SEGMENT_SIZE);
         pos = 2 * FERRY_WIRE_SEGMENT_SIZE;
+        break;
+    }
+    case 5: {
+        uint64_t a[3] = {FUZZ_REMOTE_ADDR, FUZZ_REMOTE_ADDR + 4096, FUZZ_REMOTE_ADDR + 64};
+        uint32_t l[3] = {2048, 1152, 8};
+        fuzz_put_vector(buf, cap, &pos, FERRY_FRAME_WRITEV, 0, true, 3, a, l);
+        break;
+    }
+    case 6: {
+        uint64_t a[2] = {FUZZ_REMOTE_ADDR, FUZZ_REMOTE_ADDR + 8192};
+        uint32_t l[2] = {4096, 4096};
+        fuzz_put_vector(buf, cap, &pos, FERRY_FRAME_CMA_VEC, FERRY_OP_READ, false, 2, a, l);
+        break;
+    }
+    case 7: {
+        uint8_t p[4 * 3 + 3];
+        memset(p, 0, sizeof p);
+        uint32_t bad = (uint32_t)FERRY_ERR_OUT_OF_BOUNDS;
+        for (int k = 0; k < 4; k++) p[4 + k] = (uint8_t)(bad >> (8 * k));
+        memcpy(p + 12, "why", 3);
+        fuzz_put_frame(buf, cap, &pos, FERRY_FRAME_VEC_ACK, FERRY_ERR_OUT_OF_BOUNDS, 100, 0, 3, 0, p, sizeof p);
+        break;
+    }
+    case 8: {
+        uint64_t a[2] = {FUZZ_REMOTE_ADDR, FUZZ_REMOTE_ADDR + 100};
+        uint32_t l[2] = {64, 64};
+        fuzz_put_vector(buf, cap, &pos, FERRY_FRAME_READV, 0, true, 2, a, l);
         break;
     }
     default: return 0;

@@ -4,6 +4,7 @@
 #include <ferry/ferry.h>
 
 #include "fuzz.h"
+#include "core/engine.h"
 #include "wire/wire.h"
 
 void fuzz_put_frame(uint8_t *buf, size_t cap, size_t *pos, uint8_t type, int32_t status, uint64_t req_id,
@@ -37,4 +38,29 @@ void fuzz_put_hello(uint8_t *buf, size_t cap, size_t *pos, uint8_t type, uint32_
     uint8_t p[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
     int n = ferry_hello_encode(&h, p, sizeof p);
     if (n > 0) fuzz_put_frame(buf, cap, pos, type, 0, 0, 0, 0, 0, p, (uint32_t)n);
+}
+
+void fuzz_put_vector(uint8_t *buf, size_t cap, size_t *pos, uint8_t type, uint64_t aux, bool crc, size_t n,
+                     const uint64_t *addrs, const uint32_t *lens)
+{
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) total += lens[i];
+    bool writev = type == FERRY_FRAME_WRITEV, cma = type == FERRY_FRAME_CMA_VEC;
+    size_t plen = n * FERRY_WIRE_VEC_DESC_SIZE + (writev ? total : 0);
+    if (*pos + FERRY_FRAME_HEADER_SIZE + plen > cap) return;
+    ferry_frame_t f = {.type = type, .flags = crc ? FERRY_FRAME_F_CRC : 0, .req_id = 100, .addr = total, .len = n,
+                       .aux = aux, .plen = (uint32_t)plen};
+    ferry_frame_encode(&f, buf + *pos);
+    *pos += FERRY_FRAME_HEADER_SIZE;
+    uint8_t *data = buf + *pos + n * FERRY_WIRE_VEC_DESC_SIZE;
+    if (writev) memset(data, 0x5a, total);
+    uint64_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        ferry_vec_desc_t d = {.addr = addrs[i], .len = lens[i], .generation = 0, .req_id = 100 + i};
+        if (cma) d.aux = 0x1000 + off;
+        else if (crc) d.aux = ferry_crc32c(0, data + off, lens[i]);
+        ferry_vec_desc_encode(&d, buf + *pos + i * FERRY_WIRE_VEC_DESC_SIZE);
+        off += lens[i];
+    }
+    *pos += plen;
 }

@@ -123,12 +123,16 @@ static void *pump_main(void *arg)
                 /* The far side is gone: swallow what arrives, like a network
                  * whose receiver vanished. */
             } else {
+                /* Counted before the send: the target may answer, and the
+                 * initiator read the count, before this thread runs again. */
+                if (pu->to_target) atomic_fetch_add(&px->to_target, k);
                 ssize_t w = send(pu->dst, head->data + head->off, k, MSG_NOSIGNAL);
+                size_t sent = w > 0 ? (size_t)w : 0;
+                if (pu->to_target && sent < k) atomic_fetch_sub(&px->to_target, k - sent);
                 if (w <= 0) {
                     dst_dead = true;
                 } else {
-                    k = (size_t)w;
-                    if (pu->to_target) atomic_fetch_add(&px->to_target, k);
+                    k = sent;
                 }
             }
             head->off += k;

@@ -179,6 +179,7 @@ struct dir {
     size_t hlen;
     uint64_t payload_left;
     bool corrupt_next;
+    bool vector;            /* the current frame is a WRITEV */
     uint64_t rng;
 };
 
@@ -255,8 +256,10 @@ static bool parse(struct dir *d, uint8_t *buf, size_t n)
     while (i < n) {
         if (d->payload_left > 0) {
             size_t k = n - i < d->payload_left ? n - i : (size_t)d->payload_left;
-            if (d->corrupt_next) {
-                buf[i + k / 2] ^= 0x20;
+            /* A WRITEV's payload starts with its descriptors: corrupt the
+             * last byte, a piece's, as the frame's end passes. */
+            if (d->corrupt_next && (!d->vector || k == d->payload_left)) {
+                buf[d->vector ? i + k - 1 : i + k / 2] ^= 0x20;
                 d->corrupt_next = false;
                 atomic_fetch_add(&px->corrupted, 1);
             }
@@ -276,11 +279,14 @@ static bool parse(struct dir *d, uint8_t *buf, size_t n)
                         (uint32_t)d->hdr[15] << 24;
         d->payload_left = plen;
         d->corrupt_next = false;
+        uint64_t data = 0; /* a VEC_ACK's bytes (the answer to a READV) */
+        for (int b = 7; b >= 0; b--) data = data << 8 | d->hdr[24 + b];
+        d->vector = type == FERRY_FRAME_WRITEV || (type == FERRY_FRAME_VEC_ACK && data > 0);
         if (plen == 0) continue;
         if (d->i2t && type == FERRY_FRAME_WRITE && take(&px->cut_writes)) cut = true;
-        if (d->i2t && type == FERRY_FRAME_WRITE)
+        if (d->i2t && (type == FERRY_FRAME_WRITE || type == FERRY_FRAME_WRITEV))
             d->corrupt_next = take(&px->corrupt_writes) || rand01(&d->rng) < px->o.corrupt_prob;
-        else if (!d->i2t && type == FERRY_FRAME_READ_RESP)
+        else if (!d->i2t && (type == FERRY_FRAME_READ_RESP || d->vector))
             d->corrupt_next = take(&px->corrupt_reads) || rand01(&d->rng) < px->o.corrupt_prob;
     }
     return cut;

@@ -1,5 +1,7 @@
 #include "harness.h"
 
+#include <dirent.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -53,3 +55,32 @@ uint64_t harness_now_ms(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
+
+void harness_stop_process(int pid)
+{
+    kill(pid, SIGSTOP);
+    for (int tries = 0; tries < 200; tries++) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%d/task", pid);
+        DIR *d = opendir(path);
+        if (!d) return;
+        int running = 0;
+        struct dirent *ent;
+        while ((ent = readdir(d)) != NULL) {
+            if (ent->d_name[0] == '.') continue;
+            char stat[128], buf[256];
+            snprintf(stat, sizeof stat, "/proc/%d/task/%s/stat", pid, ent->d_name);
+            FILE *f = fopen(stat, "r");
+            if (!f) continue;
+            size_t n = fread(buf, 1, sizeof buf - 1, f);
+            fclose(f);
+            buf[n] = '\0';
+            const char *close_paren = strrchr(buf, ')');
+            if (close_paren && close_paren[1] == ' ' && close_paren[2] != 'T' && close_paren[2] != 't') running++;
+        }
+        closedir(d);
+        if (!running) return;
+        nanosleep(&(struct timespec){0, 10 * 1000000L}, NULL);
+    }
+}
+

@@ -60,4 +60,9 @@ void harness_reverse_batch_round_trip(ferry_engine_t *e, const char *peer, unsig
 /* Monotonic milliseconds. */
 uint64_t harness_now_ms(void);
 
+/* SIGSTOPs pid and returns once every thread of it is stopped ('T' in
+ * /proc/PID/task/TID/stat): the signal takes effect asynchronously, and a
+ * thread running on the other core may still answer one request. */
+void harness_stop_process(int pid);
+
 #endif

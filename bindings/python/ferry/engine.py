@@ -912,16 +912,18 @@ _CUDA_DRIVER = []
 
 
 def _cuda_driver():
-    """libcuda (the driver API), loaded at run time, or None. Never initializes
-    CUDA: a process that did not is left as it is (fork-safe)."""
+    """libcuda (the driver API) if this process has loaded it already, or None.
+    Never loads nor initializes CUDA: a process that did not is left as it is
+    (fork-safe); asked again until found. FERRY_CUDA_DRIVER names another
+    file, as for libferry (the tests' stub driver)."""
     if not _CUDA_DRIVER:
-        lib = None
         try:
-            lib = ctypes.CDLL("libcuda.so.1")
+            lib = ctypes.CDLL(os.environ.get("FERRY_CUDA_DRIVER") or "libcuda.so.1",
+                              mode=os.RTLD_NOLOAD | os.RTLD_LOCAL)
             lib.cuPointerGetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64]
             lib.cuPointerGetAttribute.restype = ctypes.c_int
         except (OSError, AttributeError):
-            lib = None
+            return None
         _CUDA_DRIVER.append(lib)
     return _CUDA_DRIVER[0]
 
@@ -960,12 +962,14 @@ def _cuda_stream_wait(stream):
         elif torch.cuda.is_initialized():
             torch.cuda.synchronize()
         return 0
-    rt = _cudart()
+    # No CUDA driver loaded: nothing can be queued, and loading the runtime
+    # here would initialize CUDA in a process that does not use it.
+    rt = _cudart() if _cuda_driver() is not None else None
     if rt is None:
         if stream:
             fail(_code("NOT_IMPLEMENTED"), "NOT_IMPLEMENTED (-303): stream_ptr %#x given, but no "
-                 "usable CUDA runtime in this process (no torch.cuda; libcudart missing or "
-                 "without a driver or device)" % stream)
+                 "usable CUDA runtime in this process (no torch.cuda; no CUDA driver loaded, "
+                 "libcudart missing, or without a device)" % stream)
         return 0  # no CUDA in this process: nothing can be queued on a stream
     err = rt.cudaStreamSynchronize(ctypes.c_void_p(stream))
     if err != 0:
@@ -1002,12 +1006,14 @@ def _cudart():
 
 
 def _support_cuda():
-    # Worked out on first use: asking at import would initialize CUDA (in a
-    # CUDA build) in a process that may fork afterwards.
+    # Asked of the library on each use until True (then kept): libferry uses
+    # the CUDA driver only once this process has loaded it (torch.cuda, ...),
+    # so False before CUDA is in use here can turn True later.
     value = globals().get("SUPPORT_CUDA")
     if value is None:
         value = core.device_memory_supported()[0]
-        globals()["SUPPORT_CUDA"] = value
+        if value:
+            globals()["SUPPORT_CUDA"] = value
     return value
 
 

@@ -159,6 +159,42 @@ class TestEngine(unittest.TestCase):
             self.assertEqual(self.b_buf[d:d + 65536], bytes(self.a_buf[s:s + 65536]))
         self.a.write_batch(self.b.name, [], [], [])  # empty: nothing to do
 
+    def _small_pieces(self, n=1000, block=2048):
+        """n pieces of block bytes, piece i into slot (7 i + 3) mod n."""
+        self.a_buf[:n * block] = pattern(n * block, 4)
+        slots = [(i * 7 + 3) % n for i in range(n)]
+        return ([self.a_addr + i * block for i in range(n)], [self.b_addr + s * block for s in slots],
+                [block] * n, slots)
+
+    def _check_small(self, slots, block=2048):
+        for i, s in enumerate(slots):
+            self.assertEqual(self.b_buf[s * block:(s + 1) * block], bytes(self.a_buf[i * block:(i + 1) * block]))
+
+    def test_batch_of_small_pieces_from_int_lists(self):
+        # Lists of ints take the fast conversion (no per-entry Python work).
+        locals_, remotes, lens, slots = self._small_pieces()
+        self.b_buf[:len(slots) * 2048] = bytes(len(slots) * 2048)
+        self.a.write_batch(self.b.name, locals_, remotes, lens)
+        self._check_small(slots)
+        # A bad entry still gets its own message (the slow path explains it).
+        with self.assertRaises(ferry.FerryError) as cm:
+            self.a.write_batch(self.b.name, locals_[:2], [remotes[0], -5], lens[:2])
+        self.assertIn("peer address 1", str(cm.exception))
+
+    @requires_numpy
+    def test_batch_of_small_pieces_from_numpy(self):
+        locals_, remotes, lens, slots = self._small_pieces()
+        self.b_buf[:len(slots) * 2048] = bytes(len(slots) * 2048)
+        self.a.write_batch(self.b.name, np.array(locals_, dtype=np.uint64), np.array(remotes, dtype=np.uint64),
+                           np.array(lens, dtype=np.uint64))
+        self._check_small(slots)
+        self.b_buf[:len(slots) * 2048] = bytes(len(slots) * 2048)
+        self.a.write_batch(self.b.name, np.array(locals_), np.array(remotes), np.array(lens))  # int64
+        self._check_small(slots)
+        with self.assertRaises(ferry.FerryError) as cm:
+            self.a.write_batch(self.b.name, np.array(locals_[:2]), np.array([remotes[0], -5]), np.array(lens[:2]))
+        self.assertIn("peer address 1", str(cm.exception))
+
     def test_async_batch_and_status(self):
         self.a_buf[:MiB] = pattern(MiB, 4)
         with self.a.batch(8) as b:

@@ -1,0 +1,364 @@
+/* Vector frames shared by tcp.c and shm.c: grouping, sending and settling
+ * on the initiator, descriptor checks and the answer on the target. See
+ * vec.h and wire/wire.h. */
+#include "vec.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "core/clock.h"
+#include "core/fail.h"
+#include "core/memkind.h"
+#include "core/net.h"
+#include "wire/le.h"
+
+#ifndef IOV_MAX
+#define IOV_MAX 1024
+#endif
+
+struct ferry_vec_scratch *ferry_vec_scratch(ferry_conn_t *c)
+{
+    if (!c->vec) {
+        c->vec = malloc(sizeof *c->vec);
+        if (!c->vec) ferry_fail(FERRY_ERR_MEMORY, "vector frame buffers: out of memory");
+    }
+    return c->vec;
+}
+
+/* ------------------------------------------------------------- initiator */
+
+/* Receives exactly the bytes of iov[0..cnt) with one recvmsg per
+ * socketful (up to IOV_MAX entries), waiting for more until the deadline. */
+static int recv_gathered(int fd, struct iovec *iov, size_t cnt, uint64_t deadline)
+{
+    while (cnt > 0) {
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = cnt < IOV_MAX ? cnt : IOV_MAX};
+        ssize_t k = recvmsg(fd, &mh, MSG_DONTWAIT);
+        if (k == 0) return ferry_fail(FERRY_ERR_PEER_CLOSED, "the target closed the connection mid-answer");
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK) return ferry_fail(FERRY_ERR_SOCKET, "recvmsg: %s", strerror(errno));
+            int w = ferry_net_wait_readable(fd, deadline);
+            if (w == 0) return ferry_fail(FERRY_ERR_TIMEOUT, "answer stalled: no bytes before the deadline");
+            if (w < 0) return ferry_fail(FERRY_ERR_SOCKET, "poll: %s", strerror(errno));
+            continue;
+        }
+        size_t left = (size_t)k;
+        while (cnt > 0 && left >= iov->iov_len) {
+            left -= iov->iov_len;
+            iov++;
+            cnt--;
+        }
+        if (cnt > 0) {
+            iov->iov_base = (char *)iov->iov_base + left;
+            iov->iov_len -= left;
+        }
+    }
+    return 0;
+}
+
+bool ferry_vec_eligible(ferry_conn_t *c, const ferry_xfer_t *x)
+{
+    if (x->done != 0 || x->len > FERRY_WIRE_VEC_PIECE_MAX || x->len > c->engine->cfg.slice_size) return false;
+    if (ferry_conn_version(c) < FERRY_PROTOCOL_VEC) return false;
+    ferry_registry_t *r = &c->engine->registry;
+    if (ferry_registry_device_count(r) == 0) return true;
+    ferry_registry_read_lock(r);
+    const ferry_region_t *reg = ferry_registry_lookup_locked(r, (uint64_t)(uintptr_t)x->local, x->len);
+    bool host = !reg || reg->kind == FERRY_MEMKIND_HOST;
+    ferry_registry_unlock(r);
+    return host;
+}
+
+size_t ferry_vec_collect(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, uint64_t max_bytes)
+{
+    uint64_t bytes = xs[0].len;
+    size_t k = 1;
+    while (k < n && k < FERRY_WIRE_VEC_MAX) {
+        const ferry_xfer_t *x = &xs[k];
+        if (x->opcode != xs[0].opcode || bytes + x->len > max_bytes || !ferry_piece_sendable(x, x->done) ||
+            !ferry_vec_eligible(c, x))
+            break;
+        bytes += x->len;
+        k++;
+    }
+    return k;
+}
+
+static uint64_t earliest(const ferry_xfer_t *g, size_t n)
+{
+    uint64_t d = UINT64_MAX;
+    for (size_t i = 0; i < n; i++)
+        if (g[i].deadline < d) d = g[i].deadline;
+    return d;
+}
+
+/* Sends iov[0..cnt) in calls of at most IOV_MAX entries. */
+static int send_gathered(int fd, struct iovec *iov, size_t cnt, uint64_t deadline)
+{
+    while (cnt > 0) {
+        int k = cnt < IOV_MAX ? (int)cnt : IOV_MAX;
+        int rc = ferry_net_sendv(fd, iov, k, deadline);
+        if (rc) return rc;
+        iov += k;
+        cnt -= (size_t)k;
+    }
+    return 0;
+}
+
+int ferry_vec_send(ferry_conn_t *c, uint8_t type, ferry_xfer_t *g, size_t n)
+{
+    struct ferry_vec_scratch *v = ferry_vec_scratch(c);
+    if (!v) return FERRY_ERR_MEMORY;
+    bool crc = type == FERRY_FRAME_WRITEV && c->engine->cfg.checksum;
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        ferry_xfer_t *x = &g[i];
+        ferry_vec_desc_t d = {.addr = x->remote, .len = (uint32_t)x->len, .generation = x->generation,
+                              .req_id = x->req_id};
+        if (type == FERRY_FRAME_CMA_VEC) d.aux = (uint64_t)(uintptr_t)x->local;
+        else if (crc) d.aux = ferry_crc32c(0, x->local, x->len);
+        ferry_vec_desc_encode(&d, v->raw + i * FERRY_WIRE_VEC_DESC_SIZE);
+        v->iov[2 + i] = (struct iovec){x->local, x->len};
+        total += x->len;
+    }
+    ferry_frame_t f = {.type = type, .flags = crc ? FERRY_FRAME_F_CRC : 0, .req_id = g[0].req_id, .addr = total,
+                       .len = n, .plen = (uint32_t)(n * FERRY_WIRE_VEC_DESC_SIZE)};
+    if (type == FERRY_FRAME_WRITEV) f.plen += (uint32_t)total;
+    else if (type == FERRY_FRAME_CMA_VEC) f.aux = (uint64_t)g[0].opcode;
+    else if (c->engine->cfg.checksum) f.flags = FERRY_FRAME_F_CRC; /* READV: asks for checksummed answers */
+    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
+    ferry_frame_encode(&f, hdr);
+    v->iov[0] = (struct iovec){hdr, sizeof hdr};
+    v->iov[1] = (struct iovec){v->raw, n * FERRY_WIRE_VEC_DESC_SIZE};
+    for (size_t i = 0; i < n; i++) g[i].inflight++; /* before the first byte leaves (cancel.h) */
+    return send_gathered(c->fd, v->iov, type == FERRY_FRAME_WRITEV ? n + 2 : 2, earliest(g, n));
+}
+
+static void piece_placed(ferry_xfer_t *x)
+{
+    if (x->rc) return;
+    x->done = x->len;
+    if (x->progress) atomic_fetch_add(x->progress, x->len);
+}
+
+int ferry_vec_recv_ack(ferry_conn_t *c, ferry_xfer_t *g, size_t n, unsigned spin_us, int *broken, bool refusable,
+                       bool *refused, char *reason, size_t cap)
+{
+    struct ferry_vec_scratch *v = c->vec; /* made by the send */
+    uint64_t deadline = earliest(g, n);
+    ferry_frame_t f;
+    int rc = ferry_conn_recv_frame_spin(c, &f, deadline, spin_us);
+    if (rc == 0 && f.type == FERRY_FRAME_ERROR && f.status < 0) {
+        rc = ferry_conn_fail_from_target(c, &f, deadline, NULL, 0); /* the target dropped us and said why */
+    } else if (rc == 0 && (f.type != FERRY_FRAME_VEC_ACK || f.req_id != g[0].req_id)) {
+        rc = ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected VEC_ACK for request %llu, got %s for %llu",
+                        (unsigned long long)g[0].req_id, ferry_frame_type_name(f.type), (unsigned long long)f.req_id);
+    }
+    if (rc == 0) rc = ferry_vec_ack_check(&f, (uint32_t)n);
+    if (rc == 0 && f.status < 0) {
+        rc = ferry_net_recv(c->fd, v->raw, 4 * n, deadline);
+        size_t tlen = f.plen - 4 * n;
+        if (rc == 0) rc = ferry_net_recv(c->fd, v->reason, tlen, deadline);
+        v->reason[rc == 0 ? tlen : 0] = '\0';
+        if (rc == 0) rc = ferry_vec_statuses_decode(v->raw, (uint32_t)n, v->st);
+    }
+    if (rc) {
+        *broken = 1;
+        return rc;
+    }
+    bool first = true;
+    for (size_t i = 0; i < n; i++) {
+        ferry_xfer_t *x = &g[i];
+        x->inflight--;
+        int st = f.status < 0 ? v->st[i] : 0;
+        if (st == 0) {
+            piece_placed(x);
+        } else if (refusable && st == FERRY_ERR_NOT_IMPLEMENTED) {
+            *refused = true;
+            if (reason) snprintf(reason, cap, "%s", v->reason);
+        } else if (x->rc == 0) {
+            if (first)
+                ferry_fail(st, "target %s refused: %s", c->peer.name, v->reason[0] ? v->reason : "(no detail)");
+            else
+                ferry_fail(st, "target %s refused [0x%llx+%llu) with %s (one of %zu pieces in one frame; the first "
+                               "refused: %s)",
+                           c->peer.name, (unsigned long long)x->remote, (unsigned long long)x->len,
+                           ferry_error_name(st), n, v->reason[0] ? v->reason : "(no detail)");
+            ferry_xfer_fail(x, st);
+            first = false;
+        }
+    }
+    return 0;
+}
+
+/* Settles piece x of a frame of n by its status st (the detail in
+ * v->reason belongs to the first refused piece). */
+static void settle_piece(ferry_conn_t *c, struct ferry_vec_scratch *v, ferry_xfer_t *x, int st, size_t n, bool *first)
+{
+    if (st == 0) {
+        piece_placed(x);
+        return;
+    }
+    if (x->rc) return;
+    if (*first)
+        ferry_fail(st, "target %s refused: %s", c->peer.name, v->reason[0] ? v->reason : "(no detail)");
+    else
+        ferry_fail(st, "target %s refused [0x%llx+%llu) with %s (one of %zu pieces in one frame; the first refused: %s)",
+                   c->peer.name, (unsigned long long)x->remote, (unsigned long long)x->len, ferry_error_name(st), n,
+                   v->reason[0] ? v->reason : "(no detail)");
+    ferry_xfer_fail(x, st);
+    *first = false;
+}
+
+int ferry_vec_recv_read(ferry_conn_t *c, ferry_xfer_t *g, size_t n, unsigned spin_us, int *broken)
+{
+    struct ferry_vec_scratch *v = c->vec; /* made by the send */
+    uint64_t deadline = earliest(g, n), total = 0;
+    for (size_t i = 0; i < n; i++) total += g[i].len;
+    ferry_frame_t f;
+    int rc = ferry_conn_recv_frame_spin(c, &f, deadline, spin_us);
+    if (rc == 0 && f.type == FERRY_FRAME_ERROR && f.status < 0) {
+        rc = ferry_conn_fail_from_target(c, &f, deadline, NULL, 0);
+    } else if (rc == 0 && (f.type != FERRY_FRAME_VEC_ACK || f.req_id != g[0].req_id)) {
+        rc = ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected VEC_ACK for request %llu, got %s for %llu",
+                        (unsigned long long)g[0].req_id, ferry_frame_type_name(f.type), (unsigned long long)f.req_id);
+    }
+    if (rc == 0) rc = ferry_vec_read_ack_check(&f, (uint32_t)n, total);
+    memset(v->st, 0, n * sizeof v->st[0]);
+    v->reason[0] = '\0';
+    if (rc == 0 && f.status < 0) {
+        rc = ferry_net_recv(c->fd, v->raw, 4 * n, deadline);
+        if (rc == 0) rc = ferry_net_recv(c->fd, v->reason, f.aux, deadline);
+        v->reason[rc == 0 ? f.aux : 0] = '\0';
+        if (rc == 0) rc = ferry_vec_statuses_decode(v->raw, (uint32_t)n, v->st);
+    }
+    bool crc = (f.flags & FERRY_FRAME_F_CRC) != 0;
+    if (rc == 0 && crc) rc = ferry_net_recv(c->fd, v->crcs, 4 * n, deadline);
+    size_t cnt = 0;
+    uint64_t bytes = 0;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        if (v->st[i]) continue;
+        v->iov[cnt++] = (struct iovec){g[i].local, g[i].len};
+        bytes += g[i].len;
+    }
+    if (rc == 0 && bytes != f.addr)
+        rc = ferry_fail(FERRY_ERR_MALFORMED_FRAME, "VEC_ACK carries %llu bytes for pieces of %llu",
+                        (unsigned long long)f.addr, (unsigned long long)bytes);
+    if (rc == 0) rc = recv_gathered(c->fd, v->iov, cnt, deadline);
+    if (rc) {
+        *broken = 1;
+        return rc;
+    }
+    bool first = true;
+    for (size_t i = 0; i < n; i++) {
+        ferry_xfer_t *x = &g[i];
+        x->inflight--;
+        int st = v->st[i];
+        if (st == 0 && crc && ferry_crc32c(0, x->local, x->len) != get32(v->crcs + 4 * i)) {
+            st = FERRY_ERR_CHECKSUM_MISMATCH;
+            if (x->rc == 0)
+                ferry_xfer_fail(x, ferry_fail(st, "read piece [0x%llx+%llu) from %s arrived corrupted",
+                                              (unsigned long long)x->remote, (unsigned long long)x->len,
+                                              c->peer.name));
+            continue;
+        }
+        settle_piece(c, v, x, st, n, &first);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- target */
+
+int ferry_vec_recv_descs(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_vec_scratch *v, uint64_t deadline)
+{
+    if (ferry_conn_version(c) < FERRY_PROTOCOL_VEC)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s on a connection that speaks protocol %u",
+                          ferry_frame_type_name(f->type), ferry_conn_version(c));
+    int rc = ferry_vec_frame_check(f);
+    if (rc) return rc;
+    rc = ferry_net_recv(c->fd, v->raw, (size_t)f->len * FERRY_WIRE_VEC_DESC_SIZE, deadline);
+    if (rc) return rc;
+    rc = ferry_vec_desc_decode(f, v->raw, v->d);
+    if (rc) return rc;
+    memset(v->st, 0, (size_t)f->len * sizeof v->st[0]);
+    v->reason[0] = '\0';
+    return 0;
+}
+
+void ferry_vec_fail_piece(struct ferry_vec_scratch *v, size_t i, int rc)
+{
+    if (!v->reason[0] || i < v->reason_idx) {
+        snprintf(v->reason, sizeof v->reason, "%s", ferry_fail_message());
+        v->reason_idx = i;
+    }
+    v->st[i] = rc;
+}
+
+/* Whether piece d lies wholly in reg with the access and generation asked:
+ * then it needs no lookup of its own. */
+static bool fits_region(const ferry_region_t *reg, const ferry_vec_desc_t *d, uint32_t need)
+{
+    return reg && d->addr >= reg->addr && d->addr - reg->addr <= reg->len && d->len <= reg->len - (d->addr - reg->addr) &&
+           (reg->flags & need) == need && (!d->generation || d->generation == reg->generation);
+}
+
+size_t ferry_vec_validate_locked(ferry_conn_t *c, struct ferry_vec_scratch *v, size_t from, size_t n, uint32_t need,
+                                 bool *device)
+{
+    ferry_engine_t *e = c->engine;
+    ferry_registry_t *r = &e->registry;
+    const ferry_region_t *reg = NULL;
+    bool cancels = ferry_vec_cancels_pending(c);
+    size_t failed = 0;
+    for (size_t i = from; i < n; i++) {
+        const ferry_vec_desc_t *d = &v->d[i];
+        if (v->st[i]) {
+            failed++;
+            continue;
+        }
+        int rc = 0;
+        if (cancels && ferry_conn_is_cancelled(c, d->req_id)) {
+            rc = ferry_fail(FERRY_ERR_CANCELLED, "request %llu was cancelled", (unsigned long long)d->req_id);
+        } else if (!fits_region(reg, d, need)) {
+            rc = ferry_registry_check_locked(r, d->addr, d->len, need, d->generation, "target");
+            reg = rc ? NULL : ferry_registry_lookup_locked(r, d->addr, d->len);
+            if (reg && reg->kind != FERRY_MEMKIND_HOST) *device = true;
+        }
+        if (rc) {
+            ferry_vec_fail_piece(v, i, rc);
+            failed++;
+        }
+    }
+    return failed;
+}
+
+int ferry_vec_send_ack(ferry_conn_t *c, const ferry_frame_t *req, struct ferry_vec_scratch *v, size_t n,
+                       uint64_t deadline)
+{
+    int32_t status = 0;
+    uint64_t placed = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (v->st[i] && !status) status = v->st[i];
+        if (!v->st[i]) placed += v->d[i].len;
+    }
+    ferry_frame_t a = {.type = FERRY_FRAME_VEC_ACK, .status = status, .req_id = req->req_id, .addr = placed,
+                       .len = n};
+    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
+    struct iovec iov[3] = {{hdr, sizeof hdr}};
+    int cnt = 1;
+    if (status) {
+        for (size_t i = 0; i < n; i++) put32(v->raw + 4 * i, (uint32_t)v->st[i]);
+        size_t tlen = strnlen(v->reason, FERRY_WIRE_MAX_REASON);
+        a.plen = (uint32_t)(4 * n + tlen);
+        iov[1] = (struct iovec){v->raw, 4 * n};
+        iov[2] = (struct iovec){v->reason, tlen};
+        cnt = tlen ? 3 : 2;
+    }
+    ferry_frame_encode(&a, hdr);
+    return ferry_net_sendv(c->fd, iov, cnt, deadline);
+}
