@@ -97,7 +97,7 @@ static struct cached_peer *cache_find_locked(struct ferry_directory_cache *c, co
 static int cache_get(ferry_engine_t *e, const char *peer, ferry_directory_entry_t *out)
 {
     struct ferry_directory_cache *c = e->dir_cache;
-    if (c->max_age_ns == 0) return -1;
+    if (!c || c->max_age_ns == 0) return -1;
     pthread_mutex_lock(&c->mu);
     struct cached_peer *p = cache_find_locked(c, peer);
     int found = -1;
@@ -113,7 +113,7 @@ static int cache_get(ferry_engine_t *e, const char *peer, ferry_directory_entry_
 static void cache_put(ferry_engine_t *e, const char *peer, const ferry_directory_entry_t *entry)
 {
     struct ferry_directory_cache *c = e->dir_cache;
-    if (c->max_age_ns == 0) return;
+    if (!c || c->max_age_ns == 0) return;
     pthread_mutex_lock(&c->mu);
     struct cached_peer *p = cache_find_locked(c, peer);
     if (!p && c->n == c->cap) {
