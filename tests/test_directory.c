@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -220,6 +221,55 @@ static void restart_invalidates(const struct backend *b)
 static void restart_invalidates_redis(void **s) { (void)s; restart_invalidates(&backends[0]); }
 static void restart_invalidates_etcd(void **s) { (void)s; restart_invalidates(&backends[1]); }
 
+/* Threads opening sessions to different peers share the engine's cache:
+ * each peer is fetched at least once, every other lookup is a hit, and
+ * no session fails (TSan checks the cache's locking). */
+#define CACHE_THREADS 4
+#define CACHE_ROUNDS 25
+
+struct cache_worker {
+    ferry_engine_t *initiator;
+    char peer[300];
+    int failures;
+};
+
+static void *cache_worker_main(void *arg)
+{
+    struct cache_worker *w = arg;
+    for (int i = 0; i < CACHE_ROUNDS; i++) {
+        if (ferry_session_open(w->initiator, w->peer) != 0) w->failures++;
+        ferry_session_close(w->initiator, w->peer);
+    }
+    return NULL;
+}
+
+static void cache_shared_by_threads(void **state)
+{
+    (void)state;
+    char url[300];
+    if (!service_url(&backends[0], url, sizeof url)) return;
+    ferry_engine_t *initiator = engine_with(url, 10), *targets[CACHE_THREADS];
+    struct cache_worker w[CACHE_THREADS];
+    pthread_t th[CACHE_THREADS];
+    for (int i = 0; i < CACHE_THREADS; i++) {
+        targets[i] = engine_with(url, 10);
+        w[i].initiator = initiator;
+        w[i].failures = 0;
+        snprintf(w[i].peer, sizeof w[i].peer, "%s", ferry_engine_name(targets[i]));
+    }
+    for (int i = 0; i < CACHE_THREADS; i++) assert_int_equal(pthread_create(&th[i], NULL, cache_worker_main, &w[i]), 0);
+    for (int i = 0; i < CACHE_THREADS; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(w[i].failures, 0);
+    }
+    struct meta_counts c = counts(initiator);
+    assert_int_equal(c.lookups, CACHE_THREADS * CACHE_ROUNDS);
+    assert_int_equal(c.fetches, CACHE_THREADS);
+    assert_int_equal(c.hits, CACHE_THREADS * (CACHE_ROUNDS - 1));
+    for (int i = 0; i < CACHE_THREADS; i++) ferry_engine_destroy(targets[i]);
+    ferry_engine_destroy(initiator);
+}
+
 /* ------------------------------------------- a private server, stopped */
 
 static int free_port(void)
@@ -397,6 +447,7 @@ int main(void)
         cmocka_unit_test(killed_engine_expires_redis), cmocka_unit_test(killed_engine_expires_etcd),
         cmocka_unit_test(service_down_at_start),
         cmocka_unit_test(restart_invalidates_redis), cmocka_unit_test(restart_invalidates_etcd),
+        cmocka_unit_test(cache_shared_by_threads),
         cmocka_unit_test_teardown(service_down_during_run_redis, outage_teardown),
         cmocka_unit_test_teardown(service_down_during_run_etcd, outage_teardown),
     };
