@@ -18,7 +18,9 @@
  *          its own queue. An ask from an incarnation of the decode that is
  *          not the one the session talks to is refused before any byte moves.
  * probe    opens a new session to one of its peers every 300 ms and closes
- *          it: it shows what a new session does while etcd is down.
+ *          it: it shows what a new session does while etcd is down. It
+ *          caches no peer entry (FERRY_METADATA_CACHE_S=0), so each session
+ *          asks etcd, as the first session of a new engine does.
  *
  * Every request and fault-relevant event is one line in DIR/node-N.log
  * (format in cluster.h); `ferry cluster report` reads them. */
@@ -885,6 +887,10 @@ static int node_main(int argc, char **argv)
                 TOKENS_PER_PAGE * 8);
         return usage(stderr);
     }
+    /* The probe shows what a new engine's first session does (one that has
+     * looked nobody up yet): no cached entries, every session asks etcd.
+     * The other engines keep their cache, which serves through an outage. */
+    if (!strcmp(o.role, "probe")) setenv("FERRY_METADATA_CACHE_S", "0", 1);
     char path[4096];
     snprintf(path, sizeof path, "%s/node-%d.log", o.dir, o.index);
     logf = fopen(path, "a");

@@ -213,6 +213,16 @@ typedef struct ferry_stats {
     /* per code: codes[0..ncodes), in the order of the error table */
     size_t ncodes;
     ferry_stats_code_t codes[FERRY_STATS_MAX_CODES];
+    /* metadata service (etcd, Redis; all 0 with p2p). Peer entries are
+     * cached for metadata_ttl_s; a peer found restarted, or not answering
+     * at its cached address, is looked up afresh. */
+    uint64_t metadata_lookups;       /* peer lookups by new sessions */
+    uint64_t metadata_cache_hits;    /* ... answered from the cache */
+    uint64_t metadata_fetches;       /* requests to the service (misses, expired or invalidated entries) */
+    uint64_t metadata_stale_served;  /* expired entries used because the service did not answer */
+    uint64_t metadata_invalidations; /* entries dropped: peer restarted, or its cached address refused */
+    uint64_t metadata_lease_refreshes; /* this engine's lease extended (every metadata_ttl_s / 3) */
+    uint64_t metadata_republishes;   /* its entry published again: lost (service restarted) or lease expired */
 } ferry_stats_t;
 
 /* Copies the engine's counters into *out. 0, or INVALID_ARGUMENT. */

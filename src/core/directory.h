@@ -22,7 +22,20 @@ void ferry_directory_unpublish(ferry_engine_t *e);
 void ferry_directory_stop(ferry_engine_t *e);
 /* 1 when a metadata service (not p2p) is configured. */
 int ferry_directory_enabled(const ferry_engine_t *e);
-/* Looks peer up: 0 and *out, or FERRY_ERR_METADATA with detail. */
-int ferry_directory_lookup(ferry_engine_t *e, const char *peer, ferry_directory_entry_t *out);
+/* Looks peer up, through the engine's cache of peer entries: 0 and *out,
+ * or FERRY_ERR_METADATA with detail. A cached entry serves for
+ * metadata_ttl_s (a peer's entry outlives it by its lease at most); an
+ * older one is fetched again, and still served when the service does not
+ * answer (an outage must not stop sessions to peers already known).
+ * *cached (may be NULL) says the entry came from the cache. */
+int ferry_directory_lookup(ferry_engine_t *e, const char *peer, ferry_directory_entry_t *out, int *cached);
+/* Drops peer's cached entry, so that its next lookup asks the service: a
+ * session found it restarted (new epoch) or its address refused. */
+void ferry_directory_forget(ferry_engine_t *e, const char *peer);
+/* A new session's first connection: looks peer up and connects within
+ * deadline. When a cached address fails, the entry is dropped and fetched
+ * once more (the peer may have moved or gone), so a stale cache gives the
+ * same answer as no cache. 0 and *fd, or the error with detail. */
+int ferry_directory_connect(ferry_engine_t *e, const char *peer, uint64_t deadline, int *fd);
 
 #endif

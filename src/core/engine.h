@@ -172,6 +172,7 @@ struct ferry_engine {
     ferry_meta_t meta;
     bool meta_open;
     struct ferry_meta_publisher *publisher;
+    struct ferry_directory_cache *dir_cache; /* peers looked up (directory.c) */
 
     pthread_t listener;
     pthread_mutex_t conns_lock;

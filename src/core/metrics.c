@@ -217,6 +217,18 @@ static void render_engine_stats(struct text *t, ferry_engine_t *e)
          st.handshakes_evicted},
         {"ferry_engine_accept_backoffs_total", "Pauses of the listener for want of file descriptors.",
          st.accept_backoffs},
+        {"ferry_engine_metadata_lookups_total", "Peer lookups by new sessions.", st.metadata_lookups},
+        {"ferry_engine_metadata_cache_hits_total", "Peer lookups answered from the cache.", st.metadata_cache_hits},
+        {"ferry_engine_metadata_fetches_total", "Requests to the metadata service for peer entries.",
+         st.metadata_fetches},
+        {"ferry_engine_metadata_stale_served_total", "Expired cached entries used while the service did not answer.",
+         st.metadata_stale_served},
+        {"ferry_engine_metadata_invalidations_total", "Cached entries dropped: peer restarted or address refused.",
+         st.metadata_invalidations},
+        {"ferry_engine_metadata_lease_refreshes_total", "Leases of this engine's entry extended.",
+         st.metadata_lease_refreshes},
+        {"ferry_engine_metadata_republishes_total", "This engine's entry published again after it was lost.",
+         st.metadata_republishes},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         put(t, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", rows[i].name, rows[i].help, rows[i].name, rows[i].name,

@@ -384,6 +384,8 @@ static int check_epoch(ferry_session_t *s, const ferry_hello_t *peer)
                   s->transport ? s->transport->name : "none", s->transport_reason);
     }
     pthread_mutex_unlock(&s->lock);
+    /* Its cached directory entry is of the old process: look it up anew. */
+    if (rc == FERRY_ERR_PEER_RESTARTED) ferry_directory_forget(s->engine, s->name);
     if (rc == 0 && !s->transport)
         rc = ferry_fail(FERRY_ERR_ENDPOINT, "no transport reaches %s: %s", s->name, s->transport_reason);
     return rc;
@@ -481,23 +483,14 @@ static int connect_new(ferry_session_t *s, uint64_t deadline, bool spare, ferry_
     if (!c) return ferry_fail(FERRY_ERR_MEMORY, "connection to %s: out of memory", s->name);
     c->engine = e;
     c->session = s;
-    char host[256];
-    uint16_t port = s->port;
-    snprintf(host, sizeof host, "%s", s->host);
     bool known = session_known(s);
-    if (!known && ferry_directory_enabled(e)) {
-        /* Only a new session asks the directory: with the service down,
-         * sessions already open keep working. */
-        ferry_directory_entry_t entry;
-        int lrc = ferry_directory_lookup(e, s->name, &entry);
-        if (lrc) {
-            free(c);
-            return lrc;
-        }
-        snprintf(host, sizeof host, "%s", entry.host);
-        port = entry.port;
-    }
-    int rc = ferry_net_connect(host, port, cdl, &c->fd);
+    int rc;
+    if (!known && ferry_directory_enabled(e))
+        /* Only a new session asks the directory (through its cache): with
+         * the service down, sessions already open keep working. */
+        rc = ferry_directory_connect(e, s->name, cdl, &c->fd);
+    else
+        rc = ferry_net_connect(s->host, s->port, cdl, &c->fd);
     if (rc) {
         free(c);
         return rc;

@@ -21,7 +21,10 @@ enum { FERRY_ERROR_TABLE_SIZE = 0 FERRY_ERROR_TABLE(FERRY_X_COUNT) };
     X(session_teardowns) X(peer_restarts) X(checksum_failures)               \
     X(connections_accepted) X(connections_refused) X(auth_failures)          \
     X(frames_rejected) X(bytes_placed) X(bytes_served)                     \
-    X(connections_evicted) X(handshakes_evicted) X(accept_backoffs)
+    X(connections_evicted) X(handshakes_evicted) X(accept_backoffs)         \
+    X(metadata_lookups) X(metadata_cache_hits) X(metadata_fetches)           \
+    X(metadata_stale_served) X(metadata_invalidations)                      \
+    X(metadata_lease_refreshes) X(metadata_republishes)
 
 typedef struct ferry_counters {
 #define FERRY_X_FIELD(f) _Atomic uint64_t f;

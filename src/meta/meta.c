@@ -5,6 +5,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -242,7 +243,13 @@ struct ferry_meta_publisher {
     pthread_cond_t cv; /* signalled by stop; waited on with a deadline */
     int stopping;      /* under mu */
     int failures;      /* refreshes failed in a row; thread only */
+    _Atomic uint64_t *refreshed, *republished; /* counters, or NULL */
 };
+
+static void count(_Atomic uint64_t *counter)
+{
+    if (counter) atomic_fetch_add_explicit(counter, 1, memory_order_relaxed);
+}
 
 /* Warn on the first failure of an outage and every this many after, so a
  * long outage neither goes unnoticed nor floods the log. */
@@ -272,6 +279,7 @@ static void refresh(struct ferry_meta_publisher *p)
     const ferry_meta_ops_t *ops = p->meta->ops;
     int rc = ops->keepalive(p->meta->state);
     if (rc == 0) {
+        count(p->refreshed);
         note_success(p, "lease refreshed");
         return;
     }
@@ -279,8 +287,10 @@ static void refresh(struct ferry_meta_publisher *p)
         FERRY_LOG(FERRY_LOG_INFO, "meta", "publisher of '%s': entry vanished, re-publishing",
                   p->key);
     rc = ops->publish(p->meta->state, p->key, p->value, p->ttl_s);
-    if (rc == 0)
+    if (rc == 0) {
+        count(p->republished);
         note_success(p, "re-published");
+    }
     else
         note_failure(p, "refresh");
 }
@@ -366,6 +376,13 @@ static struct ferry_meta_publisher *publisher_new(ferry_meta_t *m, const char *k
 int ferry_meta_publisher_start(ferry_meta_t *m, const char *key, const char *value, int ttl_s,
                                struct ferry_meta_publisher **out)
 {
+    return ferry_meta_publisher_start_counted(m, key, value, ttl_s, NULL, NULL, out);
+}
+
+int ferry_meta_publisher_start_counted(ferry_meta_t *m, const char *key, const char *value, int ttl_s,
+                                       _Atomic uint64_t *refreshed, _Atomic uint64_t *republished,
+                                       struct ferry_meta_publisher **out)
+{
     if (out) *out = NULL;
     if (!m || !m->ops || !key || !*key || !value || !out)
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT,
@@ -381,6 +398,8 @@ int ferry_meta_publisher_start(ferry_meta_t *m, const char *key, const char *val
         m->ops->remove(m->state, key);
         return ferry_fail(FERRY_ERR_MEMORY, "publisher of '%s': allocation failed", key);
     }
+    p->refreshed = refreshed;
+    p->republished = republished;
     rc = pthread_create(&p->thread, NULL, publisher_main, p);
     if (rc) {
         m->ops->remove(m->state, key);

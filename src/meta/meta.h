@@ -13,6 +13,7 @@
 #define FERRY_META_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct ferry_meta_ops {
     const char *scheme; /* "p2p", "etcd", "redis" */
@@ -69,6 +70,12 @@ int ferry_meta_backend_built(const char *scheme);
 struct ferry_meta_publisher;
 int ferry_meta_publisher_start(ferry_meta_t *m, const char *key, const char *value, int ttl_s,
                                struct ferry_meta_publisher **out);
+/* As ferry_meta_publisher_start, and counts into *refreshed each lease
+ * refreshed and into *republished each entry published again after it
+ * vanished or a refresh failed (either may be NULL). */
+int ferry_meta_publisher_start_counted(ferry_meta_t *m, const char *key, const char *value, int ttl_s,
+                                       _Atomic uint64_t *refreshed, _Atomic uint64_t *republished,
+                                       struct ferry_meta_publisher **out);
 /* Stops the thread (promptly: it waits on a condvar, at most one backend
  * call is in flight), removes the key and frees p. Returns 0, or the
  * removal's error; p is freed either way. NULL is a no-op. */

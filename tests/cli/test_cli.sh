@@ -78,5 +78,18 @@ else
 fi
 [ $rc -eq 1 ] || { echo "FAIL doctor --json on a dead peer exited $rc"; fails=$((fails + 1)); }
 out=$("$FERRY" doctor "no.such.host.invalid:7" 2>&1); check doctor-dns "DNS \(-101\)"
+# metabench: option checks, an unreachable service, and (with the suite's services) a short run.
+out=$("$FERRY" metabench --seconds 1 2>&1); rc=$?; check metabench-no-metadata "usage: ferry metabench"
+[ $rc -eq 2 ] || { echo "FAIL metabench without --metadata exited $rc"; fails=$((fails + 1)); }
+out=$("$FERRY" metabench --metadata p2p 2>&1); rc=$?; check metabench-p2p "p2p stores nothing"
+[ $rc -eq 2 ] || { echo "FAIL metabench --metadata p2p exited $rc"; fails=$((fails + 1)); }
+out=$("$FERRY" metabench --metadata etcd://127.0.0.1:1 2>&1); rc=$?; check metabench-down "127.0.0.1:1"
+[ $rc -eq 1 ] || { echo "FAIL metabench on a dead service exited $rc"; fails=$((fails + 1)); }
+for svc in ${FERRY_TEST_ETCD:+etcd://$FERRY_TEST_ETCD} ${FERRY_TEST_REDIS:+redis://$FERRY_TEST_REDIS}; do
+  out=$("$FERRY" metabench --metadata "$svc" --seconds 0.3 --clients 2 --engines 8,64 2>&1); rc=$?
+  check "metabench-$svc" "served: [0-9]+ lookups/s \(0 failed\), [0-9]+ lease keepalives/s \(0 failed\)"
+  check "metabench-table-$svc" "^ +64 +19\.2 +3\.3 +403\.2 +22\.5"
+  [ $rc -eq 0 ] || { echo "FAIL metabench on $svc exited $rc"; fails=$((fails + 1)); }
+done
 echo "cli: $passes passed, $fails failed"
 [ $fails -eq 0 ]
