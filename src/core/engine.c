@@ -1,6 +1,7 @@
-/* The engine: lifecycle, the listener, and the target side of every
- * connection (handshake, segment queries, notifications, cancels); data
- * frames are handed to the transport that serves them. */
+/* The engine: lifecycle and the target side of every connection
+ * (handshake, segment queries, notifications, cancels); data frames are
+ * handed to the transport that serves them. The listener, accepting
+ * connections within their limits, is in listener.c. */
 #include "engine.h"
 
 #include <errno.h>
@@ -19,18 +20,13 @@
 #include "clock.h"
 #include "directory.h"
 #include "fail.h"
+#include "listener.h"
 #include "log.h"
 #include "memkind.h"
 #include "net.h"
 #include "sized.h"
 #include "testing.h"
 #include "transport/transport.h"
-
-/* The listener's pause after accept() found no file descriptor left (or
- * no thread could start): short when a connection was closed to make room,
- * longer when none could be. */
-#define FERRY_ROOM_BACKOFF_MS 10
-#define FERRY_ACCEPT_BACKOFF_MS 100
 
 /* ------------------------------------------------------------ frame I/O */
 
@@ -112,194 +108,7 @@ unsigned char *ferry_conn_bounce(ferry_conn_t *c, size_t n)
     return c->bounce;
 }
 
-/* ----------------------------------------------------- connection limits */
-
-/* What peers can hold of the target is bounded (a flood of silent
- * connections, or of idle handshaken ones, once locked every new peer out):
- *  - connections still in their handshake have a small budget of their own
- *    (max_handshaking); when it is full, the oldest silent one (its peer
- *    sent nothing yet), else the oldest stalled one, is dropped for the
- *    newcomer, else the newcomer is refused. A silent connection lives until
- *    newer ones push it out, and never takes the place of a working one or
- *    of a peer handshaking in earnest;
- *  - one source address holds at most max_handshaking_per_source of those
- *    (its own oldest silent or stalled one makes way) and max_per_source
- *    connections in all (more are refused at accept);
- *  - at most max_established connections are past the handshake; a peer
- *    completing its handshake when they are full takes the place of the
- *    one idle the longest (its initiator sees the close before its next use
- *    and connects again); with every one busy it is refused, TOO_MANY_REQUESTS;
- *  - with no file descriptor left, accept() fails at once, every time: the
- *    listener closes the oldest silent connection, else the one idle the
- *    longest, else the oldest handshaking, or with none sheds the waiting
- *    connection through a reserved descriptor; then it pauses instead of
- *    spinning.
- * All counts and state changes are under conns_lock, except a serving
- * thread's own IDLE <-> BUSY (see enum ferry_conn_state). */
-
-static void limits_from_config(ferry_engine_t *e)
-{
-    int cap = e->cfg.max_connections;
-    e->max_established = cap;
-    e->max_handshaking = cap / 16 > 8 ? cap / 16 : 8;
-    e->max_per_source = e->cfg.max_connections_per_source ? e->cfg.max_connections_per_source
-                                                          : (cap / 4 > 1 ? cap / 4 : 1);
-    int hs = e->max_handshaking / 4 > 4 ? e->max_handshaking / 4 : 4;
-    e->max_handshaking_per_source = hs < e->max_per_source ? hs : e->max_per_source;
-}
-
-/* At most one warning a second about the limits: a flood would otherwise
- * write a line per connection. */
-static bool limit_warning_due(ferry_engine_t *e)
-{
-    uint64_t now = ferry_now_ns(), last = atomic_load(&e->limit_warned_ns);
-    return now - last >= 1000000000ull && atomic_compare_exchange_strong(&e->limit_warned_ns, &last, now);
-}
-
-/* Closes c, in state from, to make room (conns_lock held); its thread sees
- * the connection end and leaves. False when c changed state meanwhile. */
-static bool evict_locked(ferry_engine_t *e, ferry_conn_t *c, int from)
-{
-    int expect = from;
-    if (!atomic_compare_exchange_strong(&c->state, &expect, CONN_EVICTED)) return false;
-    if (from == CONN_HANDSHAKE) {
-        e->nhandshaking--;
-        FERRY_STAT_ADD(&e->stats, handshakes_evicted, 1);
-    } else {
-        e->nestablished--;
-        FERRY_STAT_ADD(&e->stats, connections_evicted, 1);
-    }
-    shutdown(c->fd, SHUT_RDWR);
-    return true;
-}
-
-static bool same_source(const ferry_conn_t *c, const uint8_t *source)
-{
-    return memcmp(c->source, source, sizeof c->source) == 0;
-}
-
-static bool has_input(int fd)
-{
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    return poll(&p, 1, 0) != 0;
-}
-
-/* The connection in its handshake accepted first, from source (NULL: any),
- * among those whose peer has not spoken yet, else (unless silent_only)
- * among those that spoke but are still handshaking after a tenth of the
- * handshake deadline. An initiator sends its HELLO as soon as it connects
- * and finishes within milliseconds: silent connections, however many, never
- * push out a peer handshaking in earnest, and a burst of peers connecting
- * at once (a fleet restarting) turns newcomers away rather than cutting
- * handshakes short; peers that stall mid-handshake still make way. */
-static ferry_conn_t *oldest_handshaking_locked(ferry_engine_t *e, const uint8_t *source, bool silent_only)
-{
-    uint64_t stalled_before = ferry_now_ns() - (uint64_t)e->cfg.connect_timeout_ms * 100000u;
-    for (int silent = 1; silent >= (silent_only ? 1 : 0); silent--) {
-        for (;;) {
-            ferry_conn_t *best = NULL;
-            for (ferry_conn_t *c = e->conns; c; c = c->next)
-                if (atomic_load(&c->state) == CONN_HANDSHAKE && (!source || same_source(c, source)) &&
-                    (silent ? !atomic_load(&c->heard) : atomic_load(&c->idle_since_ns) <= stalled_before) &&
-                    (!best || c->serial < best->serial))
-                    best = c;
-            if (!best || !silent || !has_input(best->fd)) {
-                if (best) return best;
-                break;
-            }
-            atomic_store(&best->heard, true); /* its thread has not woken up yet */
-        }
-    }
-    return NULL;
-}
-
-/* The connection idle the longest with nothing waiting to be read: bytes
- * there are a request on its way, which must not be cut off. */
-static ferry_conn_t *oldest_idle_locked(ferry_engine_t *e)
-{
-    ferry_conn_t *best = NULL;
-    for (ferry_conn_t *c = e->conns; c; c = c->next) {
-        if (atomic_load(&c->state) != CONN_IDLE) continue;
-        if (best && atomic_load(&c->idle_since_ns) >= atomic_load(&best->idle_since_ns)) continue;
-        if (!has_input(c->fd)) best = c;
-    }
-    return best;
-}
-
-/* Closes the oldest silent connection, else the one idle the longest, else
- * the oldest stalled in its handshake. */
-static bool make_room_locked(ferry_engine_t *e)
-{
-    ferry_conn_t *c = oldest_handshaking_locked(e, NULL, true);
-    if (c && evict_locked(e, c, CONN_HANDSHAKE)) return true;
-    c = oldest_idle_locked(e);
-    if (c && evict_locked(e, c, CONN_IDLE)) return true;
-    c = oldest_handshaking_locked(e, NULL, false);
-    return c && evict_locked(e, c, CONN_HANDSHAKE);
-}
-
-/* Takes a new connection into the handshake budget, making way as the
- * limits say (conns_lock held); false: refused, its source at its limit or
- * the budget full of handshakes in progress. */
-static bool admit_new_locked(ferry_engine_t *e, const ferry_conn_t *c)
-{
-    int from_source = 0, handshaking_from_source = 0;
-    for (ferry_conn_t *o = e->conns; o; o = o->next) {
-        int st = atomic_load(&o->state);
-        if (st > CONN_BUSY || !same_source(o, c->source)) continue;
-        from_source++;
-        if (st == CONN_HANDSHAKE) handshaking_from_source++;
-    }
-    if (from_source >= e->max_per_source || handshaking_from_source >= e->max_handshaking_per_source) {
-        /* A source at its limit competes with itself only. */
-        ferry_conn_t *old = handshaking_from_source ? oldest_handshaking_locked(e, c->source, false) : NULL;
-        return old && evict_locked(e, old, CONN_HANDSHAKE);
-    }
-    if (e->nhandshaking >= e->max_handshaking) {
-        ferry_conn_t *old = oldest_handshaking_locked(e, NULL, false);
-        return old && evict_locked(e, old, CONN_HANDSHAKE);
-    }
-    return true;
-}
-
-/* The handshake succeeded (and authenticated, with a secret): c joins the
- * established connections, in the place of the one idle the longest when
- * they are full. 0, TOO_MANY_REQUESTS when every one is busy, or
- * PEER_CLOSED when c itself was dropped to make room meanwhile. */
-static int admit_established(ferry_conn_t *c)
-{
-    ferry_engine_t *e = c->engine;
-    if (!c->listed) { /* served outside the listener (the fuzz target) */
-        atomic_store(&c->state, CONN_BUSY);
-        return 0;
-    }
-    int rc = 0;
-    pthread_mutex_lock(&e->conns_lock);
-    if (atomic_load(&c->state) != CONN_HANDSHAKE) {
-        rc = ferry_fail(FERRY_ERR_PEER_CLOSED, "connection from %s was closed during its handshake to make room",
-                        c->remote);
-    } else {
-        if (e->nestablished >= e->max_established) {
-            ferry_conn_t *idle = oldest_idle_locked(e);
-            if (idle) evict_locked(e, idle, CONN_IDLE);
-        }
-        if (e->nestablished < e->max_established) {
-            atomic_store(&c->state, CONN_BUSY);
-            e->nhandshaking--;
-            e->nestablished++;
-        } else {
-            rc = ferry_fail(FERRY_ERR_TOO_MANY_REQUESTS,
-                            "target %s serves %d connections, all busy (config.max_connections); refused %s (%s)",
-                            e->name, e->max_established, c->peer.name, c->remote);
-        }
-    }
-    pthread_mutex_unlock(&e->conns_lock);
-    if (rc == FERRY_ERR_TOO_MANY_REQUESTS) {
-        FERRY_STAT_ADD(&e->stats, connections_refused, 1);
-        if (limit_warning_due(e)) FERRY_LOG(FERRY_LOG_WARN, "engine", "%s", ferry_last_error_detail());
-    }
-    return rc;
-}
+/* ------------------------------------------------------ connection state */
 
 /* Serving thread: waiting for the next request; the connection may be
  * closed to make room from now on. */
@@ -315,18 +124,6 @@ static bool conn_set_busy(ferry_conn_t *c)
 {
     int expect = CONN_IDLE;
     return atomic_compare_exchange_strong(&c->state, &expect, CONN_BUSY);
-}
-
-/* Serving thread, at its end: c no longer counts. */
-static void conn_ended(ferry_conn_t *c)
-{
-    ferry_engine_t *e = c->engine;
-    if (!c->listed) return;
-    pthread_mutex_lock(&e->conns_lock);
-    int st = atomic_exchange(&c->state, CONN_ENDED);
-    if (st == CONN_HANDSHAKE) e->nhandshaking--;
-    if (st == CONN_IDLE || st == CONN_BUSY) e->nestablished--;
-    pthread_mutex_unlock(&e->conns_lock);
 }
 
 /* ------------------------------------------------------------ handshake */
@@ -400,7 +197,7 @@ static int serve_auth(ferry_conn_t *c, const uint8_t *hello, size_t hlen, const 
                           "%s (engine %016llx, pid %d) sent a wrong MAC: it does not hold this engine's shared secret",
                           c->peer.name, (unsigned long long)c->peer.engine_id, (int)c->peer.pid);
     }
-    rc = admit_established(c);
+    rc = ferry_listener_admit_established(c);
     if (rc) {
         ferry_frame_t full = {.type = FERRY_FRAME_AUTH_ACK, .status = rc};
         ferry_conn_send_frame(c, &full, NULL, deadline);
@@ -449,7 +246,7 @@ int ferry_serve_hello(ferry_conn_t *c, const ferry_frame_t *f)
     } else if (atomic_load(&e->stopping)) {
         status = FERRY_ERR_REJECT_HANDSHAKE;
     } else if (!we_auth) {
-        status = admit_established(c); /* with a secret: once the peer proved it */
+        status = ferry_listener_admit_established(c); /* with a secret: once the peer proved it */
     }
     /* aux: the key CANCELs name this connection by (cancel.h). */
     ferry_frame_t out = {.type = FERRY_FRAME_HELLO_ACK, .status = status, .plen = (uint32_t)alen,
@@ -603,177 +400,6 @@ void ferry_serve_connection(ferry_conn_t *c)
     }
 }
 
-static void *serve_thread(void *arg)
-{
-    ferry_conn_t *c = arg;
-    ferry_serve_connection(c);
-    shutdown(c->fd, SHUT_RDWR);
-    conn_ended(c);
-    atomic_store(&c->done, true);
-    return NULL;
-}
-
-/* Joins and frees served connections whose threads have finished. Only
- * the listener (or destroy, after it) changes the list, so *pp stays put
- * while the lock is dropped. A connection leaves the list only once its
- * thread is joined: a CANCEL naming it must find it while it can still
- * place a byte (cancel.h). */
-static void reap_conns(ferry_engine_t *e, bool all)
-{
-    pthread_mutex_lock(&e->conns_lock);
-    ferry_conn_t **pp = &e->conns;
-    while (*pp) {
-        ferry_conn_t *c = *pp;
-        if (all || atomic_load(&c->done)) {
-            pthread_mutex_unlock(&e->conns_lock);
-            if (all) shutdown(c->fd, SHUT_RDWR);
-            pthread_join(c->thread, NULL);
-            pthread_mutex_lock(&e->conns_lock);
-            *pp = c->next;
-            e->nconns_served--;
-            pthread_mutex_unlock(&e->conns_lock);
-            ferry_conn_free(c);
-            pthread_mutex_lock(&e->conns_lock);
-        } else {
-            pp = &c->next;
-        }
-    }
-    pthread_mutex_unlock(&e->conns_lock);
-}
-
-/* The peer's address for logs, and as 16 bytes (IPv4 v4-mapped) for the
- * per-source limits. */
-static void describe_remote(int fd, char *out, size_t cap, uint8_t source[16])
-{
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    char host[INET6_ADDRSTRLEN] = "?";
-    unsigned port = 0;
-    memset(source, 0, 16);
-    if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0) {
-        if (ss.ss_family == AF_INET) {
-            struct sockaddr_in *a = (struct sockaddr_in *)&ss;
-            inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
-            port = ntohs(a->sin_port);
-            source[10] = source[11] = 0xff;
-            memcpy(source + 12, &a->sin_addr, 4);
-        } else if (ss.ss_family == AF_INET6) {
-            struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
-            inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
-            port = ntohs(a->sin6_port);
-            memcpy(source, &a->sin6_addr, 16);
-        }
-    }
-    snprintf(out, cap, "%s port %u", host, port);
-}
-
-/* accept() found no file descriptor left (or no memory, or no thread could
- * start): it would fail again at once while the connection waits, and
- * poll() would wake us for it forever. Makes room for the next one, or when
- * nothing can be closed, sheds the waiting connection through the reserved
- * descriptor so that its peer learns at once. The caller then pauses. */
-static bool out_of_resources(ferry_engine_t *e, const char *what, bool shed)
-{
-    FERRY_STAT_ADD(&e->stats, accept_backoffs, 1);
-    pthread_mutex_lock(&e->conns_lock);
-    bool made_room = make_room_locked(e);
-    pthread_mutex_unlock(&e->conns_lock);
-    if (!made_room && shed && e->reserve_fd >= 0) {
-        close(e->reserve_fd);
-        int fd = accept4(e->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd >= 0) {
-            ferry_net_abort(fd);
-            FERRY_STAT_ADD(&e->stats, connections_refused, 1);
-        }
-        e->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    }
-    if (limit_warning_due(e))
-        FERRY_LOG(FERRY_LOG_WARN, "engine", "%s: %s; %s, pausing the listener", e->name, what,
-                  made_room ? "closed a connection to make room" : "refused the waiting connection");
-    return made_room;
-}
-
-/* Accepts one connection and starts its thread. Returns 0, or when out of
- * file descriptors, memory or threads, how long the listener should pause:
- * briefly when a connection was closed to make room (its descriptor comes
- * free once reaped), longer when nothing could be. */
-static int accept_one(ferry_engine_t *e)
-{
-    int fd = accept4(e->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd < 0) {
-        int err = errno;
-        if (err != EMFILE && err != ENFILE && err != ENOBUFS && err != ENOMEM) return 0;
-        return out_of_resources(e, strerror(err), true) ? FERRY_ROOM_BACKOFF_MS : FERRY_ACCEPT_BACKOFF_MS;
-    }
-    ferry_conn_t *c = calloc(1, sizeof *c);
-    if (!c) {
-        close(fd);
-        return out_of_resources(e, "out of memory", false) ? FERRY_ROOM_BACKOFF_MS : FERRY_ACCEPT_BACKOFF_MS;
-    }
-    c->fd = fd;
-    c->engine = e;
-    describe_remote(fd, c->remote, sizeof c->remote, c->source);
-    pthread_mutex_lock(&e->conns_lock);
-    if (!admit_new_locked(e, c)) {
-        pthread_mutex_unlock(&e->conns_lock);
-        FERRY_STAT_ADD(&e->stats, connections_refused, 1);
-        if (limit_warning_due(e))
-            FERRY_LOG(FERRY_LOG_WARN, "engine",
-                      "refusing a connection from %s: its address is at its limit (config.max_connections_per_source "
-                      "%d, %d handshaking) or %d handshakes are in progress",
-                      c->remote, e->max_per_source, e->max_handshaking_per_source, e->max_handshaking);
-        ferry_net_abort(fd);
-        free(c);
-        return 0;
-    }
-    ferry_net_tune(fd, e->cfg.keepalive_ms);
-    c->serial = atomic_fetch_add(&e->next_conn_serial, 1);
-    atomic_store(&c->idle_since_ns, ferry_now_ns());
-    atomic_store(&c->state, CONN_HANDSHAKE);
-    c->listed = true;
-    /* Started under the lock: the thread counts itself out under it too. */
-    int prc = pthread_create(&c->thread, NULL, serve_thread, c);
-    if (prc == 0) {
-        c->next = e->conns;
-        e->conns = c;
-        e->nconns_served++;
-        e->nhandshaking++;
-    }
-    pthread_mutex_unlock(&e->conns_lock);
-    if (prc != 0) {
-        FERRY_STAT_ADD(&e->stats, connections_refused, 1);
-        c->fd = -1;
-        ferry_net_abort(fd);
-        ferry_conn_free(c);
-        return out_of_resources(e, "cannot start a connection thread", false) ? FERRY_ROOM_BACKOFF_MS
-                                                                               : FERRY_ACCEPT_BACKOFF_MS;
-    }
-    FERRY_STAT_ADD(&e->stats, connections_accepted, 1);
-    return 0;
-}
-
-/* Sleeps ms unless the engine is stopped meanwhile. */
-static void listener_pause(ferry_engine_t *e, int ms)
-{
-    struct pollfd p = {.fd = e->wake_fd[0], .events = POLLIN};
-    poll(&p, 1, ms);
-}
-
-static void *listener_thread(void *arg)
-{
-    ferry_engine_t *e = arg;
-    struct pollfd p[2] = {{.fd = e->listen_fd, .events = POLLIN}, {.fd = e->wake_fd[0], .events = POLLIN}};
-    while (!atomic_load(&e->stopping)) {
-        int n = poll(p, 2, 1000);
-        if (n < 0 && errno != EINTR) break;
-        if (p[1].revents) break;
-        int pause_ms = n > 0 && (p[0].revents & POLLIN) ? accept_one(e) : 0;
-        if (pause_ms) listener_pause(e, pause_ms);
-        reap_conns(e, false);
-    }
-    return NULL;
-}
-
 /* ------------------------------------------------------------- lifecycle */
 
 static void read_host_id(uint8_t out[16])
@@ -886,7 +512,7 @@ int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out)
     }
     rc = ferry_net_listen(e->cfg.host, e->cfg.port, &e->listen_fd, &e->port);
     if (rc) goto fail;
-    limits_from_config(e);
+    ferry_listener_limits_from_config(e);
     e->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     make_name(e);
     if (pipe2(e->wake_fd, O_CLOEXEC) != 0) {
@@ -907,7 +533,7 @@ int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out)
         ferry_directory_stop(e);
         goto fail;
     }
-    if (pthread_create(&e->listener, NULL, listener_thread, e) != 0) {
+    if (pthread_create(&e->listener, NULL, ferry_listener_thread, e) != 0) {
         ferry_workers_stop(e);
         ferry_directory_stop(e);
         rc = ferry_fail(FERRY_ERR_INTERNAL, "engine create: cannot start the listener thread");
@@ -963,7 +589,7 @@ void ferry_engine_destroy(ferry_engine_t *e)
     ferry_sessions_interrupt(e);
     if (write(e->wake_fd[1], "x", 1) < 0) { /* the listener also polls with a timeout */ }
     pthread_join(e->listener, NULL);
-    reap_conns(e, true);
+    ferry_listener_reap_conns(e, true);
     /* Calls in progress may hand pieces to the workers: they go first. */
     wait_for_calls(e);
     ferry_workers_stop(e);

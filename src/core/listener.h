@@ -1,0 +1,19 @@
+/* The listener (listener.c): what the engine (engine.c) calls of it.
+ * Private to src/core. */
+#ifndef FERRY_CORE_LISTENER_H
+#define FERRY_CORE_LISTENER_H
+
+#include <stdbool.h>
+
+#include "engine.h"
+
+/* The connection limits from the engine's config (ferry_engine_create). */
+void ferry_listener_limits_from_config(ferry_engine_t *e);
+/* A handshake succeeded: c joins the established connections (or is refused). */
+int ferry_listener_admit_established(ferry_conn_t *c);
+/* The listener thread's body; arg is the engine. */
+void *ferry_listener_thread(void *arg);
+/* Joins and frees served connections whose threads have finished (all: every one). */
+void ferry_listener_reap_conns(ferry_engine_t *e, bool all);
+
+#endif
