@@ -44,7 +44,7 @@ typedef struct ferry_conn {
     _Atomic(ferry_cancel_set_t *) cancels;
     uint64_t pool_gen;         /* initiator side: the session's pool generation at connect */
     char remote[64];           /* target side: the socket's peer address, for logs */
-    /* Target side, for the listener's limits (engine.c): where the
+    /* Target side, for the listener's limits (listener.c): where the
      * connection stands (CONN_*), whether it is in the engine's list and
      * counted there, whether the peer spoke yet, its source address (IPv4 as
  * v4-mapped IPv6), and when
@@ -180,7 +180,7 @@ struct ferry_engine {
     int nconns_served;         /* length of conns (under conns_lock) */
     int nhandshaking;          /* ... of them in CONN_HANDSHAKE */
     int nestablished;          /* ... in CONN_IDLE or CONN_BUSY */
-    /* The listener's limits, from the config (engine.c): connections past
+    /* The listener's limits, from the config (listener.c): connections past
      * the handshake, in it, and from one source address. */
     int max_established, max_handshaking, max_per_source, max_handshaking_per_source;
     int reserve_fd;            /* held open, given up to shed a connection when out of fds */
@@ -230,7 +230,7 @@ int ferry_env_long(const char *name, long lo, long hi, long *out);
 int ferry_config_copy(ferry_engine_t *e, const ferry_config_t *cfg);
 
 /* Upper bound of config.max_connections. Each served connection costs a
- * thread; the limits (engine.c) keep peers opening connections without
+ * thread; the limits (listener.c) keep peers opening connections without
  * end from exhausting threads or file descriptors. */
 #define FERRY_MAX_CONNECTIONS_LIMIT 65536
 /* Notifications queued and not yet fetched; more are refused (and per
