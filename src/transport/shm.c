@@ -328,10 +328,9 @@ static int vec_copy_host(ferry_conn_t *c, struct shm_conn *sc, struct ferry_vec_
 /* CMA_VEC: many pieces by cross-memory attach, one answer (vec.h). */
 static int serve_cma_vec(ferry_conn_t *c, const ferry_frame_t *f)
 {
-    uint64_t deadline = ferry_deadline_after_ms(c->engine->cfg.timeout_ms);
-    struct ferry_vec_scratch *v = ferry_vec_scratch(c);
-    if (!v) return FERRY_ERR_MEMORY;
-    int rc = ferry_vec_recv_descs(c, f, v, deadline);
+    uint64_t deadline;
+    struct ferry_vec_scratch *v;
+    int rc = ferry_vec_recv_descs(c, f, &deadline, &v);
     if (rc) return rc;
     size_t n = (size_t)f->len;
     bool write = f->aux == FERRY_OP_WRITE;

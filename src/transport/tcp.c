@@ -608,10 +608,9 @@ static int vec_place_staged(ferry_conn_t *c, const ferry_frame_t *f, struct ferr
 /* WRITEV: many small pieces, one answer (vec.h). */
 static int serve_writev(ferry_conn_t *c, const ferry_frame_t *f)
 {
-    uint64_t deadline = ferry_deadline_after_ms(c->engine->cfg.timeout_ms);
-    struct ferry_vec_scratch *v = ferry_vec_scratch(c);
-    if (!v) return FERRY_ERR_MEMORY;
-    int rc = ferry_vec_recv_descs(c, f, v, deadline);
+    uint64_t deadline;
+    struct ferry_vec_scratch *v;
+    int rc = ferry_vec_recv_descs(c, f, &deadline, &v);
     if (rc) return rc;
     size_t n = (size_t)f->len;
     ferry_registry_t *r = &c->engine->registry;
@@ -680,10 +679,9 @@ static int vec_send_from_memory(ferry_conn_t *c, struct ferry_vec_scratch *v, si
 /* READV: many small reads, one answer carrying their bytes (vec.h). */
 static int serve_readv(ferry_conn_t *c, const ferry_frame_t *f)
 {
-    uint64_t deadline = ferry_deadline_after_ms(c->engine->cfg.timeout_ms);
-    struct ferry_vec_scratch *v = ferry_vec_scratch(c);
-    if (!v) return FERRY_ERR_MEMORY;
-    int rc = ferry_vec_recv_descs(c, f, v, deadline);
+    uint64_t deadline;
+    struct ferry_vec_scratch *v;
+    int rc = ferry_vec_recv_descs(c, f, &deadline, &v);
     if (rc) return rc;
     size_t n = (size_t)f->len;
     bool crc = (f->flags & FERRY_FRAME_F_CRC) != 0, device = false;

@@ -274,14 +274,17 @@ int ferry_vec_recv_read(ferry_conn_t *c, ferry_xfer_t *g, size_t n, unsigned spi
 
 /* ---------------------------------------------------------------- target */
 
-int ferry_vec_recv_descs(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_vec_scratch *v, uint64_t deadline)
+int ferry_vec_recv_descs(ferry_conn_t *c, const ferry_frame_t *f, uint64_t *deadline, struct ferry_vec_scratch **out)
 {
+    *deadline = ferry_deadline_after_ms(c->engine->cfg.timeout_ms);
+    struct ferry_vec_scratch *v = *out = ferry_vec_scratch(c);
+    if (!v) return FERRY_ERR_MEMORY;
     if (ferry_conn_version(c) < FERRY_PROTOCOL_VEC)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s on a connection that speaks protocol %u",
                           ferry_frame_type_name(f->type), ferry_conn_version(c));
     int rc = ferry_vec_frame_check(f);
     if (rc) return rc;
-    rc = ferry_net_recv(c->fd, v->raw, (size_t)f->len * FERRY_WIRE_VEC_DESC_SIZE, deadline);
+    rc = ferry_net_recv(c->fd, v->raw, (size_t)f->len * FERRY_WIRE_VEC_DESC_SIZE, *deadline);
     if (rc) return rc;
     rc = ferry_vec_desc_decode(f, v->raw, v->d);
     if (rc) return rc;

@@ -70,9 +70,10 @@ int ferry_vec_recv_read(ferry_conn_t *c, ferry_xfer_t *g, size_t n, unsigned spi
 
 /* ---------------------------------------------------------------- target */
 
-/* Reads and decodes the descriptors of vector frame f into v->d and clears
- * the statuses. 0, or a failure that closes the connection. */
-int ferry_vec_recv_descs(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_vec_scratch *v, uint64_t deadline);
+/* Reads and decodes the descriptors of vector frame f into the connection's
+ * scratch (*out) and clears the statuses, by the deadline of a served frame
+ * (*deadline). 0, or a failure that closes the connection. */
+int ferry_vec_recv_descs(ferry_conn_t *c, const ferry_frame_t *f, uint64_t *deadline, struct ferry_vec_scratch **out);
 /* With the registry's read lock held: checks pieces [from, n) not yet
  * failed (cancel set, registration, bounds, access, generation), recording
  * failures in v->st (the first one's detail in v->reason). *device is set
