@@ -300,16 +300,13 @@ class TransferEngine:
 
     def _run_peer(self, peer, f, on_error=None):
         """_run for a call to one peer: a failure forgets the peer (see _open_peers)."""
-        try:
-            out = f()
-        except FerryError as exc:
-            self._open_peers.discard(peer)
-            errors._record(exc.code, exc.detail)
-            if self.raise_on_error:
+        def call():
+            try:
+                return f()
+            except FerryError:
+                self._open_peers.discard(peer)
                 raise
-            return exc.code if on_error is None else on_error
-        errors._record(0, "")
-        return out
+        return self._run(call, on_error=on_error)
 
     def _eng(self):
         if self._engine is None or self._engine.closed:
