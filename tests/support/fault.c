@@ -600,3 +600,17 @@ int raw_hello(int fd, uint32_t flags, const uint8_t *nonce, uint8_t *hello, size
     *status = a.status;
     return 0;
 }
+
+int raw_handshaken(uint16_t port)
+{
+    int fd = raw_connect(port);
+    if (fd < 0) return -1;
+    uint8_t h[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME], a[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME + 1];
+    size_t hl, al;
+    int status = -1;
+    if (raw_hello(fd, 0, NULL, h, &hl, a, &al, &status) != 0 || status != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}

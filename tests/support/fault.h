@@ -95,3 +95,6 @@ bool raw_closed_within(int fd, int ms);
  * FERRY_WIRE_MAX_NAME bytes each) for auth MACs. */
 int raw_hello(int fd, uint32_t flags, const uint8_t *nonce, uint8_t *hello, size_t *hlen, uint8_t *ack,
               size_t *alen, int *status);
+/* raw_connect and a plain HELLO (no auth) that the target accepted: the fd,
+ * or -1 (closed) when either failed. */
+int raw_handshaken(uint16_t port);
