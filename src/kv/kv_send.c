@@ -206,6 +206,17 @@ static void fit_strided(const ferry_kv_block_t *blocks, size_t n, bool dst, uint
     *stride = d;
 }
 
+/* Lengths of more blocks than this go as one strided descriptor; the rest
+ * as plain requests of one submit (each submit is its own set of tasks). */
+#define KV_STRIDED_MIN 16
+
+static int by_len(const void *a, const void *b)
+{
+    const ferry_kv_block_t *x = a, *y = b; /* by length, then in source order */
+    if (x->len != y->len) return x->len < y->len ? -1 : 1;
+    return x->src < y->src ? -1 : x->src > y->src;
+}
+
 /* Submits blocks[0..n) (of one length, n >= 2) as one strided descriptor;
  * idx has room for 2n indices. */
 static long submit_strided_run(ferry_batch_t *b, const char *peer, const ferry_kv_block_t *blocks, size_t n,
@@ -220,38 +231,48 @@ static long submit_strided_run(ferry_batch_t *b, const char *peer, const ferry_k
     return ferry_batch_submit_strided(b, peer, &d, timeout_ms);
 }
 
-/* Writes blocks[0..count) in one batch: each run of blocks of one length
- * (a layer's pages that page-run coalescing could not merge) as one
- * strided descriptor, which travels compactly too (ferry.h, "strided
- * batches"); a block alone as a request. */
+/* Writes blocks[0..count) in one batch. Page-run coalescing merged the
+ * adjacent pages; the blocks of one length that are left (a layer's pages
+ * that are not adjacent: most of them when pages are small) go as one
+ * strided descriptor each, which travels compactly too (ferry.h, "strided
+ * batches"); the few others as plain requests. Their order does not
+ * matter: the notice follows the whole batch. */
 static int write_blocks(ferry_engine_t *e, const char *peer, const ferry_kv_block_t *blocks, size_t count,
                         int timeout_ms)
 {
     if (count == 0) return 0;
+    ferry_kv_block_t *sorted = malloc(count * sizeof *sorted);
     uint64_t *idx = malloc(2 * count * sizeof *idx);
-    if (!idx) return ferry_fail(FERRY_ERR_MEMORY, "kv send: %zu block indices", count);
+    ferry_request_t *rest = malloc(count * sizeof *rest);
     ferry_batch_t *b = NULL;
-    int rc = ferry_batch_alloc(e, count, &b);
-    if (rc != 0) {
-        free(idx);
-        return rc;
+    int rc = sorted && idx && rest ? ferry_batch_alloc(e, count, &b)
+                                   : ferry_fail(FERRY_ERR_MEMORY, "kv send: %zu blocks", count);
+    if (rc == 0) {
+        memcpy(sorted, blocks, count * sizeof *sorted);
+        qsort(sorted, count, sizeof *sorted, by_len);
     }
+    size_t nrest = 0;
     for (size_t i = 0; rc == 0 && i < count;) {
         size_t j = i + 1;
-        while (j < count && blocks[j].len == blocks[i].len) j++;
-        long first;
-        if (j - i >= 2) {
-            first = submit_strided_run(b, peer, blocks + i, j - i, idx, timeout_ms);
+        while (j < count && sorted[j].len == sorted[i].len) j++;
+        if (j - i > KV_STRIDED_MIN) {
+            long first = submit_strided_run(b, peer, sorted + i, j - i, idx, timeout_ms);
+            if (first < 0) rc = (int)first;
         } else {
-            ferry_request_t r = {FERRY_OP_WRITE, (void *)(uintptr_t)blocks[i].src, blocks[i].dst,
-                                 (size_t)blocks[i].len};
-            first = ferry_batch_submit(b, peer, &r, 1, timeout_ms);
+            for (size_t k = i; k < j; k++)
+                rest[nrest++] = (ferry_request_t){FERRY_OP_WRITE, (void *)(uintptr_t)sorted[k].src, sorted[k].dst,
+                                                  (size_t)sorted[k].len};
         }
-        if (first < 0) rc = (int)first;
         i = j;
     }
+    if (rc == 0 && nrest) {
+        long first = ferry_batch_submit(b, peer, rest, nrest, timeout_ms);
+        if (first < 0) rc = (int)first;
+    }
+    free(sorted);
     free(idx);
-    return kv_batch_finish(b, count, rc, timeout_ms);
+    free(rest);
+    return b ? kv_batch_finish(b, count, rc, timeout_ms) : rc;
 }
 
 static int write_plan_blocks(ferry_engine_t *e, const char *peer, const ferry_kv_plan_t *p,
