@@ -154,7 +154,7 @@ static bool fit_strided(const ferry_xfer_t *g, size_t n, bool local, uint64_t *b
 static size_t encode_compact(ferry_conn_t *c, struct ferry_vec_scratch *v, uint8_t type, bool crc,
                              const ferry_xfer_t *g, size_t n)
 {
-    if (getenv("NOCOMPACT") || n < 2 || ferry_conn_version(c) < FERRY_PROTOCOL_COMPACT) return 0;
+    if (n < 2 || ferry_conn_version(c) < FERRY_PROTOCOL_COMPACT) return 0;
     for (size_t i = 1; i < n; i++)
         if (g[i].len != g[0].len || g[i].generation != g[0].generation || g[i].req_id != g[0].req_id + i) return 0;
     ferry_vec_compact_t h = {.len = (uint32_t)g[0].len, .generation = g[0].generation};
