@@ -12,11 +12,6 @@
 /* Requests at least this big are striped over the peer's connections. */
 #define STRIPE_MIN (8u << 20)
 
-int ferry_check_request(ferry_engine_t *e, int opcode, const void *local, uint64_t remote, uint64_t len);
-int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const uint64_t *remotes,
-                      const size_t *lens, size_t n, uint64_t deadline, ferry_xfer_t **out, size_t *nout);
-int ferry_run_parallel(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);
-
 static int stripes_for(const ferry_engine_t *e, uint64_t len)
 {
     int k = e->cfg.conns_per_peer;

@@ -351,12 +351,6 @@ static void free_details(ferry_xfer_t *xs, size_t n)
     for (size_t i = 0; i < n; i++) free(xs[i].detail);
 }
 
-/* Cuts requests into pieces: big ones into stripes so that several
- * connections carry them. Returns the pieces (malloc'd) and their count. */
-int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const uint64_t *remotes,
-                      const size_t *lens, size_t n, uint64_t deadline, ferry_xfer_t **out, size_t *nout);
-int ferry_run_parallel(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);
-
 /* One metrics record per request (pieces of a request are adjacent). */
 static void record_requests(ferry_session_t *s, const ferry_xfer_t *xs, size_t n, uint64_t latency_ns)
 {
