@@ -8,8 +8,9 @@
 
 #include <ferry/ferry.h>
 
-#include "session.h"
 #include "xfer.h"
+
+typedef struct ferry_session ferry_session_t;
 
 /* A queued unit of an async batch: pieces run as one pipelined stream on
  * one connection by a worker. */

@@ -12,7 +12,8 @@
 #include <ferry/ferry.h>
 
 #include "cancel.h"
-#include "session.h"
+
+typedef struct ferry_session ferry_session_t;
 
 /* One contiguous transfer for a transport to move. */
 typedef struct ferry_xfer {

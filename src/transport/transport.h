@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/engine.h"
+#include "core/xport.h"
 
 typedef struct ferry_transport_ops {
     const char *name;
