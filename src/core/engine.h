@@ -22,7 +22,6 @@
 #include "serve.h"
 #include "session.h"
 #include "spin.h"
-#include "stats.h"
 #include "wire/wire.h"
 #include "xfer.h"
 
@@ -41,7 +40,7 @@ struct ferry_engine {
 
     ferry_registry_t registry;
     ferry_metrics_t metrics;
-    ferry_counters_t stats;    /* engine-wide fault and security counters (stats.h) */
+    ferry_counters_t stats;    /* engine-wide counters (metrics.h) */
 
     /* Metadata service (directory.c). */
     ferry_meta_t meta;

@@ -44,8 +44,6 @@ void ferry_xfer_fail(ferry_xfer_t *x, int rc);
 /* xfer.c: running pieces on one connection with retries and re-resolution */
 int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);
 int ferry_check_local(ferry_engine_t *e, const void *local, uint64_t len);
-/* Counts the outcome of each request among pieces xs (in request order). */
-void ferry_stats_requests_done(ferry_engine_t *e, const ferry_xfer_t *xs, size_t n);
 /* Checks one request's arguments; touches no memory. */
 int ferry_check_request(ferry_engine_t *e, int opcode, const void *local, uint64_t remote, uint64_t len);
 
