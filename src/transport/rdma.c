@@ -2,7 +2,7 @@
  * without loading libibverbs, the per-engine probe and usable() decision,
  * and what an engine without RDMA answers to RDMA frames.
  *
- * The verbs code is in rdma_opt_rdma.c, built when <infiniband/verbs.h> is
+ * The verbs code is in rdma*_opt_rdma.c (rdma_int.h), built when <infiniband/verbs.h> is
  * found (FERRY_HAVE_RDMA). Even then libibverbs is not linked: it is
  * dlopen'ed at an engine's first probe, and only when sysfs lists an RDMA
  * device, so a process on a machine without one never loads it.
