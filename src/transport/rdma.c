@@ -320,12 +320,15 @@ static int rdma_serve(ferry_conn_t *c, const ferry_frame_t *f)
     return serve_unavailable(c, f, why);
 }
 
+static const uint8_t rdma_frames[] = {FERRY_FRAME_RDMA_CONNECT, FERRY_FRAME_RDMA_MR_QUERY, FERRY_FRAME_RDMA_COMMIT};
+
 const ferry_transport_ops_t ferry_transport_rdma = {
     .name = "rdma",
     .usable = rdma_usable,
     .run = rdma_run,
     .serve = rdma_serve,
-    .serve_types = (1u << FERRY_FRAME_RDMA_CONNECT) | (1u << FERRY_FRAME_RDMA_MR_QUERY) | (1u << FERRY_FRAME_RDMA_COMMIT),
+    .serve_types = rdma_frames,
+    .nserve_types = sizeof rdma_frames,
     .hello_flags = rdma_hello_flags,
     .engine_fini = rdma_engine_fini,
 };
