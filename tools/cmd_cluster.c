@@ -25,6 +25,8 @@
  * Every request and fault-relevant event is one line in DIR/node-N.log
  * (format in cluster.h); `ferry cluster report` reads them. */
 #include <errno.h>
+#include <getopt.h>
+#include <limits.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
@@ -44,6 +46,7 @@
 #include "cli.h"
 #include "cluster.h"
 #include "cluster_node.h"
+#include "opts.h"
 
 /* ================================================================ decode */
 
@@ -356,32 +359,80 @@ static int node_main(int argc, char **argv)
 {
     struct node_opts o = {.role = "", .index = -1, .incarnation = 1, .window = 2, .inflight = 8, .send_slots = 4, .streams = 2, .layers = 4,
                           .page_bytes = 4096, .pages = 16, .timeout_ms = 2000};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--help") == 0) return usage(stdout);
-        if (!v) return usage(stderr);
-        i++;
-        if (strcmp(a, "--role") == 0) o.role = v;
-        else if (strcmp(a, "--index") == 0) o.index = atoi(v);
-        else if (strcmp(a, "--host") == 0) o.host = v;
-        else if (strcmp(a, "--port") == 0) o.port = (uint16_t)atoi(v);
-        else if (strcmp(a, "--dir") == 0) o.dir = v;
-        else if (strcmp(a, "--peers") == 0) {
-            if (parse_peers(&o, argv[i]) != 0) return usage(stderr);
-        } else if (strcmp(a, "--incarnation") == 0) o.incarnation = (unsigned)atoi(v);
-        else if (strcmp(a, "--until-ms") == 0) o.until_ms = strtoull(v, NULL, 10);
-        else if (strcmp(a, "--window") == 0) o.window = atoi(v);
-        else if (strcmp(a, "--inflight") == 0) o.inflight = atoi(v);
-        else if (strcmp(a, "--send-slots") == 0) o.send_slots = atoi(v);
-        else if (strcmp(a, "--go-file") == 0) o.go_file = v;
-        else if (strcmp(a, "--streams") == 0) o.streams = atoi(v);
-        else if (strcmp(a, "--layers") == 0) o.layers = (uint32_t)atoi(v);
-        else if (strcmp(a, "--page-bytes") == 0) o.page_bytes = (uint32_t)atoi(v);
-        else if (strcmp(a, "--pages") == 0) o.pages = (uint32_t)atoi(v);
-        else if (strcmp(a, "--timeout-ms") == 0) o.timeout_ms = atoi(v);
-        else if (strcmp(a, "--inject") == 0) o.inject = v;
-        else return usage(stderr);
+    enum { O_ROLE = 256, O_INDEX, O_HOST, O_PORT, O_DIR, O_PEERS, O_INCARNATION, O_UNTIL_MS, O_WINDOW,
+           O_INFLIGHT, O_SEND_SLOTS, O_GO_FILE, O_STREAMS, O_LAYERS, O_PAGE_BYTES, O_PAGES, O_TIMEOUT_MS,
+           O_INJECT };
+    static const struct option options[] = {
+        {"role", required_argument, NULL, O_ROLE},
+        {"index", required_argument, NULL, O_INDEX},
+        {"host", required_argument, NULL, O_HOST},
+        {"port", required_argument, NULL, O_PORT},
+        {"dir", required_argument, NULL, O_DIR},
+        {"peers", required_argument, NULL, O_PEERS},
+        {"incarnation", required_argument, NULL, O_INCARNATION},
+        {"until-ms", required_argument, NULL, O_UNTIL_MS},
+        {"window", required_argument, NULL, O_WINDOW},
+        {"inflight", required_argument, NULL, O_INFLIGHT},
+        {"send-slots", required_argument, NULL, O_SEND_SLOTS},
+        {"go-file", required_argument, NULL, O_GO_FILE},
+        {"streams", required_argument, NULL, O_STREAMS},
+        {"layers", required_argument, NULL, O_LAYERS},
+        {"page-bytes", required_argument, NULL, O_PAGE_BYTES},
+        {"pages", required_argument, NULL, O_PAGES},
+        {"timeout-ms", required_argument, NULL, O_TIMEOUT_MS},
+        {"inject", required_argument, NULL, O_INJECT},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    /* Whole numbers are checked for form and type here (a bad one is an
+     * error, not a silent 0); the limits of the run are checked below. */
+    const char *cmd = "cluster node";
+    long v;
+    unsigned long long u;
+    int opt;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "h", options, NULL)) != -1) {
+        switch (opt) {
+        case O_ROLE: o.role = optarg; break;
+        case O_INDEX: if (opt_long(cmd, "index", optarg, 0, INT_MAX, &v)) return 2; o.index = (int)v; break;
+        case O_HOST: o.host = optarg; break;
+        case O_PORT: if (opt_long(cmd, "port", optarg, 0, 65535, &v)) return 2; o.port = (uint16_t)v; break;
+        case O_DIR: o.dir = optarg; break;
+        case O_PEERS: if (parse_peers(&o, optarg) != 0) return usage(stderr); break;
+        case O_INCARNATION:
+            if (opt_long(cmd, "incarnation", optarg, 0, UINT_MAX, &v)) return 2;
+            o.incarnation = (unsigned)v;
+            break;
+        case O_UNTIL_MS: if (opt_u64(cmd, "until-ms", optarg, &u)) return 2; o.until_ms = u; break;
+        case O_WINDOW: if (opt_long(cmd, "window", optarg, INT_MIN, INT_MAX, &v)) return 2; o.window = (int)v; break;
+        case O_INFLIGHT:
+            if (opt_long(cmd, "inflight", optarg, INT_MIN, INT_MAX, &v)) return 2;
+            o.inflight = (int)v;
+            break;
+        case O_SEND_SLOTS:
+            if (opt_long(cmd, "send-slots", optarg, INT_MIN, INT_MAX, &v)) return 2;
+            o.send_slots = (int)v;
+            break;
+        case O_GO_FILE: o.go_file = optarg; break;
+        case O_STREAMS: if (opt_long(cmd, "streams", optarg, INT_MIN, INT_MAX, &v)) return 2; o.streams = (int)v; break;
+        case O_LAYERS: if (opt_long(cmd, "layers", optarg, 0, UINT32_MAX, &v)) return 2; o.layers = (uint32_t)v; break;
+        case O_PAGE_BYTES:
+            if (opt_long(cmd, "page-bytes", optarg, 0, UINT32_MAX, &v)) return 2;
+            o.page_bytes = (uint32_t)v;
+            break;
+        case O_PAGES: if (opt_long(cmd, "pages", optarg, 0, UINT32_MAX, &v)) return 2; o.pages = (uint32_t)v; break;
+        case O_TIMEOUT_MS:
+            if (opt_long(cmd, "timeout-ms", optarg, INT_MIN, INT_MAX, &v)) return 2;
+            o.timeout_ms = (int)v;
+            break;
+        case O_INJECT: o.inject = optarg; break;
+        case 'h': return usage(stdout);
+        default: return usage(stderr); /* getopt_long named the problem */
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "cluster node: unexpected argument '%s'\n", argv[optind]);
+        return usage(stderr);
     }
     bool known_role = !strcmp(o.role, "prefill") || !strcmp(o.role, "decode") || !strcmp(o.role, "probe");
     if (!known_role || o.index < 0 || !o.host || !o.port || !o.dir || o.window < 1 || o.inflight < 1 || o.send_slots < 1 || o.streams < 1 ||
