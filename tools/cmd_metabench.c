@@ -30,6 +30,7 @@
 #include "cli.h"
 #include "meta/meta.h"
 #include "opts.h"
+#include "util.h"
 
 #define MAX_CLIENTS 64
 
@@ -43,13 +44,6 @@ struct bench {
     char first_error[512];
     pthread_mutex_t error_mu;
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static void note_error(struct bench *b)
 {
