@@ -116,12 +116,13 @@ int demo_parse_opts(int argc, char **argv, struct demo_opts *o)
         {"transport", required_argument, NULL, O_TRANSPORT},
         {"max-memory", required_argument, NULL, O_MAX_MEMORY},
         {"inject", required_argument, NULL, O_INJECT},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     int opt;
     optind = 1;
     opterr = 0; /* bad_option says what is wrong, in the demo's words */
-    while ((opt = getopt_long(argc, argv, ":q", options, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, ":qh", options, NULL)) != -1) {
         const char *v = optarg;
         if (opt >= 0 && opt < (int)(sizeof nums / sizeof nums[0])) {
             uint64_t x = 0;
@@ -131,6 +132,7 @@ int demo_parse_opts(int argc, char **argv, struct demo_opts *o)
             continue;
         }
         switch (opt) {
+        case 'h': demo_usage(stdout); return -1;
         case O_QUIET: o->quiet = 1; break;
         case O_JSON: o->json = 1; break;
         case O_MLA: s->mla = 1; break;
