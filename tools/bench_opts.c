@@ -243,8 +243,8 @@ int bench_parse_opts(int argc, char **argv, int first, struct opts *o)
             return 2;
         }
     }
-    if (optind < n) {
-        fprintf(stderr, "ferry bench: unexpected argument '%s'\n\n", args[optind]);
+    if (opt_none_left("bench", n, args) != 0) {
+        fprintf(stderr, "\n");
         bench_usage(stderr);
         return 2;
     }

@@ -54,7 +54,7 @@ static int cmd_serve(int argc, char **argv)
         default: return usage(stderr, 2);
         }
     }
-    if (optind != argc) return usage(stderr, 2);
+    if (opt_none_left("serve", argc, argv) != 0) return usage(stderr, 2);
     cfg.port = (uint16_t)port;
     ferry_engine_t *e;
     if (ferry_engine_create(&cfg, &e) != 0) {
