@@ -649,12 +649,15 @@ static uint32_t shm_hello_flags(ferry_engine_t *e)
     return FERRY_HELLO_F_SHMPOOL2;
 }
 
+static const uint8_t shm_frames[] = {FERRY_FRAME_CMA_WRITE, FERRY_FRAME_CMA_READ, FERRY_FRAME_SHM_MAP_REQ,
+                                     FERRY_FRAME_CMA_VEC};
+
 const ferry_transport_ops_t ferry_transport_shm = {
     .name = "shm",
     .usable = shm_usable,
     .run = shm_run,
     .serve = shm_serve,
-    .serve_types = (1u << FERRY_FRAME_CMA_WRITE) | (1u << FERRY_FRAME_CMA_READ) | (1u << FERRY_FRAME_SHM_MAP_REQ) |
-                   (1u << FERRY_FRAME_CMA_VEC),
+    .serve_types = shm_frames,
+    .nserve_types = sizeof shm_frames,
     .hello_flags = shm_hello_flags,
 };
