@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "core/clock.h"
+#include "core/engine.h"
 #include "core/fail.h"
 #include "core/memkind.h"
 #include "core/net.h"

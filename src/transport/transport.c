@@ -26,7 +26,7 @@ const ferry_transport_ops_t *ferry_transport_find(const char *name)
 const ferry_transport_ops_t *ferry_transport_choose(ferry_engine_t *e, const ferry_hello_t *peer, char *why,
                                                      size_t cap)
 {
-    const char *forced = e->cfg.transport;
+    const char *forced = ferry_engine_config(e)->transport;
     if (forced && strcmp(forced, "auto") != 0) {
         const ferry_transport_ops_t *t = ferry_transport_find(forced);
         if (t && t->usable(e, peer, why, cap)) {

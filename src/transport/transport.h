@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/engine.h"
+#include "core/xport.h"
 
 /* What run() may tell the core besides its result. */
 typedef struct ferry_verdict {
