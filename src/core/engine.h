@@ -31,8 +31,8 @@ typedef struct ferry_conn {
     size_t bounce_cap;         /* its size; 0 = FERRY_WIRE_MAX_DATA (the target's checksum staging) */
     struct ferry_conn *next;   /* target side: list of served connections */
     struct ferry_conn *busy_prev, *busy_next; /* initiator side: the engine's checked-out list */
-    pthread_t thread;          /* target side: its serving thread */
-    atomic_bool done;          /* target side: the thread has finished */
+    struct ferry_served *served; /* target side: its serving state in the event loop (evloop.c) */
+    atomic_bool done;          /* target side: its serving has finished */
     void *xport;               /* a transport's per-connection state, or NULL */
     void (*xport_free)(void *); /* frees xport with the connection */
     uint64_t serial;           /* target side: accept order, 1, 2, ... */
@@ -175,6 +175,7 @@ struct ferry_engine {
     struct ferry_directory_cache *dir_cache; /* peers looked up (directory.c) */
 
     pthread_t listener;
+    struct ferry_evloop *evloop; /* the serving threads (evloop.c) */
     pthread_mutex_t conns_lock;
     ferry_conn_t *conns;       /* target side, served connections */
     int nconns_served;         /* length of conns (under conns_lock) */
@@ -230,8 +231,8 @@ int ferry_env_long(const char *name, long lo, long hi, long *out);
 int ferry_config_copy(ferry_engine_t *e, const ferry_config_t *cfg);
 
 /* Upper bound of config.max_connections. Each served connection costs a
- * thread; the limits (listener.c) keep peers opening connections without
- * end from exhausting threads or file descriptors. */
+ * descriptor and its buffers (no thread: evloop.c); the limits (listener.c)
+ * keep peers opening connections without end from exhausting them. */
 #define FERRY_MAX_CONNECTIONS_LIMIT 65536
 /* Notifications queued and not yet fetched; more are refused (and per
  * sender and source address, ferry.h's FERRY_NOTIFY_*_MAX). */
