@@ -228,6 +228,25 @@ static const ferry_transport_ops_t *session_transport(ferry_session_t *s)
     return t ? t : &ferry_transport_tcp;
 }
 
+/* Runs the pieces over connection c with the session's transport; when
+ * that transport's verdict is to fall back, moves the session to tcp for
+ * good (recording why, for ferry_peer_info) and runs them again over tcp. */
+static int run_transport(ferry_session_t *s, ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken)
+{
+    const ferry_transport_ops_t *t = session_transport(s);
+    ferry_verdict_t verdict = {.fall_back = false};
+    int rc = t->run(c, xs, n, broken, &verdict);
+    if (rc || !verdict.fall_back || t == &ferry_transport_tcp) return rc;
+    pthread_mutex_lock(&s->lock);
+    if (s->transport == t) {
+        s->transport = &ferry_transport_tcp;
+        snprintf(s->transport_reason, sizeof s->transport_reason, "%s", verdict.reason);
+        FERRY_LOG(FERRY_LOG_WARN, "transport", "%s: %s", s->name, verdict.reason);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return ferry_transport_tcp.run(c, xs, n, broken, &verdict);
+}
+
 int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n)
 {
     int backoff = e->cfg.retry_backoff_ms;
@@ -249,7 +268,7 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
         if (rc == FERRY_ERR_CANCELLED && ctl) interrupted = true; /* poked by a canceller */
         if (rc == 0) {
             ferry_stream_ctl_arm(ctl, c->fd);
-            rc = session_transport(s)->run(c, xs, n, &broken);
+            rc = run_transport(s, c, xs, n, &broken);
             interrupted = ferry_stream_ctl_disarm(ctl);
             uint64_t conn_key = atomic_load(&c->cancel_key);
             ferry_session_checkin(s, c, !broken && !interrupted); /* fired: shut down */

@@ -29,7 +29,7 @@ import mmap
 import os
 import threading
 
-from . import _lib, _strided, _vectors, core, errors
+from . import _buffers, _lib, _strided, _vectors, core, errors
 from ._cuda import _cuda_stream_wait, _cudart, _device_ordinal  # noqa: F401 - _cudart: tests
 from ._mooncake_args import (P2PHANDSHAKE, _FALLBACK_FROM,  # noqa: F401 - P2PHANDSHAKE: API
                              _check_int_entries, _code, _int, _lists, _metadata, _nonempty,
