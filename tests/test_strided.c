@@ -167,6 +167,10 @@ static void older_peers(void **state)
         pair_t *p = pair_new("tcp", 1);
         ferry_test_set_protocol_version(p->target, v);
         round_trip(p, 500, false);
+        ferry_test_set_protocol_version(p->target, 0); /* and an older initiator meeting a newer target */
+        ferry_test_set_protocol_version(p->initiator, v);
+        ferry_session_close(p->initiator, p->peer);
+        round_trip(p, 500, false);
         ferry_peer_info_t info;
         assert_int_equal(ferry_session_info(p->initiator, p->peer, &info), 0);
         assert_int_equal(info.protocol_version, (uint32_t)v);
@@ -294,6 +298,37 @@ static void cancel_compact_group(void **state)
     pair_free(p);
 }
 
+/* The connection breaks while compact groups are on the wire: the pieces in
+ * doubt are fenced, sent again on a fresh connection, and every piece ends
+ * placed once. */
+static void cut_mid_group(void **state)
+{
+    (void)state;
+    pair_t *p = pair_new("tcp", 0);
+    proxy_t *px = proxy_start("127.0.0.1", ferry_engine_port(p->target), &(proxy_opts_t){.delay_ms = 1});
+    assert_non_null(px);
+    ferry_batch_t *b;
+    assert_int_equal(ferry_batch_alloc(p->initiator, SLOTS, &b), 0);
+    uint64_t *ridx = malloc(SLOTS * sizeof *ridx);
+    page_table(ridx, SLOTS, 1);
+    ferry_strided_t d = strided(p, FERRY_OP_WRITE, NULL, ridx, SLOTS);
+    assert_int_equal(ferry_batch_submit_strided(b, proxy_name(px), &d, 0), 0);
+    for (uint64_t until = harness_now_ms() + 5000; harness_now_ms() < until;) {
+        ferry_status_t st;
+        assert_int_equal(ferry_batch_status(b, 0, &st), 0);
+        if (st.state == FERRY_STATUS_COMPLETED) break;
+    }
+    proxy_cut_all(px);
+    int rc = ferry_batch_wait(b, 20000);
+    if (rc) fail_msg("after the cut: %s", ferry_last_error_detail());
+    for (size_t i = 0; i < SLOTS; i++) assert_memory_equal(p->dst + ridx[i] * PIECE, p->src + i * PIECE, PIECE);
+    print_message("cut %llu connection(s)\n", (unsigned long long)proxy_cuts(px));
+    assert_int_equal(ferry_batch_free(b), 0);
+    free(ridx);
+    pair_free(p);
+    proxy_stop(px);
+}
+
 /* ------------------------------------------------- hostile compact frames */
 
 /* Sends a compact WRITEV of n pieces of len at base + idx[i] * stride
@@ -391,7 +426,8 @@ int main(void)
         cmocka_unit_test(sync_round_trip_crc), cmocka_unit_test(older_peers),
         cmocka_unit_test(plain_batch_refined_stride),
         cmocka_unit_test(async_submit),        cmocka_unit_test(bounds_refused),
-        cmocka_unit_test(cancel_compact_group), cmocka_unit_test(hostile_frames),
+        cmocka_unit_test(cancel_compact_group), cmocka_unit_test(cut_mid_group),
+        cmocka_unit_test(hostile_frames),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
