@@ -410,11 +410,13 @@ static void *serve_main(void *arg)
 }
 
 /* FERRY_SERVE_THREADS, else four per CPU (they mostly wait on peers),
- * between 8 and 32, plus the control threads. */
+ * between 8 and 32, plus the control threads; INVALID_ARGUMENT naming the
+ * variable when it is set to something else. */
 static int serve_threads(void)
 {
     long v = 0;
-    if (ferry_env_long("FERRY_SERVE_THREADS", SERVE_THREADS_MIN, SERVE_THREADS_MAX, &v) == 1) return (int)v;
+    int rc = ferry_env_long("FERRY_SERVE_THREADS", SERVE_THREADS_MIN, SERVE_THREADS_MAX, &v);
+    if (rc) return rc < 0 ? rc : (int)v;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     long data = cpus > 0 ? 4 * cpus : 8;
     data = data < 8 ? 8 : data > 32 ? 32 : data;
@@ -434,6 +436,7 @@ static void loop_free(struct ferry_evloop *l)
 int ferry_evloop_start(ferry_engine_t *e)
 {
     int want = serve_threads();
+    if (want < 0) return want;
     struct ferry_evloop *l = calloc(1, sizeof *l);
     if (!l) return ferry_fail(FERRY_ERR_MEMORY, "serving threads: out of memory");
     pthread_mutex_init(&l->lock, NULL);
