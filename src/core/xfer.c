@@ -228,6 +228,25 @@ static const ferry_transport_ops_t *session_transport(ferry_session_t *s)
     return t ? t : &ferry_transport_tcp;
 }
 
+/* Runs the pieces over connection c with the session's transport; when
+ * that transport's verdict is to fall back, moves the session to tcp for
+ * good (recording why, for ferry_peer_info) and runs them again over tcp. */
+static int run_transport(ferry_session_t *s, ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken)
+{
+    const ferry_transport_ops_t *t = session_transport(s);
+    ferry_verdict_t verdict = {.fall_back = false};
+    int rc = t->run(c, xs, n, broken, &verdict);
+    if (rc || !verdict.fall_back || t == &ferry_transport_tcp) return rc;
+    pthread_mutex_lock(&s->lock);
+    if (s->transport == t) {
+        s->transport = &ferry_transport_tcp;
+        snprintf(s->transport_reason, sizeof s->transport_reason, "%s", verdict.reason);
+        FERRY_LOG(FERRY_LOG_WARN, "transport", "%s: %s", s->name, verdict.reason);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return ferry_transport_tcp.run(c, xs, n, broken, &verdict);
+}
+
 int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n)
 {
     int backoff = e->cfg.retry_backoff_ms;
@@ -249,7 +268,7 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
         if (rc == FERRY_ERR_CANCELLED && ctl) interrupted = true; /* poked by a canceller */
         if (rc == 0) {
             ferry_stream_ctl_arm(ctl, c->fd);
-            rc = session_transport(s)->run(c, xs, n, &broken);
+            rc = run_transport(s, c, xs, n, &broken);
             interrupted = ferry_stream_ctl_disarm(ctl);
             uint64_t conn_key = atomic_load(&c->cancel_key);
             ferry_session_checkin(s, c, !broken && !interrupted); /* fired: shut down */
@@ -298,8 +317,7 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
             break;
         }
         int why = rc ? rc : FERRY_ERR_CHECKSUM_MISMATCH;
-        ferry_metrics_retry(s->stats);
-        ferry_stats_retry(&e->stats, why);
+        ferry_count_retry(e, s->stats, why);
         FERRY_LOG(FERRY_LOG_INFO, "xfer", "retrying to %s after %s (retry %d of %d, backoff %d ms)", s->name,
                   ferry_error_name(why), attempt + 1, e->cfg.retries, backoff);
         ferry_settle_ended(xs, n, false); /* finished pieces report before the backoff */
@@ -316,27 +334,6 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
     return 0;
 }
 
-/* Counts each request's outcome once: pieces are in request order, and a
- * request failed if any of its pieces did. */
-void ferry_stats_requests_done(ferry_engine_t *e, const ferry_xfer_t *xs, size_t n)
-{
-    size_t i = 0;
-    uint64_t completed = 0;
-    while (i < n) {
-        size_t idx = xs[i].index;
-        int code = 0;
-        for (; i < n && xs[i].index == idx; i++)
-            if (xs[i].rc && !code) code = xs[i].rc;
-        if (code) {
-            FERRY_STAT_ADD(&e->stats, requests_failed, 1);
-            ferry_stats_failure(&e->stats, code);
-        } else {
-            completed++;
-        }
-    }
-    if (completed) FERRY_STAT_ADD(&e->stats, requests_completed, completed);
-}
-
 /* Re-raises piece x's failure as the thread's error, with context. */
 static int report_piece(const ferry_xfer_t *x, const char *peer)
 {
@@ -351,13 +348,8 @@ static void free_details(ferry_xfer_t *xs, size_t n)
     for (size_t i = 0; i < n; i++) free(xs[i].detail);
 }
 
-/* Cuts requests into pieces: big ones into stripes so that several
- * connections carry them. Returns the pieces (malloc'd) and their count. */
-int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const uint64_t *remotes,
-                      const size_t *lens, size_t n, uint64_t deadline, ferry_xfer_t **out, size_t *nout);
-int ferry_run_parallel(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);
-
-/* One metrics record per request (pieces of a request are adjacent). */
+/* Counts each request's outcome once (pieces of a request are adjacent, in
+ * request order): a request failed if any of its pieces did. */
 static void record_requests(ferry_session_t *s, const ferry_xfer_t *xs, size_t n, uint64_t latency_ns)
 {
     const char *tname = session_transport(s)->name;
@@ -370,17 +362,17 @@ static void record_requests(ferry_session_t *s, const ferry_xfer_t *xs, size_t n
             if (!rc) rc = xs[j].rc;
         }
         /* The transport's name once per call: it costs a copy under the lock. */
-        ferry_metrics_request(s->stats, i == 0 ? tname : NULL, xs[i].opcode, bytes, latency_ns, rc);
+        ferry_count_request(s->engine, s->stats, i == 0 ? tname : NULL, xs[i].opcode, bytes, latency_ns, rc);
         i = j;
     }
 }
 
 static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const *locals, const uint64_t *remotes,
-                    const size_t *lens, size_t n)
+                    const size_t *lens, size_t n, bool checked)
 {
     if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "engine is NULL");
     if (!peer) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "peer name is NULL");
-    int rc = check_requests(e, opcode, locals, remotes, lens, n);
+    int rc = checked ? 0 : check_requests(e, opcode, locals, remotes, lens, n);
     if (rc) return rc;
     ferry_session_t *s;
     rc = ferry_session_get(e, peer, &s);
@@ -393,7 +385,6 @@ static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const
         FERRY_STAT_ADD(&e->stats, requests, n);
         rc = nx == 1 ? ferry_xfer_run(e, s, xs, 1) : ferry_run_parallel(e, s, xs, nx);
         record_requests(s, xs, nx, ferry_now_ns() - t0);
-        ferry_stats_requests_done(e, xs, nx);
         for (size_t i = 0; rc && i < nx; i++) {
             if (xs[i].rc) {
                 rc = report_piece(&xs[i], peer);
@@ -415,7 +406,15 @@ static int run_sync_entered(ferry_engine_t *e, const char *peer, int opcode, voi
     if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "engine is NULL");
     int rc = ferry_engine_enter(e);
     if (rc) return rc;
-    return ferry_engine_leave(e, run_sync(e, peer, opcode, locals, remotes, lens, n));
+    return ferry_engine_leave(e, run_sync(e, peer, opcode, locals, remotes, lens, n, false));
+}
+
+/* run_sync for requests the caller checked already (strided.c), inside
+ * the caller's ferry_engine_enter. */
+int ferry_run_sync_checked(ferry_engine_t *e, const char *peer, int opcode, void *const *locals,
+                           const uint64_t *remotes, const size_t *lens, size_t n)
+{
+    return run_sync(e, peer, opcode, locals, remotes, lens, n, true);
 }
 
 int ferry_transfer_sync(ferry_engine_t *e, const char *peer, int opcode, void *local, uint64_t remote, size_t len)

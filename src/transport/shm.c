@@ -65,6 +65,7 @@
 #include "core/log.h"
 #include "core/memkind.h"
 #include "core/net.h"
+#include "core/session.h" /* the fallback to tcp rewrites the session's transport */
 #include "core/share.h"
 #include "wire/le.h"
 #include "transport.h"
@@ -139,7 +140,7 @@ static int check_locked(ferry_conn_t *c, const ferry_frame_t *f, uint32_t need)
         return ferry_fail(FERRY_ERR_CANCELLED, "request %llu was cancelled", (unsigned long long)f->req_id);
     /* The registry as it is now, whatever generation the initiator learned
      * (as tcp.c): a range registered again takes the access. */
-    return ferry_registry_check_locked(&e->registry, f->addr, f->len, need, 0, "target");
+    return ferry_registry_check_locked(ferry_engine_registry(e), f->addr, f->len, need, 0, "target");
 }
 
 /* The memory kind of the target range (host without a lookup when no
@@ -158,7 +159,7 @@ static uint32_t kind_locked(ferry_registry_t *r, const ferry_frame_t *f)
  * side. Returns the answer's status. */
 static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, bool write)
 {
-    ferry_registry_t *r = &c->engine->registry;
+    ferry_registry_t *r = ferry_engine_registry(c->engine);
     uint32_t need = write ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_REMOTE_READ;
     uint64_t done = 0;
     while (done < f->len) {
@@ -258,7 +259,7 @@ static int vec_copy_host(ferry_conn_t *c, struct shm_conn *sc, struct ferry_vec_
                          bool *device)
 {
     ferry_engine_t *e = c->engine;
-    ferry_registry_t *r = &e->registry;
+    ferry_registry_t *r = ferry_engine_registry(e);
     uint32_t need = write ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_REMOTE_READ;
     uint64_t version = 0;
     bool checked = false;
@@ -352,15 +353,15 @@ static int serve_cma_vec(ferry_conn_t *c, const ferry_frame_t *f)
     uint64_t moved = 0;
     for (size_t i = 0; i < n; i++)
         if (!v->st[i]) moved += v->d[i].len;
-    if (write) FERRY_STAT_ADD(&c->engine->stats, bytes_placed, moved);
-    else FERRY_STAT_ADD(&c->engine->stats, bytes_served, moved);
+    if (write) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, moved);
+    else FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, moved);
     return ferry_vec_send_ack(c, f, v, n, deadline);
 }
 
 static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
 {
     if (f->type == FERRY_FRAME_CMA_VEC) return serve_cma_vec(c, f);
-    uint64_t deadline = ferry_deadline_after_ms(c->engine->cfg.timeout_ms);
+    uint64_t deadline = ferry_deadline_after_ms(ferry_engine_config(c->engine)->timeout_ms);
     bool write = f->type == FERRY_FRAME_CMA_WRITE;
     bool map = f->type == FERRY_FRAME_SHM_MAP_REQ;
     uint8_t answer = write ? FERRY_FRAME_WRITE_ACK : FERRY_FRAME_READ_RESP;
@@ -390,8 +391,8 @@ static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
         status = copy_chunks(c, sc, f, write);
     if (status == FERRY_ERR_PEER_CLOSED) return status;
     if (status == 0) {
-        if (write) FERRY_STAT_ADD(&c->engine->stats, bytes_placed, f->len);
-        else FERRY_STAT_ADD(&c->engine->stats, bytes_served, f->len);
+        if (write) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, f->len);
+        else FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, f->len);
     }
     return shm_send_status(c, answer, f, status, deadline);
 }
@@ -426,22 +427,13 @@ static int recv_answer(ferry_conn_t *c, const struct inflight *in, int *broken, 
     return 0;
 }
 
-/* The target refused: this session moves to tcp for good, and the pieces
- * go again over TCP from their confirmed prefix. */
-static int fall_back(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, const char *why)
+/* The target refused, or cannot be reached by attach: the verdict moves
+ * this session to tcp for good, and the pieces go again over TCP from their
+ * confirmed prefix (transport.h). */
+static int fall_back(ferry_verdict_t *verdict, const char *why)
 {
-    ferry_session_t *s = c->session;
-    if (s) {
-        pthread_mutex_lock(&s->lock);
-        if (s->transport == &ferry_transport_shm) {
-            s->transport = &ferry_transport_tcp;
-            snprintf(s->transport_reason, sizeof s->transport_reason, "%s; fell back to tcp", why);
-            FERRY_LOG(FERRY_LOG_WARN, "shm", "%s: %s; using tcp", s->name, why);
-        }
-        pthread_mutex_unlock(&s->lock);
-    }
     ferry_clear_last_error();
-    return ferry_transport_tcp.run(c, xs, nx, broken);
+    return ferry_verdict_fall_back(verdict, "%s; fell back to tcp", why);
 }
 
 /* Whether the connection goes through something (a proxy, a port
@@ -462,7 +454,7 @@ static bool via_intermediary(ferry_conn_t *c, char *why, size_t cap)
  * cannot reach it, so such a stream goes over TCP, which stages it. */
 static bool any_device_local(ferry_engine_t *e, const ferry_xfer_t *xs, size_t nx)
 {
-    ferry_registry_t *r = &e->registry;
+    ferry_registry_t *r = ferry_engine_registry(e);
     if (ferry_registry_device_count(r) == 0) return false;
     bool found = false;
     ferry_registry_read_lock(r);
@@ -475,11 +467,11 @@ static bool any_device_local(ferry_engine_t *e, const ferry_xfer_t *xs, size_t n
 }
 
 
-static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
+static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, ferry_verdict_t *verdict)
 {
-    if (any_device_local(c->engine, xs, nx)) return ferry_transport_tcp.run(c, xs, nx, broken);
+    if (any_device_local(c->engine, xs, nx)) return ferry_transport_tcp.run(c, xs, nx, broken, verdict);
     char why[200];
-    if (via_intermediary(c, why, sizeof why)) return fall_back(c, xs, nx, broken, why);
+    if (via_intermediary(c, why, sizeof why)) return fall_back(verdict, why);
     *broken = 0;
     int mrc = shm_map_pass(c, xs, nx, broken);
     if (*broken) return mrc;
@@ -576,7 +568,7 @@ static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
     if (refused) {
         char why[256];
         snprintf(why, sizeof why, "shm refused by the target: %s", reason);
-        return fall_back(c, xs, nx, broken, why);
+        return fall_back(verdict, why);
     }
     for (size_t i = 0; i < nx; i++) {
         ferry_xfer_t *x = &xs[i];
@@ -616,7 +608,7 @@ static void yama_setup(void)
 static int shm_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, size_t cap)
 {
     static const uint8_t zero[16];
-    const char *t = e->cfg.transport;
+    const char *t = ferry_engine_config(e)->transport;
     if (t && strcmp(t, "auto") != 0 && strcmp(t, "shm") != 0) {
         snprintf(why, cap, "transport forced to %s", t);
         return 0;
@@ -625,7 +617,7 @@ static int shm_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, s
         snprintf(why, cap, "the peer does not offer cross-memory attach");
         return 0;
     }
-    if (memcmp(e->host_id, zero, sizeof zero) == 0 || memcmp(peer->host_id, e->host_id, sizeof e->host_id) != 0) {
+    if (memcmp(ferry_engine_host_id(e), zero, sizeof zero) == 0 || memcmp(peer->host_id, ferry_engine_host_id(e), sizeof peer->host_id) != 0) {
         snprintf(why, cap, "the peer is on another host");
         return 0;
     }
@@ -648,12 +640,15 @@ static uint32_t shm_hello_flags(ferry_engine_t *e)
     return FERRY_HELLO_F_SHMPOOL2;
 }
 
+static const uint8_t shm_frames[] = {FERRY_FRAME_CMA_WRITE, FERRY_FRAME_CMA_READ, FERRY_FRAME_SHM_MAP_REQ,
+                                     FERRY_FRAME_CMA_VEC};
+
 const ferry_transport_ops_t ferry_transport_shm = {
     .name = "shm",
     .usable = shm_usable,
     .run = shm_run,
     .serve = shm_serve,
-    .serve_types = (1u << FERRY_FRAME_CMA_WRITE) | (1u << FERRY_FRAME_CMA_READ) | (1u << FERRY_FRAME_SHM_MAP_REQ) |
-                   (1u << FERRY_FRAME_CMA_VEC),
+    .serve_types = shm_frames,
+    .nserve_types = sizeof shm_frames,
     .hello_flags = shm_hello_flags,
 };

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "core/clock.h"
+#include "core/engine.h"
 #include "core/fail.h"
 #include "core/memkind.h"
 #include "core/net.h"
@@ -147,8 +148,9 @@ static bool x_vec_ok(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, size_t cur, u
 /* Streams slices of every piece, from each piece's ->done on, keeping up
  * to a window of slices unanswered. A failed answer marks its piece and the
  * stream goes on, so one bad range does not stall the others. */
-static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
+static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, ferry_verdict_t *verdict)
 {
+    (void)verdict; /* tcp reaches every peer: it never falls back */
     size_t slice = c->engine->cfg.slice_size;
     unsigned window = window_slices(slice);
     struct inflight ring[256];
@@ -756,11 +758,13 @@ static int tcp_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, s
     return 1;
 }
 
+static const uint8_t tcp_frames[] = {FERRY_FRAME_WRITE, FERRY_FRAME_READ_REQ, FERRY_FRAME_WRITEV, FERRY_FRAME_READV};
+
 const ferry_transport_ops_t ferry_transport_tcp = {
     .name = "tcp",
     .usable = tcp_usable,
     .run = tcp_run,
     .serve = tcp_serve,
-    .serve_types = (1u << FERRY_FRAME_WRITE) | (1u << FERRY_FRAME_READ_REQ) | (1u << FERRY_FRAME_WRITEV) |
-                   (1u << FERRY_FRAME_READV),
+    .serve_types = tcp_frames,
+    .nserve_types = sizeof tcp_frames,
 };

@@ -11,7 +11,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/engine.h"
+#include "core/xport.h"
+
+/* What run() may tell the core besides its result. */
+typedef struct ferry_verdict {
+    /* Set by run: this transport cannot move the pieces of this session
+     * (the target refused it, or its set-up failed). The core then moves
+     * the session to tcp for good, records reason as its transport_reason
+     * (ferry_peer_info), and runs the pieces again over tcp on the same
+     * connection, each from its ->done on. run returns 0 with it. */
+    bool fall_back;
+    char reason[256];
+} ferry_verdict_t;
 
 typedef struct ferry_transport_ops {
     const char *name;
@@ -24,14 +35,18 @@ typedef struct ferry_transport_ops {
      * frames sent for a piece whose answer has not arrived (counted before
      * the first byte leaves): after a broken return the core fences those
      * pieces so that nothing of them lands late (core/cancel.h). Without a
-     * broken return, every answer must have been read. */
-    int (*run)(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken);
+     * broken return, every answer must have been read. It never writes
+     * session state: to leave for tcp it fills *verdict (above). */
+    int (*run)(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken, ferry_verdict_t *verdict);
     /* Target side: serves frame f of a type listed in serve_types. A
      * negative return closes the connection. Before touching memory, and
      * again before every chunk, it must check ferry_conn_is_cancelled()
      * under the registry's read lock: a CANCEL's barrier relies on it. */
     int (*serve)(ferry_conn_t *c, const ferry_frame_t *f);
-    uint32_t serve_types;      /* bit (1 << frame type) for each type served */
+    /* The frame types this transport serves (its own: no other transport
+     * lists them), nserve_types of them. */
+    const uint8_t *serve_types;
+    size_t nserve_types;
     /* Optional: FERRY_HELLO_F_* bits this engine advertises in every
      * handshake (what it can serve), e.g. FERRY_HELLO_F_RDMA. */
     uint32_t (*hello_flags)(ferry_engine_t *e);
@@ -61,6 +76,9 @@ static inline bool ferry_piece_sendable(const ferry_xfer_t *x, uint64_t off)
  * its detail (reason gets the text when not NULL); or, with *broken set, a
  * failure that leaves the connection unusable (I/O, ERROR frame, an answer
  * out of step). */
+/* run()'s verdict: fall back to tcp, because of the text why. Returns 0. */
+int ferry_verdict_fall_back(ferry_verdict_t *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 int ferry_recv_answer(ferry_conn_t *c, ferry_xfer_t *x, unsigned spin_us, ferry_frame_t *f, int *broken,
                       char *reason, size_t cap);
 
