@@ -368,11 +368,11 @@ static void record_requests(ferry_session_t *s, const ferry_xfer_t *xs, size_t n
 }
 
 static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const *locals, const uint64_t *remotes,
-                    const size_t *lens, size_t n)
+                    const size_t *lens, size_t n, bool checked)
 {
     if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "engine is NULL");
     if (!peer) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "peer name is NULL");
-    int rc = check_requests(e, opcode, locals, remotes, lens, n);
+    int rc = checked ? 0 : check_requests(e, opcode, locals, remotes, lens, n);
     if (rc) return rc;
     ferry_session_t *s;
     rc = ferry_session_get(e, peer, &s);
@@ -406,7 +406,15 @@ static int run_sync_entered(ferry_engine_t *e, const char *peer, int opcode, voi
     if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "engine is NULL");
     int rc = ferry_engine_enter(e);
     if (rc) return rc;
-    return ferry_engine_leave(e, run_sync(e, peer, opcode, locals, remotes, lens, n));
+    return ferry_engine_leave(e, run_sync(e, peer, opcode, locals, remotes, lens, n, false));
+}
+
+/* run_sync for requests the caller checked already (strided.c), inside
+ * the caller's ferry_engine_enter. */
+int ferry_run_sync_checked(ferry_engine_t *e, const char *peer, int opcode, void *const *locals,
+                           const uint64_t *remotes, const size_t *lens, size_t n)
+{
+    return run_sync(e, peer, opcode, locals, remotes, lens, n, true);
 }
 
 int ferry_transfer_sync(ferry_engine_t *e, const char *peer, int opcode, void *local, uint64_t remote, size_t len)
