@@ -47,6 +47,7 @@ int main(void)
 #include "harness.h"
 #include "transport/rdma.h"
 #include "transport/rdma_verbs.h"
+#include "wire/rdma_wire.h"
 
 /* ============================================================ fake HCA */
 
@@ -1857,6 +1858,76 @@ static void group_commit_post_refused(void **state)
     pair_end(&p);
 }
 
+/* Sends RDMA_COMMIT_GROUP of one piece [addr+len) on c and expects the
+ * target to drop the connection with an ERROR whose text has want. */
+static void expect_group_dropped(ferry_conn_t *c, uint64_t npieces, uint64_t addr, uint64_t len, const char *want)
+{
+    uint64_t dl = ferry_deadline_after_ms(5000);
+    uint8_t d[FERRY_RDMA_COMMIT_DESC_SIZE];
+    ferry_rdma_commit_desc_t desc = {addr, len, 1, 0};
+    ferry_rdma_commit_desc_encode(&desc, d);
+    ferry_frame_t g = {.type = FERRY_FRAME_RDMA_COMMIT_GROUP, .req_id = 1, .addr = len, .len = npieces,
+                       .plen = npieces ? sizeof d : 0}, f;
+    assert_int_equal(ferry_conn_send_frame(c, &g, d, dl), 0);
+    assert_int_equal(ferry_conn_recv_frame(c, &f, dl), 0);
+    assert_int_equal(f.type, FERRY_FRAME_ERROR);
+    assert_int_equal(ferry_conn_fail_from_target(c, &f, dl, NULL, 0), FERRY_ERR_MALFORMED_FRAME);
+    assert_detail_contains(want);
+}
+
+/* Sends a valid RDMA_CONNECT on c; the target accepts it. */
+static void raw_rdma_connect(ferry_conn_t *c)
+{
+    uint64_t dl = ferry_deadline_after_ms(5000);
+    ferry_rdma_qp_info_t qi = {.qpn = 0x999, .psn = 1, .lid = 1, .port = 1, .link_layer = FERRY_RDMA_LINK_IB,
+                               .mtu = 5, .rd_atom = 1, .recv_depth = 8};
+    uint8_t qb[FERRY_RDMA_QP_INFO_SIZE];
+    ferry_rdma_qp_info_encode(&qi, qb);
+    ferry_frame_t cf = {.type = FERRY_FRAME_RDMA_CONNECT, .plen = sizeof qb}, f;
+    assert_int_equal(ferry_conn_send_frame(c, &cf, qb, dl), 0);
+    assert_int_equal(ferry_conn_recv_frame(c, &f, dl), 0);
+    assert_int_equal(f.type, FERRY_FRAME_RDMA_CONNECT_ACK);
+    assert_int_equal(f.status, 0);
+    assert_int_equal(ferry_conn_discard(c, f.plen, dl), 0);
+}
+
+/* Raw RDMA_COMMIT_GROUPs the target refuses by closing the connection: no
+ * pieces, one before the queue pair exists, a bad descriptor, and one on
+ * a connection whose protocol predates group commits. */
+static void target_refuses_bad_group_commits(void **state)
+{
+    (void)state;
+    for (int version = 3; version >= 2; version--) {
+        pair_t p = pair_make_one_conn(5000, 0);
+        if (version == 2) ferry_test_set_protocol_version(p.initiator, 2);
+        unsigned char *dst = malloc(8192);
+        uint64_t a = (uint64_t)(uintptr_t)dst;
+        assert_int_equal(ferry_register(p.target, dst, 8192, FERRY_MEM_REMOTE), 0);
+        ferry_session_t *s;
+        assert_int_equal(ferry_session_get(p.initiator, p.peer, &s), 0);
+        for (int k = 0; k < (version == 3 ? 3 : 1); k++) {
+            ferry_conn_t *c;
+            assert_int_equal(ferry_session_checkout(s, ferry_deadline_after_ms(5000), &c), 0);
+            if (version == 2) {
+                raw_rdma_connect(c);
+                expect_group_dropped(c, 1, a, 64, "connection of protocol 2 (needs 3)");
+            } else if (k == 0) {
+                expect_group_dropped(c, 0, a, 64, "RDMA_COMMIT_GROUP of 0 pieces");
+            } else if (k == 1) {
+                expect_group_dropped(c, 1, a, 64, "RDMA_COMMIT_GROUP before RDMA_CONNECT");
+            } else {
+                raw_rdma_connect(c);
+                expect_group_dropped(c, 1, a, 0, "piece 0: [0x");
+            }
+            ferry_session_checkin(s, c, false);
+        }
+        ferry_session_put(s);
+        ferry_deregister(p.target, dst);
+        free(dst);
+        pair_end(&p);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1882,6 +1953,7 @@ int main(void)
         cmocka_unit_test(group_commit_fails_pieces_one_by_one),
         cmocka_unit_test(cancel_during_group_commit),
         cmocka_unit_test(group_commit_post_refused),
+        cmocka_unit_test(target_refuses_bad_group_commits),
     };
     return cmocka_run_group_tests(tests, start_hca, stop_hca);
 }
