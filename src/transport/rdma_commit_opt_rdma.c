@@ -17,7 +17,7 @@
 #include "wire/rdma_wire.h"
 
 /* An endpoint's buffers for group commits, either side, made at first use
- * (ferry_rdma_ep_t.group; freed with the endpoint): nothing per piece or
+ * (struct rdma_ep.group; freed with the endpoint): nothing per piece or
  * per frame allocates. raw holds the descriptors, or the statuses. */
 struct ferry_rdma_group {
     uint8_t raw[FERRY_RDMA_GROUP_MAX * FERRY_RDMA_COMMIT_DESC_SIZE];
