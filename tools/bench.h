@@ -26,6 +26,7 @@ struct opts {
     size_t batch;
     int threads;
     double duration;
+    int duration_set;     /* --duration given (the target serves until killed without it) */
     double warmup;
     const char *transport;
     int conns;

@@ -218,7 +218,10 @@ int bench_parse_opts(int argc, char **argv, int first, struct opts *o)
         case O_SESSIONS: if (opt_long("bench", "sessions", optarg, 1, 100000, &v)) return 2; o->sessions = (int)v; break;
         case O_BLOCKS: if (opt_long("bench", "blocks", optarg, 1, 1L << 30, &v)) return 2; o->blocks = (size_t)v; break;
         case O_SPIN_US: if (opt_long("bench", "spin-us", optarg, -1, 1000000, &v)) return 2; o->spin_us = (int)v; break;
-        case O_DURATION: if (opt_double("bench", "duration", optarg, 0, 86400, &o->duration)) return 2; break;
+        case O_DURATION:
+            if (opt_double("bench", "duration", optarg, 0, 86400, &o->duration)) return 2;
+            o->duration_set = 1;
+            break;
         case O_WARMUP: if (opt_double("bench", "warmup", optarg, 0, 3600, &o->warmup)) return 2; break;
         case O_IDLE: if (opt_double("bench", "idle", optarg, 0, 3600, &o->idle)) return 2; break;
         case O_REMOTE_ADDR: if (opt_u64("bench", "remote-addr", optarg, &addr)) return 2; o->remote_addr = addr; break;
@@ -240,8 +243,8 @@ int bench_parse_opts(int argc, char **argv, int first, struct opts *o)
             return 2;
         }
     }
-    if (optind < n) {
-        fprintf(stderr, "ferry bench: unexpected argument '%s'\n\n", args[optind]);
+    if (opt_none_left("bench", n, args) != 0) {
+        fprintf(stderr, "\n");
         bench_usage(stderr);
         return 2;
     }

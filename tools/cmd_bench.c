@@ -356,9 +356,7 @@ static int cmd_bench(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "target") == 0) {
         if (bench_parse_opts(argc, argv, 2, &o)) return 2;
         /* The target serves until killed unless --duration was given. */
-        int given = 0;
-        for (int i = 2; i < argc; i++) given |= strncmp(argv[i], "--duration", 10) == 0; /* also --duration=S */
-        if (!given) o.duration = 0;
+        if (!o.duration_set) o.duration = 0;
         setvbuf(stdout, NULL, _IONBF, 0);
         return run_target(&o, STDOUT_FILENO);
     }

@@ -264,7 +264,8 @@ static void submit_end(ferry_batch_t *b)
     pthread_mutex_unlock(&b->lock);
 }
 
-static long batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_t *reqs, size_t n, int timeout_ms)
+static long batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_t *reqs, size_t n, int timeout_ms,
+                         bool checked)
 {
     ferry_clear_last_error();
     int rc = batch_check(b, "batch submit");
@@ -277,7 +278,7 @@ static long batch_submit(ferry_batch_t *b, const char *peer, const ferry_request
         pthread_mutex_unlock(&b->lock);
         return (long)count;
     }
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; !checked && i < n; i++) {
         rc = ferry_check_request(e, reqs[i].opcode, reqs[i].local, reqs[i].remote, reqs[i].len);
         if (rc) return ferry_fail_context("batch submit: request %zu of %zu", i, n);
     }
@@ -584,7 +585,27 @@ long ferry_batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_
     if (rc) return rc;
     rc = ferry_engine_enter(b->engine);
     if (rc) return rc;
-    long first = batch_submit(b, peer, reqs, n, timeout_ms);
+    long first = batch_submit(b, peer, reqs, n, timeout_ms, false);
+    rc = ferry_engine_leave(b->engine, first < 0 ? (int)first : 0);
+    return rc ? rc : first;
+}
+
+/* b's engine once batch_check passes, else NULL with the failure raised
+ * (strided.c). */
+ferry_engine_t *ferry_batch_engine(const ferry_batch_t *b)
+{
+    return batch_check(b, "batch submit") ? NULL : b->engine;
+}
+
+/* ferry_batch_submit of requests the caller checked already (strided.c). */
+long ferry_batch_submit_checked(ferry_batch_t *b, const char *peer, const ferry_request_t *reqs, size_t n,
+                                int timeout_ms)
+{
+    int rc = batch_check(b, "batch submit");
+    if (rc) return rc;
+    rc = ferry_engine_enter(b->engine);
+    if (rc) return rc;
+    long first = batch_submit(b, peer, reqs, n, timeout_ms, true);
     rc = ferry_engine_leave(b->engine, first < 0 ? (int)first : 0);
     return rc ? rc : first;
 }

@@ -49,6 +49,7 @@ struct ferry_engine {
     struct ferry_directory_cache *dir_cache; /* peers looked up (directory.c) */
 
     pthread_t listener;
+    struct ferry_evloop *evloop; /* the serving threads (evloop.c) */
     pthread_mutex_t conns_lock;
     ferry_conn_t *conns;       /* target side, served connections */
     int nconns_served;         /* length of conns (under conns_lock) */

@@ -276,15 +276,15 @@ static void rdma_engine_fini(ferry_engine_t *e)
     state_free(e, st);
 }
 
-static int rdma_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken)
+static int rdma_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken, ferry_verdict_t *verdict)
 {
 #ifdef FERRY_HAVE_RDMA
     struct ferry_rdma *st = state_get(c->engine);
-    if (st && st->usable) return ferry_rdma_verbs_run(c, st->dev, xs, n, broken);
+    if (st && st->usable) return ferry_rdma_verbs_run(c, st->dev, xs, n, broken, verdict);
 #endif
     /* Chosen for a session, then made unusable (a test's reprobe): TCP
      * still reaches the peer over this very connection. */
-    return ferry_transport_tcp.run(c, xs, n, broken);
+    return ferry_transport_tcp.run(c, xs, n, broken, verdict);
 }
 
 /* What an engine without a usable device answers: RDMA_CONNECT and
