@@ -96,7 +96,10 @@ static void round_trip(pair_t *p, size_t n, bool expect_compact)
     memcpy(copy, p->src, n * PIECE);
     memset(p->src, 0, n * PIECE);
     d = strided(p, FERRY_OP_READ, lidx, ridx, n);
+    before = ferry_vec_compact_served();
     assert_int_equal(ferry_strided_transfer_sync(p->initiator, p->peer, &d), 0);
+    if (expect_compact) assert_true(ferry_vec_compact_served() > before); /* READV, or CMA_VEC pushing */
+    else assert_int_equal(ferry_vec_compact_served(), before);
     for (size_t i = 0; i < n; i++) assert_memory_equal(p->src + lidx[i] * PIECE, copy + i * PIECE, PIECE);
     memcpy(p->src, copy, n * PIECE);
     free(copy);
