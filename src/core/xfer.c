@@ -11,13 +11,6 @@
 #include "log.h"
 #include "transport/transport.h"
 
-void ferry_xfer_fail(ferry_xfer_t *x, int rc)
-{
-    x->rc = rc;
-    free(x->detail);
-    x->detail = strdup(ferry_fail_message());
-}
-
 static const char *op_name(int opcode) { return opcode == FERRY_OP_WRITE ? "write" : "read"; }
 
 int ferry_check_local(ferry_engine_t *e, const void *local, uint64_t len)
