@@ -8,7 +8,11 @@
  * The connections come from a child process forked before any thread, so
  * that the target's process holds only its own end of each; both raise
  * their descriptor limit to the hard limit, and the test skips when that is
- * too low for N. */
+ * too low for N.
+ *
+ * With every thread data frames may hold stalled in a write, handshakes,
+ * PINGs and CANCELs are still answered at once, and the writes queued
+ * behind them are served once a thread comes free. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -171,10 +175,81 @@ static void ten_thousand_idle_connections(void **state)
     free(dst);
 }
 
+/* A WRITE of len bytes into addr whose header and first kilobyte are sent,
+ * the rest held back. */
+static void start_write(int fd, uint64_t req_id, uint64_t addr, uint32_t len, const unsigned char *data)
+{
+    ferry_frame_t f = {.type = FERRY_FRAME_WRITE, .req_id = req_id, .addr = addr, .len = len, .plen = len};
+    assert_int_equal(raw_send(fd, &f, NULL), 0);
+    assert_int_equal(raw_send_bytes(fd, data, 1024), 0);
+}
+
+static void control_frames_pass_stalled_writes(void **state)
+{
+    (void)state;
+    enum { THREADS = 4, STALLED = THREADS, LEN = 64 << 10 };
+    setenv("FERRY_SERVE_THREADS", "1", 1);
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.transport = "tcp";
+    ferry_engine_t *tgt = NULL;
+    assert_int_equal(ferry_engine_create(&cfg, &tgt), FERRY_ERR_INVALID_ARGUMENT);
+    assert_detail_contains("FERRY_SERVE_THREADS");
+    setenv("FERRY_SERVE_THREADS", "4", 1);
+    cfg.timeout_ms = 20000;
+    tgt = harness_engine_cfg(&cfg);
+    unsetenv("FERRY_SERVE_THREADS");
+    assert_int_equal(ferry_evloop_threads(tgt), THREADS);
+    unsigned char *remote = calloc(1, STALLED * LEN), *data = malloc(LEN);
+    assert_int_equal(ferry_register(tgt, remote, STALLED * LEN, FERRY_MEM_REMOTE), 0);
+    harness_fill(data, LEN, 5);
+    uint16_t port = ferry_engine_port(tgt);
+
+    /* As many stalled writes as there are threads: two hold the threads
+     * data frames may take, two wait for them. */
+    int stalled[STALLED];
+    for (int i = 0; i < STALLED; i++) {
+        assert_true((stalled[i] = raw_handshaken(port)) >= 0);
+        start_write(stalled[i], 100 + (uint64_t)i, (uint64_t)(uintptr_t)(remote + i * LEN), LEN, data);
+    }
+    usleep(200000);
+
+    /* Still answered at once: a handshake, a PING, a CANCEL. */
+    uint64_t t0 = harness_now_ms();
+    int ctl = raw_handshaken(port);
+    assert_true(ctl >= 0);
+    ferry_frame_t f = {.type = FERRY_FRAME_PING, .req_id = 7}, got;
+    assert_int_equal(raw_send(ctl, &f, NULL), 0);
+    assert_int_equal(raw_recv(ctl, &got, NULL, 0, 2000), 0);
+    assert_int_equal(got.type, FERRY_FRAME_PONG);
+    f = (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .req_id = 999};
+    assert_int_equal(raw_send(ctl, &f, NULL), 0);
+    assert_int_equal(raw_recv(ctl, &got, NULL, 0, 2000), 0);
+    assert_int_equal(got.type, FERRY_FRAME_CANCEL_ACK);
+    fprintf(stderr, "with %d writes stalled on %d threads: handshake, PING and CANCEL answered in %llu ms\n", STALLED,
+            THREADS, (unsigned long long)(harness_now_ms() - t0));
+
+    /* The rest of each write comes: all four are placed and acknowledged,
+     * the queued ones once a thread came free. */
+    for (int i = 0; i < STALLED; i++) assert_int_equal(raw_send_bytes(stalled[i], data + 1024, LEN - 1024), 0);
+    for (int i = 0; i < STALLED; i++) {
+        assert_int_equal(raw_recv(stalled[i], &got, NULL, 0, 10000), 0);
+        assert_int_equal(got.type, FERRY_FRAME_WRITE_ACK);
+        assert_int_equal(got.status, 0);
+        assert_true(harness_check(remote + i * LEN, LEN, 5));
+        close(stalled[i]);
+    }
+    close(ctl);
+    ferry_engine_destroy(tgt);
+    free(remote);
+    free(data);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(ten_thousand_idle_connections),
+        cmocka_unit_test(ten_thousand_idle_connections), /* first: it forks */
+        cmocka_unit_test(control_frames_pass_stalled_writes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

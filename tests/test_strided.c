@@ -130,6 +130,34 @@ static void sync_round_trip_crc(void **state)
     pair_free(p);
 }
 
+/* Plain batches travel compactly too when their pieces share a length:
+ * the first pieces suggest one stride (8 KiB), later ones refine it (2 KiB,
+ * then 16 B), and every piece lands where it was sent. */
+static void plain_batch_refined_stride(void **state)
+{
+    (void)state;
+    const char *transports[2] = {"tcp", "shm"};
+    for (int t = 0; t < 2; t++) {
+        pair_t *p = pair_new(transports[t], 0);
+        enum { N = 40, LEN = 512 };
+        void *locals[N];
+        uint64_t remotes[N];
+        size_t lens[N];
+        for (size_t i = 0; i < N; i++) {
+            uint64_t off = i < 8 ? (N - i) * 8192 : i < 20 ? i * 2048 : 400000 + i * 1040; /* none overlap */
+            locals[i] = p->src + (i * 7 % N) * 1056; /* local side: a 1,056-byte stride, out of order */
+            remotes[i] = (uint64_t)(uintptr_t)p->dst + off;
+            lens[i] = LEN;
+        }
+        uint64_t before = ferry_vec_compact_served();
+        assert_int_equal(ferry_batch_transfer_sync(p->initiator, p->peer, FERRY_OP_WRITE, locals, remotes, lens, N), 0);
+        assert_true(ferry_vec_compact_served() > before);
+        for (size_t i = 0; i < N; i++)
+            assert_memory_equal(p->dst + (remotes[i] - (uint64_t)(uintptr_t)p->dst), locals[i], LEN);
+        pair_free(p);
+    }
+}
+
 /* A target that speaks only protocol 2 (vector frames, no compact form)
  * or 1 (no vector frames) gets the pieces expanded on the initiator. */
 static void older_peers(void **state)
@@ -361,6 +389,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(sync_round_trip_tcp), cmocka_unit_test(sync_round_trip_shm),
         cmocka_unit_test(sync_round_trip_crc), cmocka_unit_test(older_peers),
+        cmocka_unit_test(plain_batch_refined_stride),
         cmocka_unit_test(async_submit),        cmocka_unit_test(bounds_refused),
         cmocka_unit_test(cancel_compact_group), cmocka_unit_test(hostile_frames),
     };

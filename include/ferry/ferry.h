@@ -58,7 +58,7 @@ extern "C" {
     (FERRY_VERSION_MAJOR * 10000 + FERRY_VERSION_MINOR * 100 + FERRY_VERSION_PATCH)
 /* Wire protocol version spoken by this build (the newest; it also speaks
  * every version down to 1 with peers that are older). 2: vector frames;
- * 3: compact (strided) vector frames. */
+ * 3: compact (strided) vector frames, RDMA group commits. */
 #define FERRY_PROTOCOL_VERSION 3
 
 /* The version of the library loaded at run time, "MAJOR.MINOR.PATCH", which

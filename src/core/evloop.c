@@ -91,6 +91,10 @@ typedef struct ferry_served {
     uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
     size_t hgot;
     _Atomic uint64_t header_due_ns;
+    /* Bumped (release) by each owner as it parks the connection and read
+     * (acquire) by the next: epoll hands the connection over, but thread
+     * sanitizers do not see an EPOLL_CTL_MOD as a release. */
+    atomic_uint handoff;
 } ferry_served_t;
 
 struct ferry_evloop {
@@ -99,6 +103,10 @@ struct ferry_evloop {
     int nthreads;
     int data_slots;             /* threads that may serve data frames at once */
     pthread_mutex_t lock;       /* guards data_busy and the queue */
+    /* Held around re-arming and removing a connection: the kernel orders a
+     * park before the next owner's close, but thread sanitizers see the
+     * close race the earlier owner's epoll_ctl unless a lock orders them. */
+    pthread_mutex_t arm_lock;
     int data_busy;
     ferry_conn_t *queue_head, *queue_tail;
 };
@@ -108,7 +116,10 @@ struct ferry_evloop {
 static int arm(ferry_engine_t *e, ferry_conn_t *c, int op)
 {
     struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT, .data.ptr = c};
-    return epoll_ctl(e->evloop->epfd, op, c->fd, &ev);
+    pthread_mutex_lock(&e->evloop->arm_lock);
+    int rc = epoll_ctl(e->evloop->epfd, op, c->fd, op == EPOLL_CTL_DEL ? NULL : &ev);
+    pthread_mutex_unlock(&e->evloop->arm_lock);
+    return rc;
 }
 
 /* The owner is done with c: its serving ended with rc (0: quietly, it was
@@ -116,7 +127,7 @@ static int arm(ferry_engine_t *e, ferry_conn_t *c, int op)
 static void end_conn(ferry_engine_t *e, ferry_conn_t *c, int rc)
 {
     ferry_serve_ended(c, rc);
-    epoll_ctl(e->evloop->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    arm(e, c, EPOLL_CTL_DEL);
     shutdown(c->fd, SHUT_RDWR);
     ferry_listener_conn_done(c);
 }
@@ -125,6 +136,7 @@ static void end_conn(ferry_engine_t *e, ferry_conn_t *c, int rc)
  * thread may own it at once. */
 static void park(ferry_engine_t *e, ferry_conn_t *c)
 {
+    atomic_fetch_add_explicit(&c->served->handoff, 1, memory_order_release);
     if (arm(e, c, EPOLL_CTL_MOD) != 0)
         end_conn(e, c, ferry_fail(FERRY_ERR_SOCKET, "epoll: cannot watch the connection from %s: %s", c->remote,
                                   strerror(errno)));
@@ -368,6 +380,7 @@ static bool serve_turn(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t *
 
 static void take_turn(ferry_engine_t *e, ferry_conn_t *c)
 {
+    atomic_load_explicit(&c->served->handoff, memory_order_acquire);
     if (c->served->phase != PHASE_FRAMES) {
         handshake_step(e, c);
         return;
@@ -397,11 +410,13 @@ static void *serve_main(void *arg)
 }
 
 /* FERRY_SERVE_THREADS, else four per CPU (they mostly wait on peers),
- * between 8 and 32, plus the control threads. */
+ * between 8 and 32, plus the control threads; INVALID_ARGUMENT naming the
+ * variable when it is set to something else. */
 static int serve_threads(void)
 {
     long v = 0;
-    if (ferry_env_long("FERRY_SERVE_THREADS", SERVE_THREADS_MIN, SERVE_THREADS_MAX, &v) == 1) return (int)v;
+    int rc = ferry_env_long("FERRY_SERVE_THREADS", SERVE_THREADS_MIN, SERVE_THREADS_MAX, &v);
+    if (rc) return rc < 0 ? rc : (int)v;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     long data = cpus > 0 ? 4 * cpus : 8;
     data = data < 8 ? 8 : data > 32 ? 32 : data;
@@ -413,6 +428,7 @@ static void loop_free(struct ferry_evloop *l)
     if (l->epfd >= 0) close(l->epfd);
     if (l->stop_fd >= 0) close(l->stop_fd);
     pthread_mutex_destroy(&l->lock);
+    pthread_mutex_destroy(&l->arm_lock);
     free(l->threads);
     free(l);
 }
@@ -420,9 +436,11 @@ static void loop_free(struct ferry_evloop *l)
 int ferry_evloop_start(ferry_engine_t *e)
 {
     int want = serve_threads();
+    if (want < 0) return want;
     struct ferry_evloop *l = calloc(1, sizeof *l);
     if (!l) return ferry_fail(FERRY_ERR_MEMORY, "serving threads: out of memory");
     pthread_mutex_init(&l->lock, NULL);
+    pthread_mutex_init(&l->arm_lock, NULL);
     l->epfd = epoll_create1(EPOLL_CLOEXEC);
     l->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     l->threads = calloc((size_t)want, sizeof *l->threads);

@@ -238,6 +238,9 @@ void ferry_listener_conn_done(ferry_conn_t *c)
             break;
         }
     }
+    /* Its descriptor is free once it no longer counts (test_listener_fds). */
+    close(c->fd);
+    c->fd = -1;
     pthread_mutex_unlock(&e->conns_lock);
     ferry_conn_free(c);
 }

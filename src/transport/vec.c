@@ -127,21 +127,36 @@ static uint64_t piece_addr(const ferry_xfer_t *x, bool local)
 }
 
 /* Describes the addresses of pieces g[0..n) (local or remote) as base +
- * index * stride: the stride is the greatest common divisor of their
- * distances (the piece length when they coincide), indices written to
- * idx as u32. False when an index would not fit 32 bits. */
+ * index * stride, indices written to idx as u32: the stride is the
+ * greatest common divisor of their distances from the lowest (the piece
+ * length when they coincide). It is guessed from the first pieces and
+ * refined only when a later one does not fall on it, so a frame of pieces
+ * on one stride costs a division a piece (a shift for a power of two).
+ * False when an index would not fit 32 bits. */
 static bool fit_strided(const ferry_xfer_t *g, size_t n, bool local, uint64_t *base, uint64_t *stride, uint8_t *idx)
 {
-    uint64_t first = piece_addr(&g[0], local), lo = first, hi = first, d = 0;
+    uint64_t lo = piece_addr(&g[0], local), hi = lo;
     for (size_t i = 1; i < n; i++) {
         uint64_t a = piece_addr(&g[i], local);
-        d = gcd64(a > first ? a - first : first - a, d);
         if (a < lo) lo = a;
         if (a > hi) hi = a;
     }
+    uint64_t d = 0;
+    for (size_t i = 0; i < n && i < 8; i++) d = gcd64(piece_addr(&g[i], local) - lo, d);
     if (d == 0) d = g[0].len;
-    if ((hi - lo) / d > UINT32_MAX) return false;
-    for (size_t i = 0; i < n; i++) put32(idx + 4 * i, (uint32_t)((piece_addr(&g[i], local) - lo) / d));
+    for (;;) {
+        if ((hi - lo) / d > UINT32_MAX) return false;
+        bool pow2 = (d & (d - 1)) == 0;
+        unsigned shift = (unsigned)__builtin_ctzll(d);
+        size_t i = 0;
+        for (; i < n; i++) {
+            uint64_t off = piece_addr(&g[i], local) - lo, k = pow2 ? off >> shift : off / d;
+            if (k * d != off) break;
+            put32(idx + 4 * i, (uint32_t)k);
+        }
+        if (i == n) break;
+        d = gcd64(piece_addr(&g[i], local) - lo, d); /* a smaller divisor of d: ends */
+    }
     *base = lo;
     *stride = d;
     return true;
