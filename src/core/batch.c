@@ -1,6 +1,7 @@
 /* Batches: cutting requests into pieces, the worker pool that runs them on
  * several connections at once, and the async batch API. */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +31,9 @@ int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const 
 {
     size_t total = 0;
     for (size_t i = 0; i < n; i++) total += lens[i] < STRIPE_MIN ? 1 : (size_t)stripes_for(e, lens[i]);
-    ferry_xfer_t *xs = calloc(total, sizeof *xs);
+    /* Every field is set below (a compound literal zeroes the rest): no
+     * calloc, which would clear 136 bytes a piece twice. */
+    ferry_xfer_t *xs = malloc(total * sizeof *xs);
     if (!xs) return ferry_fail(FERRY_ERR_MEMORY, "%zu transfer pieces: out of memory", total);
     size_t k = 0;
     uint64_t slice = e->cfg.slice_size;
@@ -185,6 +188,48 @@ static size_t partition(const ferry_xfer_t *xs, size_t n, size_t groups, size_t 
 
 /* ------------------------------------------------- sync parallel runs */
 
+/* Before blocking on a condition variable until *pending (guarded by
+ * lock) is 0, busy-polls it for the engine's spin budget (spin.h:
+ * config.spin_us, else learnt from the recent such waits, so none when they
+ * are long or the engine is idle), yielding the CPU at each turn: a worker
+ * finishing in microseconds then costs no cross-CPU wake-up. Returns with
+ * the lock held, and whether *pending was 0 by then. */
+static bool spin_until_zero_locked(ferry_engine_t *e, pthread_mutex_t *lock, const size_t *pending,
+                                   uint64_t deadline)
+{
+    unsigned spin_us = *pending ? ferry_spin_us(&e->batch_spin, e->cfg.spin_us) : 0;
+    if (spin_us == 0) return *pending == 0;
+    uint64_t until = ferry_now_ns() + (uint64_t)spin_us * 1000u;
+    if (until > deadline) until = deadline;
+    while (*pending > 0 && ferry_now_ns() < until) {
+        pthread_mutex_unlock(lock);
+        sched_yield();
+        pthread_mutex_lock(lock);
+    }
+    return *pending == 0;
+}
+
+/* Waits until *pending (guarded by lock, held) is 0: spinning first
+ * (spin_until_zero_locked), then on cond, until deadline (UINT64_MAX:
+ * none). Records the wait's length for the adaptive spin when it waited.
+ * 0, or ETIMEDOUT with *pending still above 0. */
+static int wait_zero_locked(ferry_engine_t *e, pthread_mutex_t *lock, pthread_cond_t *cond, const size_t *pending,
+                            uint64_t deadline)
+{
+    if (*pending == 0) return 0;
+    uint64_t t0 = ferry_now_ns();
+    if (!spin_until_zero_locked(e, lock, pending, deadline)) {
+        struct timespec ts = ferry_deadline_timespec(deadline);
+        while (*pending > 0) {
+            if (deadline == UINT64_MAX) pthread_cond_wait(cond, lock);
+            else if (pthread_cond_timedwait(cond, lock, &ts) == ETIMEDOUT && *pending > 0) return ETIMEDOUT;
+        }
+    }
+    ferry_spin_record(&e->batch_spin, ferry_now_ns() - t0);
+    return 0;
+}
+
+
 struct join {
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -233,7 +278,7 @@ int ferry_run_parallel(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, 
     }
     ferry_xfer_run(e, s, xs, starts[1]);
     pthread_mutex_lock(&j.lock);
-    while (j.left > 0) pthread_cond_wait(&j.cond, &j.lock);
+    wait_zero_locked(e, &j.lock, &j.cond, &j.left, UINT64_MAX);
     pthread_mutex_unlock(&j.lock);
     pthread_mutex_destroy(&j.lock);
     pthread_cond_destroy(&j.cond);
@@ -630,39 +675,17 @@ int ferry_batch_status(ferry_batch_t *b, size_t idx, ferry_status_t *st)
     return 0;
 }
 
-/* Bounded spinning before blocking (config.spin_us): re-checks the batch
- * without sleeping, for callers that trade a core for wake-up latency. */
-static void spin_until_idle(ferry_batch_t *b, uint64_t deadline)
-{
-    int spin_us = b->engine->cfg.spin_us;
-    if (spin_us <= 0) return;
-    uint64_t until = ferry_now_ns() + (uint64_t)spin_us * 1000u;
-    if (until > deadline) until = deadline;
-    do {
-        pthread_mutex_lock(&b->lock);
-        size_t left = b->tasks_pending;
-        pthread_mutex_unlock(&b->lock);
-        if (left == 0) return;
-    } while (ferry_now_ns() < until);
-}
-
 int ferry_batch_wait(ferry_batch_t *b, int timeout_ms)
 {
     ferry_clear_last_error();
     int check = batch_check(b, "batch wait");
     if (check) return check;
     uint64_t deadline = ferry_deadline_after_ms(timeout_ms);
-    spin_until_idle(b, deadline);
-    struct timespec ts = ferry_deadline_timespec(deadline);
     pthread_mutex_lock(&b->lock);
-    while (b->tasks_pending > 0) {
-        if (deadline == UINT64_MAX) {
-            pthread_cond_wait(&b->cond, &b->lock);
-        } else if (pthread_cond_timedwait(&b->cond, &b->lock, &ts) == ETIMEDOUT && b->tasks_pending > 0) {
-            size_t left = b->tasks_pending;
-            pthread_mutex_unlock(&b->lock);
-            return ferry_fail(FERRY_ERR_TIMEOUT, "batch wait: %zu task(s) still running after %d ms", left, timeout_ms);
-        }
+    if (wait_zero_locked(b->engine, &b->lock, &b->cond, &b->tasks_pending, deadline) == ETIMEDOUT) {
+        size_t left = b->tasks_pending;
+        pthread_mutex_unlock(&b->lock);
+        return ferry_fail(FERRY_ERR_TIMEOUT, "batch wait: %zu task(s) still running after %d ms", left, timeout_ms);
     }
     int rc = 0;
     for (size_t i = 0; i < b->count && rc == 0; i++) {
