@@ -28,6 +28,10 @@ ferry_peer_stats_t *ferry_metrics_peer(ferry_metrics_t *m, const char *peer);
 /* A request ended: rc 0 or its code, bytes confirmed, latency. */
 void ferry_metrics_request(ferry_peer_stats_t *p, const char *transport, int opcode, uint64_t bytes,
                            uint64_t latency_ns, int rc);
+/* The same for count successful requests of one call (one latency): one
+ * hold of the lock for all of them. */
+void ferry_metrics_requests_ok(ferry_peer_stats_t *p, const char *transport, int opcode, uint64_t count,
+                               uint64_t bytes, uint64_t latency_ns);
 void ferry_metrics_retry(ferry_peer_stats_t *p);
 
 /* metrics_http: the optional GET /metrics endpoint. */
