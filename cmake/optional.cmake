@@ -49,7 +49,7 @@ if(FERRY_WITH_HTTP)
   endif()
 endif()
 
-# ---- RDMA transport (branch rdma): src/transport/rdma_opt_rdma.c ----------
+# ---- RDMA transport (branch rdma): src/transport/rdma*_opt_rdma.c ----------
 # Needs only <infiniband/verbs.h> at build time (Debian: libibverbs-dev).
 # libibverbs is NOT linked: the transport dlopen()s libibverbs.so.1 at an
 # engine's first probe, and only when sysfs lists an RDMA device, so the
@@ -59,7 +59,8 @@ if(FERRY_WITH_RDMA)
   find_path(FERRY_IBVERBS_INCLUDE_DIR infiniband/verbs.h)
   if(FERRY_IBVERBS_INCLUDE_DIR)
     set(FERRY_HAVE_RDMA ON)
-    target_sources(ferry_objects PRIVATE ${CMAKE_SOURCE_DIR}/src/transport/rdma_opt_rdma.c)
+    file(GLOB FERRY_RDMA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/transport/*_opt_rdma.c)
+    target_sources(ferry_objects PRIVATE ${FERRY_RDMA_SOURCES})
     target_include_directories(ferry_objects PRIVATE ${FERRY_IBVERBS_INCLUDE_DIR})
     target_compile_definitions(ferry_objects PRIVATE FERRY_HAVE_RDMA=1)
     target_link_libraries(ferry_objects PRIVATE ${CMAKE_DL_LIBS})

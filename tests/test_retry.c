@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/stats.h"
+#include "core/metrics.h"
 #include "fault.h"
 #include "harness.h"
 

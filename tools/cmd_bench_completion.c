@@ -12,6 +12,8 @@
  *                 pool (alloc+send+free), with N regions registered
  * Loopback, one process; figures are noisy on a shared machine: read the
  * ratios. */
+#include <getopt.h>
+#include <math.h>
 #include <poll.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -22,52 +24,26 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include <ferry/ferry.h>
 
 #include "cli.h"
+#include "opts.h"
+#include "util.h"
 
 /* Human-readable lines go to out (stderr under --json, whose object is
  * the only thing on stdout). */
 static FILE *out;
 
-#define JSON_MAX 32
-static struct {
-    const char *key;
-    double value;
-} json_fields[JSON_MAX];
-static int json_n;
+/* The --json object; each figure is added as it is measured. */
+static json_t *json_fields;
 
 static void json_add(const char *key, double value)
 {
-    if (json_n < JSON_MAX) json_fields[json_n].key = key, json_fields[json_n++].value = value;
-}
-
-static void json_print(void)
-{
-    printf("{");
-    for (int i = 0; i < json_n; i++) printf("%s\"%s\": %.6g", i ? ", " : "", json_fields[i].key, json_fields[i].value);
-    printf("}\n");
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static double cpu_s(void)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
-           ru.ru_stime.tv_usec / 1e6;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
+    if (!json_fields) json_fields = json_object();
+    /* A ratio over a zero time is not a number: null, not invalid JSON. */
+    json_object_set_new(json_fields, key, isfinite(value) ? json_real(value) : json_null());
 }
 
 static ferry_engine_t *engine(int spin_us)
@@ -99,18 +75,18 @@ static void idle_cpu(double seconds)
     CHECK(ferry_register(a, src, sizeof src, FERRY_MEM_LOCAL));
     CHECK(ferry_register(b, dst, sizeof dst, FERRY_MEM_REMOTE));
     CHECK(ferry_transfer_sync(a, ferry_engine_name(b), FERRY_OP_WRITE, src, (uint64_t)(uintptr_t)dst, sizeof src));
-    double c0 = cpu_s(), t0 = now_s();
+    double c0 = self_cpu_s(), t0 = now_s();
     struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
     nanosleep(&ts, NULL);
-    double ferry_pct = 100 * (cpu_s() - c0) / (now_s() - t0);
+    double ferry_pct = 100 * (self_cpu_s() - c0) / (now_s() - t0);
     /* Baseline: one thread busy-polling an idle socket for the same time. */
     int sv[2];
     socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
-    c0 = cpu_s();
+    c0 = self_cpu_s();
     t0 = now_s();
     struct pollfd p = {.fd = sv[0], .events = POLLIN};
     while (now_s() - t0 < seconds) poll(&p, 1, 0);
-    double spin_pct = 100 * (cpu_s() - c0) / (now_s() - t0);
+    double spin_pct = 100 * (self_cpu_s() - c0) / (now_s() - t0);
     close(sv[0]);
     close(sv[1]);
     json_add("idle_cpu_pct", ferry_pct);
@@ -132,13 +108,13 @@ static void wait_mode(int spin_us, int n, double *p50, double *p99, double *cpu_
     CHECK(ferry_register(b, dst, sizeof dst, FERRY_MEM_REMOTE));
     CHECK(ferry_session_open(a, peer));
     double *lat = malloc((size_t)n * sizeof *lat);
-    double c0 = cpu_s();
+    double c0 = self_cpu_s();
     for (int i = 0; i < n; i++) {
         double t = now_s();
         CHECK(ferry_transfer_sync(a, peer, FERRY_OP_WRITE, src, (uint64_t)(uintptr_t)dst, sizeof src));
         lat[i] = (now_s() - t) * 1e6;
     }
-    *cpu_us = (cpu_s() - c0) * 1e6 / n;
+    *cpu_us = (self_cpu_s() - c0) * 1e6 / n;
     qsort(lat, (size_t)n, sizeof *lat, cmp_double);
     *p50 = lat[n / 2];
     *p99 = lat[n * 99 / 100];
@@ -316,34 +292,46 @@ static void scale_and_short_lived(size_t regions)
     free(mem);
 }
 
+static int usage(FILE *f)
+{
+    fprintf(f, "usage: ferry bench-completion [--regions N] [--spin-us US] [--ops N] [--idle-s S] [--json]\n"
+               "  idle CPU, blocking vs spinning waits, cancel latency, N-region scale,\n"
+               "  short-lived registration vs a pre-registered pool (loopback);\n"
+               "  --json: the figures as one JSON object on stdout, the text on stderr\n");
+    return f == stdout ? 0 : 2;
+}
+
 static int cmd_bench_completion(int argc, char **argv)
 {
     size_t regions = 100000;
     int spin = 50, ops = 2000;
     double idle = 2.0;
     bool json = false;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0)
-            json = true;
-        else if (strcmp(argv[i], "--regions") == 0 && i + 1 < argc)
-            regions = strtoul(argv[++i], NULL, 10);
-        else if (strcmp(argv[i], "--spin-us") == 0 && i + 1 < argc)
-            spin = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--ops") == 0 && i + 1 < argc)
-            ops = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--idle-s") == 0 && i + 1 < argc)
-            idle = atof(argv[++i]);
-        else {
-            printf("usage: ferry bench-completion [--regions N] [--spin-us US] [--ops N] [--idle-s S] [--json]\n"
-                   "  idle CPU, blocking vs spinning waits, cancel latency, N-region scale,\n"
-                   "  short-lived registration vs a pre-registered pool (loopback);\n"
-                   "  --json: the figures as one JSON object on stdout, the text on stderr\n");
-            return strcmp(argv[i], "--help") == 0 ? 0 : 2;
+    enum { O_REGIONS = 256, O_SPIN_US, O_OPS, O_IDLE_S, O_JSON };
+    static const struct option options[] = {
+        {"regions", required_argument, NULL, O_REGIONS}, {"spin-us", required_argument, NULL, O_SPIN_US},
+        {"ops", required_argument, NULL, O_OPS},         {"idle-s", required_argument, NULL, O_IDLE_S},
+        {"json", no_argument, NULL, O_JSON},             {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *cmd = "bench-completion";
+    long v;
+    int opt;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "h", options, NULL)) != -1) {
+        switch (opt) {
+        case O_REGIONS: if (opt_long(cmd, "regions", optarg, 1, 10000000, &v)) return 2; regions = (size_t)v; break;
+        case O_SPIN_US: if (opt_long(cmd, "spin-us", optarg, 0, 1000000, &v)) return 2; spin = (int)v; break;
+        case O_OPS: if (opt_long(cmd, "ops", optarg, 10, 100000000, &v)) return 2; ops = (int)v; break;
+        case O_IDLE_S: if (opt_double(cmd, "idle-s", optarg, 0.001, 3600, &idle)) return 2; break;
+        case O_JSON: json = true; break;
+        case 'h': return usage(stdout);
+        default: return usage(stderr); /* getopt_long named the problem */
         }
     }
-    if (regions < 1 || ops < 10 || spin < 0 || idle <= 0) {
-        fprintf(stderr, "bench-completion: bad option value\n");
-        return 2;
+    if (optind < argc) {
+        fprintf(stderr, "ferry bench-completion: unexpected argument '%s'\n", argv[optind]);
+        return usage(stderr);
     }
     out = json ? stderr : stdout;
     idle_cpu(idle);
@@ -359,7 +347,9 @@ static int cmd_bench_completion(int argc, char **argv)
            ops, b50, b99, bcpu, spin, s50, s99, scpu, s50 / b50);
     cancel_latency();
     scale_and_short_lived(regions);
-    if (json) json_print();
+    if (json) print_json_line(json_fields ? json_fields : json_object());
+    else json_decref(json_fields);
+    json_fields = NULL;
     return 0;
 }
 

@@ -25,6 +25,8 @@
  * Every request and fault-relevant event is one line in DIR/node-N.log
  * (format in cluster.h); `ferry cluster report` reads them. */
 #include <errno.h>
+#include <getopt.h>
+#include <limits.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
@@ -43,502 +45,8 @@
 
 #include "cli.h"
 #include "cluster.h"
-
-#define TOKENS_PER_PAGE 16u
-#define CANARY_BYTE 0xEE
-#define CANARY_WORD 0xEEEEEEEEEEEEEEEEull
-#define REQ_TAG "FCREQ"
-#define MAX_PEERS 256
-
-struct node_opts {
-    const char *role, *host, *dir;
-    int index;
-    uint16_t port;
-    const char *peers[MAX_PEERS];
-    int npeers;
-    unsigned incarnation;
-    uint64_t until_ms;  /* decode: stop asking at this wall-clock time */
-    int window;         /* decode: asks in flight per prefill peer */
-    int inflight;       /* decode: asks in flight in all, like a server's admission limit:
-                           more than its link carries within the deadline only times out */
-    uint32_t layers, page_bytes, pages; /* one request: pages pages of page_bytes in each layer */
-    int timeout_ms;     /* the engine's request deadline */
-    int streams;        /* prefill: sender threads per decode peer */
-    int send_slots;     /* prefill: KV sends at once, all peers together */
-    const char *go_file; /* decode: wait for "START_MS END_MS" in it before asking */
-    const char *inject; /* prefill, to show the checks can fail: "corrupt" flips a byte of
-                           its 20th request; "stray" writes other bytes into the pages of its
-                           20th to 22nd requests after their success notice */
-};
-
-static atomic_uint prefill_sends;
-
-/* prefill: at most --send-slots KV sends at once, like a server's send
- * queue; the others wait their turn before their deadline starts. */
-static pthread_mutex_t slots_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t slots_cond = PTHREAD_COND_INITIALIZER;
-static int slots_free;
-
-static void slot_take(void)
-{
-    pthread_mutex_lock(&slots_lock);
-    while (slots_free == 0) pthread_cond_wait(&slots_cond, &slots_lock);
-    slots_free--;
-    pthread_mutex_unlock(&slots_lock);
-}
-
-static void slot_give(void)
-{
-    pthread_mutex_lock(&slots_lock);
-    slots_free++;
-    pthread_cond_signal(&slots_cond);
-    pthread_mutex_unlock(&slots_lock);
-}
-
-static atomic_bool stopping;
-static FILE *logf;
-
-/* ------------------------------------------------------------ plumbing */
-
-static uint64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static uint64_t mono_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR && !atomic_load(&stopping)) {
-    }
-}
-
-/* Ferry has no blocking wait for notifications: poll, backing off while
- * idle (1, 2, 4, 5 ms) so that 64 idle engines do not wake 64,000 times a
- * second on a 2-core machine, and at once again when work arrives. */
-static void idle_backoff(int *idle_ms, bool got_work)
-{
-    if (got_work) {
-        *idle_ms = 0;
-        return;
-    }
-    *idle_ms = *idle_ms ? (*idle_ms * 2 > 5 ? 5 : *idle_ms * 2) : 1;
-    sleep_ms(*idle_ms);
-}
-
-static void logline(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void logline(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vfprintf(logf, fmt, ap); /* one locked stdio call per line; line-buffered */
-    va_end(ap);
-}
-
-static void on_term(int sig)
-{
-    (void)sig;
-    atomic_store(&stopping, true);
-}
-
-static void die(const char *what, int rc)
-{
-    fprintf(stderr, "cluster node: %s: %s (%d): %s\n", what, ferry_error_name(rc), rc, ferry_last_error_detail());
-    if (logf) fflush(logf);
-    exit(3);
-}
-
-/* Threads and resident memory of this process, from /proc. */
-static void sample_process(ferry_engine_t *e)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    long threads = -1, rss = -1;
-    char line[256];
-    while (f && fgets(line, sizeof line, f)) {
-        if (strncmp(line, "Threads:", 8) == 0) threads = strtol(line + 8, NULL, 10);
-        if (strncmp(line, "VmRSS:", 6) == 0) rss = strtol(line + 6, NULL, 10);
-    }
-    if (f) fclose(f);
-    logline("S %" PRIu64 " %ld %ld %ld\n", wall_ms(), threads, rss, ferry_metrics_peers(e, NULL, 0));
-}
-
-/* ------------------------------------------------------------ pattern */
-
-static uint64_t mix64(uint64_t x)
-{
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
-static uint64_t name_hash(const char *s)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
-/* The seed of one request's content: sender and request id. Word w of
- * position pos (in the request's page list) of layer l is
- * mix64(seed + (l * pages + pos) * words_per_page + w). */
-static uint64_t request_seed(const char *sender, uint64_t req)
-{
-    return mix64(name_hash(sender) ^ mix64(req));
-}
-
-static void fill_page(uint64_t *page, size_t words, uint64_t seed, uint64_t first_word)
-{
-    for (size_t w = 0; w < words; w++) page[w] = mix64(seed + first_word + w);
-}
-
-static uint64_t bad_bytes_in(uint64_t want, uint64_t got)
-{
-    uint64_t n = 0;
-    for (int b = 0; b < 8; b++) n += ((want >> (8 * b)) & 0xFF) != ((got >> (8 * b)) & 0xFF);
-    return n;
-}
-
-/* ------------------------------------------------------------ pools */
-
-/* One mapping per layer of num_pages pages, registered with flags. */
-struct pool {
-    uint32_t layers, num_pages, page_bytes;
-    uint64_t addrs[64];
-};
-
-static void pool_create(struct pool *p, ferry_engine_t *e, const struct node_opts *o, uint32_t num_pages,
-                        unsigned flags, int fill)
-{
-    p->layers = o->layers;
-    p->num_pages = num_pages;
-    p->page_bytes = o->page_bytes;
-    size_t len = (size_t)num_pages * o->page_bytes;
-    for (uint32_t l = 0; l < o->layers; l++) {
-        void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (m == MAP_FAILED) {
-            fprintf(stderr, "cluster node: mmap of %zu bytes: %s\n", len, strerror(errno));
-            exit(3);
-        }
-        if (fill >= 0) memset(m, fill, len);
-        int rc = ferry_register(e, m, len, flags);
-        if (rc) die("register pool", rc);
-        p->addrs[l] = (uint64_t)(uintptr_t)m;
-    }
-}
-
-static uint64_t *pool_page(const struct pool *p, uint32_t layer, int32_t page)
-{
-    return (uint64_t *)(uintptr_t)(p->addrs[layer] + (uint64_t)page * p->page_bytes);
-}
-
-static ferry_kv_cache_desc_t pool_desc(uint32_t layers, uint32_t num_pages, uint32_t page_bytes,
-                                       const uint64_t *addrs)
-{
-    ferry_kv_cache_desc_t d = {0};
-    d.kind = FERRY_KV_MLA;
-    d.num_layers = layers;
-    d.num_pages = num_pages;
-    d.page_size = TOKENS_PER_PAGE;
-    d.mla_row_bytes = page_bytes / TOKENS_PER_PAGE;
-    d.tp_rank = 0;
-    d.tp_size = 1;
-    d.k_addrs = addrs;
-    return d;
-}
-
-static ferry_engine_t *node_engine(const struct node_opts *o)
-{
-    ferry_config_t cfg;
-    ferry_config_init(&cfg);
-    int rc = ferry_config_from_env(&cfg);
-    if (rc) die("config from environment", rc);
-    cfg.host = o->host;
-    cfg.port = o->port;
-    cfg.transport = "tcp"; /* the namespaces share a kernel: shm would bypass the links */
-    cfg.timeout_ms = o->timeout_ms;
-    ferry_engine_t *e = NULL;
-    rc = ferry_engine_create(&cfg, &e);
-    if (rc) die("engine create", rc);
-    return e;
-}
-
-/* ================================================================ prefill */
-
-struct job {
-    uint64_t req, epoch;
-    uint32_t dst_num_pages;
-    uint64_t addrs[64];
-    int32_t *pages;
-    bool stale; /* from an incarnation of the decode that has since restarted */
-    struct job *next;
-};
-
-struct peerq {
-    char name[256];
-    ferry_engine_t *e;
-    const struct node_opts *o;
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    struct job *head, *tail;
-    uint64_t latest_epoch; /* of the newest ask: older ones are stale */
-    pthread_t *threads;
-    int nthreads;
-    struct peerq *next;
-};
-
-static void job_free(struct job *j)
-{
-    if (!j) return;
-    free(j->pages);
-    free(j);
-}
-
-static struct job *peerq_pop(struct peerq *q)
-{
-    pthread_mutex_lock(&q->lock);
-    while (!q->head && !atomic_load(&stopping)) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 200 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&q->cond, &q->lock, &ts);
-    }
-    struct job *j = q->head;
-    if (j) {
-        q->head = j->next;
-        if (!q->head) q->tail = NULL;
-    }
-    pthread_mutex_unlock(&q->lock);
-    return j;
-}
-
-/* The session must talk to the incarnation that asked: a session still on
- * the previous one (PEER_RESTARTED seen, or not yet) is closed and opened
- * afresh, through the metadata service. 0, or the code to record. */
-static int session_for(struct peerq *q, const struct job *j, bool *stale)
-{
-    ferry_peer_info_t info;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        int rc = ferry_session_open(q->e, q->name);
-        if (rc == 0) rc = ferry_session_info(q->e, q->name, &info);
-        if (rc == 0 && info.epoch == j->epoch) return 0;
-        if (rc != 0 && rc != FERRY_ERR_PEER_RESTARTED && rc != FERRY_ERR_SESSION_INVALID) return rc;
-        ferry_session_close(q->e, q->name);
-    }
-    *stale = true;
-    return FERRY_ERR_PEER_RESTARTED;
-}
-
-static int send_job(struct peerq *q, struct pool *src, const struct job *j, bool *stale)
-{
-    const struct node_opts *o = q->o;
-    int rc = session_for(q, j, stale);
-    if (rc) return rc;
-    uint64_t seed = request_seed(ferry_engine_name(q->e), j->req);
-    size_t words = o->page_bytes / 8;
-    int32_t *src_pages = malloc(sizeof *src_pages * o->pages);
-    if (!src_pages) return FERRY_ERR_MEMORY;
-    for (uint32_t l = 0; l < o->layers; l++)
-        for (uint32_t pos = 0; pos < o->pages; pos++) {
-            src_pages[pos] = (int32_t)pos;
-            fill_page(pool_page(src, l, (int32_t)pos), words, seed, ((uint64_t)l * o->pages + pos) * words);
-        }
-    unsigned nth = atomic_fetch_add(&prefill_sends, 1) + 1;
-    bool corrupt = o->inject && !strcmp(o->inject, "corrupt") && nth == 20;
-    bool stray = o->inject && !strcmp(o->inject, "stray") && nth >= 20 && nth <= 22;
-    if (corrupt) ((unsigned char *)pool_page(src, 0, 0))[100] ^= 0x01;
-    ferry_kv_cache_desc_t sd = pool_desc(o->layers, src->num_pages, o->page_bytes, src->addrs);
-    ferry_kv_cache_desc_t dd = pool_desc(o->layers, j->dst_num_pages, o->page_bytes, j->addrs);
-    ferry_kv_plan_t *plan = NULL;
-    rc = ferry_kv_plan_create(&sd, &dd, src_pages, j->pages, o->pages, &plan);
-    if (rc == 0) rc = ferry_kv_plan_bind_sender(plan, 0, 0, 0, 0);
-    if (rc == 0) {
-        ferry_kv_send_args_t args = {.request_id = j->req, .timeout_ms = o->timeout_ms};
-        rc = ferry_kv_send(q->e, q->name, plan, &args);
-    }
-    if (rc == 0 && stray) {
-        /* Bytes that are not this request's, written where it was: a
-         * late writer the decode must catch (verify or canary check). */
-        fill_page(pool_page(src, 0, 0), words, seed + 1, 0);
-        ferry_transfer_sync(q->e, q->name, FERRY_OP_WRITE, pool_page(src, 0, 0),
-                            j->addrs[0] + (uint64_t)j->pages[0] * o->page_bytes, o->page_bytes);
-    }
-    ferry_kv_plan_destroy(plan);
-    free(src_pages);
-    /* The peer restarted under us: the next ask comes from the new one. */
-    if (rc == FERRY_ERR_PEER_RESTARTED || rc == FERRY_ERR_SESSION_INVALID) ferry_session_close(q->e, q->name);
-    return rc;
-}
-
-static void *prefill_sender(void *arg)
-{
-    struct peerq *q = arg;
-    const struct node_opts *o = q->o;
-    struct pool src;
-    pool_create(&src, q->e, o, o->pages, FERRY_MEM_LOCAL, 0);
-    uint64_t bytes = (uint64_t)o->layers * o->pages * o->page_bytes;
-    struct job *j;
-    while ((j = peerq_pop(q)) != NULL) {
-        uint64_t t0 = mono_us();
-        bool stale = j->stale;
-        int rc = FERRY_ERR_PEER_RESTARTED;
-        if (!stale) {
-            slot_take();
-            rc = send_job(q, &src, j, &stale);
-            slot_give();
-        }
-        if (rc && !stale) {
-            char detail[512];
-            snprintf(detail, sizeof detail, "%s", ferry_last_error_detail());
-            for (char *p = detail; *p; p++)
-                if (*p == '\n') *p = ' ';
-            fprintf(stderr, "prefill %s: request %" PRIx64 " to %s: %s: %s\n", ferry_engine_name(q->e), j->req,
-                    q->name, ferry_error_name(rc), detail);
-        }
-        logline("R %" PRIu64 " %" PRIu64 " %s %" PRIu64 " %d %d\n", wall_ms(), mono_us() - t0, q->name,
-                rc == 0 ? bytes : 0, rc, stale ? 1 : 0);
-        job_free(j);
-    }
-    return NULL;
-}
-
-static struct peerq *peerq_get(struct peerq **list, ferry_engine_t *e, const struct node_opts *o, const char *name)
-{
-    for (struct peerq *q = *list; q; q = q->next)
-        if (strcmp(q->name, name) == 0) return q;
-    struct peerq *q = calloc(1, sizeof *q);
-    if (!q) return NULL;
-    snprintf(q->name, sizeof q->name, "%s", name);
-    q->e = e;
-    q->o = o;
-    pthread_mutex_init(&q->lock, NULL);
-    pthread_cond_init(&q->cond, NULL);
-    q->threads = calloc((size_t)o->streams, sizeof *q->threads);
-    for (int i = 0; q->threads && i < o->streams; i++)
-        if (pthread_create(&q->threads[i], NULL, prefill_sender, q) == 0) q->nthreads++;
-    q->next = *list;
-    *list = q;
-    return q;
-}
-
-/* "FCREQ REQ EPOCH DST_NUM_PAGES LAYERS ADDR... PAGE..." (hex addresses). */
-static struct job *parse_ask(const struct node_opts *o, const unsigned char *msg, size_t len)
-{
-    char *text = malloc(len + 1);
-    if (!text) return NULL;
-    memcpy(text, msg, len);
-    text[len] = 0;
-    struct job *j = calloc(1, sizeof *j);
-    char *save = NULL, *tok = strtok_r(text, " ", &save);
-    bool ok = j && tok && strcmp(tok, REQ_TAG) == 0;
-    uint64_t v[4];
-    for (int i = 0; ok && i < 4; i++) {
-        tok = strtok_r(NULL, " ", &save);
-        ok = tok != NULL;
-        if (ok) v[i] = strtoull(tok, NULL, 16);
-    }
-    ok = ok && v[3] == o->layers;
-    if (ok) {
-        j->req = v[0];
-        j->epoch = v[1];
-        j->dst_num_pages = (uint32_t)v[2];
-        j->pages = calloc(o->pages, sizeof *j->pages);
-        ok = j->pages != NULL;
-    }
-    for (uint32_t l = 0; ok && l < o->layers; l++) {
-        tok = strtok_r(NULL, " ", &save);
-        ok = tok != NULL;
-        if (ok) j->addrs[l] = strtoull(tok, NULL, 16);
-    }
-    for (uint32_t p = 0; ok && p < o->pages; p++) {
-        tok = strtok_r(NULL, " ", &save);
-        ok = tok != NULL;
-        if (ok) j->pages[p] = (int32_t)strtol(tok, NULL, 16);
-    }
-    free(text);
-    if (!ok) {
-        job_free(j);
-        return NULL;
-    }
-    return j;
-}
-
-static void prefill_enqueue(struct peerq *q, struct job *j)
-{
-    pthread_mutex_lock(&q->lock);
-    if (j->epoch != q->latest_epoch) {
-        /* A new incarnation asks: what the old one asked is void. */
-        for (struct job *o = q->head; o; o = o->next) o->stale = true;
-        q->latest_epoch = j->epoch;
-    }
-    if (q->tail)
-        q->tail->next = j;
-    else
-        q->head = j;
-    q->tail = j;
-    pthread_cond_signal(&q->cond);
-    pthread_mutex_unlock(&q->lock);
-}
-
-static int prefill_main(const struct node_opts *o, ferry_engine_t *e)
-{
-    struct peerq *queues = NULL;
-    uint64_t next_sample = 0;
-    ferry_notification_t n[64];
-    int idle_ms = 0;
-    while (!atomic_load(&stopping)) {
-        long got = ferry_get_notifications(e, n, 64);
-        for (long i = 0; i < got; i++) {
-            struct job *j = parse_ask(o, n[i].msg, n[i].len);
-            struct peerq *q = j ? peerq_get(&queues, e, o, n[i].peer) : NULL;
-            if (q)
-                prefill_enqueue(q, j);
-            else {
-                fprintf(stderr, "prefill %s: unreadable ask from %s (%zu bytes)\n", ferry_engine_name(e), n[i].peer,
-                        n[i].len);
-                job_free(j);
-            }
-        }
-        if (got > 0) ferry_notifications_free(n, (size_t)got);
-        if (wall_ms() >= next_sample) {
-            sample_process(e);
-            next_sample = wall_ms() + 1000;
-        }
-        idle_backoff(&idle_ms, got > 0);
-    }
-    for (struct peerq *q = queues; q; q = q->next) {
-        pthread_mutex_lock(&q->lock);
-        pthread_cond_broadcast(&q->cond);
-        pthread_mutex_unlock(&q->lock);
-    }
-    while (queues) {
-        struct peerq *q = queues;
-        queues = q->next;
-        for (int i = 0; i < q->nthreads; i++) pthread_join(q->threads[i], NULL);
-        while (q->head) {
-            struct job *j = q->head;
-            q->head = j->next;
-            job_free(j);
-        }
-        free(q->threads);
-        free(q);
-    }
-    sample_process(e);
-    logline("E %" PRIu64 "\n", wall_ms());
-    return 0;
-}
+#include "cluster_node.h"
+#include "opts.h"
 
 /* ================================================================ decode */
 
@@ -851,32 +359,80 @@ static int node_main(int argc, char **argv)
 {
     struct node_opts o = {.role = "", .index = -1, .incarnation = 1, .window = 2, .inflight = 8, .send_slots = 4, .streams = 2, .layers = 4,
                           .page_bytes = 4096, .pages = 16, .timeout_ms = 2000};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--help") == 0) return usage(stdout);
-        if (!v) return usage(stderr);
-        i++;
-        if (strcmp(a, "--role") == 0) o.role = v;
-        else if (strcmp(a, "--index") == 0) o.index = atoi(v);
-        else if (strcmp(a, "--host") == 0) o.host = v;
-        else if (strcmp(a, "--port") == 0) o.port = (uint16_t)atoi(v);
-        else if (strcmp(a, "--dir") == 0) o.dir = v;
-        else if (strcmp(a, "--peers") == 0) {
-            if (parse_peers(&o, argv[i]) != 0) return usage(stderr);
-        } else if (strcmp(a, "--incarnation") == 0) o.incarnation = (unsigned)atoi(v);
-        else if (strcmp(a, "--until-ms") == 0) o.until_ms = strtoull(v, NULL, 10);
-        else if (strcmp(a, "--window") == 0) o.window = atoi(v);
-        else if (strcmp(a, "--inflight") == 0) o.inflight = atoi(v);
-        else if (strcmp(a, "--send-slots") == 0) o.send_slots = atoi(v);
-        else if (strcmp(a, "--go-file") == 0) o.go_file = v;
-        else if (strcmp(a, "--streams") == 0) o.streams = atoi(v);
-        else if (strcmp(a, "--layers") == 0) o.layers = (uint32_t)atoi(v);
-        else if (strcmp(a, "--page-bytes") == 0) o.page_bytes = (uint32_t)atoi(v);
-        else if (strcmp(a, "--pages") == 0) o.pages = (uint32_t)atoi(v);
-        else if (strcmp(a, "--timeout-ms") == 0) o.timeout_ms = atoi(v);
-        else if (strcmp(a, "--inject") == 0) o.inject = v;
-        else return usage(stderr);
+    enum { O_ROLE = 256, O_INDEX, O_HOST, O_PORT, O_DIR, O_PEERS, O_INCARNATION, O_UNTIL_MS, O_WINDOW,
+           O_INFLIGHT, O_SEND_SLOTS, O_GO_FILE, O_STREAMS, O_LAYERS, O_PAGE_BYTES, O_PAGES, O_TIMEOUT_MS,
+           O_INJECT };
+    static const struct option options[] = {
+        {"role", required_argument, NULL, O_ROLE},
+        {"index", required_argument, NULL, O_INDEX},
+        {"host", required_argument, NULL, O_HOST},
+        {"port", required_argument, NULL, O_PORT},
+        {"dir", required_argument, NULL, O_DIR},
+        {"peers", required_argument, NULL, O_PEERS},
+        {"incarnation", required_argument, NULL, O_INCARNATION},
+        {"until-ms", required_argument, NULL, O_UNTIL_MS},
+        {"window", required_argument, NULL, O_WINDOW},
+        {"inflight", required_argument, NULL, O_INFLIGHT},
+        {"send-slots", required_argument, NULL, O_SEND_SLOTS},
+        {"go-file", required_argument, NULL, O_GO_FILE},
+        {"streams", required_argument, NULL, O_STREAMS},
+        {"layers", required_argument, NULL, O_LAYERS},
+        {"page-bytes", required_argument, NULL, O_PAGE_BYTES},
+        {"pages", required_argument, NULL, O_PAGES},
+        {"timeout-ms", required_argument, NULL, O_TIMEOUT_MS},
+        {"inject", required_argument, NULL, O_INJECT},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    /* Whole numbers are checked for form and type here (a bad one is an
+     * error, not a silent 0); the limits of the run are checked below. */
+    const char *cmd = "cluster node";
+    long v;
+    unsigned long long u;
+    int opt;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "h", options, NULL)) != -1) {
+        switch (opt) {
+        case O_ROLE: o.role = optarg; break;
+        case O_INDEX: if (opt_long(cmd, "index", optarg, 0, INT_MAX, &v)) return 2; o.index = (int)v; break;
+        case O_HOST: o.host = optarg; break;
+        case O_PORT: if (opt_long(cmd, "port", optarg, 0, 65535, &v)) return 2; o.port = (uint16_t)v; break;
+        case O_DIR: o.dir = optarg; break;
+        case O_PEERS: if (parse_peers(&o, optarg) != 0) return usage(stderr); break;
+        case O_INCARNATION:
+            if (opt_long(cmd, "incarnation", optarg, 0, UINT_MAX, &v)) return 2;
+            o.incarnation = (unsigned)v;
+            break;
+        case O_UNTIL_MS: if (opt_u64(cmd, "until-ms", optarg, &u)) return 2; o.until_ms = u; break;
+        case O_WINDOW: if (opt_long(cmd, "window", optarg, INT_MIN, INT_MAX, &v)) return 2; o.window = (int)v; break;
+        case O_INFLIGHT:
+            if (opt_long(cmd, "inflight", optarg, INT_MIN, INT_MAX, &v)) return 2;
+            o.inflight = (int)v;
+            break;
+        case O_SEND_SLOTS:
+            if (opt_long(cmd, "send-slots", optarg, INT_MIN, INT_MAX, &v)) return 2;
+            o.send_slots = (int)v;
+            break;
+        case O_GO_FILE: o.go_file = optarg; break;
+        case O_STREAMS: if (opt_long(cmd, "streams", optarg, INT_MIN, INT_MAX, &v)) return 2; o.streams = (int)v; break;
+        case O_LAYERS: if (opt_long(cmd, "layers", optarg, 0, UINT32_MAX, &v)) return 2; o.layers = (uint32_t)v; break;
+        case O_PAGE_BYTES:
+            if (opt_long(cmd, "page-bytes", optarg, 0, UINT32_MAX, &v)) return 2;
+            o.page_bytes = (uint32_t)v;
+            break;
+        case O_PAGES: if (opt_long(cmd, "pages", optarg, 0, UINT32_MAX, &v)) return 2; o.pages = (uint32_t)v; break;
+        case O_TIMEOUT_MS:
+            if (opt_long(cmd, "timeout-ms", optarg, INT_MIN, INT_MAX, &v)) return 2;
+            o.timeout_ms = (int)v;
+            break;
+        case O_INJECT: o.inject = optarg; break;
+        case 'h': return usage(stdout);
+        default: return usage(stderr); /* getopt_long named the problem */
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "cluster node: unexpected argument '%s'\n", argv[optind]);
+        return usage(stderr);
     }
     bool known_role = !strcmp(o.role, "prefill") || !strcmp(o.role, "decode") || !strcmp(o.role, "probe");
     if (!known_role || o.index < 0 || !o.host || !o.port || !o.dir || o.window < 1 || o.inflight < 1 || o.send_slots < 1 || o.streams < 1 ||
@@ -893,17 +449,16 @@ static int node_main(int argc, char **argv)
     if (!strcmp(o.role, "probe")) setenv("FERRY_METADATA_CACHE_S", "0", 1);
     char path[4096];
     snprintf(path, sizeof path, "%s/node-%d.log", o.dir, o.index);
-    logf = fopen(path, "a");
-    if (!logf) {
+    node_log = fopen(path, "a");
+    if (!node_log) {
         fprintf(stderr, "cluster node: %s: %s\n", path, strerror(errno));
         return 3;
     }
-    setvbuf(logf, NULL, _IOLBF, 0);
+    setvbuf(node_log, NULL, _IOLBF, 0);
     struct sigaction sa = {.sa_handler = on_term};
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    slots_free = o.send_slots;
     ferry_engine_t *e = node_engine(&o);
     logline("B %" PRIu64 " %u\n", wall_ms(), o.incarnation);
     int rc;
@@ -914,7 +469,7 @@ static int node_main(int argc, char **argv)
     else
         rc = probe_main(&o, e);
     ferry_engine_destroy(e);
-    fclose(logf);
+    fclose(node_log);
     return rc;
 }
 

@@ -16,6 +16,7 @@
 
 #include "cli.h"
 #include "opts.h"
+#include "util.h"
 
 /* The report: lines of text, or the "checks" array of a JSON object. */
 struct report {
@@ -23,13 +24,6 @@ struct report {
     json_t *checks;
     int failed;
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* One check's entry: {"check": name, "status": status, "message": text, ...data};
  * data (may be NULL) is consumed. */

@@ -15,6 +15,7 @@
  * Served: a tight loop of lookups (a descriptor-sized entry, through the
  * backend Ferry uses, one connection per client thread) and of lease
  * keepalives, for --seconds each. */
+#include <getopt.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -28,6 +29,8 @@
 
 #include "cli.h"
 #include "meta/meta.h"
+#include "opts.h"
+#include "util.h"
 
 #define MAX_CLIENTS 64
 
@@ -41,13 +44,6 @@ struct bench {
     char first_error[512];
     pthread_mutex_t error_mu;
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static void note_error(struct bench *b)
 {
@@ -122,7 +118,7 @@ static void print_needs(const char *engines, int ttl, double lookups_s, double k
     char list[256];
     snprintf(list, sizeof list, "%s", engines);
     for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        double n = atof(tok);
+        double n = strtod(tok, NULL); /* a whole number >= 2: check_engines */
         if (n < 2) continue;
         double ka = n * 3.0 / ttl;
         double lk = n * (n - 1) / ttl; /* every session re-opened all the time, cache of ttl */
@@ -140,23 +136,57 @@ static void print_needs(const char *engines, int ttl, double lookups_s, double k
     }
 }
 
+/* --engines: a comma-separated list of cluster sizes, each a whole number of
+ * at least 2; 0, or -1 after naming the bad entry. */
+static int check_engines(const char *list)
+{
+    char copy[256];
+    if (snprintf(copy, sizeof copy, "%s", list) >= (int)sizeof copy) {
+        fprintf(stderr, "ferry metabench: --engines '%s' is longer than %zu characters\n", list, sizeof copy - 1);
+        return -1;
+    }
+    long n;
+    for (char *save = NULL, *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+        if (opt_long("metabench", "engines", tok, 2, 1000000, &n) != 0) return -1;
+    return 0;
+}
+
 int cmd_metabench(int argc, char **argv)
 {
     struct bench b = {.seconds = 3, .clients = 4};
     pthread_mutex_init(&b.error_mu, NULL);
     const char *engines = "8,16,64";
     int ttl = 10;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) return usage(stdout);
-        if (!v) return usage(stderr);
-        i++;
-        if (!strcmp(a, "--metadata")) b.conn = v;
-        else if (!strcmp(a, "--engines")) engines = v;
-        else if (!strcmp(a, "--ttl")) ttl = atoi(v);
-        else if (!strcmp(a, "--seconds")) b.seconds = atof(v);
-        else if (!strcmp(a, "--clients")) b.clients = atoi(v);
-        else return usage(stderr);
+    enum { O_METADATA = 256, O_ENGINES, O_TTL, O_SECONDS, O_CLIENTS };
+    static const struct option options[] = {
+        {"metadata", required_argument, NULL, O_METADATA}, {"engines", required_argument, NULL, O_ENGINES},
+        {"ttl", required_argument, NULL, O_TTL},           {"seconds", required_argument, NULL, O_SECONDS},
+        {"clients", required_argument, NULL, O_CLIENTS},   {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    long v;
+    int opt;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "h", options, NULL)) != -1) {
+        switch (opt) {
+        case O_METADATA: b.conn = optarg; break;
+        case O_ENGINES:
+            if (check_engines(optarg) != 0) return 2;
+            engines = optarg;
+            break;
+        case O_TTL: if (opt_long("metabench", "ttl", optarg, 1, 86400, &v)) return 2; ttl = (int)v; break;
+        case O_SECONDS: if (opt_double("metabench", "seconds", optarg, 0.001, 86400, &b.seconds)) return 2; break;
+        case O_CLIENTS:
+            if (opt_long("metabench", "clients", optarg, 1, MAX_CLIENTS, &v)) return 2;
+            b.clients = (int)v;
+            break;
+        case 'h': return usage(stdout);
+        default: return usage(stderr); /* getopt_long named the problem */
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "ferry metabench: unexpected argument '%s'\n", argv[optind]);
+        return usage(stderr);
     }
     if (!b.conn || ttl < 1 || b.seconds <= 0 || b.clients < 1 || b.clients > MAX_CLIENTS) return usage(stderr);
     ferry_meta_t m;

@@ -13,11 +13,6 @@
 /* Requests at least this big are striped over the peer's connections. */
 #define STRIPE_MIN (8u << 20)
 
-int ferry_check_request(ferry_engine_t *e, int opcode, const void *local, uint64_t remote, uint64_t len);
-int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const uint64_t *remotes,
-                      const size_t *lens, size_t n, uint64_t deadline, ferry_xfer_t **out, size_t *nout);
-int ferry_run_parallel(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);
-
 static int stripes_for(const ferry_engine_t *e, uint64_t len)
 {
     int k = e->cfg.conns_per_peer;
@@ -452,14 +447,8 @@ static void settle_piece_locked(ferry_batch_t *b, ferry_xfer_t *x)
     x->detail = NULL;
     if (--r->pieces_left == 0) {
         r->state = final_state(r->code);
-        ferry_metrics_request(r->stats, NULL, r->opcode, atomic_load(&r->bytes), ferry_now_ns() - r->submitted_ns,
-                              r->code);
-        if (r->code) {
-            FERRY_STAT_ADD(&b->engine->stats, requests_failed, 1);
-            ferry_stats_failure(&b->engine->stats, r->code);
-        } else {
-            FERRY_STAT_ADD(&b->engine->stats, requests_completed, 1);
-        }
+        ferry_count_request(b->engine, r->stats, NULL, r->opcode, atomic_load(&r->bytes),
+                            ferry_now_ns() - r->submitted_ns, r->code);
     }
 }
 
@@ -635,8 +624,7 @@ static long batch_submit(ferry_batch_t *b, const char *peer, const ferry_request
                 if (!r->code) r->code = mrc;
                 if (--r->pieces_left == 0) {
                     r->state = FERRY_STATUS_FAILED;
-                    FERRY_STAT_ADD(&e->stats, requests_failed, 1);
-                    ferry_stats_failure(&e->stats, mrc);
+                    ferry_count_request(e, NULL, NULL, r->opcode, 0, 0, mrc); /* never ran: the engine's count only */
                 }
             }
             pthread_cond_broadcast(&b->cond);

@@ -143,11 +143,11 @@ void ferry_hello_fill(ferry_engine_t *e, ferry_hello_t *h)
     h->epoch = e->epoch;
     h->pid = (int32_t)getpid();
     memcpy(h->host_id, e->host_id, sizeof h->host_id);
-    ferry_registry_t *r = &e->registry;
-    pthread_rwlock_rdlock(&r->lock);
-    h->segment_version = r->version;
-    h->segment_count = r->count;
-    pthread_rwlock_unlock(&r->lock);
+    uint64_t version;
+    size_t count;
+    ferry_registry_summary(&e->registry, &version, &count);
+    h->segment_version = version;
+    h->segment_count = count;
     /* Only authentication needs the nonce; a failure leaves zeros, which
      * ferry_serve_hello and the initiator's handshake refuse to MAC. */
     if (e->cfg.secret && ferry_auth_nonce(h->nonce) != 0) memset(h->nonce, 0, sizeof h->nonce);

@@ -1,4 +1,6 @@
-/* Per-peer counters and latency histograms, and their Prometheus text form. */
+/* Counting (metrics.h): the engine-wide counters, the per-peer counters
+ * and latency histograms, the events that feed them, and their Prometheus
+ * text form. */
 #include "metrics.h"
 
 #include <stdarg.h>
@@ -8,6 +10,57 @@
 
 #include "engine.h"
 #include "fail.h"
+
+/* ------------------------------------------------- engine-wide counters */
+
+static const int table_codes[] = {
+#define FERRY_X_CODE(name, value, retry, text) (value),
+    FERRY_ERROR_TABLE(FERRY_X_CODE)
+#undef FERRY_X_CODE
+};
+
+_Static_assert(FERRY_ERROR_TABLE_SIZE - 1 <= FERRY_STATS_MAX_CODES, "raise FERRY_STATS_MAX_CODES");
+
+/* Position of code in the error table; codes outside it count as INTERNAL. */
+static int code_index(int code)
+{
+    for (int i = 0; i < FERRY_ERROR_TABLE_SIZE; i++)
+        if (table_codes[i] == code) return i;
+    for (int i = 0; i < FERRY_ERROR_TABLE_SIZE; i++)
+        if (table_codes[i] == FERRY_ERR_INTERNAL) return i;
+    return 0;
+}
+
+static void count_code_failure(ferry_counters_t *c, int code)
+{
+    if (code >= 0) return;
+    atomic_fetch_add_explicit(&c->failures[code_index(code)], 1, memory_order_relaxed);
+}
+
+static void count_code_retry(ferry_counters_t *c, int code)
+{
+    atomic_fetch_add_explicit(&c->retries, 1, memory_order_relaxed);
+    if (code < 0) atomic_fetch_add_explicit(&c->code_retries[code_index(code)], 1, memory_order_relaxed);
+}
+
+void ferry_stats_read(ferry_counters_t *c, ferry_stats_t *out)
+{
+    memset(out, 0, sizeof *out);
+#define FERRY_X_COPY(f, help) out->f = atomic_load_explicit(&c->f, memory_order_relaxed);
+    FERRY_STATS_FIELDS(FERRY_X_COPY)
+#undef FERRY_X_COPY
+    size_t k = 0;
+    for (int i = 0; i < FERRY_ERROR_TABLE_SIZE && k < FERRY_STATS_MAX_CODES; i++) {
+        if (table_codes[i] == 0) continue;
+        out->codes[k].code = table_codes[i];
+        out->codes[k].failures = atomic_load_explicit(&c->failures[i], memory_order_relaxed);
+        out->codes[k].retries = atomic_load_explicit(&c->code_retries[i], memory_order_relaxed);
+        k++;
+    }
+    out->ncodes = k;
+}
+
+/* ---------------------------------------------------------- peer entries */
 
 const uint64_t ferry_latency_bounds_us[FERRY_LATENCY_BUCKETS] = {
     10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000, 500000,
@@ -62,8 +115,8 @@ static void count_error(ferry_peer_metrics_t *m, int rc)
     }
 }
 
-void ferry_metrics_request(ferry_peer_stats_t *p, const char *transport, int opcode, uint64_t bytes,
-                           uint64_t latency_ns, int rc)
+static void peer_request(ferry_peer_stats_t *p, const char *transport, int opcode, uint64_t bytes,
+                         uint64_t latency_ns, int rc)
 {
     if (!p) return;
     uint64_t us = latency_ns / 1000;
@@ -83,30 +136,57 @@ void ferry_metrics_request(ferry_peer_stats_t *p, const char *transport, int opc
     pthread_mutex_unlock(&p->lock);
 }
 
-void ferry_metrics_requests_ok(ferry_peer_stats_t *p, const char *transport, int opcode, uint64_t count,
-                               uint64_t bytes, uint64_t latency_ns)
-{
-    if (!p || count == 0) return;
-    uint64_t us = latency_ns / 1000;
-    int op = opcode == FERRY_OP_WRITE ? 1 : 0;
-    int b = 0;
-    while (us > ferry_latency_bounds_us[b]) b++;
-    pthread_mutex_lock(&p->lock);
-    if (transport) snprintf(p->m.transport, sizeof p->m.transport, "%s", transport);
-    p->m.requests[op] += count;
-    p->m.bytes[op] += bytes;
-    p->m.latency[b] += count;
-    p->m.latency_sum_us += us * count;
-    pthread_mutex_unlock(&p->lock);
-}
-
-void ferry_metrics_retry(ferry_peer_stats_t *p)
+static void peer_retry(ferry_peer_stats_t *p)
 {
     if (!p) return;
     pthread_mutex_lock(&p->lock);
     p->m.retries++;
     pthread_mutex_unlock(&p->lock);
 }
+
+/* ---------------------------------------------------------------- events */
+
+void ferry_count_request(ferry_engine_t *e, ferry_peer_stats_t *p, const char *transport, int opcode,
+                         uint64_t bytes, uint64_t latency_ns, int rc)
+{
+    peer_request(p, transport, opcode, bytes, latency_ns, rc);
+    if (rc) {
+        FERRY_STAT_ADD(&e->stats, requests_failed, 1);
+        count_code_failure(&e->stats, rc);
+    } else {
+        FERRY_STAT_ADD(&e->stats, requests_completed, 1);
+    }
+}
+
+void ferry_count_requests_ok(ferry_engine_t *e, ferry_peer_stats_t *p, const char *transport, int opcode,
+                             uint64_t count, uint64_t bytes, uint64_t latency_ns)
+{
+    if (count == 0) return;
+    if (p) {
+        uint64_t us = latency_ns / 1000;
+        int op = opcode == FERRY_OP_WRITE ? 1 : 0;
+        int b = 0;
+        while (us > ferry_latency_bounds_us[b]) b++;
+        pthread_mutex_lock(&p->lock);
+        if (transport) snprintf(p->m.transport, sizeof p->m.transport, "%s", transport);
+        p->m.requests[op] += count;
+        p->m.bytes[op] += bytes;
+        p->m.latency[b] += count;
+        p->m.latency_sum_us += us * count;
+        pthread_mutex_unlock(&p->lock);
+    }
+    FERRY_STAT_ADD(&e->stats, requests_completed, count);
+}
+
+void ferry_count_retry(ferry_engine_t *e, ferry_peer_stats_t *p, int code)
+{
+    peer_retry(p);
+    count_code_retry(&e->stats, code);
+}
+
+void ferry_count_failure(ferry_engine_t *e, int code) { count_code_failure(&e->stats, code); }
+
+/* ------------------------------------------------------------ the readers */
 
 long ferry_metrics_peers(ferry_engine_t *e, ferry_peer_metrics_t *out, size_t max)
 {
@@ -212,40 +292,9 @@ static void render_engine_stats(struct text *t, ferry_engine_t *e)
         const char *name, *help;
         uint64_t v;
     } rows[] = {
-        {"ferry_engine_requests_total", "Transfer requests accepted.", st.requests},
-        {"ferry_engine_requests_completed_total", "Transfer requests completed.", st.requests_completed},
-        {"ferry_engine_requests_failed_total", "Transfer requests failed.", st.requests_failed},
-        {"ferry_engine_bytes_written_total", "Bytes peers confirmed placed.", st.bytes_written},
-        {"ferry_engine_bytes_read_total", "Bytes received from peers.", st.bytes_read},
-        {"ferry_engine_retries_total", "Automatic retries.", st.retries},
-        {"ferry_engine_connections_opened_total", "Connections that completed the handshake.", st.connections_opened},
-        {"ferry_engine_reconnects_total", "Connections opened to replace broken ones.", st.reconnects},
-        {"ferry_engine_session_teardowns_total", "Connection pools dropped after retries ran out.", st.session_teardowns},
-        {"ferry_engine_peer_restarts_total", "Peers found with a new epoch.", st.peer_restarts},
-        {"ferry_engine_checksum_failures_total", "CRC32C mismatches detected.", st.checksum_failures},
-        {"ferry_engine_connections_accepted_total", "Connections accepted from peers.", st.connections_accepted},
-        {"ferry_engine_connections_refused_total", "Connections refused.", st.connections_refused},
-        {"ferry_engine_auth_failures_total", "Shared-secret authentications failed.", st.auth_failures},
-        {"ferry_engine_frames_rejected_total", "Connections dropped for a malformed frame.", st.frames_rejected},
-        {"ferry_engine_bytes_placed_total", "Bytes peers wrote into this engine's memory.", st.bytes_placed},
-        {"ferry_engine_bytes_served_total", "Bytes peers read from this engine.", st.bytes_served},
-        {"ferry_engine_connections_evicted_total", "Idle connections closed to make room.", st.connections_evicted},
-        {"ferry_engine_handshakes_evicted_total", "Connections closed in their handshake to make room.",
-         st.handshakes_evicted},
-        {"ferry_engine_accept_backoffs_total", "Pauses of the listener for want of file descriptors.",
-         st.accept_backoffs},
-        {"ferry_engine_metadata_lookups_total", "Peer lookups by new sessions.", st.metadata_lookups},
-        {"ferry_engine_metadata_cache_hits_total", "Peer lookups answered from the cache.", st.metadata_cache_hits},
-        {"ferry_engine_metadata_fetches_total", "Requests to the metadata service for peer entries.",
-         st.metadata_fetches},
-        {"ferry_engine_metadata_stale_served_total", "Expired cached entries used while the service did not answer.",
-         st.metadata_stale_served},
-        {"ferry_engine_metadata_invalidations_total", "Cached entries dropped: peer restarted or address refused.",
-         st.metadata_invalidations},
-        {"ferry_engine_metadata_lease_refreshes_total", "Leases of this engine's entry extended.",
-         st.metadata_lease_refreshes},
-        {"ferry_engine_metadata_republishes_total", "This engine's entry published again after it was lost.",
-         st.metadata_republishes},
+#define FERRY_X_ROW(f, help) {"ferry_engine_" #f "_total", help, st.f},
+        FERRY_STATS_FIELDS(FERRY_X_ROW)
+#undef FERRY_X_ROW
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         put(t, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", rows[i].name, rows[i].help, rows[i].name, rows[i].name,

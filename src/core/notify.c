@@ -234,7 +234,7 @@ static int notify(ferry_engine_t *e, const char *peer, const void *msg, size_t l
             ferry_session_checkin(s, c, rc == 0 || rc == FERRY_ERR_TOO_MANY_REQUESTS);
         }
         if (rc != FERRY_ERR_PEER_CLOSED && rc != FERRY_ERR_SOCKET) break;
-        if (attempt < e->cfg.retries) ferry_stats_retry(&e->stats, rc);
+        if (attempt < e->cfg.retries) ferry_count_retry(e, NULL, rc);
     }
     ferry_session_put(s);
     if (rc) ferry_fail_context("notify %s (%zu bytes)", peer, len);

@@ -445,3 +445,11 @@ uint64_t ferry_registry_version(ferry_registry_t *r)
     pthread_rwlock_unlock(&r->lock);
     return v;
 }
+
+void ferry_registry_summary(ferry_registry_t *r, uint64_t *version, size_t *count)
+{
+    pthread_rwlock_rdlock(&r->lock);
+    *version = r->version;
+    *count = r->count;
+    pthread_rwlock_unlock(&r->lock);
+}

@@ -103,5 +103,7 @@ size_t ferry_registry_export(ferry_registry_t *r, size_t start, ferry_segment_t 
                              size_t *total, uint64_t *version);
 size_t ferry_registry_count(ferry_registry_t *r);
 uint64_t ferry_registry_version(ferry_registry_t *r);
+/* The version and the region count, read together (one consistent pair). */
+void ferry_registry_summary(ferry_registry_t *r, uint64_t *version, size_t *count);
 
 #endif

@@ -862,7 +862,7 @@ static int session_open(ferry_engine_t *e, const char *peer)
     }
     rc = ferry_session_refresh_segments(s, ferry_deadline_after_ms(e->cfg.connect_timeout_ms));
     if (rc) {
-        ferry_stats_failure(&e->stats, rc);
+        ferry_count_failure(e, rc);
         ferry_fail_context("open session to %s", peer);
     }
     ferry_session_put(s);

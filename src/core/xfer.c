@@ -298,8 +298,7 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
             break;
         }
         int why = rc ? rc : FERRY_ERR_CHECKSUM_MISMATCH;
-        ferry_metrics_retry(s->stats);
-        ferry_stats_retry(&e->stats, why);
+        ferry_count_retry(e, s->stats, why);
         FERRY_LOG(FERRY_LOG_INFO, "xfer", "retrying to %s after %s (retry %d of %d, backoff %d ms)", s->name,
                   ferry_error_name(why), attempt + 1, e->cfg.retries, backoff);
         ferry_settle_ended(xs, n, false); /* finished pieces report before the backoff */
@@ -316,27 +315,6 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
     return 0;
 }
 
-/* Counts each request's outcome once: pieces are in request order, and a
- * request failed if any of its pieces did. */
-void ferry_stats_requests_done(ferry_engine_t *e, const ferry_xfer_t *xs, size_t n)
-{
-    size_t i = 0;
-    uint64_t completed = 0;
-    while (i < n) {
-        size_t idx = xs[i].index;
-        int code = 0;
-        for (; i < n && xs[i].index == idx; i++)
-            if (xs[i].rc && !code) code = xs[i].rc;
-        if (code) {
-            FERRY_STAT_ADD(&e->stats, requests_failed, 1);
-            ferry_stats_failure(&e->stats, code);
-        } else {
-            completed++;
-        }
-    }
-    if (completed) FERRY_STAT_ADD(&e->stats, requests_completed, completed);
-}
-
 /* Re-raises piece x's failure as the thread's error, with context. */
 static int report_piece(const ferry_xfer_t *x, const char *peer)
 {
@@ -351,13 +329,8 @@ static void free_details(ferry_xfer_t *xs, size_t n)
     for (size_t i = 0; i < n; i++) free(xs[i].detail);
 }
 
-/* Cuts requests into pieces: big ones into stripes so that several
- * connections carry them. Returns the pieces (malloc'd) and their count. */
-int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const uint64_t *remotes,
-                      const size_t *lens, size_t n, uint64_t deadline, ferry_xfer_t **out, size_t *nout);
-int ferry_run_parallel(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);
-
-/* One metrics record per request (pieces of a request are adjacent). */
+/* Counts each request's outcome once (pieces of a request are adjacent, in
+ * request order): a request failed if any of its pieces did. */
 static void record_requests(ferry_session_t *s, const ferry_xfer_t *xs, size_t n, uint64_t latency_ns)
 {
     const char *tname = session_transport(s)->name;
@@ -374,12 +347,12 @@ static void record_requests(ferry_session_t *s, const ferry_xfer_t *xs, size_t n
             if (!rc) rc = xs[j].rc;
         }
         if (ok && (rc || xs[i].opcode != ok_op)) {
-            ferry_metrics_requests_ok(s->stats, tname, ok_op, ok, ok_bytes, latency_ns);
+            ferry_count_requests_ok(s->engine, s->stats, tname, ok_op, ok, ok_bytes, latency_ns);
             tname = NULL; /* the transport's name once per call: it costs a copy under the lock */
             ok = ok_bytes = 0;
         }
         if (rc) {
-            ferry_metrics_request(s->stats, tname, xs[i].opcode, bytes, latency_ns, rc);
+            ferry_count_request(s->engine, s->stats, tname, xs[i].opcode, bytes, latency_ns, rc);
             tname = NULL;
         } else {
             ok_op = xs[i].opcode;
@@ -388,7 +361,7 @@ static void record_requests(ferry_session_t *s, const ferry_xfer_t *xs, size_t n
         }
         i = j;
     }
-    ferry_metrics_requests_ok(s->stats, tname, ok_op, ok, ok_bytes, latency_ns);
+    ferry_count_requests_ok(s->engine, s->stats, tname, ok_op, ok, ok_bytes, latency_ns);
 }
 
 static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const *locals, const uint64_t *remotes,
@@ -409,7 +382,6 @@ static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const
         FERRY_STAT_ADD(&e->stats, requests, n);
         rc = nx == 1 ? ferry_xfer_run(e, s, xs, 1) : ferry_run_parallel(e, s, xs, nx);
         record_requests(s, xs, nx, ferry_now_ns() - t0);
-        ferry_stats_requests_done(e, xs, nx);
         for (size_t i = 0; rc && i < nx; i++) {
             if (xs[i].rc) {
                 rc = report_piece(&xs[i], peer);

@@ -2,7 +2,7 @@
  * without loading libibverbs, the per-engine probe and usable() decision,
  * and what an engine without RDMA answers to RDMA frames.
  *
- * The verbs code is in rdma_opt_rdma.c, built when <infiniband/verbs.h> is
+ * The verbs code is in rdma*_opt_rdma.c (rdma_int.h), built when <infiniband/verbs.h> is
  * found (FERRY_HAVE_RDMA). Even then libibverbs is not linked: it is
  * dlopen'ed at an engine's first probe, and only when sysfs lists an RDMA
  * device, so a process on a machine without one never loads it.
@@ -320,12 +320,15 @@ static int rdma_serve(ferry_conn_t *c, const ferry_frame_t *f)
     return serve_unavailable(c, f, why);
 }
 
+static const uint8_t rdma_frames[] = {FERRY_FRAME_RDMA_CONNECT, FERRY_FRAME_RDMA_MR_QUERY, FERRY_FRAME_RDMA_COMMIT};
+
 const ferry_transport_ops_t ferry_transport_rdma = {
     .name = "rdma",
     .usable = rdma_usable,
     .run = rdma_run,
     .serve = rdma_serve,
-    .serve_types = (1u << FERRY_FRAME_RDMA_CONNECT) | (1u << FERRY_FRAME_RDMA_MR_QUERY) | (1u << FERRY_FRAME_RDMA_COMMIT),
+    .serve_types = rdma_frames,
+    .nserve_types = sizeof rdma_frames,
     .hello_flags = rdma_hello_flags,
     .engine_fini = rdma_engine_fini,
 };

@@ -1,6 +1,6 @@
 /* The RDMA transport's internals, shared by rdma.c (always built: settings,
  * device discovery without loading libibverbs, the usable() decision, the
- * answers of an engine without RDMA) and rdma_opt_rdma.c (built when
+ * answers of an engine without RDMA) and the rdma*_opt_rdma.c files (built when
  * <infiniband/verbs.h> is found: the verbs themselves). Not a public header. */
 #ifndef FERRY_RDMA_H
 #define FERRY_RDMA_H
@@ -47,7 +47,7 @@ int ferry_rdma_reply(ferry_conn_t *c, uint8_t type, const ferry_frame_t *req, in
 int ferry_rdma_read_refusal(ferry_conn_t *c, const ferry_frame_t *f, const char *what, uint64_t deadline);
 
 #ifdef FERRY_HAVE_RDMA
-/* rdma_opt_rdma.c. Opens the device env names: 0 and *dev, or a code and why. */
+/* The verbs code (rdma_int.h). Opens the device env names: 0 and *dev, or a code and why. */
 int ferry_rdma_dev_open(ferry_engine_t *e, const ferry_rdma_env_t *env, void **dev, char *why, size_t cap);
 void ferry_rdma_dev_close(ferry_engine_t *e, void *dev);
 int ferry_rdma_verbs_run(ferry_conn_t *c, void *dev, ferry_xfer_t *xs, size_t n, int *broken);

@@ -65,6 +65,7 @@
 #include "core/log.h"
 #include "core/memkind.h"
 #include "core/net.h"
+#include "core/session.h" /* the fallback to tcp rewrites the session's transport */
 #include "core/share.h"
 #include "wire/le.h"
 #include "transport.h"
@@ -139,7 +140,7 @@ static int check_locked(ferry_conn_t *c, const ferry_frame_t *f, uint32_t need)
         return ferry_fail(FERRY_ERR_CANCELLED, "request %llu was cancelled", (unsigned long long)f->req_id);
     /* The registry as it is now, whatever generation the initiator learned
      * (as tcp.c): a range registered again takes the access. */
-    return ferry_registry_check_locked(&e->registry, f->addr, f->len, need, 0, "target");
+    return ferry_registry_check_locked(ferry_engine_registry(e), f->addr, f->len, need, 0, "target");
 }
 
 /* The memory kind of the target range (host without a lookup when no
@@ -158,7 +159,7 @@ static uint32_t kind_locked(ferry_registry_t *r, const ferry_frame_t *f)
  * side. Returns the answer's status. */
 static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, bool write)
 {
-    ferry_registry_t *r = &c->engine->registry;
+    ferry_registry_t *r = ferry_engine_registry(c->engine);
     uint32_t need = write ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_REMOTE_READ;
     uint64_t done = 0;
     while (done < f->len) {
@@ -258,7 +259,7 @@ static int vec_copy_host(ferry_conn_t *c, struct shm_conn *sc, struct ferry_vec_
                          bool *device)
 {
     ferry_engine_t *e = c->engine;
-    ferry_registry_t *r = &e->registry;
+    ferry_registry_t *r = ferry_engine_registry(e);
     uint32_t need = write ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_REMOTE_READ;
     uint64_t version = 0;
     bool checked = false;
@@ -352,15 +353,15 @@ static int serve_cma_vec(ferry_conn_t *c, const ferry_frame_t *f)
     uint64_t moved = 0;
     for (size_t i = 0; i < n; i++)
         if (!v->st[i]) moved += v->d[i].len;
-    if (write) FERRY_STAT_ADD(&c->engine->stats, bytes_placed, moved);
-    else FERRY_STAT_ADD(&c->engine->stats, bytes_served, moved);
+    if (write) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, moved);
+    else FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, moved);
     return ferry_vec_send_ack(c, f, v, n, deadline);
 }
 
 static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
 {
     if (f->type == FERRY_FRAME_CMA_VEC) return serve_cma_vec(c, f);
-    uint64_t deadline = ferry_deadline_after_ms(c->engine->cfg.timeout_ms);
+    uint64_t deadline = ferry_deadline_after_ms(ferry_engine_config(c->engine)->timeout_ms);
     bool write = f->type == FERRY_FRAME_CMA_WRITE;
     bool map = f->type == FERRY_FRAME_SHM_MAP_REQ;
     uint8_t answer = write ? FERRY_FRAME_WRITE_ACK : FERRY_FRAME_READ_RESP;
@@ -390,8 +391,8 @@ static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
         status = copy_chunks(c, sc, f, write);
     if (status == FERRY_ERR_PEER_CLOSED) return status;
     if (status == 0) {
-        if (write) FERRY_STAT_ADD(&c->engine->stats, bytes_placed, f->len);
-        else FERRY_STAT_ADD(&c->engine->stats, bytes_served, f->len);
+        if (write) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, f->len);
+        else FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, f->len);
     }
     return shm_send_status(c, answer, f, status, deadline);
 }
@@ -462,7 +463,7 @@ static bool via_intermediary(ferry_conn_t *c, char *why, size_t cap)
  * cannot reach it, so such a stream goes over TCP, which stages it. */
 static bool any_device_local(ferry_engine_t *e, const ferry_xfer_t *xs, size_t nx)
 {
-    ferry_registry_t *r = &e->registry;
+    ferry_registry_t *r = ferry_engine_registry(e);
     if (ferry_registry_device_count(r) == 0) return false;
     bool found = false;
     ferry_registry_read_lock(r);
@@ -616,7 +617,7 @@ static void yama_setup(void)
 static int shm_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, size_t cap)
 {
     static const uint8_t zero[16];
-    const char *t = e->cfg.transport;
+    const char *t = ferry_engine_config(e)->transport;
     if (t && strcmp(t, "auto") != 0 && strcmp(t, "shm") != 0) {
         snprintf(why, cap, "transport forced to %s", t);
         return 0;
@@ -625,7 +626,7 @@ static int shm_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, s
         snprintf(why, cap, "the peer does not offer cross-memory attach");
         return 0;
     }
-    if (memcmp(e->host_id, zero, sizeof zero) == 0 || memcmp(peer->host_id, e->host_id, sizeof e->host_id) != 0) {
+    if (memcmp(ferry_engine_host_id(e), zero, sizeof zero) == 0 || memcmp(peer->host_id, ferry_engine_host_id(e), sizeof peer->host_id) != 0) {
         snprintf(why, cap, "the peer is on another host");
         return 0;
     }
@@ -648,12 +649,15 @@ static uint32_t shm_hello_flags(ferry_engine_t *e)
     return FERRY_HELLO_F_SHMPOOL2;
 }
 
+static const uint8_t shm_frames[] = {FERRY_FRAME_CMA_WRITE, FERRY_FRAME_CMA_READ, FERRY_FRAME_SHM_MAP_REQ,
+                                     FERRY_FRAME_CMA_VEC};
+
 const ferry_transport_ops_t ferry_transport_shm = {
     .name = "shm",
     .usable = shm_usable,
     .run = shm_run,
     .serve = shm_serve,
-    .serve_types = (1u << FERRY_FRAME_CMA_WRITE) | (1u << FERRY_FRAME_CMA_READ) | (1u << FERRY_FRAME_SHM_MAP_REQ) |
-                   (1u << FERRY_FRAME_CMA_VEC),
+    .serve_types = shm_frames,
+    .nserve_types = sizeof shm_frames,
     .hello_flags = shm_hello_flags,
 };

@@ -117,7 +117,7 @@ int shm_serve_map(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, 
     if (sc->state < 0) {
         status = ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "%s", sc->reason);
     } else {
-        ferry_registry_t *r = &c->engine->registry;
+        ferry_registry_t *r = ferry_engine_registry(c->engine);
         ferry_registry_read_lock(r);
         status = ferry_registry_check_locked(r, f->addr, f->len, 0, f->crc, "target");
         const ferry_region_t *reg = status ? NULL : ferry_registry_lookup_locked(r, f->addr, f->len);

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "core/clock.h"
+#include "core/engine.h"
 #include "core/fail.h"
 #include "core/memkind.h"
 #include "core/net.h"
@@ -756,11 +757,13 @@ static int tcp_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, s
     return 1;
 }
 
+static const uint8_t tcp_frames[] = {FERRY_FRAME_WRITE, FERRY_FRAME_READ_REQ, FERRY_FRAME_WRITEV, FERRY_FRAME_READV};
+
 const ferry_transport_ops_t ferry_transport_tcp = {
     .name = "tcp",
     .usable = tcp_usable,
     .run = tcp_run,
     .serve = tcp_serve,
-    .serve_types = (1u << FERRY_FRAME_WRITE) | (1u << FERRY_FRAME_READ_REQ) | (1u << FERRY_FRAME_WRITEV) |
-                   (1u << FERRY_FRAME_READV),
+    .serve_types = tcp_frames,
+    .nserve_types = sizeof tcp_frames,
 };

@@ -25,7 +25,7 @@ const ferry_transport_ops_t *ferry_transport_find(const char *name)
 const ferry_transport_ops_t *ferry_transport_choose(ferry_engine_t *e, const ferry_hello_t *peer, char *why,
                                                      size_t cap)
 {
-    const char *forced = e->cfg.transport;
+    const char *forced = ferry_engine_config(e)->transport;
     if (forced && strcmp(forced, "auto") != 0) {
         const ferry_transport_ops_t *t = ferry_transport_find(forced);
         if (t && t->usable(e, peer, why, cap)) {
@@ -60,9 +60,9 @@ const ferry_transport_ops_t *ferry_transport_choose(ferry_engine_t *e, const fer
 
 const ferry_transport_ops_t *ferry_transport_for_frame(uint8_t type)
 {
-    if (type >= 32) return NULL;
     for (int i = 0; ferry_transports[i]; i++)
-        if (ferry_transports[i]->serve_types & (1u << type)) return ferry_transports[i];
+        for (size_t k = 0; k < ferry_transports[i]->nserve_types; k++)
+            if (ferry_transports[i]->serve_types[k] == type) return ferry_transports[i];
     return NULL;
 }
 

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/engine.h"
+#include "core/xport.h"
 
 typedef struct ferry_transport_ops {
     const char *name;
@@ -31,7 +31,10 @@ typedef struct ferry_transport_ops {
      * again before every chunk, it must check ferry_conn_is_cancelled()
      * under the registry's read lock: a CANCEL's barrier relies on it. */
     int (*serve)(ferry_conn_t *c, const ferry_frame_t *f);
-    uint32_t serve_types;      /* bit (1 << frame type) for each type served */
+    /* The frame types this transport serves (its own: no other transport
+     * lists them), nserve_types of them. */
+    const uint8_t *serve_types;
+    size_t nserve_types;
     /* Optional: FERRY_HELLO_F_* bits this engine advertises in every
      * handshake (what it can serve), e.g. FERRY_HELLO_F_RDMA. */
     uint32_t (*hello_flags)(ferry_engine_t *e);

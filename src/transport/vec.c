@@ -63,9 +63,9 @@ static int recv_gathered(int fd, struct iovec *iov, size_t cnt, uint64_t deadlin
 
 bool ferry_vec_eligible(ferry_conn_t *c, const ferry_xfer_t *x)
 {
-    if (x->done != 0 || x->len > FERRY_WIRE_VEC_PIECE_MAX || x->len > c->engine->cfg.slice_size) return false;
+    if (x->done != 0 || x->len > FERRY_WIRE_VEC_PIECE_MAX || x->len > ferry_engine_config(c->engine)->slice_size) return false;
     if (ferry_conn_version(c) < FERRY_PROTOCOL_VEC) return false;
-    ferry_registry_t *r = &c->engine->registry;
+    ferry_registry_t *r = ferry_engine_registry(c->engine);
     if (ferry_registry_device_count(r) == 0) return true;
     ferry_registry_read_lock(r);
     const ferry_region_t *reg = ferry_registry_lookup_locked(r, (uint64_t)(uintptr_t)x->local, x->len);
@@ -114,7 +114,7 @@ int ferry_vec_send(ferry_conn_t *c, uint8_t type, ferry_xfer_t *g, size_t n)
 {
     struct ferry_vec_scratch *v = ferry_vec_scratch(c);
     if (!v) return FERRY_ERR_MEMORY;
-    bool crc = type == FERRY_FRAME_WRITEV && c->engine->cfg.checksum;
+    bool crc = type == FERRY_FRAME_WRITEV && ferry_engine_config(c->engine)->checksum;
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++) {
         ferry_xfer_t *x = &g[i];
@@ -130,7 +130,7 @@ int ferry_vec_send(ferry_conn_t *c, uint8_t type, ferry_xfer_t *g, size_t n)
                        .len = n, .plen = (uint32_t)(n * FERRY_WIRE_VEC_DESC_SIZE)};
     if (type == FERRY_FRAME_WRITEV) f.plen += (uint32_t)total;
     else if (type == FERRY_FRAME_CMA_VEC) f.aux = (uint64_t)g[0].opcode;
-    else if (c->engine->cfg.checksum) f.flags = FERRY_FRAME_F_CRC; /* READV: asks for checksummed answers */
+    else if (ferry_engine_config(c->engine)->checksum) f.flags = FERRY_FRAME_F_CRC; /* READV: asks for checksummed answers */
     uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
     ferry_frame_encode(&f, hdr);
     v->iov[0] = (struct iovec){hdr, sizeof hdr};
@@ -276,7 +276,7 @@ int ferry_vec_recv_read(ferry_conn_t *c, ferry_xfer_t *g, size_t n, unsigned spi
 
 int ferry_vec_recv_descs(ferry_conn_t *c, const ferry_frame_t *f, uint64_t *deadline, struct ferry_vec_scratch **out)
 {
-    *deadline = ferry_deadline_after_ms(c->engine->cfg.timeout_ms);
+    *deadline = ferry_deadline_after_ms(ferry_engine_config(c->engine)->timeout_ms);
     struct ferry_vec_scratch *v = *out = ferry_vec_scratch(c);
     if (!v) return FERRY_ERR_MEMORY;
     if (ferry_conn_version(c) < FERRY_PROTOCOL_VEC)
@@ -314,7 +314,7 @@ size_t ferry_vec_validate_locked(ferry_conn_t *c, struct ferry_vec_scratch *v, s
                                  bool *device)
 {
     ferry_engine_t *e = c->engine;
-    ferry_registry_t *r = &e->registry;
+    ferry_registry_t *r = ferry_engine_registry(e);
     const ferry_region_t *reg = NULL;
     bool cancels = ferry_vec_cancels_pending(c);
     size_t failed = 0;

@@ -21,7 +21,6 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-#include "core/engine.h"
 #include "transport.h"
 
 /* A connection's buffers for vector frames (either side). */

@@ -16,20 +16,24 @@ tests `ret != 0` or `ret < 0` works unchanged.
 
 TransferEngine(raise_on_error=True) raises ferry.FerryError subclasses
 instead of returning codes. See bindings/python/README.md for the mapping.
+
+The argument checks are in _mooncake_args, the CUDA driver and runtime calls
+in _cuda.
 """
 
-import ctypes
 import enum
-import ipaddress
 import itertools
 import json
 import logging
 import mmap
-import operator
 import os
 import threading
 
-from . import _buffers, _lib, _vectors, core, errors
+from . import _lib, _vectors, core, errors
+from ._cuda import _cuda_stream_wait, _cudart, _device_ordinal  # noqa: F401 - _cudart: tests
+from ._mooncake_args import (P2PHANDSHAKE, _FALLBACK_FROM,  # noqa: F401 - P2PHANDSHAKE: API
+                             _check_int_entries, _code, _int, _lists, _metadata, _nonempty,
+                             _opcode_arg, _peer, _sized, _split_hostname, _transport)
 from .core import Engine
 from .errors import FerryError, fail
 
@@ -45,16 +49,6 @@ SUPPORT_MNNVL = False
 SUPPORT_INTRA_NVLINK = False
 # SUPPORT_CUDA: whether this library and process tell CUDA device memory from
 # host memory at registration (module __getattr__ below, on first use).
-
-P2PHANDSHAKE = "P2PHANDSHAKE"
-
-# Mooncake protocols Ferry has no transport for (a clear NOT_IMPLEMENTED).
-_MOONCAKE_ONLY_PROTOCOLS = {"nvlink", "nvlink_intra", "hip", "xgmi", "ascend", "efa", "cxl",
-                            "nvmeof", "barex", "ubshmem", "mnnvl", "gds", "io_uring",
-                            "sunrise_link"}
-_PROTOCOLS = {"tcp": "tcp", "shm": "shm", "auto": "auto", "": "auto", "rdma": "rdma"}
-# Asked-for transports that fall back to "auto" when the engine lacks them.
-_FALLBACK_FROM = {"rdma", "shm"}
 
 
 class TransferOpcode(enum.IntEnum):
@@ -84,28 +78,6 @@ class TransferNotify:
                 and self.msg == other.msg)
 
 
-def _code(name):
-    return errors.CODES[name]
-
-
-# ---- argument types. Mooncake's pybind11 signatures refuse a wrong type with
-# TypeError before anything runs; so does this binding (never an
-# AttributeError from deep inside, never a crash).
-def _peer(v, what="target_hostname"):
-    if isinstance(v, str):
-        return v
-    if isinstance(v, bytes):
-        return v.decode("utf-8", "surrogateescape")
-    raise TypeError("%s must be a str (the peer's session id \"host:port\"), not %s"
-                    % (what, type(v).__name__))
-
-
-def _int(v, what):
-    if isinstance(v, bool) or not _buffers._is_int(v):
-        raise TypeError("%s must be an int, not %s" % (what, type(v).__name__))
-    return operator.index(v)
-
-
 def _notify(v):
     if v is None or isinstance(v, TransferNotify):
         return v
@@ -113,130 +85,6 @@ def _notify(v):
         return v
     raise TypeError("notify must be a TransferNotify(name, msg) or None, not %s"
                     % type(v).__name__)
-
-
-def _opcode_arg(v):
-    if isinstance(v, bool) or not _buffers._is_int(v):
-        raise TypeError("opcode must be a TransferOpcode, not %s" % type(v).__name__)
-    return int(v)
-
-
-def _seq(v, what):
-    """A batch argument as given (a list, tuple, numpy array, array.array: no
-    per-entry work here, so large batches keep the library's fast paths),
-    or a list of an iterable; TypeError for anything else."""
-    if isinstance(v, (str, bytes, bytearray)) or not hasattr(v, "__iter__"):
-        raise TypeError("%s must be a list, not %s" % (what, type(v).__name__))
-    return v if hasattr(v, "__len__") and hasattr(v, "__getitem__") else list(v)
-
-
-def _sized(v):
-    """v itself when it is a sequence or an array (for the vector fast path,
-    see _vectors), else a list of it."""
-    if hasattr(v, "__len__") and hasattr(v, "__getitem__") and not isinstance(v, (str, bytes)):
-        return v
-    return list(v)
-
-
-def _lists(buffers, peer_buffer_addresses, lengths):
-    """The three lists of a batch call; INVALID_ARGUMENT when their counts differ."""
-    bufs = _seq(buffers, "buffers")
-    remotes = _seq(peer_buffer_addresses, "peer_buffer_addresses")
-    lens = _seq(lengths, "lengths")
-    if not (len(bufs) == len(remotes) == len(lens)):
-        fail(_code("INVALID_ARGUMENT"), "INVALID_ARGUMENT (-1): buffers, "
-             "peer_buffer_addresses and lengths differ in count (%d, %d, %d)"
-             % (len(bufs), len(remotes), len(lens)))
-    return bufs, remotes, lens
-
-
-def _check_int_entries(remotes, lens):
-    """After the library refused a batch's arguments: a TypeError naming the
-    first entry that is not an int (Mooncake's pybind11 would have raised
-    one), else nothing (the refusal stands)."""
-    for what, seq in (("peer_buffer_addresses", remotes), ("lengths", lens)):
-        if getattr(getattr(seq, "dtype", None), "kind", "") in ("i", "u"):
-            continue
-        for i, v in enumerate(seq):
-            _int(v, "%s[%d]" % (what, i))
-
-
-def _nonempty(bufs, remotes, lens):
-    """Mooncake's convention: a zero-length request is complete as it is;
-    only the others go to the engine. Without a zero length (the usual
-    case, found at C speed), the lists go on untouched."""
-    if not _has_zero(lens):
-        return bufs, remotes, lens
-    keep = [i for i, n in enumerate(lens) if isinstance(n, bool) or n != 0]
-    return [bufs[i] for i in keep], [remotes[i] for i in keep], [lens[i] for i in keep]
-
-
-def _has_zero(lens):
-    try:
-        return bool(0 in lens)
-    except (TypeError, ValueError):
-        return False
-
-
-def _split_hostname(local_hostname):
-    """("host", port or None) from "host", "host:port", "[v6]:port", "v6",
-    "host:port:suffix" (Mooncake's Ascend form; the suffix is ignored)."""
-    s = (local_hostname or "").strip()
-    if not s:
-        return None, None
-    if s.startswith("["):
-        end = s.find("]")
-        if end < 0:
-            fail(_code("INVALID_ARGUMENT"), "INVALID_ARGUMENT (-1): local_hostname %r: no ']'" % s)
-        host, rest = s[1:end], s[end + 1:]
-        if not rest:
-            return host, None
-        if not rest.startswith(":") or not rest[1:].isdigit():
-            fail(_code("INVALID_ARGUMENT"),
-                 "INVALID_ARGUMENT (-1): local_hostname %r: bad port" % s)
-        return host, int(rest[1:])
-    if s.count(":") > 1:
-        try:
-            ipaddress.IPv6Address(s)
-            return s, None
-        except ValueError:
-            pass
-    parts = s.split(":")
-    if len(parts) == 1:
-        return s, None
-    if not parts[1].isdigit() or not (0 <= int(parts[1]) <= 65535):
-        fail(_code("INVALID_ARGUMENT"),
-             "INVALID_ARGUMENT (-1): local_hostname %r: port %r is not a number in 0..65535"
-             % (s, parts[1]))
-    return parts[0], int(parts[1])
-
-
-def _metadata(metadata_server, metadata_type=None):
-    m = (metadata_server or "").strip()
-    if m == "" or m.upper() == P2PHANDSHAKE or m.lower() == "p2p":
-        return "p2p"
-    if "://" not in m:
-        m = "%s://%s" % (metadata_type or "etcd", m)
-    scheme = m.split("://", 1)[0].lower()
-    if scheme in ("etcd", "redis"):
-        return m
-    if scheme == "p2p":
-        return "p2p"
-    fail(_code("NOT_IMPLEMENTED"),
-         "NOT_IMPLEMENTED (-303): metadata server %r: Ferry supports P2PHANDSHAKE, etcd:// and "
-         "redis://, not %s://" % (metadata_server, scheme))
-
-
-def _transport(protocol):
-    p = (protocol or "").strip().lower()
-    if p in _PROTOCOLS:
-        return _PROTOCOLS[p]
-    if p in _MOONCAKE_ONLY_PROTOCOLS:
-        fail(_code("NOT_IMPLEMENTED"),
-             "NOT_IMPLEMENTED (-303): protocol %r is a Mooncake transport Ferry lacks; use "
-             "tcp, shm, rdma or auto" % protocol)
-    fail(_code("INVALID_ARGUMENT"),
-         "INVALID_ARGUMENT (-1): unknown protocol %r (tcp, shm, rdma, auto)" % (protocol,))
 
 
 class TransferEngine:
@@ -903,103 +751,6 @@ def _check_device_without_cuda(eng, addrs):
         fail(_code("NOT_IMPLEMENTED"), "NOT_IMPLEMENTED (-303): %#x is CUDA device %d memory, "
              "and this libferry cannot move device memory (%s); not registered. Use a library "
              "built with FERRY_WITH_CUDA, or register host memory" % (a, ordinal, why))
-
-
-_CUDA_DRIVER = []
-
-
-def _cuda_driver():
-    """libcuda (the driver API) if this process has loaded it already, or None.
-    Never loads nor initializes CUDA: a process that did not is left as it is
-    (fork-safe); asked again until found. FERRY_CUDA_DRIVER names another
-    file, as for libferry (the tests' stub driver)."""
-    if not _CUDA_DRIVER:
-        try:
-            lib = ctypes.CDLL(os.environ.get("FERRY_CUDA_DRIVER") or "libcuda.so.1",
-                              mode=os.RTLD_NOLOAD | os.RTLD_LOCAL)
-            lib.cuPointerGetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64]
-            lib.cuPointerGetAttribute.restype = ctypes.c_int
-        except (OSError, AttributeError):
-            return None
-        _CUDA_DRIVER.append(lib)
-    return _CUDA_DRIVER[0]
-
-
-_CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2
-_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
-_CU_MEMORYTYPE_DEVICE = 2
-
-
-def _device_ordinal(addr):
-    """The CUDA device whose memory addr is (device memory only: pinned host
-    and managed memory are CPU-accessible), or None. Any driver error (no
-    driver, not initialized in this process, an unknown pointer) is None."""
-    drv = _cuda_driver()
-    if drv is None:
-        return None
-    kind = ctypes.c_uint(0)
-    if drv.cuPointerGetAttribute(ctypes.byref(kind), _CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr) != 0:
-        return None
-    if kind.value != _CU_MEMORYTYPE_DEVICE:
-        return None
-    ordinal = ctypes.c_int(-1)
-    drv.cuPointerGetAttribute(ctypes.byref(ordinal), _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, addr)
-    return ordinal.value
-
-
-def _cuda_stream_wait(stream):
-    """Waits until the work queued on a CUDA stream (0: the default stream) has
-    finished, through torch when it is loaded, else the CUDA runtime library.
-    A non-zero stream without CUDA in this process is NOT_IMPLEMENTED."""
-    import sys
-    torch = sys.modules.get("torch")
-    if torch is not None and getattr(torch, "cuda", None) is not None and torch.cuda.is_available():
-        if stream:
-            torch.cuda.ExternalStream(stream).synchronize()
-        elif torch.cuda.is_initialized():
-            torch.cuda.synchronize()
-        return 0
-    # No CUDA driver loaded: nothing can be queued, and loading the runtime
-    # here would initialize CUDA in a process that does not use it.
-    rt = _cudart() if _cuda_driver() is not None else None
-    if rt is None:
-        if stream:
-            fail(_code("NOT_IMPLEMENTED"), "NOT_IMPLEMENTED (-303): stream_ptr %#x given, but no "
-                 "usable CUDA runtime in this process (no torch.cuda; no CUDA driver loaded, "
-                 "libcudart missing, or without a device)" % stream)
-        return 0  # no CUDA in this process: nothing can be queued on a stream
-    err = rt.cudaStreamSynchronize(ctypes.c_void_p(stream))
-    if err != 0:
-        fail(_code("INVALID_ARGUMENT"), "INVALID_ARGUMENT (-1): cudaStreamSynchronize(%#x) "
-             "failed with CUDA error %d" % (stream, err))
-    return 0
-
-
-_CUDART = []
-
-
-def _cudart():
-    if not _CUDART:
-        import ctypes.util
-        lib = None
-        for name in (ctypes.util.find_library("cudart"), "libcudart.so", "libcudart.so.12",
-                     "libcudart.so.11.0"):
-            if not name:
-                continue
-            try:
-                lib = ctypes.CDLL(name)
-                lib.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
-                lib.cudaStreamSynchronize.restype = ctypes.c_int
-                break
-            except (OSError, AttributeError):
-                lib = None
-        if lib is not None:
-            # A runtime without a driver or device cannot have queued anything.
-            n = ctypes.c_int(0)
-            if lib.cudaGetDeviceCount(ctypes.byref(n)) != 0 or n.value <= 0:
-                lib = None
-        _CUDART.append(lib)
-    return _CUDART[0]
 
 
 def _support_cuda():

@@ -1,0 +1,18 @@
+/* The engine's configuration (config.c). Private to the library. */
+#ifndef FERRY_CORE_CONFIG_H
+#define FERRY_CORE_CONFIG_H
+
+#include <ferry/ferry.h>
+
+/* config.c */
+/* Reads integer environment variable name into *out when set: 1 set, 0
+ * unset, INVALID_ARGUMENT (naming it) when not an integer in [lo, hi]. */
+int ferry_env_long(const char *name, long lo, long hi, long *out);
+int ferry_config_copy(ferry_engine_t *e, const ferry_config_t *cfg);
+
+/* Upper bound of config.max_connections. Each served connection costs a
+ * thread; the limits (listener.c) keep peers opening connections without
+ * end from exhausting threads or file descriptors. */
+#define FERRY_MAX_CONNECTIONS_LIMIT 65536
+
+#endif

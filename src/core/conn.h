@@ -1,0 +1,93 @@
+/* One connection between two engines, either side, and the framed I/O
+ * on it (engine.c). Private to the library. */
+#ifndef FERRY_CORE_CONN_H
+#define FERRY_CORE_CONN_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ferry/ferry.h>
+
+#include "cancel.h"
+#include "spin.h"
+#include "wire/wire.h"
+
+typedef struct ferry_session ferry_session_t;
+
+/* One TCP connection, either side. */
+typedef struct ferry_conn {
+    int fd;
+    ferry_engine_t *engine;
+    ferry_session_t *session;  /* initiator side: its session; NULL on the target */
+    ferry_hello_t peer;        /* what the other side said in the handshake */
+    unsigned char *bounce;     /* checksum / device-memory staging, lazily made */
+    size_t bounce_cap;         /* its size; 0 = FERRY_WIRE_MAX_DATA (the target's checksum staging) */
+    struct ferry_conn *next;   /* target side: list of served connections */
+    struct ferry_conn *busy_prev, *busy_next; /* initiator side: the engine's checked-out list */
+    pthread_t thread;          /* target side: its serving thread */
+    atomic_bool done;          /* target side: the thread has finished */
+    void *xport;               /* a transport's per-connection state, or NULL */
+    void (*xport_free)(void *); /* frees xport with the connection */
+    uint64_t serial;           /* target side: accept order, 1, 2, ... */
+    /* Cancels (cancel.h). Target side: the key this connection was given in
+     * its HELLO_ACK, the peer engine it serves (both published once the
+     * handshake is read, 0 before), and the ids it refuses (NULL: none).
+     * Initiator side: cancel_key is the key the target gave. */
+    _Atomic uint64_t cancel_key, cancel_peer;
+    _Atomic(ferry_cancel_set_t *) cancels;
+    uint64_t pool_gen;         /* initiator side: the session's pool generation at connect */
+    char remote[64];           /* target side: the socket's peer address, for logs */
+    /* Target side, for the listener's limits (listener.c): where the
+     * connection stands (CONN_*), whether it is in the engine's list and
+     * counted there, whether the peer spoke yet, its source address (IPv4 as
+ * v4-mapped IPv6), and when
+     * it was accepted or last went idle. */
+    atomic_int state;
+    atomic_bool heard;         /* in its handshake: the peer has sent something */
+    bool listed;
+    uint8_t source[16];
+    _Atomic uint64_t idle_since_ns;
+    struct ferry_vec_scratch *vec; /* vector frames' per-connection buffers (transport/vec.h), lazily made */
+    ferry_spin_t spin;         /* recent waits on it, for the adaptive spin (spin.h) */
+} ferry_conn_t;
+
+/* ferry_conn_t.state on the target side. Changes under the engine's
+ * conns_lock, except IDLE <-> BUSY, which the serving thread makes alone
+ * (a compare-and-swap against the evictor's IDLE -> EVICTED). */
+enum ferry_conn_state {
+    CONN_HANDSHAKE = 0, /* counted in nhandshaking */
+    CONN_IDLE,          /* handshake done, waiting for a request: counted in nestablished */
+    CONN_BUSY,          /* serving a frame: counted in nestablished, never evicted */
+    CONN_EVICTED,       /* closed to make room; counted nowhere */
+    CONN_ENDED          /* its thread is finishing; counted nowhere */
+};
+
+/* The newest protocol version this engine speaks (a test may pin it:
+ * ferry_test_set_protocol_version, core/testing.h), and the one both ends
+ * of a handshaken connection speak: the highest in common. Vector frames
+ * need FERRY_PROTOCOL_VEC. */
+unsigned ferry_engine_proto_max(const ferry_engine_t *e);
+unsigned ferry_conn_version(const ferry_conn_t *c);
+
+/* frame I/O shared by both sides */
+int ferry_conn_send_frame(ferry_conn_t *c, ferry_frame_t *f, const void *payload, uint64_t deadline);
+int ferry_conn_recv_frame(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline);
+/* The same, busy-polling up to spin_us for the header before sleeping
+ * (ferry_net_recv_spin): for answers due within microseconds. */
+int ferry_conn_recv_frame_spin(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline, unsigned spin_us);
+/* How long the next wait on c may spin (config.spin_us, else adaptive). */
+unsigned ferry_conn_spin_us(ferry_conn_t *c);
+/* Reads and discards n payload bytes. */
+int ferry_conn_discard(ferry_conn_t *c, uint64_t n, uint64_t deadline);
+void ferry_conn_free(ferry_conn_t *c);
+/* Initiator side, for an answer with status < 0: reads the target's detail
+ * text that follows it and raises it as the thread's failure (its code is
+ * the answer's status); reason, when not NULL, gets the text too. */
+int ferry_conn_fail_from_target(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline, char *reason, size_t cap);
+/* The connection's staging buffer of at least n bytes (n <= FERRY_WIRE_MAX_DATA). */
+unsigned char *ferry_conn_bounce(ferry_conn_t *c, size_t n);
+
+#endif

@@ -1,0 +1,50 @@
+/* Pieces: one contiguous transfer for a transport to move, and running
+ * them on a connection with retries and re-resolution (xfer.c). Private
+ * to the library. */
+#ifndef FERRY_CORE_XFER_H
+#define FERRY_CORE_XFER_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ferry/ferry.h>
+
+#include "cancel.h"
+
+typedef struct ferry_session ferry_session_t;
+
+/* One contiguous transfer for a transport to move. */
+typedef struct ferry_xfer {
+    int opcode;
+    unsigned char *local;
+    uint64_t remote;
+    uint64_t len;
+    uint32_t generation;       /* of the remote region, 0 = unchecked */
+    uint64_t req_id;
+    uint64_t deadline;
+    atomic_bool *cancel;       /* set: stop at the next slice boundary */
+    _Atomic uint64_t *progress; /* bytes confirmed, added as acks arrive */
+    uint64_t done;             /* confirmed prefix: a retry resumes here */
+    int rc;                    /* this piece's outcome */
+    char *detail;              /* malloc'd detail when rc < 0 */
+    size_t index;              /* request index within its batch */
+    /* Completion and cancel (cancel.h). */
+    unsigned inflight;         /* frames sent whose answer has not arrived */
+    ferry_stream_ctl_t *ctl;   /* lets a canceller interrupt the stream; NULL = none */
+    void (*ended)(struct ferry_xfer *x, void *arg); /* called once when final */
+    void *ended_arg;
+    bool has_ended;
+} ferry_xfer_t;
+
+/* Records a piece's failure with the calling thread's current detail. */
+void ferry_xfer_fail(ferry_xfer_t *x, int rc);
+
+/* xfer.c: running pieces on one connection with retries and re-resolution */
+int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);
+int ferry_check_local(ferry_engine_t *e, const void *local, uint64_t len);
+/* Checks one request's arguments; touches no memory. */
+int ferry_check_request(ferry_engine_t *e, int opcode, const void *local, uint64_t remote, uint64_t len);
+
+#endif

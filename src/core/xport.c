@@ -1,0 +1,12 @@
+/* The engine-wide values a transport reads (xport.h). */
+#include "xport.h"
+
+#include "engine.h"
+
+ferry_registry_t *ferry_engine_registry(ferry_engine_t *e) { return &e->registry; }
+
+const ferry_config_t *ferry_engine_config(const ferry_engine_t *e) { return &e->cfg; }
+
+ferry_counters_t *ferry_engine_counters(ferry_engine_t *e) { return &e->stats; }
+
+const uint8_t *ferry_engine_host_id(const ferry_engine_t *e) { return e->host_id; }

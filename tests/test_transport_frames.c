@@ -1,0 +1,55 @@
+/* Each transport declares the frame types it serves (a list, where a
+ * 32-bit mask used to stop at type 31): every type a target serves belongs
+ * to exactly one transport, answers and core frames to none. */
+#include <string.h>
+
+#include "harness.h"
+#include "transport/transport.h"
+#include "wire/wire.h"
+
+static void every_served_type_has_one_owner(void **state)
+{
+    (void)state;
+    static const struct {
+        uint8_t type;
+        const char *transport;
+    } owned[] = {
+        {FERRY_FRAME_WRITE, "tcp"},          {FERRY_FRAME_READ_REQ, "tcp"},
+        {FERRY_FRAME_WRITEV, "tcp"},         {FERRY_FRAME_READV, "tcp"},
+        {FERRY_FRAME_CMA_WRITE, "shm"},      {FERRY_FRAME_CMA_READ, "shm"},
+        {FERRY_FRAME_SHM_MAP_REQ, "shm"},    {FERRY_FRAME_CMA_VEC, "shm"},
+        {FERRY_FRAME_RDMA_CONNECT, "rdma"},  {FERRY_FRAME_RDMA_MR_QUERY, "rdma"},
+        {FERRY_FRAME_RDMA_COMMIT, "rdma"},
+    };
+    for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) {
+        const ferry_transport_ops_t *t = ferry_transport_for_frame(owned[i].type);
+        assert_non_null(t);
+        assert_string_equal(t->name, owned[i].transport);
+    }
+    /* No type is listed by two transports, nor twice by one. */
+    unsigned seen[256] = {0};
+    for (int i = 0; ferry_transports[i]; i++)
+        for (size_t k = 0; k < ferry_transports[i]->nserve_types; k++) seen[ferry_transports[i]->serve_types[k]]++;
+    for (int type = 0; type < 256; type++) assert_true(seen[type] <= 1);
+    /* Core frames and answers belong to no transport. */
+    static const uint8_t none[] = {0,
+                                   FERRY_FRAME_HELLO,
+                                   FERRY_FRAME_SEG_QUERY,
+                                   FERRY_FRAME_NOTIFY,
+                                   FERRY_FRAME_PING,
+                                   FERRY_FRAME_CANCEL,
+                                   FERRY_FRAME_WRITE_ACK,
+                                   FERRY_FRAME_VEC_ACK,
+                                   FERRY_FRAME_RDMA_COMMIT_ACK,
+                                   FERRY_FRAME_TYPE_MAX + 1,
+                                   255};
+    for (size_t i = 0; i < sizeof none; i++) assert_null(ferry_transport_for_frame(none[i]));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(every_served_type_has_one_owner),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,273 @@
+/* `ferry bench` options, and the helpers every mode uses (see cmd_bench.c). */
+#include <errno.h>
+#include <getopt.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include <ferry/ferry.h>
+#include <ferry/pool.h>
+
+#include "bench.h"
+#include "opts.h"
+#include "util.h"
+
+/* ------------------------------------------------------------- helpers */
+
+/* --hugepages: buffers ask for transparent huge pages (MADV_HUGEPAGE). */
+int use_hugepages;
+
+/* Pages in a buffer so that no run measures first-touch faults; 2 MiB
+ * aligned, so that huge pages can back it when asked for. */
+void *alloc_touched(size_t len)
+{
+    size_t align = 2u << 20, want = (len ? len : 1) + align;
+    unsigned char *raw = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return NULL;
+    unsigned char *p = (unsigned char *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
+    if (p > raw) munmap(raw, (size_t)(p - raw));
+    size_t tail = (size_t)(raw + want - (p + len));
+    if (tail && len) munmap(p + len, tail);
+    if (use_hugepages) madvise(p, len, MADV_HUGEPAGE);
+    memset(p, 0x5a, len);
+    return p;
+}
+
+/* CPU seconds (user + system) of a process, from /proc/<pid>/stat. */
+double proc_cpu_s(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    if (!p) return 0;
+    unsigned long ut = 0, st = 0;
+    /* Fields after the command: state ppid pgrp session tty tpgid flags
+     * minflt cminflt majflt cmajflt utime stime. */
+    if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2) return 0;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+double pct(const double *v, size_t n, double p)
+{
+    if (!n) return 0;
+    size_t i = (size_t)(p * (double)(n - 1) + 0.5);
+    return v[i < n ? i : n - 1];
+}
+
+/* --------------------------------------------------------------- options */
+
+void bench_opts_init(struct opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->host = "127.0.0.1";
+    o->op = FERRY_OP_WRITE;
+    o->block = 1u << 20;
+    o->batch = 1;
+    o->threads = 1;
+    o->duration = 3;
+    o->warmup = 0.3;
+    o->transport = "auto";
+    o->regions = 10000;
+    o->sessions = 100;
+    o->idle = 2;
+    o->spin_us = SPIN_FROM_CONFIG;
+}
+
+/* --scatter: block i of n sits in slot (i * mul + 7) mod n, mul coprime to
+ * n, so that neighbours in a batch are neither adjacent nor in order (paged
+ * KV: pages of one sequence anywhere in the pool). */
+size_t scatter_slot(size_t i, size_t n, size_t mul)
+{
+    if (n < 2) return 0;
+    for (;; mul += 2) {
+        size_t a = mul % n, b = n;
+        while (a) {
+            size_t t = b % a;
+            b = a;
+            a = t;
+        }
+        if (b == 1) break;
+    }
+    return (i * mul + 7) % n;
+}
+
+size_t nblocks(const struct opts *o)
+{
+    size_t n = o->blocks ? o->blocks : o->batch;
+    return n > o->batch && o->batch ? o->batch : n;
+}
+
+void bench_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: ferry bench --local [OPTIONS]            fork a target and measure against it\n"
+            "       ferry bench target [--host H] [--port P] [--buffer-size S] [--duration SEC]\n"
+            "       ferry bench initiator --peer HOST:PORT --remote-addr A --remote-len L [OPTIONS]\n"
+            "       ferry bench baseline memcpy|memfd|cma [--block-size S] [--blocks N] [--iov N] [--scatter]\n"
+            "                                                [--duration SEC] [--json]\n"
+            "       ferry bench extras [--regions N] [--sessions N] [--idle SEC] [--json]\n"
+            "\n"
+            "options:\n"
+            "  --op write|read       operation (write)\n"
+            "  --block-size S        bytes per request, K/M/G suffixes (1M)\n"
+            "  --batch-size N        requests per call (ferry_batch_transfer_sync) (1)\n"
+            "  --threads N           initiator threads, each with its own blocks (1)\n"
+            "  --blocks N            distinct blocks a thread's requests cycle through (batch size);\n"
+            "                        fewer keeps the data cache-hot, like iperf3 and ucx_perftest\n"
+            "  --duration SEC        measured time (3); --warmup SEC before it (0.3)\n"
+            "  --transport T         auto|tcp|shm (auto; also FERRY_TRANSPORT)\n"
+            "  --conns N             connections per peer (config.conns_per_peer)\n"
+            "  --spin-us N           both engines busy-poll N us for an answer before sleeping;\n"
+            "                        0 adaptive (the default), -1 never (config.spin_us)\n"
+            "  --json                one JSON object on stdout instead of text\n"
+            "  --hugepages           buffers ask for transparent huge pages (both sides)\n"
+            "  --scatter             blocks at scattered slots (permuted, not adjacent) on both sides\n"
+            "  --shared-pool         the target's buffer is in a shared pool (memfd): same-host\n"
+            "                        initiators map it and copy with memcpy\n"
+            "\n"
+            "The target prints one JSON line {\"name\",\"addr\",\"len\",\"pid\"} once it serves.\n"
+            "Latency is per call: one batch of --batch-size requests, submit to completion.\n");
+}
+
+/* A size option's value: bytes, K/M/G suffixes; 0 and *out, or -1 after
+ * printing the problem. */
+static int opt_size(const char *opt, const char *arg, size_t *out)
+{
+    if (parse_size(arg, out) != 0 || *out == 0) {
+        fprintf(stderr, "ferry bench: bad size '%s' for --%s\n", arg, opt);
+        return -1;
+    }
+    return 0;
+}
+
+/* Parses the options in argv[first..argc) (getopt_long; they may come in
+ * any order); returns 0, or 2 after printing the problem. */
+int bench_parse_opts(int argc, char **argv, int first, struct opts *o)
+{
+    enum { O_LOCAL = 256, O_HUGEPAGES, O_SHARED_POOL, O_JSON, O_PEER, O_HOST, O_TRANSPORT, O_PORT, O_THREADS,
+           O_CONNS, O_REGIONS, O_SESSIONS, O_BLOCKS, O_SPIN_US, O_DURATION, O_WARMUP, O_IDLE, O_REMOTE_ADDR,
+           O_OP, O_BLOCK_SIZE, O_BATCH_SIZE, O_BUFFER_SIZE, O_REMOTE_LEN, O_SCATTER, O_IOV };
+    static const struct option options[] = {
+        {"local", no_argument, NULL, O_LOCAL},
+        {"hugepages", no_argument, NULL, O_HUGEPAGES},
+        {"shared-pool", no_argument, NULL, O_SHARED_POOL},
+        {"json", no_argument, NULL, O_JSON},
+        {"help", no_argument, NULL, 'h'},
+        {"peer", required_argument, NULL, O_PEER},
+        {"host", required_argument, NULL, O_HOST},
+        {"transport", required_argument, NULL, O_TRANSPORT},
+        {"port", required_argument, NULL, O_PORT},
+        {"threads", required_argument, NULL, O_THREADS},
+        {"conns", required_argument, NULL, O_CONNS},
+        {"regions", required_argument, NULL, O_REGIONS},
+        {"sessions", required_argument, NULL, O_SESSIONS},
+        {"blocks", required_argument, NULL, O_BLOCKS},
+        {"spin-us", required_argument, NULL, O_SPIN_US},
+        {"duration", required_argument, NULL, O_DURATION},
+        {"warmup", required_argument, NULL, O_WARMUP},
+        {"idle", required_argument, NULL, O_IDLE},
+        {"remote-addr", required_argument, NULL, O_REMOTE_ADDR},
+        {"op", required_argument, NULL, O_OP},
+        {"block-size", required_argument, NULL, O_BLOCK_SIZE},
+        {"batch-size", required_argument, NULL, O_BATCH_SIZE},
+        {"buffer-size", required_argument, NULL, O_BUFFER_SIZE},
+        {"remote-len", required_argument, NULL, O_REMOTE_LEN},
+        {"scatter", no_argument, NULL, O_SCATTER},
+        {"iov", required_argument, NULL, O_IOV},
+        {NULL, 0, NULL, 0},
+    };
+    /* argv[first - 1] stands in for the program name. */
+    int n = argc - first + 1, opt;
+    char **args = argv + first - 1;
+    long v;
+    unsigned long long addr;
+    optind = 1;
+    while ((opt = getopt_long(n, args, "h", options, NULL)) != -1) {
+        switch (opt) {
+        case O_LOCAL: o->local = 1; break;
+        case O_HUGEPAGES: use_hugepages = 1; break;
+        case O_SHARED_POOL: o->shared_pool = 1; break;
+        case O_SCATTER: o->scatter = 1; break;
+        case O_IOV: if (opt_long("bench", "iov", optarg, 1, 1024, &v)) return 2; o->iov = (size_t)v; break;
+        case O_JSON: o->json = 1; break;
+        case 'h': bench_usage(stdout); exit(0);
+        case O_PEER: o->peer = optarg; break;
+        case O_HOST: o->host = optarg; break;
+        case O_TRANSPORT: o->transport = optarg; break;
+        case O_PORT: if (opt_long("bench", "port", optarg, 0, 65535, &v)) return 2; o->port = (int)v; break;
+        case O_THREADS: if (opt_long("bench", "threads", optarg, 1, 64, &v)) return 2; o->threads = (int)v; break;
+        case O_CONNS: if (opt_long("bench", "conns", optarg, 1, 64, &v)) return 2; o->conns = (int)v; break;
+        case O_REGIONS: if (opt_long("bench", "regions", optarg, 1, 10000000, &v)) return 2; o->regions = (int)v; break;
+        case O_SESSIONS: if (opt_long("bench", "sessions", optarg, 1, 100000, &v)) return 2; o->sessions = (int)v; break;
+        case O_BLOCKS: if (opt_long("bench", "blocks", optarg, 1, 1L << 30, &v)) return 2; o->blocks = (size_t)v; break;
+        case O_SPIN_US: if (opt_long("bench", "spin-us", optarg, -1, 1000000, &v)) return 2; o->spin_us = (int)v; break;
+        case O_DURATION: if (opt_double("bench", "duration", optarg, 0, 86400, &o->duration)) return 2; break;
+        case O_WARMUP: if (opt_double("bench", "warmup", optarg, 0, 3600, &o->warmup)) return 2; break;
+        case O_IDLE: if (opt_double("bench", "idle", optarg, 0, 3600, &o->idle)) return 2; break;
+        case O_REMOTE_ADDR: if (opt_u64("bench", "remote-addr", optarg, &addr)) return 2; o->remote_addr = addr; break;
+        case O_OP:
+            if (strcmp(optarg, "write") == 0) o->op = FERRY_OP_WRITE;
+            else if (strcmp(optarg, "read") == 0) o->op = FERRY_OP_READ;
+            else {
+                fprintf(stderr, "ferry bench: --op is write or read, not '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case O_BLOCK_SIZE: if (opt_size("block-size", optarg, &o->block)) return 2; break;
+        case O_BATCH_SIZE: if (opt_size("batch-size", optarg, &o->batch)) return 2; break;
+        case O_BUFFER_SIZE: if (opt_size("buffer-size", optarg, &o->buffer)) return 2; break;
+        case O_REMOTE_LEN: if (opt_size("remote-len", optarg, &o->remote_len)) return 2; break;
+        default: /* getopt_long named the problem */
+            fprintf(stderr, "\n");
+            bench_usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < n) {
+        fprintf(stderr, "ferry bench: unexpected argument '%s'\n\n", args[optind]);
+        bench_usage(stderr);
+        return 2;
+    }
+    if (o->threads < 1 || o->threads > 64 || o->duration <= 0 || o->batch > 65536) {
+        fprintf(stderr, "ferry bench: need 1..64 threads, a positive duration, at most 65536 per batch\n");
+        return 2;
+    }
+    return 0;
+}
+
+int make_engine(const struct opts *o, int listen_port, ferry_engine_t **out)
+{
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    if (ferry_config_from_env(&cfg) != 0) {
+        fprintf(stderr, "ferry bench: %s\n", ferry_last_error_detail());
+        return -1;
+    }
+    cfg.host = o->host;
+    cfg.port = (uint16_t)listen_port;
+    if (o->transport && (!getenv("FERRY_TRANSPORT") || strcmp(o->transport, "auto") != 0))
+        cfg.transport = o->transport;
+    if (o->conns > 0) cfg.conns_per_peer = o->conns;
+    if (o->spin_us != SPIN_FROM_CONFIG) cfg.spin_us = o->spin_us;
+    if (o->threads > cfg.workers) cfg.workers = o->threads;
+    int rc = ferry_engine_create(&cfg, out);
+    if (rc) fprintf(stderr, "ferry bench: engine: %s\n", ferry_last_error_detail());
+    return rc;
+}

@@ -1,0 +1,230 @@
+/* `ferry demo` options: the usage text, parsing and the checks on the
+ * shape they give (see cmd_demo.c). */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ferry/kv.h>
+
+#include "demo_orch.h"
+
+/* ------------------------------------------------------------ options */
+
+void demo_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: ferry demo [OPTIONS]\n"
+            "\n"
+            "Starts decode and prefill rank processes, each with its own Ferry engine on\n"
+            "127.0.0.1, moves the KV cache of a batch of requests from prefill to decode,\n"
+            "verifies every byte on the decode side and prints throughput and latency.\n"
+            "Exit status 0 only when every byte of every request verified.\n"
+            "\n"
+            "Model and batch:\n"
+            "  --layers N          transformer layers (32)\n"
+            "  --heads N           KV heads of the model (8)\n"
+            "  --head-dim N        elements per head (128)\n"
+            "  --mla               DeepSeek-style MLA: one 576-element latent per token per layer in one\n"
+            "                      buffer, every TP rank holding it whole (--heads/--head-dim ignored)\n"
+            "  --dtype-size N      bytes per element (2, fp16)\n"
+            "  --page N            tokens per KV page (16)\n"
+            "  --requests N        requests in the batch (8)\n"
+            "  --tokens-min N      shortest prompt (2000)\n"
+            "  --tokens-max N      longest prompt (4000); lengths are drawn from --seed\n"
+            "  --prefill-tp N      prefill tensor-parallel ranks, one process each (1)\n"
+            "  --decode-tp N       decode tensor-parallel ranks, one process each (1)\n"
+            "                      (each must divide --heads, or be a multiple of it)\n"
+            "  --inflight N        requests admitted at once (2)\n"
+            "  --seed N            prompt lengths, page lists and KV contents (1)\n"
+            "Engine:\n"
+            "  --transport NAME    auto, tcp, shm (default: FERRY_TRANSPORT, else auto)\n"
+            "  --timeout-ms N      engine deadline; no progress for this long (+5 s) fails (30000)\n"
+            "Output:\n"
+            "  --quiet             no progress on stderr\n"
+            "  --json              a machine-readable summary on stdout instead of the table\n"
+            "  --max-memory GIB    refuse shapes whose pools need more (8)\n"
+            "Fault injection (to show that each failure is caught and explained):\n"
+            "  --inject KIND       corrupt: prefill rank 0 flips a bit of a request's KV\n"
+            "                      stray: prefill rank 0 writes a page over another request's\n"
+            "                      kill-prefill, kill-decode: rank 0 of that side dies mid-transfer\n"
+            "                      freeze-prefill, freeze-decode: it stops (SIGSTOP) instead\n"
+            "  --inject-request N  the request it happens to (1)\n");
+}
+
+static int bad_option(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int bad_option(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "ferry demo: ");
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, " (ferry demo --help lists the options)\n");
+    return 2;
+}
+
+/* "--name value" or "--name=value": 1 and *val when argv[*i] is name. */
+static int option_value(int argc, char **argv, int *i, const char *name, const char **val, int *missing)
+{
+    size_t n = strlen(name);
+    if (strncmp(argv[*i], name, n) != 0) return 0;
+    if (argv[*i][n] == '=') {
+        *val = argv[*i] + n + 1;
+        return 1;
+    }
+    if (argv[*i][n] != '\0') return 0;
+    if (*i + 1 >= argc) {
+        *missing = 1;
+        return 1;
+    }
+    *val = argv[++*i];
+    return 1;
+}
+
+static int parse_u64(const char *name, const char *val, uint64_t min, uint64_t max, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(val, &end, 10);
+    if (errno || end == val || *end || *val == '-' || v < min || v > max)
+        return bad_option("%s wants a whole number in [%llu, %llu], got '%s'", name,
+                          (unsigned long long)min, (unsigned long long)max, val);
+    *out = v;
+    return 0;
+}
+
+int demo_parse_opts(int argc, char **argv, struct demo_opts *o)
+{
+    struct demo_shape *s = &o->shape;
+    *s = (struct demo_shape){.layers = 32, .heads = 8, .head_dim = 128, .dtype = 2, .page = 16,
+                             .requests = 8, .tokens_min = 2000, .tokens_max = 4000,
+                             .prefill_tp = 1, .decode_tp = 1, .inflight = 2, .seed = 1,
+                             .timeout_ms = 30000, .inject_request = 1};
+    o->max_memory_gib = 8;
+    int inject_request_set = 0;
+    struct {
+        const char *name;
+        uint32_t *dst;
+        uint64_t min, max;
+    } nums[] = {
+        {"--layers", &s->layers, 1, 4096},         {"--heads", &s->heads, 1, 4096},
+        {"--head-dim", &s->head_dim, 1, 65536},    {"--dtype-size", &s->dtype, 1, 16},
+        {"--page", &s->page, 1, 65536},            {"--requests", &s->requests, 1, 1000000},
+        {"--tokens-min", &s->tokens_min, 1, 1u << 24}, {"--tokens-max", &s->tokens_max, 1, 1u << 24},
+        {"--prefill-tp", &s->prefill_tp, 1, 64},   {"--decode-tp", &s->decode_tp, 1, 64},
+        {"--inflight", &s->inflight, 1, 1024},     {"--inject-request", &s->inject_request, 0, 1000000},
+    };
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        int missing = 0, done = 0;
+        if (strcmp(argv[i], "--quiet") == 0 || strcmp(argv[i], "-q") == 0) {
+            o->quiet = 1;
+            continue;
+        }
+        if (strcmp(argv[i], "--json") == 0) {
+            o->json = 1;
+            continue;
+        }
+        if (strcmp(argv[i], "--mla") == 0) {
+            s->mla = 1;
+            continue;
+        }
+        for (size_t k = 0; k < sizeof nums / sizeof nums[0] && !done; k++) {
+            if (!option_value(argc, argv, &i, nums[k].name, &v, &missing)) continue;
+            done = 1;
+            if (missing) return bad_option("%s needs a value", nums[k].name);
+            uint64_t x = 0;
+            if (parse_u64(nums[k].name, v, nums[k].min, nums[k].max, &x) != 0) return 2;
+            *nums[k].dst = (uint32_t)x;
+            if (nums[k].dst == &s->inject_request) inject_request_set = 1;
+        }
+        if (done) continue;
+        if (option_value(argc, argv, &i, "--seed", &v, &missing)) {
+            if (missing) return bad_option("--seed needs a value");
+            if (parse_u64("--seed", v, 0, UINT64_MAX, &s->seed) != 0) return 2;
+        } else if (option_value(argc, argv, &i, "--timeout-ms", &v, &missing)) {
+            uint64_t x = 0;
+            if (missing) return bad_option("--timeout-ms needs a value");
+            if (parse_u64("--timeout-ms", v, 100, 3600000, &x) != 0) return 2;
+            s->timeout_ms = (int)x;
+        } else if (option_value(argc, argv, &i, "--transport", &v, &missing)) {
+            if (missing) return bad_option("--transport needs a value");
+            s->transport = v;
+        } else if (option_value(argc, argv, &i, "--max-memory", &v, &missing)) {
+            char *end;
+            if (missing) return bad_option("--max-memory needs a value");
+            o->max_memory_gib = strtod(v, &end);
+            if (*end || end == v || !(o->max_memory_gib > 0))
+                return bad_option("--max-memory wants a positive number of GiB, got '%s'", v);
+        } else if (option_value(argc, argv, &i, "--inject", &v, &missing)) {
+            if (missing) return bad_option("--inject needs a value");
+            static const char *kinds[] = {"none",        "corrupt",        "stray",        "kill-prefill",
+                                          "kill-decode", "freeze-prefill", "freeze-decode"};
+            s->inject = -1;
+            for (int k = 0; k < (int)(sizeof kinds / sizeof kinds[0]); k++)
+                if (strcmp(v, kinds[k]) == 0) s->inject = k;
+            if (s->inject < 0)
+                return bad_option("--inject wants corrupt, stray, kill-prefill, kill-decode, freeze-prefill or "
+                                  "freeze-decode, got '%s'", v);
+        } else {
+            return bad_option("unknown option '%s'", argv[i]);
+        }
+    }
+    if (s->mla) { /* the latent row as one "head" of 576 elements */
+        s->heads = 1;
+        s->head_dim = 576;
+    }
+    if (s->tokens_min > s->tokens_max)
+        return bad_option("--tokens-min %u is more than --tokens-max %u", s->tokens_min, s->tokens_max);
+    uint32_t first, count;
+    if (ferry_kv_rank_heads(s->heads, s->prefill_tp, 0, &first, &count) != 0 ||
+        ferry_kv_rank_heads(s->heads, s->decode_tp, 0, &first, &count) != 0)
+        return bad_option("--prefill-tp %u and --decode-tp %u must each divide --heads %u or be a multiple of it",
+                          s->prefill_tp, s->decode_tp, s->heads);
+    if (!inject_request_set) s->inject_request = s->requests > 1 ? 1 : 0;
+    if (s->inject && s->inject_request >= s->requests)
+        return bad_option("--inject-request %u: the batch has requests 0..%u", s->inject_request, s->requests - 1);
+    if (s->inject == DEMO_INJECT_STRAY && s->inject_request == 0)
+        return bad_option("--inject stray needs --inject-request >= 1 (it writes into the previous request)");
+    uint64_t row = (uint64_t)s->head_dim * s->dtype * s->heads;
+    if (row * s->page > (1ull << 32))
+        return bad_option("a page of %u tokens x %llu bytes is too large", s->page, (unsigned long long)row);
+    demo_shape_derive(s);
+    return 0;
+}
+
+/* ------------------------------------------------------------ memory */
+
+int demo_memory_check(struct demo *d)
+{
+    const struct demo_shape *s = d->s;
+    double total = 0;
+    for (uint32_t r = 0; r < s->prefill_tp; r++) total += (double)demo_pool_bytes(s, 0, r);
+    for (uint32_t r = 0; r < s->decode_tp; r++) total += (double)demo_pool_bytes(s, 1, r);
+    for (uint32_t p = 0; p < s->prefill_tp; p++) {
+        for (uint32_t q = 0; q < s->decode_tp; q++) {
+            uint64_t src = 0, dst = 0;
+            if (demo_staging_need(s, p, q, &src, &dst) != 0) continue;
+            total += (double)src;
+            /* Counted once per decode rank below. */
+        }
+    }
+    for (uint32_t q = 0; q < s->decode_tp; q++) {
+        uint64_t most = 0;
+        for (uint32_t p = 0; p < s->prefill_tp; p++) {
+            uint64_t src = 0, dst = 0;
+            if (demo_staging_need(s, p, q, &src, &dst) == 0 && dst > most) most = dst;
+        }
+        total += (double)most * s->inflight;
+    }
+    double limit = d->o.max_memory_gib * 1024 * 1024 * 1024;
+    if (total <= limit) return 0;
+    char tb[32];
+    demo_human_bytes(tb, sizeof tb, total);
+    return bad_option("this shape needs %s of KV pools and staging (limit --max-memory %.1f GiB); "
+                      "use fewer --layers, a smaller --tokens-max or --inflight, or raise the limit",
+                      tb, d->o.max_memory_gib);
+}

@@ -1,0 +1,275 @@
+/* `ferry demo` output: the header before the run, the per-request table,
+ * the JSON summary and the failures (see cmd_demo.c). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ferry/ferry.h>
+
+#include "demo_orch.h"
+
+/* ------------------------------------------------------------- output */
+
+void demo_human_bytes(char *out, size_t cap, double b)
+{
+    if (b >= 1024.0 * 1024 * 1024) snprintf(out, cap, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+    else if (b >= 1024.0 * 1024) snprintf(out, cap, "%.1f MiB", b / (1024.0 * 1024));
+    else if (b >= 1024.0) snprintf(out, cap, "%.1f KiB", b / 1024.0);
+    else snprintf(out, cap, "%.0f B", b);
+}
+
+static const char *dtype_name(uint32_t size)
+{
+    switch (size) {
+    case 1: return "fp8";
+    case 2: return "fp16";
+    case 4: return "fp32";
+    default: return "elements";
+    }
+}
+
+static void json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+void demo_print_header(struct demo *d)
+{
+    const struct demo_shape *s = d->s;
+    if (d->o.json) return;
+    uint64_t token_bytes = (uint64_t)s->layers * demo_buffers(s) * s->heads * s->head_dim * s->dtype;
+    char tb[32], hb[32];
+    demo_human_bytes(tb, sizeof tb, (double)token_bytes);
+    printf("ferry demo: KV cache of %u requests, prefill -> decode over Ferry engines, every byte verified\n",
+           s->requests);
+    if (s->mla)
+        printf("  model     %u layers, MLA: one %u-element latent per token, %s (%u B), one buffer a layer,\n"
+               "            %u-token pages: %s of KV a token\n",
+               s->layers, s->head_dim, dtype_name(s->dtype), s->dtype, s->page, tb);
+    else
+        printf("  model     %u layers x %u KV heads x %u dims, %s (%u B), K and V in separate buffers,\n"
+               "            %u-token pages: %s of KV a token\n",
+               s->layers, s->heads, s->head_dim, dtype_name(s->dtype), s->dtype, s->page, tb);
+    printf("  prompts   %u..%u tokens (seed %llu):", s->tokens_min, s->tokens_max, (unsigned long long)s->seed);
+    for (uint32_t r = 0; r < s->requests && r < 32; r++) printf(" %u", d->reqs[r].tokens);
+    if (s->requests > 32) printf(" ... (%u more)", s->requests - 32);
+    printf("\n");
+    for (int decode = 0; decode < 2; decode++) {
+        uint32_t tp = decode ? s->decode_tp : s->prefill_tp;
+        for (uint32_t i = 0; i < d->nkids; i++) {
+            const struct child *c = &d->kids[i];
+            if (c->decode != decode) continue;
+            demo_human_bytes(hb, sizeof hb, (double)c->pool_bytes);
+            char st[64] = "";
+            if (c->staging_bytes) {
+                char sb[32];
+                demo_human_bytes(sb, sizeof sb, (double)c->staging_bytes);
+                snprintf(st, sizeof st, " + %s staging", sb);
+            }
+            printf("  %-9s rank %u/%u  engine %-21s pid %-7d pool %u pages, %s%s\n",
+                   c->rank == 0 ? (decode ? "decode" : "prefill") : "", c->rank, tp, c->name, c->rpid,
+                   decode ? s->decode_pool : s->prefill_pool, hb, st);
+        }
+    }
+    for (uint32_t i = 0; i < d->npaths; i++) {
+        const struct path *p = &d->paths[i];
+        printf("  %-9s prefill %u -> decode %u: %s (%s), %s, protocol %u\n", i == 0 ? "path" : "", p->prank,
+               p->drank, p->transport, p->reason, p->same_host ? "same host" : "other host", p->proto);
+    }
+    printf("  window    %u requests in flight; decode pages come from a shuffled free list\n", s->inflight);
+    printf("  latency   prefill submit -> last completion notice on the decode engine\n\n");
+    fflush(stdout);
+}
+
+
+/* ------------------------------------------------------------ results */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Nearest rank. */
+static double percentile(const double *sorted, size_t n, double p)
+{
+    if (n == 0) return 0;
+    size_t k = (size_t)ceil(p / 100.0 * (double)n);
+    return sorted[k ? k - 1 : 0];
+}
+
+static int cmp_interval(const void *a, const void *b)
+{
+    const uint64_t *x = a, *y = b;
+    return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+void demo_compute_totals(const struct demo *d, struct totals *t)
+{
+    const struct demo_shape *s = d->s;
+    memset(t, 0, sizeof *t);
+    double *lat = malloc((s->requests ? s->requests : 1) * sizeof *lat);
+    uint64_t *iv = malloc((s->requests ? s->requests : 1) * 2 * sizeof *iv);
+    uint64_t last = 0;
+    for (uint32_t r = 0; lat && iv && r < s->requests; r++) {
+        const struct request *q = &d->reqs[r];
+        if (q->done != s->decode_tp || !q->t_submit) continue;
+        t->bytes += q->bytes;
+        t->tokens += q->tokens;
+        t->pages += q->npages;
+        t->before += q->before;
+        t->after += q->after;
+        lat[t->n] = (double)(q->t_done - q->t_submit) / 1e6;
+        iv[2 * t->n] = q->t_submit;
+        iv[2 * t->n + 1] = q->t_done;
+        if (q->t_done > last) last = q->t_done;
+        t->n++;
+    }
+    if (t->n) {
+        /* Time with at least one transfer on the wire: the union of the
+         * requests' [submit, notice] intervals. */
+        qsort(iv, t->n, 2 * sizeof *iv, cmp_interval);
+        uint64_t busy = 0, cs = iv[0], ce = iv[1];
+        for (uint32_t i = 1; i < t->n; i++) {
+            if (iv[2 * i] > ce) {
+                busy += ce - cs;
+                cs = iv[2 * i];
+                ce = iv[2 * i + 1];
+            } else if (iv[2 * i + 1] > ce) {
+                ce = iv[2 * i + 1];
+            }
+        }
+        busy += ce - cs;
+        t->busy_s = (double)busy / 1e9;
+        t->wall_s = (double)(last - d->t_first_submit) / 1e9;
+        t->agg_gbps = t->busy_s > 0 ? (double)t->bytes / 1e9 / t->busy_s : 0;
+        qsort(lat, t->n, sizeof *lat, cmp_double);
+        t->p50 = percentile(lat, t->n, 50);
+        t->p99 = percentile(lat, t->n, 99);
+    }
+    free(lat);
+    free(iv);
+}
+
+void demo_print_table(const struct demo *d, const struct totals *t)
+{
+    const struct demo_shape *s = d->s;
+    printf("  %5s %7s %6s %10s %9s %10s %11s %7s %10s\n", "req", "tokens", "pages", "MiB", "blocks", "coalesced",
+           "latency ms", "GB/s", "verify ms");
+    for (uint32_t r = 0; r < s->requests; r++) {
+        const struct request *q = &d->reqs[r];
+        if (q->done != s->decode_tp || !q->t_submit) continue;
+        double ms = (double)(q->t_done - q->t_submit) / 1e6;
+        printf("  %5u %7u %6u %10.1f %9llu %10llu %11.2f %7.2f %10.1f%s\n", r, q->tokens, q->npages,
+               (double)q->bytes / (1024.0 * 1024), (unsigned long long)q->before, (unsigned long long)q->after, ms,
+               ms > 0 ? (double)q->bytes / 1e6 / ms : 0.0, (double)q->verify_ns / 1e6,
+               q->bad_bytes ? "  MISMATCH" : "");
+    }
+    printf("  %5s %7llu %6llu %10.1f %9llu %10llu\n\n", "total", (unsigned long long)t->tokens,
+           (unsigned long long)t->pages, (double)t->bytes / (1024.0 * 1024), (unsigned long long)t->before,
+           (unsigned long long)t->after);
+    printf("  moved      %.3f GB in %.3f s with transfers on the wire: %.2f GB/s aggregate\n", (double)t->bytes / 1e9,
+           t->busy_s, t->agg_gbps);
+    printf("  wall       %.3f s from the first submit to the last notice (prefill fill and decode checks overlap)\n",
+           t->wall_s);
+    printf("  latency    p50 %.2f ms, p99 %.2f ms over %u requests\n", t->p50, t->p99, t->n);
+    char rb[32], cb[32];
+    demo_human_bytes(rb, sizeof rb, (double)d->rechecked);
+    demo_human_bytes(cb, sizeof cb, (double)d->canary);
+    printf("  rechecked  %s of verified requests after later transfers, %s of free pages (canary)\n", rb, cb);
+    printf("  verified: %llu bytes, %llu mismatches\n", (unsigned long long)d->verified,
+           (unsigned long long)d->mismatch_bytes);
+}
+
+void demo_print_json(const struct demo *d, const struct totals *t, int ok)
+{
+    const struct demo_shape *s = d->s;
+    FILE *f = stdout;
+    fprintf(f, "{\n  \"ok\": %s,\n", ok ? "true" : "false");
+    fprintf(f,
+            "  \"shape\": {\"layers\": %u, \"kv_heads\": %u, \"head_dim\": %u, \"dtype_bytes\": %u, "
+            "\"page_tokens\": %u, \"requests\": %u, \"tokens_min\": %u, \"tokens_max\": %u, "
+            "\"prefill_tp\": %u, \"decode_tp\": %u, \"inflight\": %u, \"seed\": %llu, \"mla\": %s, \"transport\": ",
+            s->layers, s->heads, s->head_dim, s->dtype, s->page, s->requests, s->tokens_min, s->tokens_max,
+            s->prefill_tp, s->decode_tp, s->inflight, (unsigned long long)s->seed, s->mla ? "true" : "false");
+    json_string(f, s->transport ? s->transport : "default");
+    fprintf(f, "},\n  \"ranks\": [");
+    for (uint32_t i = 0; i < d->nkids; i++) {
+        const struct child *c = &d->kids[i];
+        fprintf(f, "%s\n    {\"role\": \"%s\", \"rank\": %u, \"pid\": %d, \"engine\": ", i ? "," : "",
+                c->decode ? "decode" : "prefill", c->rank, (int)c->pid);
+        json_string(f, c->name);
+        fprintf(f, ", \"pool_bytes\": %llu, \"staging_bytes\": %llu}", (unsigned long long)c->pool_bytes,
+                (unsigned long long)c->staging_bytes);
+    }
+    fprintf(f, "\n  ],\n  \"paths\": [");
+    for (uint32_t i = 0; i < d->npaths; i++) {
+        const struct path *p = &d->paths[i];
+        fprintf(f, "%s\n    {\"prefill\": %u, \"decode\": %u, \"transport\": ", i ? "," : "", p->prank, p->drank);
+        json_string(f, p->transport);
+        fprintf(f, ", \"reason\": ");
+        json_string(f, p->reason);
+        fprintf(f, ", \"same_host\": %s, \"protocol\": %u}", p->same_host ? "true" : "false", p->proto);
+    }
+    fprintf(f, "\n  ],\n  \"requests\": [");
+    int first = 1;
+    for (uint32_t r = 0; r < s->requests; r++) {
+        const struct request *q = &d->reqs[r];
+        if (q->done != s->decode_tp || !q->t_submit) continue;
+        double ms = (double)(q->t_done - q->t_submit) / 1e6;
+        fprintf(f,
+                "%s\n    {\"id\": %u, \"tokens\": %u, \"pages\": %u, \"bytes\": %llu, \"blocks\": %llu, "
+                "\"coalesced_blocks\": %llu, \"latency_ms\": %.3f, \"gbps\": %.3f, \"fill_ms\": %.3f, "
+                "\"verify_ms\": %.3f, \"mismatches\": %llu}",
+                first ? "" : ",", r, q->tokens, q->npages, (unsigned long long)q->bytes,
+                (unsigned long long)q->before, (unsigned long long)q->after, ms,
+                ms > 0 ? (double)q->bytes / 1e6 / ms : 0.0, (double)q->fill_ns / 1e6, (double)q->verify_ns / 1e6,
+                (unsigned long long)q->bad_bytes);
+        first = 0;
+    }
+    fprintf(f, "\n  ],\n");
+    fprintf(f,
+            "  \"totals\": {\"requests_verified\": %u, \"bytes\": %llu, \"transfer_s\": %.6f, "
+            "\"aggregate_gbps\": %.3f, \"wall_s\": %.6f, \"latency_p50_ms\": %.3f, \"latency_p99_ms\": %.3f, "
+            "\"verified_bytes\": %llu, \"mismatches\": %llu, \"rechecked_bytes\": %llu, \"canary_bytes\": %llu},\n",
+            t->n, (unsigned long long)t->bytes, t->busy_s, t->agg_gbps, t->wall_s, t->p50, t->p99,
+            (unsigned long long)d->verified, (unsigned long long)d->mismatch_bytes,
+            (unsigned long long)d->rechecked, (unsigned long long)d->canary);
+    fprintf(f, "  \"errors\": [");
+    for (uint32_t i = 0; i < d->nfails; i++) {
+        const struct failure *x = &d->fails[i];
+        fprintf(f, "%s\n    {\"source\": ", i ? "," : "");
+        json_string(f, x->source);
+        fprintf(f, ", \"code\": %d, \"name\": ", x->code);
+        json_string(f, x->code ? ferry_error_name(x->code) : "");
+        fprintf(f, ", \"detail\": ");
+        json_string(f, x->text);
+        fprintf(f, "}");
+    }
+    fprintf(f, "%s]\n}\n", d->nfails ? "\n  " : "");
+    fflush(f);
+}
+
+void demo_print_failures(const struct demo *d)
+{
+    fprintf(stderr, "ferry demo: FAILED\n");
+    for (uint32_t i = 0; i < d->nfails; i++) {
+        const struct failure *f = &d->fails[i];
+        fprintf(stderr, "  %s: %s\n", f->source, f->text);
+        if (f->code && strstr(f->text, ferry_error_name(f->code)) == NULL)
+            fprintf(stderr, "    (%s, code %d)\n", ferry_error_name(f->code), f->code);
+        if (f->code)
+            fprintf(stderr, "    %s %s; `ferry explain %s` says more\n", ferry_error_name(f->code),
+                    ferry_error_retryable(f->code) ? "is retryable" : "is not retryable", ferry_error_name(f->code));
+    }
+    fprintf(stderr, "  verified before stopping: %llu bytes, %llu mismatches\n", (unsigned long long)d->verified,
+            (unsigned long long)d->mismatch_bytes);
+}
