@@ -164,8 +164,8 @@ static bool fit_strided(const ferry_xfer_t *g, size_t n, bool local, uint64_t *b
 
 /* Writes the compact description of pieces g[0..n) (wire.h, "Compact
  * vector frames") into v->raw when the peer speaks protocol 3 and the
- * pieces fit it: one length and generation, consecutive request ids,
- * 32-bit indices. Returns its size, or 0 for the descriptors instead. With
+ * pieces fit it: one length, consecutive request ids, 32-bit indices
+ * (several generations are listed, F_GENS). Returns its size, or 0 for the descriptors instead. With
  * crc, v->crcs holds the pieces' checksums. */
 static size_t encode_compact(ferry_conn_t *c, struct ferry_vec_scratch *v, uint8_t type, bool crc,
                              const ferry_xfer_t *g, size_t n, uint8_t *flags)

@@ -216,8 +216,9 @@ int ferry_vec_statuses_decode(const uint8_t *in, uint32_t n, int32_t *st);
 
 /* ---- Compact vector frames (protocol 3) ----
  * A WRITEV, READV or CMA_VEC with FERRY_FRAME_F_COMPACT describes its n
- * pieces (all of one length and region generation, request ids f.req_id
- * + i) in place of the n descriptors, the common KV shape of pages at
+ * pieces (all of one length, request ids f.req_id + i, one region
+ * generation or, with F_GENS, one listed per piece) in place of the n
+ * descriptors, the common KV shape of pages at
  * base + index * stride:
  *     0    8 target base              8    8 target stride
  *    16    8 CMA_VEC: initiator base  24    8 CMA_VEC: initiator stride (else both 0)
