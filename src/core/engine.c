@@ -29,87 +29,6 @@
 #include "testing.h"
 #include "transport/transport.h"
 
-/* ------------------------------------------------------------ frame I/O */
-
-int ferry_conn_send_frame(ferry_conn_t *c, ferry_frame_t *f, const void *payload, uint64_t deadline)
-{
-    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
-    ferry_frame_encode(f, hdr);
-    struct iovec iov[2] = {{hdr, sizeof hdr}, {(void *)payload, f->plen}};
-    return ferry_net_sendv(c->fd, iov, f->plen ? 2 : 1, deadline);
-}
-
-int ferry_conn_recv_frame(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline)
-{
-    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
-    int rc = ferry_net_recv(c->fd, hdr, sizeof hdr, deadline);
-    if (rc) return rc;
-    return ferry_frame_decode(hdr, f);
-}
-
-int ferry_conn_recv_frame_spin(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline, unsigned spin_us)
-{
-    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
-    size_t got = 0;
-    uint64_t t0 = ferry_now_ns();
-    int rc = ferry_net_recv_spin(c->fd, hdr, sizeof hdr, spin_us, &got);
-    if (rc == 0 && got < sizeof hdr) rc = ferry_net_recv(c->fd, hdr + got, sizeof hdr - got, deadline);
-    if (rc) return rc;
-    ferry_spin_record(&c->spin, ferry_now_ns() - t0);
-    return ferry_frame_decode(hdr, f);
-}
-
-unsigned ferry_conn_spin_us(ferry_conn_t *c)
-{
-    return ferry_spin_us(&c->spin, c->engine->cfg.spin_us);
-}
-
-int ferry_conn_discard(ferry_conn_t *c, uint64_t n, uint64_t deadline)
-{
-    unsigned char scratch[16384];
-    while (n > 0) {
-        size_t k = n < sizeof scratch ? (size_t)n : sizeof scratch;
-        int rc = ferry_net_recv(c->fd, scratch, k, deadline);
-        if (rc) return rc;
-        n -= k;
-    }
-    return 0;
-}
-
-int ferry_conn_fail_from_target(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline, char *reason, size_t cap)
-{
-    char text[FERRY_WIRE_MAX_REASON + 1];
-    uint32_t n = f->plen <= FERRY_WIRE_MAX_REASON ? f->plen : FERRY_WIRE_MAX_REASON;
-    if (ferry_net_recv(c->fd, text, n, deadline) != 0) n = 0;
-    text[n] = '\0';
-    if (f->plen > n) ferry_conn_discard(c, f->plen - n, deadline);
-    if (reason) snprintf(reason, cap, "%s", n ? text : "(no detail)");
-    return ferry_fail(f->status, "target %s refused: %s", c->peer.name, n ? text : "(no detail)");
-}
-
-void ferry_conn_free(ferry_conn_t *c)
-{
-    if (!c) return;
-    if (c->fd >= 0) close(c->fd);
-    ferry_evloop_conn_free(c);
-    ferry_cancel_conn_close(c);
-    if (c->xport_free) c->xport_free(c->xport);
-    free(c->bounce);
-    free(c->vec);
-    free(c);
-}
-
-unsigned char *ferry_conn_bounce(ferry_conn_t *c, size_t n)
-{
-    size_t cap = c->bounce && c->bounce_cap == 0 ? FERRY_WIRE_MAX_DATA : c->bounce_cap;
-    if (c->bounce && cap >= n) return c->bounce;
-    free(c->bounce);
-    c->bounce = malloc(n);
-    c->bounce_cap = c->bounce ? n : 0;
-    if (!c->bounce) ferry_fail(FERRY_ERR_MEMORY, "staging buffer of %zu bytes: out of memory", n);
-    return c->bounce;
-}
-
 /* ------------------------------------------------------ connection state */
 
 /* Serving thread: waiting for the next request; the connection may be
@@ -129,43 +48,6 @@ bool ferry_conn_set_busy(ferry_conn_t *c)
 }
 
 /* ------------------------------------------------------------ handshake */
-
-void ferry_hello_fill(ferry_engine_t *e, ferry_hello_t *h)
-{
-    memset(h, 0, sizeof *h);
-    uint16_t v = (uint16_t)ferry_protocol_version_advertised(e);
-    /* Every version down to 1 (older peers keep their framing), unless a
-     * test pinned one (core/testing.h). */
-    h->proto_min = ferry_test_protocol_version(e) ? v : 1;
-    h->proto_max = v;
-    h->flags = FERRY_HELLO_F_CMA | (e->cfg.secret ? FERRY_HELLO_F_AUTH : 0);
-    for (int i = 0; ferry_transports[i]; i++)
-        if (ferry_transports[i]->hello_flags) h->flags |= ferry_transports[i]->hello_flags(e);
-    h->engine_id = e->engine_id;
-    h->epoch = e->epoch;
-    h->pid = (int32_t)getpid();
-    memcpy(h->host_id, e->host_id, sizeof h->host_id);
-    uint64_t version;
-    size_t count;
-    ferry_registry_summary(&e->registry, &version, &count);
-    h->segment_version = version;
-    h->segment_count = count;
-    /* Only authentication needs the nonce; a failure leaves zeros, which
-     * ferry_serve_hello and the initiator's handshake refuse to MAC. */
-    if (e->cfg.secret && ferry_auth_nonce(h->nonce) != 0) memset(h->nonce, 0, sizeof h->nonce);
-    snprintf(h->name, sizeof h->name, "%s", e->name);
-}
-
-unsigned ferry_engine_proto_max(const ferry_engine_t *e)
-{
-    return (unsigned)ferry_protocol_version_advertised(e);
-}
-
-unsigned ferry_conn_version(const ferry_conn_t *c)
-{
-    unsigned ours = ferry_engine_proto_max(c->engine);
-    return c->peer.proto_max < ours ? c->peer.proto_max : ours;
-}
 
 static bool nonce_is_zero(const uint8_t *n)
 {
@@ -596,29 +478,6 @@ int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out)
     return 0;
 fail:
     engine_free(e);
-    return rc;
-}
-
-int ferry_engine_enter(ferry_engine_t *e)
-{
-    atomic_fetch_add(&e->calls, 1);
-    if (atomic_load(&e->stopping))
-        return ferry_engine_leave(e, ferry_fail(FERRY_ERR_CONTEXT, "the engine is shutting down"));
-    return 0;
-}
-
-int ferry_engine_leave(ferry_engine_t *e, int rc)
-{
-    bool ours = rc == FERRY_ERR_PEER_CLOSED || rc == FERRY_ERR_SOCKET || rc == FERRY_ERR_TIMEOUT;
-    if (ours && atomic_load(&e->stopping))
-        rc = ferry_fail(FERRY_ERR_CONTEXT, "the engine was destroyed during the call (%s)", ferry_last_error_detail());
-    /* The last one out while destroy waits tells it; nothing of e is
-     * touched after that. */
-    if (atomic_fetch_sub(&e->calls, 1) == 1 && atomic_load(&e->stopping)) {
-        pthread_mutex_lock(&e->calls_lock);
-        pthread_cond_broadcast(&e->calls_cond);
-        pthread_mutex_unlock(&e->calls_lock);
-    }
     return rc;
 }
 

@@ -15,6 +15,7 @@
 #include "config.h"
 #include "conn.h"
 #include "crc32c.h"
+#include "hello.h"
 #include "meta/meta.h"
 #include "metrics.h"
 #include "notify.h"
@@ -37,6 +38,7 @@ struct ferry_engine {
     uint8_t host_id[16];
     atomic_bool stopping;
     _Atomic uint64_t next_req_id;
+    ferry_spin_t batch_spin;   /* recent waits for a batch or a call's groups (batch.c; spin.h) */
 
     ferry_registry_t registry;
     ferry_metrics_t metrics;
@@ -98,7 +100,7 @@ struct ferry_engine {
     struct ferry_rdma *rdma;
 };
 
-/* engine.c: a public call that may block on a peer enters first (CONTEXT
+/* calls.c: a public call that may block on a peer enters first (CONTEXT
  * once destroy began) and leaves when done; destroy wakes the calls in
  * progress and waits until they all left before freeing anything. */
 int ferry_engine_enter(ferry_engine_t *e);

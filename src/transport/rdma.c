@@ -24,6 +24,7 @@
 #include "core/log.h"
 #include "core/net.h"
 #include "transport.h"
+#include "wire/rdma_wire.h"
 
 struct ferry_rdma {
     int usable;
@@ -320,7 +321,8 @@ static int rdma_serve(ferry_conn_t *c, const ferry_frame_t *f)
     return serve_unavailable(c, f, why);
 }
 
-static const uint8_t rdma_frames[] = {FERRY_FRAME_RDMA_CONNECT, FERRY_FRAME_RDMA_MR_QUERY, FERRY_FRAME_RDMA_COMMIT};
+static const uint8_t rdma_frames[] = {FERRY_FRAME_RDMA_CONNECT, FERRY_FRAME_RDMA_MR_QUERY, FERRY_FRAME_RDMA_COMMIT,
+                                      FERRY_FRAME_RDMA_COMMIT_GROUP};
 
 const ferry_transport_ops_t ferry_transport_rdma = {
     .name = "rdma",

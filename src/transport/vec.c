@@ -63,7 +63,8 @@ static int recv_gathered(int fd, struct iovec *iov, size_t cnt, uint64_t deadlin
 
 bool ferry_vec_eligible(ferry_conn_t *c, const ferry_xfer_t *x)
 {
-    if (x->done != 0 || x->len > FERRY_WIRE_VEC_PIECE_MAX || x->len > ferry_engine_config(c->engine)->slice_size) return false;
+    if (x->done != 0 || x->len > FERRY_WIRE_VEC_PIECE_MAX || x->len > ferry_engine_config(c->engine)->slice_size)
+        return false;
     if (ferry_conn_version(c) < FERRY_PROTOCOL_VEC) return false;
     ferry_registry_t *r = ferry_engine_registry(c->engine);
     if (ferry_registry_device_count(r) == 0) return true;
@@ -126,21 +127,36 @@ static uint64_t piece_addr(const ferry_xfer_t *x, bool local)
 }
 
 /* Describes the addresses of pieces g[0..n) (local or remote) as base +
- * index * stride: the stride is the greatest common divisor of their
- * distances (the piece length when they coincide), indices written to
- * idx as u32. False when an index would not fit 32 bits. */
+ * index * stride, indices written to idx as u32: the stride is the
+ * greatest common divisor of their distances from the lowest (the piece
+ * length when they coincide). It is guessed from the first pieces and
+ * refined only when a later one does not fall on it, so a frame of pieces
+ * on one stride costs a division a piece (a shift for a power of two).
+ * False when an index would not fit 32 bits. */
 static bool fit_strided(const ferry_xfer_t *g, size_t n, bool local, uint64_t *base, uint64_t *stride, uint8_t *idx)
 {
-    uint64_t first = piece_addr(&g[0], local), lo = first, hi = first, d = 0;
+    uint64_t lo = piece_addr(&g[0], local), hi = lo;
     for (size_t i = 1; i < n; i++) {
         uint64_t a = piece_addr(&g[i], local);
-        d = gcd64(a > first ? a - first : first - a, d);
         if (a < lo) lo = a;
         if (a > hi) hi = a;
     }
+    uint64_t d = 0;
+    for (size_t i = 0; i < n && i < 8; i++) d = gcd64(piece_addr(&g[i], local) - lo, d);
     if (d == 0) d = g[0].len;
-    if ((hi - lo) / d > UINT32_MAX) return false;
-    for (size_t i = 0; i < n; i++) put32(idx + 4 * i, (uint32_t)((piece_addr(&g[i], local) - lo) / d));
+    for (;;) {
+        if ((hi - lo) / d > UINT32_MAX) return false;
+        bool pow2 = (d & (d - 1)) == 0;
+        unsigned shift = (unsigned)__builtin_ctzll(d);
+        size_t i = 0;
+        for (; i < n; i++) {
+            uint64_t off = piece_addr(&g[i], local) - lo, k = pow2 ? off >> shift : off / d;
+            if (k * d != off) break;
+            put32(idx + 4 * i, (uint32_t)k);
+        }
+        if (i == n) break;
+        d = gcd64(piece_addr(&g[i], local) - lo, d); /* a smaller divisor of d: ends */
+    }
     *base = lo;
     *stride = d;
     return true;
@@ -199,7 +215,8 @@ int ferry_vec_send(ferry_conn_t *c, uint8_t type, ferry_xfer_t *g, size_t n)
                        .addr = total, .len = n, .plen = (uint32_t)dbytes};
     if (type == FERRY_FRAME_WRITEV) f.plen += (uint32_t)total;
     else if (type == FERRY_FRAME_CMA_VEC) f.aux = (uint64_t)g[0].opcode;
-    else if (ferry_engine_config(c->engine)->checksum) f.flags |= FERRY_FRAME_F_CRC; /* READV: asks for checksummed answers */
+    else if (ferry_engine_config(c->engine)->checksum)
+        f.flags |= FERRY_FRAME_F_CRC; /* READV: asks for checksummed answers */
     uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
     ferry_frame_encode(&f, hdr);
     v->iov[0] = (struct iovec){hdr, sizeof hdr};

@@ -1,6 +1,7 @@
 /* Encoding and validation of Ferry frames. Hand-written: it is the hot path
  * (one header per slice) and the format is a fixed little-endian struct. */
 #include "le.h"
+#include "rdma_wire.h"
 #include "wire.h"
 
 #include <stdbool.h>
@@ -18,13 +19,23 @@ static const char *const type_names[] = {
     "WRITEV", "VEC_ACK", "CMA_VEC", "READV"};
 _Static_assert(sizeof type_names / sizeof type_names[0] == FERRY_FRAME_TYPE_MAX + 1, "a frame type has no name");
 
+/* A transport's frame (wire.h's ranges): its name, or NULL. */
+static const char *transport_frame_name(uint8_t type)
+{
+    if (type >= FERRY_FRAME_RDMA_FIRST && type <= FERRY_FRAME_RDMA_LAST) return ferry_rdma_frame_name(type);
+    return NULL;
+}
+
 const char *ferry_frame_type_name(uint8_t type)
 {
-    return type <= FERRY_FRAME_TYPE_MAX ? type_names[type] : "INVALID";
+    if (type <= FERRY_FRAME_TYPE_MAX) return type_names[type];
+    const char *name = transport_frame_name(type);
+    return name ? name : "INVALID";
 }
 
 uint32_t ferry_frame_max_payload(uint8_t type)
 {
+    if (type >= FERRY_FRAME_RDMA_FIRST && type <= FERRY_FRAME_RDMA_LAST) return ferry_rdma_frame_max_payload(type);
     switch (type) {
     case FERRY_FRAME_WRITE:
     case FERRY_FRAME_READ_RESP:
@@ -83,7 +94,7 @@ int ferry_frame_decode(const uint8_t in[FERRY_FRAME_HEADER_SIZE], ferry_frame_t 
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "bad frame magic 0x%08x (not a Ferry peer?)", magic);
     f->type = in[4];
     f->flags = in[5];
-    if (f->type == 0 || f->type > FERRY_FRAME_TYPE_MAX)
+    if (f->type == 0 || (f->type > FERRY_FRAME_TYPE_MAX && !transport_frame_name(f->type)))
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "unknown frame type %u", f->type);
     bool vec = f->type == FERRY_FRAME_WRITEV || f->type == FERRY_FRAME_READV || f->type == FERRY_FRAME_CMA_VEC;
     if (f->flags & ~(FERRY_FRAME_F_CRC | (vec ? FERRY_FRAME_F_COMPACT : 0)))

@@ -87,8 +87,15 @@ enum ferry_frame_type {
     FERRY_FRAME_CMA_VEC = 30,   /* i->t: len = pieces; payload = descriptors (aux: the initiator's address);
                                  * frame aux = FERRY_OP_WRITE (target pulls) or FERRY_OP_READ (pushes) */
     FERRY_FRAME_READV = 31,     /* i->t: len = pieces; payload = descriptors; answered by a VEC_ACK with the bytes */
-    FERRY_FRAME_TYPE_MAX = 31
+    FERRY_FRAME_TYPE_MAX = 31   /* the last core frame; 32..63 are for core frames to come */
 };
+
+/* Frame ids past the core ones belong to one transport each, which
+ * declares them next to its code, names them and sizes their payloads
+ * (wire.c asks it), and serves them (its serve_types, transport.h):
+ *   64..79  the RDMA transport (rdma_wire.h) */
+#define FERRY_FRAME_RDMA_FIRST 64
+#define FERRY_FRAME_RDMA_LAST 79
 
 #define FERRY_FRAME_F_CRC 0x01u
 /* Vector frames only (protocol 3): the pieces are described compactly
