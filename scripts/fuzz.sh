@@ -2,7 +2,7 @@
 # Builds Ferry's libFuzzer targets with clang (ASan + UBSan) and runs each
 # for a bounded time, starting from the seed corpus the targets make.
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]
-# Defaults: $FUZZ_SECONDS or 30 s each; targets wire, handshake, initiator, session, meta.
+# Defaults: $FUZZ_SECONDS or 30 s each; targets wire, handshake, initiator, session, meta, rdma_group.
 # Environment:
 #   FUZZ_BUILD (build-fuzz), FUZZ_JOBS (2), FUZZ_CORPUS (build dir/corpus).
 # Exit status: 0 when no target found a crash, leak or timeout; else 1, and
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 SECS=${1:-${FUZZ_SECONDS:-30}}
 shift || true
 TARGETS=("$@")
-[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(wire handshake initiator session meta)
+[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(wire handshake initiator session meta rdma_group)
 BUILD=${FUZZ_BUILD:-build-fuzz}
 JOBS=${FUZZ_JOBS:-2}
 CC_BIN=${CC:-}

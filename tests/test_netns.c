@@ -264,7 +264,7 @@ static void blackhole_mid_transfer(void **state)
 }
 
 /* A link that dies while connections sit idle: TCP keepalive finds it on
- * both sides, so the target's serving thread ends and the initiator never
+ * both sides, so the target closes its served connection and the initiator never
  * sends a request into the dead connection. */
 static void idle_link_death_found_by_keepalive(void **state)
 {
@@ -281,18 +281,18 @@ static void idle_link_death_found_by_keepalive(void **state)
     cfg.conns_per_peer = 1;
     assert_int_equal(ferry_engine_create(&cfg, &w->e), 0);
     assert_int_equal(ferry_register(w->e, w->buf, w->len, 0), 0);
-    long idle_threads = peer_query(&w->peer, "threads");
+    long idle_sockets = peer_query(&w->peer, "sockets");
     assert_int_equal(round_trip(w, w->peer.name, 0, 4096, 30), 0);
-    long serving = peer_query(&w->peer, "threads");
-    assert_int_equal(serving, idle_threads + 1); /* one serving thread */
+    long serving = peer_query(&w->peer, "sockets");
+    assert_int_equal(serving, idle_sockets + 1); /* one served connection */
     assert_int_equal(drop_percent(100), 0);
     /* 1 s idle + 3 probes 1 s apart: gone after about 4 s on both sides. */
     long now = serving;
-    for (int i = 0; i < 100 && now > idle_threads; i++) {
+    for (int i = 0; i < 100 && now > idle_sockets; i++) {
         usleep(100 * 1000);
-        now = peer_query(&w->peer, "threads");
+        now = peer_query(&w->peer, "sockets");
     }
-    assert_int_equal(now, idle_threads);
+    assert_int_equal(now, idle_sockets);
     undrop();
     ferry_stats_t st;
     ferry_engine_stats(w->e, &st);

@@ -43,9 +43,11 @@ int main(void)
 #include "core/engine.h"
 #include "core/memkind.h"
 #include "core/net.h"
+#include "core/testing.h"
 #include "harness.h"
 #include "transport/rdma.h"
 #include "transport/rdma_verbs.h"
+#include "wire/rdma_wire.h"
 
 /* ============================================================ fake HCA */
 
@@ -117,6 +119,7 @@ static struct {
     int max_wr;           /* the device's max_qp_wr; 0 = FAKE_MAX_WR */
     int refuse_post_at;   /* > 0: the refuse_post_at-th work request posted from now is refused (ENOMEM) */
     int qp_fail_skip, qp_fail; /* after skipping n creates, fail the next m */
+    int pause_at_imm;     /* the HCA pauses before it executes the next WRITE WITH IMMEDIATE */
     /* counters */
     long regs, deregs, qps_made, dealloc_busy, imms;
     long post_calls, post_wrs, post_signaled, post_sges, longest_chain; /* ibv_post_send */
@@ -284,6 +287,11 @@ static void *hca_main(void *arg)
     while (!H.stop) {
         if (H.paused || !H.head) {
             pthread_cond_wait(&H.work, &H.lock);
+            continue;
+        }
+        if (H.pause_at_imm && H.head->op == IBV_WR_RDMA_WRITE_WITH_IMM) {
+            H.pause_at_imm = 0;
+            H.paused = 1;
             continue;
         }
         struct fwr *w = H.head;
@@ -725,6 +733,14 @@ static long hca_get(long *field)
     return v;
 }
 
+static int hca_get_int(int *field)
+{
+    pthread_mutex_lock(&H.lock);
+    int v = *field;
+    pthread_mutex_unlock(&H.lock);
+    return v;
+}
+
 static unsigned long long hca_bytes(void)
 {
     pthread_mutex_lock(&H.lock);
@@ -867,8 +883,9 @@ static void batches_beyond_every_window(void **state)
     long regs = hca_get(&H.regs), imms = hca_get(&H.imms);
     assert_int_equal(ferry_batch_transfer_sync(p.initiator, p.peer, FERRY_OP_WRITE, locals, remotes, lens, N), 0);
     assert_true(harness_check(dst, (size_t)N * LEN, 5));
-    /* Each piece was committed with its own immediate. */
-    assert_int_equal(hca_get(&H.imms) - imms, N);
+    /* The pieces were committed in groups: one immediate (and one
+     * RDMA_COMMIT_GROUP) per connection the batch ran on. */
+    assert_in_range(hca_get(&H.imms) - imms, 1, 2);
     /* One memory region per registered region and side, made lazily. */
     assert_int_equal(hca_get(&H.regs) - regs, 2);
 
@@ -1422,8 +1439,8 @@ static void small_scattered_pieces_post_few_chains(void **state)
     assert_int_equal(ferry_batch_transfer_sync(p.initiator, p.peer, FERRY_OP_WRITE, s.locals, s.remotes, s.lens, N), 0);
     hca_counts(&calls2, &wrs2, &sig2, &sges2);
     for (size_t i = 0; i < N; i++) assert_true(scatter_landed(&s, i));
-    assert_int_equal(hca_get(&H.imms) - imms, N); /* one commit immediate each */
-    assert_int_equal(wrs2 - wrs, 2 * N);          /* scattered both sides: one data WR each, nothing merged */
+    assert_int_equal(hca_get(&H.imms) - imms, 1); /* one group commit for all */
+    assert_int_equal(wrs2 - wrs, N + 1);          /* scattered both sides: one data WR each, nothing merged */
     fprintf(stderr, "write: %ld post_send calls, %ld WRs, %ld signalled for %d pieces\n", calls2 - calls,
             wrs2 - wrs, sig2 - sig, N);
     assert_true(calls2 - calls <= N / 16);
@@ -1457,7 +1474,7 @@ static void adjacent_pieces_merge(void **state)
     assert_int_equal(ferry_batch_transfer_sync(p.initiator, p.peer, FERRY_OP_WRITE, s.locals, s.remotes, s.lens, N), 0);
     hca_counts(&calls2, &wrs2, &sig2, &sges2);
     for (size_t i = 0; i < N; i++) assert_true(scatter_landed(&s, i));
-    assert_int_equal(wrs2 - wrs - N, N / FAKE_MAX_SGE); /* data WRs, after the N commit immediates */
+    assert_int_equal(wrs2 - wrs - 1, N / FAKE_MAX_SGE); /* data WRs, after the group commit's immediate */
     assert_int_equal(sges2 - sges, N);
     /* Read back the same way: a scatter list of 4 entries per READ. */
     memset(s.src, 0, s.cap);
@@ -1473,7 +1490,7 @@ static void adjacent_pieces_merge(void **state)
     assert_int_equal(ferry_batch_transfer_sync(p.initiator, p.peer, FERRY_OP_WRITE, s.locals, s.remotes, s.lens, N), 0);
     hca_counts(&calls2, &wrs2, &sig2, &sges2);
     assert_memory_equal(s.src, s.dst, (size_t)N * LEN);
-    assert_int_equal(wrs2 - wrs - N, 1);
+    assert_int_equal(wrs2 - wrs, 2); /* the data, and the group commit's immediate */
     /* Reads merge the same way (a scatter list on the local side). */
     memset(s.src, 0, (size_t)N * LEN);
     hca_counts(&calls, &wrs, &sig, &sges);
@@ -1558,15 +1575,17 @@ static void error_in_the_middle_of_a_chain(void **state)
 }
 
 /* The HCA refuses a chain part way (the 60th work request: the 13th of the
- * second chain, unsignalled; then the 10th commit immediate): the accepted
- * ones end visibly (a signalled marker after the error state, so no wait
- * for a completion that cannot come), the run retries on a new QP, all
- * land. */
+ * second chain, unsignalled; then the 10th commit immediate of an
+ * initiator of protocol 2, which commits each piece with its own): the
+ * accepted ones end visibly (a signalled marker after the error state, so
+ * no wait for a completion that cannot come), the run retries on a new QP,
+ * all land. */
 static void chain_refused_part_way(void **state)
 {
     (void)state;
     enum { N = 256, LEN = 2048 };
     pair_t p = pair_make_one_conn(20000, 3);
+    ferry_test_set_protocol_version(p.initiator, 2);
     scatter_t s = scatter_make(&p, N, LEN, false);
     assert_int_equal(write_sync(&p, s.src, s.dst, 64), 0);
     memset(s.dst, 0, s.cap);
@@ -1666,6 +1685,249 @@ static void cancel_mid_chain(void **state)
     pair_end(&p);
 }
 
+/* ============================================ group commits (protocol 3) */
+
+static void wait_paused(void)
+{
+    for (int i = 0; i < 5000 && !hca_get_int(&H.paused); i++) usleep(1000);
+    assert_true(hca_get_int(&H.paused));
+}
+
+/* 1,024 RDMA-written pieces are committed with one immediate and one
+ * RDMA_COMMIT_GROUP (the commit frames counted by their immediates, one
+ * each) when both ends speak protocol 3; when either end is older, each
+ * piece with its own (the per-piece RDMA_COMMIT). Every byte lands. */
+static void group_commit_is_negotiated(void **state)
+{
+    (void)state;
+    enum { N = 1024, LEN = 2048 };
+    static const struct {
+        int initiator, target, expect_version;
+        long expect_imms;
+    } cases[] = {{0, 0, FERRY_PROTOCOL_VERSION, 1}, {2, 0, 2, N}, {0, 2, 2, N}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        pair_t p = pair_make_one_conn(20000, 3);
+        if (cases[c].initiator) ferry_test_set_protocol_version(p.initiator, cases[c].initiator);
+        if (cases[c].target) ferry_test_set_protocol_version(p.target, cases[c].target);
+        scatter_t s = scatter_make(&p, N, LEN, false);
+        assert_int_equal(write_sync(&p, s.src, s.dst, 64), 0);
+        memset(s.dst, 0, s.cap);
+        ferry_peer_info_t info;
+        assert_int_equal(ferry_session_info(p.initiator, p.peer, &info), 0);
+        assert_string_equal(info.transport, "rdma");
+        assert_int_equal(info.protocol_version, cases[c].expect_version);
+        long imms = hca_get(&H.imms);
+        assert_int_equal(ferry_batch_transfer_sync(p.initiator, p.peer, FERRY_OP_WRITE, s.locals, s.remotes, s.lens, N),
+                         0);
+        for (size_t i = 0; i < N; i++) assert_true(scatter_landed(&s, i));
+        assert_int_equal(hca_get(&H.imms) - imms, cases[c].expect_imms);
+        scatter_end(&p, &s);
+        pair_end(&p);
+    }
+}
+
+/* The target region of every other piece is deregistered after the
+ * pieces' bytes were written and before the group's commit is checked (the
+ * HCA holds the immediate): the one answer fails exactly those pieces,
+ * each with its code and a detail naming its own range, the first with
+ * the target's reason; the others complete. */
+static void group_commit_fails_pieces_one_by_one(void **state)
+{
+    (void)state;
+    enum { N = 64, LEN = 2048 };
+    pair_t p = pair_make_one_conn(20000, 3);
+    unsigned char *src = malloc((size_t)N * LEN), *a = calloc(N, LEN), *b = calloc(N, LEN);
+    assert_int_equal(ferry_register(p.initiator, src, (size_t)N * LEN, FERRY_MEM_LOCAL), 0);
+    assert_int_equal(ferry_register(p.target, a, (size_t)N * LEN, FERRY_MEM_REMOTE), 0);
+    assert_int_equal(ferry_register(p.target, b, (size_t)N * LEN, FERRY_MEM_REMOTE), 0);
+    harness_fill(src, (size_t)N * LEN, 21);
+    assert_int_equal(write_sync(&p, src, a, 64), 0); /* the QP */
+    ferry_request_t reqs[N];
+    for (int i = 0; i < N; i++) {
+        unsigned char *dst = (i % 2 ? b : a) + (size_t)(i / 2) * LEN;
+        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, src + (size_t)i * LEN, (uint64_t)(uintptr_t)dst, LEN};
+    }
+    pthread_mutex_lock(&H.lock);
+    H.pause_at_imm = 1;
+    pthread_mutex_unlock(&H.lock);
+    long imms = hca_get(&H.imms);
+    ferry_batch_t *batch;
+    assert_int_equal(ferry_batch_alloc(p.initiator, N, &batch), 0);
+    assert_int_equal(ferry_batch_submit(batch, p.peer, reqs, N, 0), 0);
+    wait_paused(); /* every data write done, the group's immediate held */
+    assert_int_equal(ferry_deregister(p.target, b), 0);
+    hca_pause(0);
+    assert_int_equal(ferry_batch_wait(batch, 20000), FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    assert_int_equal(hca_get(&H.imms) - imms, 1); /* one group commit */
+    for (int i = 0; i < N; i++) {
+        ferry_status_t st;
+        assert_int_equal(ferry_batch_status(batch, (size_t)i, &st), 0);
+        if (i % 2 == 0) {
+            assert_int_equal(st.state, FERRY_STATUS_COMPLETED);
+            assert_memory_equal((void *)(uintptr_t)reqs[i].remote, reqs[i].local, LEN);
+            continue;
+        }
+        assert_int_equal(st.state, FERRY_STATUS_FAILED);
+        assert_int_equal(st.code, FERRY_ERR_ADDRESS_NOT_REGISTERED);
+        char range[64];
+        snprintf(range, sizeof range, "0x%llx", (unsigned long long)reqs[i].remote);
+        assert_detail_contains(range);
+        if (i == 1) assert_detail_contains("region deregistered during the write");
+        else assert_detail_contains("one of 64 pieces in one group commit");
+    }
+    assert_int_equal(ferry_batch_free(batch), 0);
+    ferry_deregister(p.initiator, src);
+    ferry_deregister(p.target, a);
+    free(src);
+    free(a);
+    free(b);
+    pair_end(&p);
+}
+
+/* Cancel while the group's immediate is held at the HCA (every data write
+ * done, nothing confirmed): every piece ends CANCELLED or COMPLETED
+ * (placed), nothing is left on the HCA, and no byte lands after the cancel
+ * returned. */
+static void cancel_during_group_commit(void **state)
+{
+    (void)state;
+    enum { N = 256, LEN = 2048 };
+    pair_t p = pair_make_one_conn(20000, 3);
+    scatter_t s = scatter_make(&p, N, LEN, false);
+    assert_int_equal(write_sync(&p, s.src, s.dst, 64), 0);
+    memset(s.dst, 0, s.cap);
+    pthread_mutex_lock(&H.lock);
+    H.pause_at_imm = 1;
+    pthread_mutex_unlock(&H.lock);
+    ferry_batch_t *b;
+    assert_int_equal(ferry_batch_alloc(p.initiator, N, &b), 0);
+    ferry_request_t *reqs = malloc(N * sizeof *reqs);
+    for (int i = 0; i < N; i++) reqs[i] = (ferry_request_t){FERRY_OP_WRITE, s.locals[i], s.remotes[i], LEN};
+    assert_int_equal(ferry_batch_submit(b, p.peer, reqs, N, 0), 0);
+    wait_paused();
+    struct unpause_later u;
+    atomic_init(&u.cancel_done, 0);
+    pthread_create(&u.t, NULL, unpause_main, &u);
+    int rc = ferry_batch_cancel(b);
+    atomic_store(&u.cancel_done, 1);
+    pthread_join(u.t, NULL);
+    assert_int_equal(rc, 0);
+    assert_int_equal(hca_queued(), 0);
+    unsigned char *snap = malloc(s.cap);
+    memcpy(snap, s.dst, s.cap);
+    int cancelled = 0;
+    for (int i = 0; i < N; i++) {
+        ferry_status_t st;
+        assert_int_equal(ferry_batch_status(b, (size_t)i, &st), 0);
+        if (st.state == FERRY_STATUS_COMPLETED) {
+            assert_true(scatter_landed(&s, (size_t)i));
+        } else {
+            assert_int_equal(st.state, FERRY_STATUS_CANCELLED);
+            cancelled++;
+        }
+    }
+    fprintf(stderr, "cancel during the group commit: %d of %d cancelled\n", cancelled, N);
+    assert_int_equal(ferry_batch_free(b), 0);
+    usleep(20000);
+    assert_memory_equal(snap, s.dst, s.cap); /* no late write */
+    assert_int_equal(hca_queued(), 0);
+    free(snap);
+    free(reqs);
+    scatter_end(&p, &s);
+    pair_end(&p);
+}
+
+/* The HCA refuses the group's immediate: nothing is committed, the run
+ * retries on a new QP, all land. */
+static void group_commit_post_refused(void **state)
+{
+    (void)state;
+    enum { N = 256, LEN = 2048 };
+    pair_t p = pair_make_one_conn(20000, 3);
+    scatter_t s = scatter_make(&p, N, LEN, false);
+    assert_int_equal(write_sync(&p, s.src, s.dst, 64), 0);
+    memset(s.dst, 0, s.cap);
+    long qps = hca_get(&H.qps_made);
+    pthread_mutex_lock(&H.lock);
+    H.refuse_post_at = N + 1; /* after the N data work requests */
+    pthread_mutex_unlock(&H.lock);
+    assert_int_equal(ferry_batch_transfer_sync(p.initiator, p.peer, FERRY_OP_WRITE, s.locals, s.remotes, s.lens, N), 0);
+    for (size_t i = 0; i < N; i++) assert_true(scatter_landed(&s, i));
+    assert_true(hca_get(&H.qps_made) - qps >= 2);
+    scatter_end(&p, &s);
+    pair_end(&p);
+}
+
+/* Sends RDMA_COMMIT_GROUP of one piece [addr+len) on c and expects the
+ * target to drop the connection with an ERROR whose text has want. */
+static void expect_group_dropped(ferry_conn_t *c, uint64_t npieces, uint64_t addr, uint64_t len, const char *want)
+{
+    uint64_t dl = ferry_deadline_after_ms(5000);
+    uint8_t d[FERRY_RDMA_COMMIT_DESC_SIZE];
+    ferry_rdma_commit_desc_t desc = {addr, len, 1, 0};
+    ferry_rdma_commit_desc_encode(&desc, d);
+    ferry_frame_t g = {.type = FERRY_FRAME_RDMA_COMMIT_GROUP, .req_id = 1, .addr = len, .len = npieces,
+                       .plen = npieces ? sizeof d : 0}, f;
+    assert_int_equal(ferry_conn_send_frame(c, &g, d, dl), 0);
+    assert_int_equal(ferry_conn_recv_frame(c, &f, dl), 0);
+    assert_int_equal(f.type, FERRY_FRAME_ERROR);
+    assert_int_equal(ferry_conn_fail_from_target(c, &f, dl, NULL, 0), FERRY_ERR_MALFORMED_FRAME);
+    assert_detail_contains(want);
+}
+
+/* Sends a valid RDMA_CONNECT on c; the target accepts it. */
+static void raw_rdma_connect(ferry_conn_t *c)
+{
+    uint64_t dl = ferry_deadline_after_ms(5000);
+    ferry_rdma_qp_info_t qi = {.qpn = 0x999, .psn = 1, .lid = 1, .port = 1, .link_layer = FERRY_RDMA_LINK_IB,
+                               .mtu = 5, .rd_atom = 1, .recv_depth = 8};
+    uint8_t qb[FERRY_RDMA_QP_INFO_SIZE];
+    ferry_rdma_qp_info_encode(&qi, qb);
+    ferry_frame_t cf = {.type = FERRY_FRAME_RDMA_CONNECT, .plen = sizeof qb}, f;
+    assert_int_equal(ferry_conn_send_frame(c, &cf, qb, dl), 0);
+    assert_int_equal(ferry_conn_recv_frame(c, &f, dl), 0);
+    assert_int_equal(f.type, FERRY_FRAME_RDMA_CONNECT_ACK);
+    assert_int_equal(f.status, 0);
+    assert_int_equal(ferry_conn_discard(c, f.plen, dl), 0);
+}
+
+/* Raw RDMA_COMMIT_GROUPs the target refuses by closing the connection: no
+ * pieces, one before the queue pair exists, a bad descriptor, and one on
+ * a connection whose protocol predates group commits. */
+static void target_refuses_bad_group_commits(void **state)
+{
+    (void)state;
+    for (int version = 3; version >= 2; version--) {
+        pair_t p = pair_make_one_conn(5000, 0);
+        if (version == 2) ferry_test_set_protocol_version(p.initiator, 2);
+        unsigned char *dst = malloc(8192);
+        uint64_t a = (uint64_t)(uintptr_t)dst;
+        assert_int_equal(ferry_register(p.target, dst, 8192, FERRY_MEM_REMOTE), 0);
+        ferry_session_t *s;
+        assert_int_equal(ferry_session_get(p.initiator, p.peer, &s), 0);
+        for (int k = 0; k < (version == 3 ? 3 : 1); k++) {
+            ferry_conn_t *c;
+            assert_int_equal(ferry_session_checkout(s, ferry_deadline_after_ms(5000), &c), 0);
+            if (version == 2) {
+                raw_rdma_connect(c);
+                expect_group_dropped(c, 1, a, 64, "connection of protocol 2 (needs 3)");
+            } else if (k == 0) {
+                expect_group_dropped(c, 0, a, 64, "RDMA_COMMIT_GROUP of 0 pieces");
+            } else if (k == 1) {
+                expect_group_dropped(c, 1, a, 64, "RDMA_COMMIT_GROUP before RDMA_CONNECT");
+            } else {
+                raw_rdma_connect(c);
+                expect_group_dropped(c, 1, a, 0, "piece 0: [0x");
+            }
+            ferry_session_checkin(s, c, false);
+        }
+        ferry_session_put(s);
+        ferry_deregister(p.target, dst);
+        free(dst);
+        pair_end(&p);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1687,6 +1949,11 @@ int main(void)
         cmocka_unit_test(error_in_the_middle_of_a_chain),
         cmocka_unit_test(cancel_mid_chain),
         cmocka_unit_test(chain_refused_part_way),
+        cmocka_unit_test(group_commit_is_negotiated),
+        cmocka_unit_test(group_commit_fails_pieces_one_by_one),
+        cmocka_unit_test(cancel_during_group_commit),
+        cmocka_unit_test(group_commit_post_refused),
+        cmocka_unit_test(target_refuses_bad_group_commits),
     };
     return cmocka_run_group_tests(tests, start_hca, stop_hca);
 }

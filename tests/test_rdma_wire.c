@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "wire/rdma_wire.h"
 #include "wire/wire.h"
 
 static ferry_rdma_qp_info_t good_qp(void)
@@ -161,6 +162,8 @@ static void rdma_frame_types(void **state)
         {FERRY_FRAME_RDMA_MR_INFO, FERRY_WIRE_MAX_REASON, "RDMA_MR_INFO"},
         {FERRY_FRAME_RDMA_COMMIT, 0, "RDMA_COMMIT"},
         {FERRY_FRAME_RDMA_COMMIT_ACK, FERRY_WIRE_MAX_REASON, "RDMA_COMMIT_ACK"},
+        {FERRY_FRAME_RDMA_COMMIT_GROUP, FERRY_RDMA_GROUP_MAX * FERRY_RDMA_COMMIT_DESC_SIZE, "RDMA_COMMIT_GROUP"},
+        {FERRY_FRAME_RDMA_COMMIT_GROUP_ACK, FERRY_RDMA_GROUP_MAX * 4 + FERRY_WIRE_MAX_REASON, "RDMA_COMMIT_GROUP_ACK"},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         assert_int_equal(ferry_frame_max_payload(t[i].type), t[i].max);
@@ -184,6 +187,97 @@ static void rdma_frame_types(void **state)
     char text[64];
     snprintf(text, sizeof text, "unknown frame type %d", FERRY_FRAME_TYPE_MAX + 1);
     assert_detail_contains(text);
+    /* So is an id in the RDMA range that the transport does not define. */
+    f.type = FERRY_FRAME_RDMA_OWN_LAST + 1;
+    ferry_frame_encode(&f, hdr);
+    assert_int_equal(ferry_frame_decode(hdr, &back), FERRY_ERR_MALFORMED_FRAME);
+    assert_detail_contains("unknown frame type");
+    assert_string_equal(ferry_frame_type_name(FERRY_FRAME_RDMA_LAST), "INVALID");
+}
+
+/* A group commit's header and descriptors: round trip, and every field
+ * the decoder must refuse. */
+static void commit_group_round_trip_and_refusals(void **state)
+{
+    (void)state;
+    enum { N = 3 };
+    ferry_rdma_commit_desc_t d[N] = {{0x7f0000001000ull, 2048, 11, 4},
+                                     {0x7f0000100000ull, 1ull << 33, 12, 4},
+                                     {0x1000, 1, 13, 0}},
+                             back[N];
+    uint8_t buf[N * FERRY_RDMA_COMMIT_DESC_SIZE];
+    uint64_t total = 0;
+    for (int i = 0; i < N; i++) {
+        ferry_rdma_commit_desc_encode(&d[i], buf + i * FERRY_RDMA_COMMIT_DESC_SIZE);
+        total += d[i].len;
+    }
+    ferry_frame_t f = {.type = FERRY_FRAME_RDMA_COMMIT_GROUP, .req_id = 11, .addr = total, .len = N,
+                       .plen = sizeof buf};
+    assert_int_equal(ferry_rdma_commit_group_check(&f), 0);
+    assert_int_equal(ferry_rdma_commit_group_decode(&f, buf, back), 0);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(back[i].addr, d[i].addr);
+        assert_int_equal(back[i].len, d[i].len);
+        assert_int_equal(back[i].req_id, d[i].req_id);
+        assert_int_equal(back[i].generation, d[i].generation);
+    }
+    /* The header: no pieces, too many, a payload that is not n descriptors. */
+    ferry_frame_t g = f;
+    g.len = 0;
+    assert_int_equal(ferry_rdma_commit_group_check(&g), FERRY_ERR_MALFORMED_FRAME);
+    assert_detail_contains("0 pieces");
+    g.len = FERRY_RDMA_GROUP_MAX + 1;
+    g.plen = (uint32_t)g.len * FERRY_RDMA_COMMIT_DESC_SIZE;
+    assert_int_equal(ferry_rdma_commit_group_check(&g), FERRY_ERR_MALFORMED_FRAME);
+    g = f;
+    g.plen--;
+    assert_int_equal(ferry_rdma_commit_group_check(&g), FERRY_ERR_MALFORMED_FRAME);
+    assert_detail_contains("carries");
+    /* The total the header declares. */
+    g = f;
+    g.addr++;
+    assert_int_equal(ferry_rdma_commit_group_decode(&g, buf, back), FERRY_ERR_MALFORMED_FRAME);
+    assert_detail_contains("add up to");
+    /* A piece: reserved bytes, empty, at address 0, wrapping. */
+    uint8_t bad[sizeof buf];
+    memcpy(bad, buf, sizeof bad);
+    bad[FERRY_RDMA_COMMIT_DESC_SIZE + 30] = 1;
+    assert_int_equal(ferry_rdma_commit_group_decode(&f, bad, back), FERRY_ERR_MALFORMED_FRAME);
+    assert_detail_contains("piece 1: reserved");
+    ferry_rdma_commit_desc_t t[3] = {{0x1000, 0, 1, 0}, {0, 8, 1, 0}, {UINT64_MAX - 4, 8, 1, 0}};
+    for (int k = 0; k < 3; k++) {
+        memcpy(bad, buf, sizeof bad);
+        ferry_rdma_commit_desc_encode(&t[k], bad + 2 * FERRY_RDMA_COMMIT_DESC_SIZE);
+        g = f;
+        g.addr = total - d[2].len + t[k].len;
+        assert_int_equal(ferry_rdma_commit_group_decode(&g, bad, back), FERRY_ERR_MALFORMED_FRAME);
+        assert_detail_contains("piece 2:");
+    }
+}
+
+/* The answer to a group commit against the group it answers. */
+static void commit_group_ack_checks(void **state)
+{
+    (void)state;
+    ferry_frame_t a = {.type = FERRY_FRAME_RDMA_COMMIT_GROUP_ACK, .addr = 300, .len = 3};
+    assert_int_equal(ferry_rdma_commit_group_ack_check(&a, 3, 300), 0);
+    assert_int_equal(ferry_rdma_commit_group_ack_check(&a, 4, 300), FERRY_ERR_MALFORMED_FRAME);
+    assert_detail_contains("for 3 pieces, 4 were committed");
+    assert_int_equal(ferry_rdma_commit_group_ack_check(&a, 3, 301), FERRY_ERR_MALFORMED_FRAME); /* not all confirmed */
+    a.plen = 4;
+    assert_int_equal(ferry_rdma_commit_group_ack_check(&a, 3, 300), FERRY_ERR_MALFORMED_FRAME); /* payload on success */
+    /* A failure carries the statuses and at most a reason's text. */
+    a.status = FERRY_ERR_ADDRESS_NOT_REGISTERED;
+    a.addr = 200;
+    a.plen = 12 + 5;
+    assert_int_equal(ferry_rdma_commit_group_ack_check(&a, 3, 300), 0);
+    a.plen = 11;
+    assert_int_equal(ferry_rdma_commit_group_ack_check(&a, 3, 300), FERRY_ERR_MALFORMED_FRAME);
+    a.plen = 12 + FERRY_WIRE_MAX_REASON + 1;
+    assert_int_equal(ferry_rdma_commit_group_ack_check(&a, 3, 300), FERRY_ERR_MALFORMED_FRAME);
+    a.plen = 12;
+    a.addr = 300; /* a failure cannot have confirmed everything */
+    assert_int_equal(ferry_rdma_commit_group_ack_check(&a, 3, 300), FERRY_ERR_MALFORMED_FRAME);
 }
 
 int main(void)
@@ -193,6 +287,8 @@ int main(void)
         cmocka_unit_test(qp_info_refusals),
         cmocka_unit_test(mr_info_round_trip_and_refusals),
         cmocka_unit_test(rdma_frame_types),
+        cmocka_unit_test(commit_group_round_trip_and_refusals),
+        cmocka_unit_test(commit_group_ack_checks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

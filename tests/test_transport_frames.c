@@ -1,10 +1,12 @@
 /* Each transport declares the frame types it serves (a list, where a
  * 32-bit mask used to stop at type 31): every type a target serves belongs
- * to exactly one transport, answers and core frames to none. */
+ * to exactly one transport, answers and core frames to none, and a
+ * transport's own ids past 31 (RDMA_COMMIT_GROUP) are served and named. */
 #include <string.h>
 
 #include "harness.h"
 #include "transport/transport.h"
+#include "wire/rdma_wire.h"
 #include "wire/wire.h"
 
 static void every_served_type_has_one_owner(void **state)
@@ -19,7 +21,7 @@ static void every_served_type_has_one_owner(void **state)
         {FERRY_FRAME_CMA_WRITE, "shm"},      {FERRY_FRAME_CMA_READ, "shm"},
         {FERRY_FRAME_SHM_MAP_REQ, "shm"},    {FERRY_FRAME_CMA_VEC, "shm"},
         {FERRY_FRAME_RDMA_CONNECT, "rdma"},  {FERRY_FRAME_RDMA_MR_QUERY, "rdma"},
-        {FERRY_FRAME_RDMA_COMMIT, "rdma"},
+        {FERRY_FRAME_RDMA_COMMIT, "rdma"},  {FERRY_FRAME_RDMA_COMMIT_GROUP, "rdma"},
     };
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) {
         const ferry_transport_ops_t *t = ferry_transport_for_frame(owned[i].type);
@@ -41,9 +43,12 @@ static void every_served_type_has_one_owner(void **state)
                                    FERRY_FRAME_WRITE_ACK,
                                    FERRY_FRAME_VEC_ACK,
                                    FERRY_FRAME_RDMA_COMMIT_ACK,
+                                   FERRY_FRAME_RDMA_COMMIT_GROUP_ACK,
                                    FERRY_FRAME_TYPE_MAX + 1,
                                    255};
     for (size_t i = 0; i < sizeof none; i++) assert_null(ferry_transport_for_frame(none[i]));
+    assert_true(FERRY_FRAME_RDMA_COMMIT_GROUP > 31);
+    assert_string_equal(ferry_frame_type_name(FERRY_FRAME_RDMA_COMMIT_GROUP), "RDMA_COMMIT_GROUP");
 }
 
 int main(void)

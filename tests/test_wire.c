@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "wire/le.h"
 #include "wire/wire.h"
 
 static void encode(const ferry_frame_t *f, uint8_t *out) { ferry_frame_encode(f, out); }
@@ -233,11 +234,95 @@ static void vector_limits(void **state)
     assert_int_equal(ferry_vec_frame_check(&q), FERRY_ERR_MALFORMED_FRAME);
 }
 
+/* Compact vector frames: the description's size, the expansion, and
+ * every way its arithmetic can go wrong, refused before use. */
+static void compact_limits(void **state)
+{
+    (void)state;
+    static ferry_vec_desc_t out[FERRY_WIRE_VEC_MAX];
+    uint8_t raw[FERRY_WIRE_COMPACT_HEAD + 3 * 8];
+    ferry_vec_compact_t h = {.base = 0x100000, .stride = 4096, .len = 2048, .generation = 3};
+    ferry_vec_compact_encode(&h, raw);
+    uint32_t idx[3] = {9, 0, 4};
+    for (int i = 0; i < 3; i++) put32(raw + FERRY_WIRE_COMPACT_HEAD + 4 * i, idx[i]);
+    ferry_frame_t f = {.type = FERRY_FRAME_WRITEV, .flags = FERRY_FRAME_F_COMPACT, .req_id = 40, .len = 3,
+                       .addr = 3 * 2048};
+    assert_int_equal(ferry_vec_desc_bytes(&f), FERRY_WIRE_COMPACT_HEAD + 12);
+    f.plen = (uint32_t)(ferry_vec_desc_bytes(&f) + f.addr);
+    assert_int_equal(ferry_vec_frame_check(&f), 0);
+    uint64_t lo, hi;
+    assert_int_equal(ferry_vec_compact_decode(&f, raw, out, &lo, &hi), 0);
+    assert_int_equal(out[0].addr, 0x100000 + 9 * 4096);
+    assert_int_equal(out[1].addr, 0x100000);
+    assert_int_equal(out[2].req_id, 42);
+    assert_int_equal(out[2].generation, 3);
+    assert_int_equal(lo, 0x100000);
+    assert_int_equal(hi, 0x100000 + 9 * 4096 + 2048);
+    /* The flag is for vector frames only. */
+    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
+    ferry_frame_t w = {.type = FERRY_FRAME_WRITE, .flags = FERRY_FRAME_F_COMPACT};
+    ferry_frame_encode(&w, hdr);
+    assert_int_equal(ferry_frame_decode(hdr, &w), FERRY_ERR_MALFORMED_FRAME);
+    ferry_frame_encode(&f, hdr);
+    assert_int_equal(ferry_frame_decode(hdr, &w), 0);
+    /* base + index * stride overflowing, and a range that wraps. */
+    ferry_vec_compact_t bad = h;
+    bad.stride = UINT64_MAX / 4;
+    ferry_vec_compact_encode(&bad, raw);
+    assert_int_equal(ferry_vec_compact_decode(&f, raw, out, &lo, &hi), FERRY_ERR_MALFORMED_FRAME);
+    assert_detail_contains("index 9");
+    bad = h;
+    bad.base = UINT64_MAX - 1024; /* + 2048 bytes wraps */
+    bad.stride = 0;
+    ferry_vec_compact_encode(&bad, raw);
+    assert_int_equal(ferry_vec_compact_decode(&f, raw, out, &lo, &hi), FERRY_ERR_MALFORMED_FRAME);
+    /* Empty or oversized pieces, base 0, initiator fields on a WRITEV, a
+     * total that does not add up. */
+    ferry_vec_compact_t worse[4] = {h, h, h, h};
+    worse[0].len = 0;
+    worse[1].len = FERRY_WIRE_VEC_PIECE_MAX + 1;
+    worse[2].base = 0;
+    worse[3].lbase = 0x1000;
+    for (int i = 0; i < 4; i++) {
+        ferry_vec_compact_encode(&worse[i], raw);
+        assert_int_equal(ferry_vec_compact_decode(&f, raw, out, &lo, &hi), FERRY_ERR_MALFORMED_FRAME);
+    }
+    ferry_vec_compact_encode(&h, raw);
+    ferry_frame_t g = f;
+    g.addr += 1;
+    g.plen += 1;
+    assert_int_equal(ferry_vec_compact_decode(&g, raw, out, &lo, &hi), FERRY_ERR_MALFORMED_FRAME);
+    /* Huge n: the header's count is checked first. */
+    g = f;
+    g.len = FERRY_WIRE_VEC_MAX + 1;
+    assert_int_equal(ferry_vec_frame_check(&g), FERRY_ERR_MALFORMED_FRAME);
+    /* CMA_VEC: initiator indices follow, its base must be set. */
+    ferry_frame_t c = {.type = FERRY_FRAME_CMA_VEC, .flags = FERRY_FRAME_F_COMPACT, .len = 3, .addr = 3 * 2048,
+                       .aux = FERRY_OP_WRITE};
+    c.plen = (uint32_t)ferry_vec_desc_bytes(&c);
+    assert_int_equal(c.plen, FERRY_WIRE_COMPACT_HEAD + 24);
+    assert_int_equal(ferry_vec_frame_check(&c), 0);
+    assert_int_equal(ferry_vec_compact_decode(&c, raw, out, &lo, &hi), FERRY_ERR_MALFORMED_FRAME);
+    ferry_vec_compact_t cm = h;
+    cm.lbase = 0x7000;
+    cm.lstride = 2048;
+    ferry_vec_compact_encode(&cm, raw);
+    for (int i = 0; i < 3; i++) put32(raw + FERRY_WIRE_COMPACT_HEAD + 12 + 4 * i, (uint32_t)(2 - i));
+    assert_int_equal(ferry_vec_compact_decode(&c, raw, out, &lo, &hi), 0);
+    assert_int_equal(out[0].aux, 0x7000 + 2 * 2048);
+    put32(raw + FERRY_WIRE_COMPACT_HEAD + 12, UINT32_MAX);
+    cm.lstride = UINT64_MAX / 2;
+    ferry_vec_compact_encode(&cm, raw);
+    assert_int_equal(ferry_vec_compact_decode(&c, raw, out, &lo, &hi), FERRY_ERR_MALFORMED_FRAME);
+    assert_detail_contains("initiator index");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(frame_round_trip),
         cmocka_unit_test(frame_rejects),
+        cmocka_unit_test(compact_limits),
         cmocka_unit_test(hello_limits),
         cmocka_unit_test(segment_limits),
         cmocka_unit_test(vector_limits),

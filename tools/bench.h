@@ -26,6 +26,7 @@ struct opts {
     size_t batch;
     int threads;
     double duration;
+    int duration_set;     /* --duration given (the target serves until killed without it) */
     double warmup;
     const char *transport;
     int conns;
@@ -36,6 +37,8 @@ struct opts {
     int shared_pool;      /* target: the buffer is a shared pool's (ferry_pool_create_shared) */
     int scatter;          /* blocks at scattered (permuted, non-adjacent) slots on both sides */
     size_t iov;           /* baseline cma: iovecs per process_vm_writev call (1) */
+    int protocol;         /* 0, or the wire protocol version both engines advertise (testing.h) */
+    int strided;          /* each call is one ferry_strided_t (index lists) instead of n requests */
     /* extras */
     int regions, sessions;
     double idle;

@@ -21,6 +21,7 @@
 #include <ferry/pool.h>
 
 #include "bench.h"
+#include "core/testing.h"
 #include "opts.h"
 #include "util.h"
 
@@ -139,6 +140,10 @@ void bench_usage(FILE *f)
             "  --json                one JSON object on stdout instead of text\n"
             "  --hugepages           buffers ask for transparent huge pages (both sides)\n"
             "  --scatter             blocks at scattered slots (permuted, not adjacent) on both sides\n"
+            "  --strided             each call is one strided descriptor (ferry_strided_t, index\n"
+            "                        lists) instead of batch-size requests\n"
+            "  --protocol N          the engines advertise wire protocol N (2: vector frames without\n"
+            "                        the compact form, 1: a frame per piece), to compare\n"
             "  --shared-pool         the target's buffer is in a shared pool (memfd): same-host\n"
             "                        initiators map it and copy with memcpy\n"
             "\n"
@@ -163,7 +168,8 @@ int bench_parse_opts(int argc, char **argv, int first, struct opts *o)
 {
     enum { O_LOCAL = 256, O_HUGEPAGES, O_SHARED_POOL, O_JSON, O_PEER, O_HOST, O_TRANSPORT, O_PORT, O_THREADS,
            O_CONNS, O_REGIONS, O_SESSIONS, O_BLOCKS, O_SPIN_US, O_DURATION, O_WARMUP, O_IDLE, O_REMOTE_ADDR,
-           O_OP, O_BLOCK_SIZE, O_BATCH_SIZE, O_BUFFER_SIZE, O_REMOTE_LEN, O_SCATTER, O_IOV };
+           O_OP, O_BLOCK_SIZE, O_BATCH_SIZE, O_BUFFER_SIZE, O_REMOTE_LEN, O_SCATTER, O_IOV, O_PROTOCOL,
+           O_STRIDED };
     static const struct option options[] = {
         {"local", no_argument, NULL, O_LOCAL},
         {"hugepages", no_argument, NULL, O_HUGEPAGES},
@@ -191,6 +197,8 @@ int bench_parse_opts(int argc, char **argv, int first, struct opts *o)
         {"remote-len", required_argument, NULL, O_REMOTE_LEN},
         {"scatter", no_argument, NULL, O_SCATTER},
         {"iov", required_argument, NULL, O_IOV},
+        {"protocol", required_argument, NULL, O_PROTOCOL},
+        {"strided", no_argument, NULL, O_STRIDED},
         {NULL, 0, NULL, 0},
     };
     /* argv[first - 1] stands in for the program name. */
@@ -205,6 +213,11 @@ int bench_parse_opts(int argc, char **argv, int first, struct opts *o)
         case O_HUGEPAGES: use_hugepages = 1; break;
         case O_SHARED_POOL: o->shared_pool = 1; break;
         case O_SCATTER: o->scatter = 1; break;
+        case O_PROTOCOL:
+            if (opt_long("bench", "protocol", optarg, 1, FERRY_PROTOCOL_VERSION, &v)) return 2;
+            o->protocol = (int)v;
+            break;
+        case O_STRIDED: o->strided = 1; break;
         case O_IOV: if (opt_long("bench", "iov", optarg, 1, 1024, &v)) return 2; o->iov = (size_t)v; break;
         case O_JSON: o->json = 1; break;
         case 'h': bench_usage(stdout); exit(0);
@@ -218,7 +231,10 @@ int bench_parse_opts(int argc, char **argv, int first, struct opts *o)
         case O_SESSIONS: if (opt_long("bench", "sessions", optarg, 1, 100000, &v)) return 2; o->sessions = (int)v; break;
         case O_BLOCKS: if (opt_long("bench", "blocks", optarg, 1, 1L << 30, &v)) return 2; o->blocks = (size_t)v; break;
         case O_SPIN_US: if (opt_long("bench", "spin-us", optarg, -1, 1000000, &v)) return 2; o->spin_us = (int)v; break;
-        case O_DURATION: if (opt_double("bench", "duration", optarg, 0, 86400, &o->duration)) return 2; break;
+        case O_DURATION:
+            if (opt_double("bench", "duration", optarg, 0, 86400, &o->duration)) return 2;
+            o->duration_set = 1;
+            break;
         case O_WARMUP: if (opt_double("bench", "warmup", optarg, 0, 3600, &o->warmup)) return 2; break;
         case O_IDLE: if (opt_double("bench", "idle", optarg, 0, 3600, &o->idle)) return 2; break;
         case O_REMOTE_ADDR: if (opt_u64("bench", "remote-addr", optarg, &addr)) return 2; o->remote_addr = addr; break;
@@ -240,8 +256,8 @@ int bench_parse_opts(int argc, char **argv, int first, struct opts *o)
             return 2;
         }
     }
-    if (optind < n) {
-        fprintf(stderr, "ferry bench: unexpected argument '%s'\n\n", args[optind]);
+    if (opt_none_left("bench", n, args) != 0) {
+        fprintf(stderr, "\n");
         bench_usage(stderr);
         return 2;
     }
@@ -269,5 +285,6 @@ int make_engine(const struct opts *o, int listen_port, ferry_engine_t **out)
     if (o->threads > cfg.workers) cfg.workers = o->threads;
     int rc = ferry_engine_create(&cfg, out);
     if (rc) fprintf(stderr, "ferry bench: engine: %s\n", ferry_last_error_detail());
+    else if (o->protocol) ferry_test_set_protocol_version(*out, o->protocol);
     return rc;
 }

@@ -172,11 +172,65 @@ struct worker {
     char detail[512];
 };
 
+/* One call: the batch's requests, or with --strided one descriptor whose
+ * index lists name the same blocks (lidx, ridx). */
+static int one_call(struct worker *w, const uint64_t *lidx, const uint64_t *ridx)
+{
+    const struct opts *o = w->o;
+    if (!o->strided) return ferry_batch_transfer_sync(w->e, w->peer, o->op, w->locals, w->remotes, w->lens, o->batch);
+    ferry_strided_t d = {.opcode = o->op, .local_base = w->local, .local_stride = o->block, .remote_base = w->remote,
+                         .remote_stride = o->block, .piece_len = o->block, .local_idx = lidx, .remote_idx = ridx,
+                         .n = o->batch};
+    return ferry_strided_transfer_sync(w->e, w->peer, &d);
+}
+
+/* Calls until w->stop after warming up until w->start, recording each
+ * call's latency; 0 or the first failure (its detail in w->detail). */
+static int worker_loop(struct worker *w, const uint64_t *lidx, const uint64_t *ridx)
+{
+    const struct opts *o = w->o;
+    size_t b = o->batch;
+    while (now_s() < w->start) {
+        int rc = one_call(w, lidx, ridx);
+        if (rc) {
+            snprintf(w->detail, sizeof w->detail, "%s", ferry_last_error_detail());
+            return rc;
+        }
+    }
+    for (;;) {
+        double t0 = now_s();
+        if (t0 >= w->stop) break;
+        int rc = one_call(w, lidx, ridx);
+        double t1 = now_s();
+        if (rc) {
+            snprintf(w->detail, sizeof w->detail, "%s", ferry_last_error_detail());
+            return rc;
+        }
+        if (w->nlat == w->caplat) {
+            w->caplat = w->caplat ? w->caplat * 2 : 65536;
+            double *n = realloc(w->lat, w->caplat * sizeof *n);
+            if (!n) return FERRY_ERR_MEMORY;
+            w->lat = n;
+        }
+        w->lat[w->nlat++] = (t1 - t0) * 1e6;
+        w->bytes += (uint64_t)b * o->block;
+        w->calls++;
+    }
+    return 0;
+}
+
 static void *worker_main(void *arg)
 {
     struct worker *w = arg;
     const struct opts *o = w->o;
     size_t b = o->batch;
+    uint64_t *lidx = calloc(b, sizeof *lidx), *ridx = calloc(b, sizeof *ridx);
+    if (!lidx || !ridx) {
+        free(lidx);
+        free(ridx);
+        w->rc = FERRY_ERR_MEMORY;
+        return NULL;
+    }
     for (size_t i = 0; i < b; i++) {
         /* Request i uses block i * blocks / batch: with --blocks 2 the two
          * halves of a batch (one per connection) each reuse one block. */
@@ -186,40 +240,15 @@ static void *worker_main(void *arg)
         w->locals[i] = w->local + lk * o->block;
         w->remotes[i] = w->remote + rk * o->block;
         w->lens[i] = o->block;
+        lidx[i] = lk;
+        ridx[i] = rk;
     }
-    while (now_s() < w->start) {
-        int rc = ferry_batch_transfer_sync(w->e, w->peer, o->op, w->locals, w->remotes, w->lens, b);
-        if (rc) {
-            w->rc = rc;
-            snprintf(w->detail, sizeof w->detail, "%s", ferry_last_error_detail());
-            return NULL;
-        }
-    }
-    for (;;) {
-        double t0 = now_s();
-        if (t0 >= w->stop) break;
-        int rc = ferry_batch_transfer_sync(w->e, w->peer, o->op, w->locals, w->remotes, w->lens, b);
-        double t1 = now_s();
-        if (rc) {
-            w->rc = rc;
-            snprintf(w->detail, sizeof w->detail, "%s", ferry_last_error_detail());
-            return NULL;
-        }
-        if (w->nlat == w->caplat) {
-            w->caplat = w->caplat ? w->caplat * 2 : 65536;
-            double *n = realloc(w->lat, w->caplat * sizeof *n);
-            if (!n) {
-                w->rc = FERRY_ERR_MEMORY;
-                return NULL;
-            }
-            w->lat = n;
-        }
-        w->lat[w->nlat++] = (t1 - t0) * 1e6;
-        w->bytes += (uint64_t)b * o->block;
-        w->calls++;
-    }
+    w->rc = worker_loop(w, lidx, ridx);
+    free(lidx);
+    free(ridx);
     return NULL;
 }
+
 
 static int run_initiator(const struct opts *o, const char *peer, uint64_t raddr, size_t rlen, pid_t target_pid)
 {
@@ -356,9 +385,7 @@ static int cmd_bench(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "target") == 0) {
         if (bench_parse_opts(argc, argv, 2, &o)) return 2;
         /* The target serves until killed unless --duration was given. */
-        int given = 0;
-        for (int i = 2; i < argc; i++) given |= strncmp(argv[i], "--duration", 10) == 0; /* also --duration=S */
-        if (!given) o.duration = 0;
+        if (!o.duration_set) o.duration = 0;
         setvbuf(stdout, NULL, _IONBF, 0);
         return run_target(&o, STDOUT_FILENO);
     }

@@ -329,10 +329,7 @@ static int cmd_bench_completion(int argc, char **argv)
         default: return usage(stderr); /* getopt_long named the problem */
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "ferry bench-completion: unexpected argument '%s'\n", argv[optind]);
-        return usage(stderr);
-    }
+    if (opt_none_left("bench-completion", argc, argv) != 0) return usage(stderr);
     out = json ? stderr : stdout;
     idle_cpu(idle);
     double b50, b99, bcpu, s50, s99, scpu;

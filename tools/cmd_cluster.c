@@ -430,10 +430,7 @@ static int node_main(int argc, char **argv)
         default: return usage(stderr); /* getopt_long named the problem */
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "cluster node: unexpected argument '%s'\n", argv[optind]);
-        return usage(stderr);
-    }
+    if (opt_none_left(cmd, argc, argv) != 0) return usage(stderr);
     bool known_role = !strcmp(o.role, "prefill") || !strcmp(o.role, "decode") || !strcmp(o.role, "probe");
     if (!known_role || o.index < 0 || !o.host || !o.port || !o.dir || o.window < 1 || o.inflight < 1 || o.send_slots < 1 || o.streams < 1 ||
         o.layers < 1 || o.layers > 64 || o.pages < 1 || o.page_bytes < TOKENS_PER_PAGE * 8 ||

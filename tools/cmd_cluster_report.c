@@ -8,6 +8,7 @@
  * failure with a code that does not match a fault in progress (or with no
  * fault at all), a request that outlived its deadline by far (a hang), a
  * new session failing otherwise than METADATA, or no work done. */
+#include <getopt.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -392,11 +393,15 @@ static int usage(void)
 
 int cluster_report_main(int argc, char **argv)
 {
+    static const struct option options[] = {{"dir", required_argument, NULL, 'd'}, {NULL, 0, NULL, 0}};
     const char *dir = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--dir") && i + 1 < argc) dir = argv[++i];
-        else return usage();
+    int opt;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
+        if (opt != 'd') return usage(); /* getopt_long named the problem */
+        dir = optarg;
     }
+    if (optind < argc) return usage();
     if (!dir || read_nodes(dir) != 0 || nnodes == 0) {
         fprintf(stderr, "cluster report: no %s/nodes\n", dir ? dir : "DIR");
         return usage();

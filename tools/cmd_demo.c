@@ -654,14 +654,13 @@ static int run(struct demo *d)
 
 static int cmd_demo(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            demo_usage(stdout);
-            return 0;
-        }
     struct demo *d = calloc(1, sizeof *d);
     if (!d) return 1;
     int rc = demo_parse_opts(argc, argv, &d->o);
+    if (rc < 0) { /* --help */
+        free(d);
+        return 0;
+    }
     if (rc == 0) {
         d->s = &d->o.shape;
         rc = demo_memory_check(d);

@@ -184,10 +184,7 @@ int cmd_metabench(int argc, char **argv)
         default: return usage(stderr); /* getopt_long named the problem */
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "ferry metabench: unexpected argument '%s'\n", argv[optind]);
-        return usage(stderr);
-    }
+    if (opt_none_left("metabench", argc, argv) != 0) return usage(stderr);
     if (!b.conn || ttl < 1 || b.seconds <= 0 || b.clients < 1 || b.clients > MAX_CLIENTS) return usage(stderr);
     ferry_meta_t m;
     if (ferry_meta_open(b.conn, 3000, &m) != 0) {

@@ -14,6 +14,7 @@
 
 #include "cli.h"
 #include "opts.h"
+#include "util.h"
 
 static volatile sig_atomic_t stop_requested;
 static void on_signal(int sig) { (void)sig; stop_requested = 1; }
@@ -53,7 +54,7 @@ static int cmd_serve(int argc, char **argv)
         default: return usage(stderr, 2);
         }
     }
-    if (optind != argc) return usage(stderr, 2);
+    if (opt_none_left("serve", argc, argv) != 0) return usage(stderr, 2);
     cfg.port = (uint16_t)port;
     ferry_engine_t *e;
     if (ferry_engine_create(&cfg, &e) != 0) {
@@ -72,9 +73,7 @@ static int cmd_serve(int argc, char **argv)
     snprintf(epoch, sizeof epoch, "%016llx", (unsigned long long)ferry_engine_epoch(e));
     json_t *line = json_pack("{s:s,s:I,s:I,s:s}", "name", ferry_engine_name(e), "addr",
                              (json_int_t)(uintptr_t)buf, "len", (json_int_t)len, "epoch", epoch);
-    json_dumpf(line, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(line);
-    printf("\n");
+    print_json_line(line);
     fflush(stdout);
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);

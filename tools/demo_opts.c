@@ -1,6 +1,7 @@
 /* `ferry demo` options: the usage text, parsing and the checks on the
  * shape they give (see cmd_demo.c). */
 #include <errno.h>
+#include <getopt.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,24 +67,6 @@ static int bad_option(const char *fmt, ...)
     return 2;
 }
 
-/* "--name value" or "--name=value": 1 and *val when argv[*i] is name. */
-static int option_value(int argc, char **argv, int *i, const char *name, const char **val, int *missing)
-{
-    size_t n = strlen(name);
-    if (strncmp(argv[*i], name, n) != 0) return 0;
-    if (argv[*i][n] == '=') {
-        *val = argv[*i] + n + 1;
-        return 1;
-    }
-    if (argv[*i][n] != '\0') return 0;
-    if (*i + 1 >= argc) {
-        *missing = 1;
-        return 1;
-    }
-    *val = argv[++*i];
-    return 1;
-}
-
 static int parse_u64(const char *name, const char *val, uint64_t min, uint64_t max, uint64_t *out)
 {
     char *end;
@@ -117,50 +100,60 @@ int demo_parse_opts(int argc, char **argv, struct demo_opts *o)
         {"--prefill-tp", &s->prefill_tp, 1, 64},   {"--decode-tp", &s->decode_tp, 1, 64},
         {"--inflight", &s->inflight, 1, 1024},     {"--inject-request", &s->inject_request, 0, 1000000},
     };
-    for (int i = 1; i < argc; i++) {
-        const char *v = NULL;
-        int missing = 0, done = 0;
-        if (strcmp(argv[i], "--quiet") == 0 || strcmp(argv[i], "-q") == 0) {
-            o->quiet = 1;
-            continue;
-        }
-        if (strcmp(argv[i], "--json") == 0) {
-            o->json = 1;
-            continue;
-        }
-        if (strcmp(argv[i], "--mla") == 0) {
-            s->mla = 1;
-            continue;
-        }
-        for (size_t k = 0; k < sizeof nums / sizeof nums[0] && !done; k++) {
-            if (!option_value(argc, argv, &i, nums[k].name, &v, &missing)) continue;
-            done = 1;
-            if (missing) return bad_option("%s needs a value", nums[k].name);
+    /* getopt_long's value for each option: an index into nums[] for the
+     * whole-number ones, O_* for the others. */
+    enum { O_QUIET = 'q', O_JSON = 256, O_MLA, O_SEED, O_TIMEOUT_MS, O_TRANSPORT, O_MAX_MEMORY, O_INJECT };
+    static const struct option options[] = {
+        {"layers", required_argument, NULL, 0},       {"heads", required_argument, NULL, 1},
+        {"head-dim", required_argument, NULL, 2},     {"dtype-size", required_argument, NULL, 3},
+        {"page", required_argument, NULL, 4},         {"requests", required_argument, NULL, 5},
+        {"tokens-min", required_argument, NULL, 6},   {"tokens-max", required_argument, NULL, 7},
+        {"prefill-tp", required_argument, NULL, 8},   {"decode-tp", required_argument, NULL, 9},
+        {"inflight", required_argument, NULL, 10},    {"inject-request", required_argument, NULL, 11},
+        {"quiet", no_argument, NULL, O_QUIET},        {"json", no_argument, NULL, O_JSON},
+        {"mla", no_argument, NULL, O_MLA},            {"seed", required_argument, NULL, O_SEED},
+        {"timeout-ms", required_argument, NULL, O_TIMEOUT_MS},
+        {"transport", required_argument, NULL, O_TRANSPORT},
+        {"max-memory", required_argument, NULL, O_MAX_MEMORY},
+        {"inject", required_argument, NULL, O_INJECT},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int opt;
+    optind = 1;
+    opterr = 0; /* bad_option says what is wrong, in the demo's words */
+    while ((opt = getopt_long(argc, argv, ":qh", options, NULL)) != -1) {
+        const char *v = optarg;
+        if (opt >= 0 && opt < (int)(sizeof nums / sizeof nums[0])) {
             uint64_t x = 0;
-            if (parse_u64(nums[k].name, v, nums[k].min, nums[k].max, &x) != 0) return 2;
-            *nums[k].dst = (uint32_t)x;
-            if (nums[k].dst == &s->inject_request) inject_request_set = 1;
+            if (parse_u64(nums[opt].name, v, nums[opt].min, nums[opt].max, &x) != 0) return 2;
+            *nums[opt].dst = (uint32_t)x;
+            if (nums[opt].dst == &s->inject_request) inject_request_set = 1;
+            continue;
         }
-        if (done) continue;
-        if (option_value(argc, argv, &i, "--seed", &v, &missing)) {
-            if (missing) return bad_option("--seed needs a value");
+        switch (opt) {
+        case 'h': demo_usage(stdout); return -1;
+        case O_QUIET: o->quiet = 1; break;
+        case O_JSON: o->json = 1; break;
+        case O_MLA: s->mla = 1; break;
+        case O_SEED:
             if (parse_u64("--seed", v, 0, UINT64_MAX, &s->seed) != 0) return 2;
-        } else if (option_value(argc, argv, &i, "--timeout-ms", &v, &missing)) {
+            break;
+        case O_TIMEOUT_MS: {
             uint64_t x = 0;
-            if (missing) return bad_option("--timeout-ms needs a value");
             if (parse_u64("--timeout-ms", v, 100, 3600000, &x) != 0) return 2;
             s->timeout_ms = (int)x;
-        } else if (option_value(argc, argv, &i, "--transport", &v, &missing)) {
-            if (missing) return bad_option("--transport needs a value");
-            s->transport = v;
-        } else if (option_value(argc, argv, &i, "--max-memory", &v, &missing)) {
+            break;
+        }
+        case O_TRANSPORT: s->transport = v; break;
+        case O_MAX_MEMORY: {
             char *end;
-            if (missing) return bad_option("--max-memory needs a value");
             o->max_memory_gib = strtod(v, &end);
             if (*end || end == v || !(o->max_memory_gib > 0))
                 return bad_option("--max-memory wants a positive number of GiB, got '%s'", v);
-        } else if (option_value(argc, argv, &i, "--inject", &v, &missing)) {
-            if (missing) return bad_option("--inject needs a value");
+            break;
+        }
+        case O_INJECT: {
             static const char *kinds[] = {"none",        "corrupt",        "stray",        "kill-prefill",
                                           "kill-decode", "freeze-prefill", "freeze-decode"};
             s->inject = -1;
@@ -169,10 +162,13 @@ int demo_parse_opts(int argc, char **argv, struct demo_opts *o)
             if (s->inject < 0)
                 return bad_option("--inject wants corrupt, stray, kill-prefill, kill-decode, freeze-prefill or "
                                   "freeze-decode, got '%s'", v);
-        } else {
-            return bad_option("unknown option '%s'", argv[i]);
+            break;
+        }
+        case ':': return bad_option("%s needs a value", argv[optind - 1]);
+        default: return bad_option("unknown option '%s'", argv[optind - 1]);
         }
     }
+    if (optind < argc) return bad_option("unexpected argument '%s'", argv[optind]);
     if (s->mla) { /* the latent row as one "head" of 576 elements */
         s->heads = 1;
         s->head_dim = 576;

@@ -97,6 +97,7 @@ struct totals {
 
 /* demo_opts.c */
 void demo_usage(FILE *out);
+/* 0, 2 after saying what is wrong, or -1 after printing the usage (--help). */
 int demo_parse_opts(int argc, char **argv, struct demo_opts *o);
 /* 0, or 2 after saying why the shape needs more memory than --max-memory. */
 int demo_memory_check(struct demo *d);

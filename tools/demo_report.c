@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include <ferry/ferry.h>
 
 #include "demo_orch.h"
@@ -27,18 +29,6 @@ static const char *dtype_name(uint32_t size)
     case 4: return "fp32";
     default: return "elements";
     }
-}
-
-static void json_string(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
-    }
-    fputc('"', f);
 }
 
 void demo_print_header(struct demo *d)
@@ -189,73 +179,101 @@ void demo_print_table(const struct demo *d, const struct totals *t)
            (unsigned long long)d->mismatch_bytes);
 }
 
-void demo_print_json(const struct demo *d, const struct totals *t, int ok)
+/* A count as a JSON integer (jansson's are signed 64-bit: a larger one, a
+ * --seed past 2^63, becomes a real). */
+static json_t *json_u64(uint64_t v)
 {
-    const struct demo_shape *s = d->s;
-    FILE *f = stdout;
-    fprintf(f, "{\n  \"ok\": %s,\n", ok ? "true" : "false");
-    fprintf(f,
-            "  \"shape\": {\"layers\": %u, \"kv_heads\": %u, \"head_dim\": %u, \"dtype_bytes\": %u, "
-            "\"page_tokens\": %u, \"requests\": %u, \"tokens_min\": %u, \"tokens_max\": %u, "
-            "\"prefill_tp\": %u, \"decode_tp\": %u, \"inflight\": %u, \"seed\": %llu, \"mla\": %s, \"transport\": ",
-            s->layers, s->heads, s->head_dim, s->dtype, s->page, s->requests, s->tokens_min, s->tokens_max,
-            s->prefill_tp, s->decode_tp, s->inflight, (unsigned long long)s->seed, s->mla ? "true" : "false");
-    json_string(f, s->transport ? s->transport : "default");
-    fprintf(f, "},\n  \"ranks\": [");
+    return v <= INT64_MAX ? json_integer((json_int_t)v) : json_real((double)v);
+}
+
+static json_t *shape_json(const struct demo_shape *s)
+{
+    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:b,s:s}", "layers", (json_int_t)s->layers,
+                     "kv_heads", (json_int_t)s->heads, "head_dim", (json_int_t)s->head_dim, "dtype_bytes",
+                     (json_int_t)s->dtype, "page_tokens", (json_int_t)s->page, "requests", (json_int_t)s->requests,
+                     "tokens_min", (json_int_t)s->tokens_min, "tokens_max", (json_int_t)s->tokens_max, "prefill_tp",
+                     (json_int_t)s->prefill_tp, "decode_tp", (json_int_t)s->decode_tp, "inflight",
+                     (json_int_t)s->inflight, "seed", json_u64(s->seed), "mla", (int)s->mla, "transport",
+                     s->transport ? s->transport : "default");
+}
+
+static json_t *ranks_json(const struct demo *d)
+{
+    json_t *a = json_array();
     for (uint32_t i = 0; i < d->nkids; i++) {
         const struct child *c = &d->kids[i];
-        fprintf(f, "%s\n    {\"role\": \"%s\", \"rank\": %u, \"pid\": %d, \"engine\": ", i ? "," : "",
-                c->decode ? "decode" : "prefill", c->rank, (int)c->pid);
-        json_string(f, c->name);
-        fprintf(f, ", \"pool_bytes\": %llu, \"staging_bytes\": %llu}", (unsigned long long)c->pool_bytes,
-                (unsigned long long)c->staging_bytes);
+        json_array_append_new(a, json_pack("{s:s,s:I,s:i,s:s,s:o,s:o}", "role", c->decode ? "decode" : "prefill",
+                                           "rank", (json_int_t)c->rank, "pid", (int)c->pid, "engine", c->name, "pool_bytes",
+                                           json_u64(c->pool_bytes), "staging_bytes", json_u64(c->staging_bytes)));
     }
-    fprintf(f, "\n  ],\n  \"paths\": [");
+    return a;
+}
+
+static json_t *paths_json(const struct demo *d)
+{
+    json_t *a = json_array();
     for (uint32_t i = 0; i < d->npaths; i++) {
         const struct path *p = &d->paths[i];
-        fprintf(f, "%s\n    {\"prefill\": %u, \"decode\": %u, \"transport\": ", i ? "," : "", p->prank, p->drank);
-        json_string(f, p->transport);
-        fprintf(f, ", \"reason\": ");
-        json_string(f, p->reason);
-        fprintf(f, ", \"same_host\": %s, \"protocol\": %u}", p->same_host ? "true" : "false", p->proto);
+        json_array_append_new(a, json_pack("{s:I,s:I,s:s,s:s,s:b,s:I}", "prefill", (json_int_t)p->prank, "decode",
+                                           (json_int_t)p->drank, "transport", p->transport, "reason", p->reason,
+                                           "same_host", p->same_host, "protocol", (json_int_t)p->proto));
     }
-    fprintf(f, "\n  ],\n  \"requests\": [");
-    int first = 1;
+    return a;
+}
+
+static json_t *requests_json(const struct demo *d)
+{
+    const struct demo_shape *s = d->s;
+    json_t *a = json_array();
     for (uint32_t r = 0; r < s->requests; r++) {
         const struct request *q = &d->reqs[r];
         if (q->done != s->decode_tp || !q->t_submit) continue;
         double ms = (double)(q->t_done - q->t_submit) / 1e6;
-        fprintf(f,
-                "%s\n    {\"id\": %u, \"tokens\": %u, \"pages\": %u, \"bytes\": %llu, \"blocks\": %llu, "
-                "\"coalesced_blocks\": %llu, \"latency_ms\": %.3f, \"gbps\": %.3f, \"fill_ms\": %.3f, "
-                "\"verify_ms\": %.3f, \"mismatches\": %llu}",
-                first ? "" : ",", r, q->tokens, q->npages, (unsigned long long)q->bytes,
-                (unsigned long long)q->before, (unsigned long long)q->after, ms,
-                ms > 0 ? (double)q->bytes / 1e6 / ms : 0.0, (double)q->fill_ns / 1e6, (double)q->verify_ns / 1e6,
-                (unsigned long long)q->bad_bytes);
-        first = 0;
+        json_array_append_new(
+            a, json_pack("{s:I,s:I,s:I,s:o,s:o,s:o,s:f,s:f,s:f,s:f,s:o}", "id", (json_int_t)r, "tokens",
+                         (json_int_t)q->tokens, "pages", (json_int_t)q->npages, "bytes", json_u64(q->bytes),
+                         "blocks", json_u64(q->before), "coalesced_blocks", json_u64(q->after), "latency_ms", ms,
+                         "gbps", ms > 0 ? (double)q->bytes / 1e6 / ms : 0.0, "fill_ms", (double)q->fill_ns / 1e6,
+                         "verify_ms", (double)q->verify_ns / 1e6, "mismatches", json_u64(q->bad_bytes)));
     }
-    fprintf(f, "\n  ],\n");
-    fprintf(f,
-            "  \"totals\": {\"requests_verified\": %u, \"bytes\": %llu, \"transfer_s\": %.6f, "
-            "\"aggregate_gbps\": %.3f, \"wall_s\": %.6f, \"latency_p50_ms\": %.3f, \"latency_p99_ms\": %.3f, "
-            "\"verified_bytes\": %llu, \"mismatches\": %llu, \"rechecked_bytes\": %llu, \"canary_bytes\": %llu},\n",
-            t->n, (unsigned long long)t->bytes, t->busy_s, t->agg_gbps, t->wall_s, t->p50, t->p99,
-            (unsigned long long)d->verified, (unsigned long long)d->mismatch_bytes,
-            (unsigned long long)d->rechecked, (unsigned long long)d->canary);
-    fprintf(f, "  \"errors\": [");
+    return a;
+}
+
+static json_t *totals_json(const struct demo *d, const struct totals *t)
+{
+    return json_pack("{s:I,s:o,s:f,s:f,s:f,s:f,s:f,s:o,s:o,s:o,s:o}", "requests_verified", (json_int_t)t->n,
+                     "bytes", json_u64(t->bytes), "transfer_s", t->busy_s, "aggregate_gbps", t->agg_gbps, "wall_s",
+                     t->wall_s, "latency_p50_ms", t->p50, "latency_p99_ms", t->p99, "verified_bytes",
+                     json_u64(d->verified), "mismatches", json_u64(d->mismatch_bytes), "rechecked_bytes",
+                     json_u64(d->rechecked), "canary_bytes", json_u64(d->canary));
+}
+
+static json_t *errors_json(const struct demo *d)
+{
+    json_t *a = json_array();
     for (uint32_t i = 0; i < d->nfails; i++) {
         const struct failure *x = &d->fails[i];
-        fprintf(f, "%s\n    {\"source\": ", i ? "," : "");
-        json_string(f, x->source);
-        fprintf(f, ", \"code\": %d, \"name\": ", x->code);
-        json_string(f, x->code ? ferry_error_name(x->code) : "");
-        fprintf(f, ", \"detail\": ");
-        json_string(f, x->text);
-        fprintf(f, "}");
+        json_array_append_new(a, json_pack("{s:s,s:i,s:s,s:s}", "source", x->source, "code", x->code, "name",
+                                           x->code ? ferry_error_name(x->code) : "", "detail", x->text));
     }
-    fprintf(f, "%s]\n}\n", d->nfails ? "\n  " : "");
-    fflush(f);
+    return a;
+}
+
+/* The --json summary on stdout. jansson escapes every string (engine names,
+ * transport reasons and error details come from elsewhere). */
+void demo_print_json(const struct demo *d, const struct totals *t, int ok)
+{
+    json_t *root = json_pack("{s:b,s:o,s:o,s:o,s:o,s:o,s:o}", "ok", ok, "shape", shape_json(d->s), "ranks",
+                             ranks_json(d), "paths", paths_json(d), "requests", requests_json(d), "totals",
+                             totals_json(d, t), "errors", errors_json(d));
+    if (!root) {
+        fprintf(stderr, "ferry demo: cannot build the JSON summary (out of memory?)\n");
+        return;
+    }
+    json_dumpf(root, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
+    json_decref(root);
+    printf("\n");
+    fflush(stdout);
 }
 
 void demo_print_failures(const struct demo *d)

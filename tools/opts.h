@@ -1,10 +1,11 @@
-/* Checked parsing of numeric option values for the CLI's getopt_long loops:
+/* Checked parsing of option values for the CLI's getopt_long loops:
  * a value that is not a whole number in range is an error naming the
  * option, never a silent 0 (what atoi gives). */
 #ifndef FERRY_TOOLS_OPTS_H
 #define FERRY_TOOLS_OPTS_H
 
 #include <errno.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -48,6 +49,15 @@ static inline int opt_u64(const char *cmd, const char *opt, const char *arg, uns
     }
     *out = v;
     return 0;
+}
+
+/* After the getopt_long loop: 0 when it took every argument, or -1 after
+ * naming the first word it left (the commands take no positional ones). */
+static inline int opt_none_left(const char *cmd, int argc, char **argv)
+{
+    if (optind >= argc) return 0;
+    fprintf(stderr, "ferry %s: unexpected argument '%s'\n", cmd, argv[optind]);
+    return -1;
 }
 
 #endif

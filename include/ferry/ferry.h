@@ -57,8 +57,9 @@ extern "C" {
 #define FERRY_VERSION_NUMBER \
     (FERRY_VERSION_MAJOR * 10000 + FERRY_VERSION_MINOR * 100 + FERRY_VERSION_PATCH)
 /* Wire protocol version spoken by this build (the newest; it also speaks
- * every version down to 1 with peers that are older). 2: vector frames. */
-#define FERRY_PROTOCOL_VERSION 2
+ * every version down to 1 with peers that are older). 2: vector frames;
+ * 3: compact (strided) vector frames, RDMA group commits. */
+#define FERRY_PROTOCOL_VERSION 3
 
 /* The version of the library loaded at run time, "MAJOR.MINOR.PATCH", which
  * may be newer than the FERRY_VERSION_* this program was compiled with
@@ -344,6 +345,43 @@ FERRY_API int ferry_batch_transfer_sync(ferry_engine_t *e, const char *peer, int
                               void *const *locals, const uint64_t *remotes,
                               const size_t *lens, size_t n);
 
+/* ------------------------------------------------------- strided batches
+ *
+ * The common paged-KV shape in one descriptor instead of n requests: n
+ * pieces of piece_len bytes, piece i moving
+ *     local_base  + local_idx[i]  * local_stride   (local_idx NULL: i)
+ * to or from
+ *     remote_base + remote_idx[i] * remote_stride  (remote_idx NULL: i).
+ * Bounds are checked once per descriptor, from the largest and smallest
+ * index: an address that overflows 64 bits is INVALID_ARGUMENT; when the
+ * local span lies in one registered region no piece is looked up on its
+ * own (else once per run of pieces in one region), and a local piece
+ * outside is refused (ADDRESS_NOT_REGISTERED / OUT_OF_BOUNDS naming its
+ * number, index and address) before any byte moves. Remote pieces are
+ * resolved against the peer's segments a run at a time, as in any batch:
+ * one outside fails (its number and address named) while the others go. With a peer speaking protocol 3
+ * the pieces travel as such (base, stride, length, indices) and the target
+ * expands them after its own bounds check; older peers get them as pieces.
+ * Nothing is allocated per piece beyond the engine's usual bookkeeping. */
+typedef struct ferry_strided {
+    size_t struct_size;          /* sizeof(ferry_strided_t), set by the macros below */
+    int opcode;                  /* FERRY_OP_READ or FERRY_OP_WRITE */
+    void *local_base;
+    uint64_t local_stride;       /* bytes between local pieces of consecutive index */
+    uint64_t remote_base;        /* address in the peer's address space */
+    uint64_t remote_stride;
+    size_t piece_len;            /* bytes of every piece, > 0 */
+    const uint64_t *local_idx;   /* n indices, or NULL for 0..n-1 */
+    const uint64_t *remote_idx;  /* n indices, or NULL for 0..n-1 */
+    size_t n;                    /* pieces; 0 moves nothing */
+} ferry_strided_t;
+
+/* Moves the n pieces of *d; 0 when all completed, else the first failure
+ * (its detail names the piece). */
+FERRY_API int ferry_strided_transfer_sync(ferry_engine_t *e, const char *peer, const ferry_strided_t *d);
+#define ferry_strided_transfer_sync(e, peer, d) \
+    (ferry_strided_transfer_sync)((e), (peer), FERRY_SIZED_(ferry_strided_t, (d)))
+
 /* ------------------------------------------------------------ async batch */
 
 enum ferry_status_state {
@@ -372,6 +410,14 @@ FERRY_API int ferry_batch_alloc(ferry_engine_t *e, size_t capacity, ferry_batch_
  * in submission order) or a negative code. */
 FERRY_API long ferry_batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_t *reqs,
                         size_t n, int timeout_ms);
+/* Submits the n pieces of *d as n requests of b (piece i is request
+ * first + i, with its own status; cancel and deadlines as for
+ * ferry_batch_submit). Returns first, or a negative code (nothing
+ * submitted). */
+FERRY_API long ferry_batch_submit_strided(ferry_batch_t *b, const char *peer, const ferry_strided_t *d,
+                                          int timeout_ms);
+#define ferry_batch_submit_strided(b, peer, d, timeout_ms) \
+    (ferry_batch_submit_strided)((b), (peer), FERRY_SIZED_(ferry_strided_t, (d)), (timeout_ms))
 /* Status of request idx. */
 FERRY_API int ferry_batch_status(ferry_batch_t *b, size_t idx, ferry_status_t *st);
 /* Waits on a condition variable (after a short spin: config.spin_us, or by

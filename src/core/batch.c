@@ -1,292 +1,12 @@
-/* Batches: cutting requests into pieces, the worker pool that runs them on
- * several connections at once, and the async batch API. */
+/* The async batch API (batch.h): requests cut into pieces and queued as
+ * tasks for the workers (workers.c), their states, waiting and cancelling. */
 #include <errno.h>
-#include <sched.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "clock.h"
 #include "engine.h"
 #include "fail.h"
-
-/* Requests at least this big are striped over the peer's connections. */
-#define STRIPE_MIN (8u << 20)
-
-static int stripes_for(const ferry_engine_t *e, uint64_t len)
-{
-    int k = e->cfg.conns_per_peer;
-    if (len < STRIPE_MIN || k < 2) return 1;
-    uint64_t max_k = len / (STRIPE_MIN / 2);
-    return (uint64_t)k > max_k ? (int)max_k : k;
-}
-
-int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const uint64_t *remotes,
-                      const size_t *lens, size_t n, uint64_t deadline, ferry_xfer_t **out, size_t *nout)
-{
-    size_t total = 0;
-    for (size_t i = 0; i < n; i++) total += lens[i] < STRIPE_MIN ? 1 : (size_t)stripes_for(e, lens[i]);
-    /* Cleared once as a whole, then only the fields set: a compound
-     * literal per piece costs a small `rep stos` each, which showed. */
-    ferry_xfer_t *xs = calloc(total, sizeof *xs);
-    if (!xs) return ferry_fail(FERRY_ERR_MEMORY, "%zu transfer pieces: out of memory", total);
-    size_t k = 0;
-    uint64_t slice = e->cfg.slice_size;
-    /* One id per piece, so that one piece can be fenced alone (cancel.h);
-     * taken as one block. */
-    uint64_t next_id = atomic_fetch_add(&e->next_req_id, total);
-    for (size_t i = 0; i < n; i++) {
-        if (lens[i] < STRIPE_MIN) { /* one piece: the common case, kept cheap */
-            ferry_xfer_t *x = &xs[k++];
-            x->opcode = opcode;
-            x->local = (unsigned char *)locals[i];
-            x->remote = remotes[i];
-            x->len = lens[i];
-            x->req_id = next_id++;
-            x->deadline = deadline;
-            x->index = i;
-            continue;
-        }
-        int stripes = stripes_for(e, lens[i]);
-        /* Stripe boundaries on slice multiples keep every slice full-sized. */
-        uint64_t per = (lens[i] / (uint64_t)stripes + slice - 1) / slice * slice;
-        for (int j = 0; j < stripes; j++) {
-            uint64_t off = per * (uint64_t)j;
-            if (off >= lens[i]) break;
-            uint64_t len = lens[i] - off < per ? lens[i] - off : per;
-            uint64_t req_id = next_id++;
-            xs[k++] = (ferry_xfer_t){.opcode = opcode, .local = (unsigned char *)locals[i] + off,
-                                     .remote = remotes[i] + off, .len = len, .req_id = req_id,
-                                     .deadline = deadline, .index = i};
-        }
-    }
-    *out = xs;
-    *nout = k;
-    return 0;
-}
-
-/* ------------------------------------------------------------- workers */
-
-typedef void (*task_done_fn)(ferry_task_t *t, void *owner);
-
-struct task_ext {
-    ferry_task_t task;
-    task_done_fn start; /* optional: the worker picked the task up */
-    task_done_fn done;
-    void *owner;
-    ferry_stream_ctl_t ctl;          /* a canceller interrupts the task here */
-    struct task_ext *bnext, *bprev;  /* async: the batch's outstanding tasks */
-};
-
-static void enqueue(ferry_engine_t *e, ferry_task_t *t)
-{
-    pthread_mutex_lock(&e->queue_lock);
-    t->next = NULL;
-    if (e->queue_tail)
-        e->queue_tail->next = t;
-    else
-        e->queue_head = t;
-    e->queue_tail = t;
-    pthread_cond_signal(&e->queue_cond);
-    pthread_mutex_unlock(&e->queue_lock);
-}
-
-static ferry_task_t *dequeue(ferry_engine_t *e)
-{
-    pthread_mutex_lock(&e->queue_lock);
-    while (!e->queue_head && !atomic_load(&e->stopping)) pthread_cond_wait(&e->queue_cond, &e->queue_lock);
-    ferry_task_t *t = e->queue_head;
-    if (t) {
-        e->queue_head = t->next;
-        if (!e->queue_head) e->queue_tail = NULL;
-    }
-    pthread_mutex_unlock(&e->queue_lock);
-    return t;
-}
-
-static void run_task(ferry_engine_t *e, ferry_task_t *t)
-{
-    struct task_ext *x = (struct task_ext *)t;
-    if (atomic_load(&e->stopping)) {
-        int rc = ferry_fail(FERRY_ERR_CONTEXT, "the engine shut down before the request ran");
-        for (size_t i = 0; i < t->nxfers; i++)
-            if (t->xfers[i].rc == 0) ferry_xfer_fail(&t->xfers[i], rc);
-    } else {
-        if (x->start) x->start(t, x->owner);
-        ferry_xfer_run(e, t->session, t->xfers, t->nxfers);
-    }
-    x->done(t, x->owner);
-}
-
-static void *worker_main(void *arg)
-{
-    ferry_engine_t *e = arg;
-    ferry_task_t *t;
-    while ((t = dequeue(e)) != NULL) run_task(e, t);
-    return NULL;
-}
-
-int ferry_workers_start(ferry_engine_t *e)
-{
-    e->workers = calloc((size_t)e->cfg.workers, sizeof *e->workers);
-    if (!e->workers) return ferry_fail(FERRY_ERR_MEMORY, "workers: out of memory");
-    for (int i = 0; i < e->cfg.workers; i++) {
-        if (pthread_create(&e->workers[i], NULL, worker_main, e) != 0) {
-            ferry_workers_stop(e);
-            return ferry_fail(FERRY_ERR_INTERNAL, "cannot start worker thread %d", i);
-        }
-        e->nworkers++;
-    }
-    return 0;
-}
-
-/* Stops the workers; tasks still queued are failed with CONTEXT. */
-void ferry_workers_stop(ferry_engine_t *e)
-{
-    pthread_mutex_lock(&e->queue_lock);
-    atomic_store(&e->stopping, true);
-    pthread_cond_broadcast(&e->queue_cond);
-    pthread_mutex_unlock(&e->queue_lock);
-    for (int i = 0; i < e->nworkers; i++) pthread_join(e->workers[i], NULL);
-    free(e->workers);
-    e->workers = NULL;
-    e->nworkers = 0;
-    ferry_task_t *t;
-    while ((t = dequeue(e)) != NULL) run_task(e, t);
-}
-
-static struct task_ext *task_new(ferry_session_t *s, ferry_xfer_t *xs, size_t n, task_done_fn done, void *owner)
-{
-    struct task_ext *t = calloc(1, sizeof *t);
-    if (!t) return NULL;
-    atomic_fetch_add(&s->refs, 1);
-    ferry_stream_ctl_init(&t->ctl, s);
-    t->task.session = s;
-    t->task.xfers = xs;
-    t->task.nxfers = n;
-    t->done = done;
-    t->owner = owner;
-    return t;
-}
-
-/* Splits [0, n) into at most groups contiguous ranges of similar byte
- * counts; writes group starts into starts[0..g] and returns g. */
-static size_t partition(const ferry_xfer_t *xs, size_t n, size_t groups, size_t *starts)
-{
-    uint64_t total = 0;
-    for (size_t i = 0; i < n; i++) total += xs[i].len;
-    if (groups > n) groups = n;
-    size_t g = 0;
-    uint64_t acc = 0;
-    starts[0] = 0;
-    for (size_t i = 0; i < n && g + 1 < groups; i++) {
-        acc += xs[i].len;
-        if (acc >= total / groups * (g + 1) && i + 1 < n) starts[++g] = i + 1;
-    }
-    starts[++g] = n;
-    return g;
-}
-
-/* ------------------------------------------------- sync parallel runs */
-
-/* Before blocking on a condition variable until *pending (guarded by
- * lock) is 0, busy-polls it for the engine's spin budget (spin.h:
- * config.spin_us, else learnt from the recent such waits, so none when they
- * are long or the engine is idle), yielding the CPU at each turn: a worker
- * finishing in microseconds then costs no cross-CPU wake-up. Returns with
- * the lock held, and whether *pending was 0 by then. */
-static bool spin_until_zero_locked(ferry_engine_t *e, pthread_mutex_t *lock, const size_t *pending,
-                                   uint64_t deadline)
-{
-    unsigned spin_us = *pending ? ferry_spin_us(&e->batch_spin, e->cfg.spin_us) : 0;
-    if (spin_us == 0) return *pending == 0;
-    uint64_t until = ferry_now_ns() + (uint64_t)spin_us * 1000u;
-    if (until > deadline) until = deadline;
-    while (*pending > 0 && ferry_now_ns() < until) {
-        pthread_mutex_unlock(lock);
-        sched_yield();
-        pthread_mutex_lock(lock);
-    }
-    return *pending == 0;
-}
-
-/* Waits until *pending (guarded by lock, held) is 0: spinning first
- * (spin_until_zero_locked), then on cond, until deadline (UINT64_MAX:
- * none). Records the wait's length for the adaptive spin when it waited.
- * 0, or ETIMEDOUT with *pending still above 0. */
-static int wait_zero_locked(ferry_engine_t *e, pthread_mutex_t *lock, pthread_cond_t *cond, const size_t *pending,
-                            uint64_t deadline)
-{
-    if (*pending == 0) return 0;
-    uint64_t t0 = ferry_now_ns();
-    if (!spin_until_zero_locked(e, lock, pending, deadline)) {
-        struct timespec ts = ferry_deadline_timespec(deadline);
-        while (*pending > 0) {
-            if (deadline == UINT64_MAX) pthread_cond_wait(cond, lock);
-            else if (pthread_cond_timedwait(cond, lock, &ts) == ETIMEDOUT && *pending > 0) return ETIMEDOUT;
-        }
-    }
-    ferry_spin_record(&e->batch_spin, ferry_now_ns() - t0);
-    return 0;
-}
-
-
-struct join {
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    size_t left;
-};
-
-static void task_free(struct task_ext *t)
-{
-    ferry_stream_ctl_destroy(&t->ctl);
-    free(t);
-}
-
-static void join_done(ferry_task_t *t, void *owner)
-{
-    struct join *j = owner;
-    ferry_session_put(t->session);
-    task_free((struct task_ext *)t);
-    pthread_mutex_lock(&j->lock);
-    j->left--;
-    pthread_cond_signal(&j->cond);
-    pthread_mutex_unlock(&j->lock);
-}
-
-/* Runs the pieces on up to conns_per_peer connections: the caller's thread
- * takes the first group, workers the others. Returns the first failure. */
-int ferry_run_parallel(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n)
-{
-    size_t groups = (size_t)e->cfg.conns_per_peer;
-    if (groups > (size_t)e->cfg.workers + 1) groups = (size_t)e->cfg.workers + 1;
-    size_t starts[66];
-    size_t g = partition(xs, n, groups > 64 ? 64 : groups, starts);
-    struct join j = {.left = 0};
-    pthread_mutex_init(&j.lock, NULL);
-    pthread_cond_init(&j.cond, NULL);
-    for (size_t k = 1; k < g; k++) {
-        struct task_ext *t = task_new(s, xs + starts[k], starts[k + 1] - starts[k], join_done, &j);
-        if (!t) {
-            /* Run it here instead: slower, still correct. */
-            ferry_xfer_run(e, s, xs + starts[k], starts[k + 1] - starts[k]);
-            continue;
-        }
-        pthread_mutex_lock(&j.lock);
-        j.left++;
-        pthread_mutex_unlock(&j.lock);
-        enqueue(e, &t->task);
-    }
-    ferry_xfer_run(e, s, xs, starts[1]);
-    pthread_mutex_lock(&j.lock);
-    wait_zero_locked(e, &j.lock, &j.cond, &j.left, UINT64_MAX);
-    pthread_mutex_unlock(&j.lock);
-    pthread_mutex_destroy(&j.lock);
-    pthread_cond_destroy(&j.cond);
-    for (size_t i = 0; i < n; i++)
-        if (xs[i].rc) return xs[i].rc;
-    return 0;
-}
 
 /* ---------------------------------------------------------- async batch */
 
@@ -487,7 +207,7 @@ static void release_task(struct task_ext *t)
 {
     ferry_session_put(t->task.session);
     free(t->task.xfers);
-    task_free(t);
+    ferry_task_free(t);
 }
 
 /* A worker finished a task. */
@@ -544,7 +264,8 @@ static void submit_end(ferry_batch_t *b)
     pthread_mutex_unlock(&b->lock);
 }
 
-static long batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_t *reqs, size_t n, int timeout_ms)
+static long batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_t *reqs, size_t n, int timeout_ms,
+                         bool checked)
 {
     ferry_clear_last_error();
     int rc = batch_check(b, "batch submit");
@@ -557,7 +278,7 @@ static long batch_submit(ferry_batch_t *b, const char *peer, const ferry_request
         pthread_mutex_unlock(&b->lock);
         return (long)count;
     }
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; !checked && i < n; i++) {
         rc = ferry_check_request(e, reqs[i].opcode, reqs[i].local, reqs[i].remote, reqs[i].len);
         if (rc) return ferry_fail_context("batch submit: request %zu of %zu", i, n);
     }
@@ -609,11 +330,11 @@ static long batch_submit(ferry_batch_t *b, const char *peer, const ferry_request
     pthread_mutex_unlock(&b->lock);
     size_t groups = (size_t)(e->cfg.conns_per_peer < e->cfg.workers ? e->cfg.conns_per_peer : e->cfg.workers);
     size_t starts[66];
-    size_t g = partition(xs, nx, groups > 64 ? 64 : groups, starts);
+    size_t g = ferry_task_partition(xs, nx, groups > 64 ? 64 : groups, starts);
     for (size_t k = 0; k < g; k++) {
         size_t cnt = starts[k + 1] - starts[k];
         ferry_xfer_t *part = malloc(cnt * sizeof *part);
-        struct task_ext *t = part ? task_new(s, part, cnt, batch_task_done, b) : NULL;
+        struct task_ext *t = part ? ferry_task_new(s, part, cnt, batch_task_done, b) : NULL;
         if (!t) {
             free(part);
             part = xs + starts[k];
@@ -641,7 +362,7 @@ static long batch_submit(ferry_batch_t *b, const char *peer, const ferry_request
         if (b->tasks) b->tasks->bprev = t;
         b->tasks = t;
         pthread_mutex_unlock(&b->lock);
-        enqueue(e, &t->task);
+        ferry_task_enqueue(e, &t->task);
     }
     free(xs);
     ferry_session_put(s);
@@ -676,7 +397,7 @@ int ferry_batch_wait(ferry_batch_t *b, int timeout_ms)
     if (check) return check;
     uint64_t deadline = ferry_deadline_after_ms(timeout_ms);
     pthread_mutex_lock(&b->lock);
-    if (wait_zero_locked(b->engine, &b->lock, &b->cond, &b->tasks_pending, deadline) == ETIMEDOUT) {
+    if (ferry_wait_zero_locked(b->engine, &b->lock, &b->cond, &b->tasks_pending, deadline) == ETIMEDOUT) {
         size_t left = b->tasks_pending;
         pthread_mutex_unlock(&b->lock);
         return ferry_fail(FERRY_ERR_TIMEOUT, "batch wait: %zu task(s) still running after %d ms", left, timeout_ms);
@@ -842,7 +563,27 @@ long ferry_batch_submit(ferry_batch_t *b, const char *peer, const ferry_request_
     if (rc) return rc;
     rc = ferry_engine_enter(b->engine);
     if (rc) return rc;
-    long first = batch_submit(b, peer, reqs, n, timeout_ms);
+    long first = batch_submit(b, peer, reqs, n, timeout_ms, false);
+    rc = ferry_engine_leave(b->engine, first < 0 ? (int)first : 0);
+    return rc ? rc : first;
+}
+
+/* b's engine once batch_check passes, else NULL with the failure raised
+ * (strided.c). */
+ferry_engine_t *ferry_batch_engine(const ferry_batch_t *b)
+{
+    return batch_check(b, "batch submit") ? NULL : b->engine;
+}
+
+/* ferry_batch_submit of requests the caller checked already (strided.c). */
+long ferry_batch_submit_checked(ferry_batch_t *b, const char *peer, const ferry_request_t *reqs, size_t n,
+                                int timeout_ms)
+{
+    int rc = batch_check(b, "batch submit");
+    if (rc) return rc;
+    rc = ferry_engine_enter(b->engine);
+    if (rc) return rc;
+    long first = batch_submit(b, peer, reqs, n, timeout_ms, true);
     rc = ferry_engine_leave(b->engine, first < 0 ? (int)first : 0);
     return rc ? rc : first;
 }

@@ -1,13 +1,16 @@
-/* Batches (batch.c): cutting requests into pieces, the worker pool that
- * runs them on several connections at once. Private to the library. */
+/* Batches: cutting requests into pieces, the worker pool that runs them on
+ * several connections at once (workers.c), and the async batch API
+ * (batch.c). Private to the library. */
 #ifndef FERRY_CORE_BATCH_H
 #define FERRY_CORE_BATCH_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include <ferry/ferry.h>
 
+#include "cancel.h"
 #include "xfer.h"
 
 typedef struct ferry_session ferry_session_t;
@@ -22,13 +25,38 @@ typedef struct ferry_task {
     struct ferry_task *next;
 } ferry_task_t;
 
-/* batch.c */
+/* workers.c */
+typedef void (*task_done_fn)(ferry_task_t *t, void *owner);
+
+struct task_ext {
+    ferry_task_t task;
+    task_done_fn start; /* optional: the worker picked the task up */
+    task_done_fn done;
+    void *owner;
+    ferry_stream_ctl_t ctl;          /* a canceller interrupts the task here */
+    struct task_ext *bnext, *bprev;  /* async: the batch's outstanding tasks */
+};
+
+void ferry_task_enqueue(ferry_engine_t *e, ferry_task_t *t);
+/* A task of pieces xs[0..n) to s (holding a reference to s), or NULL when
+ * out of memory; done is called when it ran. */
+struct task_ext *ferry_task_new(ferry_session_t *s, ferry_xfer_t *xs, size_t n, task_done_fn done, void *owner);
+void ferry_task_free(struct task_ext *t);
+/* Splits [0, n) into at most groups contiguous ranges of similar byte
+ * counts; writes group starts into starts[0..g] and returns g. */
+size_t ferry_task_partition(const ferry_xfer_t *xs, size_t n, size_t groups, size_t *starts);
 int ferry_workers_start(ferry_engine_t *e);
 void ferry_workers_stop(ferry_engine_t *e);
 /* Cuts requests into pieces: big ones into stripes so that several
  * connections carry them. Returns the pieces (malloc'd) and their count. */
 int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const uint64_t *remotes,
                       const size_t *lens, size_t n, uint64_t deadline, ferry_xfer_t **out, size_t *nout);
+/* Waits until *pending (guarded by lock, held) is 0: first busy-polling it
+ * for the engine's adaptive spin budget (spin.h, fed with these waits:
+ * none when they are long or the engine is idle), then on cond, until
+ * deadline (UINT64_MAX: none). 0, or ETIMEDOUT with *pending above 0. */
+int ferry_wait_zero_locked(ferry_engine_t *e, pthread_mutex_t *lock, pthread_cond_t *cond, const size_t *pending,
+                           uint64_t deadline);
 /* Runs pieces xs on several of s's connections at once. */
 int ferry_run_parallel(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);
 

@@ -11,8 +11,8 @@ int ferry_env_long(const char *name, long lo, long hi, long *out);
 int ferry_config_copy(ferry_engine_t *e, const ferry_config_t *cfg);
 
 /* Upper bound of config.max_connections. Each served connection costs a
- * thread; the limits (listener.c) keep peers opening connections without
- * end from exhausting threads or file descriptors. */
+ * descriptor and its buffers (no thread: evloop.c); the limits (listener.c)
+ * keep peers opening connections without end from exhausting them. */
 #define FERRY_MAX_CONNECTIONS_LIMIT 65536
 
 #endif

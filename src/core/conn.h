@@ -27,8 +27,8 @@ typedef struct ferry_conn {
     size_t bounce_cap;         /* its size; 0 = FERRY_WIRE_MAX_DATA (the target's checksum staging) */
     struct ferry_conn *next;   /* target side: list of served connections */
     struct ferry_conn *busy_prev, *busy_next; /* initiator side: the engine's checked-out list */
-    pthread_t thread;          /* target side: its serving thread */
-    atomic_bool done;          /* target side: the thread has finished */
+    struct ferry_served *served; /* target side: its serving state in the event loop (evloop.c) */
+    atomic_bool done;          /* target side: its serving has finished */
     void *xport;               /* a transport's per-connection state, or NULL */
     void (*xport_free)(void *); /* frees xport with the connection */
     uint64_t serial;           /* target side: accept order, 1, 2, ... */

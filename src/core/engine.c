@@ -19,6 +19,7 @@
 #include "auth.h"
 #include "clock.h"
 #include "directory.h"
+#include "evloop.h"
 #include "fail.h"
 #include "listener.h"
 #include "log.h"
@@ -28,68 +29,13 @@
 #include "testing.h"
 #include "transport/transport.h"
 
-/* ------------------------------------------------------------ frame I/O */
-
-int ferry_conn_send_frame(ferry_conn_t *c, ferry_frame_t *f, const void *payload, uint64_t deadline)
-{
-    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
-    ferry_frame_encode(f, hdr);
-    struct iovec iov[2] = {{hdr, sizeof hdr}, {(void *)payload, f->plen}};
-    return ferry_net_sendv(c->fd, iov, f->plen ? 2 : 1, deadline);
-}
-
-int ferry_conn_recv_frame(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline)
-{
-    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
-    int rc = ferry_net_recv(c->fd, hdr, sizeof hdr, deadline);
-    if (rc) return rc;
-    return ferry_frame_decode(hdr, f);
-}
-
-int ferry_conn_recv_frame_spin(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline, unsigned spin_us)
-{
-    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
-    size_t got = 0;
-    uint64_t t0 = ferry_now_ns();
-    int rc = ferry_net_recv_spin(c->fd, hdr, sizeof hdr, spin_us, &got);
-    if (rc == 0 && got < sizeof hdr) rc = ferry_net_recv(c->fd, hdr + got, sizeof hdr - got, deadline);
-    if (rc) return rc;
-    ferry_spin_record(&c->spin, ferry_now_ns() - t0);
-    return ferry_frame_decode(hdr, f);
-}
-
-unsigned ferry_conn_spin_us(ferry_conn_t *c)
-{
-    return ferry_spin_us(&c->spin, c->engine->cfg.spin_us);
-}
-
-int ferry_conn_discard(ferry_conn_t *c, uint64_t n, uint64_t deadline)
-{
-    unsigned char scratch[16384];
-    while (n > 0) {
-        size_t k = n < sizeof scratch ? (size_t)n : sizeof scratch;
-        int rc = ferry_net_recv(c->fd, scratch, k, deadline);
-        if (rc) return rc;
-        n -= k;
-    }
-    return 0;
-}
-
-int ferry_conn_fail_from_target(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline, char *reason, size_t cap)
-{
-    char text[FERRY_WIRE_MAX_REASON + 1];
-    uint32_t n = f->plen <= FERRY_WIRE_MAX_REASON ? f->plen : FERRY_WIRE_MAX_REASON;
-    if (ferry_net_recv(c->fd, text, n, deadline) != 0) n = 0;
-    text[n] = '\0';
-    if (f->plen > n) ferry_conn_discard(c, f->plen - n, deadline);
-    if (reason) snprintf(reason, cap, "%s", n ? text : "(no detail)");
-    return ferry_fail(f->status, "target %s refused: %s", c->peer.name, n ? text : "(no detail)");
-}
+/* ----------------------------------------------------------- connections */
 
 void ferry_conn_free(ferry_conn_t *c)
 {
     if (!c) return;
     if (c->fd >= 0) close(c->fd);
+    ferry_evloop_conn_free(c);
     ferry_cancel_conn_close(c);
     if (c->xport_free) c->xport_free(c->xport);
     free(c->bounce);
@@ -97,22 +43,11 @@ void ferry_conn_free(ferry_conn_t *c)
     free(c);
 }
 
-unsigned char *ferry_conn_bounce(ferry_conn_t *c, size_t n)
-{
-    size_t cap = c->bounce && c->bounce_cap == 0 ? FERRY_WIRE_MAX_DATA : c->bounce_cap;
-    if (c->bounce && cap >= n) return c->bounce;
-    free(c->bounce);
-    c->bounce = malloc(n);
-    c->bounce_cap = c->bounce ? n : 0;
-    if (!c->bounce) ferry_fail(FERRY_ERR_MEMORY, "staging buffer of %zu bytes: out of memory", n);
-    return c->bounce;
-}
-
 /* ------------------------------------------------------ connection state */
 
 /* Serving thread: waiting for the next request; the connection may be
  * closed to make room from now on. */
-static void conn_set_idle(ferry_conn_t *c)
+void ferry_conn_set_idle(ferry_conn_t *c)
 {
     atomic_store(&c->idle_since_ns, ferry_now_ns());
     atomic_store(&c->state, CONN_IDLE);
@@ -120,7 +55,7 @@ static void conn_set_idle(ferry_conn_t *c)
 
 /* Serving thread: a request is arriving. False when the connection was
  * closed to make room first. */
-static bool conn_set_busy(ferry_conn_t *c)
+bool ferry_conn_set_busy(ferry_conn_t *c)
 {
     int expect = CONN_IDLE;
     return atomic_compare_exchange_strong(&c->state, &expect, CONN_BUSY);
@@ -154,17 +89,6 @@ void ferry_hello_fill(ferry_engine_t *e, ferry_hello_t *h)
     snprintf(h->name, sizeof h->name, "%s", e->name);
 }
 
-unsigned ferry_engine_proto_max(const ferry_engine_t *e)
-{
-    return (unsigned)ferry_protocol_version_advertised(e);
-}
-
-unsigned ferry_conn_version(const ferry_conn_t *c)
-{
-    unsigned ours = ferry_engine_proto_max(c->engine);
-    return c->peer.proto_max < ours ? c->peer.proto_max : ours;
-}
-
 static bool nonce_is_zero(const uint8_t *n)
 {
     uint8_t acc = 0;
@@ -172,23 +96,21 @@ static bool nonce_is_zero(const uint8_t *n)
     return acc == 0;
 }
 
-/* Target side of the shared-secret check, after HELLO_ACK went out: the
- * initiator's AUTH must carry the MAC of the transcript; only then do we
- * prove ourselves in AUTH_ACK. */
-static int serve_auth(ferry_conn_t *c, const uint8_t *hello, size_t hlen, const uint8_t *ack, size_t alen,
-                      uint64_t deadline)
+int ferry_auth_frame_check(ferry_conn_t *c, const ferry_frame_t *f)
+{
+    if (f->type != FERRY_FRAME_AUTH || f->plen != FERRY_WIRE_MAC_SIZE)
+        return ferry_fail(FERRY_ERR_AUTH_FAILED, "%s answered the authentication challenge with %s of %u bytes",
+                          c->peer.name, ferry_frame_type_name(f->type), f->plen);
+    return 0;
+}
+
+int ferry_serve_auth_mac(ferry_conn_t *c, const uint8_t *got, const uint8_t *hello, size_t hlen, const uint8_t *ack,
+                         size_t alen)
 {
     ferry_engine_t *e = c->engine;
-    ferry_frame_t f;
-    int rc = ferry_conn_recv_frame(c, &f, deadline);
-    if (rc) return rc == FERRY_ERR_MALFORMED_FRAME ? rc : ferry_fail_context("waiting for AUTH");
-    if (f.type != FERRY_FRAME_AUTH || f.plen != FERRY_WIRE_MAC_SIZE)
-        return ferry_fail(FERRY_ERR_AUTH_FAILED, "%s answered the authentication challenge with %s of %u bytes",
-                          c->peer.name, ferry_frame_type_name(f.type), f.plen);
-    uint8_t got[FERRY_WIRE_MAC_SIZE], want[FERRY_WIRE_MAC_SIZE];
-    rc = ferry_net_recv(c->fd, got, sizeof got, deadline);
-    if (rc) return rc;
-    rc = ferry_auth_mac(e->cfg.secret, FERRY_AUTH_INITIATOR, hello, hlen, ack, alen, want);
+    uint64_t deadline = ferry_deadline_after_ms(e->cfg.connect_timeout_ms);
+    uint8_t want[FERRY_WIRE_MAC_SIZE];
+    int rc = ferry_auth_mac(e->cfg.secret, FERRY_AUTH_INITIATOR, hello, hlen, ack, alen, want);
     if (rc) return rc;
     if (!ferry_auth_equal(got, want)) {
         ferry_frame_t no = {.type = FERRY_FRAME_AUTH_ACK, .status = FERRY_ERR_AUTH_FAILED};
@@ -209,26 +131,46 @@ static int serve_auth(ferry_conn_t *c, const uint8_t *hello, size_t hlen, const 
     return ferry_conn_send_frame(c, &yes, want, deadline);
 }
 
-/* Target side: validates the initiator's HELLO and answers it. A refused
- * handshake is answered with its code, then the connection closes. */
-int ferry_serve_hello(ferry_conn_t *c, const ferry_frame_t *f)
+/* Target side of the shared-secret check, after HELLO_ACK went out: the
+ * initiator's AUTH must carry the MAC of the transcript; only then do we
+ * prove ourselves in AUTH_ACK. Blocking (ferry_serve_connection); the event
+ * loop reads the AUTH frame without waiting and calls the two steps. */
+static int serve_auth(ferry_conn_t *c, const uint8_t *hello, size_t hlen, const uint8_t *ack, size_t alen,
+                      uint64_t deadline)
+{
+    ferry_frame_t f;
+    int rc = ferry_conn_recv_frame(c, &f, deadline);
+    if (rc) return rc == FERRY_ERR_MALFORMED_FRAME ? rc : ferry_fail_context("waiting for AUTH");
+    rc = ferry_auth_frame_check(c, &f);
+    if (rc) return rc;
+    uint8_t got[FERRY_WIRE_MAC_SIZE];
+    rc = ferry_net_recv(c->fd, got, sizeof got, deadline);
+    if (rc) return rc;
+    return ferry_serve_auth_mac(c, got, hello, hlen, ack, alen);
+}
+
+int ferry_hello_frame_check(const ferry_frame_t *f)
+{
+    if (f->type != FERRY_FRAME_HELLO)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected HELLO, got %s", ferry_frame_type_name(f->type));
+    if (f->plen > FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "HELLO payload of %u bytes is too long", f->plen);
+    return 0;
+}
+
+int ferry_answer_hello(ferry_conn_t *c, const ferry_frame_t *f, const uint8_t *buf, uint8_t *ack, size_t *alen_out,
+                       bool *auth_next)
 {
     ferry_engine_t *e = c->engine;
     uint64_t deadline = ferry_deadline_after_ms(e->cfg.connect_timeout_ms);
-    if (f->type != FERRY_FRAME_HELLO)
-        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected HELLO, got %s", ferry_frame_type_name(f->type));
-    uint8_t buf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
-    if (f->plen > sizeof buf)
-        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "HELLO payload of %u bytes is too long", f->plen);
-    int rc = ferry_net_recv(c->fd, buf, f->plen, deadline);
-    if (rc) return rc;
-    rc = ferry_hello_decode(buf, f->plen, &c->peer);
+    *auth_next = false;
+    int rc = ferry_hello_decode(buf, f->plen, &c->peer);
     if (rc) return rc;
     ferry_hello_t mine;
     ferry_hello_fill(e, &mine);
-    uint8_t ack[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
-    int alen = ferry_hello_encode(&mine, ack, sizeof ack);
+    int alen = ferry_hello_encode(&mine, ack, FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME);
     if (alen < 0) return alen;
+    *alen_out = (size_t)alen;
     bool we_auth = e->cfg.secret != NULL, they_auth = (c->peer.flags & FERRY_HELLO_F_AUTH) != 0;
     int status = 0;
     if (c->peer.proto_max < mine.proto_min || c->peer.proto_min > mine.proto_max) {
@@ -256,8 +198,27 @@ int ferry_serve_hello(ferry_conn_t *c, const ferry_frame_t *f)
         return status; /* keeps its detail for the log */
     if (src) return src;
     if (status) return ferry_fail(status, "handshake with %s refused", c->peer.name);
-    if (we_auth) return serve_auth(c, buf, f->plen, ack, (size_t)alen, deadline);
+    *auth_next = we_auth;
     return 0;
+}
+
+/* Target side: validates the initiator's HELLO and answers it. A refused
+ * handshake is answered with its code, then the connection closes. */
+int ferry_serve_hello(ferry_conn_t *c, const ferry_frame_t *f)
+{
+    ferry_engine_t *e = c->engine;
+    uint64_t deadline = ferry_deadline_after_ms(e->cfg.connect_timeout_ms);
+    int rc = ferry_hello_frame_check(f);
+    if (rc) return rc;
+    uint8_t buf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
+    rc = ferry_net_recv(c->fd, buf, f->plen, deadline);
+    if (rc) return rc;
+    uint8_t ack[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
+    size_t alen = 0;
+    bool auth_next = false;
+    rc = ferry_answer_hello(c, f, buf, ack, &alen, &auth_next);
+    if (rc == 0 && auth_next) rc = serve_auth(c, buf, f->plen, ack, alen, deadline);
+    return rc;
 }
 
 /* --------------------------------------------------------- control frames */
@@ -317,7 +278,7 @@ static int serve_cancel(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadli
     return ferry_conn_send_frame(c, &ack, NULL, deadline);
 }
 
-static int serve_frame(ferry_conn_t *c, const ferry_frame_t *f)
+int ferry_serve_frame(ferry_conn_t *c, const ferry_frame_t *f)
 {
     uint64_t deadline = ferry_deadline_after_ms(c->engine->cfg.timeout_ms);
     switch (f->type) {
@@ -364,7 +325,7 @@ void ferry_serve_connection(ferry_conn_t *c)
     if (rc == 0) rc = ferry_serve_hello(c, &f);
     if (rc == FERRY_ERR_TIMEOUT) ferry_fail_context("handshake");
     while (rc == 0 && !atomic_load(&e->stopping)) {
-        conn_set_idle(c);
+        ferry_conn_set_idle(c);
         /* A request often follows the last answer within microseconds:
          * busy-poll for its header briefly before sleeping (a cross-CPU
          * wake-up costs more than a loopback round trip), for config.spin_us
@@ -383,11 +344,17 @@ void ferry_serve_connection(ferry_conn_t *c)
             if (ready <= 0 || atomic_load(&e->stopping)) break;
         }
         ferry_spin_record(&c->spin, ferry_now_ns() - t0);
-        if (!conn_set_busy(c)) break; /* closed to make room */
+        if (!ferry_conn_set_busy(c)) break; /* closed to make room */
         if (got < sizeof hdr) rc = ferry_net_recv(c->fd, hdr + got, sizeof hdr - got, ferry_deadline_after_ms(e->cfg.timeout_ms));
         if (rc == 0) rc = ferry_frame_decode(hdr, &f);
-        if (rc == 0) rc = serve_frame(c, &f);
+        if (rc == 0) rc = ferry_serve_frame(c, &f);
     }
+    ferry_serve_ended(c, rc);
+}
+
+void ferry_serve_ended(ferry_conn_t *c, int rc)
+{
+    ferry_engine_t *e = c->engine;
     if (rc == FERRY_ERR_MALFORMED_FRAME || rc == FERRY_ERR_AUTH_FAILED || rc == FERRY_ERR_TIMEOUT) {
         if (rc == FERRY_ERR_MALFORMED_FRAME) FERRY_STAT_ADD(&e->stats, frames_rejected, 1);
         if (rc == FERRY_ERR_AUTH_FAILED) FERRY_STAT_ADD(&e->stats, auth_failures, 1);
@@ -533,7 +500,14 @@ int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out)
         ferry_directory_stop(e);
         goto fail;
     }
+    rc = ferry_evloop_start(e);
+    if (rc) {
+        ferry_workers_stop(e);
+        ferry_directory_stop(e);
+        goto fail;
+    }
     if (pthread_create(&e->listener, NULL, ferry_listener_thread, e) != 0) {
+        ferry_evloop_stop(e);
         ferry_workers_stop(e);
         ferry_directory_stop(e);
         rc = ferry_fail(FERRY_ERR_INTERNAL, "engine create: cannot start the listener thread");
@@ -589,7 +563,7 @@ void ferry_engine_destroy(ferry_engine_t *e)
     ferry_sessions_interrupt(e);
     if (write(e->wake_fd[1], "x", 1) < 0) { /* the listener also polls with a timeout */ }
     pthread_join(e->listener, NULL);
-    ferry_listener_reap_conns(e, true);
+    ferry_evloop_stop(e);
     /* Calls in progress may hand pieces to the workers: they go first. */
     wait_for_calls(e);
     ferry_workers_stop(e);

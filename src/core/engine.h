@@ -37,7 +37,7 @@ struct ferry_engine {
     uint8_t host_id[16];
     atomic_bool stopping;
     _Atomic uint64_t next_req_id;
-    ferry_spin_t batch_spin;   /* recent waits for a batch or a call's groups (batch.c; spin.h) */
+    ferry_spin_t batch_spin;   /* recent waits for a batch or a call's groups (workers.c; spin.h) */
 
     ferry_registry_t registry;
     ferry_metrics_t metrics;
@@ -50,6 +50,7 @@ struct ferry_engine {
     struct ferry_directory_cache *dir_cache; /* peers looked up (directory.c) */
 
     pthread_t listener;
+    struct ferry_evloop *evloop; /* the serving threads (evloop.c) */
     pthread_mutex_t conns_lock;
     ferry_conn_t *conns;       /* target side, served connections */
     int nconns_served;         /* length of conns (under conns_lock) */

@@ -1,6 +1,7 @@
-/* The listener: accepts connections and starts a serving thread for each,
- * within the connection limits (admission, eviction, the pause when out of
- * file descriptors). Moved from engine.c; the serving itself is there. */
+/* The listener: accepts connections within the connection limits
+ * (admission, eviction, the pause when out of file descriptors, the
+ * handshake deadline) and hands each to the event loop's serving threads
+ * (evloop.c); the serving itself is in engine.c. */
 #include "listener.h"
 
 #include <errno.h>
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "evloop.h"
 #include "fail.h"
 #include "log.h"
 #include "net.h"
@@ -47,6 +49,9 @@
  *    longest, else the oldest handshaking, or with none sheds the waiting
  *    connection through a reserved descriptor; then it pauses instead of
  *    spinning.
+ *  - a connection still handshaking config.connect_timeout_ms after it was
+ *    accepted is answered TIMEOUT and closed, and so is one whose frame
+ *    header stalls half-read for config.timeout_ms (expire_stalled).
  * All counts and state changes are under conns_lock, except a serving
  * thread's own IDLE <-> BUSY (see enum ferry_conn_state). */
 
@@ -69,8 +74,9 @@ static bool limit_warning_due(ferry_engine_t *e)
     return now - last >= 1000000000ull && atomic_compare_exchange_strong(&e->limit_warned_ns, &last, now);
 }
 
-/* Closes c, in state from, to make room (conns_lock held); its thread sees
- * the connection end and leaves. False when c changed state meanwhile. */
+/* Closes c, in state from, to make room (conns_lock held); the serving
+ * thread that takes it next sees it end. False when c changed state
+ * meanwhile. */
 static bool evict_locked(ferry_engine_t *e, ferry_conn_t *c, int from)
 {
     int expect = from;
@@ -214,56 +220,89 @@ int ferry_listener_admit_established(ferry_conn_t *c)
     return rc;
 }
 
-/* Serving thread, at its end: c no longer counts. */
-static void conn_ended(ferry_conn_t *c)
+/* Its serving thread, at its end: c no longer counts, leaves the list and
+ * is freed. It leaves the list only now: a CANCEL naming it must find it
+ * while it can still place a byte (cancel.h). */
+void ferry_listener_conn_done(ferry_conn_t *c)
 {
     ferry_engine_t *e = c->engine;
-    if (!c->listed) return;
     pthread_mutex_lock(&e->conns_lock);
     int st = atomic_exchange(&c->state, CONN_ENDED);
     if (st == CONN_HANDSHAKE) e->nhandshaking--;
     if (st == CONN_IDLE || st == CONN_BUSY) e->nestablished--;
-    pthread_mutex_unlock(&e->conns_lock);
-}
-
-/* ------------------------------------------------------------- listener */
-
-static void *serve_thread(void *arg)
-{
-    ferry_conn_t *c = arg;
-    ferry_serve_connection(c);
-    shutdown(c->fd, SHUT_RDWR);
-    conn_ended(c);
     atomic_store(&c->done, true);
-    return NULL;
-}
-
-/* Joins and frees served connections whose threads have finished. Only
- * the listener (or destroy, after it) changes the list, so *pp stays put
- * while the lock is dropped. A connection leaves the list only once its
- * thread is joined: a CANCEL naming it must find it while it can still
- * place a byte (cancel.h). */
-void ferry_listener_reap_conns(ferry_engine_t *e, bool all)
-{
-    pthread_mutex_lock(&e->conns_lock);
-    ferry_conn_t **pp = &e->conns;
-    while (*pp) {
-        ferry_conn_t *c = *pp;
-        if (all || atomic_load(&c->done)) {
-            pthread_mutex_unlock(&e->conns_lock);
-            if (all) shutdown(c->fd, SHUT_RDWR);
-            pthread_join(c->thread, NULL);
-            pthread_mutex_lock(&e->conns_lock);
+    for (ferry_conn_t **pp = &e->conns; *pp; pp = &(*pp)->next) {
+        if (*pp == c) {
             *pp = c->next;
             e->nconns_served--;
-            pthread_mutex_unlock(&e->conns_lock);
-            ferry_conn_free(c);
-            pthread_mutex_lock(&e->conns_lock);
-        } else {
-            pp = &c->next;
+            break;
         }
     }
+    /* Its descriptor is free once it no longer counts (test_listener_fds). */
+    close(c->fd);
+    c->fd = -1;
     pthread_mutex_unlock(&e->conns_lock);
+    ferry_conn_free(c);
+}
+
+/* Destroy: every served connection ends; a frame being served fails at once. */
+void ferry_listener_shutdown_conns(ferry_engine_t *e)
+{
+    pthread_mutex_lock(&e->conns_lock);
+    for (ferry_conn_t *c = e->conns; c; c = c->next) shutdown(c->fd, SHUT_RDWR);
+    pthread_mutex_unlock(&e->conns_lock);
+}
+
+/* Destroy, once no serving thread is left: frees the connections left. */
+void ferry_listener_free_conns(ferry_engine_t *e)
+{
+    pthread_mutex_lock(&e->conns_lock);
+    ferry_conn_t *c = e->conns;
+    e->conns = NULL;
+    e->nconns_served = e->nhandshaking = e->nestablished = 0;
+    pthread_mutex_unlock(&e->conns_lock);
+    while (c) {
+        ferry_conn_t *next = c->next;
+        ferry_conn_free(c);
+        c = next;
+    }
+}
+
+/* A connection still in its handshake past its deadline (conns_lock held):
+ * its serving thread answers TIMEOUT and closes it. */
+static void expire_locked(ferry_engine_t *e, ferry_conn_t *c)
+{
+    int expect = CONN_HANDSHAKE;
+    if (!atomic_compare_exchange_strong(&c->state, &expect, CONN_EVICTED)) return;
+    e->nhandshaking--;
+    ferry_evloop_expire(c);
+}
+
+/* Ends the handshakes past their deadline (config.connect_timeout_ms after
+ * the accept) and the frame headers stalled half-read past theirs. Returns
+ * when to look again: the next deadline known, at most a second away while
+ * any connection is served (a header may stall meanwhile), else never. */
+static uint64_t expire_stalled(ferry_engine_t *e)
+{
+    uint64_t now = ferry_now_ns(), limit = (uint64_t)e->cfg.connect_timeout_ms * 1000000u, next = UINT64_MAX;
+    pthread_mutex_lock(&e->conns_lock);
+    for (ferry_conn_t *c = e->conns; c; c = c->next) {
+        int st = atomic_load(&c->state);
+        uint64_t due = st == CONN_HANDSHAKE ? atomic_load(&c->idle_since_ns) + limit
+                       : st == CONN_BUSY    ? ferry_evloop_header_due(c)
+                                            : 0;
+        if (due == 0) continue;
+        if (due > now) {
+            if (due < next) next = due;
+        } else if (st == CONN_HANDSHAKE) {
+            expire_locked(e, c);
+        } else {
+            ferry_evloop_expire(c);
+        }
+    }
+    if (e->conns && next > now + 1000000000ull) next = now + 1000000000ull;
+    pthread_mutex_unlock(&e->conns_lock);
+    return next;
 }
 
 /* The peer's address for logs, and as 16 bytes (IPv4 v4-mapped) for the
@@ -292,8 +331,8 @@ static void describe_remote(int fd, char *out, size_t cap, uint8_t source[16])
     snprintf(out, cap, "%s port %u", host, port);
 }
 
-/* accept() found no file descriptor left (or no memory, or no thread could
- * start): it would fail again at once while the connection waits, and
+/* accept() found no file descriptor left (or no memory, or the loop could
+ * not watch the connection): it would fail again at once while the connection waits, and
  * poll() would wake us for it forever. Makes room for the next one, or when
  * nothing can be closed, sheds the waiting connection through the reserved
  * descriptor so that its peer learns at once. The caller then pauses. */
@@ -318,10 +357,10 @@ static bool out_of_resources(ferry_engine_t *e, const char *what, bool shed)
     return made_room;
 }
 
-/* Accepts one connection and starts its thread. Returns 0, or when out of
- * file descriptors, memory or threads, how long the listener should pause:
- * briefly when a connection was closed to make room (its descriptor comes
- * free once reaped), longer when nothing could be. */
+/* Accepts one connection and hands it to the event loop. Returns 0, or
+ * when out of file descriptors or memory, how long the listener should
+ * pause: briefly when a connection was closed to make room (its descriptor
+ * comes free once its serving thread sees it), longer when nothing could be. */
 static int accept_one(ferry_engine_t *e)
 {
     int fd = accept4(e->listen_fd, NULL, NULL, SOCK_CLOEXEC);
@@ -356,22 +395,26 @@ static int accept_one(ferry_engine_t *e)
     atomic_store(&c->idle_since_ns, ferry_now_ns());
     atomic_store(&c->state, CONN_HANDSHAKE);
     c->listed = true;
-    /* Started under the lock: the thread counts itself out under it too. */
-    int prc = pthread_create(&c->thread, NULL, serve_thread, c);
-    if (prc == 0) {
-        c->next = e->conns;
-        e->conns = c;
-        e->nconns_served++;
-        e->nhandshaking++;
+    /* Listed first: its serving thread may end it (and unlist it) at once. */
+    c->next = e->conns;
+    e->conns = c;
+    e->nconns_served++;
+    e->nhandshaking++;
+    int err = ferry_evloop_add(e, c) == 0 ? 0 : errno;
+    if (err) {
+        e->conns = c->next;
+        e->nconns_served--;
+        e->nhandshaking--;
     }
     pthread_mutex_unlock(&e->conns_lock);
-    if (prc != 0) {
+    if (err) {
         FERRY_STAT_ADD(&e->stats, connections_refused, 1);
         c->fd = -1;
         ferry_net_abort(fd);
         ferry_conn_free(c);
-        return out_of_resources(e, "cannot start a connection thread", false) ? FERRY_ROOM_BACKOFF_MS
-                                                                               : FERRY_ACCEPT_BACKOFF_MS;
+        char what[128];
+        snprintf(what, sizeof what, "cannot watch a connection: %s", strerror(err));
+        return out_of_resources(e, what, false) ? FERRY_ROOM_BACKOFF_MS : FERRY_ACCEPT_BACKOFF_MS;
     }
     FERRY_STAT_ADD(&e->stats, connections_accepted, 1);
     return 0;
@@ -388,13 +431,22 @@ void *ferry_listener_thread(void *arg)
 {
     ferry_engine_t *e = arg;
     struct pollfd p[2] = {{.fd = e->listen_fd, .events = POLLIN}, {.fd = e->wake_fd[0], .events = POLLIN}};
+    uint64_t next_expiry = UINT64_MAX;
     while (!atomic_load(&e->stopping)) {
-        int n = poll(p, 2, 1000);
+        /* It sleeps until a connection comes or a deadline is due (a
+         * look a second while connections are served: a scan of the list,
+         * next to nothing even with 10,000 idle ones). */
+        uint64_t now = ferry_now_ns();
+        if (next_expiry <= now) next_expiry = expire_stalled(e);
+        int wait_ms = next_expiry == UINT64_MAX ? -1 : (int)((next_expiry - now + 999999) / 1000000);
+        int n = poll(p, 2, wait_ms);
         if (n < 0 && errno != EINTR) break;
         if (p[1].revents) break;
         int pause_ms = n > 0 && (p[0].revents & POLLIN) ? accept_one(e) : 0;
         if (pause_ms) listener_pause(e, pause_ms);
-        ferry_listener_reap_conns(e, false);
+        /* A new handshake's deadline comes after every other's. */
+        if (next_expiry == UINT64_MAX && n > 0)
+            next_expiry = ferry_now_ns() + (uint64_t)e->cfg.connect_timeout_ms * 1000000u;
     }
     return NULL;
 }

@@ -13,7 +13,11 @@ void ferry_listener_limits_from_config(ferry_engine_t *e);
 int ferry_listener_admit_established(ferry_conn_t *c);
 /* The listener thread's body; arg is the engine. */
 void *ferry_listener_thread(void *arg);
-/* Joins and frees served connections whose threads have finished (all: every one). */
-void ferry_listener_reap_conns(ferry_engine_t *e, bool all);
+/* A serving thread is done with c: it no longer counts, leaves the list, is freed. */
+void ferry_listener_conn_done(ferry_conn_t *c);
+/* Destroy: shuts down every served connection, then (no serving thread
+ * left) frees them. */
+void ferry_listener_shutdown_conns(ferry_engine_t *e);
+void ferry_listener_free_conns(ferry_engine_t *e);
 
 #endif

@@ -287,7 +287,7 @@ static void render_peer(struct text *t, const ferry_peer_metrics_t *m)
 static void render_engine_stats(struct text *t, ferry_engine_t *e)
 {
     ferry_stats_t st;
-    if (ferry_engine_stats(e, &st) != 0) return;
+    ferry_stats_read(&e->stats, &st);
     const struct {
         const char *name, *help;
         uint64_t v;

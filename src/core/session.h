@@ -81,6 +81,8 @@ int ferry_session_refresh_segments(ferry_session_t *s, uint64_t deadline);
  * afresh, epoch check included, and refetches the segments. */
 void ferry_session_teardown(ferry_session_t *s);
 void ferry_sessions_destroy(ferry_engine_t *e);
+/* Whether a handshake has told us who the peer is. */
+bool ferry_session_known(ferry_session_t *s);
 /* Destroy began (e->stopping set): shuts down every checked-out connection
  * and wakes every wait for one, so that each call blocked on a peer comes
  * out at once. */

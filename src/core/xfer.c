@@ -11,13 +11,6 @@
 #include "log.h"
 #include "transport/transport.h"
 
-void ferry_xfer_fail(ferry_xfer_t *x, int rc)
-{
-    x->rc = rc;
-    free(x->detail);
-    x->detail = strdup(ferry_fail_message());
-}
-
 static const char *op_name(int opcode) { return opcode == FERRY_OP_WRITE ? "write" : "read"; }
 
 int ferry_check_local(ferry_engine_t *e, const void *local, uint64_t len)
@@ -228,6 +221,25 @@ static const ferry_transport_ops_t *session_transport(ferry_session_t *s)
     return t ? t : &ferry_transport_tcp;
 }
 
+/* Runs the pieces over connection c with the session's transport; when
+ * that transport's verdict is to fall back, moves the session to tcp for
+ * good (recording why, for ferry_peer_info) and runs them again over tcp. */
+static int run_transport(ferry_session_t *s, ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken)
+{
+    const ferry_transport_ops_t *t = session_transport(s);
+    ferry_verdict_t verdict = {.fall_back = false};
+    int rc = t->run(c, xs, n, broken, &verdict);
+    if (rc || !verdict.fall_back || t == &ferry_transport_tcp) return rc;
+    pthread_mutex_lock(&s->lock);
+    if (s->transport == t) {
+        s->transport = &ferry_transport_tcp;
+        snprintf(s->transport_reason, sizeof s->transport_reason, "%s", verdict.reason);
+        FERRY_LOG(FERRY_LOG_WARN, "transport", "%s: %s", s->name, verdict.reason);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return ferry_transport_tcp.run(c, xs, n, broken, &verdict);
+}
+
 int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n)
 {
     int backoff = e->cfg.retry_backoff_ms;
@@ -249,7 +261,7 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
         if (rc == FERRY_ERR_CANCELLED && ctl) interrupted = true; /* poked by a canceller */
         if (rc == 0) {
             ferry_stream_ctl_arm(ctl, c->fd);
-            rc = session_transport(s)->run(c, xs, n, &broken);
+            rc = run_transport(s, c, xs, n, &broken);
             interrupted = ferry_stream_ctl_disarm(ctl);
             uint64_t conn_key = atomic_load(&c->cancel_key);
             ferry_session_checkin(s, c, !broken && !interrupted); /* fired: shut down */
@@ -365,11 +377,11 @@ static void record_requests(ferry_session_t *s, const ferry_xfer_t *xs, size_t n
 }
 
 static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const *locals, const uint64_t *remotes,
-                    const size_t *lens, size_t n)
+                    const size_t *lens, size_t n, bool checked)
 {
     if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "engine is NULL");
     if (!peer) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "peer name is NULL");
-    int rc = check_requests(e, opcode, locals, remotes, lens, n);
+    int rc = checked ? 0 : check_requests(e, opcode, locals, remotes, lens, n);
     if (rc) return rc;
     ferry_session_t *s;
     rc = ferry_session_get(e, peer, &s);
@@ -403,7 +415,15 @@ static int run_sync_entered(ferry_engine_t *e, const char *peer, int opcode, voi
     if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "engine is NULL");
     int rc = ferry_engine_enter(e);
     if (rc) return rc;
-    return ferry_engine_leave(e, run_sync(e, peer, opcode, locals, remotes, lens, n));
+    return ferry_engine_leave(e, run_sync(e, peer, opcode, locals, remotes, lens, n, false));
+}
+
+/* run_sync for requests the caller checked already (strided.c), inside
+ * the caller's ferry_engine_enter. */
+int ferry_run_sync_checked(ferry_engine_t *e, const char *peer, int opcode, void *const *locals,
+                           const uint64_t *remotes, const size_t *lens, size_t n)
+{
+    return run_sync(e, peer, opcode, locals, remotes, lens, n, true);
 }
 
 int ferry_transfer_sync(ferry_engine_t *e, const char *peer, int opcode, void *local, uint64_t remote, size_t len)

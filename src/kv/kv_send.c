@@ -133,15 +133,13 @@ static int check_peer_staging(ferry_engine_t *e, const char *peer, const ferry_k
                       (unsigned long long)p->info.dst_staging_bytes, peer);
 }
 
-int kv_write_requests(ferry_engine_t *e, const char *peer, const ferry_request_t *reqs,
-                      size_t count, int timeout_ms)
+/* After the batch's submits (rc: the first failing one, or 0): waits for
+ * its count requests, and on failure cancels the unfinished ones and keeps
+ * the failure's detail (CANCEL_UNCONFIRMED when the target could not
+ * confirm). Frees the batch. */
+static int kv_batch_finish(ferry_batch_t *b, size_t count, int rc, int timeout_ms)
 {
-    if (count == 0) return 0;
-    ferry_batch_t *b = NULL;
-    int rc = ferry_batch_alloc(e, count, &b);
-    if (rc != 0) return rc;
-    long first = ferry_batch_submit(b, peer, reqs, count, timeout_ms);
-    rc = first < 0 ? (int)first : ferry_batch_wait(b, timeout_ms > 0 ? timeout_ms : -1);
+    if (rc == 0) rc = ferry_batch_wait(b, timeout_ms > 0 ? timeout_ms : -1);
     /* Cancel and free reset the thread's detail: keep the failure's. */
     char detail[FERRY_KV_REASON_MAX] = "";
     if (rc != 0) {
@@ -150,11 +148,10 @@ int kv_write_requests(ferry_engine_t *e, const char *peer, const ferry_request_t
          * confirm it: then the caller (and the decode side, through the
          * notice) must hear CANCEL_UNCONFIRMED, not the cause, or it frees
          * pages that late bytes still reach. */
-        bool unconfirmed = first >= 0 && ferry_batch_cancel(b) == FERRY_ERR_CANCEL_UNCONFIRMED;
-        for (size_t i = 0; first >= 0 && !unconfirmed && i < count; i++) {
+        bool unconfirmed = ferry_batch_cancel(b) == FERRY_ERR_CANCEL_UNCONFIRMED;
+        for (size_t i = 0; !unconfirmed && i < count; i++) {
             ferry_status_t st;
-            unconfirmed = ferry_batch_status(b, (size_t)first + i, &st) == 0 &&
-                          st.code == FERRY_ERR_CANCEL_UNCONFIRMED;
+            unconfirmed = ferry_batch_status(b, i, &st) == 0 && st.code == FERRY_ERR_CANCEL_UNCONFIRMED;
         }
         if (unconfirmed) {
             size_t used = strlen(detail);
@@ -168,20 +165,122 @@ int kv_write_requests(ferry_engine_t *e, const char *peer, const ferry_request_t
     return rc;
 }
 
+int kv_write_requests(ferry_engine_t *e, const char *peer, const ferry_request_t *reqs,
+                      size_t count, int timeout_ms)
+{
+    if (count == 0) return 0;
+    ferry_batch_t *b = NULL;
+    int rc = ferry_batch_alloc(e, count, &b);
+    if (rc != 0) return rc;
+    long first = ferry_batch_submit(b, peer, reqs, count, timeout_ms);
+    return kv_batch_finish(b, count, first < 0 ? (int)first : 0, timeout_ms);
+}
+
+static uint64_t gcd64(uint64_t a, uint64_t b)
+{
+    while (b) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+static uint64_t block_addr(const ferry_kv_block_t *k, bool dst) { return dst ? k->dst : k->src; }
+
+/* One side (dst or src) of blocks[0..n) as base + idx[i] * stride: the
+ * stride is the greatest common divisor of their distances (the length
+ * when they coincide), so every run of equal blocks fits. */
+static void fit_strided(const ferry_kv_block_t *blocks, size_t n, bool dst, uint64_t *base, uint64_t *stride,
+                        uint64_t *idx)
+{
+    uint64_t first = block_addr(&blocks[0], dst), lo = first, d = 0;
+    for (size_t i = 1; i < n; i++) {
+        uint64_t a = block_addr(&blocks[i], dst);
+        d = gcd64(a > first ? a - first : first - a, d);
+        if (a < lo) lo = a;
+    }
+    if (d == 0) d = blocks[0].len;
+    for (size_t i = 0; i < n; i++) idx[i] = (block_addr(&blocks[i], dst) - lo) / d;
+    *base = lo;
+    *stride = d;
+}
+
+/* Lengths of more blocks than this go as one strided descriptor; the rest
+ * as plain requests of one submit (each submit is its own set of tasks). */
+#define KV_STRIDED_MIN 16
+
+static int by_len(const void *a, const void *b)
+{
+    const ferry_kv_block_t *x = a, *y = b; /* by length, then in source order */
+    if (x->len != y->len) return x->len < y->len ? -1 : 1;
+    return x->src < y->src ? -1 : x->src > y->src;
+}
+
+/* Submits blocks[0..n) (of one length, n >= 2) as one strided descriptor;
+ * idx has room for 2n indices. */
+static long submit_strided_run(ferry_batch_t *b, const char *peer, const ferry_kv_block_t *blocks, size_t n,
+                               uint64_t *idx, int timeout_ms)
+{
+    ferry_strided_t d = {.opcode = FERRY_OP_WRITE, .piece_len = (size_t)blocks[0].len, .n = n,
+                         .local_idx = idx, .remote_idx = idx + n};
+    uint64_t lbase;
+    fit_strided(blocks, n, false, &lbase, &d.local_stride, idx);
+    fit_strided(blocks, n, true, &d.remote_base, &d.remote_stride, idx + n);
+    d.local_base = (void *)(uintptr_t)lbase;
+    return ferry_batch_submit_strided(b, peer, &d, timeout_ms);
+}
+
+/* Writes blocks[0..count) in one batch. Page-run coalescing merged the
+ * adjacent pages; the blocks of one length that are left (a layer's pages
+ * that are not adjacent: most of them when pages are small) go as one
+ * strided descriptor each, which travels compactly too (ferry.h, "strided
+ * batches"); the few others as plain requests. Their order does not
+ * matter: the notice follows the whole batch. */
+static int write_blocks(ferry_engine_t *e, const char *peer, const ferry_kv_block_t *blocks, size_t count,
+                        int timeout_ms)
+{
+    if (count == 0) return 0;
+    ferry_kv_block_t *sorted = malloc(count * sizeof *sorted);
+    uint64_t *idx = malloc(2 * count * sizeof *idx);
+    ferry_request_t *rest = malloc(count * sizeof *rest);
+    ferry_batch_t *b = NULL;
+    int rc = sorted && idx && rest ? ferry_batch_alloc(e, count, &b)
+                                   : ferry_fail(FERRY_ERR_MEMORY, "kv send: %zu blocks", count);
+    if (rc == 0) {
+        memcpy(sorted, blocks, count * sizeof *sorted);
+        qsort(sorted, count, sizeof *sorted, by_len);
+    }
+    size_t nrest = 0;
+    for (size_t i = 0; rc == 0 && i < count;) {
+        size_t j = i + 1;
+        while (j < count && sorted[j].len == sorted[i].len) j++;
+        if (j - i > KV_STRIDED_MIN) {
+            long first = submit_strided_run(b, peer, sorted + i, j - i, idx, timeout_ms);
+            if (first < 0) rc = (int)first;
+        } else {
+            for (size_t k = i; k < j; k++)
+                rest[nrest++] = (ferry_request_t){FERRY_OP_WRITE, (void *)(uintptr_t)sorted[k].src, sorted[k].dst,
+                                                  (size_t)sorted[k].len};
+        }
+        i = j;
+    }
+    if (rc == 0 && nrest) {
+        long first = ferry_batch_submit(b, peer, rest, nrest, timeout_ms);
+        if (first < 0) rc = (int)first;
+    }
+    free(sorted);
+    free(idx);
+    free(rest);
+    return b ? kv_batch_finish(b, count, rc, timeout_ms) : rc;
+}
+
 static int write_plan_blocks(ferry_engine_t *e, const char *peer, const ferry_kv_plan_t *p,
                              int timeout_ms)
 {
     size_t count = 0;
     const ferry_kv_block_t *blocks = ferry_kv_plan_blocks(p, &count);
-    if (count == 0) return 0;
-    ferry_request_t *reqs = malloc(count * sizeof *reqs);
-    if (!reqs) return ferry_fail(FERRY_ERR_MEMORY, "kv send: %zu requests", count);
-    for (size_t i = 0; i < count; i++)
-        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, (void *)(uintptr_t)blocks[i].src,
-                                    blocks[i].dst, (size_t)blocks[i].len};
-    int rc = kv_write_requests(e, peer, reqs, count, timeout_ms);
-    free(reqs);
-    return rc;
+    return write_blocks(e, peer, blocks, count, timeout_ms);
 }
 
 int ferry_kv_send(ferry_engine_t *e, const char *peer, const ferry_kv_plan_t *plan,

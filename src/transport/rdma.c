@@ -24,6 +24,7 @@
 #include "core/log.h"
 #include "core/net.h"
 #include "transport.h"
+#include "wire/rdma_wire.h"
 
 struct ferry_rdma {
     int usable;
@@ -276,15 +277,15 @@ static void rdma_engine_fini(ferry_engine_t *e)
     state_free(e, st);
 }
 
-static int rdma_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken)
+static int rdma_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken, ferry_verdict_t *verdict)
 {
 #ifdef FERRY_HAVE_RDMA
     struct ferry_rdma *st = state_get(c->engine);
-    if (st && st->usable) return ferry_rdma_verbs_run(c, st->dev, xs, n, broken);
+    if (st && st->usable) return ferry_rdma_verbs_run(c, st->dev, xs, n, broken, verdict);
 #endif
     /* Chosen for a session, then made unusable (a test's reprobe): TCP
      * still reaches the peer over this very connection. */
-    return ferry_transport_tcp.run(c, xs, n, broken);
+    return ferry_transport_tcp.run(c, xs, n, broken, verdict);
 }
 
 /* What an engine without a usable device answers: RDMA_CONNECT and
@@ -320,7 +321,8 @@ static int rdma_serve(ferry_conn_t *c, const ferry_frame_t *f)
     return serve_unavailable(c, f, why);
 }
 
-static const uint8_t rdma_frames[] = {FERRY_FRAME_RDMA_CONNECT, FERRY_FRAME_RDMA_MR_QUERY, FERRY_FRAME_RDMA_COMMIT};
+static const uint8_t rdma_frames[] = {FERRY_FRAME_RDMA_CONNECT, FERRY_FRAME_RDMA_MR_QUERY, FERRY_FRAME_RDMA_COMMIT,
+                                      FERRY_FRAME_RDMA_COMMIT_GROUP};
 
 const ferry_transport_ops_t ferry_transport_rdma = {
     .name = "rdma",

@@ -50,7 +50,9 @@ int ferry_rdma_read_refusal(ferry_conn_t *c, const ferry_frame_t *f, const char 
 /* The verbs code (rdma_int.h). Opens the device env names: 0 and *dev, or a code and why. */
 int ferry_rdma_dev_open(ferry_engine_t *e, const ferry_rdma_env_t *env, void **dev, char *why, size_t cap);
 void ferry_rdma_dev_close(ferry_engine_t *e, void *dev);
-int ferry_rdma_verbs_run(ferry_conn_t *c, void *dev, ferry_xfer_t *xs, size_t n, int *broken);
+struct ferry_verdict;
+int ferry_rdma_verbs_run(ferry_conn_t *c, void *dev, ferry_xfer_t *xs, size_t n, int *broken,
+                         struct ferry_verdict *verdict);
 int ferry_rdma_verbs_serve(ferry_conn_t *c, void *dev, const ferry_frame_t *f);
 /* 1 while tests replaced libibverbs. */
 int ferry_rdma_test_hooked(void);

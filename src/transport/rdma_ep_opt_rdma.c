@@ -24,6 +24,7 @@ void ferry_rdma_ep_destroy(struct rdma_ep *ep)
     }
     if (ep->ch) v->destroy_comp_channel(ep->ch);
     free(ep->rkeys);
+    ferry_rdma_group_free(ep->group);
     free(ep);
 }
 
@@ -44,6 +45,7 @@ int ferry_rdma_ep_create(struct rdma_dev *d, struct rdma_ep **out)
     struct rdma_ep *ep = calloc(1, sizeof *ep);
     if (!ep) return ferry_fail(FERRY_ERR_MEMORY, "RDMA endpoint: out of memory");
     ep->d = d;
+    ep->peer_fd = -1;
     int rc = 0;
     ep->ch = v->create_comp_channel(d->ctx);
     if (!ep->ch) rc = ferry_rdma_verbs_fail(FERRY_ERR_MEMORY, "ibv_create_comp_channel", d, errno);
@@ -160,13 +162,21 @@ int ferry_rdma_ep_wait(struct rdma_ep *ep, struct ibv_wc *wc, int max, uint64_t 
             ep->armed = true;
             continue; /* a completion may have come before the arming */
         }
-        struct pollfd p = {.fd = ep->ch->fd, .events = POLLIN};
+        /* The target also watches its control connection: an initiator
+         * that hung up sends no immediate any more. */
+        struct pollfd p[2] = {{.fd = ep->ch->fd, .events = POLLIN}, {.fd = ep->peer_fd, .events = POLLRDHUP}};
         int ms = ferry_ms_left(deadline);
         if (ms == 0) return ferry_fail(FERRY_ERR_TIMEOUT, "no RDMA completion on %s before the deadline", ep->d->name);
-        int r = poll(&p, 1, ms);
+        int r = poll(p, ep->peer_fd >= 0 ? 2 : 1, ms);
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) return ferry_fail(FERRY_ERR_INTERNAL, "poll on the completion channel: %s", strerror(errno));
         if (r == 0) continue; /* the deadline check above ends it */
+        if (!(p[0].revents & POLLIN)) {
+            if (ep->peer_fd >= 0 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR)))
+                return ferry_fail(FERRY_ERR_PEER_CLOSED, "the peer closed the connection while %s waited for an RDMA "
+                                  "completion", ep->d->name);
+            continue;
+        }
         struct ibv_cq *cq;
         void *cq_ctx;
         if (v->get_cq_event(ep->ch, &cq, &cq_ctx) != 0)

@@ -60,6 +60,8 @@ struct rdma_ep {
     ferry_rdma_qp_info_t peer;
     struct rkey_ent *rkeys; /* initiator: sorted by addr */
     size_t nrkeys;
+    struct ferry_rdma_group *group; /* group commit buffers, either side, made at first use */
+    int peer_fd;                    /* target: its control connection, watched while waiting; -1 */
 };
 
 /* A failure kept while cleanup may record others; re-raised at the end. */
@@ -104,5 +106,7 @@ int ferry_rdma_wc_failure(const ferry_verbs_t *v, const struct ibv_wc *wc, const
 int ferry_rdma_commit_writes(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, size_t nx, struct plan *pl,
                   struct first_err *fe, int *broken);
 int ferry_rdma_serve_commit(ferry_conn_t *c, struct rdma_dev *d, const ferry_frame_t *f, uint64_t deadline);
+int ferry_rdma_serve_commit_group(ferry_conn_t *c, struct rdma_dev *d, const ferry_frame_t *f, uint64_t deadline);
+void ferry_rdma_group_free(struct ferry_rdma_group *g);
 
 #endif

@@ -21,12 +21,14 @@
  *             channel (poll() on its fd, never spinning), with the
  *             request's deadline.
  *   commit    writes only: after the data completed, a zero-length RDMA
- *             WRITE WITH IMMEDIATE per piece on the same QP (chained), then
- *             i->t RDMA_COMMIT over TCP. The target waits for that immediate's receive
+ *             WRITE WITH IMMEDIATE per group of up to 1,024 pieces, then
+ *             i->t RDMA_COMMIT_GROUP over TCP (protocol 3, rdma_wire.h; an
+ *             older peer: one immediate and RDMA_COMMIT per piece, the
+ *             immediates chained). The target waits for that immediate's receive
  *             completion (RC ordering: every earlier WRITE of the QP is then
  *             placed in its memory), checks the range is still registered
  *             with the same generation and not cancelled, and answers
- *             RDMA_COMMIT_ACK. Only then is the piece complete: Ferry's
+ *             with each piece's status. Only then is the piece complete: Ferry's
  *             "completed means the target confirmed placement" holds as on
  *             TCP. Reads complete with their completion (the bytes are in
  *             the caller's buffer).

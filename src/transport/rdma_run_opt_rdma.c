@@ -24,21 +24,6 @@ void ferry_rdma_keep_err(struct first_err *fe, int rc)
 
 static int raise_err(const struct first_err *fe) { return ferry_fail(fe->rc, "%s", fe->detail); }
 
-/* The session leaves RDMA for TCP, for the reason given. */
-static void fall_back(ferry_conn_t *c, const char *why)
-{
-    ferry_session_t *s = c->session;
-    if (!s) return;
-    pthread_mutex_lock(&s->lock);
-    if (s->transport == &ferry_transport_rdma) {
-        s->transport = &ferry_transport_tcp;
-        /* The outcome first: the reason is cut to the field's size. */
-        snprintf(s->transport_reason, sizeof s->transport_reason, "rdma setup failed, fell back to tcp: %s", why);
-    }
-    pthread_mutex_unlock(&s->lock);
-    FERRY_LOG(FERRY_LOG_WARN, "rdma", "%s: RDMA setup failed, using TCP: %s", s->name, why);
-}
-
 /* Sets up this connection's QP with the target. 0; 1 when the target or
  * the fabric refused (why set: fall back to TCP); negative when the
  * connection itself failed. */
@@ -434,7 +419,8 @@ static int move_data(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, size
     return fe->rc ? fe->rc : ferry_fail(FERRY_ERR_INTERNAL, "RDMA data phase failed without a cause");
 }
 
-int ferry_rdma_verbs_run(ferry_conn_t *c, void *dev, ferry_xfer_t *xs, size_t nx, int *broken)
+int ferry_rdma_verbs_run(ferry_conn_t *c, void *dev, ferry_xfer_t *xs, size_t nx, int *broken,
+                         ferry_verdict_t *verdict)
 {
     struct rdma_dev *d = dev;
     *broken = 0;
@@ -448,10 +434,9 @@ int ferry_rdma_verbs_run(ferry_conn_t *c, void *dev, ferry_xfer_t *xs, size_t nx
             *broken = 1;
             return rc;
         }
-        if (rc == 1) {
-            fall_back(c, why);
-            return ferry_transport_tcp.run(c, xs, nx, broken);
-        }
+        /* The session leaves RDMA for TCP. The outcome first: the
+         * reason is cut to the session's field. */
+        if (rc == 1) return ferry_verdict_fall_back(verdict, "rdma setup failed, fell back to tcp: %s", why);
     }
     struct rdma_ep *ep = c->xport;
     struct plan *pl = malloc((nx ? nx : 1) * sizeof *pl);
@@ -468,7 +453,7 @@ int ferry_rdma_verbs_run(ferry_conn_t *c, void *dev, ferry_xfer_t *xs, size_t nx
     /* Pieces the HCA cannot reach go inline over this TCP connection. */
     for (size_t i = 0; rc == 0 && i < nx; i++) {
         if (pl[i].mode != PLAN_TCP || xs[i].rc || xs[i].done >= xs[i].len) continue;
-        rc = ferry_transport_tcp.run(c, &xs[i], 1, broken);
+        rc = ferry_transport_tcp.run(c, &xs[i], 1, broken, verdict);
         if (rc) ferry_rdma_keep_err(&fe, rc);
     }
     free(pl);

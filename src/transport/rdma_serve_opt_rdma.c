@@ -8,6 +8,7 @@
 #include "core/fail.h"
 #include "core/net.h"
 #include "rdma_int.h"
+#include "wire/rdma_wire.h"
 
 /* -------------------------------------------------------------- target */
 
@@ -41,6 +42,7 @@ static int serve_connect(ferry_conn_t *c, struct rdma_dev *d, const ferry_frame_
     }
     if (status) return ferry_rdma_reply(c, FERRY_FRAME_RDMA_CONNECT_ACK, f, status, NULL, 0, 0, deadline);
     c->xport = ep;
+    ep->peer_fd = c->fd;
     c->xport_free = ferry_rdma_conn_free_ep;
     ferry_rdma_ep_info(ep, &mine);
     ferry_rdma_qp_info_encode(&mine, buf);
@@ -77,6 +79,7 @@ int ferry_rdma_verbs_serve(ferry_conn_t *c, void *dev, const ferry_frame_t *f)
     case FERRY_FRAME_RDMA_CONNECT: return serve_connect(c, dev, f, deadline);
     case FERRY_FRAME_RDMA_MR_QUERY: return serve_mr_query(c, dev, f, deadline);
     case FERRY_FRAME_RDMA_COMMIT: return ferry_rdma_serve_commit(c, dev, f, deadline);
+    case FERRY_FRAME_RDMA_COMMIT_GROUP: return ferry_rdma_serve_commit_group(c, dev, f, deadline);
     default:
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "unexpected %s frame", ferry_frame_type_name(f->type));
     }

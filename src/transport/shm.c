@@ -427,22 +427,13 @@ static int recv_answer(ferry_conn_t *c, const struct inflight *in, int *broken, 
     return 0;
 }
 
-/* The target refused: this session moves to tcp for good, and the pieces
- * go again over TCP from their confirmed prefix. */
-static int fall_back(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, const char *why)
+/* The target refused, or cannot be reached by attach: the verdict moves
+ * this session to tcp for good, and the pieces go again over TCP from their
+ * confirmed prefix (transport.h). */
+static int fall_back(ferry_verdict_t *verdict, const char *why)
 {
-    ferry_session_t *s = c->session;
-    if (s) {
-        pthread_mutex_lock(&s->lock);
-        if (s->transport == &ferry_transport_shm) {
-            s->transport = &ferry_transport_tcp;
-            snprintf(s->transport_reason, sizeof s->transport_reason, "%s; fell back to tcp", why);
-            FERRY_LOG(FERRY_LOG_WARN, "shm", "%s: %s; using tcp", s->name, why);
-        }
-        pthread_mutex_unlock(&s->lock);
-    }
     ferry_clear_last_error();
-    return ferry_transport_tcp.run(c, xs, nx, broken);
+    return ferry_verdict_fall_back(verdict, "%s; fell back to tcp", why);
 }
 
 /* Whether the connection goes through something (a proxy, a port
@@ -476,11 +467,11 @@ static bool any_device_local(ferry_engine_t *e, const ferry_xfer_t *xs, size_t n
 }
 
 
-static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
+static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, ferry_verdict_t *verdict)
 {
-    if (any_device_local(c->engine, xs, nx)) return ferry_transport_tcp.run(c, xs, nx, broken);
+    if (any_device_local(c->engine, xs, nx)) return ferry_transport_tcp.run(c, xs, nx, broken, verdict);
     char why[200];
-    if (via_intermediary(c, why, sizeof why)) return fall_back(c, xs, nx, broken, why);
+    if (via_intermediary(c, why, sizeof why)) return fall_back(verdict, why);
     *broken = 0;
     int mrc = shm_map_pass(c, xs, nx, broken);
     if (*broken) return mrc;
@@ -577,7 +568,7 @@ static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
     if (refused) {
         char why[256];
         snprintf(why, sizeof why, "shm refused by the target: %s", reason);
-        return fall_back(c, xs, nx, broken, why);
+        return fall_back(verdict, why);
     }
     for (size_t i = 0; i < nx; i++) {
         ferry_xfer_t *x = &xs[i];

@@ -148,8 +148,9 @@ static bool x_vec_ok(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, size_t cur, u
 /* Streams slices of every piece, from each piece's ->done on, keeping up
  * to a window of slices unanswered. A failed answer marks its piece and the
  * stream goes on, so one bad range does not stall the others. */
-static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
+static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, ferry_verdict_t *verdict)
 {
+    (void)verdict; /* tcp reaches every peer: it never falls back */
     size_t slice = c->engine->cfg.slice_size;
     unsigned window = window_slices(slice);
     struct inflight ring[256];

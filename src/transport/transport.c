@@ -3,6 +3,7 @@
 
 #include "core/fail.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -64,6 +65,16 @@ const ferry_transport_ops_t *ferry_transport_for_frame(uint8_t type)
         for (size_t k = 0; k < ferry_transports[i]->nserve_types; k++)
             if (ferry_transports[i]->serve_types[k] == type) return ferry_transports[i];
     return NULL;
+}
+
+int ferry_verdict_fall_back(ferry_verdict_t *v, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(v->reason, sizeof v->reason, fmt, ap);
+    va_end(ap);
+    v->fall_back = true;
+    return 0;
 }
 
 int ferry_recv_answer(ferry_conn_t *c, ferry_xfer_t *x, unsigned spin_us, ferry_frame_t *f, int *broken,

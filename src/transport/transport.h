@@ -13,6 +13,17 @@
 
 #include "core/xport.h"
 
+/* What run() may tell the core besides its result. */
+typedef struct ferry_verdict {
+    /* Set by run: this transport cannot move the pieces of this session
+     * (the target refused it, or its set-up failed). The core then moves
+     * the session to tcp for good, records reason as its transport_reason
+     * (ferry_peer_info), and runs the pieces again over tcp on the same
+     * connection, each from its ->done on. run returns 0 with it. */
+    bool fall_back;
+    char reason[256];
+} ferry_verdict_t;
+
 typedef struct ferry_transport_ops {
     const char *name;
     /* Whether this transport can reach the peer of c's session; fills why. */
@@ -24,8 +35,9 @@ typedef struct ferry_transport_ops {
      * frames sent for a piece whose answer has not arrived (counted before
      * the first byte leaves): after a broken return the core fences those
      * pieces so that nothing of them lands late (core/cancel.h). Without a
-     * broken return, every answer must have been read. */
-    int (*run)(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken);
+     * broken return, every answer must have been read. It never writes
+     * session state: to leave for tcp it fills *verdict (above). */
+    int (*run)(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken, ferry_verdict_t *verdict);
     /* Target side: serves frame f of a type listed in serve_types. A
      * negative return closes the connection. Before touching memory, and
      * again before every chunk, it must check ferry_conn_is_cancelled()
@@ -64,6 +76,9 @@ static inline bool ferry_piece_sendable(const ferry_xfer_t *x, uint64_t off)
  * its detail (reason gets the text when not NULL); or, with *broken set, a
  * failure that leaves the connection unusable (I/O, ERROR frame, an answer
  * out of step). */
+/* run()'s verdict: fall back to tcp, because of the text why. Returns 0. */
+int ferry_verdict_fall_back(ferry_verdict_t *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 int ferry_recv_answer(ferry_conn_t *c, ferry_xfer_t *x, unsigned spin_us, ferry_frame_t *f, int *broken,
                       char *reason, size_t cap);
 

@@ -110,6 +110,83 @@ static int send_gathered(int fd, struct iovec *iov, size_t cnt, uint64_t deadlin
     return 0;
 }
 
+static uint64_t gcd64(uint64_t a, uint64_t b)
+{
+    while (b) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+static uint64_t piece_addr(const ferry_xfer_t *x, bool local)
+{
+    return local ? (uint64_t)(uintptr_t)x->local : x->remote;
+}
+
+/* Describes the addresses of pieces g[0..n) (local or remote) as base +
+ * index * stride, indices written to idx as u32: the stride is the
+ * greatest common divisor of their distances from the lowest (the piece
+ * length when they coincide). It is guessed from the first pieces and
+ * refined only when a later one does not fall on it, so a frame of pieces
+ * on one stride costs a division a piece (a shift for a power of two).
+ * False when an index would not fit 32 bits. */
+static bool fit_strided(const ferry_xfer_t *g, size_t n, bool local, uint64_t *base, uint64_t *stride, uint8_t *idx)
+{
+    uint64_t lo = piece_addr(&g[0], local), hi = lo;
+    for (size_t i = 1; i < n; i++) {
+        uint64_t a = piece_addr(&g[i], local);
+        if (a < lo) lo = a;
+        if (a > hi) hi = a;
+    }
+    uint64_t d = 0;
+    for (size_t i = 0; i < n && i < 8; i++) d = gcd64(piece_addr(&g[i], local) - lo, d);
+    if (d == 0) d = g[0].len;
+    for (;;) {
+        if ((hi - lo) / d > UINT32_MAX) return false;
+        bool pow2 = (d & (d - 1)) == 0;
+        unsigned shift = (unsigned)__builtin_ctzll(d);
+        size_t i = 0;
+        for (; i < n; i++) {
+            uint64_t off = piece_addr(&g[i], local) - lo, k = pow2 ? off >> shift : off / d;
+            if (k * d != off) break;
+            put32(idx + 4 * i, (uint32_t)k);
+        }
+        if (i == n) break;
+        d = gcd64(piece_addr(&g[i], local) - lo, d); /* a smaller divisor of d: ends */
+    }
+    *base = lo;
+    *stride = d;
+    return true;
+}
+
+/* Writes the compact description of pieces g[0..n) (wire.h, "Compact
+ * vector frames") into v->raw when the peer speaks protocol 3 and the
+ * pieces fit it: one length and generation, consecutive request ids,
+ * 32-bit indices. Returns its size, or 0 for the descriptors instead. With
+ * crc, v->crcs holds the pieces' checksums. */
+static size_t encode_compact(ferry_conn_t *c, struct ferry_vec_scratch *v, uint8_t type, bool crc,
+                             const ferry_xfer_t *g, size_t n)
+{
+    if (n < 2 || ferry_conn_version(c) < FERRY_PROTOCOL_COMPACT) return 0;
+    for (size_t i = 1; i < n; i++)
+        if (g[i].len != g[0].len || g[i].generation != g[0].generation || g[i].req_id != g[0].req_id + i) return 0;
+    ferry_vec_compact_t h = {.len = (uint32_t)g[0].len, .generation = g[0].generation};
+    uint8_t *p = v->raw + FERRY_WIRE_COMPACT_HEAD;
+    if (!fit_strided(g, n, false, &h.base, &h.stride, p)) return 0;
+    p += 4 * n;
+    if (type == FERRY_FRAME_CMA_VEC) {
+        if (!fit_strided(g, n, true, &h.lbase, &h.lstride, p)) return 0;
+        p += 4 * n;
+    } else if (crc) {
+        memcpy(p, v->crcs, 4 * n);
+        p += 4 * n;
+    }
+    ferry_vec_compact_encode(&h, v->raw);
+    return (size_t)(p - v->raw);
+}
+
 int ferry_vec_send(ferry_conn_t *c, uint8_t type, ferry_xfer_t *g, size_t n)
 {
     struct ferry_vec_scratch *v = ferry_vec_scratch(c);
@@ -118,23 +195,30 @@ int ferry_vec_send(ferry_conn_t *c, uint8_t type, ferry_xfer_t *g, size_t n)
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++) {
         ferry_xfer_t *x = &g[i];
-        ferry_vec_desc_t d = {.addr = x->remote, .len = (uint32_t)x->len, .generation = x->generation,
-                              .req_id = x->req_id};
-        if (type == FERRY_FRAME_CMA_VEC) d.aux = (uint64_t)(uintptr_t)x->local;
-        else if (crc) d.aux = ferry_crc32c(0, x->local, x->len);
-        ferry_vec_desc_encode(&d, v->raw + i * FERRY_WIRE_VEC_DESC_SIZE);
+        if (crc) put32(v->crcs + 4 * i, ferry_crc32c(0, x->local, x->len));
         v->iov[2 + i] = (struct iovec){x->local, x->len};
         total += x->len;
     }
-    ferry_frame_t f = {.type = type, .flags = crc ? FERRY_FRAME_F_CRC : 0, .req_id = g[0].req_id, .addr = total,
-                       .len = n, .plen = (uint32_t)(n * FERRY_WIRE_VEC_DESC_SIZE)};
+    size_t dbytes = encode_compact(c, v, type, crc, g, n);
+    for (size_t i = 0; dbytes == 0 && i < n; i++) {
+        ferry_xfer_t *x = &g[i];
+        ferry_vec_desc_t d = {.addr = x->remote, .len = (uint32_t)x->len, .generation = x->generation,
+                              .req_id = x->req_id};
+        if (type == FERRY_FRAME_CMA_VEC) d.aux = (uint64_t)(uintptr_t)x->local;
+        else if (crc) d.aux = get32(v->crcs + 4 * i);
+        ferry_vec_desc_encode(&d, v->raw + i * FERRY_WIRE_VEC_DESC_SIZE);
+    }
+    uint8_t compact = dbytes ? FERRY_FRAME_F_COMPACT : 0;
+    if (!dbytes) dbytes = n * FERRY_WIRE_VEC_DESC_SIZE;
+    ferry_frame_t f = {.type = type, .flags = (crc ? FERRY_FRAME_F_CRC : 0) | compact, .req_id = g[0].req_id,
+                       .addr = total, .len = n, .plen = (uint32_t)dbytes};
     if (type == FERRY_FRAME_WRITEV) f.plen += (uint32_t)total;
     else if (type == FERRY_FRAME_CMA_VEC) f.aux = (uint64_t)g[0].opcode;
-    else if (ferry_engine_config(c->engine)->checksum) f.flags = FERRY_FRAME_F_CRC; /* READV: asks for checksummed answers */
+    else if (ferry_engine_config(c->engine)->checksum) f.flags |= FERRY_FRAME_F_CRC; /* READV: asks for checksummed answers */
     uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
     ferry_frame_encode(&f, hdr);
     v->iov[0] = (struct iovec){hdr, sizeof hdr};
-    v->iov[1] = (struct iovec){v->raw, n * FERRY_WIRE_VEC_DESC_SIZE};
+    v->iov[1] = (struct iovec){v->raw, dbytes};
     for (size_t i = 0; i < n; i++) g[i].inflight++; /* before the first byte leaves (cancel.h) */
     return send_gathered(c->fd, v->iov, type == FERRY_FRAME_WRITEV ? n + 2 : 2, earliest(g, n));
 }
@@ -274,6 +358,10 @@ int ferry_vec_recv_read(ferry_conn_t *c, ferry_xfer_t *g, size_t n, unsigned spi
 
 /* ---------------------------------------------------------------- target */
 
+static _Atomic uint64_t compact_served;
+
+uint64_t ferry_vec_compact_served(void) { return atomic_load_explicit(&compact_served, memory_order_relaxed); }
+
 int ferry_vec_recv_descs(ferry_conn_t *c, const ferry_frame_t *f, uint64_t *deadline, struct ferry_vec_scratch **out)
 {
     *deadline = ferry_deadline_after_ms(ferry_engine_config(c->engine)->timeout_ms);
@@ -282,12 +370,18 @@ int ferry_vec_recv_descs(ferry_conn_t *c, const ferry_frame_t *f, uint64_t *dead
     if (ferry_conn_version(c) < FERRY_PROTOCOL_VEC)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s on a connection that speaks protocol %u",
                           ferry_frame_type_name(f->type), ferry_conn_version(c));
+    v->compact = (f->flags & FERRY_FRAME_F_COMPACT) != 0;
+    if (v->compact && ferry_conn_version(c) < FERRY_PROTOCOL_COMPACT)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "compact %s on a connection that speaks protocol %u",
+                          ferry_frame_type_name(f->type), ferry_conn_version(c));
     int rc = ferry_vec_frame_check(f);
     if (rc) return rc;
-    rc = ferry_net_recv(c->fd, v->raw, (size_t)f->len * FERRY_WIRE_VEC_DESC_SIZE, *deadline);
+    rc = ferry_net_recv(c->fd, v->raw, ferry_vec_desc_bytes(f), *deadline);
     if (rc) return rc;
-    rc = ferry_vec_desc_decode(f, v->raw, v->d);
+    rc = v->compact ? ferry_vec_compact_decode(f, v->raw, v->d, &v->span_lo, &v->span_hi)
+                    : ferry_vec_desc_decode(f, v->raw, v->d);
     if (rc) return rc;
+    if (v->compact) atomic_fetch_add_explicit(&compact_served, 1, memory_order_relaxed);
     memset(v->st, 0, (size_t)f->len * sizeof v->st[0]);
     v->reason[0] = '\0';
     return 0;
@@ -316,6 +410,14 @@ size_t ferry_vec_validate_locked(ferry_conn_t *c, struct ferry_vec_scratch *v, s
     ferry_engine_t *e = c->engine;
     ferry_registry_t *r = ferry_engine_registry(e);
     const ferry_region_t *reg = NULL;
+    if (v->compact && from == 0) {
+        /* One lookup for the whole span of a compact frame: when it lies in
+         * one region, no piece needs a lookup of its own. */
+        ferry_vec_desc_t span = {.addr = v->span_lo, .len = 0, .generation = v->d[0].generation};
+        reg = ferry_registry_lookup_locked(r, v->span_lo, v->span_hi - v->span_lo);
+        if (!fits_region(reg, &span, need)) reg = NULL;
+        if (reg && reg->kind != FERRY_MEMKIND_HOST) *device = true;
+    }
     bool cancels = ferry_vec_cancels_pending(c);
     size_t failed = 0;
     for (size_t i = from; i < n; i++) {
@@ -333,6 +435,7 @@ size_t ferry_vec_validate_locked(ferry_conn_t *c, struct ferry_vec_scratch *v, s
             if (reg && reg->kind != FERRY_MEMKIND_HOST) *device = true;
         }
         if (rc) {
+            if (v->compact) ferry_fail_context("piece %zu of a compact frame, at 0x%llx", i, (unsigned long long)d->addr);
             ferry_vec_fail_piece(v, i, rc);
             failed++;
         }

@@ -33,6 +33,8 @@ struct ferry_vec_scratch {
     uint8_t crcs[FERRY_WIRE_VEC_MAX * 4];        /* READV answers: per-piece CRC32C */
     char reason[FERRY_WIRE_MAX_REASON + 1];      /* the detail of the failed piece of lowest index */
     size_t reason_idx;                           /* that piece */
+    bool compact;                                /* the frame described its pieces compactly (wire.h) */
+    uint64_t span_lo, span_hi;                   /* ... then the span of their target ranges */
     unsigned char sink[FERRY_WIRE_VEC_PIECE_MAX]; /* takes the bytes of refused pieces */
 };
 
@@ -86,6 +88,8 @@ static inline bool ferry_vec_cancels_pending(ferry_conn_t *c)
     ferry_cancel_set_t *cs = atomic_load_explicit(&c->cancels, memory_order_acquire);
     return cs && ferry_cancel_set_count(cs) > 0;
 }
+/* Compact vector frames this process served (for tests and benchmarks). */
+uint64_t ferry_vec_compact_served(void);
 /* Records piece i's failure rc (the thread's detail) in v. */
 void ferry_vec_fail_piece(struct ferry_vec_scratch *v, size_t i, int rc);
 /* Sends the one answer for frame req of n pieces. */

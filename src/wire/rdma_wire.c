@@ -1,10 +1,11 @@
-/* Encoding and validation of the RDMA transport's payloads (layout in
- * wire.h). Always compiled: a peer without RDMA still decodes them, and the
+/* Encoding and validation of the RDMA transport's payloads (layouts in
+ * wire.h and rdma_wire.h). Always compiled: a peer without RDMA still decodes them, and the
  * tests exercise every rejection without a device. */
 #include <string.h>
 
 #include "core/fail.h"
 #include "le.h"
+#include "rdma_wire.h"
 #include "wire.h"
 #include <ferry/ferry.h>
 
@@ -94,5 +95,85 @@ int ferry_rdma_mr_info_decode(const uint8_t *in, size_t len, ferry_rdma_mr_info_
     if (m->flags == 0 || (m->flags & ~(uint32_t)FERRY_MEM_REMOTE))
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "RDMA MR info: region flags 0x%x are not remote access flags",
                           m->flags);
+    return 0;
+}
+
+/* ---- the RDMA transport's own frames (rdma_wire.h) ---- */
+
+const char *ferry_rdma_frame_name(uint8_t type)
+{
+    switch (type) {
+    case FERRY_FRAME_RDMA_COMMIT_GROUP: return "RDMA_COMMIT_GROUP";
+    case FERRY_FRAME_RDMA_COMMIT_GROUP_ACK: return "RDMA_COMMIT_GROUP_ACK";
+    default: return NULL;
+    }
+}
+
+uint32_t ferry_rdma_frame_max_payload(uint8_t type)
+{
+    switch (type) {
+    case FERRY_FRAME_RDMA_COMMIT_GROUP: return FERRY_RDMA_GROUP_MAX * FERRY_RDMA_COMMIT_DESC_SIZE;
+    case FERRY_FRAME_RDMA_COMMIT_GROUP_ACK: return FERRY_RDMA_GROUP_MAX * 4 + FERRY_WIRE_MAX_REASON;
+    default: return 0;
+    }
+}
+
+void ferry_rdma_commit_desc_encode(const ferry_rdma_commit_desc_t *d, uint8_t out[FERRY_RDMA_COMMIT_DESC_SIZE])
+{
+    put64(out, d->addr);
+    put64(out + 8, d->len);
+    put64(out + 16, d->req_id);
+    put32(out + 24, d->generation);
+    put32(out + 28, 0);
+}
+
+int ferry_rdma_commit_group_check(const ferry_frame_t *f)
+{
+    if (f->len == 0 || f->len > FERRY_RDMA_GROUP_MAX)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "RDMA_COMMIT_GROUP of %llu pieces (1..%d allowed)",
+                          (unsigned long long)f->len, FERRY_RDMA_GROUP_MAX);
+    if (f->plen != f->len * FERRY_RDMA_COMMIT_DESC_SIZE)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME,
+                          "RDMA_COMMIT_GROUP of %llu pieces carries %u bytes, expected %llu", (unsigned long long)f->len,
+                          f->plen, (unsigned long long)f->len * FERRY_RDMA_COMMIT_DESC_SIZE);
+    return 0;
+}
+
+int ferry_rdma_commit_group_decode(const ferry_frame_t *f, const uint8_t *in, ferry_rdma_commit_desc_t *out)
+{
+    uint64_t total = 0;
+    for (uint64_t i = 0; i < f->len; i++, in += FERRY_RDMA_COMMIT_DESC_SIZE) {
+        ferry_rdma_commit_desc_t *d = &out[i];
+        d->addr = get64(in);
+        d->len = get64(in + 8);
+        d->req_id = get64(in + 16);
+        d->generation = get32(in + 24);
+        if (get32(in + 28) != 0)
+            return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "RDMA_COMMIT_GROUP piece %llu: reserved bytes are not zero",
+                              (unsigned long long)i);
+        if (d->len == 0 || d->addr == 0 || d->addr + d->len < d->addr || total + d->len < total)
+            return ferry_fail(FERRY_ERR_MALFORMED_FRAME,
+                              "RDMA_COMMIT_GROUP piece %llu: [0x%llx+%llu) is empty or wraps", (unsigned long long)i,
+                              (unsigned long long)d->addr, (unsigned long long)d->len);
+        total += d->len;
+    }
+    if (total != f->addr)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME,
+                          "RDMA_COMMIT_GROUP pieces add up to %llu bytes, the header says %llu",
+                          (unsigned long long)total, (unsigned long long)f->addr);
+    return 0;
+}
+
+int ferry_rdma_commit_group_ack_check(const ferry_frame_t *f, uint32_t n, uint64_t total)
+{
+    if (f->len != n)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "RDMA_COMMIT_GROUP_ACK for %llu pieces, %u were committed",
+                          (unsigned long long)f->len, n);
+    if (f->status == 0 ? f->plen != 0 || f->addr != total
+                       : f->plen < 4u * n || f->plen > 4u * n + FERRY_WIRE_MAX_REASON || f->addr >= total)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME,
+                          "RDMA_COMMIT_GROUP_ACK with status %d, %llu bytes confirmed and %u payload bytes for %u "
+                          "pieces of %llu bytes",
+                          f->status, (unsigned long long)f->addr, f->plen, n, (unsigned long long)total);
     return 0;
 }

@@ -1,6 +1,7 @@
 /* Encoding and validation of Ferry frames. Hand-written: it is the hot path
  * (one header per slice) and the format is a fixed little-endian struct. */
 #include "le.h"
+#include "rdma_wire.h"
 #include "wire.h"
 
 #include <stdbool.h>
@@ -18,13 +19,23 @@ static const char *const type_names[] = {
     "WRITEV", "VEC_ACK", "CMA_VEC", "READV"};
 _Static_assert(sizeof type_names / sizeof type_names[0] == FERRY_FRAME_TYPE_MAX + 1, "a frame type has no name");
 
+/* A transport's frame (wire.h's ranges): its name, or NULL. */
+static const char *transport_frame_name(uint8_t type)
+{
+    if (type >= FERRY_FRAME_RDMA_FIRST && type <= FERRY_FRAME_RDMA_LAST) return ferry_rdma_frame_name(type);
+    return NULL;
+}
+
 const char *ferry_frame_type_name(uint8_t type)
 {
-    return type <= FERRY_FRAME_TYPE_MAX ? type_names[type] : "INVALID";
+    if (type <= FERRY_FRAME_TYPE_MAX) return type_names[type];
+    const char *name = transport_frame_name(type);
+    return name ? name : "INVALID";
 }
 
 uint32_t ferry_frame_max_payload(uint8_t type)
 {
+    if (type >= FERRY_FRAME_RDMA_FIRST && type <= FERRY_FRAME_RDMA_LAST) return ferry_rdma_frame_max_payload(type);
     switch (type) {
     case FERRY_FRAME_WRITE:
     case FERRY_FRAME_READ_RESP:
@@ -83,9 +94,10 @@ int ferry_frame_decode(const uint8_t in[FERRY_FRAME_HEADER_SIZE], ferry_frame_t 
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "bad frame magic 0x%08x (not a Ferry peer?)", magic);
     f->type = in[4];
     f->flags = in[5];
-    if (f->type == 0 || f->type > FERRY_FRAME_TYPE_MAX)
+    if (f->type == 0 || (f->type > FERRY_FRAME_TYPE_MAX && !transport_frame_name(f->type)))
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "unknown frame type %u", f->type);
-    if (f->flags & ~FERRY_FRAME_F_CRC)
+    bool vec = f->type == FERRY_FRAME_WRITEV || f->type == FERRY_FRAME_READV || f->type == FERRY_FRAME_CMA_VEC;
+    if (f->flags & ~(FERRY_FRAME_F_CRC | (vec ? FERRY_FRAME_F_COMPACT : 0)))
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "unknown frame flags 0x%02x", f->flags);
     if (get16(in + 6) != 0 || get32(in + 52) != 0)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "reserved header bytes are not zero");
@@ -200,7 +212,7 @@ int ferry_vec_frame_check(const ferry_frame_t *f)
     if (f->addr == 0 || f->addr > FERRY_WIRE_MAX_DATA)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s of %llu bytes (1..%u)", name, (unsigned long long)f->addr,
                           FERRY_WIRE_MAX_DATA);
-    uint64_t want = f->len * FERRY_WIRE_VEC_DESC_SIZE + (f->type == FERRY_FRAME_WRITEV ? f->addr : 0);
+    uint64_t want = ferry_vec_desc_bytes(f) + (f->type == FERRY_FRAME_WRITEV ? f->addr : 0);
     if (f->plen != want)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s of %llu pieces, %llu bytes carries %u payload bytes, not %llu",
                           name, (unsigned long long)f->len, (unsigned long long)f->addr, f->plen,
@@ -278,5 +290,81 @@ int ferry_vec_statuses_decode(const uint8_t *in, uint32_t n, int32_t *st)
         failed |= st[i] != 0;
     }
     if (!failed) return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "failing VEC_ACK names no failed piece");
+    return 0;
+}
+
+/* ------------------------------------------------ compact vector frames */
+
+void ferry_vec_compact_encode(const ferry_vec_compact_t *h, uint8_t out[FERRY_WIRE_COMPACT_HEAD])
+{
+    put64(out, h->base);
+    put64(out + 8, h->stride);
+    put64(out + 16, h->lbase);
+    put64(out + 24, h->lstride);
+    put32(out + 32, h->len);
+    put32(out + 36, h->generation);
+}
+
+uint64_t ferry_vec_desc_bytes(const ferry_frame_t *f)
+{
+    if (!(f->flags & FERRY_FRAME_F_COMPACT)) return f->len * FERRY_WIRE_VEC_DESC_SIZE;
+    uint64_t lists = 1 + (f->type == FERRY_FRAME_CMA_VEC) +
+                     (f->type == FERRY_FRAME_WRITEV && (f->flags & FERRY_FRAME_F_CRC) != 0);
+    return FERRY_WIRE_COMPACT_HEAD + 4 * lists * f->len;
+}
+
+/* base + idx * stride, a range of len that neither overflows nor wraps:
+ * true and *out. */
+static bool strided_addr(uint64_t base, uint64_t stride, uint32_t idx, uint32_t len, uint64_t *out)
+{
+    uint64_t off;
+    if (__builtin_mul_overflow((uint64_t)idx, stride, &off) || __builtin_add_overflow(base, off, out)) return false;
+    return *out + len > *out;
+}
+
+int ferry_vec_compact_decode(const ferry_frame_t *f, const uint8_t *in, ferry_vec_desc_t *out, uint64_t *lo,
+                             uint64_t *hi)
+{
+    const char *name = ferry_frame_type_name(f->type);
+    bool cma = f->type == FERRY_FRAME_CMA_VEC;
+    bool crc = f->type == FERRY_FRAME_WRITEV && (f->flags & FERRY_FRAME_F_CRC);
+    ferry_vec_compact_t h = {.base = get64(in), .stride = get64(in + 8), .lbase = get64(in + 16),
+                             .lstride = get64(in + 24), .len = get32(in + 32), .generation = get32(in + 36)};
+    uint64_t n = f->len;
+    if (h.len == 0 || h.len > FERRY_WIRE_VEC_PIECE_MAX || h.base == 0 || (cma ? h.lbase == 0 : h.lbase || h.lstride))
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME,
+                          "compact %s: pieces of %u bytes (1..%u) at 0x%llx, initiator base 0x%llx stride %llu", name,
+                          h.len, FERRY_WIRE_VEC_PIECE_MAX, (unsigned long long)h.base, (unsigned long long)h.lbase,
+                          (unsigned long long)h.lstride);
+    if (n * h.len != f->addr)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "compact %s: %llu pieces of %u bytes, the header says %llu bytes",
+                          name, (unsigned long long)n, h.len, (unsigned long long)f->addr);
+    const uint8_t *idx = in + FERRY_WIRE_COMPACT_HEAD, *lidx = idx + 4 * n, *crcs = idx + 4 * n;
+    *lo = UINT64_MAX;
+    *hi = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        ferry_vec_desc_t *d = &out[i];
+        uint32_t k = get32(idx + 4 * i);
+        if (!strided_addr(h.base, h.stride, k, h.len, &d->addr))
+            return ferry_fail(FERRY_ERR_MALFORMED_FRAME,
+                              "compact %s piece %llu: index %u at 0x%llx + %u * %llu overflows the address space", name,
+                              (unsigned long long)i, k, (unsigned long long)h.base, k, (unsigned long long)h.stride);
+        d->len = h.len;
+        d->generation = h.generation;
+        d->req_id = f->req_id + i;
+        d->aux = 0;
+        if (cma) {
+            uint32_t m = get32(lidx + 4 * i);
+            if (!strided_addr(h.lbase, h.lstride, m, h.len, &d->aux))
+                return ferry_fail(FERRY_ERR_MALFORMED_FRAME,
+                                  "compact %s piece %llu: initiator index %u at 0x%llx + %u * %llu overflows", name,
+                                  (unsigned long long)i, m, (unsigned long long)h.lbase, m,
+                                  (unsigned long long)h.lstride);
+        } else if (crc) {
+            d->aux = get32(crcs + 4 * i);
+        }
+        if (d->addr < *lo) *lo = d->addr;
+        if (d->addr + d->len > *hi) *hi = d->addr + d->len;
+    }
     return 0;
 }

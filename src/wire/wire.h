@@ -87,10 +87,20 @@ enum ferry_frame_type {
     FERRY_FRAME_CMA_VEC = 30,   /* i->t: len = pieces; payload = descriptors (aux: the initiator's address);
                                  * frame aux = FERRY_OP_WRITE (target pulls) or FERRY_OP_READ (pushes) */
     FERRY_FRAME_READV = 31,     /* i->t: len = pieces; payload = descriptors; answered by a VEC_ACK with the bytes */
-    FERRY_FRAME_TYPE_MAX = 31
+    FERRY_FRAME_TYPE_MAX = 31   /* the last core frame; 32..63 are for core frames to come */
 };
 
+/* Frame ids past the core ones belong to one transport each, which
+ * declares them next to its code, names them and sizes their payloads
+ * (wire.c asks it), and serves them (its serve_types, transport.h):
+ *   64..79  the RDMA transport (rdma_wire.h) */
+#define FERRY_FRAME_RDMA_FIRST 64
+#define FERRY_FRAME_RDMA_LAST 79
+
 #define FERRY_FRAME_F_CRC 0x01u
+/* Vector frames only (protocol 3): the pieces are described compactly
+ * ("Compact vector frames" below). */
+#define FERRY_FRAME_F_COMPACT 0x02u
 
 typedef struct ferry_frame {
     uint8_t type;
@@ -200,6 +210,42 @@ int ferry_vec_ack_check(const ferry_frame_t *f, uint32_t n);
 /* The same for the answer to a READV of n pieces, total bytes at most. */
 int ferry_vec_read_ack_check(const ferry_frame_t *f, uint32_t n, uint64_t total);
 int ferry_vec_statuses_decode(const uint8_t *in, uint32_t n, int32_t *st);
+
+/* ---- Compact vector frames (protocol 3) ----
+ * A WRITEV, READV or CMA_VEC with FERRY_FRAME_F_COMPACT describes its n
+ * pieces (all of one length and region generation, request ids f.req_id
+ * + i) in place of the n descriptors, the common KV shape of pages at
+ * base + index * stride:
+ *     0    8 target base              8    8 target stride
+ *    16    8 CMA_VEC: initiator base  24    8 CMA_VEC: initiator stride (else both 0)
+ *    32    4 piece length            36    4 region generation
+ *    40      n u32 target indices; CMA_VEC: then n u32 initiator indices;
+ *            WRITEV with F_CRC: then n u32 CRC32Cs of the pieces
+ * Piece i lies at target base + index[i] * stride. The target expands the
+ * pieces into descriptors (every address computed without overflow and
+ * not wrapping, else MALFORMED_FRAME) and checks them against its
+ * registry, the whole span at once when it lies in one region; the answer
+ * is the same VEC_ACK. An initiator speaking to a peer older than this
+ * version sends the descriptors instead. */
+#define FERRY_PROTOCOL_COMPACT 3
+#define FERRY_WIRE_COMPACT_HEAD 40
+
+typedef struct ferry_vec_compact {
+    uint64_t base, stride;     /* the target's side */
+    uint64_t lbase, lstride;   /* CMA_VEC: the initiator's side */
+    uint32_t len, generation;
+} ferry_vec_compact_t;
+
+void ferry_vec_compact_encode(const ferry_vec_compact_t *h, uint8_t out[FERRY_WIRE_COMPACT_HEAD]);
+/* The payload bytes that describe the pieces of vector frame f. */
+uint64_t ferry_vec_desc_bytes(const ferry_frame_t *f);
+/* Expands the compact description in[0 .. ferry_vec_desc_bytes(f)) of
+ * frame f (checked by ferry_vec_frame_check) into f->len descriptors:
+ * length in range, no address overflowing or wrapping, CMA initiator
+ * addresses non-zero. *lo and *hi get the span of the target ranges.
+ * 0 or MALFORMED_FRAME naming the piece and its index. */
+int ferry_vec_compact_decode(const ferry_frame_t *f, const uint8_t *in, ferry_vec_desc_t *out, uint64_t *lo,
+                             uint64_t *hi);
 
 void ferry_segment_encode(const ferry_wire_segment_t *s, uint8_t out[FERRY_WIRE_SEGMENT_SIZE]);
 /* Decodes; rejects zero length and address wrap-around. */

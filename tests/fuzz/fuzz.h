@@ -25,6 +25,10 @@ void fuzz_put_frame(uint8_t *buf, size_t cap, size_t *pos, uint8_t type, int32_t
  * bytes 0x5a); CMA_VEC names initiator address 0x1000 + piece offset. */
 void fuzz_put_vector(uint8_t *buf, size_t cap, size_t *pos, uint8_t type, uint64_t aux, bool crc, size_t n,
                      const uint64_t *addrs, const uint32_t *lens);
+/* The same pieces' compact form (protocol 3): n pieces of len at base +
+ * idx[i] * stride; CMA_VEC names initiator address 0x1000 + i * len. */
+void fuzz_put_compact(uint8_t *buf, size_t cap, size_t *pos, uint8_t type, uint64_t aux, bool crc, size_t n,
+                      uint64_t base, uint64_t stride, uint32_t len, const uint32_t *idx);
 void fuzz_put_hello(uint8_t *buf, size_t cap, size_t *pos, uint8_t type, uint32_t flags, uint64_t epoch);
 
 #endif

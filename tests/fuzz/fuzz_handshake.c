@@ -98,7 +98,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 size_t fuzz_seed(int i, uint8_t *buf, size_t cap)
 {
     size_t pos = 0;
-    if (i > 13) return 0;
+    if (i > 15) return 0;
     buf[pos++] = i == 9 ? 1 : 0; /* engine: 0 plain, 1 with a secret */
     fuzz_put_hello(buf, cap, &pos, FERRY_FRAME_HELLO, i == 9 ? FERRY_HELLO_F_AUTH : 0, 1);
     switch (i) {
@@ -145,6 +145,16 @@ size_t fuzz_seed(int i, uint8_t *buf, size_t cap)
         uint64_t a[3] = {FUZZ_REMOTE_ADDR + 64, FUZZ_REMOTE_ADDR + FUZZ_REMOTE_LEN - 4, 0x2000};
         uint32_t l[3] = {256, 64, 32};
         fuzz_put_vector(buf, cap, &pos, FERRY_FRAME_READV, 0, false, 3, a, l);
+        break;
+    }
+    case 14:
+    case 15: {
+        /* Compact (protocol 3): pieces in range, one past the end, one far
+         * out; 15: a checksummed WRITEV, else a READV. */
+        uint32_t idx[4] = {0, 3, FUZZ_REMOTE_LEN / 64, 1000000};
+        fuzz_put_compact(buf, cap, &pos, i == 15 ? FERRY_FRAME_WRITEV : FERRY_FRAME_READV, 0, i == 15, 4,
+                         FUZZ_REMOTE_ADDR, 64, 64, idx);
+        fuzz_put_frame(buf, cap, &pos, FERRY_FRAME_PING, 0, 12, 0, 0, 0, NULL, 0);
         break;
     }
     }

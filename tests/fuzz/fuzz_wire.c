@@ -29,15 +29,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             size_t avail = size - FERRY_FRAME_HEADER_SIZE;
             const uint8_t *body = data + FERRY_FRAME_HEADER_SIZE;
             if ((f.type == FERRY_FRAME_WRITEV || f.type == FERRY_FRAME_CMA_VEC || f.type == FERRY_FRAME_READV) &&
-                ferry_vec_frame_check(&f) == 0 &&
-                avail >= f.len * FERRY_WIRE_VEC_DESC_SIZE) {
+                ferry_vec_frame_check(&f) == 0 && avail >= ferry_vec_desc_bytes(&f)) {
                 static ferry_vec_desc_t d[FERRY_WIRE_VEC_MAX];
-                if (ferry_vec_desc_decode(&f, body, d) == 0) {
+                bool compact = (f.flags & FERRY_FRAME_F_COMPACT) != 0;
+                uint64_t lo = 0, hi = 0;
+                int rc = compact ? ferry_vec_compact_decode(&f, body, d, &lo, &hi) : ferry_vec_desc_decode(&f, body, d);
+                if (rc == 0) {
                     uint64_t total = 0;
                     for (uint64_t i = 0; i < f.len; i++) {
                         check(d[i].len > 0 && d[i].len <= FERRY_WIRE_VEC_PIECE_MAX);
                         check(d[i].addr + d[i].len > d[i].addr);
                         total += d[i].len;
+                        if (compact) {
+                            /* Every expanded piece lies in the span the target checks. */
+                            check(d[i].addr >= lo && d[i].addr + d[i].len <= hi && d[i].req_id == f.req_id + i);
+                            check(f.type != FERRY_FRAME_CMA_VEC || (d[i].aux && d[i].aux + d[i].len > d[i].aux));
+                            continue;
+                        }
                         uint8_t again[FERRY_WIRE_VEC_DESC_SIZE];
                         ferry_vec_desc_encode(&d[i], again);
                         check(memcmp(again, body + i * FERRY_WIRE_VEC_DESC_SIZE, sizeof again) == 0);
@@ -123,6 +131,22 @@ size_t fuzz_seed(int i, uint8_t *buf, size_t cap)
         uint64_t a[2] = {FUZZ_REMOTE_ADDR, FUZZ_REMOTE_ADDR + 100};
         uint32_t l[2] = {64, 64};
         fuzz_put_vector(buf, cap, &pos, FERRY_FRAME_READV, 0, true, 2, a, l);
+        break;
+    }
+    case 9: {
+        uint32_t idx[4] = {7, 0, 3, 1000};
+        fuzz_put_compact(buf, cap, &pos, FERRY_FRAME_WRITEV, 0, true, 4, FUZZ_REMOTE_ADDR, 2048, 64, idx);
+        break;
+    }
+    case 10: {
+        uint32_t idx[3] = {2, 1, 0};
+        fuzz_put_compact(buf, cap, &pos, FERRY_FRAME_CMA_VEC, FERRY_OP_WRITE, false, 3, FUZZ_REMOTE_ADDR, 1152,
+                         1152, idx);
+        break;
+    }
+    case 11: {
+        uint32_t idx[2] = {0, UINT32_MAX};
+        fuzz_put_compact(buf, cap, &pos, FERRY_FRAME_READV, 0, true, 2, FUZZ_REMOTE_ADDR, 1ull << 40, 64, idx);
         break;
     }
     default: return 0;

@@ -5,6 +5,7 @@
 
 #include "fuzz.h"
 #include "core/engine.h"
+#include "wire/le.h"
 #include "wire/wire.h"
 
 void fuzz_put_frame(uint8_t *buf, size_t cap, size_t *pos, uint8_t type, int32_t status, uint64_t req_id,
@@ -61,6 +62,33 @@ void fuzz_put_vector(uint8_t *buf, size_t cap, size_t *pos, uint8_t type, uint64
         else if (crc) d.aux = ferry_crc32c(0, data + off, lens[i]);
         ferry_vec_desc_encode(&d, buf + *pos + i * FERRY_WIRE_VEC_DESC_SIZE);
         off += lens[i];
+    }
+    *pos += plen;
+}
+
+void fuzz_put_compact(uint8_t *buf, size_t cap, size_t *pos, uint8_t type, uint64_t aux, bool crc, size_t n,
+                      uint64_t base, uint64_t stride, uint32_t len, const uint32_t *idx)
+{
+    bool writev = type == FERRY_FRAME_WRITEV, cma = type == FERRY_FRAME_CMA_VEC;
+    uint64_t total = (uint64_t)n * len;
+    ferry_frame_t f = {.type = type, .flags = (uint8_t)((crc ? FERRY_FRAME_F_CRC : 0) | FERRY_FRAME_F_COMPACT),
+                       .req_id = 100, .addr = total, .len = n, .aux = aux};
+    size_t dbytes = (size_t)ferry_vec_desc_bytes(&f);
+    size_t plen = dbytes + (writev ? total : 0);
+    if (*pos + FERRY_FRAME_HEADER_SIZE + plen > cap) return;
+    f.plen = (uint32_t)plen;
+    ferry_frame_encode(&f, buf + *pos);
+    *pos += FERRY_FRAME_HEADER_SIZE;
+    uint8_t *p = buf + *pos, *data = p + dbytes;
+    ferry_vec_compact_t h = {.base = base, .stride = stride, .len = len};
+    if (cma) h.lbase = 0x1000, h.lstride = len;
+    ferry_vec_compact_encode(&h, p);
+    uint8_t *list = p + FERRY_WIRE_COMPACT_HEAD;
+    if (writev) memset(data, 0x5a, total);
+    for (size_t i = 0; i < n; i++) {
+        put32(list + 4 * i, idx[i]);
+        if (cma) put32(list + 4 * (n + i), (uint32_t)i);
+        else if (writev && crc) put32(list + 4 * (n + i), ferry_crc32c(0, data + i * len, len));
     }
     *pos += plen;
 }

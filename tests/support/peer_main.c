@@ -8,7 +8,7 @@
  * is free, else anywhere), prints "READY port addr len epoch" and serves.
  * Commands on stdin, one a line, each answered by a line starting OK or BAD:
  *   fill SEED | check SEED OFF LEN | zero | iszero OFF LEN | dereg | reg |
- *   threads (answers "OK n") | quit
+ *   threads | sockets (answer "OK n") | quit
  * It exits when stdin closes or its parent dies. */
 #include <dirent.h>
 #include <inttypes.h>
@@ -111,6 +111,23 @@ int main(int argc, char **argv)
             struct dirent *de;
             while (d && (de = readdir(d)))
                 if (de->d_name[0] != '.') n++;
+            if (d) closedir(d);
+            printf("OK %d\n", n);
+            fflush(stdout);
+            continue;
+        } else if (!strncmp(line, "sockets", 7)) {
+            /* Open sockets: the listener's and one per served connection
+             * (serving has no thread of its own to count: evloop.c). */
+            int n = 0;
+            DIR *d = opendir("/proc/self/fd");
+            struct dirent *de;
+            char path[300], target[64];
+            while (d && (de = readdir(d))) {
+                if (de->d_name[0] == '.') continue;
+                snprintf(path, sizeof path, "/proc/self/fd/%s", de->d_name);
+                ssize_t k = readlink(path, target, sizeof target - 1);
+                if (k > 0 && (target[k] = 0, !strncmp(target, "socket:", 7))) n++;
+            }
             if (d) closedir(d);
             printf("OK %d\n", n);
             fflush(stdout);

@@ -23,7 +23,7 @@ import os
 import threading
 
 __all__ = ["LibraryNotFound", "lib", "path", "fn", "has", "Config", "Segment", "PeerInfo",
-           "PeerMetrics", "Request", "Status", "Notification", "new_struct"]
+           "PeerMetrics", "Request", "Strided", "Status", "Notification", "new_struct"]
 
 LIB_NAME = "libferry.so"
 # The ABI major version this binding speaks: the SONAME is libferry.so.<ABI_MAJOR>.
@@ -209,6 +209,14 @@ class Request(ctypes.Structure):
     _fields_ = [("opcode", c_int), ("local", c_void_p), ("remote", c_u64), ("len", c_size_t)]
 
 
+class Strided(ctypes.Structure):
+    """ferry_strided_t: n pieces at base + index * stride on each side."""
+    _fields_ = [("struct_size", c_size_t), ("opcode", c_int), ("local_base", c_void_p),
+                ("local_stride", c_u64), ("remote_base", c_u64), ("remote_stride", c_u64),
+                ("piece_len", c_size_t), ("local_idx", ctypes.POINTER(c_u64)),
+                ("remote_idx", ctypes.POINTER(c_u64)), ("n", c_size_t)]
+
+
 class Status(ctypes.Structure):
     _fields_ = [("state", c_int), ("code", c_int), ("bytes", c_u64)]
 
@@ -265,6 +273,8 @@ _ENGINE_API = {
     "ferry_transfer_sync": (c_int, [c_void_p, c_char_p, c_int, c_void_p, c_u64, c_size_t]),
     "ferry_batch_transfer_sync": (c_int, [c_void_p, c_char_p, c_int, _P(c_void_p), _P(c_u64),
                                           _P(c_size_t), c_size_t]),
+    "ferry_strided_transfer_sync": (c_int, [c_void_p, c_char_p, _P(Strided)]),
+    "ferry_batch_submit_strided": (ctypes.c_long, [c_void_p, c_char_p, _P(Strided), c_int]),
     "ferry_batch_alloc": (c_int, [c_void_p, c_size_t, _P(c_void_p)]),
     "ferry_batch_submit": (ctypes.c_long, [c_void_p, c_char_p, _P(Request), c_size_t, c_int]),
     "ferry_batch_status": (c_int, [c_void_p, c_size_t, _P(Status)]),

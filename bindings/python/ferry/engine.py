@@ -29,7 +29,7 @@ import mmap
 import os
 import threading
 
-from . import _lib, _vectors, core, errors
+from . import _buffers, _lib, _strided, _vectors, core, errors
 from ._cuda import _cuda_stream_wait, _cudart, _device_ordinal  # noqa: F401 - _cudart: tests
 from ._mooncake_args import (P2PHANDSHAKE, _FALLBACK_FROM,  # noqa: F401 - P2PHANDSHAKE: API
                              _check_int_entries, _code, _int, _lists, _metadata, _nonempty,
@@ -424,6 +424,27 @@ class TransferEngine:
                     raise
             if note is not None:
                 eng.notify(peer, note.msg, name=note.name)
+            return 0
+        return self._run_peer(peer, go)
+
+    def transfer_strided_sync(self, target_hostname, opcode, local_base, local_stride, remote_base,
+                              remote_stride, piece_len, n=None, local_indices=None, remote_indices=None):
+        """Ferry extension: n pieces of piece_len bytes, piece i between
+        local_base + local_indices[i] * local_stride and remote_base +
+        remote_indices[i] * remote_stride (indices None: 0..n-1; lists or
+        numpy integer arrays). One descriptor instead of n entries: bounds
+        checked once, sent compactly (see ferry/_strided.py). n defaults to
+        the indices' length. 0, or as batch_transfer_sync on failure."""
+        peer, op = _peer(target_hostname), _opcode_arg(opcode)
+        if n is None:
+            given = remote_indices if remote_indices is not None else local_indices
+            n = len(given) if given is not None else 0
+
+        def go():
+            if n:
+                _strided.transfer_sync(self._eng(), core._peer_bytes(peer), op, local_base, local_stride,
+                                       remote_base, remote_stride, piece_len, n, local_indices,
+                                       remote_indices)
             return 0
         return self._run_peer(peer, go)
 

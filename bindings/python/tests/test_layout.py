@@ -16,6 +16,7 @@ STRUCTS = {
     "ferry_segment_t": _lib.Segment,
     "ferry_peer_info_t": _lib.PeerInfo,
     "ferry_request_t": _lib.Request,
+    "ferry_strided_t": _lib.Strided,
     "ferry_status_t": _lib.Status,
     "ferry_notification_t": _lib.Notification,
     "ferry_peer_metrics_t": _lib.PeerMetrics,

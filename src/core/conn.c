@@ -1,0 +1,89 @@
+/* One connection's framed I/O, either side (conn.h), and the protocol
+ * version it speaks. */
+#include "conn.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "clock.h"
+#include "engine.h"
+#include "fail.h"
+#include "net.h"
+#include "testing.h"
+
+int ferry_conn_send_frame(ferry_conn_t *c, ferry_frame_t *f, const void *payload, uint64_t deadline)
+{
+    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
+    ferry_frame_encode(f, hdr);
+    struct iovec iov[2] = {{hdr, sizeof hdr}, {(void *)payload, f->plen}};
+    return ferry_net_sendv(c->fd, iov, f->plen ? 2 : 1, deadline);
+}
+
+int ferry_conn_recv_frame(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline)
+{
+    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
+    int rc = ferry_net_recv(c->fd, hdr, sizeof hdr, deadline);
+    if (rc) return rc;
+    return ferry_frame_decode(hdr, f);
+}
+
+int ferry_conn_recv_frame_spin(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline, unsigned spin_us)
+{
+    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
+    size_t got = 0;
+    uint64_t t0 = ferry_now_ns();
+    int rc = ferry_net_recv_spin(c->fd, hdr, sizeof hdr, spin_us, &got);
+    if (rc == 0 && got < sizeof hdr) rc = ferry_net_recv(c->fd, hdr + got, sizeof hdr - got, deadline);
+    if (rc) return rc;
+    ferry_spin_record(&c->spin, ferry_now_ns() - t0);
+    return ferry_frame_decode(hdr, f);
+}
+
+unsigned ferry_conn_spin_us(ferry_conn_t *c)
+{
+    return ferry_spin_us(&c->spin, c->engine->cfg.spin_us);
+}
+
+int ferry_conn_discard(ferry_conn_t *c, uint64_t n, uint64_t deadline)
+{
+    unsigned char scratch[16384];
+    while (n > 0) {
+        size_t k = n < sizeof scratch ? (size_t)n : sizeof scratch;
+        int rc = ferry_net_recv(c->fd, scratch, k, deadline);
+        if (rc) return rc;
+        n -= k;
+    }
+    return 0;
+}
+
+int ferry_conn_fail_from_target(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline, char *reason, size_t cap)
+{
+    char text[FERRY_WIRE_MAX_REASON + 1];
+    uint32_t n = f->plen <= FERRY_WIRE_MAX_REASON ? f->plen : FERRY_WIRE_MAX_REASON;
+    if (ferry_net_recv(c->fd, text, n, deadline) != 0) n = 0;
+    text[n] = '\0';
+    if (f->plen > n) ferry_conn_discard(c, f->plen - n, deadline);
+    if (reason) snprintf(reason, cap, "%s", n ? text : "(no detail)");
+    return ferry_fail(f->status, "target %s refused: %s", c->peer.name, n ? text : "(no detail)");
+}
+unsigned char *ferry_conn_bounce(ferry_conn_t *c, size_t n)
+{
+    size_t cap = c->bounce && c->bounce_cap == 0 ? FERRY_WIRE_MAX_DATA : c->bounce_cap;
+    if (c->bounce && cap >= n) return c->bounce;
+    free(c->bounce);
+    c->bounce = malloc(n);
+    c->bounce_cap = c->bounce ? n : 0;
+    if (!c->bounce) ferry_fail(FERRY_ERR_MEMORY, "staging buffer of %zu bytes: out of memory", n);
+    return c->bounce;
+}
+
+unsigned ferry_engine_proto_max(const ferry_engine_t *e)
+{
+    return (unsigned)ferry_protocol_version_advertised(e);
+}
+
+unsigned ferry_conn_version(const ferry_conn_t *c)
+{
+    unsigned ours = ferry_engine_proto_max(c->engine);
+    return c->peer.proto_max < ours ? c->peer.proto_max : ours;
+}

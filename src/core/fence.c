@@ -1,0 +1,262 @@
+/* Cancel and expiry without late writes, the initiator's side: the
+ * interrupt that wakes a blocked stream, the fence, and settling pieces.
+ * The target's cancel set is in cancel.c. The protocol is described in
+ * cancel.h. */
+#include "cancel.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "clock.h"
+#include "engine.h"
+#include "fail.h"
+#include "log.h"
+
+/* ------------------------------------------------------- stream control */
+
+void ferry_stream_ctl_init(ferry_stream_ctl_t *ctl, ferry_session_t *s)
+{
+    pthread_mutex_init(&ctl->lock, NULL);
+    ctl->fd = -1;
+    ctl->fired = false;
+    atomic_store(&ctl->poke, false);
+    ctl->session = s;
+}
+
+void ferry_stream_ctl_destroy(ferry_stream_ctl_t *ctl) { pthread_mutex_destroy(&ctl->lock); }
+
+void ferry_stream_ctl_arm(ferry_stream_ctl_t *ctl, int fd)
+{
+    if (!ctl) return;
+    pthread_mutex_lock(&ctl->lock);
+    ctl->fd = fd;
+    ctl->fired = false;
+    pthread_mutex_unlock(&ctl->lock);
+}
+
+bool ferry_stream_ctl_disarm(ferry_stream_ctl_t *ctl)
+{
+    if (!ctl) return false;
+    pthread_mutex_lock(&ctl->lock);
+    bool fired = ctl->fired;
+    ctl->fd = -1;
+    ctl->fired = false;
+    pthread_mutex_unlock(&ctl->lock);
+    return fired;
+}
+
+void ferry_stream_ctl_fire(ferry_stream_ctl_t *ctl)
+{
+    if (!ctl) return;
+    pthread_mutex_lock(&ctl->lock);
+    /* The fd stays open while armed (the stream disarms before checking the
+     * connection in), so this cannot hit a reused descriptor. */
+    if (ctl->fd >= 0 && !ctl->fired) {
+        shutdown(ctl->fd, SHUT_RDWR);
+        ctl->fired = true;
+    } else if (ctl->fd < 0) {
+        atomic_store(&ctl->poke, true);
+    }
+    ferry_session_t *s = ctl->session;
+    pthread_mutex_unlock(&ctl->lock);
+    if (s) ferry_session_wake(s);
+}
+
+/* ------------------------------------------------------------ the fence */
+
+/* Sends CANCEL for every id, each naming its data connection, then reads
+ * every CANCEL_ACK. */
+static int fence_exchange(ferry_conn_t *c, const ferry_fence_id_t *ids, size_t n, uint64_t deadline)
+{
+    for (size_t i = 0; i < n; i++) {
+        ferry_frame_t f = {.type = FERRY_FRAME_CANCEL, .req_id = ids[i].req_id, .aux = ids[i].conn_key};
+        int rc = ferry_conn_send_frame(c, &f, NULL, deadline);
+        if (rc) return rc;
+    }
+    for (size_t i = 0; i < n; i++) {
+        ferry_frame_t f;
+        int rc = ferry_conn_recv_frame(c, &f, deadline);
+        if (rc) return rc;
+        if (f.type == FERRY_FRAME_ERROR) {
+            if (f.status < 0) return ferry_conn_fail_from_target(c, &f, deadline, NULL, 0);
+            return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "the target refused CANCEL");
+        }
+        if (f.type != FERRY_FRAME_CANCEL_ACK || f.req_id != ids[i].req_id)
+            return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "CANCEL of request %llu answered by %s for %llu",
+                              (unsigned long long)ids[i].req_id, ferry_frame_type_name(f.type),
+                              (unsigned long long)f.req_id);
+    }
+    return 0;
+}
+
+/* Whether a failure to reach the target proves that nothing more can land:
+ * its listening socket is closed (the engine is destroyed, which first joins
+ * every serving thread, or its process died), or another engine with a new
+ * epoch answers there (the old memory is gone). Connection refused is
+ * reported by net.c as "connect: <strerror>". Assumes no relay between the
+ * two that outlives its own listening socket. */
+static bool target_gone(int rc)
+{
+    if (rc == FERRY_ERR_PEER_RESTARTED) return true;
+    return rc == FERRY_ERR_SOCKET && strstr(ferry_last_error_detail(), strerror(ECONNREFUSED)) != NULL;
+}
+
+static int fence(ferry_session_t *s, const ferry_fence_id_t *ids, size_t n, uint64_t deadline, bool *gone)
+{
+    int rc = 0;
+    *gone = false;
+    /* Connection failures are tried again on new connections until the
+     * deadline: an idle connection may have died unnoticed, and a peer being
+     * killed resets connections before its listener closes (then refused:
+     * gone). */
+    uint64_t pause_ms = 5;
+    for (int attempt = 0;; attempt++) {
+        ferry_conn_t *c;
+        rc = ferry_session_checkout_spare(s, deadline, attempt > 0, &c);
+        if (rc == 0) {
+            rc = fence_exchange(c, ids, n, deadline);
+            ferry_session_checkin(s, c, rc == 0);
+        }
+        if (rc == 0) return 0;
+        if (target_gone(rc)) {
+            *gone = true;
+            return rc;
+        }
+        if (!(rc == FERRY_ERR_PEER_CLOSED || rc == FERRY_ERR_SOCKET) || ferry_ms_left(deadline) == 0) return rc;
+        uint64_t until = ferry_now_ns() + pause_ms * 1000000u;
+        if (until > deadline) until = deadline;
+        struct timespec ts = ferry_deadline_timespec(until);
+        clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+        if (pause_ms < 100) pause_ms *= 2;
+    }
+}
+
+/* Unconfirmed ids kept per session: enough for any realistic outage; past
+ * it the oldest are dropped, with a warning. */
+#define MAX_UNFENCED 4096
+
+static void remember_unfenced(ferry_session_t *s, ferry_fence_id_t id)
+{
+    pthread_mutex_lock(&s->lock);
+    if (!s->unfenced) s->unfenced = calloc(MAX_UNFENCED, sizeof *s->unfenced);
+    if (s->unfenced) {
+        if (s->nunfenced == MAX_UNFENCED) {
+            FERRY_LOG(FERRY_LOG_WARN, "cancel", "%s: more than %d unconfirmed cancels; forgetting the oldest",
+                      s->name, MAX_UNFENCED);
+            memmove(s->unfenced, s->unfenced + 1, (MAX_UNFENCED - 1) * sizeof *s->unfenced);
+            s->nunfenced--;
+        }
+        s->unfenced[s->nunfenced++] = id;
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+void ferry_fence_pending(ferry_session_t *s, uint64_t deadline)
+{
+    pthread_mutex_lock(&s->lock);
+    size_t n = s->nunfenced;
+    ferry_fence_id_t *ids = n ? malloc(n * sizeof *ids) : NULL;
+    if (ids) memcpy(ids, s->unfenced, n * sizeof *ids);
+    pthread_mutex_unlock(&s->lock);
+    if (!ids) return;
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", ferry_fail_message());
+    int saved_code = ferry_last_error_code();
+    bool gone = false;
+    uint64_t cap = ferry_deadline_after_ms(s->engine->cfg.cancel_timeout_ms);
+    int rc = fence(s, ids, n, cap < deadline ? cap : deadline, &gone);
+    if (rc == 0 || gone) {
+        /* Drop what we fenced; ids added meanwhile stay. */
+        pthread_mutex_lock(&s->lock);
+        memmove(s->unfenced, s->unfenced + n, (s->nunfenced - n) * sizeof *s->unfenced);
+        s->nunfenced -= n;
+        pthread_mutex_unlock(&s->lock);
+        FERRY_LOG(FERRY_LOG_INFO, "cancel", "%s: %zu earlier unconfirmed cancel(s) now confirmed%s", s->name, n,
+                  gone ? " (the target is gone)" : "");
+    }
+    free(ids);
+    ferry_fail(saved_code, "%s", saved);
+}
+
+size_t ferry_fence_in_doubt(ferry_session_t *s, ferry_xfer_t *xs, size_t n, int cause, uint64_t conn_key)
+{
+    size_t doubt = 0;
+    for (size_t i = 0; i < n; i++) doubt += xs[i].inflight ? 1 : 0;
+    if (doubt == 0) return 0;
+    ferry_engine_t *e = s->engine;
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", ferry_fail_message());
+    int saved_code = ferry_last_error_code();
+    uint64_t t0 = ferry_now_ns();
+    bool gone = false;
+    int rc = FERRY_ERR_MEMORY;
+    ferry_fence_id_t *ids = malloc(doubt * sizeof *ids);
+    if (ids) {
+        for (size_t i = 0, k = 0; i < n; i++)
+            if (xs[i].inflight) ids[k++] = (ferry_fence_id_t){xs[i].req_id, conn_key};
+        rc = fence(s, ids, doubt, ferry_deadline_after_ms(e->cfg.cancel_timeout_ms), &gone);
+        free(ids);
+    } else {
+        ferry_fail(rc, "fencing %zu request(s): out of memory", doubt);
+    }
+    size_t unconfirmed = 0;
+    if (rc == 0 || gone) {
+        FERRY_LOG(FERRY_LOG_DEBUG, "cancel", "%zu request(s) to %s fenced after %s in %.2f ms%s", doubt, s->name,
+                  ferry_error_name(cause), (double)(ferry_now_ns() - t0) / 1e6,
+                  gone ? " (the target is gone)" : "");
+        for (size_t i = 0; i < n; i++) {
+            if (!xs[i].inflight) continue;
+            xs[i].inflight = 0;
+            /* A retry must not be refused as the fenced id. */
+            xs[i].req_id = atomic_fetch_add(&e->next_req_id, 1);
+        }
+    } else {
+        char why[512];
+        snprintf(why, sizeof why, "%s", ferry_last_error_detail());
+        for (size_t i = 0; i < n; i++) {
+            ferry_xfer_t *x = &xs[i];
+            if (!x->inflight) continue;
+            unsigned slices = x->inflight;
+            x->inflight = 0;
+            unconfirmed++;
+            ferry_xfer_fail(x, ferry_fail(FERRY_ERR_CANCEL_UNCONFIRMED,
+                                          "%s of [0x%llx+%llu) at %s stopped by %s with %u slice(s) unacknowledged; "
+                                          "the target did not confirm the cancel within %d ms (%s), so bytes may "
+                                          "still land: do not reuse the pages yet",
+                                          x->opcode == FERRY_OP_WRITE ? "write" : "read",
+                                          (unsigned long long)x->remote, (unsigned long long)x->len, s->name,
+                                          ferry_error_name(cause), slices, e->cfg.cancel_timeout_ms, why));
+            remember_unfenced(s, (ferry_fence_id_t){x->req_id, conn_key});
+        }
+        FERRY_LOG(FERRY_LOG_WARN, "cancel", "%zu request(s) to %s could not be fenced: %s", unconfirmed, s->name, why);
+    }
+    ferry_fail(saved_code, "%s", saved);
+    return unconfirmed;
+}
+
+/* ------------------------------------------------------------ settling */
+
+void ferry_settle_cancelled(ferry_xfer_t *xs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        ferry_xfer_t *x = &xs[i];
+        if (x->rc == 0 && x->done < x->len && x->inflight == 0 && x->cancel && atomic_load(x->cancel))
+            ferry_xfer_fail(x, ferry_fail(FERRY_ERR_CANCELLED, "cancelled after %llu of %llu bytes",
+                                          (unsigned long long)x->done, (unsigned long long)x->len));
+    }
+}
+
+void ferry_settle_ended(ferry_xfer_t *xs, size_t n, bool all)
+{
+    for (size_t i = 0; i < n; i++) {
+        ferry_xfer_t *x = &xs[i];
+        if (x->has_ended) continue;
+        if (!all && (x->inflight || (x->rc == 0 && x->done < x->len))) continue;
+        x->has_ended = true;
+        if (x->ended) x->ended(x, x->ended_arg);
+    }
+}

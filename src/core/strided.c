@@ -1,0 +1,169 @@
+/* Strided batches (ferry.h, "strided batches"): one descriptor for n pieces
+ * at base + index * stride on both sides. The bounds are checked once per
+ * descriptor (its smallest and largest index), then the pieces go the way
+ * of any batch; the vector frames describe them compactly again on the
+ * wire (transport/vec.c). */
+#include <stdlib.h>
+
+#include "engine.h"
+#include "fail.h"
+#include "registry.h"
+#include "sized.h"
+
+/* The first published layout of ferry_strided_t. */
+#define FERRY_STRIDED_SIZE_MIN (offsetof(ferry_strided_t, n) + sizeof(size_t))
+
+int ferry_run_sync_checked(ferry_engine_t *e, const char *peer, int opcode, void *const *locals,
+                           const uint64_t *remotes, const size_t *lens, size_t n);
+long ferry_batch_submit_checked(ferry_batch_t *b, const char *peer, const ferry_request_t *reqs, size_t n,
+                                int timeout_ms);
+ferry_engine_t *ferry_batch_engine(const ferry_batch_t *b);
+
+static uint64_t idx_at(const uint64_t *idx, size_t i) { return idx ? idx[i] : i; }
+
+/* The smallest and largest index of n (n > 0). */
+static void idx_range(const uint64_t *idx, size_t n, uint64_t *lo, uint64_t *hi)
+{
+    *lo = idx ? idx[0] : 0;
+    *hi = idx ? idx[0] : n - 1;
+    for (size_t i = 1; idx && i < n; i++) {
+        if (idx[i] < *lo) *lo = idx[i];
+        if (idx[i] > *hi) *hi = idx[i];
+    }
+}
+
+/* base + idx * stride, with room for len bytes after it: false when it
+ * overflows (or wraps) 64 bits. */
+static bool piece_at(uint64_t base, uint64_t stride, uint64_t idx, uint64_t len, uint64_t *out)
+{
+    uint64_t off;
+    return !__builtin_mul_overflow(idx, stride, &off) && !__builtin_add_overflow(base, off, out) &&
+           *out + len >= *out;
+}
+
+/* Checks one side's span [base + lo*stride, base + hi*stride + len): no
+ * address overflows (the largest index bounds all others). */
+static int check_span(const char *side, uint64_t base, uint64_t stride, uint64_t hi, uint64_t len, size_t n)
+{
+    uint64_t a;
+    if (!piece_at(base, stride, hi, len, &a))
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT,
+                          "strided %s: index %llu at 0x%llx + %llu * %llu (+%llu bytes) overflows the address space "
+                          "(%zu pieces)",
+                          side, (unsigned long long)hi, (unsigned long long)base, (unsigned long long)hi,
+                          (unsigned long long)stride, (unsigned long long)len, n);
+    return 0;
+}
+
+/* The local pieces must lie in memory registered with e: one lookup when
+ * the whole span lies in one region, else one per run of pieces in the
+ * same region. The refused piece is named by number, index and address. */
+static int check_local(ferry_engine_t *e, const ferry_strided_t *d, uint64_t lo, uint64_t hi)
+{
+    ferry_registry_t *r = &e->registry;
+    uint64_t base = (uint64_t)(uintptr_t)d->local_base, first = base + lo * d->local_stride;
+    uint64_t end = base + hi * d->local_stride + d->piece_len;
+    int rc = 0;
+    ferry_registry_read_lock(r);
+    if (!ferry_registry_lookup_locked(r, first, end - first)) {
+        const ferry_region_t *reg = NULL;
+        for (size_t i = 0; i < d->n && rc == 0; i++) {
+            uint64_t k = idx_at(d->local_idx, i), a = base + k * d->local_stride;
+            if (reg && a >= reg->addr && a - reg->addr <= reg->len && d->piece_len <= reg->len - (a - reg->addr))
+                continue;
+            rc = ferry_registry_check_locked(r, a, d->piece_len, 0, 0, "local");
+            if (rc)
+                ferry_fail_context("strided piece %zu of %zu, local index %llu at 0x%llx: the local buffer must be "
+                                   "registered with this engine",
+                                   i, d->n, (unsigned long long)k, (unsigned long long)a);
+            reg = rc ? NULL : ferry_registry_lookup_locked(r, a, d->piece_len);
+        }
+    }
+    ferry_registry_unlock(r);
+    return rc;
+}
+
+/* Imports and checks *theirs into *d: arguments, no overflow, local
+ * registration. */
+static int strided_check(ferry_engine_t *e, const ferry_strided_t *theirs, ferry_strided_t *d)
+{
+    *d = (ferry_strided_t){0};
+    int rc = ferry_sized_import(d, sizeof *d, theirs, FERRY_STRIDED_SIZE_MIN, "strided transfer");
+    if (rc) return rc;
+    if (d->opcode != FERRY_OP_READ && d->opcode != FERRY_OP_WRITE)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "strided transfer: opcode %d is neither read nor write",
+                          d->opcode);
+    if (d->n == 0) return 0;
+    if (!d->local_base || d->remote_base == 0 || d->piece_len == 0)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT,
+                          "strided transfer: local base %p, remote base 0x%llx, piece length %zu (none may be 0)",
+                          d->local_base, (unsigned long long)d->remote_base, d->piece_len);
+    uint64_t llo, lhi, rlo, rhi;
+    idx_range(d->local_idx, d->n, &llo, &lhi);
+    idx_range(d->remote_idx, d->n, &rlo, &rhi);
+    rc = check_span("local", (uint64_t)(uintptr_t)d->local_base, d->local_stride, lhi, d->piece_len, d->n);
+    if (rc == 0) rc = check_span("remote", d->remote_base, d->remote_stride, rhi, d->piece_len, d->n);
+    if (rc == 0) rc = check_local(e, d, llo, lhi);
+    (void)rlo; /* the remote side is resolved against the peer's segments, a run at a time (xfer.c) */
+    return rc;
+}
+
+/* The pieces of d as the three arrays of a batch (one allocation). */
+static void *expand(const ferry_strided_t *d, void ***locals, uint64_t **remotes, size_t **lens)
+{
+    size_t n = d->n;
+    unsigned char *mem = malloc(n * (sizeof **locals + sizeof **remotes + sizeof **lens));
+    if (!mem) {
+        ferry_fail(FERRY_ERR_MEMORY, "strided transfer of %zu pieces: out of memory", n);
+        return NULL;
+    }
+    *locals = (void **)mem;
+    *remotes = (uint64_t *)(mem + n * sizeof **locals);
+    *lens = (size_t *)(mem + n * (sizeof **locals + sizeof **remotes));
+    unsigned char *lb = d->local_base;
+    for (size_t i = 0; i < n; i++) {
+        (*locals)[i] = lb + idx_at(d->local_idx, i) * d->local_stride;
+        (*remotes)[i] = d->remote_base + idx_at(d->remote_idx, i) * d->remote_stride;
+        (*lens)[i] = d->piece_len;
+    }
+    return mem;
+}
+
+int(ferry_strided_transfer_sync)(ferry_engine_t *e, const char *peer, const ferry_strided_t *theirs)
+{
+    ferry_clear_last_error();
+    if (!e || !peer || !theirs) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "strided transfer: NULL argument");
+    int rc = ferry_engine_enter(e);
+    if (rc) return rc;
+    ferry_strided_t d;
+    rc = strided_check(e, theirs, &d);
+    if (rc || d.n == 0) return ferry_engine_leave(e, rc);
+    void **locals;
+    uint64_t *remotes;
+    size_t *lens;
+    void *mem = expand(&d, &locals, &remotes, &lens);
+    rc = mem ? ferry_run_sync_checked(e, peer, d.opcode, locals, remotes, lens, d.n) : FERRY_ERR_MEMORY;
+    free(mem);
+    return ferry_engine_leave(e, rc);
+}
+
+long(ferry_batch_submit_strided)(ferry_batch_t *b, const char *peer, const ferry_strided_t *theirs, int timeout_ms)
+{
+    ferry_clear_last_error();
+    if (!b || !peer || !theirs) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "strided submit: NULL argument");
+    ferry_engine_t *e = ferry_batch_engine(b);
+    if (!e) return ferry_last_error_code();
+    ferry_strided_t d;
+    int rc = strided_check(e, theirs, &d);
+    if (rc) return ferry_fail_context("strided submit");
+    ferry_request_t *reqs = malloc((d.n ? d.n : 1) * sizeof *reqs);
+    if (!reqs) return ferry_fail(FERRY_ERR_MEMORY, "strided submit of %zu pieces: out of memory", d.n);
+    unsigned char *lb = d.local_base;
+    for (size_t i = 0; i < d.n; i++)
+        reqs[i] = (ferry_request_t){.opcode = d.opcode, .local = lb + idx_at(d.local_idx, i) * d.local_stride,
+                                    .remote = d.remote_base + idx_at(d.remote_idx, i) * d.remote_stride,
+                                    .len = d.piece_len};
+    long first = ferry_batch_submit_checked(b, peer, reqs, d.n, timeout_ms);
+    free(reqs);
+    return first;
+}
