@@ -352,14 +352,13 @@ FERRY_API int ferry_batch_transfer_sync(ferry_engine_t *e, const char *peer, int
  *     local_base  + local_idx[i]  * local_stride   (local_idx NULL: i)
  * to or from
  *     remote_base + remote_idx[i] * remote_stride  (remote_idx NULL: i).
- * Bounds are checked once per descriptor, from the largest and smallest
- * index: an address that overflows 64 bits is INVALID_ARGUMENT; when the
- * local span lies in one registered region no piece is looked up on its
- * own (else once per run of pieces in one region), and a local piece
- * outside is refused (ADDRESS_NOT_REGISTERED / OUT_OF_BOUNDS naming its
- * number, index and address) before any byte moves. Remote pieces are
- * resolved against the peer's segments a run at a time, as in any batch:
- * one outside fails (its number and address named) while the others go. With a peer speaking protocol 3
+ * Bounds are checked once per descriptor, before any byte moves, from the
+ * largest and smallest index: an address that overflows 64 bits is
+ * INVALID_ARGUMENT; when the local span lies in one registered region, and
+ * the remote span in one of the peer's segments, no piece is looked up on
+ * its own (else once per run of pieces in one region). A piece outside
+ * fails the whole descriptor (ADDRESS_NOT_REGISTERED, OUT_OF_BOUNDS or
+ * ACCESS_DENIED, the detail naming its number, index and address). With a peer speaking protocol 3
  * the pieces travel as such (base, stride, length, indices) and the target
  * expands them after its own bounds check; older peers get them as pieces.
  * Nothing is allocated per piece beyond the engine's usual bookkeeping. */

@@ -4,7 +4,6 @@
 #ifndef FERRY_CORE_BATCH_H
 #define FERRY_CORE_BATCH_H
 
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -51,13 +50,13 @@ void ferry_workers_stop(ferry_engine_t *e);
  * connections carry them. Returns the pieces (malloc'd) and their count. */
 int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const uint64_t *remotes,
                       const size_t *lens, size_t n, uint64_t deadline, ferry_xfer_t **out, size_t *nout);
-/* Waits until *pending (guarded by lock, held) is 0: first busy-polling it
- * for the engine's adaptive spin budget (spin.h, fed with these waits:
- * none when they are long or the engine is idle), then on cond, until
- * deadline (UINT64_MAX: none). 0, or ETIMEDOUT with *pending above 0. */
-int ferry_wait_zero_locked(ferry_engine_t *e, pthread_mutex_t *lock, pthread_cond_t *cond, const size_t *pending,
-                           uint64_t deadline);
 /* Runs pieces xs on several of s's connections at once. */
 int ferry_run_parallel(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);
+/* Waits until *pending (guarded by lock, held) is 0: spinning first for the
+ * engine's adaptive budget (spin.h), then on cond, until deadline
+ * (UINT64_MAX: none); records the wait for the adaptive spin. 0, or
+ * ETIMEDOUT with *pending still above 0. The lock is held on return. */
+int ferry_wait_zero_locked(ferry_engine_t *e, pthread_mutex_t *lock, pthread_cond_t *cond, const size_t *pending,
+                           uint64_t deadline);
 
 #endif

@@ -1,9 +1,10 @@
-/* One connection's framed I/O, either side (conn.h), and the protocol
- * version it speaks. */
+/* One connection, either side (conn.h): its framed I/O, the protocol
+ * version it speaks, and freeing it. */
 #include "conn.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "clock.h"
 #include "engine.h"
@@ -86,4 +87,16 @@ unsigned ferry_conn_version(const ferry_conn_t *c)
 {
     unsigned ours = ferry_engine_proto_max(c->engine);
     return c->peer.proto_max < ours ? c->peer.proto_max : ours;
+}
+
+void ferry_conn_free(ferry_conn_t *c)
+{
+    if (!c) return;
+    if (c->fd >= 0) close(c->fd);
+    if (c->served_free) c->served_free(c);
+    ferry_cancel_conn_close(c);
+    if (c->xport_free) c->xport_free(c->xport);
+    free(c->bounce);
+    free(c->vec);
+    free(c);
 }

@@ -28,6 +28,7 @@ typedef struct ferry_conn {
     struct ferry_conn *next;   /* target side: list of served connections */
     struct ferry_conn *busy_prev, *busy_next; /* initiator side: the engine's checked-out list */
     struct ferry_served *served; /* target side: its serving state in the event loop (evloop.c) */
+    void (*served_free)(struct ferry_conn *c); /* target side: frees served (ferry_conn_free), or NULL */
     atomic_bool done;          /* target side: its serving has finished */
     void *xport;               /* a transport's per-connection state, or NULL */
     void (*xport_free)(void *); /* frees xport with the connection */

@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "engine.h"
+#include "crc32c.h"
 
 static uint32_t table[256];
 static int have_hw;

@@ -29,20 +29,6 @@
 #include "testing.h"
 #include "transport/transport.h"
 
-/* ----------------------------------------------------------- connections */
-
-void ferry_conn_free(ferry_conn_t *c)
-{
-    if (!c) return;
-    if (c->fd >= 0) close(c->fd);
-    ferry_evloop_conn_free(c);
-    ferry_cancel_conn_close(c);
-    if (c->xport_free) c->xport_free(c->xport);
-    free(c->bounce);
-    free(c->vec);
-    free(c);
-}
-
 /* ------------------------------------------------------ connection state */
 
 /* Serving thread: waiting for the next request; the connection may be
@@ -62,32 +48,6 @@ bool ferry_conn_set_busy(ferry_conn_t *c)
 }
 
 /* ------------------------------------------------------------ handshake */
-
-void ferry_hello_fill(ferry_engine_t *e, ferry_hello_t *h)
-{
-    memset(h, 0, sizeof *h);
-    uint16_t v = (uint16_t)ferry_protocol_version_advertised(e);
-    /* Every version down to 1 (older peers keep their framing), unless a
-     * test pinned one (core/testing.h). */
-    h->proto_min = ferry_test_protocol_version(e) ? v : 1;
-    h->proto_max = v;
-    h->flags = FERRY_HELLO_F_CMA | (e->cfg.secret ? FERRY_HELLO_F_AUTH : 0);
-    for (int i = 0; ferry_transports[i]; i++)
-        if (ferry_transports[i]->hello_flags) h->flags |= ferry_transports[i]->hello_flags(e);
-    h->engine_id = e->engine_id;
-    h->epoch = e->epoch;
-    h->pid = (int32_t)getpid();
-    memcpy(h->host_id, e->host_id, sizeof h->host_id);
-    uint64_t version;
-    size_t count;
-    ferry_registry_summary(&e->registry, &version, &count);
-    h->segment_version = version;
-    h->segment_count = count;
-    /* Only authentication needs the nonce; a failure leaves zeros, which
-     * ferry_serve_hello and the initiator's handshake refuse to MAC. */
-    if (e->cfg.secret && ferry_auth_nonce(h->nonce) != 0) memset(h->nonce, 0, sizeof h->nonce);
-    snprintf(h->name, sizeof h->name, "%s", e->name);
-}
 
 static bool nonce_is_zero(const uint8_t *n)
 {
@@ -518,29 +478,6 @@ int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out)
     return 0;
 fail:
     engine_free(e);
-    return rc;
-}
-
-int ferry_engine_enter(ferry_engine_t *e)
-{
-    atomic_fetch_add(&e->calls, 1);
-    if (atomic_load(&e->stopping))
-        return ferry_engine_leave(e, ferry_fail(FERRY_ERR_CONTEXT, "the engine is shutting down"));
-    return 0;
-}
-
-int ferry_engine_leave(ferry_engine_t *e, int rc)
-{
-    bool ours = rc == FERRY_ERR_PEER_CLOSED || rc == FERRY_ERR_SOCKET || rc == FERRY_ERR_TIMEOUT;
-    if (ours && atomic_load(&e->stopping))
-        rc = ferry_fail(FERRY_ERR_CONTEXT, "the engine was destroyed during the call (%s)", ferry_last_error_detail());
-    /* The last one out while destroy waits tells it; nothing of e is
-     * touched after that. */
-    if (atomic_fetch_sub(&e->calls, 1) == 1 && atomic_load(&e->stopping)) {
-        pthread_mutex_lock(&e->calls_lock);
-        pthread_cond_broadcast(&e->calls_cond);
-        pthread_mutex_unlock(&e->calls_lock);
-    }
     return rc;
 }
 

@@ -15,6 +15,7 @@
 #include "config.h"
 #include "conn.h"
 #include "crc32c.h"
+#include "hello.h"
 #include "meta/meta.h"
 #include "metrics.h"
 #include "notify.h"
@@ -99,7 +100,7 @@ struct ferry_engine {
     struct ferry_rdma *rdma;
 };
 
-/* engine.c: a public call that may block on a peer enters first (CONTEXT
+/* calls.c: a public call that may block on a peer enters first (CONTEXT
  * once destroy began) and leaves when done; destroy wakes the calls in
  * progress and waits until they all left before freeing anything. */
 int ferry_engine_enter(ferry_engine_t *e);

@@ -480,6 +480,7 @@ void ferry_evloop_stop(ferry_engine_t *e)
 
 int ferry_evloop_add(ferry_engine_t *e, ferry_conn_t *c)
 {
+    c->served_free = ferry_evloop_conn_free;
     c->served = calloc(1, sizeof *c->served);
     if (c->served) c->served->hs = calloc(1, sizeof *c->served->hs);
     if (!c->served || !c->served->hs) {

@@ -13,6 +13,5 @@ int ferry_serve_hello(ferry_conn_t *c, const ferry_frame_t *f);
 /* Runs a served connection to its end: handshake, then frames until the
  * peer leaves, misbehaves or the engine stops. Frees nothing. */
 void ferry_serve_connection(ferry_conn_t *c);
-void ferry_hello_fill(ferry_engine_t *e, ferry_hello_t *h);
 
 #endif

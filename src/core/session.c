@@ -235,15 +235,6 @@ void ferry_sessions_destroy(ferry_engine_t *e)
     }
 }
 
-/* Whether a handshake has told us who the peer is. */
-bool ferry_session_known(ferry_session_t *s)
-{
-    pthread_mutex_lock(&s->lock);
-    bool known = s->have_peer;
-    pthread_mutex_unlock(&s->lock);
-    return known;
-}
-
 void ferry_sessions_interrupt(ferry_engine_t *e)
 {
     pthread_mutex_lock(&e->busy_lock);

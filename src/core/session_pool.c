@@ -15,6 +15,15 @@
 #include "net.h"
 #include "transport/transport.h"
 
+/* Whether a handshake has told us who the peer is. */
+bool ferry_session_known(ferry_session_t *s)
+{
+    pthread_mutex_lock(&s->lock);
+    bool known = s->have_peer;
+    pthread_mutex_unlock(&s->lock);
+    return known;
+}
+
 /* ------------------------------------------------------------ handshake */
 
 /* Receives HELLO_ACK into ack (its payload, for the auth transcript);

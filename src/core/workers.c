@@ -64,45 +64,6 @@ int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const 
     return 0;
 }
 
-/* ------------------------------------------------------ waiting on work */
-
-/* Before blocking on a condition variable until *pending (guarded by
- * lock) is 0, busy-polls it for the engine's spin budget (spin.h:
- * config.spin_us, else learnt from the recent such waits, so none when they
- * are long or the engine is idle), yielding the CPU at each turn: a worker
- * finishing in microseconds then costs no cross-CPU wake-up. Returns with
- * the lock held, and whether *pending was 0 by then. */
-static bool spin_until_zero_locked(ferry_engine_t *e, pthread_mutex_t *lock, const size_t *pending,
-                                   uint64_t deadline)
-{
-    unsigned spin_us = *pending ? ferry_spin_us(&e->batch_spin, e->cfg.spin_us) : 0;
-    if (spin_us == 0) return *pending == 0;
-    uint64_t until = ferry_now_ns() + (uint64_t)spin_us * 1000u;
-    if (until > deadline) until = deadline;
-    while (*pending > 0 && ferry_now_ns() < until) {
-        pthread_mutex_unlock(lock);
-        sched_yield();
-        pthread_mutex_lock(lock);
-    }
-    return *pending == 0;
-}
-
-int ferry_wait_zero_locked(ferry_engine_t *e, pthread_mutex_t *lock, pthread_cond_t *cond, const size_t *pending,
-                           uint64_t deadline)
-{
-    if (*pending == 0) return 0;
-    uint64_t t0 = ferry_now_ns();
-    if (!spin_until_zero_locked(e, lock, pending, deadline)) {
-        struct timespec ts = ferry_deadline_timespec(deadline);
-        while (*pending > 0) {
-            if (deadline == UINT64_MAX) pthread_cond_wait(cond, lock);
-            else if (pthread_cond_timedwait(cond, lock, &ts) == ETIMEDOUT && *pending > 0) return ETIMEDOUT;
-        }
-    }
-    ferry_spin_record(&e->batch_spin, ferry_now_ns() - t0);
-    return 0;
-}
-
 /* ------------------------------------------------------------- workers */
 
 void ferry_task_enqueue(ferry_engine_t *e, ferry_task_t *t)
@@ -213,6 +174,43 @@ size_t ferry_task_partition(const ferry_xfer_t *xs, size_t n, size_t groups, siz
 }
 
 /* ------------------------------------------------- sync parallel runs */
+
+/* Before blocking on a condition variable until *pending (guarded by
+ * lock) is 0, busy-polls it for the engine's spin budget (spin.h:
+ * config.spin_us, else learnt from the recent such waits, so none when they
+ * are long or the engine is idle), yielding the CPU at each turn: a worker
+ * finishing in microseconds then costs no cross-CPU wake-up. Returns with
+ * the lock held, and whether *pending was 0 by then. */
+static bool spin_until_zero_locked(ferry_engine_t *e, pthread_mutex_t *lock, const size_t *pending,
+                                   uint64_t deadline)
+{
+    unsigned spin_us = *pending ? ferry_spin_us(&e->batch_spin, e->cfg.spin_us) : 0;
+    if (spin_us == 0) return *pending == 0;
+    uint64_t until = ferry_now_ns() + (uint64_t)spin_us * 1000u;
+    if (until > deadline) until = deadline;
+    while (*pending > 0 && ferry_now_ns() < until) {
+        pthread_mutex_unlock(lock);
+        sched_yield();
+        pthread_mutex_lock(lock);
+    }
+    return *pending == 0;
+}
+
+int ferry_wait_zero_locked(ferry_engine_t *e, pthread_mutex_t *lock, pthread_cond_t *cond, const size_t *pending,
+                           uint64_t deadline)
+{
+    if (*pending == 0) return 0;
+    uint64_t t0 = ferry_now_ns();
+    if (!spin_until_zero_locked(e, lock, pending, deadline)) {
+        struct timespec ts = ferry_deadline_timespec(deadline);
+        while (*pending > 0) {
+            if (deadline == UINT64_MAX) pthread_cond_wait(cond, lock);
+            else if (pthread_cond_timedwait(cond, lock, &ts) == ETIMEDOUT && *pending > 0) return ETIMEDOUT;
+        }
+    }
+    ferry_spin_record(&e->batch_spin, ferry_now_ns() - t0);
+    return 0;
+}
 
 struct join {
     pthread_mutex_t lock;

@@ -65,7 +65,7 @@
 #include "core/log.h"
 #include "core/memkind.h"
 #include "core/net.h"
-#include "core/session.h" /* the fallback to tcp rewrites the session's transport */
+#include "core/session.h" /* the session's port (via_intermediary) */
 #include "core/share.h"
 #include "wire/le.h"
 #include "transport.h"

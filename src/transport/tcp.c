@@ -24,7 +24,6 @@
 #include <unistd.h>
 
 #include "core/clock.h"
-#include "core/engine.h"
 #include "core/fail.h"
 #include "core/memkind.h"
 #include "core/net.h"
@@ -54,7 +53,7 @@ static unsigned window_slices(size_t slice)
 
 static uint32_t crc_of(const ferry_engine_t *e, const void *p, size_t n)
 {
-    return e->cfg.checksum ? ferry_crc32c(0, p, n) : 0;
+    return ferry_engine_config(e)->checksum ? ferry_crc32c(0, p, n) : 0;
 }
 
 /* The memory kind of the registered range [p, p+n) of this engine; host
@@ -80,13 +79,13 @@ static int send_slice(ferry_conn_t *c, ferry_xfer_t *x, const unsigned char *src
     ferry_frame_t f = {.type = type, .req_id = x->req_id, .addr = x->remote + off, .len = n, .aux = x->generation};
     if (type == FERRY_FRAME_WRITE) {
         f.plen = (uint32_t)n;
-        if (e->cfg.checksum) {
+        if (ferry_engine_config(e)->checksum) {
             f.flags = FERRY_FRAME_F_CRC;
             f.crc = crc_of(e, src, n);
         }
         return ferry_conn_send_frame(c, &f, src, x->deadline);
     }
-    if (e->cfg.checksum) f.flags = FERRY_FRAME_F_CRC; /* asks for a checksummed answer */
+    if (ferry_engine_config(e)->checksum) f.flags = FERRY_FRAME_F_CRC; /* asks for a checksummed answer */
     return ferry_conn_send_frame(c, &f, NULL, x->deadline);
 }
 
@@ -103,7 +102,7 @@ static int recv_answer(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t 
                               (unsigned long long)n);
         }
         /* Device memory: receive into the staging buffer, copy in after. */
-        uint32_t kind = kind_of(&c->engine->registry, (uint64_t)(uintptr_t)(x->local + off), n, false);
+        uint32_t kind = kind_of(ferry_engine_registry(c->engine), (uint64_t)(uintptr_t)(x->local + off), n, false);
         unsigned char *dst = kind == FERRY_MEMKIND_HOST ? x->local + off : ferry_conn_bounce(c, n);
         if (!dst) {
             *broken = 1;
@@ -151,7 +150,7 @@ static bool x_vec_ok(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, size_t cur, u
 static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, ferry_verdict_t *verdict)
 {
     (void)verdict; /* tcp reaches every peer: it never falls back */
-    size_t slice = c->engine->cfg.slice_size;
+    size_t slice = ferry_engine_config(c->engine)->slice_size;
     unsigned window = window_slices(slice);
     struct inflight ring[256];
     unsigned head = 0, count = 0;
@@ -187,7 +186,7 @@ static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, fe
             uint64_t n = x->len - cur_off < slice ? x->len - cur_off : slice;
             const unsigned char *src = x->local + cur_off;
             uint32_t kind = x->opcode == FERRY_OP_WRITE
-                                ? kind_of(&c->engine->registry, (uint64_t)(uintptr_t)src, n, false)
+                                ? kind_of(ferry_engine_registry(c->engine), (uint64_t)(uintptr_t)src, n, false)
                                 : FERRY_MEMKIND_HOST;
             if (kind != FERRY_MEMKIND_HOST) {
                 /* Device memory: stage the slice; a failed copy fails the
@@ -267,7 +266,7 @@ static int check_locked(ferry_conn_t *c, const ferry_frame_t *f, uint32_t need)
     /* Against the registry as it is now, whatever generation the initiator
      * learned: a range registered again at the same address takes the
      * write (as on Mooncake); one deregistered is refused. */
-    return ferry_registry_check_locked(&e->registry, f->addr, f->len, need, 0, "target");
+    return ferry_registry_check_locked(ferry_engine_registry(e), f->addr, f->len, need, 0, "target");
 }
 
 /* Receives up to want bytes into dst without blocking; returns the count,
@@ -334,7 +333,7 @@ static int copy_checked(void *dst, const void *src, size_t n, bool into)
  * rest of the payload and is reported in the ack. */
 static int place_direct(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline, int *status)
 {
-    ferry_registry_t *r = &c->engine->registry;
+    ferry_registry_t *r = ferry_engine_registry(c->engine);
     uint64_t done = 0;
     /* The payload usually follows its header at once: try before polling,
      * and poll only once the socket ran dry. */
@@ -374,12 +373,12 @@ static int place_staged(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadli
     int rc = ferry_net_recv(c->fd, b, f->len, deadline);
     if (rc) return rc;
     if ((f->flags & FERRY_FRAME_F_CRC) && ferry_crc32c(0, b, f->len) != f->crc) {
-        FERRY_STAT_ADD(&c->engine->stats, checksum_failures, 1);
+        FERRY_STAT_ADD(ferry_engine_counters(c->engine), checksum_failures, 1);
         *status = ferry_fail(FERRY_ERR_CHECKSUM_MISMATCH, "slice [0x%llx+%llu) from %s failed its CRC32C; not placed",
                              (unsigned long long)f->addr, (unsigned long long)f->len, c->peer.name);
         return 0;
     }
-    ferry_registry_t *r = &c->engine->registry;
+    ferry_registry_t *r = ferry_engine_registry(c->engine);
     ferry_registry_read_lock(r);
     rc = check_locked(c, f, FERRY_MEM_REMOTE_WRITE);
     if (rc == 0) {
@@ -397,11 +396,11 @@ static int place_staged(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadli
 
 static int serve_write(ferry_conn_t *c, const ferry_frame_t *f)
 {
-    uint64_t deadline = ferry_deadline_after_ms(c->engine->cfg.timeout_ms);
+    uint64_t deadline = ferry_deadline_after_ms(ferry_engine_config(c->engine)->timeout_ms);
     if (f->plen != f->len || f->len == 0)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "WRITE of %llu bytes carries %u", (unsigned long long)f->len,
                           f->plen);
-    ferry_registry_t *r = &c->engine->registry;
+    ferry_registry_t *r = ferry_engine_registry(c->engine);
     ferry_registry_read_lock(r);
     int status = check_locked(c, f, FERRY_MEM_REMOTE_WRITE);
     uint32_t kind = status ? FERRY_MEMKIND_HOST : kind_of(r, f->addr, f->len, true);
@@ -414,7 +413,7 @@ static int serve_write(ferry_conn_t *c, const ferry_frame_t *f)
     else
         rc = place_direct(c, f, deadline, &status);
     if (rc) return rc;
-    if (status == 0) FERRY_STAT_ADD(&c->engine->stats, bytes_placed, f->len);
+    if (status == 0) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, f->len);
     return send_status(c, FERRY_FRAME_WRITE_ACK, f, status, deadline);
 }
 
@@ -423,7 +422,7 @@ static int serve_write(ferry_conn_t *c, const ferry_frame_t *f)
  * initiator must never take the rest for data. */
 static int send_from_memory(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline)
 {
-    ferry_registry_t *r = &c->engine->registry;
+    ferry_registry_t *r = ferry_engine_registry(c->engine);
     uint64_t done = 0;
     while (done < f->len) {
         struct pollfd p = {.fd = c->fd, .events = POLLOUT};
@@ -453,11 +452,11 @@ static int send_from_memory(ferry_conn_t *c, const ferry_frame_t *f, uint64_t de
 
 static int serve_read(ferry_conn_t *c, const ferry_frame_t *f)
 {
-    uint64_t deadline = ferry_deadline_after_ms(c->engine->cfg.timeout_ms);
+    uint64_t deadline = ferry_deadline_after_ms(ferry_engine_config(c->engine)->timeout_ms);
     if (f->plen != 0 || f->len == 0 || f->len > FERRY_WIRE_MAX_DATA)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "READ_REQ of %llu bytes (limit %u)", (unsigned long long)f->len,
                           FERRY_WIRE_MAX_DATA);
-    ferry_registry_t *r = &c->engine->registry;
+    ferry_registry_t *r = ferry_engine_registry(c->engine);
     ferry_registry_read_lock(r);
     int status = check_locked(c, f, FERRY_MEM_REMOTE_READ);
     const unsigned char *from = (const unsigned char *)(uintptr_t)f->addr, *staged = NULL;
@@ -496,7 +495,7 @@ static int serve_read(ferry_conn_t *c, const ferry_frame_t *f)
     ferry_frame_encode(&h, hdr);
     int rc = ferry_net_send(c->fd, hdr, sizeof hdr, deadline);
     if (rc == 0) rc = staged ? ferry_net_send(c->fd, staged, f->len, deadline) : send_from_memory(c, f, deadline);
-    if (rc == 0) FERRY_STAT_ADD(&c->engine->stats, bytes_served, f->len);
+    if (rc == 0) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, f->len);
     return rc;
 }
 
@@ -520,7 +519,7 @@ static int vec_place_direct(ferry_conn_t *c, const ferry_frame_t *f, struct ferr
                             uint64_t deadline)
 {
     ferry_engine_t *e = c->engine;
-    ferry_registry_t *r = &e->registry;
+    ferry_registry_t *r = ferry_engine_registry(e);
     size_t n = (size_t)f->len, at = 0;
     for (size_t i = 0; i < n; i++)
         v->iov[i] = (struct iovec){v->st[i] ? v->sink : (void *)(uintptr_t)v->d[i].addr, v->d[i].len};
@@ -581,12 +580,12 @@ static int vec_place_staged(ferry_conn_t *c, const ferry_frame_t *f, struct ferr
     uint64_t off = 0;
     for (size_t i = 0; i < n; off += v->d[i++].len) {
         if (!crc || v->st[i] || ferry_crc32c(0, b + off, v->d[i].len) == (uint32_t)v->d[i].aux) continue;
-        FERRY_STAT_ADD(&c->engine->stats, checksum_failures, 1);
+        FERRY_STAT_ADD(ferry_engine_counters(c->engine), checksum_failures, 1);
         ferry_vec_fail_piece(v, i, ferry_fail(FERRY_ERR_CHECKSUM_MISMATCH,
                                               "piece [0x%llx+%u) from %s failed its CRC32C; not placed",
                                               (unsigned long long)v->d[i].addr, v->d[i].len, c->peer.name));
     }
-    ferry_registry_t *r = &c->engine->registry;
+    ferry_registry_t *r = ferry_engine_registry(c->engine);
     bool device = false;
     ferry_registry_read_lock(r);
     ferry_vec_validate_locked(c, v, 0, n, FERRY_MEM_REMOTE_WRITE, &device);
@@ -615,7 +614,7 @@ static int serve_writev(ferry_conn_t *c, const ferry_frame_t *f)
     int rc = ferry_vec_recv_descs(c, f, &deadline, &v);
     if (rc) return rc;
     size_t n = (size_t)f->len;
-    ferry_registry_t *r = &c->engine->registry;
+    ferry_registry_t *r = ferry_engine_registry(c->engine);
     bool device = false;
     ferry_registry_read_lock(r);
     ferry_vec_validate_locked(c, v, 0, n, FERRY_MEM_REMOTE_WRITE, &device);
@@ -629,7 +628,7 @@ static int serve_writev(ferry_conn_t *c, const ferry_frame_t *f)
     uint64_t placed = 0;
     for (size_t i = 0; i < n; i++)
         if (!v->st[i]) placed += v->d[i].len;
-    if (placed) FERRY_STAT_ADD(&c->engine->stats, bytes_placed, placed);
+    if (placed) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, placed);
     return ferry_vec_send_ack(c, f, v, n, deadline);
 }
 
@@ -642,7 +641,7 @@ static int vec_send_from_memory(ferry_conn_t *c, struct ferry_vec_scratch *v, si
                                 uint64_t deadline)
 {
     ferry_engine_t *e = c->engine;
-    ferry_registry_t *r = &e->registry;
+    ferry_registry_t *r = ferry_engine_registry(e);
     size_t cnt = 0;
     for (size_t i = 0; i < n; i++)
         if (!v->st[i]) v->iov[cnt++] = (struct iovec){(void *)(uintptr_t)v->d[i].addr, v->d[i].len};
@@ -687,7 +686,7 @@ static int serve_readv(ferry_conn_t *c, const ferry_frame_t *f)
     if (rc) return rc;
     size_t n = (size_t)f->len;
     bool crc = (f->flags & FERRY_FRAME_F_CRC) != 0, device = false;
-    ferry_registry_t *r = &c->engine->registry;
+    ferry_registry_t *r = ferry_engine_registry(c->engine);
     unsigned char *staged = NULL;
     ferry_registry_read_lock(r);
     ferry_vec_validate_locked(c, v, 0, n, FERRY_MEM_REMOTE_READ, &device);
@@ -739,7 +738,7 @@ static int serve_readv(ferry_conn_t *c, const ferry_frame_t *f)
     rc = ferry_net_sendv(c->fd, iov, cnt, deadline);
     if (rc == 0 && data) rc = staged ? ferry_net_send(c->fd, staged, data, deadline)
                                      : vec_send_from_memory(c, v, n, version, deadline);
-    if (rc == 0) FERRY_STAT_ADD(&c->engine->stats, bytes_served, data);
+    if (rc == 0) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, data);
     return rc;
 }
 

@@ -63,7 +63,8 @@ static int recv_gathered(int fd, struct iovec *iov, size_t cnt, uint64_t deadlin
 
 bool ferry_vec_eligible(ferry_conn_t *c, const ferry_xfer_t *x)
 {
-    if (x->done != 0 || x->len > FERRY_WIRE_VEC_PIECE_MAX || x->len > ferry_engine_config(c->engine)->slice_size) return false;
+    if (x->done != 0 || x->len > FERRY_WIRE_VEC_PIECE_MAX || x->len > ferry_engine_config(c->engine)->slice_size)
+        return false;
     if (ferry_conn_version(c) < FERRY_PROTOCOL_VEC) return false;
     ferry_registry_t *r = ferry_engine_registry(c->engine);
     if (ferry_registry_device_count(r) == 0) return true;
@@ -214,7 +215,8 @@ int ferry_vec_send(ferry_conn_t *c, uint8_t type, ferry_xfer_t *g, size_t n)
                        .addr = total, .len = n, .plen = (uint32_t)dbytes};
     if (type == FERRY_FRAME_WRITEV) f.plen += (uint32_t)total;
     else if (type == FERRY_FRAME_CMA_VEC) f.aux = (uint64_t)g[0].opcode;
-    else if (ferry_engine_config(c->engine)->checksum) f.flags |= FERRY_FRAME_F_CRC; /* READV: asks for checksummed answers */
+    else if (ferry_engine_config(c->engine)->checksum)
+        f.flags |= FERRY_FRAME_F_CRC; /* READV: asks for checksummed answers */
     uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
     ferry_frame_encode(&f, hdr);
     v->iov[0] = (struct iovec){hdr, sizeof hdr};
