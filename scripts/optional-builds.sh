@@ -12,10 +12,10 @@ run() { local name=$1; shift; echo "--- $name"; if "$@"; then ok=$((ok + 1)); el
 
 no_rdma() {
   cmake -S . -B build-nordma -DFERRY_WITH_RDMA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null || return 1
-  cmake --build build-nordma -j "$JOBS" --target test_rdma_probe test_rdma_fake test_rdma_wire test_memkind 2>&1 \
+  cmake --build build-nordma -j "$JOBS" --target test_rdma_probe test_rdma_fake test_rdma_group test_rdma_wire test_memkind 2>&1 \
     | grep -E "error:|warning:|Error [0-9]"
   [ "${PIPESTATUS[0]}" -eq 0 ] || return 1
-  ctest --test-dir build-nordma --output-on-failure -R '^(test_rdma_probe|test_rdma_fake|test_rdma_wire|test_memkind)$'
+  ctest --test-dir build-nordma --output-on-failure -R '^(test_rdma_probe|test_rdma_fake|test_rdma_group|test_rdma_wire|test_memkind)$'
 }
 
 run "build without CUDA (FERRY_WITH_CUDA=OFF)" env JOBS="$JOBS" scripts/ci_cuda.sh build-nocuda

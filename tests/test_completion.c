@@ -9,7 +9,9 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "core/engine.h"
 #include "core/spin.h"
 #include "harness.h"
 
@@ -334,6 +336,51 @@ static void idle_after_small_round_trips_burns_no_cpu(void **state)
     free(dst);
 }
 
+/* With the default (adaptive) spin, ferry_batch_wait learns from its
+ * recent waits like the waits for answers: after short batches the engine
+ * spins before blocking (on more than one CPU), each wait still completes
+ * with the bytes visible, and once idle the pair burns no CPU. */
+static void batch_waits_spin_adaptively_and_idle_burns_no_cpu(void **state)
+{
+    (void)state;
+    pair_t *p = pair_new(0);
+    size_t len = 4096;
+    unsigned char *src = malloc(len), *dst = calloc(1, len);
+    assert_int_equal(ferry_register(p->initiator, src, len, 0), 0);
+    assert_int_equal(ferry_register(p->target, dst, len, FERRY_MEM_REMOTE), 0);
+    assert_int_equal(ferry_spin_us(&p->initiator->batch_spin, 0), 0); /* nothing waited yet */
+    ferry_batch_t *b;
+    assert_int_equal(ferry_batch_alloc(p->initiator, 200, &b), 0);
+    for (int i = 0; i < 200; i++) {
+        harness_fill(src, len, (uint64_t)i);
+        ferry_request_t r = {FERRY_OP_WRITE, src, (uint64_t)(uintptr_t)dst, len};
+        assert_int_equal(ferry_batch_submit(b, p->peer, &r, 1, 0), i);
+        assert_int_equal(ferry_batch_wait(b, 20000), 0);
+        assert_true(harness_check(dst, len, (uint64_t)i));
+    }
+    unsigned spin = ferry_spin_us(&p->initiator->batch_spin, 0);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    printf("after 200 small batch waits: the next spins %u us (%ld CPUs)\n", spin, cpus);
+    /* The waits that found work still running were recorded; a slow
+     * machine may leave their median above the cap (then 0), never the
+     * budget above it. */
+    assert_true(atomic_load(&p->initiator->batch_spin.count) > 0);
+    assert_true(spin <= FERRY_SPIN_CAP_US);
+    double c0 = cpu_seconds();
+    uint64_t t0 = harness_now_ms();
+    struct timespec ts = {1, 0};
+    nanosleep(&ts, NULL);
+    double pct = 100.0 * (cpu_seconds() - c0) / ((double)(harness_now_ms() - t0) / 1000.0);
+    printf("idle after them: %.3f%% of one core\n", pct);
+    assert_true(pct < 5.0);
+    assert_int_equal(ferry_batch_free(b), 0);
+    ferry_deregister(p->initiator, src);
+    ferry_deregister(p->target, dst);
+    free(src);
+    free(dst);
+    pair_free(p);
+}
+
 static void completion_config_fields(void **state)
 {
     (void)state;
@@ -392,6 +439,7 @@ int main(void)
         cmocka_unit_test(bounded_spin_wait),
         cmocka_unit_test(adaptive_spin_budget_follows_recent_waits),
         cmocka_unit_test(idle_after_small_round_trips_burns_no_cpu),
+        cmocka_unit_test(batch_waits_spin_adaptively_and_idle_burns_no_cpu),
         cmocka_unit_test(completion_config_fields),
         cmocka_unit_test(cancel_codes_say_what_to_do),
     };

@@ -375,7 +375,7 @@ static void failed_transfer_is_notified(void **state)
     int rc = ferry_kv_send(pre.engine, ferry_engine_name(dec.engine), send_plan, &args);
     assert_true(rc < 0);
     assert_detail_contains("kv send request 12 to ");
-    assert_detail_contains(": transfer: request ");
+    assert_detail_contains(": transfer: strided submit: strided piece 0 of "); /* the first refused */
     assert_detail_contains("is not in any region"); /* the engine's own words, kept */
     assert_int_equal(wait_for_request(dec.engine, tracker), rc);
     assert_detail_contains("prefill rank 0 failed: kv send request 12");

@@ -83,7 +83,14 @@ static void child(int cmd, int ans)
             usleep(WINDOW_MS * 1000);
             r.cpu_share = (cpu_seconds() - c0) / (wall_seconds() - w0);
         } else if (c == 'f') { /* the application takes every descriptor left */
-            for (int i = 0; i < 1000 && served(e) > 0; i++) usleep(10000);
+            /* None served, and none for a while: connections the parent
+             * closed may still wait in the accept queue, and one accepted
+             * after the descriptors are taken would be pushed out (the
+             * newcomer with it) instead of the newcomer being refused. */
+            for (int i = 0, quiet = 0; i < 1000 && quiet < 30; i++) {
+                quiet = served(e) > 0 ? 0 : quiet + 1;
+                usleep(10000);
+            }
             int fd;
             while (nfill < FD_LIMIT && (fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0) fill[nfill++] = fd;
         } else if (c == 'r') {

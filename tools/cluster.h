@@ -20,7 +20,7 @@
  *            X T_MS STALE_BYTES                    bytes found in free pages
  *            E T_MS VERIFIED BAD STALE QUARANTINED_PAGES ABANDONED
  *   probe    P T_MS PEER CODE LAT_US               a new session opened
- *   all      S T_MS THREADS RSS_KB SESSIONS        once a second
+ *   all      S T_MS THREADS RSS_KB SESSIONS OWN   once a second; OWN: the node's threads, not the engine's
  *            B T_MS INCARNATION                    started */
 #ifndef FERRY_CLUSTER_H
 #define FERRY_CLUSTER_H

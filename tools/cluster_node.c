@@ -79,7 +79,10 @@ void die(const char *what, int rc)
     exit(3);
 }
 
-/* Threads and resident memory of this process, from /proc. */
+atomic_int node_threads;
+
+/* Threads and resident memory of this process, from /proc, and the
+ * threads of it that are ours, not the engine's. */
 void sample_process(ferry_engine_t *e)
 {
     FILE *f = fopen("/proc/self/status", "r");
@@ -90,7 +93,8 @@ void sample_process(ferry_engine_t *e)
         if (strncmp(line, "VmRSS:", 6) == 0) rss = strtol(line + 6, NULL, 10);
     }
     if (f) fclose(f);
-    logline("S %" PRIu64 " %ld %ld %ld\n", wall_ms(), threads, rss, ferry_metrics_peers(e, NULL, 0));
+    logline("S %" PRIu64 " %ld %ld %ld %d\n", wall_ms(), threads, rss, ferry_metrics_peers(e, NULL, 0),
+            atomic_load(&node_threads) + 1);
 }
 
 /* ------------------------------------------------------------ pattern */

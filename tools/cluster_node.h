@@ -61,6 +61,9 @@ void logline(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void on_term(int sig);
 void die(const char *what, int rc);
 void sample_process(ferry_engine_t *e);
+/* Threads the node itself runs besides its main thread (prefill senders):
+ * sample_process logs them, so that the report tells the engine's own. */
+extern atomic_int node_threads;
 /* The content pattern (sender, request, offset) both roles derive. */
 uint64_t mix64(uint64_t x);
 uint64_t name_hash(const char *s);

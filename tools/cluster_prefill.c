@@ -198,7 +198,10 @@ static struct peerq *peerq_get(struct peerq **list, ferry_engine_t *e, const str
     pthread_cond_init(&q->cond, NULL);
     q->threads = calloc((size_t)o->streams, sizeof *q->threads);
     for (int i = 0; q->threads && i < o->streams; i++)
-        if (pthread_create(&q->threads[i], NULL, prefill_sender, q) == 0) q->nthreads++;
+        if (pthread_create(&q->threads[i], NULL, prefill_sender, q) == 0) {
+            q->nthreads++;
+            atomic_fetch_add(&node_threads, 1);
+        }
     q->next = *list;
     *list = q;
     return q;
@@ -299,6 +302,7 @@ int prefill_main(const struct node_opts *o, ferry_engine_t *e)
         struct peerq *q = queues;
         queues = q->next;
         for (int i = 0; i < q->nthreads; i++) pthread_join(q->threads[i], NULL);
+        atomic_fetch_sub(&node_threads, q->nthreads);
         while (q->head) {
             struct job *j = q->head;
             q->head = j->next;

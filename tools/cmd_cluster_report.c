@@ -29,6 +29,7 @@ struct node {
     char role[16];
     char name[64];
     long max_threads, max_rss_kb, max_peers;
+    long max_engine_threads; /* the process's threads less the node's own (-1: not logged) */
     uint64_t sent_bytes; /* prefill: confirmed, in the steady window */
     uint64_t recv_bytes; /* decode: confirmed to it, in the steady window */
 };
@@ -227,13 +228,17 @@ static void read_node_log(const char *dir, int ni, struct decode_totals *dt)
                 probes[nprobes++] = (struct probe_rec){t, code};
             }
             break;
-        case 'S':
-            if (sscanf(line, "S %" SCNu64 " %ld %ld %ld", &t, &th, &rss, &peers) == 4) {
+        case 'S': {
+            long own = -1;
+            int k = sscanf(line, "S %" SCNu64 " %ld %ld %ld %ld", &t, &th, &rss, &peers, &own);
+            if (k >= 4) {
                 if (th > nodes[ni].max_threads) nodes[ni].max_threads = th;
                 if (rss > nodes[ni].max_rss_kb) nodes[ni].max_rss_kb = rss;
                 if (peers > nodes[ni].max_peers) nodes[ni].max_peers = peers;
+                if (k == 5 && th - own > nodes[ni].max_engine_threads) nodes[ni].max_engine_threads = th - own;
             }
             break;
+        }
         default:
             break;
         }
@@ -517,15 +522,16 @@ int cluster_report_main(int argc, char **argv)
 
     for (int side = 0; side < 2; side++) {
         const char *role = side ? "decode" : "prefill";
-        long th = 0, rss = 0, peers = 0;
+        long th = 0, eth = 0, rss = 0, peers = 0;
         for (int i = 0; i < nnodes; i++) {
             if (strcmp(nodes[i].role, role)) continue;
             if (nodes[i].max_threads > th) th = nodes[i].max_threads;
+            if (nodes[i].max_engine_threads > eth) eth = nodes[i].max_engine_threads;
             if (nodes[i].max_rss_kb > rss) rss = nodes[i].max_rss_kb;
             if (nodes[i].max_peers > peers) peers = nodes[i].max_peers;
         }
-        printf("%s engines: at most %ld threads, %.1f MiB resident, %ld peers each\n", role, th, (double)rss / 1024.0,
-               peers);
+        printf("%s engines: at most %ld threads (the engine's own: at most %ld), %.1f MiB resident, %ld peers each\n",
+               role, th, eth, (double)rss / 1024.0, peers);
     }
     for (int i = 0; i < nfaults; i++) report_fault(i);
     printf("\n%s: %d violation%s\n", violations ? "FAILED" : "OK", violations, violations == 1 ? "" : "s");

@@ -125,8 +125,10 @@ typedef struct ferry_config {
      * poll without sleeping, then block on an event. 0 (default): adaptive,
      * per connection: twice the median of its last 8 waits, at most 100 us,
      * none when that median is above 100 us or the process has one CPU
-     * (so an idle engine never spins). N > 0: always N us (and
-     * ferry_batch_wait spins N us too). -1: never spin, every wait blocks.
+     * (so an idle engine never spins); ferry_batch_wait and a call's wait
+     * for its other connections' pieces spin likewise, learnt from the
+     * engine's recent such waits. N > 0: always N us (those waits too).
+     * -1: never spin, every wait blocks.
      * (FERRY_SPIN_US, -1 to 1000000.) */
     int spin_us;
     /* Served connections that completed the handshake, 2048
@@ -350,14 +352,13 @@ FERRY_API int ferry_batch_transfer_sync(ferry_engine_t *e, const char *peer, int
  *     local_base  + local_idx[i]  * local_stride   (local_idx NULL: i)
  * to or from
  *     remote_base + remote_idx[i] * remote_stride  (remote_idx NULL: i).
- * Bounds are checked once per descriptor, from the largest and smallest
- * index: an address that overflows 64 bits is INVALID_ARGUMENT; when the
- * local span lies in one registered region no piece is looked up on its
- * own (else once per run of pieces in one region), and a local piece
- * outside is refused (ADDRESS_NOT_REGISTERED / OUT_OF_BOUNDS naming its
- * number, index and address) before any byte moves. Remote pieces are
- * resolved against the peer's segments a run at a time, as in any batch:
- * one outside fails (its number and address named) while the others go. With a peer speaking protocol 3
+ * Bounds are checked once per descriptor, before any byte moves, from the
+ * largest and smallest index: an address that overflows 64 bits is
+ * INVALID_ARGUMENT; when the local span lies in one registered region, and
+ * the remote span in one of the peer's segments, no piece is looked up on
+ * its own (else once per run of pieces in one region). A piece outside
+ * fails the whole descriptor (ADDRESS_NOT_REGISTERED, OUT_OF_BOUNDS or
+ * ACCESS_DENIED, the detail naming its number, index and address). With a peer speaking protocol 3
  * the pieces travel as such (base, stride, length, indices) and the target
  * expands them after its own bounds check; older peers get them as pieces.
  * Nothing is allocated per piece beyond the engine's usual bookkeeping. */
@@ -418,7 +419,8 @@ FERRY_API long ferry_batch_submit_strided(ferry_batch_t *b, const char *peer, co
     (ferry_batch_submit_strided)((b), (peer), FERRY_SIZED_(ferry_strided_t, (d)), (timeout_ms))
 /* Status of request idx. */
 FERRY_API int ferry_batch_status(ferry_batch_t *b, size_t idx, ferry_status_t *st);
-/* Waits on a condition variable (after config.spin_us of spinning, if > 0)
+/* Waits on a condition variable (after a short spin: config.spin_us, or by
+ * default adaptive, as for answers, learnt from the engine's recent waits)
  * until every submitted request ended or timeout_ms passed (-1 forever).
  * 0: all completed; first failure code; or TIMEOUT (of this wait: the
  * requests go on). */

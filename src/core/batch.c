@@ -390,39 +390,17 @@ int ferry_batch_status(ferry_batch_t *b, size_t idx, ferry_status_t *st)
     return 0;
 }
 
-/* Bounded spinning before blocking (config.spin_us): re-checks the batch
- * without sleeping, for callers that trade a core for wake-up latency. */
-static void spin_until_idle(ferry_batch_t *b, uint64_t deadline)
-{
-    int spin_us = b->engine->cfg.spin_us;
-    if (spin_us <= 0) return;
-    uint64_t until = ferry_now_ns() + (uint64_t)spin_us * 1000u;
-    if (until > deadline) until = deadline;
-    do {
-        pthread_mutex_lock(&b->lock);
-        size_t left = b->tasks_pending;
-        pthread_mutex_unlock(&b->lock);
-        if (left == 0) return;
-    } while (ferry_now_ns() < until);
-}
-
 int ferry_batch_wait(ferry_batch_t *b, int timeout_ms)
 {
     ferry_clear_last_error();
     int check = batch_check(b, "batch wait");
     if (check) return check;
     uint64_t deadline = ferry_deadline_after_ms(timeout_ms);
-    spin_until_idle(b, deadline);
-    struct timespec ts = ferry_deadline_timespec(deadline);
     pthread_mutex_lock(&b->lock);
-    while (b->tasks_pending > 0) {
-        if (deadline == UINT64_MAX) {
-            pthread_cond_wait(&b->cond, &b->lock);
-        } else if (pthread_cond_timedwait(&b->cond, &b->lock, &ts) == ETIMEDOUT && b->tasks_pending > 0) {
-            size_t left = b->tasks_pending;
-            pthread_mutex_unlock(&b->lock);
-            return ferry_fail(FERRY_ERR_TIMEOUT, "batch wait: %zu task(s) still running after %d ms", left, timeout_ms);
-        }
+    if (ferry_wait_zero_locked(b->engine, &b->lock, &b->cond, &b->tasks_pending, deadline) == ETIMEDOUT) {
+        size_t left = b->tasks_pending;
+        pthread_mutex_unlock(&b->lock);
+        return ferry_fail(FERRY_ERR_TIMEOUT, "batch wait: %zu task(s) still running after %d ms", left, timeout_ms);
     }
     int rc = 0;
     for (size_t i = 0; i < b->count && rc == 0; i++) {

@@ -52,5 +52,11 @@ int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const 
                       const size_t *lens, size_t n, uint64_t deadline, ferry_xfer_t **out, size_t *nout);
 /* Runs pieces xs on several of s's connections at once. */
 int ferry_run_parallel(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);
+/* Waits until *pending (guarded by lock, held) is 0: spinning first for the
+ * engine's adaptive budget (spin.h), then on cond, until deadline
+ * (UINT64_MAX: none); records the wait for the adaptive spin. 0, or
+ * ETIMEDOUT with *pending still above 0. The lock is held on return. */
+int ferry_wait_zero_locked(ferry_engine_t *e, pthread_mutex_t *lock, pthread_cond_t *cond, const size_t *pending,
+                           uint64_t deadline);
 
 #endif

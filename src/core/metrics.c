@@ -158,6 +158,26 @@ void ferry_count_request(ferry_engine_t *e, ferry_peer_stats_t *p, const char *t
     }
 }
 
+void ferry_count_requests_ok(ferry_engine_t *e, ferry_peer_stats_t *p, const char *transport, int opcode,
+                             uint64_t count, uint64_t bytes, uint64_t latency_ns)
+{
+    if (count == 0) return;
+    if (p) {
+        uint64_t us = latency_ns / 1000;
+        int op = opcode == FERRY_OP_WRITE ? 1 : 0;
+        int b = 0;
+        while (us > ferry_latency_bounds_us[b]) b++;
+        pthread_mutex_lock(&p->lock);
+        if (transport) snprintf(p->m.transport, sizeof p->m.transport, "%s", transport);
+        p->m.requests[op] += count;
+        p->m.bytes[op] += bytes;
+        p->m.latency[b] += count;
+        p->m.latency_sum_us += us * count;
+        pthread_mutex_unlock(&p->lock);
+    }
+    FERRY_STAT_ADD(&e->stats, requests_completed, count);
+}
+
 void ferry_count_retry(ferry_engine_t *e, ferry_peer_stats_t *p, int code)
 {
     peer_retry(p);

@@ -89,6 +89,10 @@ ferry_peer_stats_t *ferry_metrics_peer(ferry_metrics_t *m, const char *peer);
  * p is not NULL (transport, when not NULL, names what carried it). */
 void ferry_count_request(ferry_engine_t *e, ferry_peer_stats_t *p, const char *transport, int opcode,
                          uint64_t bytes, uint64_t latency_ns, int rc);
+/* The same for count requests of one call that all completed (one
+ * latency), under one hold of each lock rather than one per request. */
+void ferry_count_requests_ok(ferry_engine_t *e, ferry_peer_stats_t *p, const char *transport, int opcode,
+                             uint64_t count, uint64_t bytes, uint64_t latency_ns);
 /* An automatic retry caused by code (< 0), of a transfer to peer p (NULL:
  * not a transfer's). */
 void ferry_count_retry(ferry_engine_t *e, ferry_peer_stats_t *p, int code);

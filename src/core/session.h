@@ -75,6 +75,9 @@ void ferry_session_checkin(ferry_session_t *s, ferry_conn_t *c, bool ok);
  * miss): its generation, or an error naming the range. */
 int ferry_session_resolve(ferry_session_t *s, int opcode, uint64_t remote, uint64_t len, uint32_t *generation,
                           uint64_t deadline);
+/* Copies the cached segment holding addr into *out: true, or false when no
+ * cached segment holds it (strided.c: the run a resolved piece lies in). */
+bool ferry_session_segment_of(ferry_session_t *s, uint64_t addr, ferry_segment_t *out);
 int ferry_session_refresh_segments(ferry_session_t *s, uint64_t deadline);
 /* After retries ran out on a broken link: closes every pooled connection
  * (busy ones at checkin) so that the next use connects and handshakes

@@ -123,6 +123,15 @@ static long find_segment(const ferry_segment_t *segs, size_t n, uint64_t addr)
     return -(long)lo - 1;
 }
 
+bool ferry_session_segment_of(ferry_session_t *s, uint64_t addr, ferry_segment_t *out)
+{
+    pthread_rwlock_rdlock(&s->seg_lock);
+    long i = find_segment(s->segs, s->nsegs, addr);
+    if (i >= 0) *out = s->segs[i];
+    pthread_rwlock_unlock(&s->seg_lock);
+    return i >= 0;
+}
+
 static int resolve_cached(ferry_session_t *s, int opcode, uint64_t remote, uint64_t len, uint32_t *generation)
 {
     const unsigned long long a = remote, l = len;

@@ -5,9 +5,11 @@
  * wire (transport/vec.c). */
 #include <stdlib.h>
 
+#include "clock.h"
 #include "engine.h"
 #include "fail.h"
 #include "registry.h"
+#include "session.h"
 #include "sized.h"
 
 /* The first published layout of ferry_strided_t. */
@@ -73,7 +75,7 @@ static int check_local(ferry_engine_t *e, const ferry_strided_t *d, uint64_t lo,
                 continue;
             rc = ferry_registry_check_locked(r, a, d->piece_len, 0, 0, "local");
             if (rc)
-                ferry_fail_context("strided piece %zu of %zu, local index %llu at 0x%llx: the local buffer must be "
+                ferry_fail_context("strided piece %zu of %zu (local index %llu at 0x%llx): the local buffer must be "
                                    "registered with this engine",
                                    i, d->n, (unsigned long long)k, (unsigned long long)a);
             reg = rc ? NULL : ferry_registry_lookup_locked(r, a, d->piece_len);
@@ -83,9 +85,44 @@ static int check_local(ferry_engine_t *e, const ferry_strided_t *d, uint64_t lo,
     return rc;
 }
 
+/* The remote pieces must lie in the peer's segments with the access asked:
+ * checked before any byte moves, one lookup when the whole span lies in
+ * the segment of the lowest piece, else one per run of pieces in one
+ * segment (the first use of a session fetches the peer's table, a miss
+ * fetches it again once, as for any request). A piece outside fails the
+ * whole descriptor, named by number, index and address. */
+static int check_remote(ferry_engine_t *e, const char *peer, const ferry_strided_t *d, uint64_t lo, uint64_t hi)
+{
+    ferry_session_t *s;
+    int rc = ferry_session_get(e, peer, &s);
+    if (rc) return rc;
+    uint64_t deadline = ferry_deadline_after_ms(e->cfg.timeout_ms);
+    uint64_t first = d->remote_base + lo * d->remote_stride, end = d->remote_base + hi * d->remote_stride + d->piece_len;
+    uint32_t gen;
+    ferry_segment_t run = {0};
+    rc = ferry_session_resolve(s, d->opcode, first, d->piece_len, &gen, deadline);
+    bool have = rc == 0 && ferry_session_segment_of(s, first, &run);
+    if (have && end <= run.addr + run.len) { /* the whole span: done */
+        ferry_session_put(s);
+        return 0;
+    }
+    rc = 0; /* the loop finds the first piece refused, in order, and names it */
+    for (size_t i = 0; rc == 0 && i < d->n; i++) {
+        uint64_t k = idx_at(d->remote_idx, i), a = d->remote_base + k * d->remote_stride;
+        if (have && a >= run.addr && a - run.addr <= run.len && d->piece_len <= run.len - (a - run.addr)) continue;
+        rc = ferry_session_resolve(s, d->opcode, a, d->piece_len, &gen, deadline);
+        if (rc)
+            ferry_fail_context("strided piece %zu of %zu (remote index %llu at 0x%llx)", i, d->n,
+                               (unsigned long long)k, (unsigned long long)a);
+        have = rc == 0 && ferry_session_segment_of(s, a, &run);
+    }
+    ferry_session_put(s);
+    return rc;
+}
+
 /* Imports and checks *theirs into *d: arguments, no overflow, local
- * registration. */
-static int strided_check(ferry_engine_t *e, const ferry_strided_t *theirs, ferry_strided_t *d)
+ * registration, the peer's segments. */
+static int strided_check(ferry_engine_t *e, const char *peer, const ferry_strided_t *theirs, ferry_strided_t *d)
 {
     *d = (ferry_strided_t){0};
     int rc = ferry_sized_import(d, sizeof *d, theirs, FERRY_STRIDED_SIZE_MIN, "strided transfer");
@@ -104,7 +141,7 @@ static int strided_check(ferry_engine_t *e, const ferry_strided_t *theirs, ferry
     rc = check_span("local", (uint64_t)(uintptr_t)d->local_base, d->local_stride, lhi, d->piece_len, d->n);
     if (rc == 0) rc = check_span("remote", d->remote_base, d->remote_stride, rhi, d->piece_len, d->n);
     if (rc == 0) rc = check_local(e, d, llo, lhi);
-    (void)rlo; /* the remote side is resolved against the peer's segments, a run at a time (xfer.c) */
+    if (rc == 0) rc = check_remote(e, peer, d, rlo, rhi);
     return rc;
 }
 
@@ -136,7 +173,7 @@ int(ferry_strided_transfer_sync)(ferry_engine_t *e, const char *peer, const ferr
     int rc = ferry_engine_enter(e);
     if (rc) return rc;
     ferry_strided_t d;
-    rc = strided_check(e, theirs, &d);
+    rc = strided_check(e, peer, theirs, &d);
     if (rc || d.n == 0) return ferry_engine_leave(e, rc);
     void **locals;
     uint64_t *remotes;
@@ -154,7 +191,7 @@ long(ferry_batch_submit_strided)(ferry_batch_t *b, const char *peer, const ferry
     ferry_engine_t *e = ferry_batch_engine(b);
     if (!e) return ferry_last_error_code();
     ferry_strided_t d;
-    int rc = strided_check(e, theirs, &d);
+    int rc = strided_check(e, peer, theirs, &d);
     if (rc) return ferry_fail_context("strided submit");
     ferry_request_t *reqs = malloc((d.n ? d.n : 1) * sizeof *reqs);
     if (!reqs) return ferry_fail(FERRY_ERR_MEMORY, "strided submit of %zu pieces: out of memory", d.n);

@@ -1,8 +1,11 @@
 /* Cutting requests into pieces, the worker pool that runs them on several
  * connections at once, and the synchronous parallel run (batch.h). The
  * async batch API is in batch.c. */
+#include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 
+#include "clock.h"
 #include "engine.h"
 #include "fail.h"
 
@@ -22,6 +25,8 @@ int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const 
 {
     size_t total = 0;
     for (size_t i = 0; i < n; i++) total += lens[i] < STRIPE_MIN ? 1 : (size_t)stripes_for(e, lens[i]);
+    /* Cleared once as a whole, then only the fields set: a compound
+     * literal per piece costs a small `rep stos` each, which showed. */
     ferry_xfer_t *xs = calloc(total, sizeof *xs);
     if (!xs) return ferry_fail(FERRY_ERR_MEMORY, "%zu transfer pieces: out of memory", total);
     size_t k = 0;
@@ -31,8 +36,14 @@ int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const 
     uint64_t next_id = atomic_fetch_add(&e->next_req_id, total);
     for (size_t i = 0; i < n; i++) {
         if (lens[i] < STRIPE_MIN) { /* one piece: the common case, kept cheap */
-            xs[k++] = (ferry_xfer_t){.opcode = opcode, .local = (unsigned char *)locals[i], .remote = remotes[i],
-                                     .len = lens[i], .req_id = next_id++, .deadline = deadline, .index = i};
+            ferry_xfer_t *x = &xs[k++];
+            x->opcode = opcode;
+            x->local = (unsigned char *)locals[i];
+            x->remote = remotes[i];
+            x->len = lens[i];
+            x->req_id = next_id++;
+            x->deadline = deadline;
+            x->index = i;
             continue;
         }
         int stripes = stripes_for(e, lens[i]);
@@ -164,6 +175,43 @@ size_t ferry_task_partition(const ferry_xfer_t *xs, size_t n, size_t groups, siz
 
 /* ------------------------------------------------- sync parallel runs */
 
+/* Before blocking on a condition variable until *pending (guarded by
+ * lock) is 0, busy-polls it for the engine's spin budget (spin.h:
+ * config.spin_us, else learnt from the recent such waits, so none when they
+ * are long or the engine is idle), yielding the CPU at each turn: a worker
+ * finishing in microseconds then costs no cross-CPU wake-up. Returns with
+ * the lock held, and whether *pending was 0 by then. */
+static bool spin_until_zero_locked(ferry_engine_t *e, pthread_mutex_t *lock, const size_t *pending,
+                                   uint64_t deadline)
+{
+    unsigned spin_us = *pending ? ferry_spin_us(&e->batch_spin, e->cfg.spin_us) : 0;
+    if (spin_us == 0) return *pending == 0;
+    uint64_t until = ferry_now_ns() + (uint64_t)spin_us * 1000u;
+    if (until > deadline) until = deadline;
+    while (*pending > 0 && ferry_now_ns() < until) {
+        pthread_mutex_unlock(lock);
+        sched_yield();
+        pthread_mutex_lock(lock);
+    }
+    return *pending == 0;
+}
+
+int ferry_wait_zero_locked(ferry_engine_t *e, pthread_mutex_t *lock, pthread_cond_t *cond, const size_t *pending,
+                           uint64_t deadline)
+{
+    if (*pending == 0) return 0;
+    uint64_t t0 = ferry_now_ns();
+    if (!spin_until_zero_locked(e, lock, pending, deadline)) {
+        struct timespec ts = ferry_deadline_timespec(deadline);
+        while (*pending > 0) {
+            if (deadline == UINT64_MAX) pthread_cond_wait(cond, lock);
+            else if (pthread_cond_timedwait(cond, lock, &ts) == ETIMEDOUT && *pending > 0) return ETIMEDOUT;
+        }
+    }
+    ferry_spin_record(&e->batch_spin, ferry_now_ns() - t0);
+    return 0;
+}
+
 struct join {
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -212,7 +260,7 @@ int ferry_run_parallel(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, 
     }
     ferry_xfer_run(e, s, xs, starts[1]);
     pthread_mutex_lock(&j.lock);
-    while (j.left > 0) pthread_cond_wait(&j.cond, &j.lock);
+    ferry_wait_zero_locked(e, &j.lock, &j.cond, &j.left, UINT64_MAX);
     pthread_mutex_unlock(&j.lock);
     pthread_mutex_destroy(&j.lock);
     pthread_cond_destroy(&j.cond);

@@ -346,6 +346,10 @@ static void free_details(ferry_xfer_t *xs, size_t n)
 static void record_requests(ferry_session_t *s, const ferry_xfer_t *xs, size_t n, uint64_t latency_ns)
 {
     const char *tname = session_transport(s)->name;
+    /* Successful requests of one opcode are counted together (one hold of
+     * the metrics lock for a run of them, not one per request). */
+    uint64_t ok = 0, ok_bytes = 0;
+    int ok_op = n ? xs[0].opcode : 0;
     for (size_t i = 0; i < n;) {
         size_t j = i;
         uint64_t bytes = 0;
@@ -354,10 +358,22 @@ static void record_requests(ferry_session_t *s, const ferry_xfer_t *xs, size_t n
             bytes += xs[j].done;
             if (!rc) rc = xs[j].rc;
         }
-        /* The transport's name once per call: it costs a copy under the lock. */
-        ferry_count_request(s->engine, s->stats, i == 0 ? tname : NULL, xs[i].opcode, bytes, latency_ns, rc);
+        if (ok && (rc || xs[i].opcode != ok_op)) {
+            ferry_count_requests_ok(s->engine, s->stats, tname, ok_op, ok, ok_bytes, latency_ns);
+            tname = NULL; /* the transport's name once per call: it costs a copy under the lock */
+            ok = ok_bytes = 0;
+        }
+        if (rc) {
+            ferry_count_request(s->engine, s->stats, tname, xs[i].opcode, bytes, latency_ns, rc);
+            tname = NULL;
+        } else {
+            ok_op = xs[i].opcode;
+            ok++;
+            ok_bytes += bytes;
+        }
         i = j;
     }
+    ferry_count_requests_ok(s->engine, s->stats, tname, ok_op, ok, ok_bytes, latency_ns);
 }
 
 static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const *locals, const uint64_t *remotes,

@@ -330,15 +330,19 @@ static bool target_owns_conn(ferry_conn_t *c)
 
 /* Sends SHM_MAP_REQ for [addr, addr+len) at generation and receives the
  * answer: 0 with info filled; the target's refusal (its reason logged); or,
- * with *broken, a connection failure. */
+ * with *broken, a connection failure. A confirmation (spin) is due within
+ * microseconds, so it is awaited with the connection's adaptive spin (a
+ * wake-up from sleep costs more than the owner's answer), which learns
+ * from these waits. */
 static int map_ask(ferry_conn_t *c, const ferry_xfer_t *x, uint64_t addr, uint64_t len, uint32_t generation,
-                   uint8_t info[FERRY_SHM_MAP_INFO_SIZE], int *broken)
+                   uint8_t info[FERRY_SHM_MAP_INFO_SIZE], bool spin, int *broken)
 {
     ferry_frame_t q = {.type = FERRY_FRAME_SHM_MAP_REQ, .req_id = x->req_id, .addr = addr, .len = len,
                        .aux = (uint64_t)(uintptr_t)x->local, .crc = generation};
     int rc = ferry_conn_send_frame(c, &q, NULL, x->deadline);
     ferry_frame_t a;
-    if (rc == 0) rc = ferry_conn_recv_frame(c, &a, x->deadline);
+    if (rc == 0) rc = spin ? ferry_conn_recv_frame_spin(c, &a, x->deadline, ferry_conn_spin_us(c))
+                           : ferry_conn_recv_frame(c, &a, x->deadline);
     if (rc == 0 && (a.type != FERRY_FRAME_SHM_MAP_RESP || a.req_id != x->req_id))
         rc = ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected SHM_MAP_RESP for request %llu, got %s",
                         (unsigned long long)x->req_id, ferry_frame_type_name(a.type));
@@ -370,7 +374,7 @@ static struct shm_map *map_fetch(ferry_conn_t *c, struct shm_icache *ic, ferry_x
 {
     uint8_t info[FERRY_SHM_MAP_INFO_SIZE];
     int l = map_listen(x->req_id, addr);
-    int rc = map_ask(c, x, addr, 1, x->generation, info, broken);
+    int rc = map_ask(c, x, addr, 1, x->generation, info, false, broken);
     if (*broken || rc) {
         if (l >= 0) close(l);
         if (*broken) return NULL;
@@ -454,7 +458,7 @@ static int map_confirm(ferry_conn_t *c, struct shm_icache *ic, ferry_xfer_t *xs,
         struct mapped r = mp[i];
         uint8_t info[FERRY_SHM_MAP_INFO_SIZE];
         /* One byte names the region; the generation says it is the same. */
-        int rc = map_ask(c, &xs[i], r.addr, 1, r.generation, info, broken);
+        int rc = map_ask(c, &xs[i], r.addr, 1, r.generation, info, true, broken);
         if (*broken) return rc;
         if (rc == 0 && get32(info + 28) != r.generation)
             rc = ferry_fail(FERRY_ERR_STALE_SEGMENT, "region [0x%llx+%llu) changed generation %u -> %u",

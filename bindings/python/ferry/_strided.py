@@ -68,6 +68,25 @@ def transfer_sync(engine, peer_bytes, opcode, local_base, local_stride, remote_b
     del keep
 
 
+def submit(batch, peer_bytes, opcode, local_base, local_stride, remote_base, remote_stride, piece_len, n,
+           local_indices=None, remote_indices=None, timeout_ms=0):
+    """ferry_batch_submit_strided into a ferry Batch (core.Engine.batch): the
+    index of its first request (piece i is request first + i)."""
+    d, keep = descriptor(opcode, local_base, local_stride, remote_base, remote_stride, piece_len, n,
+                         local_indices, remote_indices)
+    b = batch._begin()
+    try:
+        with batch._submit_lock:
+            first = int(_lib.fn("ferry_batch_submit_strided")(b, peer_bytes, ctypes.byref(d), int(timeout_ms)))
+            if first >= 0:
+                batch._count = max(batch._count, first + n)
+    finally:
+        batch._end()
+    del keep  # the library copied what it needs before returning
+    check(first)
+    return first
+
+
 def detect(la, ra, ln):
     """(local_base, local_stride, remote_base, remote_stride, piece_len) when the
     vectors (from _vectors.triple) describe n >= 2 pieces of one length at

@@ -496,6 +496,35 @@ class TransferEngine:
             return bid
         return self._run_peer(peer, go, on_error=0)
 
+    def batch_transfer_async_strided(self, target_hostname, opcode, local_base, local_stride, remote_base,
+                                     remote_stride, piece_len, n=None, local_indices=None,
+                                     remote_indices=None):
+        """Ferry extension: transfer_strided_sync's pieces submitted as one
+        async batch: a batch id (> 0) for get_batch_transfer_status, or 0 when
+        the submit failed (as batch_transfer_async)."""
+        peer, op = _peer(target_hostname), _opcode_arg(opcode)
+        if n is None:
+            given = remote_indices if remote_indices is not None else local_indices
+            n = len(given) if given is not None else 0
+
+        def go():
+            eng = self._eng()
+            batch = None
+            if n:
+                self._session(eng, peer)
+                batch = eng.batch(n)
+                try:
+                    _strided.submit(batch, core._peer_bytes(peer), op, local_base, local_stride, remote_base,
+                                    remote_stride, piece_len, n, local_indices, remote_indices)
+                except BaseException:
+                    batch._shutdown()
+                    raise
+            with self._lock:
+                bid = next(self._batch_ids)
+                self._batches[bid] = (batch, n, n * piece_len)
+            return bid
+        return self._run_peer(peer, go, on_error=0)
+
     def _async_vectors(self, eng, peer, op, vecs):
         """batch_transfer_async's body for all-int arguments converted to C
         vectors (see _vectors): the batch id, or None when the request struct

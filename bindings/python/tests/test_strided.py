@@ -102,11 +102,22 @@ class TestStridedTransfer(unittest.TestCase):
         self.assertEqual(self.write(None, n=10), 0, errors.last_error_detail())
         self.assertEqual(self.dst[:10 * PIECE], self.src[:10 * PIECE])
 
+    def test_async(self):
+        bid = self.p.batch_transfer_async_strided(self.sid, TransferOpcode.Write, self.src_addr, PIECE,
+                                                  self.dst_addr, PIECE, PIECE, remote_indices=self.slots)
+        self.assertGreater(bid, 0, errors.last_error_detail())
+        self.assertEqual(self.p.get_batch_transfer_status([bid]), 0, errors.last_error_detail())
+        self.check(self.slots)
+        bid = self.p.batch_transfer_async_strided(self.sid, TransferOpcode.Write, self.src_addr, PIECE,
+                                                  self.dst_addr, PIECE, PIECE, remote_indices=[0, PIECES])
+        self.assertEqual(bid, 0)
+        self.assertIn("remote index %d" % PIECES, errors.last_error_detail())
+
     def test_out_of_bounds(self):
         rc = self.write([0, 1, PIECES])
         self.assertLess(rc, 0)
-        self.assertIn("request 2 of 3", errors.last_error_detail())  # pieces 0 and 1 may have landed
-        self.dst[:] = b"\0" * SIZE
+        self.assertIn("strided piece 2 of 3 (remote index %d" % PIECES, errors.last_error_detail())
+        self.assertEqual(self.dst[:], b"\0" * SIZE)  # refused before any byte moved
         rc = self.write([0, 1], local_indices=[0, PIECES])
         self.assertLess(rc, 0)
         self.assertIn("local index %d" % PIECES, errors.last_error_detail())
