@@ -117,6 +117,36 @@ class TestSurface(unittest.TestCase):
                     sys.modules[k] = v
 
 
+    def test_mooncake_shim_keeps_mooncake_store(self):
+        # SGLang imports mooncake.store (HiCache, MooncakeDistributedStore) beside
+        # mooncake.engine: with Mooncake installed, the shim replaces only the engine.
+        import os
+        import tempfile
+        saved = {k: sys.modules.get(k) for k in ("mooncake", "mooncake.engine", "mooncake.store")}
+        with tempfile.TemporaryDirectory() as d:
+            os.mkdir(os.path.join(d, "mooncake"))
+            for name, text in (("__init__.py", ""), ("engine.py", "REAL = True\n"),
+                               ("store.py", "class MooncakeDistributedStore:\n    pass\n")):
+                with open(os.path.join(d, "mooncake", name), "w") as f:
+                    f.write(text)
+            sys.path.insert(0, d)
+            try:
+                for k in saved:
+                    sys.modules.pop(k, None)
+                ferry.install_mooncake_shim()
+                from mooncake.engine import TransferEngine as TE  # noqa: N814
+                from mooncake.store import MooncakeDistributedStore  # noqa: F401
+                self.assertIs(TE, TransferEngine)
+                self.assertTrue(sys.modules["mooncake.store"].__file__.startswith(d))
+            finally:
+                sys.path.remove(d)
+                for k, v in saved.items():
+                    if v is None:
+                        sys.modules.pop(k, None)
+                    else:
+                        sys.modules[k] = v
+
+
 class TestInitializeParsing(unittest.TestCase):
     def test_hostname(self):
         self.assertEqual(_split_hostname("127.0.0.1"), ("127.0.0.1", None))
