@@ -416,7 +416,9 @@ class TransferEngine:
 
         def go():
             eng = self._eng()
-            if n != 0:  # zero bytes: complete as it is (Mooncake)
+            if n >= self._SCALED_SYNC_FROM:
+                self._sync_scaled(eng, peer, op, [buffer], [remote], [n], n)
+            elif n != 0:  # zero bytes: complete as it is (Mooncake)
                 eng.transfer(peer, op, buffer, remote, n)
             if note is not None:
                 eng.notify(peer, note.msg, name=note.name)
@@ -441,10 +443,19 @@ class TransferEngine:
             eng = self._eng()
             vecs = _vectors.triple(buffers, peer_buffer_addresses, lengths)
             if vecs is not None:  # all ints: C vectors (see _vectors), no per-entry Python
-                eng._transfer_vectors(core._peer_bytes(peer), op, *_vectors.nonzero(*vecs))
+                la, ra, ln = _vectors.nonzero(*vecs)
+                total = _vectors.total(ln)
+                if total >= self._SCALED_SYNC_FROM:
+                    self._sync_scaled(eng, peer, op, buffers, peer_buffer_addresses, lengths, total)
+                else:
+                    eng._transfer_vectors(core._peer_bytes(peer), op, la, ra, ln)
                 bufs = ()
             else:
                 bufs, remotes, lens = _nonempty(*_lists(buffers, peer_buffer_addresses, lengths))
+                total = _total(lens)
+                if total >= self._SCALED_SYNC_FROM:
+                    self._sync_scaled(eng, peer, op, bufs, remotes, lens, total)
+                    bufs = ()
             if len(bufs):
                 try:
                     eng.transfer_batch(peer, op, bufs, remotes, lens)
@@ -495,35 +506,52 @@ class TransferEngine:
         ferry.last_error() say why; raise_on_error=True raises instead.
         Zero-length requests are complete as they are."""
         peer, op = _peer(target_hostname), _opcode_arg(opcode)
+        return self._run_peer(peer, lambda: self._submit_async(
+            self._eng(), peer, op, buffers, peer_buffer_addresses, lengths), on_error=0)
 
-        def go():
-            eng = self._eng()
-            vecs = _vectors.triple(buffers, peer_buffer_addresses, lengths)
-            if vecs is not None:
-                bid = self._async_vectors(eng, peer, op, vecs)
-                if bid is not None:
-                    return bid
-            all_bufs, all_remotes, all_lens = _lists(buffers, peer_buffer_addresses, lengths)
-            bufs, remotes, lens = _nonempty(all_bufs, all_remotes, all_lens)
-            batch = None
-            if len(bufs):
-                self._session(eng, peer)
-                batch = eng.batch(len(bufs))
-                try:
-                    batch.submit(peer, [(op, b, r, n) for b, r, n in zip(bufs, remotes, lens)])
-                except errors.InvalidArgument:  # noqa: F821
-                    batch._shutdown()
-                    _check_int_entries(remotes, lens)
-                    raise
-                except BaseException:
-                    batch._shutdown()
-                    raise
-            total = int(sum(lens))
-            with self._lock:
-                bid = next(self._batch_ids)
-                self._batches[bid] = (batch, len(all_bufs), total)
-            return bid
-        return self._run_peer(peer, go, on_error=0)
+    def _submit_async(self, eng, peer, op, buffers, peer_buffer_addresses, lengths):
+        """batch_transfer_async's body: the batch id, or a FerryError raised.
+        Every request carries Mooncake's deadline for the batch (_deadline_ms)."""
+        vecs = _vectors.triple(buffers, peer_buffer_addresses, lengths)
+        if vecs is not None:
+            bid = self._async_vectors(eng, peer, op, vecs)
+            if bid is not None:
+                return bid
+        all_bufs, all_remotes, all_lens = _lists(buffers, peer_buffer_addresses, lengths)
+        bufs, remotes, lens = _nonempty(all_bufs, all_remotes, all_lens)
+        total = _total(lens)
+        batch = None
+        if len(bufs):
+            self._session(eng, peer)
+            batch = eng.batch(len(bufs))
+            try:
+                batch.submit(peer, [(op, b, r, n) for b, r, n in zip(bufs, remotes, lens)],
+                             timeout_ms=self._deadline_ms(eng, total))
+            except errors.InvalidArgument:  # noqa: F821
+                batch._shutdown()
+                _check_int_entries(remotes, lens)
+                raise
+            except BaseException:
+                batch._shutdown()
+                raise
+        with self._lock:
+            bid = next(self._batch_ids)
+            self._batches[bid] = (batch, len(all_bufs), total)
+        return bid
+
+    def _sync_scaled(self, eng, peer, op, buffers, peer_buffer_addresses, lengths, total):
+        """A sync transfer of total bytes with Mooncake's deadline: its transfer
+        timeout plus 1 ns per byte, where Ferry's sync calls have the fixed
+        timeout_ms. Runs as an async batch whose requests carry that deadline,
+        then waits for it; raises the first failure."""
+        batch = self._take(self._submit_async(eng, peer, op, buffers, peer_buffer_addresses,
+                                              lengths))[0]
+        if batch is None:
+            return
+        try:
+            batch.wait(self._wait_budget_ms(total))
+        finally:
+            batch._shutdown()
 
     def batch_transfer_async_strided(self, target_hostname, opcode, local_base, local_stride, remote_base,
                                      remote_stride, piece_len, n=None, local_indices=None,
@@ -559,12 +587,14 @@ class TransferEngine:
         vectors (see _vectors): the batch id, or None when the request struct
         does not allow it (the per-entry path then runs)."""
         la, ra, ln = _vectors.nonzero(*vecs)
+        total = _vectors.total(ln)
         batch = None
         if len(ln):
             self._session(eng, peer)
             batch = eng.batch(len(ln))
             try:
-                if batch._submit_vectors(peer, op, la, ra, ln) is None:
+                if batch._submit_vectors(peer, op, la, ra, ln,
+                                         timeout_ms=self._deadline_ms(eng, total)) is None:
                     batch._shutdown()
                     return None
             except BaseException:
@@ -572,7 +602,7 @@ class TransferEngine:
                 raise
         with self._lock:
             bid = next(self._batch_ids)
-            self._batches[bid] = (batch, len(vecs[2]), _vectors.total(ln))
+            self._batches[bid] = (batch, len(vecs[2]), total)
         return bid
 
     def transfer_submit_write(self, target_hostname, buffer, peer_buffer_address, length,
@@ -589,10 +619,20 @@ class TransferEngine:
                  "returned by batch_transfer_async_*)" % (bid,))
         return ent
 
+    # Mooncake's deadline for a transfer call: its transfer timeout plus 1 ns
+    # per byte (1 GB/s), so a large call is not cut at the fixed timeout
+    # (transfer_engine_py.cpp: transfer_timeout_nsec_ + total_length). Sync
+    # calls of at least _SCALED_SYNC_FROM bytes run as a batch carrying that
+    # deadline (below it the difference is under a second).
+    _BYTES_PER_MS = 1000000
+    _SCALED_SYNC_FROM = 1 << 30
+
+    def _deadline_ms(self, eng, total):
+        return min(int(eng._cfg.timeout_ms) + int(total) // self._BYTES_PER_MS, 2 ** 31 - 1 - 1000)
+
     def _wait_budget_ms(self, total):
-        # Mooncake: transfer timeout plus 1 ns per byte (1 GiB/s).
-        eng = self._eng()
-        return int(eng.config["timeout_ms"]) + total // 1000000 + 1000
+        # The requests' deadline, plus a second for their reports.
+        return self._deadline_ms(self._eng(), total) + 1000
 
     def get_batch_transfer_status(self, batch_ids):
         """Waits for the batches: 0 when all completed, else the first failure's code;
@@ -839,6 +879,15 @@ def _check_device_without_cuda(eng, addrs):
         fail(_code("NOT_IMPLEMENTED"), "NOT_IMPLEMENTED (-303): %#x is CUDA device %d memory, "
              "and this libferry cannot move device memory (%s); not registered. Use a library "
              "built with FERRY_WITH_CUDA, or register host memory" % (a, ordinal, why))
+
+
+def _total(lens):
+    """The sum of a batch's lengths (0 when they are not all numbers: the
+    submit then refuses them with a clear error)."""
+    try:
+        return int(sum(lens))
+    except (TypeError, ValueError):
+        return 0
 
 
 def _mc_force_tcp():
