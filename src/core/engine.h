@@ -1,4 +1,7 @@
-/* Engine internals shared by the core's files. Not a public header. */
+/* The engine struct, and the headers of every part of the core (conn.h,
+ * session.h, xfer.h, batch.h, serve.h, hello.h, notify.h, config.h, ...),
+ * for the core's files that need them all. A transport includes
+ * transport/transport.h (core/xport.h) instead. Not a public header. */
 #ifndef FERRY_ENGINE_H
 #define FERRY_ENGINE_H
 
