@@ -1,4 +1,7 @@
-/* Engine internals shared by the core's files. Not a public header. */
+/* The engine struct, and the headers of every part of the core (conn.h,
+ * session.h, xfer.h, batch.h, serve.h, hello.h, notify.h, config.h, ...),
+ * for the core's files that need them all. A transport includes
+ * transport/transport.h (core/xport.h) instead. Not a public header. */
 #ifndef FERRY_ENGINE_H
 #define FERRY_ENGINE_H
 
@@ -38,7 +41,7 @@ struct ferry_engine {
     uint8_t host_id[16];
     atomic_bool stopping;
     _Atomic uint64_t next_req_id;
-    ferry_spin_t batch_spin;   /* recent waits for a batch or a call's groups (batch.c; spin.h) */
+    ferry_spin_t batch_spin;   /* recent waits for a batch or a call's groups (workers.c; spin.h) */
 
     ferry_registry_t registry;
     ferry_metrics_t metrics;

@@ -10,3 +10,5 @@ const ferry_config_t *ferry_engine_config(const ferry_engine_t *e) { return &e->
 ferry_counters_t *ferry_engine_counters(ferry_engine_t *e) { return &e->stats; }
 
 const uint8_t *ferry_engine_host_id(const ferry_engine_t *e) { return e->host_id; }
+
+struct ferry_rdma **ferry_engine_rdma_slot(ferry_engine_t *e) { return &e->rdma; }

@@ -26,5 +26,8 @@ const ferry_config_t *ferry_engine_config(const ferry_engine_t *e);
 ferry_counters_t *ferry_engine_counters(ferry_engine_t *e);
 /* The engine's host identity, 16 bytes (same host: same id). */
 const uint8_t *ferry_engine_host_id(const ferry_engine_t *e);
+/* Where the RDMA transport keeps its engine-wide state (transport/rdma.c):
+ * read and written with atomics. */
+struct ferry_rdma **ferry_engine_rdma_slot(ferry_engine_t *e);
 
 #endif

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "core/clock.h"
+#include "core/config.h"
 #include "core/fail.h"
 #include "core/log.h"
 #include "core/net.h"
@@ -154,7 +155,7 @@ int ferry_rdma_pick_gid(const char *sysfs_ib, const char *dev, int port, char *w
 
 static struct ferry_rdma *state_of(ferry_engine_t *e)
 {
-    return __atomic_load_n(&e->rdma, __ATOMIC_ACQUIRE);
+    return __atomic_load_n(ferry_engine_rdma_slot(e), __ATOMIC_ACQUIRE);
 }
 
 static void state_free(ferry_engine_t *e, struct ferry_rdma *st)
@@ -202,10 +203,10 @@ int ferry_rdma_reprobe(ferry_engine_t *e, const ferry_rdma_env_t *env, char *why
     }
     pthread_mutex_lock(&probe_lock);
     struct ferry_rdma *old = state_of(e);
-    __atomic_store_n(&e->rdma, NULL, __ATOMIC_RELEASE);
+    __atomic_store_n(ferry_engine_rdma_slot(e), NULL, __ATOMIC_RELEASE);
     state_free(e, old);
     probe(e, env, st);
-    __atomic_store_n(&e->rdma, st, __ATOMIC_RELEASE);
+    __atomic_store_n(ferry_engine_rdma_slot(e), st, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&probe_lock);
     FERRY_LOG(FERRY_LOG_INFO, "rdma", "%s: %s", st->usable ? "usable" : "not usable", st->why);
     snprintf(why, cap, "%s", st->why);
@@ -229,7 +230,7 @@ static struct ferry_rdma *state_get(ferry_engine_t *e)
                 probe(e, &env, st);
             }
             FERRY_LOG(FERRY_LOG_INFO, "rdma", "%s: %s", st->usable ? "usable" : "not usable", st->why);
-            __atomic_store_n(&e->rdma, st, __ATOMIC_RELEASE);
+            __atomic_store_n(ferry_engine_rdma_slot(e), st, __ATOMIC_RELEASE);
         }
     }
     pthread_mutex_unlock(&probe_lock);
@@ -273,7 +274,7 @@ static uint32_t rdma_hello_flags(ferry_engine_t *e)
 static void rdma_engine_fini(ferry_engine_t *e)
 {
     struct ferry_rdma *st = state_of(e);
-    __atomic_store_n(&e->rdma, NULL, __ATOMIC_RELEASE);
+    __atomic_store_n(ferry_engine_rdma_slot(e), NULL, __ATOMIC_RELEASE);
     state_free(e, st);
 }
 
@@ -293,15 +294,16 @@ static int rdma_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken, fe
  * falls back to TCP; RDMA_COMMIT cannot be valid without a queue pair. */
 static int serve_unavailable(ferry_conn_t *c, const ferry_frame_t *f, const char *why)
 {
-    uint64_t deadline = ferry_deadline_after_ms(c->engine->cfg.timeout_ms);
+    uint64_t deadline = ferry_deadline_after_ms(ferry_engine_config(c->engine)->timeout_ms);
     int rc = ferry_conn_discard(c, f->plen, deadline);
     if (rc) return rc;
     switch (f->type) {
     case FERRY_FRAME_RDMA_CONNECT:
-        ferry_fail(FERRY_ERR_DEVICE_NOT_FOUND, "target %s cannot take an RDMA connection: %s", c->engine->name, why);
+        ferry_fail(FERRY_ERR_DEVICE_NOT_FOUND, "target %s cannot take an RDMA connection: %s", ferry_engine_name(c->engine),
+                   why);
         return ferry_rdma_reply(c, FERRY_FRAME_RDMA_CONNECT_ACK, f, FERRY_ERR_DEVICE_NOT_FOUND, NULL, 0, 0, deadline);
     case FERRY_FRAME_RDMA_MR_QUERY:
-        ferry_fail(FERRY_ERR_DEVICE_NOT_FOUND, "target %s has no RDMA keys: %s", c->engine->name, why);
+        ferry_fail(FERRY_ERR_DEVICE_NOT_FOUND, "target %s has no RDMA keys: %s", ferry_engine_name(c->engine), why);
         return ferry_rdma_reply(c, FERRY_FRAME_RDMA_MR_INFO, f, FERRY_ERR_DEVICE_NOT_FOUND, NULL, 0, 0, deadline);
     default:
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s from %s on a connection without an RDMA queue pair (%s)",

@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/engine.h"
+#include "core/xport.h"
 
 /* Settings, from FERRY_RDMA* environment variables. */
 typedef struct ferry_rdma_env {

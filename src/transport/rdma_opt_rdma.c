@@ -293,7 +293,7 @@ int ferry_rdma_dev_open(ferry_engine_t *e, const ferry_rdma_env_t *env, void **o
     d->max_sge = min_int(MAX_SGE, da.max_sge > 0 ? da.max_sge : 1);
     d->max_sge_rd = min_int(d->max_sge, da.max_sge_rd > 0 ? da.max_sge_rd : 1); /* 0: unknown, be safe */
     pthread_mutex_init(&d->mr_lock, NULL);
-    ferry_registry_set_release(&e->registry, release_mr, d);
+    ferry_registry_set_release(ferry_engine_registry(e), release_mr, d);
     if (d->link == FERRY_RDMA_LINK_IB)
         snprintf(why, cap, "%s port %d (InfiniBand, lid %u)", d->name, d->port, d->pattr.lid);
     else
@@ -311,7 +311,7 @@ void ferry_rdma_dev_close(ferry_engine_t *e, void *dev)
 {
     struct rdma_dev *d = dev;
     /* Every memory region goes before the protection domain. */
-    ferry_registry_release_all(&e->registry);
+    ferry_registry_release_all(ferry_engine_registry(e));
     if (d->pd) d->v->dealloc_pd(d->pd);
     d->v->close_device(d->ctx);
     pthread_mutex_destroy(&d->mr_lock);

@@ -150,7 +150,7 @@ static bool sendable(const ferry_xfer_t *x, const struct plan *p, uint64_t off)
  * a connection failure. */
 static int plan_pieces(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, size_t nx, struct plan *pl)
 {
-    ferry_registry_t *r = &c->engine->registry;
+    ferry_registry_t *r = ferry_engine_registry(c->engine);
     for (size_t i = 0; i < nx; i++) {
         ferry_xfer_t *x = &xs[i];
         pl[i] = (struct plan){.mode = PLAN_SKIP, .start = x->done};
@@ -304,7 +304,7 @@ static int move_data(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, size
                      struct first_err *fe, int *broken)
 {
     const ferry_verbs_t *v = ep->d->v;
-    uint64_t slice = c->engine->cfg.slice_size;
+    uint64_t slice = ferry_engine_config(c->engine)->slice_size;
     if (slice > UINT32_MAX) slice = UINT32_MAX; /* a work request's length is 32 bits */
     unsigned window = (unsigned)ep->d->send_depth;
     unsigned sig_every = window / 2 ? window / 2 : 1;
