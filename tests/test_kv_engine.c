@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "harness.h"
+#include "transport/vec.h"
 
 #include <ferry/kv.h>
 
@@ -180,7 +181,10 @@ static void direct_1_1_moves_every_byte_and_the_first_token(void **state)
 
     int32_t first_token = 31337;
     ferry_kv_send_args_t args = {.request_id = 77, .aux = &first_token, .aux_len = sizeof first_token};
+    uint64_t compact = ferry_vec_compact_served();
     assert_int_equal(ferry_kv_send(pre.engine, ferry_engine_name(dec.engine), send_plan, &args), 0);
+    /* The single pages (5 a buffer) went as one strided descriptor, compactly. */
+    assert_true(ferry_vec_compact_served() > compact);
     assert_int_equal(wait_for_request(dec.engine, tracker), 1);
     assert_true(decode_matches_reference(&dec));
     size_t aux_len = 0;

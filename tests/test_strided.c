@@ -161,6 +161,26 @@ static void plain_batch_refined_stride(void **state)
     }
 }
 
+/* One descriptor over two registrations at the target (a layer's K and V
+ * buffers): the frames list each piece's region generation, over tcp with
+ * and without CRC32C and over shm. */
+static void two_regions(void **state)
+{
+    (void)state;
+    struct { const char *transport; int crc; } runs[3] = {{"tcp", 0}, {"tcp", 1}, {"shm", 0}};
+    for (int r = 0; r < 3; r++) {
+        pair_t *p = pair_new(runs[r].transport, runs[r].crc);
+        /* Split the target's pool: deregister it, register two halves. */
+        size_t half = (size_t)SLOTS / 2 * PIECE;
+        assert_int_equal(ferry_deregister(p->target, p->dst), 0);
+        assert_int_equal(ferry_register(p->target, p->dst, half, FERRY_MEM_REMOTE), 0);
+        assert_int_equal(ferry_register(p->target, p->dst + half, half, FERRY_MEM_REMOTE), 0);
+        ferry_session_close(p->initiator, p->peer); /* learn the new table */
+        round_trip(p, 1000, true);
+        pair_free(p);
+    }
+}
+
 /* A target that speaks only protocol 2 (vector frames, no compact form)
  * or 1 (no vector frames) gets the pieces expanded on the initiator. */
 static void older_peers(void **state)
@@ -431,7 +451,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(sync_round_trip_tcp), cmocka_unit_test(sync_round_trip_shm),
         cmocka_unit_test(sync_round_trip_crc), cmocka_unit_test(older_peers),
-        cmocka_unit_test(plain_batch_refined_stride),
+        cmocka_unit_test(plain_batch_refined_stride), cmocka_unit_test(two_regions),
         cmocka_unit_test(async_submit),        cmocka_unit_test(bounds_refused),
         cmocka_unit_test(cancel_compact_group), cmocka_unit_test(cut_mid_group),
         cmocka_unit_test(hostile_frames),

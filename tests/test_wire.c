@@ -240,7 +240,7 @@ static void compact_limits(void **state)
 {
     (void)state;
     static ferry_vec_desc_t out[FERRY_WIRE_VEC_MAX];
-    uint8_t raw[FERRY_WIRE_COMPACT_HEAD + 3 * 8];
+    uint8_t raw[FERRY_WIRE_COMPACT_HEAD + 3 * 12];
     ferry_vec_compact_t h = {.base = 0x100000, .stride = 4096, .len = 2048, .generation = 3};
     ferry_vec_compact_encode(&h, raw);
     uint32_t idx[3] = {9, 0, 4};
@@ -315,6 +315,35 @@ static void compact_limits(void **state)
     ferry_vec_compact_encode(&cm, raw);
     assert_int_equal(ferry_vec_compact_decode(&c, raw, out, &lo, &hi), FERRY_ERR_MALFORMED_FRAME);
     assert_detail_contains("initiator index");
+    /* Per-piece generations (F_GENS): listed after the other lists, the
+     * header's own generation 0; the flag only with F_COMPACT. */
+    ferry_frame_t k = {.type = FERRY_FRAME_WRITEV, .flags = FERRY_FRAME_F_COMPACT | FERRY_FRAME_F_GENS | FERRY_FRAME_F_CRC,
+                       .req_id = 7, .len = 3, .addr = 3 * 2048};
+    assert_int_equal(ferry_vec_desc_bytes(&k), FERRY_WIRE_COMPACT_HEAD + 36);
+    k.plen = (uint32_t)(ferry_vec_desc_bytes(&k) + k.addr);
+    assert_int_equal(ferry_vec_frame_check(&k), 0);
+    ferry_vec_compact_t kh = h;
+    kh.generation = 0;
+    ferry_vec_compact_encode(&kh, raw);
+    for (int i = 0; i < 3; i++) {
+        put32(raw + FERRY_WIRE_COMPACT_HEAD + 4 * i, idx[i]);
+        put32(raw + FERRY_WIRE_COMPACT_HEAD + 12 + 4 * i, 0xc0c0 + (uint32_t)i);   /* CRCs */
+        put32(raw + FERRY_WIRE_COMPACT_HEAD + 24 + 4 * i, 5 + (uint32_t)i);        /* generations */
+    }
+    assert_int_equal(ferry_vec_compact_decode(&k, raw, out, &lo, &hi), 0);
+    assert_int_equal(out[0].generation, 5);
+    assert_int_equal(out[2].generation, 7);
+    assert_int_equal(out[1].aux, 0xc0c1);
+    kh.generation = 3;
+    ferry_vec_compact_encode(&kh, raw);
+    assert_int_equal(ferry_vec_compact_decode(&k, raw, out, &lo, &hi), FERRY_ERR_MALFORMED_FRAME);
+    ferry_frame_t nk = k;
+    nk.flags = FERRY_FRAME_F_GENS;
+    assert_int_equal(ferry_vec_frame_check(&nk), FERRY_ERR_MALFORMED_FRAME);
+    assert_detail_contains("not compact");
+    ferry_frame_t wg = {.type = FERRY_FRAME_WRITE, .flags = FERRY_FRAME_F_GENS};
+    ferry_frame_encode(&wg, hdr);
+    assert_int_equal(ferry_frame_decode(hdr, &wg), FERRY_ERR_MALFORMED_FRAME);
 }
 
 int main(void)

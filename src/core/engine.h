@@ -41,7 +41,7 @@ struct ferry_engine {
     uint8_t host_id[16];
     atomic_bool stopping;
     _Atomic uint64_t next_req_id;
-    ferry_spin_t batch_spin;   /* recent waits for a batch or a call's groups (batch.c; spin.h) */
+    ferry_spin_t batch_spin;   /* recent waits for a batch or a call's groups (workers.c; spin.h) */
 
     ferry_registry_t registry;
     ferry_metrics_t metrics;

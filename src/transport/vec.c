@@ -164,16 +164,19 @@ static bool fit_strided(const ferry_xfer_t *g, size_t n, bool local, uint64_t *b
 
 /* Writes the compact description of pieces g[0..n) (wire.h, "Compact
  * vector frames") into v->raw when the peer speaks protocol 3 and the
- * pieces fit it: one length and generation, consecutive request ids,
- * 32-bit indices. Returns its size, or 0 for the descriptors instead. With
+ * pieces fit it: one length, consecutive request ids, 32-bit indices
+ * (several generations are listed, F_GENS). Returns its size, or 0 for the descriptors instead. With
  * crc, v->crcs holds the pieces' checksums. */
 static size_t encode_compact(ferry_conn_t *c, struct ferry_vec_scratch *v, uint8_t type, bool crc,
-                             const ferry_xfer_t *g, size_t n)
+                             const ferry_xfer_t *g, size_t n, uint8_t *flags)
 {
     if (n < 2 || ferry_conn_version(c) < FERRY_PROTOCOL_COMPACT) return 0;
-    for (size_t i = 1; i < n; i++)
-        if (g[i].len != g[0].len || g[i].generation != g[0].generation || g[i].req_id != g[0].req_id + i) return 0;
-    ferry_vec_compact_t h = {.len = (uint32_t)g[0].len, .generation = g[0].generation};
+    bool gens = false; /* pieces of several registrations (a layer's K and V buffers each one) */
+    for (size_t i = 1; i < n; i++) {
+        if (g[i].len != g[0].len || g[i].req_id != g[0].req_id + i) return 0;
+        if (g[i].generation != g[0].generation) gens = true;
+    }
+    ferry_vec_compact_t h = {.len = (uint32_t)g[0].len, .generation = gens ? 0 : g[0].generation};
     uint8_t *p = v->raw + FERRY_WIRE_COMPACT_HEAD;
     if (!fit_strided(g, n, false, &h.base, &h.stride, p)) return 0;
     p += 4 * n;
@@ -184,7 +187,9 @@ static size_t encode_compact(ferry_conn_t *c, struct ferry_vec_scratch *v, uint8
         memcpy(p, v->crcs, 4 * n);
         p += 4 * n;
     }
+    for (size_t i = 0; gens && i < n; i++, p += 4) put32(p, g[i].generation);
     ferry_vec_compact_encode(&h, v->raw);
+    *flags = FERRY_FRAME_F_COMPACT | (gens ? FERRY_FRAME_F_GENS : 0);
     return (size_t)(p - v->raw);
 }
 
@@ -200,7 +205,8 @@ int ferry_vec_send(ferry_conn_t *c, uint8_t type, ferry_xfer_t *g, size_t n)
         v->iov[2 + i] = (struct iovec){x->local, x->len};
         total += x->len;
     }
-    size_t dbytes = encode_compact(c, v, type, crc, g, n);
+    uint8_t compact = 0;
+    size_t dbytes = encode_compact(c, v, type, crc, g, n, &compact);
     for (size_t i = 0; dbytes == 0 && i < n; i++) {
         ferry_xfer_t *x = &g[i];
         ferry_vec_desc_t d = {.addr = x->remote, .len = (uint32_t)x->len, .generation = x->generation,
@@ -209,7 +215,6 @@ int ferry_vec_send(ferry_conn_t *c, uint8_t type, ferry_xfer_t *g, size_t n)
         else if (crc) d.aux = get32(v->crcs + 4 * i);
         ferry_vec_desc_encode(&d, v->raw + i * FERRY_WIRE_VEC_DESC_SIZE);
     }
-    uint8_t compact = dbytes ? FERRY_FRAME_F_COMPACT : 0;
     if (!dbytes) dbytes = n * FERRY_WIRE_VEC_DESC_SIZE;
     ferry_frame_t f = {.type = type, .flags = (crc ? FERRY_FRAME_F_CRC : 0) | compact, .req_id = g[0].req_id,
                        .addr = total, .len = n, .plen = (uint32_t)dbytes};

@@ -97,7 +97,7 @@ int ferry_frame_decode(const uint8_t in[FERRY_FRAME_HEADER_SIZE], ferry_frame_t 
     if (f->type == 0 || (f->type > FERRY_FRAME_TYPE_MAX && !transport_frame_name(f->type)))
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "unknown frame type %u", f->type);
     bool vec = f->type == FERRY_FRAME_WRITEV || f->type == FERRY_FRAME_READV || f->type == FERRY_FRAME_CMA_VEC;
-    if (f->flags & ~(FERRY_FRAME_F_CRC | (vec ? FERRY_FRAME_F_COMPACT : 0)))
+    if (f->flags & ~(FERRY_FRAME_F_CRC | (vec ? FERRY_FRAME_F_COMPACT | FERRY_FRAME_F_GENS : 0)))
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "unknown frame flags 0x%02x", f->flags);
     if (get16(in + 6) != 0 || get32(in + 52) != 0)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "reserved header bytes are not zero");
@@ -212,6 +212,8 @@ int ferry_vec_frame_check(const ferry_frame_t *f)
     if (f->addr == 0 || f->addr > FERRY_WIRE_MAX_DATA)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s of %llu bytes (1..%u)", name, (unsigned long long)f->addr,
                           FERRY_WIRE_MAX_DATA);
+    if ((f->flags & FERRY_FRAME_F_GENS) && !(f->flags & FERRY_FRAME_F_COMPACT))
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s lists generations but is not compact", name);
     uint64_t want = ferry_vec_desc_bytes(f) + (f->type == FERRY_FRAME_WRITEV ? f->addr : 0);
     if (f->plen != want)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s of %llu pieces, %llu bytes carries %u payload bytes, not %llu",
@@ -309,7 +311,8 @@ uint64_t ferry_vec_desc_bytes(const ferry_frame_t *f)
 {
     if (!(f->flags & FERRY_FRAME_F_COMPACT)) return f->len * FERRY_WIRE_VEC_DESC_SIZE;
     uint64_t lists = 1 + (f->type == FERRY_FRAME_CMA_VEC) +
-                     (f->type == FERRY_FRAME_WRITEV && (f->flags & FERRY_FRAME_F_CRC) != 0);
+                     (f->type == FERRY_FRAME_WRITEV && (f->flags & FERRY_FRAME_F_CRC) != 0) +
+                     ((f->flags & FERRY_FRAME_F_GENS) != 0);
     return FERRY_WIRE_COMPACT_HEAD + 4 * lists * f->len;
 }
 
@@ -331,15 +334,20 @@ int ferry_vec_compact_decode(const ferry_frame_t *f, const uint8_t *in, ferry_ve
     ferry_vec_compact_t h = {.base = get64(in), .stride = get64(in + 8), .lbase = get64(in + 16),
                              .lstride = get64(in + 24), .len = get32(in + 32), .generation = get32(in + 36)};
     uint64_t n = f->len;
-    if (h.len == 0 || h.len > FERRY_WIRE_VEC_PIECE_MAX || h.base == 0 || (cma ? h.lbase == 0 : h.lbase || h.lstride))
+    bool gens = (f->flags & FERRY_FRAME_F_GENS) != 0;
+    if (h.len == 0 || h.len > FERRY_WIRE_VEC_PIECE_MAX || h.base == 0 || (cma ? h.lbase == 0 : h.lbase || h.lstride) ||
+        (gens && h.generation))
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME,
-                          "compact %s: pieces of %u bytes (1..%u) at 0x%llx, initiator base 0x%llx stride %llu", name,
-                          h.len, FERRY_WIRE_VEC_PIECE_MAX, (unsigned long long)h.base, (unsigned long long)h.lbase,
-                          (unsigned long long)h.lstride);
+                          "compact %s: pieces of %u bytes (1..%u) at 0x%llx, initiator base 0x%llx stride %llu, "
+                          "generation %u%s",
+                          name, h.len, FERRY_WIRE_VEC_PIECE_MAX, (unsigned long long)h.base,
+                          (unsigned long long)h.lbase, (unsigned long long)h.lstride, h.generation,
+                          gens ? " (listed per piece: must be 0)" : "");
     if (n * h.len != f->addr)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "compact %s: %llu pieces of %u bytes, the header says %llu bytes",
                           name, (unsigned long long)n, h.len, (unsigned long long)f->addr);
     const uint8_t *idx = in + FERRY_WIRE_COMPACT_HEAD, *lidx = idx + 4 * n, *crcs = idx + 4 * n;
+    const uint8_t *genl = idx + 4 * n * (1 + (cma || crc)); /* after the other lists */
     *lo = UINT64_MAX;
     *hi = 0;
     for (uint64_t i = 0; i < n; i++) {
@@ -350,7 +358,7 @@ int ferry_vec_compact_decode(const ferry_frame_t *f, const uint8_t *in, ferry_ve
                               "compact %s piece %llu: index %u at 0x%llx + %u * %llu overflows the address space", name,
                               (unsigned long long)i, k, (unsigned long long)h.base, k, (unsigned long long)h.stride);
         d->len = h.len;
-        d->generation = h.generation;
+        d->generation = gens ? get32(genl + 4 * i) : h.generation;
         d->req_id = f->req_id + i;
         d->aux = 0;
         if (cma) {

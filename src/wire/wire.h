@@ -101,6 +101,9 @@ enum ferry_frame_type {
 /* Vector frames only (protocol 3): the pieces are described compactly
  * ("Compact vector frames" below). */
 #define FERRY_FRAME_F_COMPACT 0x02u
+/* With F_COMPACT: the pieces lie in regions of several generations, listed
+ * per piece (the compact header's generation is then 0). */
+#define FERRY_FRAME_F_GENS 0x04u
 
 typedef struct ferry_frame {
     uint8_t type;
@@ -213,14 +216,18 @@ int ferry_vec_statuses_decode(const uint8_t *in, uint32_t n, int32_t *st);
 
 /* ---- Compact vector frames (protocol 3) ----
  * A WRITEV, READV or CMA_VEC with FERRY_FRAME_F_COMPACT describes its n
- * pieces (all of one length and region generation, request ids f.req_id
- * + i) in place of the n descriptors, the common KV shape of pages at
+ * pieces (all of one length, request ids f.req_id + i, one region
+ * generation or, with F_GENS, one listed per piece) in place of the n
+ * descriptors, the common KV shape of pages at
  * base + index * stride:
  *     0    8 target base              8    8 target stride
  *    16    8 CMA_VEC: initiator base  24    8 CMA_VEC: initiator stride (else both 0)
  *    32    4 piece length            36    4 region generation
  *    40      n u32 target indices; CMA_VEC: then n u32 initiator indices;
- *            WRITEV with F_CRC: then n u32 CRC32Cs of the pieces
+ *            WRITEV with F_CRC: then n u32 CRC32Cs of the pieces;
+ *            F_GENS: then n u32 region generations (pieces of one
+ *            descriptor spanning several registrations, a layer's K and V
+ *            buffers each its own; the header's generation is 0)
  * Piece i lies at target base + index[i] * stride. The target expands the
  * pieces into descriptors (every address computed without overflow and
  * not wrapping, else MALFORMED_FRAME) and checks them against its

@@ -26,7 +26,8 @@ void fuzz_put_frame(uint8_t *buf, size_t cap, size_t *pos, uint8_t type, int32_t
 void fuzz_put_vector(uint8_t *buf, size_t cap, size_t *pos, uint8_t type, uint64_t aux, bool crc, size_t n,
                      const uint64_t *addrs, const uint32_t *lens);
 /* The same pieces' compact form (protocol 3): n pieces of len at base +
- * idx[i] * stride; CMA_VEC names initiator address 0x1000 + i * len. */
+ * idx[i] * stride; CMA_VEC names initiator address 0x1000 + i * len;
+ * three pieces or more also list generations (0, 1, 0, ...: F_GENS). */
 void fuzz_put_compact(uint8_t *buf, size_t cap, size_t *pos, uint8_t type, uint64_t aux, bool crc, size_t n,
                       uint64_t base, uint64_t stride, uint32_t len, const uint32_t *idx);
 void fuzz_put_hello(uint8_t *buf, size_t cap, size_t *pos, uint8_t type, uint32_t flags, uint64_t epoch);

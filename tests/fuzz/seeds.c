@@ -71,7 +71,9 @@ void fuzz_put_compact(uint8_t *buf, size_t cap, size_t *pos, uint8_t type, uint6
 {
     bool writev = type == FERRY_FRAME_WRITEV, cma = type == FERRY_FRAME_CMA_VEC;
     uint64_t total = (uint64_t)n * len;
-    ferry_frame_t f = {.type = type, .flags = (uint8_t)((crc ? FERRY_FRAME_F_CRC : 0) | FERRY_FRAME_F_COMPACT),
+    bool gens = n > 2; /* seeds of three pieces or more list a generation per piece */
+    ferry_frame_t f = {.type = type,
+                       .flags = (uint8_t)((crc ? FERRY_FRAME_F_CRC : 0) | FERRY_FRAME_F_COMPACT | (gens ? FERRY_FRAME_F_GENS : 0)),
                        .req_id = 100, .addr = total, .len = n, .aux = aux};
     size_t dbytes = (size_t)ferry_vec_desc_bytes(&f);
     size_t plen = dbytes + (writev ? total : 0);
@@ -89,6 +91,7 @@ void fuzz_put_compact(uint8_t *buf, size_t cap, size_t *pos, uint8_t type, uint6
         put32(list + 4 * i, idx[i]);
         if (cma) put32(list + 4 * (n + i), (uint32_t)i);
         else if (writev && crc) put32(list + 4 * (n + i), ferry_crc32c(0, data + i * len, len));
+        if (gens) put32(list + 4 * ((cma || (writev && crc) ? 2 : 1) * n + i), (uint32_t)(i % 2));
     }
     *pos += plen;
 }
