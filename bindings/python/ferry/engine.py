@@ -54,6 +54,10 @@ SUPPORT_INTRA_NVLINK = False
 class TransferOpcode(enum.IntEnum):
     Read = 0
     Write = 1
+    # Mooncake's Python API reference (docs/source/python-api-reference/
+    # transfer-engine.md) and examples spell them READ / WRITE: aliases.
+    READ = 0
+    WRITE = 1
 
 
 Read = TransferOpcode.Read
@@ -176,14 +180,17 @@ class TransferEngine:
         """0, or a negative code. local_hostname: "host" or "host:port";
         metadata_server: "P2PHANDSHAKE", "etcd://h:p", "redis://h:p" or "h:p" (etcd);
         protocol: "rdma", "tcp", "shm", "auto" (fallback: see the class doc);
-        device_name: RDMA device filter, unused by Ferry."""
+        device_name: RDMA device filter, unused by Ferry.
+        A failure returns -1, as Mooncake's initialize does for every failure
+        (its own tests assert == -1); the Ferry code and the reason are in
+        errors.last_error_code() / last_error_detail()."""
         return self._run(self._initialize, local_hostname, metadata_server, protocol,
-                         device_name, None)
+                         device_name, None, on_error=-1)
 
     def initialize_ext(self, local_hostname, metadata_server, protocol, device_name,
                        metadata_type):
         return self._run(self._initialize, local_hostname, metadata_server, protocol,
-                         device_name, metadata_type)
+                         device_name, metadata_type, on_error=-1)
 
     def _initialize(self, local_hostname, metadata_server, protocol, device_name, metadata_type):
         if self._engine is not None and not self._engine.closed:
@@ -203,6 +210,8 @@ class TransferEngine:
         transport = None
         if not os.environ.get("FERRY_TRANSPORT"):
             transport = _transport(protocol)
+            if transport in ("rdma", "auto") and _mc_force_tcp():
+                transport = "tcp"  # Mooncake: MC_FORCE_TCP installs TCP only
             kw["transport"] = transport
         if not os.environ.get("FERRY_TIMEOUT_MS") and os.environ.get("MC_TRANSFER_TIMEOUT"):
             try:
@@ -210,7 +219,7 @@ class TransferEngine:
             except ValueError:
                 pass
         try:
-            eng = Engine(**kw)
+            eng = self._open_engine(kw)
         except FerryError as exc:
             if (transport not in _FALLBACK_FROM or not self.transport_fallback or exc.name not in
                     ("DEVICE_NOT_FOUND", "NOT_IMPLEMENTED", "INVALID_ARGUMENT")):
@@ -218,7 +227,7 @@ class TransferEngine:
             log.warning("ferry: protocol %r unavailable (%s); falling back to transport "
                         "'auto'", protocol, exc)
             kw["transport"] = "auto"
-            eng = Engine(**kw)
+            eng = self._open_engine(kw)
             transport = "auto"
         self._engine = eng
         self._owns_engine = True
@@ -227,6 +236,26 @@ class TransferEngine:
         self._transport = transport or eng.config.get("transport")
         self._device_name = device_name
         return 0
+
+    @staticmethod
+    def _open_engine(kw):
+        """Engine(**kw). With P2PHANDSHAKE, Mooncake ignores the port of
+        local_hostname and listens on a free one (its session id is then
+        "host:get_rpc_port()", which is what its callers use: Mooncake's own
+        tests pass fixed "127.0.0.1:12345"/":12347"). Ferry keeps the port
+        asked for when it can have it (a restarted process keeps its name),
+        and takes a free one, with a warning, when it is in use, instead of
+        failing where Mooncake succeeds. With etcd/redis the port is part of
+        the name peers look up: a busy port stays an error there."""
+        try:
+            return Engine(**kw)
+        except FerryError as exc:
+            if not (kw.get("port") and kw.get("metadata") == "p2p" and exc.name == "SOCKET"):
+                raise
+            log.warning("ferry: cannot listen on port %d (%s); P2PHANDSHAKE: taking a free "
+                        "port as Mooncake does (session id: host:get_rpc_port())",
+                        kw["port"], exc.detail)
+            return Engine(**dict(kw, port=0))
 
     def get_rpc_port(self):
         """The port peers connect to (the engine's listen port)."""
@@ -595,31 +624,40 @@ class TransferEngine:
         return self._run(go)
 
     def transfer_check_status(self, batch_id):
-        """Non-blocking: 1 completed, 0 still running, or a negative code (failed,
-        timed out, cancelled). A batch that ended is consumed."""
-        def go():
-            with self._lock:
-                ent = self._batches.get(batch_id)
-            if ent is None:
-                self._take(batch_id)  # raises NOT_FOUND
-            batch = ent[0]
-            if batch is None:
-                self._take(batch_id)
-                return 1
-            sts = batch.statuses()
-            bad = next((s for s in sts if s.done and not s.ok), None)
-            if bad is None and not all(s.ok for s in sts):
-                return 0
+        """Non-blocking, Mooncake's values exactly: 1 completed, 0 still running,
+        -1 failed, -2 timed out (errors.last_error_code() / last_error_detail()
+        give the Ferry code and the story). Callers poll until the value is 1,
+        -1 or -2 (Mooncake's documented loop, SGLang's async worker): any other
+        value would keep them polling forever. A batch that ended is consumed;
+        an id that is unknown, already consumed, or the 0 of a failed submit is
+        -1 (failed), so such a loop ends."""
+        rc = self._run(self._check_status, batch_id)
+        if rc in (0, 1) or self.raise_on_error:
+            return rc
+        return -2 if rc == _code("TIMEOUT") else -1
+
+    def _check_status(self, batch_id):
+        with self._lock:
+            ent = self._batches.get(batch_id)
+        if ent is None:
+            self._take(batch_id)  # raises NOT_FOUND
+        batch = ent[0]
+        if batch is None:
             self._take(batch_id)
-            batch._shutdown()
-            if bad is None:
-                return 1
-            code = bad.code or (_code("TIMEOUT") if bad.state == core.STATUS_TIMEOUT else
-                                _code("CANCELLED") if bad.state == core.STATUS_CANCELLED else
-                                _code("INTERNAL"))
-            fail(code, "%s (%d): request of batch %d ended %s" % (
-                errors.name(code), code, batch_id, bad.state_name))
-        return self._run(go)
+            return 1
+        sts = batch.statuses()
+        bad = next((s for s in sts if s.done and not s.ok), None)
+        if bad is None and not all(s.ok for s in sts):
+            return 0
+        self._take(batch_id)
+        batch._shutdown()
+        if bad is None:
+            return 1
+        code = bad.code or (_code("TIMEOUT") if bad.state == core.STATUS_TIMEOUT else
+                            _code("CANCELLED") if bad.state == core.STATUS_CANCELLED else
+                            _code("INTERNAL"))
+        fail(code, "%s (%d): request of batch %d ended %s" % (
+            errors.name(code), code, batch_id, bad.state_name))
 
     def get_batch_status(self, batch_id):
         """Ferry extension: per-request RequestStatus list, without consuming the batch."""
@@ -801,6 +839,13 @@ def _check_device_without_cuda(eng, addrs):
         fail(_code("NOT_IMPLEMENTED"), "NOT_IMPLEMENTED (-303): %#x is CUDA device %d memory, "
              "and this libferry cannot move device memory (%s); not registered. Use a library "
              "built with FERRY_WITH_CUDA, or register host memory" % (a, ordinal, why))
+
+
+def _mc_force_tcp():
+    """Mooncake's MC_FORCE_TCP: when set, its engine installs the TCP transport
+    only (SGLang sets MC_FORCE_TCP=1 for TCP-only deployments)."""
+    v = os.environ.get("MC_FORCE_TCP")
+    return v is not None and v.strip().lower() not in ("0", "false", "no", "off")
 
 
 def _support_cuda():

@@ -514,7 +514,9 @@ class TestTransferEngineLocal(unittest.TestCase):
         bid = self.p.transfer_submit_write(sid, self.src_addr, self.dst_addr, 65536)
         self.assertGreater(bid, 0)
         self.assertEqual(wait_for(lambda: self.p.transfer_check_status(bid) or None, 10), 1)
-        self.assertEqual(self.p.transfer_check_status(bid), errors.NOT_FOUND)
+        # Consumed: Mooncake's "failed" (-1), so a polling loop ends; the detail says why.
+        self.assertEqual(self.p.transfer_check_status(bid), -1)
+        self.assertEqual(errors.last_error_code(), errors.NOT_FOUND)
         # Reads, and a failing batch among good ones.
         rid = self.p.batch_transfer_async_read(sid, bufs[:2], peers[:2], [65536] * 2)
         bad = self.p.batch_transfer_async_write(sid, [self.src_addr], [self.dst_addr + 8 * MiB],
