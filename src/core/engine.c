@@ -511,10 +511,6 @@ void ferry_engine_destroy(ferry_engine_t *e)
     engine_free(e);
 }
 
-uint16_t ferry_engine_port(const ferry_engine_t *e) { return e ? e->port : 0; }
-const char *ferry_engine_name(const ferry_engine_t *e) { return e ? e->name : ""; }
-uint64_t ferry_engine_epoch(const ferry_engine_t *e) { return e ? e->epoch : 0; }
-
 int (ferry_engine_stats)(ferry_engine_t *e, ferry_stats_t *out)
 {
     ferry_clear_last_error();
