@@ -250,8 +250,9 @@ class TransferEngine:
         try:
             return Engine(**kw)
         except FerryError as exc:
-            if not (kw.get("port") and kw.get("metadata") == "p2p" and exc.name == "SOCKET"):
-                raise
+            if not (kw.get("port") and kw.get("metadata") == "p2p" and exc.name == "SOCKET"
+                    and "in use" in (exc.detail or "")):
+                raise  # e.g. an address that is not local: the port is not the problem
             log.warning("ferry: cannot listen on port %d (%s); P2PHANDSHAKE: taking a free "
                         "port as Mooncake does (session id: host:get_rpc_port())",
                         kw["port"], exc.detail)
