@@ -435,6 +435,33 @@ class TestInitializeLikeMooncake(unittest.TestCase):
             te.close()
             held.close()
 
+    def test_ipv6_session_id_like_sglang(self):
+        # SGLang's MooncakeTransferEngine names itself
+        # NetworkAddress(hostname, get_rpc_port()).to_host_port_str(), "[v6]:port"
+        # (Mooncake's maybeWrapIpV6), and conn.py takes the port back with
+        # session.rsplit(":", 1)[1].
+        try:
+            with socket.socket(socket.AF_INET6) as probe:
+                probe.bind(("::1", 0))
+        except OSError:
+            self.skipTest("no IPv6 loopback here")
+        with EnvPatch(**NO_FERRY_ENV):
+            d, p = TransferEngine(), TransferEngine()
+            self.assertEqual(d.initialize("::1", "P2PHANDSHAKE", "rdma", ""), 0, errors.last_error_detail())
+            self.assertEqual(p.initialize("::1", "P2PHANDSHAKE", "rdma", ""), 0, errors.last_error_detail())
+        try:
+            session_id = "[::1]:%d" % d.get_rpc_port()
+            self.assertEqual(d.get_session_id(), session_id)
+            self.assertEqual(int(session_id.rsplit(":", 1)[1]), d.get_rpc_port())
+            dst, src = d.allocate_managed_buffer(4096), p.allocate_managed_buffer(4096)
+            self.assertEqual(p.write_bytes_to_buffer(src, b"v6", 2), 0)
+            self.assertEqual(p.batch_transfer_sync_write(session_id, [src], [dst], [2]), 0,
+                             errors.last_error_detail())
+            self.assertEqual(d.read_bytes_from_buffer(dst, 2), b"v6")
+        finally:
+            p.close()
+            d.close()
+
     def test_mc_force_tcp(self):
         # SGLang's MooncakeTransferEngine (python/sglang/srt/distributed/
         # device_communicators/mooncake_transfer_engine.py) documents
