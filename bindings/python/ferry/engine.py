@@ -30,7 +30,7 @@ import os
 import threading
 
 from . import _buffers, _lib, _strided, _vectors, core, errors
-from ._cuda import _cuda_stream_wait, _cudart, _device_ordinal  # noqa: F401 - _cudart: tests
+from ._cuda import _cuda_driver, _cuda_stream_wait, _cudart, _device_ordinal  # noqa: F401 - _cudart: tests
 from ._mooncake_args import (P2PHANDSHAKE, _FALLBACK_FROM,  # noqa: F401 - P2PHANDSHAKE: API
                              _check_int_entries, _code, _int, _lists, _metadata, _nonempty,
                              _opcode_arg, _peer, _sized, _split_hostname, _transport)
@@ -871,6 +871,8 @@ def _check_device_without_cuda(eng, addrs):
     loudly (the regions are deregistered)."""
     if _support_cuda():
         return  # the library tells them apart itself
+    if _cuda_driver() is None:
+        return  # no CUDA driver in this process: no device memory (asked once, not per address)
     for a in addrs:
         ordinal = _device_ordinal(a)
         if ordinal is None:
