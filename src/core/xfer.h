@@ -46,5 +46,9 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
 int ferry_check_local(ferry_engine_t *e, const void *local, uint64_t len);
 /* Checks one request's arguments; touches no memory. */
 int ferry_check_request(ferry_engine_t *e, int opcode, const void *local, uint64_t remote, uint64_t len);
+/* The synchronous transfer of requests the caller checked already
+ * (strided.c), inside the caller's ferry_engine_enter. */
+int ferry_run_sync_checked(ferry_engine_t *e, const char *peer, int opcode, void *const *locals,
+                           const uint64_t *remotes, const size_t *lens, size_t n);
 
 #endif
