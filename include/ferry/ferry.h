@@ -127,7 +127,8 @@ typedef struct ferry_config {
      * none when that median is above 100 us or the process has one CPU
      * (so an idle engine never spins); ferry_batch_wait and a call's wait
      * for its other connections' pieces spin likewise, learnt from the
-     * engine's recent such waits. N > 0: always N us (those waits too).
+     * engine's recent such waits, where a CPU is to spare besides the
+     * threads they wait for. N > 0: always N us (those waits too).
      * -1: never spin, every wait blocks.
      * (FERRY_SPIN_US, -1 to 1000000.) */
     int spin_us;

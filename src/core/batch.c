@@ -397,7 +397,7 @@ int ferry_batch_wait(ferry_batch_t *b, int timeout_ms)
     if (check) return check;
     uint64_t deadline = ferry_deadline_after_ms(timeout_ms);
     pthread_mutex_lock(&b->lock);
-    if (ferry_wait_zero_locked(b->engine, &b->lock, &b->cond, &b->tasks_pending, deadline) == ETIMEDOUT) {
+    if (ferry_wait_zero_locked(b->engine, &b->lock, &b->cond, &b->tasks_pending, deadline, 2) == ETIMEDOUT) {
         size_t left = b->tasks_pending;
         pthread_mutex_unlock(&b->lock);
         return ferry_fail(FERRY_ERR_TIMEOUT, "batch wait: %zu task(s) still running after %d ms", left, timeout_ms);

@@ -53,11 +53,12 @@ int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const 
 /* Runs pieces xs on several of s's connections at once. */
 int ferry_run_parallel(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);
 /* Waits until *pending (guarded by lock, held) is 0: spinning first for the
- * engine's adaptive budget (spin.h), then on cond, until deadline
+ * engine's adaptive budget (spin.h) when the process may run on more CPUs
+ * than the others threads the wait is for, then on cond, until deadline
  * (UINT64_MAX: none); records the wait for the adaptive spin. 0, or
  * ETIMEDOUT with *pending still above 0. The lock is held on return. */
 int ferry_wait_zero_locked(ferry_engine_t *e, pthread_mutex_t *lock, pthread_cond_t *cond, const size_t *pending,
-                           uint64_t deadline);
+                           uint64_t deadline, int others);
 
 /* batch.c, for strided.c: b's engine once b is a live batch, else NULL
  * with the failure raised; ferry_batch_submit of requests the caller

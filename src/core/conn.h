@@ -61,9 +61,10 @@ typedef struct ferry_conn {
 enum ferry_conn_state {
     CONN_HANDSHAKE = 0, /* counted in nhandshaking */
     CONN_IDLE,          /* handshake done, waiting for a request: counted in nestablished */
-    CONN_BUSY,          /* serving a frame: counted in nestablished, never evicted */
-    CONN_EVICTED,       /* closed to make room; counted nowhere */
-    CONN_ENDED          /* its thread is finishing; counted nowhere */
+    CONN_BUSY,          /* a request arrived (half its header, queued for a thread, or being served):
+                           counted in nestablished, never evicted */
+    CONN_EVICTED,       /* closed to make room, or its handshake expired; counted nowhere */
+    CONN_ENDED          /* its serving is over, it is being freed; counted nowhere */
 };
 
 /* The newest protocol version this engine speaks (a test may pin it:

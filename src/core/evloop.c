@@ -374,7 +374,11 @@ static bool serve_turn(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t *
         }
         rc = ferry_serve_frame(c, &f);
         if (rc || atomic_load(&e->stopping)) break;
-        if (served + 1 >= SERVE_TURN_FRAMES) {
+        /* Its turn is over after SERVE_TURN_FRAMES frames, or after this
+         * one when data frames of other connections wait for our slot:
+         * they take turns (the queue is first in, first out), so that many
+         * peers sending at once each get their share (incast). */
+        if (served + 1 >= SERVE_TURN_FRAMES || (slot && atomic_load(&e->evloop->queued) > 0)) {
             park_between_frames(e, c);
             return slot;
         }

@@ -126,7 +126,7 @@ static ferry_conn_t *oldest_handshaking_locked(ferry_engine_t *e, const uint8_t 
                 if (best) return best;
                 break;
             }
-            atomic_store(&best->heard, true); /* its thread has not woken up yet */
+            atomic_store(&best->heard, true); /* no serving thread has read it yet */
         }
     }
     return NULL;

@@ -42,6 +42,8 @@ static int usable_cpus(void)
     return n;
 }
 
+int ferry_spin_cpus(void) { return usable_cpus(); }
+
 unsigned ferry_spin_us(ferry_spin_t *s, int config_spin_us)
 {
     if (config_spin_us > 0) return (unsigned)config_spin_us;

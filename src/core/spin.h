@@ -32,6 +32,8 @@ typedef struct ferry_spin {
 void ferry_spin_record(ferry_spin_t *s, uint64_t wait_ns);
 /* The adaptive budget, in microseconds, for n recent waits (pure). */
 unsigned ferry_spin_budget(const uint32_t *wait_ns, size_t n, int ncpus);
+/* The CPUs this process may run on (counted once). */
+int ferry_spin_cpus(void);
 /* How long the next wait spins, given config.spin_us. */
 unsigned ferry_spin_us(ferry_spin_t *s, int config_spin_us);
 

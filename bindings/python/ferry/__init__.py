@@ -28,7 +28,11 @@ __version__ = "0.1.0"
 
 def install_mooncake_shim():
     """Makes `from mooncake.engine import TransferEngine` give Ferry's, for
-    programs (SGLang) that import Mooncake by name. Call before they import it."""
+    programs (SGLang) that import Mooncake by name. Call before they import it.
+    When Mooncake itself is installed, its other modules (mooncake.store for
+    SGLang's HiCache, mooncake.allocator, ...) still import from it: only
+    mooncake.engine is Ferry's."""
+    import importlib.util
     import sys
     import types
     from . import engine as _engine
@@ -36,6 +40,12 @@ def install_mooncake_shim():
     if pkg is None:
         pkg = types.ModuleType("mooncake")
         pkg.__path__ = []
+        try:
+            spec = importlib.util.find_spec("mooncake")
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.submodule_search_locations:
+            pkg.__path__ = list(spec.submodule_search_locations)  # the real package's modules
         sys.modules["mooncake"] = pkg
     pkg.engine = _engine
     sys.modules["mooncake.engine"] = _engine

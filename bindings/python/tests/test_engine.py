@@ -514,7 +514,9 @@ class TestTransferEngineLocal(unittest.TestCase):
         bid = self.p.transfer_submit_write(sid, self.src_addr, self.dst_addr, 65536)
         self.assertGreater(bid, 0)
         self.assertEqual(wait_for(lambda: self.p.transfer_check_status(bid) or None, 10), 1)
-        self.assertEqual(self.p.transfer_check_status(bid), errors.NOT_FOUND)
+        # Consumed: Mooncake's "failed" (-1), so a polling loop ends; the detail says why.
+        self.assertEqual(self.p.transfer_check_status(bid), -1)
+        self.assertEqual(errors.last_error_code(), errors.NOT_FOUND)
         # Reads, and a failing batch among good ones.
         rid = self.p.batch_transfer_async_read(sid, bufs[:2], peers[:2], [65536] * 2)
         bad = self.p.batch_transfer_async_write(sid, [self.src_addr], [self.dst_addr + 8 * MiB],
@@ -645,8 +647,9 @@ class TestTransferEngineLocal(unittest.TestCase):
         addr = ctypes.addressof(buf)
         self.assertIsNone(fe._device_ordinal(addr))  # a host pointer (or no driver)
         te = TransferEngine(engine=self.d.engine)
-        saved = fe._device_ordinal
+        saved, saved_driver = fe._device_ordinal, fe._cuda_driver
         fe._device_ordinal = lambda a: 0 if a == addr else None
+        fe._cuda_driver = lambda: object()  # a driver is loaded (asked once per call)
         try:
             self.assertEqual(te.register_memory(addr, 4096), errors.NOT_IMPLEMENTED)
             self.assertIn("CUDA device 0", errors.last_error_detail())
@@ -657,7 +660,7 @@ class TestTransferEngineLocal(unittest.TestCase):
                              errors.NOT_IMPLEMENTED)
             self.assertEqual(te.unregister_memory(ctypes.addressof(other)), -3)
         finally:
-            fe._device_ordinal = saved
+            fe._device_ordinal, fe._cuda_driver = saved, saved_driver
         self.assertEqual(te.register_memory(addr, 4096), 0)
         self.assertEqual(te.unregister_memory(addr), 0)
 

@@ -117,6 +117,36 @@ class TestSurface(unittest.TestCase):
                     sys.modules[k] = v
 
 
+    def test_mooncake_shim_keeps_mooncake_store(self):
+        # SGLang imports mooncake.store (HiCache, MooncakeDistributedStore) beside
+        # mooncake.engine: with Mooncake installed, the shim replaces only the engine.
+        import os
+        import tempfile
+        saved = {k: sys.modules.get(k) for k in ("mooncake", "mooncake.engine", "mooncake.store")}
+        with tempfile.TemporaryDirectory() as d:
+            os.mkdir(os.path.join(d, "mooncake"))
+            for name, text in (("__init__.py", ""), ("engine.py", "REAL = True\n"),
+                               ("store.py", "class MooncakeDistributedStore:\n    pass\n")):
+                with open(os.path.join(d, "mooncake", name), "w") as f:
+                    f.write(text)
+            sys.path.insert(0, d)
+            try:
+                for k in saved:
+                    sys.modules.pop(k, None)
+                ferry.install_mooncake_shim()
+                from mooncake.engine import TransferEngine as TE  # noqa: N814
+                from mooncake.store import MooncakeDistributedStore  # noqa: F401
+                self.assertIs(TE, TransferEngine)
+                self.assertTrue(sys.modules["mooncake.store"].__file__.startswith(d))
+            finally:
+                sys.path.remove(d)
+                for k, v in saved.items():
+                    if v is None:
+                        sys.modules.pop(k, None)
+                    else:
+                        sys.modules[k] = v
+
+
 class TestInitializeParsing(unittest.TestCase):
     def test_hostname(self):
         self.assertEqual(_split_hostname("127.0.0.1"), ("127.0.0.1", None))
@@ -159,13 +189,16 @@ class TestInitializeParsing(unittest.TestCase):
     def test_bad_initialize_returns_codes(self):
         te = TransferEngine()
         with EnvPatch(FERRY_TRANSPORT=None, FERRY_METADATA=None):
-            self.assertEqual(te.initialize("127.0.0.1", "P2PHANDSHAKE", "nvlink", ""),
-                             errors.NOT_IMPLEMENTED)
+            # Mooncake's initialize returns -1 for every failure (its own
+            # test_transfer_engine_protocol.py asserts == -1); the Ferry code
+            # and the reason stay in errors.last_error_code() / _detail().
+            self.assertEqual(te.initialize("127.0.0.1", "P2PHANDSHAKE", "nvlink", ""), -1)
+            self.assertEqual(errors.last_error_code(), errors.NOT_IMPLEMENTED)
             self.assertIn("nvlink", errors.last_error_detail())
-            self.assertEqual(te.initialize("127.0.0.1:notaport", "P2PHANDSHAKE", "tcp", ""),
-                             errors.INVALID_ARGUMENT)
-            self.assertEqual(te.initialize("127.0.0.1", "http://x:1", "tcp", ""),
-                             errors.NOT_IMPLEMENTED)
+            self.assertEqual(te.initialize("127.0.0.1:notaport", "P2PHANDSHAKE", "tcp", ""), -1)
+            self.assertEqual(errors.last_error_code(), errors.INVALID_ARGUMENT)
+            self.assertEqual(te.initialize("127.0.0.1", "http://x:1", "tcp", ""), -1)
+            self.assertEqual(errors.last_error_code(), errors.NOT_IMPLEMENTED)
         strict = TransferEngine(raise_on_error=True)
         with self.assertRaises(ferry.InvalidArgument):
             strict.initialize("127.0.0.1", "P2PHANDSHAKE", "carrier-pigeon", "")
