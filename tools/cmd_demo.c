@@ -652,8 +652,10 @@ static int run(struct demo *d)
                 const struct request *q = &d->reqs[r];
                 if (q->state != REQ_ARMING && q->state != REQ_SENDING) continue;
                 size_t n = strlen(what);
-                snprintf(what + n, sizeof what - n, "%s request %u (%s)", n ? "," : " waiting for", r,
-                         q->state == REQ_ARMING ? (q->armed < s->decode_tp ? "decode arming" : "armed, waiting its turn") : q->sent < s->prefill_tp ? "prefill send" : "decode notice");
+                const char *stage = q->state == REQ_SENDING ? (q->sent < s->prefill_tp ? "prefill send" : "decode notice")
+                                    : q->armed < s->decode_tp ? "decode arming"
+                                                              : "armed, waiting its turn";
+                snprintf(what + n, sizeof what - n, "%s request %u (%s)", n ? "," : " waiting for", r, stage);
             }
             char stopped[512] = "";
             for (uint32_t i = 0; i < d->nkids; i++) {
