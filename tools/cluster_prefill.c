@@ -266,33 +266,30 @@ static void prefill_enqueue(struct peerq *q, struct job *j)
     pthread_mutex_unlock(&q->lock);
 }
 
-int prefill_main(const struct node_opts *o, ferry_engine_t *e)
+static struct peerq *queues;
+
+void prefill_begin(const struct node_opts *o)
 {
     slots_free = o->send_slots;
-    struct peerq *queues = NULL;
-    uint64_t next_sample = 0;
-    ferry_notification_t n[64];
-    int idle_ms = 0;
-    while (!atomic_load(&stopping)) {
-        long got = ferry_get_notifications(e, n, 64);
-        for (long i = 0; i < got; i++) {
-            struct job *j = parse_ask(o, n[i].msg, n[i].len);
-            struct peerq *q = j ? peerq_get(&queues, e, o, n[i].peer) : NULL;
-            if (q)
-                prefill_enqueue(q, j);
-            else {
-                fprintf(stderr, "prefill %s: unreadable ask from %s (%zu bytes)\n", ferry_engine_name(e), n[i].peer,
-                        n[i].len);
-                job_free(j);
-            }
-        }
-        if (got > 0) ferry_notifications_free(n, (size_t)got);
-        if (wall_ms() >= next_sample) {
-            sample_process(e);
-            next_sample = wall_ms() + 1000;
-        }
-        idle_backoff(&idle_ms, got > 0);
+    queues = NULL;
+}
+
+/* One notification: an ask goes to its decode's queue. */
+void prefill_take(const struct node_opts *o, ferry_engine_t *e, const ferry_notification_t *n)
+{
+    struct job *j = parse_ask(o, n->msg, n->len);
+    struct peerq *q = j ? peerq_get(&queues, e, o, n->peer) : NULL;
+    if (q) {
+        prefill_enqueue(q, j);
+        return;
     }
+    fprintf(stderr, "prefill %s: unreadable ask from %s (%zu bytes)\n", ferry_engine_name(e), n->peer, n->len);
+    job_free(j);
+}
+
+/* After `stopping`: the sender threads end, their queues are dropped. */
+void prefill_end(void)
+{
     for (struct peerq *q = queues; q; q = q->next) {
         pthread_mutex_lock(&q->lock);
         pthread_cond_broadcast(&q->cond);
@@ -311,6 +308,25 @@ int prefill_main(const struct node_opts *o, ferry_engine_t *e)
         free(q->threads);
         free(q);
     }
+}
+
+int prefill_main(const struct node_opts *o, ferry_engine_t *e)
+{
+    prefill_begin(o);
+    uint64_t next_sample = 0;
+    ferry_notification_t n[64];
+    int idle_ms = 0;
+    while (!atomic_load(&stopping)) {
+        long got = ferry_get_notifications(e, n, 64);
+        for (long i = 0; i < got; i++) prefill_take(o, e, &n[i]);
+        if (got > 0) ferry_notifications_free(n, (size_t)got);
+        if (wall_ms() >= next_sample) {
+            sample_process(e);
+            next_sample = wall_ms() + 1000;
+        }
+        idle_backoff(&idle_ms, got > 0);
+    }
+    prefill_end();
     sample_process(e);
     logline("E %" PRIu64 "\n", wall_ms());
     return 0;
