@@ -279,7 +279,11 @@ static void wait_for_go(struct node_opts *o)
 static int decode_main(struct node_opts *o, ferry_engine_t *e, bool serve)
 {
     wait_for_go(o);
-    struct decode D = {.o = o, .e = e, .words = o->page_bytes / 8, .serve = serve};
+    /* Each decode's turn starts at a peer of its own: starting all at the
+     * first would have every decode ask the same few prefills at once and
+     * go round the rest in a convoy (seen in the 64-engine mesh: 17 s
+     * queues at the first prefills while the last ones idled). */
+    struct decode D = {.o = o, .e = e, .words = o->page_bytes / 8, .serve = serve, .next_peer = o->index % o->npeers};
     /* Room for every ask in flight three times over: quarantined pages
      * (CANCEL_UNCONFIRMED, abandoned asks) never come back. */
     uint32_t num_pages = (uint32_t)o->npeers * (uint32_t)o->window * o->pages * 3;
