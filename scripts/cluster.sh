@@ -20,8 +20,9 @@
 #                      full (kills, SIGSTOP, etcd down 10 s, 5% drop) (none)
 #   --timeout-ms T     each request's deadline (2000)
 #   --window W --inflight N --streams S --send-slots N
-#                      asks in flight per pair (2) and per decode (8), sender
-#                      threads per pair (2), KV sends at once per prefill (4)
+#                      asks in flight per pair (2) and per decode (8), KV
+#                      sends at once per pair (2) and per prefill (4: its
+#                      sender threads, serving its decodes' queues in turn)
 #   --layers L --page-bytes B --pages N
 #                      one request: N pages of B bytes in L layers (4, 4096,
 #                      16: 256 KiB in 64 pieces)

@@ -14,8 +14,9 @@
  * prefill  serves those asks: fills its source pages with the pattern and
  *          moves them with ferry_kv_plan + ferry_kv_send (the demo's path:
  *          many page-sized pieces, then a KV notice). One queue per decode
- *          peer with `--streams` sender threads, so a dead peer stalls only
- *          its own queue. An ask from an incarnation of the decode that is
+ *          peer, served in turn by `--send-slots` sender threads, at most
+ *          `--streams` of them on one peer, so a dead peer holds only those
+ *          until their deadline. An ask from an incarnation of the decode that is
  *          not the one the session talks to is refused before any byte moves.
  * mesh     both: asks every other engine and serves their asks (the full
  *          mesh of N engines, N(N-1) sessions).
@@ -348,7 +349,7 @@ static int decode_main(struct node_opts *o, ferry_engine_t *e, bool serve)
  * totals. */
 static int mesh_main(struct node_opts *o, ferry_engine_t *e)
 {
-    prefill_begin(o);
+    prefill_begin(o, e);
     int rc = decode_main(o, e, true);
     uint64_t next_sample = 0;
     int idle_ms = 0;
