@@ -18,7 +18,7 @@ TransferEngine(raise_on_error=True) raises ferry.FerryError subclasses
 instead of returning codes. See bindings/python/README.md for the mapping.
 
 The argument checks are in _mooncake_args, the CUDA driver and runtime calls
-in _cuda.
+in _cuda, the async batches and their statuses in _async_batches.
 """
 
 import enum
@@ -30,7 +30,8 @@ import os
 import threading
 
 from . import _buffers, _lib, _strided, _vectors, core, errors
-from ._cuda import _cuda_stream_wait, _cudart, _device_ordinal  # noqa: F401 - _cudart: tests
+from ._async_batches import AsyncBatches, _total
+from ._cuda import _cuda_driver, _cuda_stream_wait, _cudart, _device_ordinal  # noqa: F401 - _cudart: tests
 from ._mooncake_args import (P2PHANDSHAKE, _FALLBACK_FROM,  # noqa: F401 - P2PHANDSHAKE: API
                              _check_int_entries, _code, _int, _lists, _metadata, _nonempty,
                              _opcode_arg, _peer, _sized, _split_hostname, _transport)
@@ -91,7 +92,7 @@ def _notify(v):
                     % type(v).__name__)
 
 
-class TransferEngine:
+class TransferEngine(AsyncBatches):
     """Drop-in for mooncake.engine.TransferEngine over Ferry.
 
     raise_on_error: raise FerryError subclasses instead of returning codes.
@@ -250,8 +251,9 @@ class TransferEngine:
         try:
             return Engine(**kw)
         except FerryError as exc:
-            if not (kw.get("port") and kw.get("metadata") == "p2p" and exc.name == "SOCKET"):
-                raise
+            if not (kw.get("port") and kw.get("metadata") == "p2p" and exc.name == "SOCKET"
+                    and "in use" in (exc.detail or "")):
+                raise  # e.g. an address that is not local: the port is not the problem
             log.warning("ferry: cannot listen on port %d (%s); P2PHANDSHAKE: taking a free "
                         "port as Mooncake does (session id: host:get_rpc_port())",
                         kw["port"], exc.detail)
@@ -416,7 +418,9 @@ class TransferEngine:
 
         def go():
             eng = self._eng()
-            if n != 0:  # zero bytes: complete as it is (Mooncake)
+            if n >= self._SCALED_SYNC_FROM:
+                self._sync_scaled(eng, peer, op, [buffer], [remote], [n], n)
+            elif n != 0:  # zero bytes: complete as it is (Mooncake)
                 eng.transfer(peer, op, buffer, remote, n)
             if note is not None:
                 eng.notify(peer, note.msg, name=note.name)
@@ -441,10 +445,19 @@ class TransferEngine:
             eng = self._eng()
             vecs = _vectors.triple(buffers, peer_buffer_addresses, lengths)
             if vecs is not None:  # all ints: C vectors (see _vectors), no per-entry Python
-                eng._transfer_vectors(core._peer_bytes(peer), op, *_vectors.nonzero(*vecs))
+                la, ra, ln = _vectors.nonzero(*vecs)
+                total = _vectors.total(ln)
+                if total >= self._SCALED_SYNC_FROM:
+                    self._sync_scaled(eng, peer, op, buffers, peer_buffer_addresses, lengths, total)
+                else:
+                    eng._transfer_vectors(core._peer_bytes(peer), op, la, ra, ln)
                 bufs = ()
             else:
                 bufs, remotes, lens = _nonempty(*_lists(buffers, peer_buffer_addresses, lengths))
+                total = _total(lens)
+                if total >= self._SCALED_SYNC_FROM:
+                    self._sync_scaled(eng, peer, op, bufs, remotes, lens, total)
+                    bufs = ()
             if len(bufs):
                 try:
                     eng.transfer_batch(peer, op, bufs, remotes, lens)
@@ -488,191 +501,11 @@ class TransferEngine:
         return self.batch_transfer_async(target_hostname, buffers, peer_buffer_addresses,
                                          lengths, TransferOpcode.Read)
 
-    def batch_transfer_async(self, target_hostname, buffers, peer_buffer_addresses, lengths,
-                             opcode, transport_hint=""):
-        """A batch id (> 0) for get_batch_transfer_status / transfer_check_status, or 0
-        when the submit failed (as Mooncake): errors.last_error_detail() and
-        ferry.last_error() say why; raise_on_error=True raises instead.
-        Zero-length requests are complete as they are."""
-        peer, op = _peer(target_hostname), _opcode_arg(opcode)
-
-        def go():
-            eng = self._eng()
-            vecs = _vectors.triple(buffers, peer_buffer_addresses, lengths)
-            if vecs is not None:
-                bid = self._async_vectors(eng, peer, op, vecs)
-                if bid is not None:
-                    return bid
-            all_bufs, all_remotes, all_lens = _lists(buffers, peer_buffer_addresses, lengths)
-            bufs, remotes, lens = _nonempty(all_bufs, all_remotes, all_lens)
-            batch = None
-            if len(bufs):
-                self._session(eng, peer)
-                batch = eng.batch(len(bufs))
-                try:
-                    batch.submit(peer, [(op, b, r, n) for b, r, n in zip(bufs, remotes, lens)])
-                except errors.InvalidArgument:  # noqa: F821
-                    batch._shutdown()
-                    _check_int_entries(remotes, lens)
-                    raise
-                except BaseException:
-                    batch._shutdown()
-                    raise
-            total = int(sum(lens))
-            with self._lock:
-                bid = next(self._batch_ids)
-                self._batches[bid] = (batch, len(all_bufs), total)
-            return bid
-        return self._run_peer(peer, go, on_error=0)
-
-    def batch_transfer_async_strided(self, target_hostname, opcode, local_base, local_stride, remote_base,
-                                     remote_stride, piece_len, n=None, local_indices=None,
-                                     remote_indices=None):
-        """Ferry extension: transfer_strided_sync's pieces submitted as one
-        async batch: a batch id (> 0) for get_batch_transfer_status, or 0 when
-        the submit failed (as batch_transfer_async)."""
-        peer, op = _peer(target_hostname), _opcode_arg(opcode)
-        if n is None:
-            given = remote_indices if remote_indices is not None else local_indices
-            n = len(given) if given is not None else 0
-
-        def go():
-            eng = self._eng()
-            batch = None
-            if n:
-                self._session(eng, peer)
-                batch = eng.batch(n)
-                try:
-                    _strided.submit(batch, core._peer_bytes(peer), op, local_base, local_stride, remote_base,
-                                    remote_stride, piece_len, n, local_indices, remote_indices)
-                except BaseException:
-                    batch._shutdown()
-                    raise
-            with self._lock:
-                bid = next(self._batch_ids)
-                self._batches[bid] = (batch, n, n * piece_len)
-            return bid
-        return self._run_peer(peer, go, on_error=0)
-
-    def _async_vectors(self, eng, peer, op, vecs):
-        """batch_transfer_async's body for all-int arguments converted to C
-        vectors (see _vectors): the batch id, or None when the request struct
-        does not allow it (the per-entry path then runs)."""
-        la, ra, ln = _vectors.nonzero(*vecs)
-        batch = None
-        if len(ln):
-            self._session(eng, peer)
-            batch = eng.batch(len(ln))
-            try:
-                if batch._submit_vectors(peer, op, la, ra, ln) is None:
-                    batch._shutdown()
-                    return None
-            except BaseException:
-                batch._shutdown()
-                raise
-        with self._lock:
-            bid = next(self._batch_ids)
-            self._batches[bid] = (batch, len(vecs[2]), _vectors.total(ln))
-        return bid
-
     def transfer_submit_write(self, target_hostname, buffer, peer_buffer_address, length,
                               transport_hint=""):
         """A batch id for transfer_check_status, or 0 when the submit failed."""
         return self.batch_transfer_async(target_hostname, [buffer], [peer_buffer_address],
                                          [length], TransferOpcode.Write)
-
-    def _take(self, bid):
-        with self._lock:
-            ent = self._batches.pop(bid, None)
-        if ent is None:
-            fail(_code("NOT_FOUND"), "NOT_FOUND (-411): no batch %r (already reaped, or never "
-                 "returned by batch_transfer_async_*)" % (bid,))
-        return ent
-
-    def _wait_budget_ms(self, total):
-        # Mooncake: transfer timeout plus 1 ns per byte (1 GiB/s).
-        eng = self._eng()
-        return int(eng.config["timeout_ms"]) + total // 1000000 + 1000
-
-    def get_batch_transfer_status(self, batch_ids):
-        """Waits for the batches: 0 when all completed, else the first failure's code;
-        every listed batch is consumed either way (Mooncake semantics)."""
-        def go():
-            ids = list(batch_ids)
-            ents = []
-            first_err = None
-            for bid in ids:
-                try:
-                    ents.append(self._take(bid))
-                except FerryError as exc:
-                    first_err = first_err or exc
-            for batch, _, total in ents:
-                if batch is None:
-                    continue
-                if first_err is not None:
-                    batch._shutdown()  # cancel what still runs, like Mooncake freeing it
-                    continue
-                try:
-                    batch.wait(self._wait_budget_ms(total))
-                except FerryError as exc:
-                    first_err = exc
-                batch._shutdown()
-            if first_err is not None:
-                errors._record(first_err.code, first_err.detail)
-                raise first_err
-            return 0
-        return self._run(go)
-
-    def transfer_check_status(self, batch_id):
-        """Non-blocking, Mooncake's values exactly: 1 completed, 0 still running,
-        -1 failed, -2 timed out (errors.last_error_code() / last_error_detail()
-        give the Ferry code and the story). Callers poll until the value is 1,
-        -1 or -2 (Mooncake's documented loop, SGLang's async worker): any other
-        value would keep them polling forever. A batch that ended is consumed;
-        an id that is unknown, already consumed, or the 0 of a failed submit is
-        -1 (failed), so such a loop ends."""
-        rc = self._run(self._check_status, batch_id)
-        if rc in (0, 1) or self.raise_on_error:
-            return rc
-        return -2 if rc == _code("TIMEOUT") else -1
-
-    def _check_status(self, batch_id):
-        with self._lock:
-            ent = self._batches.get(batch_id)
-        if ent is None:
-            self._take(batch_id)  # raises NOT_FOUND
-        batch = ent[0]
-        if batch is None:
-            self._take(batch_id)
-            return 1
-        sts = batch.statuses()
-        bad = next((s for s in sts if s.done and not s.ok), None)
-        if bad is None and not all(s.ok for s in sts):
-            return 0
-        self._take(batch_id)
-        batch._shutdown()
-        if bad is None:
-            return 1
-        code = bad.code or (_code("TIMEOUT") if bad.state == core.STATUS_TIMEOUT else
-                            _code("CANCELLED") if bad.state == core.STATUS_CANCELLED else
-                            _code("INTERNAL"))
-        fail(code, "%s (%d): request of batch %d ended %s" % (
-            errors.name(code), code, batch_id, bad.state_name))
-
-    def get_batch_status(self, batch_id):
-        """Ferry extension: per-request RequestStatus list, without consuming the batch."""
-        def go():
-            with self._lock:
-                ent = self._batches.get(batch_id)
-            if ent is None:
-                self._take(batch_id)
-            return ent[0].statuses() if ent[0] is not None else []
-        try:
-            return go()
-        except FerryError:
-            if self.raise_on_error:
-                raise
-            return None
 
     # --------------------------------------------------------------- segments
     def get_first_buffer_address(self, segment_name):
@@ -830,6 +663,8 @@ def _check_device_without_cuda(eng, addrs):
     loudly (the regions are deregistered)."""
     if _support_cuda():
         return  # the library tells them apart itself
+    if _cuda_driver() is None:
+        return  # no CUDA driver in this process: no device memory (asked once, not per address)
     for a in addrs:
         ordinal = _device_ordinal(a)
         if ordinal is None:

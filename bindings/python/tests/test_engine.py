@@ -647,8 +647,9 @@ class TestTransferEngineLocal(unittest.TestCase):
         addr = ctypes.addressof(buf)
         self.assertIsNone(fe._device_ordinal(addr))  # a host pointer (or no driver)
         te = TransferEngine(engine=self.d.engine)
-        saved = fe._device_ordinal
+        saved, saved_driver = fe._device_ordinal, fe._cuda_driver
         fe._device_ordinal = lambda a: 0 if a == addr else None
+        fe._cuda_driver = lambda: object()  # a driver is loaded (asked once per call)
         try:
             self.assertEqual(te.register_memory(addr, 4096), errors.NOT_IMPLEMENTED)
             self.assertIn("CUDA device 0", errors.last_error_detail())
@@ -659,7 +660,7 @@ class TestTransferEngineLocal(unittest.TestCase):
                              errors.NOT_IMPLEMENTED)
             self.assertEqual(te.unregister_memory(ctypes.addressof(other)), -3)
         finally:
-            fe._device_ordinal = saved
+            fe._device_ordinal, fe._cuda_driver = saved, saved_driver
         self.assertEqual(te.register_memory(addr, 4096), 0)
         self.assertEqual(te.unregister_memory(addr), 0)
 

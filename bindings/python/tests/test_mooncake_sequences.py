@@ -435,6 +435,33 @@ class TestInitializeLikeMooncake(unittest.TestCase):
             te.close()
             held.close()
 
+    def test_ipv6_session_id_like_sglang(self):
+        # SGLang's MooncakeTransferEngine names itself
+        # NetworkAddress(hostname, get_rpc_port()).to_host_port_str(), "[v6]:port"
+        # (Mooncake's maybeWrapIpV6), and conn.py takes the port back with
+        # session.rsplit(":", 1)[1].
+        try:
+            with socket.socket(socket.AF_INET6) as probe:
+                probe.bind(("::1", 0))
+        except OSError:
+            self.skipTest("no IPv6 loopback here")
+        with EnvPatch(**NO_FERRY_ENV):
+            d, p = TransferEngine(), TransferEngine()
+            self.assertEqual(d.initialize("::1", "P2PHANDSHAKE", "rdma", ""), 0, errors.last_error_detail())
+            self.assertEqual(p.initialize("::1", "P2PHANDSHAKE", "rdma", ""), 0, errors.last_error_detail())
+        try:
+            session_id = "[::1]:%d" % d.get_rpc_port()
+            self.assertEqual(d.get_session_id(), session_id)
+            self.assertEqual(int(session_id.rsplit(":", 1)[1]), d.get_rpc_port())
+            dst, src = d.allocate_managed_buffer(4096), p.allocate_managed_buffer(4096)
+            self.assertEqual(p.write_bytes_to_buffer(src, b"v6", 2), 0)
+            self.assertEqual(p.batch_transfer_sync_write(session_id, [src], [dst], [2]), 0,
+                             errors.last_error_detail())
+            self.assertEqual(d.read_bytes_from_buffer(dst, 2), b"v6")
+        finally:
+            p.close()
+            d.close()
+
     def test_mc_force_tcp(self):
         # SGLang's MooncakeTransferEngine (python/sglang/srt/distributed/
         # device_communicators/mooncake_transfer_engine.py) documents
@@ -447,6 +474,66 @@ class TestInitializeLikeMooncake(unittest.TestCase):
             self.assertEqual(te.engine.config["transport"], "tcp")
         finally:
             te.close()
+
+
+@requires_engine
+class TestDeadlineLikeMooncake(unittest.TestCase):
+    """Mooncake's deadline for a transfer call is its transfer timeout plus 1 ns
+    per byte (transfer_engine_py.cpp: transfer_timeout_nsec_ + length, for
+    transfer_sync, batch_transfer_sync and each batch of
+    get_batch_transfer_status), so a call moving tens of GB (SGLang's remote
+    instance weight loader reads a rank's weights in one
+    batch_transfer_sync_read) is not cut at the fixed timeout. Here the
+    timeout is 1 ms and the binding's rate 1 MB/s (instead of 1 GB/s), so
+    moving 64 MiB takes longer than the timeout, well within the budget."""
+
+    N = 64 << 20
+
+    @classmethod
+    def setUpClass(cls):
+        with EnvPatch(**NO_FERRY_ENV):
+            cls.decode = TransferEngine()
+            assert cls.decode.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+            cls.dst = cls.decode.allocate_managed_buffer(cls.N)
+            with EnvPatch(FERRY_TIMEOUT_MS=1):
+                cls.te = TransferEngine()
+                assert cls.te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+        cls.src = cls.te.allocate_managed_buffer(cls.N)
+        cls.te._BYTES_PER_MS = 1000        # 1 MB/s: 64 MiB get 67 s more
+        cls.te._SCALED_SYNC_FROM = 1 << 20  # sync calls from 1 MiB carry the budget
+        cls.sid = cls.decode.get_session_id()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.te.close()
+        cls.decode.close()
+
+    def test_timeout_is_short(self):
+        self.assertEqual(self.te.engine.config["timeout_ms"], 1)
+
+    def test_large_sync_write(self):
+        self.assertEqual(self.te.write_bytes_to_buffer(self.src + self.N - 5, b"tail!", 5), 0)
+        self.assertEqual(self.te.transfer_sync_write(self.sid, self.src, self.dst, self.N), 0,
+                         errors.last_error_detail())
+        self.assertEqual(self.decode.read_bytes_from_buffer(self.dst + self.N - 5, 5), b"tail!")
+
+    def test_large_batch_sync_read(self):
+        half = self.N // 2
+        self.assertEqual(self.decode.write_bytes_to_buffer(self.dst, b"head!", 5), 0)
+        self.assertEqual(self.te.batch_transfer_sync_read(
+            self.sid, [self.src, self.src + half], [self.dst, self.dst + half], [half, half]), 0,
+            errors.last_error_detail())
+        self.assertEqual(self.te.read_bytes_from_buffer(self.src, 5), b"head!")
+
+    def test_large_async_batch(self):
+        bid = self.te.batch_transfer_async_write(self.sid, [self.src], [self.dst], [self.N])
+        self.assertGreater(bid, 0, errors.last_error_detail())
+        self.assertEqual(self.te.get_batch_transfer_status([bid]), 0, errors.last_error_detail())
+
+    def test_large_sync_failure_still_reported(self):
+        # The scaled path reports a refused write as the sync path does.
+        self.assertEqual(self.te.transfer_sync_write(self.sid, self.src, self.dst + 8, self.N),
+                         errors.OUT_OF_BOUNDS)
 
 
 if __name__ == "__main__":
