@@ -13,6 +13,7 @@
  *    served by the same event loop.
  * Bounds are iteration counts, never clocks; every call ends by its
  * deadline (config.timeout_ms), so a hang fails as a TIMEOUT. */
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -26,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/engine.h"
 #include "fault.h"
 #include "harness.h"
 
@@ -420,6 +422,91 @@ static void slow_handshakes_next_to_strided(void **state)
     world_close(&w);
 }
 
+/* ------------------------------- engine destroy under a blocked strided call */
+
+typedef struct blocked_call {
+    ferry_engine_t *e;
+    ferry_batch_t *b; /* NULL: the sync call */
+    char peer[64];
+    void *local;
+    long rc;
+    atomic_bool returned;
+} blocked_call_t;
+
+static void *blocked_strided_main(void *arg)
+{
+    blocked_call_t *c = arg;
+    ferry_strided_t d = {.opcode = FERRY_OP_WRITE, .local_base = c->local, .local_stride = PIECE,
+                         .remote_base = 1u << 20, .remote_stride = PIECE, .piece_len = PIECE, .n = 4};
+    c->rc = c->b ? ferry_batch_submit_strided(c->b, c->peer, &d, 0) : ferry_strided_transfer_sync(c->e, c->peer, &d);
+    atomic_store(&c->returned, true);
+    return NULL;
+}
+
+/* A peer that accepts connections (the kernel's backlog) and never says a
+ * word: a handshake with it blocks until connect_timeout_ms. */
+static int silent_listener(char *name, size_t cap)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(fd, 8), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    snprintf(name, cap, "127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
+    return fd;
+}
+
+/* ferry_engine_destroy while a strided call is blocked in the handshake
+ * its bounds check opens (the peer's segments): the call is woken and
+ * fails with CONTEXT, and destroy frees nothing before it returned.
+ * ferry_batch_submit_strided checked the bounds before it entered the
+ * engine, so destroy neither woke nor waited for it and freed the engine
+ * under it (seen here as a blocked call the engine did not count). */
+static void destroy_during_a_blocked_strided_call(bool async)
+{
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.transport = "tcp";
+    cfg.timeout_ms = 20000;
+    cfg.connect_timeout_ms = 20000;
+    blocked_call_t c = {.e = harness_engine_cfg(&cfg)};
+    int silent = silent_listener(c.peer, sizeof c.peer);
+    c.local = calloc(4, PIECE);
+    assert_int_equal(ferry_register(c.e, c.local, 4 * PIECE, FERRY_MEM_LOCAL), 0);
+    if (async) assert_int_equal(ferry_batch_alloc(c.e, 4, &c.b), 0);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, blocked_strided_main, &c), 0);
+    pause_us(300 * 1000); /* blocked by now; if not yet, it starts against a stopping engine */
+    assert_false(atomic_load(&c.returned));
+    /* Counted among the engine's calls, so that destroy wakes it and waits. */
+    assert_int_equal(atomic_load(&c.e->calls), 1);
+    uint64_t t0 = harness_now_ms();
+    ferry_engine_destroy(c.e);
+    bool returned_before_destroy_did = atomic_load(&c.returned);
+    pthread_join(t, NULL);
+    printf("blocked strided %s: %s after destroy began %llu ms before\n", async ? "submit" : "sync",
+           ferry_error_name((int)c.rc), (unsigned long long)(harness_now_ms() - t0));
+    assert_int_equal(c.rc, FERRY_ERR_CONTEXT);
+    assert_true(returned_before_destroy_did); /* destroy waited for it */
+    if (c.b) assert_int_equal(ferry_batch_free(c.b), 0);
+    close(silent);
+    free(c.local);
+}
+
+static void destroy_during_a_blocked_strided_submit(void **state)
+{
+    (void)state;
+    destroy_during_a_blocked_strided_call(true);
+}
+
+static void destroy_during_a_blocked_strided_sync(void **state)
+{
+    (void)state;
+    destroy_during_a_blocked_strided_call(false);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -428,6 +515,8 @@ int main(void)
         cmocka_unit_test(strided_with_session_close_and_churn),
         cmocka_unit_test(target_destroyed_under_strided),
         cmocka_unit_test(slow_handshakes_next_to_strided),
+        cmocka_unit_test(destroy_during_a_blocked_strided_submit),
+        cmocka_unit_test(destroy_during_a_blocked_strided_sync),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
