@@ -60,4 +60,11 @@ int ferry_run_parallel(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, 
 int ferry_wait_zero_locked(ferry_engine_t *e, pthread_mutex_t *lock, pthread_cond_t *cond, const size_t *pending,
                            uint64_t deadline, int others);
 
+/* batch.c, for strided.c: b's engine once b is a live batch, else NULL
+ * with the failure raised; ferry_batch_submit of requests the caller
+ * checked already. */
+ferry_engine_t *ferry_batch_engine(const ferry_batch_t *b);
+long ferry_batch_submit_checked(ferry_batch_t *b, const char *peer, const ferry_request_t *reqs, size_t n,
+                                int timeout_ms);
+
 #endif

@@ -15,12 +15,6 @@
 /* The first published layout of ferry_strided_t. */
 #define FERRY_STRIDED_SIZE_MIN (offsetof(ferry_strided_t, n) + sizeof(size_t))
 
-int ferry_run_sync_checked(ferry_engine_t *e, const char *peer, int opcode, void *const *locals,
-                           const uint64_t *remotes, const size_t *lens, size_t n);
-long ferry_batch_submit_checked(ferry_batch_t *b, const char *peer, const ferry_request_t *reqs, size_t n,
-                                int timeout_ms);
-ferry_engine_t *ferry_batch_engine(const ferry_batch_t *b);
-
 static uint64_t idx_at(const uint64_t *idx, size_t i) { return idx ? idx[i] : i; }
 
 /* The smallest and largest index of n (n > 0). */

@@ -1,5 +1,6 @@
-/* Pieces: one contiguous transfer for a transport to move, and running
- * them on a connection with retries and re-resolution (xfer.c). Private
+/* Pieces: one contiguous transfer for a transport to move (piece.c),
+ * running them on a connection with retries and re-resolution (xfer.c),
+ * and the checks and synchronous calls around them (transfer.c). Private
  * to the library. */
 #ifndef FERRY_CORE_XFER_H
 #define FERRY_CORE_XFER_H
@@ -43,8 +44,17 @@ void ferry_xfer_fail(ferry_xfer_t *x, int rc);
 
 /* xfer.c: running pieces on one connection with retries and re-resolution */
 int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);
+struct ferry_transport_ops;
+/* The transport s moves its bytes with: tcp until a handshake chose one. */
+const struct ferry_transport_ops *ferry_session_transport(ferry_session_t *s);
+
+/* transfer.c: argument checks and the synchronous calls */
 int ferry_check_local(ferry_engine_t *e, const void *local, uint64_t len);
 /* Checks one request's arguments; touches no memory. */
 int ferry_check_request(ferry_engine_t *e, int opcode, const void *local, uint64_t remote, uint64_t len);
+/* The synchronous transfer of requests the caller checked already
+ * (strided.c), inside the caller's ferry_engine_enter. */
+int ferry_run_sync_checked(ferry_engine_t *e, const char *peer, int opcode, void *const *locals,
+                           const uint64_t *remotes, const size_t *lens, size_t n);
 
 #endif
