@@ -9,6 +9,8 @@
  *    pauses, and a WRITE whose header arrives whole before a pause and its
  *    payload after: all answered, the bytes placed;
  *  - peers that hang up at every point of a header sent byte by byte;
+ *  - a peer that sends its HELLO and frames in one stream without waiting
+ *    for the answers, at once and a byte at a time;
  *  - peers that stall after half a header (before and after the handshake),
  *    more of them than serving threads: a well-behaved initiator with a
  *    shorter deadline than the target's still transfers, and the stallers
@@ -371,11 +373,60 @@ static void bad_headers_in_pieces(void **state)
     target_close(&t);
 }
 
+/* A peer that does not wait for answers: HELLO, PING, WRITE and PING in
+ * one stream, sent at once and sent a byte at a time. The target reads
+ * each frame's bytes and no more (the next frame stays in the socket for
+ * the next step): the four answers come in order, the bytes are placed. */
+static void pipelined_without_waiting(void **state)
+{
+    (void)state;
+    target_t t;
+    target_open(&t, TIMEOUT_MS);
+    for (int slowly = 0; slowly < 2; slowly++) {
+        wire_msg_t hello, ping, write, ping2;
+        msg_hello(&hello, 40 + slowly);
+        ferry_frame_t f = {.type = FERRY_FRAME_PING, .req_id = 71};
+        msg_frame(&ping, &f, NULL);
+        uint8_t data[100];
+        memset(data, 0x3e + slowly, sizeof data);
+        f = (ferry_frame_t){.type = FERRY_FRAME_WRITE, .req_id = 72,
+                            .addr = (uint64_t)(uintptr_t)(t.mem + 4096 * slowly), .len = 100, .plen = 100};
+        msg_frame(&write, &f, data);
+        f = (ferry_frame_t){.type = FERRY_FRAME_PING, .req_id = 73};
+        msg_frame(&ping2, &f, NULL);
+        uint8_t stream[4 * sizeof hello.b];
+        size_t n = 0;
+        const wire_msg_t *parts[] = {&hello, &ping, &write, &ping2};
+        for (int i = 0; i < 4; i++) {
+            memcpy(stream + n, parts[i]->b, parts[i]->n);
+            n += parts[i]->n;
+        }
+        int fd = slow_connect(&t);
+        if (slowly) {
+            for (size_t k = 0; k < n; k++) {
+                assert_int_equal(raw_send_bytes(fd, stream + k, 1), 0);
+                pause_us(200);
+            }
+        } else {
+            assert_int_equal(raw_send_bytes(fd, stream, n), 0);
+        }
+        expect_frame(fd, FERRY_FRAME_HELLO_ACK, 0, 0);
+        expect_frame(fd, FERRY_FRAME_PONG, 71, 0);
+        expect_frame(fd, FERRY_FRAME_WRITE_ACK, 72, 0);
+        expect_frame(fd, FERRY_FRAME_PONG, 73, 0);
+        assert_memory_equal(t.mem + 4096 * slowly, data, sizeof data);
+        close(fd);
+    }
+    still_serving(&t);
+    target_close(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(byte_by_byte_interleaved),
         cmocka_unit_test(hang_up_mid_header),
+        cmocka_unit_test(pipelined_without_waiting),
         cmocka_unit_test(half_header_stallers_hold_no_thread),
         cmocka_unit_test(bad_headers_in_pieces),
     };
