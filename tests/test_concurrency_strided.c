@@ -124,10 +124,14 @@ static bool expect_ok(worker_t *k, const char *what, int t, long rc)
     if (w->close_sessions && rc == FERRY_ERR_SESSION_INVALID) return false;
     if (atomic_load(&w->gone[t])) {
         /* Its connection closed, or refused when dialled again, or the
-         * session invalidated: each names the peer. */
-        if (rc == FERRY_ERR_PEER_CLOSED || rc == FERRY_ERR_SOCKET || rc == FERRY_ERR_SESSION_INVALID ||
-            rc == FERRY_ERR_CANCEL_UNCONFIRMED || rc == FERRY_ERR_ENDPOINT) {
-            atomic_fetch_add(&w->lost, 1);
+         * session invalidated: the detail names the peer. */
+        if ((rc == FERRY_ERR_PEER_CLOSED || rc == FERRY_ERR_SOCKET || rc == FERRY_ERR_SESSION_INVALID ||
+             rc == FERRY_ERR_CANCEL_UNCONFIRMED || rc == FERRY_ERR_ENDPOINT) &&
+            strstr(ferry_last_error_detail(), w->peer[t])) {
+            /* The first of them shows what a caller reads. */
+            if (atomic_fetch_add(&w->lost, 1) == 0)
+                fprintf(stderr, "first call to the destroyed target: %s: %s\n", ferry_error_name((int)rc),
+                        ferry_last_error_detail());
             return false;
         }
     }
