@@ -511,6 +511,47 @@ static void destroy_during_a_blocked_strided_sync(void **state)
     destroy_during_a_blocked_strided_call(false);
 }
 
+/* THREADS strided calls, half sync and half submits of batches of their
+ * own, all blocked behind the handshake with a silent peer, counted by the
+ * engine (a bound in iterations, not time), then destroy: every one ends
+ * with CONTEXT before destroy returns. */
+static void destroy_under_many_blocked_strided_calls(void **state)
+{
+    (void)state;
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.transport = "tcp";
+    cfg.timeout_ms = 20000;
+    cfg.connect_timeout_ms = 20000;
+    ferry_engine_t *e = harness_engine_cfg(&cfg);
+    blocked_call_t c[THREADS];
+    pthread_t t[THREADS];
+    char peer[64];
+    int silent = silent_listener(peer, sizeof peer);
+    void *local = calloc(4, PIECE);
+    assert_int_equal(ferry_register(e, local, 4 * PIECE, FERRY_MEM_LOCAL), 0);
+    for (int i = 0; i < THREADS; i++) {
+        c[i] = (blocked_call_t){.e = e, .local = local};
+        snprintf(c[i].peer, sizeof c[i].peer, "%s", peer);
+        if (i % 2) assert_int_equal(ferry_batch_alloc(e, 4, &c[i].b), 0);
+        assert_int_equal(pthread_create(&t[i], NULL, blocked_strided_main, &c[i]), 0);
+    }
+    /* Up to half the handshake's deadline (they block for all of it). */
+    for (uint64_t until = harness_now_ms() + 10000; atomic_load(&e->calls) < THREADS && harness_now_ms() < until;)
+        pause_us(1000);
+    assert_int_equal(atomic_load(&e->calls), THREADS);
+    ferry_engine_destroy(e);
+    for (int i = 0; i < THREADS; i++) assert_true(atomic_load(&c[i].returned)); /* destroy waited for them */
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(t[i], NULL);
+        if (c[i].rc != FERRY_ERR_CONTEXT)
+            fail_msg("call %d (%s) ended %s, not CONTEXT", i, c[i].b ? "submit" : "sync", ferry_error_name((int)c[i].rc));
+        if (c[i].b) assert_int_equal(ferry_batch_free(c[i].b), 0);
+    }
+    close(silent);
+    free(local);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -521,6 +562,7 @@ int main(void)
         cmocka_unit_test(slow_handshakes_next_to_strided),
         cmocka_unit_test(destroy_during_a_blocked_strided_submit),
         cmocka_unit_test(destroy_during_a_blocked_strided_sync),
+        cmocka_unit_test(destroy_under_many_blocked_strided_calls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
