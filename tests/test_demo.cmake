@@ -28,6 +28,10 @@ ferry_demo_test(demo_page_1 "${FERRY_DEMO_SMALL} --page 1 --quiet" 0
                 "verified: [1-9][0-9]* bytes, 0 mismatches.*ferry demo: OK")
 ferry_demo_test(demo_mla "${FERRY_DEMO_SMALL} --mla --page 1 --prefill-tp 2 --decode-tp 1" 0
                 "MLA: one 576-element latent.*verified: [1-9][0-9]* bytes, 0 mismatches.*ferry demo: OK")
+# The old pipelined schedule (--overlap: transfers start while the ranks
+# still fill and check other requests) verifies the same way.
+ferry_demo_test(demo_overlap "${FERRY_DEMO_SMALL} --page 1 --overlap --inflight 3" 0
+                "timing    transfers overlap.*verified: [1-9][0-9]* bytes, 0 mismatches.*ferry demo: OK")
 ferry_demo_test(demo_json "${FERRY_DEMO_SMALL} --json --quiet" 0
                 "\"ok\": true.*\"mismatches\": 0.*\"errors\": \\[\\]")
 

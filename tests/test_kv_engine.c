@@ -591,6 +591,74 @@ static void embeddings_reuse_one_registration(void **state)
     free(dst);
 }
 
+/* A request whose coalesced blocks have more distinct lengths than the
+ * send's length table holds (runs of 1..70 pages): the blocks are grouped
+ * by a sort instead, and every byte still lands where it belongs. */
+static void many_run_lengths_all_land(void **state)
+{
+    (void)state;
+    enum { RUNS = 70, MANY_POOL = 2600, ROW = 8 };
+    int32_t *src_pages = malloc(MANY_POOL * sizeof *src_pages), *dst_pages = malloc(MANY_POOL * sizeof *dst_pages);
+    assert_non_null(src_pages);
+    assert_non_null(dst_pages);
+    size_t n = 0;
+    int32_t gap = 0;
+    for (int32_t run = 1; run <= RUNS; run++, gap++) /* one free prefill page between runs */
+        for (int32_t k = 0; k < run; k++, n++) {
+            src_pages[n] = (int32_t)n + gap;
+            dst_pages[n] = (int32_t)n;
+        }
+    ferry_engine_t *engines[2];
+    unsigned char *mem[2][2];
+    uint64_t addrs[2][2];
+    ferry_kv_cache_desc_t d[2];
+    for (int side = 0; side < 2; side++) {
+        engines[side] = harness_engine(WAIT_MS);
+        for (int b = 0; b < 2; b++) {
+            mem[side][b] = malloc(MANY_POOL * ROW);
+            assert_non_null(mem[side][b]);
+            if (side == 0) harness_fill(mem[side][b], MANY_POOL * ROW, 40 + (uint64_t)b);
+            else memset(mem[side][b], UNTOUCHED, MANY_POOL * ROW);
+            addrs[side][b] = (uint64_t)(uintptr_t)mem[side][b];
+            assert_int_equal(ferry_register(engines[side], mem[side][b], MANY_POOL * ROW,
+                                            side ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_LOCAL),
+                             0);
+        }
+        d[side] = (ferry_kv_cache_desc_t){.kind = FERRY_KV_SPLIT, .num_layers = 1, .num_pages = MANY_POOL,
+                                          .page_size = 1, .kv_heads = 1, .total_kv_heads = 1, .head_dim = ROW,
+                                          .dtype_size = 1, .tp_rank = 0, .tp_size = 1,
+                                          .k_addrs = &addrs[side][0], .v_addrs = &addrs[side][1]};
+    }
+    ferry_kv_plan_t *send_plan = NULL, *recv_plan = NULL;
+    assert_int_equal(ferry_kv_plan_create(&d[0], &d[1], src_pages, dst_pages, n, &send_plan), 0);
+    assert_int_equal(ferry_kv_plan_create(&d[0], &d[1], src_pages, dst_pages, n, &recv_plan), 0);
+    assert_int_equal(ferry_kv_plan_bind_sender(send_plan, 0, 0, 0, 0), 0);
+    assert_int_equal(ferry_kv_plan_bind_receiver(recv_plan, 0, 0), 0);
+    ferry_kv_plan_info_t in;
+    ferry_kv_plan_get_info(send_plan, &in);
+    assert_int_equal(in.blocks, 2 * RUNS);
+    ferry_kv_recv_t *tracker = NULL;
+    assert_int_equal(ferry_kv_recv_create(9, &recv_plan, 1, &tracker), 0);
+    ferry_kv_send_args_t args = {.request_id = 9};
+    assert_int_equal(ferry_kv_send(engines[0], ferry_engine_name(engines[1]), send_plan, &args), 0);
+    assert_int_equal(wait_for_request(engines[1], tracker), 1);
+    for (int b = 0; b < 2; b++) {
+        for (size_t i = 0; i < n; i++)
+            assert_memory_equal(mem[1][b] + (size_t)dst_pages[i] * ROW, mem[0][b] + (size_t)src_pages[i] * ROW,
+                                ROW);
+        for (size_t p = n; p < MANY_POOL; p++) assert_int_equal(mem[1][b][p * ROW], UNTOUCHED);
+    }
+    ferry_kv_recv_destroy(tracker);
+    ferry_kv_plan_destroy(send_plan);
+    ferry_kv_plan_destroy(recv_plan);
+    for (int side = 0; side < 2; side++) {
+        ferry_engine_destroy(engines[side]);
+        for (int b = 0; b < 2; b++) free(mem[side][b]);
+    }
+    free(src_pages);
+    free(dst_pages);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -603,6 +671,7 @@ int main(void)
         cmocka_unit_test(sender_abort_reaches_the_decode_side),
         cmocka_unit_test(tracker_rejects_unexpected_source),
         cmocka_unit_test(embeddings_reuse_one_registration),
+        cmocka_unit_test(many_run_lengths_all_land),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -35,6 +35,7 @@ struct demo_shape {
     int inject;          /* enum demo_inject */
     uint32_t inject_request;
     uint32_t mla;        /* --mla: one latent buffer per layer (FERRY_KV_MLA), rows of heads x head_dim */
+    uint32_t overlap;    /* --overlap: the ranks' fill and checks may run while a transfer is timed */
     /* Derived by demo_shape_derive. */
     uint32_t max_pages;    /* pages of the longest possible request */
     uint32_t prefill_pool; /* pages in each prefill rank's pool */

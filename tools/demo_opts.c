@@ -38,6 +38,9 @@ void demo_usage(FILE *out)
             "  --decode-tp N       decode tensor-parallel ranks, one process each (1)\n"
             "                      (each must divide --heads, or be a multiple of it)\n"
             "  --inflight N        requests admitted at once (2)\n"
+            "  --overlap           start a transfer while the ranks still fill and check other requests\n"
+            "                      (as a busy server's compute would); by default each transfer runs\n"
+            "                      alone, so GB/s times the engines, not the demo's own checks\n"
             "  --seed N            prompt lengths, page lists and KV contents (1)\n"
             "Engine:\n"
             "  --transport NAME    auto, tcp, shm (default: FERRY_TRANSPORT, else auto)\n"
@@ -102,7 +105,7 @@ int demo_parse_opts(int argc, char **argv, struct demo_opts *o)
     };
     /* getopt_long's value for each option: an index into nums[] for the
      * whole-number ones, O_* for the others. */
-    enum { O_QUIET = 'q', O_JSON = 256, O_MLA, O_SEED, O_TIMEOUT_MS, O_TRANSPORT, O_MAX_MEMORY, O_INJECT };
+    enum { O_QUIET = 'q', O_JSON = 256, O_MLA, O_OVERLAP, O_SEED, O_TIMEOUT_MS, O_TRANSPORT, O_MAX_MEMORY, O_INJECT };
     static const struct option options[] = {
         {"layers", required_argument, NULL, 0},       {"heads", required_argument, NULL, 1},
         {"head-dim", required_argument, NULL, 2},     {"dtype-size", required_argument, NULL, 3},
@@ -112,6 +115,7 @@ int demo_parse_opts(int argc, char **argv, struct demo_opts *o)
         {"inflight", required_argument, NULL, 10},    {"inject-request", required_argument, NULL, 11},
         {"quiet", no_argument, NULL, O_QUIET},        {"json", no_argument, NULL, O_JSON},
         {"mla", no_argument, NULL, O_MLA},            {"seed", required_argument, NULL, O_SEED},
+        {"overlap", no_argument, NULL, O_OVERLAP},
         {"timeout-ms", required_argument, NULL, O_TIMEOUT_MS},
         {"transport", required_argument, NULL, O_TRANSPORT},
         {"max-memory", required_argument, NULL, O_MAX_MEMORY},
@@ -136,6 +140,7 @@ int demo_parse_opts(int argc, char **argv, struct demo_opts *o)
         case O_QUIET: o->quiet = 1; break;
         case O_JSON: o->json = 1; break;
         case O_MLA: s->mla = 1; break;
+        case O_OVERLAP: s->overlap = 1; break;
         case O_SEED:
             if (parse_u64("--seed", v, 0, UINT64_MAX, &s->seed) != 0) return 2;
             break;

@@ -217,6 +217,53 @@ static int by_len(const void *a, const void *b)
     return x->src < y->src ? -1 : x->src > y->src;
 }
 
+/* The lengths a plan's blocks have in practice: runs of 1 to a dozen pages
+ * of one or two row sizes. More than this and they are sorted instead. */
+#define KV_LEN_GROUPS_MAX 64
+
+struct len_groups {
+    uint64_t len[KV_LEN_GROUPS_MAX];
+    size_t at[KV_LEN_GROUPS_MAX]; /* a count, then where the group goes next */
+    size_t n, last;
+};
+
+/* The group of len, added when new; -1 when there would be too many. */
+static long len_group(struct len_groups *g, uint64_t len)
+{
+    if (g->n && g->len[g->last] == len) return (long)g->last;
+    for (size_t i = 0; i < g->n; i++)
+        if (g->len[i] == len) return (long)(g->last = i);
+    if (g->n == KV_LEN_GROUPS_MAX) return -1;
+    g->len[g->n] = len;
+    g->at[g->n] = 0;
+    return (long)(g->last = g->n++);
+}
+
+/* blocks[0..count) into out grouped by length, each group in the blocks'
+ * order: two linear passes (count, place) instead of a comparison sort of
+ * every block inside the timed send (a --page 1 request has ~45,000). */
+static void group_by_len(const ferry_kv_block_t *blocks, size_t count, ferry_kv_block_t *out)
+{
+    struct len_groups g;
+    g.n = g.last = 0;
+    for (size_t i = 0; i < count; i++) {
+        long k = len_group(&g, blocks[i].len);
+        if (k < 0) {
+            memcpy(out, blocks, count * sizeof *out);
+            qsort(out, count, sizeof *out, by_len);
+            return;
+        }
+        g.at[k]++;
+    }
+    size_t next = 0;
+    for (size_t k = 0; k < g.n; k++) {
+        size_t c = g.at[k];
+        g.at[k] = next;
+        next += c;
+    }
+    for (size_t i = 0; i < count; i++) out[g.at[len_group(&g, blocks[i].len)]++] = blocks[i];
+}
+
 /* Submits blocks[0..n) (of one length, n >= 2) as one strided descriptor;
  * idx has room for 2n indices. */
 static long submit_strided_run(ferry_batch_t *b, const char *peer, const ferry_kv_block_t *blocks, size_t n,
@@ -247,10 +294,7 @@ static int write_blocks(ferry_engine_t *e, const char *peer, const ferry_kv_bloc
     ferry_batch_t *b = NULL;
     int rc = sorted && idx && rest ? ferry_batch_alloc(e, count, &b)
                                    : ferry_fail(FERRY_ERR_MEMORY, "kv send: %zu blocks", count);
-    if (rc == 0) {
-        memcpy(sorted, blocks, count * sizeof *sorted);
-        qsort(sorted, count, sizeof *sorted, by_len);
-    }
+    if (rc == 0) group_by_len(blocks, count, sorted);
     size_t nrest = 0;
     for (size_t i = 0; rc == 0 && i < count;) {
         size_t j = i + 1;
