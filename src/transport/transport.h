@@ -21,6 +21,13 @@ typedef struct ferry_verdict {
      * (ferry_peer_info), and runs the pieces again over tcp on the same
      * connection, each from its ->done on. run returns 0 with it. */
     bool fall_back;
+    /* Set by run: the pieces it left to do (no failure, bytes left) go by
+     * tcp, for this call only, on the same connection, each from its
+     * ->done on; the session keeps this transport (pieces this one cannot
+     * reach: device memory, a region its hardware cannot register; or the
+     * transport went unusable). run returns 0 with it; reason says why
+     * (logged at debug level). */
+    bool by_tcp;
     char reason[256];
 } ferry_verdict_t;
 
@@ -36,7 +43,8 @@ typedef struct ferry_transport_ops {
      * the first byte leaves): after a broken return the core fences those
      * pieces so that nothing of them lands late (core/cancel.h). Without a
      * broken return, every answer must have been read. It never writes
-     * session state: to leave for tcp it fills *verdict (above). */
+     * session state: to leave for tcp, or to leave some pieces to tcp, it
+     * fills *verdict (above); it never calls another transport itself. */
     int (*run)(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken, ferry_verdict_t *verdict);
     /* Target side: serves frame f of a type listed in serve_types. A
      * negative return closes the connection. Before touching memory, and
@@ -78,6 +86,9 @@ static inline bool ferry_piece_sendable(const ferry_xfer_t *x, uint64_t off)
  * out of step). */
 /* run()'s verdict: fall back to tcp, because of the text why. Returns 0. */
 int ferry_verdict_fall_back(ferry_verdict_t *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* run()'s verdict: the pieces left to do go by tcp for this call only,
+ * because of the text why. Returns 0. */
+int ferry_verdict_by_tcp(ferry_verdict_t *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 int ferry_recv_answer(ferry_conn_t *c, ferry_xfer_t *x, unsigned spin_us, ferry_frame_t *f, int *broken,
                       char *reason, size_t cap);
