@@ -106,5 +106,8 @@ const ferry_transport_ops_t *ferry_transport_choose(ferry_engine_t *e, const fer
                                                      size_t cap);
 /* The transport that serves frame type t, or NULL. */
 const ferry_transport_ops_t *ferry_transport_for_frame(uint8_t type);
+/* Transport t's per-region slot (ferry_region_t.slot, registry.h): 1 + its
+ * index in the table. FERRY_REGION_SLOTS when t is not in the table. */
+unsigned ferry_transport_region_slot(const ferry_transport_ops_t *t);
 
 #endif
