@@ -15,7 +15,7 @@
  * installs the slot's release hook. Slot 0 is the core's shared pools'
  * (core/pool.c, share.h); slot 1 + i that of transport i of the transport
  * table (transport/transport.h, ferry_transport_region_slot). */
-#define FERRY_REGION_SLOTS 4
+#define FERRY_REGION_SLOTS 6
 #define FERRY_REGION_SLOT_SHARE 0
 
 typedef struct ferry_region {

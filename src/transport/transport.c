@@ -10,6 +10,9 @@ const ferry_transport_ops_t *const ferry_transports[] = {
     &ferry_transport_rdma, /* usable only when both ends have an RDMA device */
     &ferry_transport_shm,  /* usable between processes of one host */
     &ferry_transport_tcp,
+#ifdef FERRY_TEST_TRANSPORT_EXTRA
+    &ferry_transport_extra, /* tests/test_transport_extra.c: only that test's build has it */
+#endif
     NULL,
 };
 /* Each transport has a per-region slot after the core's (registry.h). */

@@ -96,6 +96,9 @@ int ferry_recv_answer(ferry_conn_t *c, ferry_xfer_t *x, unsigned spin_us, ferry_
 extern const ferry_transport_ops_t ferry_transport_tcp;
 extern const ferry_transport_ops_t ferry_transport_rdma;
 extern const ferry_transport_ops_t ferry_transport_shm;
+#ifdef FERRY_TEST_TRANSPORT_EXTRA
+extern const ferry_transport_ops_t ferry_transport_extra;
+#endif
 
 /* NULL-terminated, in order of preference for "auto". */
 extern const ferry_transport_ops_t *const ferry_transports[];
