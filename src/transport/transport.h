@@ -4,7 +4,13 @@
  * acks); a transport decides how the bytes of a transfer move: inline in TCP
  * frames ("tcp"), or by cross-memory attach between processes of one host
  * ("shm"), or over RDMA. The target side serves the frame types a transport
- * declares. A new transport is one new file and one entry in transport.c. */
+ * declares. A new transport is one new file and one entry in transport.c
+ * (README, "Adding a transport"): its ops below; its verdict, never session
+ * state; its frames (a range of wire.h, listed in serve_types); its
+ * per-region data, if any, in its slot of ferry_region_t
+ * (ferry_transport_region_slot) with that slot's release hook
+ * (ferry_registry_set_hook, registry.h). tests/test_transport_extra.c is
+ * one. */
 #ifndef FERRY_TRANSPORT_H
 #define FERRY_TRANSPORT_H
 
@@ -78,18 +84,18 @@ static inline bool ferry_piece_sendable(const ferry_xfer_t *x, uint64_t off)
     return x->rc == 0 && off < x->len && !(x->cancel && atomic_load(x->cancel));
 }
 
-/* Initiator side: receives the answer to piece x's oldest slice in flight
- * (WRITE_ACK for writes, READ_RESP for reads) into *f. 0 when the target
- * accepted it (any payload is still to be read); the target's refusal with
- * its detail (reason gets the text when not NULL); or, with *broken set, a
- * failure that leaves the connection unusable (I/O, ERROR frame, an answer
- * out of step). */
 /* run()'s verdict: fall back to tcp, because of the text why. Returns 0. */
 int ferry_verdict_fall_back(ferry_verdict_t *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* run()'s verdict: the pieces left to do go by tcp for this call only,
  * because of the text why. Returns 0. */
 int ferry_verdict_by_tcp(ferry_verdict_t *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Initiator side: receives the answer to piece x's oldest slice in flight
+ * (WRITE_ACK for writes, READ_RESP for reads) into *f. 0 when the target
+ * accepted it (any payload is still to be read); the target's refusal with
+ * its detail (reason gets the text when not NULL); or, with *broken set, a
+ * failure that leaves the connection unusable (I/O, ERROR frame, an answer
+ * out of step). */
 int ferry_recv_answer(ferry_conn_t *c, ferry_xfer_t *x, unsigned spin_us, ferry_frame_t *f, int *broken,
                       char *reason, size_t cap);
 
