@@ -9,7 +9,9 @@
 #   scripts/cluster.sh [options]          needs root (namespaces, tc, nft)
 #
 #   --engines N        prefill + decode engines (16); a probe engine is added
-#   --pattern P        pairs | all-to-all | incast (pairs)
+#   --pattern P        pairs | all-to-all | incast | mesh (pairs); mesh: every
+#                      engine asks every other and serves them (N(N-1)
+#                      sessions), no churn
 #   --fan-in K         incast: prefills per decode (15; groups of K+1 engines)
 #   --rate R           tbf rate of every link, each direction (200mbit)
 #   --duration S       seconds of traffic after the warm-up (20)
@@ -18,8 +20,9 @@
 #                      full (kills, SIGSTOP, etcd down 10 s, 5% drop) (none)
 #   --timeout-ms T     each request's deadline (2000)
 #   --window W --inflight N --streams S --send-slots N
-#                      asks in flight per pair (2) and per decode (8), sender
-#                      threads per pair (2), KV sends at once per prefill (4)
+#                      asks in flight per pair (2) and per decode (8), KV
+#                      sends at once per pair (2) and per prefill (4: its
+#                      sender threads, serving its decodes' queues in turn)
 #   --layers L --page-bytes B --pages N
 #                      one request: N pages of B bytes in L layers (4, 4096,
 #                      16: 256 KiB in 64 pieces)
@@ -77,7 +80,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-case $PATTERN in pairs|all-to-all|incast) ;; *) die "--pattern must be pairs, all-to-all or incast" ;; esac
+case $PATTERN in pairs|all-to-all|incast|mesh) ;; *) die "--pattern must be pairs, all-to-all, incast or mesh" ;; esac
 case $CHURN in none|short|full) ;; *) die "--churn must be none, short or full" ;; esac
 case $INJECT in ''|corrupt|stray|silent-kill) ;; *) die "--inject must be corrupt, stray or silent-kill" ;; esac
 [ "$ENGINES" -ge 2 ] && [ "$ENGINES" -le 400 ] 2>/dev/null || die "--engines must be 2..400"
@@ -123,6 +126,15 @@ case $PATTERN in
       for ((i = g + 1; i <= g + FAN_IN; i++)); do ROLE[i]=prefill; done
     done
     LINKS=$(( ENGINES / group )) ;;
+  mesh)
+    # Every engine both asks (decode) and serves (prefill): each link is
+    # filled both ways.
+    [ "$CHURN" = none ] || die "--pattern mesh runs without churn (every engine serves the others)"
+    for ((i = 0; i < ENGINES; i++)); do
+      ROLE[i]=mesh; ASKS[i]=
+      for ((p = 0; p < ENGINES; p++)); do [ "$p" -eq "$i" ] || ASKS[i]+=${ASKS[i]:+ }$p; done
+    done
+    LINKS=$ENGINES ;;
 esac
 PROBE=$ENGINES   # one more engine, in its own namespace, for new-session probes
 
@@ -282,9 +294,12 @@ start_node() { # INDEX
   INCARNATION[i]=$(( ${INCARNATION[i]:-0} + 1 ))
   case $role in
     decode) extra=(--peers "$(peers_of "$i")" --go-file "$DIR/go" --window "$WINDOW" --inflight "$INFLIGHT") ;;
+    mesh) extra=(--peers "$(peers_of "$i")" --go-file "$DIR/go" --window "$WINDOW" --inflight "$INFLIGHT"
+                 --streams "$STREAMS" --send-slots "$SLOTS")
+          case $INJECT in corrupt|stray) [ "$i" -eq 0 ] && extra+=(--inject "$INJECT") ;; esac ;;
     prefill) extra=(--streams "$STREAMS" --send-slots "$SLOTS")
              case $INJECT in corrupt|stray) [ "$i" -eq 0 ] && extra+=(--inject "$INJECT") ;; esac ;;
-    probe) local list= p; for ((p = 0; p < ENGINES; p++)); do [ "${ROLE[p]}" = prefill ] && list+=${list:+,}$(name_of "$p"); done
+    probe) local list= p; for ((p = 0; p < ENGINES; p++)); do case ${ROLE[p]} in prefill|mesh) list+=${list:+,}$(name_of "$p") ;; esac; done
            extra=(--peers "$list") ;;
   esac
   ip netns exec "$(ns_of "$i")" "$FERRY" cluster node --role "$role" --index "$i" --host "$(ip_of "$i")" \
@@ -301,11 +316,12 @@ wait_up() { # INDEX
   done
   die "engine $1 did not come up: $(tail -n 3 "$DIR/node-$1.out" 2>/dev/null)"
 }
-# Prefill first (they only serve), then the probe, then the decodes.
-for ((i = 0; i < ENGINES; i++)); do [ "${ROLE[i]}" = prefill ] && start_node "$i"; done
-for ((i = 0; i < ENGINES; i++)); do [ "${ROLE[i]}" = prefill ] && wait_up "$i"; done
-start_node "$PROBE"
+# Those that serve first (prefill, mesh: a mesh engine waits for the go
+# file before it asks), then the probe, then the decodes.
 rm -f "$DIR/go"
+for ((i = 0; i < ENGINES; i++)); do case ${ROLE[i]} in prefill|mesh) start_node "$i" ;; esac; done
+for ((i = 0; i < ENGINES; i++)); do case ${ROLE[i]} in prefill|mesh) wait_up "$i" ;; esac; done
+start_node "$PROBE"
 for ((i = 0; i < ENGINES; i++)); do [ "${ROLE[i]}" = decode ] && start_node "$i"; done
 for ((i = 0; i <= PROBE; i++)); do wait_up "$i"; done
 # Every engine is up: the clock starts, the decodes ask until END_MS.
@@ -396,6 +412,18 @@ for ((i = 0; i < ENGINES; i++)); do
   wait "${PIDS[i]}"; rc=$?; PIDS[i]=
   [ "$rc" -eq 0 ] || { echo "cluster: decode $i exited $rc (see $DIR/node-$i.out)" >&2; FAILED_ENGINES=$(( FAILED_ENGINES + 1 )); }
 done
+# A mesh engine logs its decode totals (E with six fields) once its own
+# asks drained, and serves the others' until every one has.
+for ((i = 0; i < ENGINES; i++)); do
+  [ "${ROLE[i]}" = mesh ] || continue
+  for _ in $(seq 1 $(( DRAIN_S * 10 ))); do
+    grep -Eq '^E [0-9]+ [0-9]+ ' "$DIR/node-$i.log" 2>/dev/null && break
+    kill -0 "${PIDS[i]}" 2>/dev/null || break
+    sleep 0.1
+  done
+  grep -Eq '^E [0-9]+ [0-9]+ ' "$DIR/node-$i.log" 2>/dev/null ||
+    { echo "cluster: mesh engine $i did not finish its asks within ${DRAIN_S}s of the end (a hang, or it died)" >&2; FAILED_ENGINES=$(( FAILED_ENGINES + 1 )); }
+done
 # SIGTERM, then at most the time one request may take to end, then -9.
 stop_engine() { # INDEX
   local i=$1 rc
@@ -410,8 +438,8 @@ stop_engine() { # INDEX
 }
 # The probe first: it must not open sessions to prefills that are leaving.
 stop_engine "$PROBE"
-for ((i = 0; i < ENGINES; i++)); do [ "${ROLE[i]}" = prefill ] && kill -TERM "${PIDS[i]}" 2>/dev/null; done
-for ((i = 0; i < ENGINES; i++)); do [ "${ROLE[i]}" = prefill ] && stop_engine "$i"; done
+for ((i = 0; i < ENGINES; i++)); do case ${ROLE[i]} in prefill|mesh) kill -TERM "${PIDS[i]}" 2>/dev/null ;; esac; done
+for ((i = 0; i < ENGINES; i++)); do case ${ROLE[i]} in prefill|mesh) stop_engine "$i" ;; esac; done
 PIDS=()
 
 cat >"$DIR/run" <<EOF

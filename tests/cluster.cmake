@@ -34,3 +34,21 @@ ferry_cluster_catches(cluster_catches_corruption corrupt "VIOLATION: 1 corrupted
 ferry_cluster_catches(cluster_catches_stray_write stray "VIOLATION: [0-9]+ (corrupted bytes|stale or stray bytes in free pages)")
 ferry_cluster_catches(cluster_catches_unexplained_failure silent-kill
                       "VIOLATION: 10[.]77[.]0[.][0-9]+:17000 -> 10[.]77[.]0[.][0-9]+:17000 failed with [A-Z_]+ at [+][0-9.]+ s: no fault in progress explains that code")
+
+# The full mesh (every engine asks every other and serves them): 4 engines,
+# 12 sessions, every byte verified; its checks fail on a flipped byte too;
+# churn is refused (a mesh engine is everyone's sender).
+add_test(NAME cluster_mesh_tiny
+         COMMAND ${CMAKE_COMMAND} -DCMD=${CMAKE_SOURCE_DIR}/scripts/cluster.sh
+                 "-DARGS=${FERRY_CLUSTER_TINY} --pattern mesh" -DEXPECT_RC=0
+                 "-DEXPECT_REGEX=sessions of all engines together: 12.*OK: 0 violations"
+                 -DTIMEOUT=150 -P ${CMAKE_CURRENT_SOURCE_DIR}/support/expect_run.cmake)
+set_tests_properties(cluster_mesh_tiny PROPERTIES TIMEOUT 180 RUN_SERIAL TRUE LABELS "cluster;no-tsan"
+                     SKIP_REGULAR_EXPRESSION "cluster: SKIP: ")
+ferry_cluster_catches(cluster_mesh_catches_corruption "corrupt --pattern mesh" "VIOLATION: 1 corrupted bytes")
+add_test(NAME cluster_mesh_refuses_churn
+         COMMAND ${CMAKE_COMMAND} -DCMD=${CMAKE_SOURCE_DIR}/scripts/cluster.sh
+                 "-DARGS=--ferry $<TARGET_FILE:ferry_cli> --pattern mesh --churn short" -DEXPECT_RC=1
+                 "-DEXPECT_REGEX=--pattern mesh runs without churn"
+                 -P ${CMAKE_CURRENT_SOURCE_DIR}/support/expect_run.cmake)
+set_tests_properties(cluster_mesh_refuses_churn PROPERTIES LABELS "cluster;no-tsan")

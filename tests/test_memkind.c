@@ -349,21 +349,43 @@ static void region_access_checks_and_reaches_device_memory(void **state)
     ferry_engine_destroy(e);
 }
 
-static int released;
-static void count_release(void *ctx, ferry_region_t *reg)
+/* Two owners' slots: 1 releases under the lock only, 2 also after it. */
+static int released, released_after;
+static void count_release(void *ctx, const ferry_region_t *reg, void *state)
 {
     assert_ptr_equal(ctx, &released);
-    assert_ptr_equal(reg->xport, (void *)0x1);
+    assert_ptr_equal(state, (void *)0x1);
+    assert_ptr_equal(reg->slot[1], (void *)0x1);
     released++;
 }
 
-static void set_xport(ferry_registry_t *r, uint64_t addr)
+static void count_release_other(void *ctx, const ferry_region_t *reg, void *state)
+{
+    (void)ctx, (void)reg;
+    assert_ptr_equal(state, (void *)0x2);
+}
+
+static void count_released_after(void *ctx, const ferry_region_t *reg, void *state)
+{
+    (void)ctx;
+    assert_ptr_equal(state, (void *)0x2);
+    assert_int_equal(reg->addr, 0x10000); /* a copy: the region is gone */
+    released_after++;
+}
+
+static void set_slot(ferry_registry_t *r, uint64_t addr, unsigned slot, void *state)
 {
     ferry_registry_read_lock(r);
     ferry_region_t *reg = ferry_registry_lookup_locked(r, addr, 1);
     assert_non_null(reg);
-    reg->xport = (void *)0x1;
+    reg->slot[slot] = state;
     ferry_registry_unlock(r);
+}
+
+static int mark_updated(void *arg, ferry_region_t *reg)
+{
+    *(uint64_t *)arg = reg->addr;
+    return 0;
 }
 
 static void registry_release_hook(void **state)
@@ -371,8 +393,10 @@ static void registry_release_hook(void **state)
     (void)state;
     ferry_registry_t r;
     ferry_registry_init(&r);
-    ferry_registry_set_release(&r, count_release, &released);
-    released = 0;
+    ferry_registry_set_hook(&r, 1, &(ferry_region_hook_t){.release = count_release, .ctx = &released});
+    ferry_registry_set_hook(&r, 2, &(ferry_region_hook_t){.release = count_release_other,
+                                                          .released = count_released_after});
+    released = released_after = 0;
     assert_int_equal(ferry_registry_add_kind(&r, 0x10000, 0x1000, FERRY_MEM_REMOTE, FERRY_MEMKIND_FAKE), 0);
     assert_int_equal(ferry_registry_add(&r, 0x20000, 0x1000, FERRY_MEM_LOCAL), 0);
     assert_int_equal(ferry_registry_add(&r, 0x30000, 0x1000, FERRY_MEM_LOCAL), 0);
@@ -384,18 +408,26 @@ static void registry_release_hook(void **state)
     assert_null(ferry_registry_lookup_locked(&r, 0x18000, 1));
     assert_null(ferry_registry_lookup_locked(&r, 0x10000, 0));
     ferry_registry_unlock(&r);
-    /* Only regions with state are released; once each. */
-    set_xport(&r, 0x10000);
+    /* update: only a region's start. */
+    uint64_t seen = 0;
+    assert_int_equal(ferry_registry_update(&r, 0x20000, mark_updated, &seen, "test"), 0);
+    assert_int_equal(seen, 0x20000);
+    assert_int_equal(ferry_registry_update(&r, 0x20800, mark_updated, &seen, "test"), FERRY_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(ferry_last_error_detail(), "test: no region starting at 0x20800"));
+    /* Only regions with state are released; once each, per slot. */
+    set_slot(&r, 0x10000, 1, (void *)0x1);
+    set_slot(&r, 0x10000, 2, (void *)0x2);
     assert_int_equal(ferry_registry_remove(&r, 0x20000), 0);
     assert_int_equal(released, 0);
     assert_int_equal(ferry_registry_remove(&r, 0x10000), 0);
     assert_int_equal(released, 1);
+    assert_int_equal(released_after, 1);
     assert_int_equal(ferry_registry_device_count(&r), 0);
-    set_xport(&r, 0x30000);
-    ferry_registry_release_all(&r);
+    set_slot(&r, 0x30000, 1, (void *)0x1);
+    ferry_registry_release_slot(&r, 1);
     assert_int_equal(released, 2);
-    /* The hook is gone after release_all: destroy releases nothing more. */
-    set_xport(&r, 0x30000);
+    /* The slot's hook is gone after release_slot: destroy releases nothing more. */
+    set_slot(&r, 0x30000, 1, (void *)0x1);
     ferry_registry_destroy(&r);
     assert_int_equal(released, 2);
 }

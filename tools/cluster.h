@@ -20,7 +20,11 @@
  *            X T_MS STALE_BYTES                    bytes found in free pages
  *            E T_MS VERIFIED BAD STALE QUARANTINED_PAGES ABANDONED
  *   probe    P T_MS PEER CODE LAT_US               a new session opened
- *   all      S T_MS THREADS RSS_KB SESSIONS OWN   once a second; OWN: the node's threads, not the engine's
+ *   all      S T_MS THREADS RSS_KB PEERS OWN SESSIONS CONNS_OUT CONNS_IN
+ *                                                   once a second; PEERS: peers with metrics;
+ *                                                   OWN: the node's threads, not the engine's;
+ *                                                   SESSIONS: peers with a connection up;
+ *                                                   CONNS: established TCP, to peers / into it
  *            B T_MS INCARNATION                    started */
 #ifndef FERRY_CLUSTER_H
 #define FERRY_CLUSTER_H

@@ -80,21 +80,55 @@ void die(const char *what, int rc)
 }
 
 atomic_int node_threads;
+uint16_t node_port;
 
-/* Threads and resident memory of this process, from /proc, and the
- * threads of it that are ours, not the engine's. */
+/* This engine's TCP connections, from /proc/self/net/tcp: the engine is
+ * alone in its network namespace, so every socket there is its own (and
+ * etcd's client's). Established ones to a peer's port (initiator side; the
+ * distinct peers among them are the sessions with a connection up) and
+ * into ours (the target side). */
+static void count_conns(long *sessions, long *out, long *in)
+{
+    FILE *f = fopen("/proc/self/net/tcp", "r");
+    static unsigned long seen[MAX_PEERS * 2];
+    size_t nseen = 0;
+    char line[512];
+    *sessions = *out = *in = 0;
+    if (!f) {
+        *sessions = *out = *in = -1;
+        return;
+    }
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lip, lport, rip, rport, st;
+        if (sscanf(line, " %*d: %lx:%lx %lx:%lx %lx", &lip, &lport, &rip, &rport, &st) != 5 || st != 1) continue;
+        if (lport == node_port) {
+            (*in)++;
+        } else if (rport == node_port) {
+            (*out)++;
+            size_t k = 0;
+            while (k < nseen && seen[k] != rip) k++;
+            if (k == nseen && nseen < sizeof seen / sizeof *seen) seen[nseen++] = rip;
+        }
+    }
+    fclose(f);
+    *sessions = (long)nseen;
+}
+
+/* Threads and resident memory of this process, from /proc, the threads of
+ * it that are ours, not the engine's, and its sessions and connections. */
 void sample_process(ferry_engine_t *e)
 {
     FILE *f = fopen("/proc/self/status", "r");
-    long threads = -1, rss = -1;
+    long threads = -1, rss = -1, sessions, out, in;
     char line[256];
     while (f && fgets(line, sizeof line, f)) {
         if (strncmp(line, "Threads:", 8) == 0) threads = strtol(line + 8, NULL, 10);
         if (strncmp(line, "VmRSS:", 6) == 0) rss = strtol(line + 6, NULL, 10);
     }
     if (f) fclose(f);
-    logline("S %" PRIu64 " %ld %ld %ld %d\n", wall_ms(), threads, rss, ferry_metrics_peers(e, NULL, 0),
-            atomic_load(&node_threads) + 1);
+    count_conns(&sessions, &out, &in);
+    logline("S %" PRIu64 " %ld %ld %ld %d %ld %ld %ld\n", wall_ms(), threads, rss, ferry_metrics_peers(e, NULL, 0),
+            atomic_load(&node_threads) + 1, sessions, out, in);
 }
 
 /* ------------------------------------------------------------ pattern */

@@ -33,8 +33,8 @@ struct node_opts {
                            more than its link carries within the deadline only times out */
     uint32_t layers, page_bytes, pages; /* one request: pages pages of page_bytes in each layer */
     int timeout_ms;     /* the engine's request deadline */
-    int streams;        /* prefill: sender threads per decode peer */
-    int send_slots;     /* prefill: KV sends at once, all peers together */
+    int streams;        /* prefill: KV sends at once to one decode peer */
+    int send_slots;     /* prefill: KV sends at once, all peers together (its sender threads) */
     const char *go_file; /* decode: wait for "START_MS END_MS" in it before asking */
     const char *inject; /* prefill, to show the checks can fail: "corrupt" flips a byte of
                            its 20th request; "stray" writes other bytes into the pages of its
@@ -64,6 +64,8 @@ void sample_process(ferry_engine_t *e);
 /* Threads the node itself runs besides its main thread (prefill senders):
  * sample_process logs them, so that the report tells the engine's own. */
 extern atomic_int node_threads;
+/* The engines' port (all listen on the same one, each at its own address). */
+extern uint16_t node_port;
 /* The content pattern (sender, request, offset) both roles derive. */
 uint64_t mix64(uint64_t x);
 uint64_t name_hash(const char *s);
@@ -78,7 +80,11 @@ ferry_kv_cache_desc_t pool_desc(uint32_t layers, uint32_t num_pages, uint32_t pa
                                 const uint64_t *addrs);
 ferry_engine_t *node_engine(const struct node_opts *o);
 
-/* cluster_prefill.c */
+/* cluster_prefill.c: prefill_main serves asks until `stopping`; a mesh
+ * node (decode and prefill in one engine) calls the three parts itself. */
 int prefill_main(const struct node_opts *o, ferry_engine_t *e);
+void prefill_begin(const struct node_opts *o, ferry_engine_t *e);
+void prefill_take(const struct node_opts *o, ferry_engine_t *e, const ferry_notification_t *n);
+void prefill_end(void);
 
 #endif

@@ -1,5 +1,6 @@
 /* `ferry cluster node --role prefill`: serves the decodes' asks, one queue
- * and --streams sender threads per decode peer, --send-slots KV sends at once
+ * per decode peer, served in turn by a pool of --send-slots sender threads
+ * (the KV sends at once), at most --streams of them on one peer's queue
  * (see cmd_cluster.c for the roles). */
 #include <errno.h>
 #include <inttypes.h>
@@ -22,28 +23,6 @@
 
 static atomic_uint prefill_sends;
 
-/* prefill: at most --send-slots KV sends at once, like a server's send
- * queue; the others wait their turn before their deadline starts. */
-static pthread_mutex_t slots_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t slots_cond = PTHREAD_COND_INITIALIZER;
-static int slots_free;
-
-static void slot_take(void)
-{
-    pthread_mutex_lock(&slots_lock);
-    while (slots_free == 0) pthread_cond_wait(&slots_cond, &slots_lock);
-    slots_free--;
-    pthread_mutex_unlock(&slots_lock);
-}
-
-static void slot_give(void)
-{
-    pthread_mutex_lock(&slots_lock);
-    slots_free++;
-    pthread_cond_signal(&slots_cond);
-    pthread_mutex_unlock(&slots_lock);
-}
-
 struct job {
     uint64_t req, epoch;
     uint32_t dst_num_pages;
@@ -53,18 +32,26 @@ struct job {
     struct job *next;
 };
 
+/* One decode peer's asks. The queues and the pool share one lock. */
 struct peerq {
     char name[256];
     ferry_engine_t *e;
     const struct node_opts *o;
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
     struct job *head, *tail;
     uint64_t latest_epoch; /* of the newest ask: older ones are stale */
-    pthread_t *threads;
-    int nthreads;
+    int active;            /* its asks being sent now, at most o->streams */
     struct peerq *next;
 };
+
+/* A fixed pool of sender threads, not one per peer: a prefill serving 63
+ * decodes (the 64-engine mesh) runs --send-slots senders, not 63 or more.
+ * A dead peer holds at most --streams of them, until its deadline. */
+static pthread_mutex_t q_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t q_cond = PTHREAD_COND_INITIALIZER;
+static struct peerq *queues;
+static struct peerq *turn; /* the queue to look at first: after the one served last */
+static pthread_t *senders;
+static int nsenders;
 
 static void job_free(struct job *j)
 {
@@ -73,10 +60,28 @@ static void job_free(struct job *j)
     free(j);
 }
 
-static struct job *peerq_pop(struct peerq *q)
+/* The next ask to send: from the peer queues in turn, among those with
+ * fewer than --streams asks being sent. Waits for one; NULL once stopping. */
+static struct job *job_next(struct peerq **from)
 {
-    pthread_mutex_lock(&q->lock);
-    while (!q->head && !atomic_load(&stopping)) {
+    pthread_mutex_lock(&q_lock);
+    for (;;) {
+        struct peerq *start = turn ? turn : queues;
+        for (struct peerq *q = start; q;) {
+            if (q->head && q->active < q->o->streams) {
+                struct job *j = q->head;
+                q->head = j->next;
+                if (!q->head) q->tail = NULL;
+                q->active++;
+                turn = q->next;
+                pthread_mutex_unlock(&q_lock);
+                *from = q;
+                return j;
+            }
+            q = q->next ? q->next : queues; /* wraps round the list once */
+            if (q == start) break;
+        }
+        if (atomic_load(&stopping)) break;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 200 * 1000000L;
@@ -84,15 +89,18 @@ static struct job *peerq_pop(struct peerq *q)
             ts.tv_sec++;
             ts.tv_nsec -= 1000000000L;
         }
-        pthread_cond_timedwait(&q->cond, &q->lock, &ts);
+        pthread_cond_timedwait(&q_cond, &q_lock, &ts);
     }
-    struct job *j = q->head;
-    if (j) {
-        q->head = j->next;
-        if (!q->head) q->tail = NULL;
-    }
-    pthread_mutex_unlock(&q->lock);
-    return j;
+    pthread_mutex_unlock(&q_lock);
+    return NULL;
+}
+
+static void job_done(struct peerq *q)
+{
+    pthread_mutex_lock(&q_lock);
+    q->active--;
+    pthread_cond_broadcast(&q_cond); /* its queue may be eligible again */
+    pthread_mutex_unlock(&q_lock);
 }
 
 /* The session must talk to the incarnation that asked: a session still on
@@ -153,23 +161,25 @@ static int send_job(struct peerq *q, struct pool *src, const struct job *j, bool
     return rc;
 }
 
+struct sender_arg {
+    ferry_engine_t *e;
+    const struct node_opts *o;
+};
+
 static void *prefill_sender(void *arg)
 {
-    struct peerq *q = arg;
-    const struct node_opts *o = q->o;
+    const struct sender_arg *sa = arg;
+    const struct node_opts *o = sa->o;
     struct pool src;
-    pool_create(&src, q->e, o, o->pages, FERRY_MEM_LOCAL, 0);
+    pool_create(&src, sa->e, o, o->pages, FERRY_MEM_LOCAL, 0);
     uint64_t bytes = (uint64_t)o->layers * o->pages * o->page_bytes;
     struct job *j;
-    while ((j = peerq_pop(q)) != NULL) {
+    struct peerq *q;
+    while ((j = job_next(&q)) != NULL) {
         uint64_t t0 = mono_us();
         bool stale = j->stale;
         int rc = FERRY_ERR_PEER_RESTARTED;
-        if (!stale) {
-            slot_take();
-            rc = send_job(q, &src, j, &stale);
-            slot_give();
-        }
+        if (!stale) rc = send_job(q, &src, j, &stale);
         if (rc && !stale) {
             char detail[512];
             snprintf(detail, sizeof detail, "%s", ferry_last_error_detail());
@@ -181,29 +191,23 @@ static void *prefill_sender(void *arg)
         logline("R %" PRIu64 " %" PRIu64 " %s %" PRIu64 " %d %d\n", wall_ms(), mono_us() - t0, q->name,
                 rc == 0 ? bytes : 0, rc, stale ? 1 : 0);
         job_free(j);
+        job_done(q);
     }
     return NULL;
 }
 
-static struct peerq *peerq_get(struct peerq **list, ferry_engine_t *e, const struct node_opts *o, const char *name)
+/* The queue of a peer, made at its first ask. Called with q_lock held. */
+static struct peerq *peerq_get(ferry_engine_t *e, const struct node_opts *o, const char *name)
 {
-    for (struct peerq *q = *list; q; q = q->next)
+    for (struct peerq *q = queues; q; q = q->next)
         if (strcmp(q->name, name) == 0) return q;
     struct peerq *q = calloc(1, sizeof *q);
     if (!q) return NULL;
     snprintf(q->name, sizeof q->name, "%s", name);
     q->e = e;
     q->o = o;
-    pthread_mutex_init(&q->lock, NULL);
-    pthread_cond_init(&q->cond, NULL);
-    q->threads = calloc((size_t)o->streams, sizeof *q->threads);
-    for (int i = 0; q->threads && i < o->streams; i++)
-        if (pthread_create(&q->threads[i], NULL, prefill_sender, q) == 0) {
-            q->nthreads++;
-            atomic_fetch_add(&node_threads, 1);
-        }
-    q->next = *list;
-    *list = q;
+    q->next = queues;
+    queues = q;
     return q;
 }
 
@@ -249,9 +253,9 @@ static struct job *parse_ask(const struct node_opts *o, const unsigned char *msg
     return j;
 }
 
+/* Called with q_lock held. */
 static void prefill_enqueue(struct peerq *q, struct job *j)
 {
-    pthread_mutex_lock(&q->lock);
     if (j->epoch != q->latest_epoch) {
         /* A new incarnation asks: what the old one asked is void. */
         for (struct job *o = q->head; o; o = o->next) o->stale = true;
@@ -262,30 +266,69 @@ static void prefill_enqueue(struct peerq *q, struct job *j)
     else
         q->head = j;
     q->tail = j;
-    pthread_cond_signal(&q->cond);
-    pthread_mutex_unlock(&q->lock);
+    pthread_cond_signal(&q_cond);
+}
+
+static struct sender_arg sender_arg;
+
+void prefill_begin(const struct node_opts *o, ferry_engine_t *e)
+{
+    queues = turn = NULL;
+    sender_arg = (struct sender_arg){e, o};
+    senders = calloc((size_t)o->send_slots, sizeof *senders);
+    nsenders = 0;
+    for (int i = 0; senders && i < o->send_slots; i++)
+        if (pthread_create(&senders[i], NULL, prefill_sender, &sender_arg) == 0) nsenders++;
+    if (nsenders == 0) die("prefill sender threads", FERRY_ERR_MEMORY);
+    atomic_fetch_add(&node_threads, nsenders);
+}
+
+/* One notification: an ask goes to its decode's queue. */
+void prefill_take(const struct node_opts *o, ferry_engine_t *e, const ferry_notification_t *n)
+{
+    struct job *j = parse_ask(o, n->msg, n->len);
+    pthread_mutex_lock(&q_lock);
+    struct peerq *q = j ? peerq_get(e, o, n->peer) : NULL;
+    if (q) prefill_enqueue(q, j);
+    pthread_mutex_unlock(&q_lock);
+    if (q) return;
+    fprintf(stderr, "prefill %s: unreadable ask from %s (%zu bytes)\n", ferry_engine_name(e), n->peer, n->len);
+    job_free(j);
+}
+
+/* After `stopping`: the sender threads end, the queues are dropped. */
+void prefill_end(void)
+{
+    pthread_mutex_lock(&q_lock);
+    pthread_cond_broadcast(&q_cond);
+    pthread_mutex_unlock(&q_lock);
+    for (int i = 0; i < nsenders; i++) pthread_join(senders[i], NULL);
+    atomic_fetch_sub(&node_threads, nsenders);
+    free(senders);
+    senders = NULL;
+    nsenders = 0;
+    while (queues) {
+        struct peerq *q = queues;
+        queues = q->next;
+        while (q->head) {
+            struct job *j = q->head;
+            q->head = j->next;
+            job_free(j);
+        }
+        free(q);
+    }
+    turn = NULL;
 }
 
 int prefill_main(const struct node_opts *o, ferry_engine_t *e)
 {
-    slots_free = o->send_slots;
-    struct peerq *queues = NULL;
+    prefill_begin(o, e);
     uint64_t next_sample = 0;
     ferry_notification_t n[64];
     int idle_ms = 0;
     while (!atomic_load(&stopping)) {
         long got = ferry_get_notifications(e, n, 64);
-        for (long i = 0; i < got; i++) {
-            struct job *j = parse_ask(o, n[i].msg, n[i].len);
-            struct peerq *q = j ? peerq_get(&queues, e, o, n[i].peer) : NULL;
-            if (q)
-                prefill_enqueue(q, j);
-            else {
-                fprintf(stderr, "prefill %s: unreadable ask from %s (%zu bytes)\n", ferry_engine_name(e), n[i].peer,
-                        n[i].len);
-                job_free(j);
-            }
-        }
+        for (long i = 0; i < got; i++) prefill_take(o, e, &n[i]);
         if (got > 0) ferry_notifications_free(n, (size_t)got);
         if (wall_ms() >= next_sample) {
             sample_process(e);
@@ -293,24 +336,7 @@ int prefill_main(const struct node_opts *o, ferry_engine_t *e)
         }
         idle_backoff(&idle_ms, got > 0);
     }
-    for (struct peerq *q = queues; q; q = q->next) {
-        pthread_mutex_lock(&q->lock);
-        pthread_cond_broadcast(&q->cond);
-        pthread_mutex_unlock(&q->lock);
-    }
-    while (queues) {
-        struct peerq *q = queues;
-        queues = q->next;
-        for (int i = 0; i < q->nthreads; i++) pthread_join(q->threads[i], NULL);
-        atomic_fetch_sub(&node_threads, q->nthreads);
-        while (q->head) {
-            struct job *j = q->head;
-            q->head = j->next;
-            job_free(j);
-        }
-        free(q->threads);
-        free(q);
-    }
+    prefill_end();
     sample_process(e);
     logline("E %" PRIu64 "\n", wall_ms());
     return 0;

@@ -1,5 +1,5 @@
 /* `ferry cluster node`: one engine of the cluster that scripts/cluster.sh
- * builds, one per network namespace, in one of three roles.
+ * builds, one per network namespace, in one of four roles.
  *
  * decode   owns a paged KV pool (registered for remote write) and drives the
  *          work, as a decode server does: it takes free pages, checks that
@@ -14,9 +14,12 @@
  * prefill  serves those asks: fills its source pages with the pattern and
  *          moves them with ferry_kv_plan + ferry_kv_send (the demo's path:
  *          many page-sized pieces, then a KV notice). One queue per decode
- *          peer with `--streams` sender threads, so a dead peer stalls only
- *          its own queue. An ask from an incarnation of the decode that is
+ *          peer, served in turn by `--send-slots` sender threads, at most
+ *          `--streams` of them on one peer, so a dead peer holds only those
+ *          until their deadline. An ask from an incarnation of the decode that is
  *          not the one the session talks to is refused before any byte moves.
+ * mesh     both: asks every other engine and serves their asks (the full
+ *          mesh of N engines, N(N-1) sessions).
  * probe    opens a new session to one of its peers every 300 ms and closes
  *          it: it shows what a new session does while etcd is down. It
  *          caches no peer entry (FERRY_METADATA_CACHE_S=0), so each session
@@ -68,6 +71,8 @@ struct decode {
     int nasks, busy;
     int *inflight;           /* per peer */
     uint64_t *backoff_until; /* per peer, mono us */
+    int next_peer;           /* whose turn it is to be asked */
+    bool serve;              /* mesh: also a prefill; other messages are asks */
     uint64_t seq;
     uint64_t verified, bad, stale, quarantined, abandoned;
     size_t words;
@@ -229,6 +234,32 @@ static void decode_expire(struct decode *D, uint64_t limit_us)
     }
 }
 
+/* Asks in strict round robin: one ask per peer per turn, the turn passing
+ * to the peer after the one last asked, skipping peers at their window or
+ * backing off. (Starting each poll at the next peer, as before, picked
+ * peers by the timing of the loop: with fewer asks in flight than peers,
+ * which sender got the next one was a matter of chance, and over a run of
+ * ~50 requests per sender that alone spread their shares 1.4-1.9x.) */
+static void decode_asks(struct decode *D)
+{
+    const struct node_opts *o = D->o;
+    bool asked = true;
+    while (asked && D->busy < o->inflight) {
+        asked = false;
+        uint64_t now = mono_us();
+        for (int k = 0; k < o->npeers && !asked; k++) {
+            int p = (D->next_peer + k) % o->npeers;
+            if (D->inflight[p] >= o->window || now < D->backoff_until[p]) continue;
+            int before = D->inflight[p];
+            decode_ask(D, p);
+            if (D->inflight[p] != before) {
+                D->next_peer = (p + 1) % o->npeers;
+                asked = true;
+            }
+        }
+    }
+}
+
 /* The script starts the clock once every engine is up: until then, and at
  * most 10 minutes, a decode waits for the go file. */
 static void wait_for_go(struct node_opts *o)
@@ -246,10 +277,14 @@ static void wait_for_go(struct node_opts *o)
     }
 }
 
-static int decode_main(struct node_opts *o, ferry_engine_t *e)
+static int decode_main(struct node_opts *o, ferry_engine_t *e, bool serve)
 {
     wait_for_go(o);
-    struct decode D = {.o = o, .e = e, .words = o->page_bytes / 8};
+    /* Each decode's turn starts at a peer of its own: starting all at the
+     * first would have every decode ask the same few prefills at once and
+     * go round the rest in a convoy (seen in the 64-engine mesh: 17 s
+     * queues at the first prefills while the last ones idled). */
+    struct decode D = {.o = o, .e = e, .words = o->page_bytes / 8, .serve = serve, .next_peer = o->index % o->npeers};
     /* Room for every ask in flight three times over: quarantined pages
      * (CANCEL_UNCONFIRMED, abandoned asks) never come back. */
     uint32_t num_pages = (uint32_t)o->npeers * (uint32_t)o->window * o->pages * 3;
@@ -265,25 +300,20 @@ static int decode_main(struct node_opts *o, ferry_engine_t *e)
      * its cancel confirmation and the notice itself. */
     uint64_t abandon_us = (uint64_t)(3 * o->timeout_ms + 5000) * 1000u;
     uint64_t next_sample = 0, drain_until = 0;
-    int start = 0, idle_ms = 0;
+    int idle_ms = 0;
     for (;;) {
         uint64_t now = wall_ms();
         bool asking = now < o->until_ms && !atomic_load(&stopping);
         if (!asking && drain_until == 0) drain_until = now + abandon_us / 1000;
         if (!asking && (D.busy == 0 || now >= drain_until)) break;
-        for (int k = 0; asking && k < o->npeers; k++) {
-            int p = (start + k) % o->npeers; /* no peer always first */
-            while (D.inflight[p] < o->window && D.busy < o->inflight && mono_us() >= D.backoff_until[p]) {
-                int before = D.inflight[p];
-                decode_ask(&D, p);
-                if (D.inflight[p] == before) break;
-            }
-        }
-        start++;
+        if (asking) decode_asks(&D);
         ferry_kv_event_t ev[64];
         long got = ferry_kv_poll(e, ev, 64);
         for (long i = 0; i < got; i++)
-            if (ev[i].is_notice) decode_notice(&D, &ev[i].notice);
+            if (ev[i].is_notice)
+                decode_notice(&D, &ev[i].notice);
+            else if (serve)
+                prefill_take(o, e, &ev[i].raw);
         if (got > 0) ferry_kv_events_free(ev, (size_t)got);
         decode_expire(&D, abandon_us);
         if (now >= next_sample) {
@@ -308,6 +338,37 @@ static int decode_main(struct node_opts *o, ferry_engine_t *e)
     free(D.backoff_until);
     free(D.free_pages);
     return D.bad || D.stale ? 4 : 0;
+}
+
+/* ================================================================ mesh */
+
+/* Decode and prefill in one engine (the full mesh: every engine asks every
+ * other and serves every other's asks). It asks until the end of the run,
+ * logs its decode totals ("E" with six fields), then serves the others'
+ * asks until SIGTERM, which the script sends once every engine logged its
+ * totals. */
+static int mesh_main(struct node_opts *o, ferry_engine_t *e)
+{
+    prefill_begin(o, e);
+    int rc = decode_main(o, e, true);
+    uint64_t next_sample = 0;
+    int idle_ms = 0;
+    while (!atomic_load(&stopping)) {
+        ferry_kv_event_t ev[64];
+        long got = ferry_kv_poll(e, ev, 64);
+        for (long i = 0; i < got; i++)
+            if (!ev[i].is_notice) prefill_take(o, e, &ev[i].raw);
+        if (got > 0) ferry_kv_events_free(ev, (size_t)got);
+        if (wall_ms() >= next_sample) {
+            sample_process(e);
+            next_sample = wall_ms() + 1000;
+        }
+        idle_backoff(&idle_ms, got > 0);
+    }
+    prefill_end();
+    sample_process(e);
+    logline("E %" PRIu64 "\n", wall_ms());
+    return rc;
 }
 
 /* ================================================================ probe */
@@ -335,7 +396,7 @@ static int probe_main(const struct node_opts *o, ferry_engine_t *e)
 static int usage(FILE *out)
 {
     fprintf(out,
-            "usage: ferry cluster node --role prefill|decode|probe --index N --host IP --port P --dir DIR\n"
+            "usage: ferry cluster node --role prefill|decode|mesh|probe --index N --host IP --port P --dir DIR\n"
             "           [--peers NAME,NAME...] [--incarnation K] [--until-ms WALL_MS] [--go-file F]\n"
             "           [--window W] [--inflight N] [--streams S] [--send-slots N]\n"
             "           [--layers L] [--page-bytes B] [--pages N] [--timeout-ms T] [--inject corrupt|stray]\n"
@@ -431,7 +492,8 @@ static int node_main(int argc, char **argv)
         }
     }
     if (opt_none_left(cmd, argc, argv) != 0) return usage(stderr);
-    bool known_role = !strcmp(o.role, "prefill") || !strcmp(o.role, "decode") || !strcmp(o.role, "probe");
+    bool known_role = !strcmp(o.role, "prefill") || !strcmp(o.role, "decode") || !strcmp(o.role, "mesh") ||
+                      !strcmp(o.role, "probe");
     if (!known_role || o.index < 0 || !o.host || !o.port || !o.dir || o.window < 1 || o.inflight < 1 || o.send_slots < 1 || o.streams < 1 ||
         o.layers < 1 || o.layers > 64 || o.pages < 1 || o.page_bytes < TOKENS_PER_PAGE * 8 ||
         o.page_bytes % (TOKENS_PER_PAGE * 8) != 0 || o.timeout_ms < 1 ||
@@ -456,13 +518,16 @@ static int node_main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    node_port = o.port;
     ferry_engine_t *e = node_engine(&o);
     logline("B %" PRIu64 " %u\n", wall_ms(), o.incarnation);
     int rc;
     if (strcmp(o.role, "prefill") == 0)
         rc = prefill_main(&o, e);
     else if (strcmp(o.role, "decode") == 0)
-        rc = decode_main(&o, e);
+        rc = decode_main(&o, e, false);
+    else if (strcmp(o.role, "mesh") == 0)
+        rc = mesh_main(&o, e);
     else
         rc = probe_main(&o, e);
     ferry_engine_destroy(e);

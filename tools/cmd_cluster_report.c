@@ -30,6 +30,7 @@ struct node {
     char name[64];
     long max_threads, max_rss_kb, max_peers;
     long max_engine_threads; /* the process's threads less the node's own (-1: not logged) */
+    long max_sessions, max_conns_out, max_conns_in; /* peers with a connection up; TCP out / in (-1: not logged) */
     uint64_t sent_bytes; /* prefill: confirmed, in the steady window */
     uint64_t recv_bytes; /* decode: confirmed to it, in the steady window */
 };
@@ -100,6 +101,12 @@ static void codes_print(const struct codes *c)
     for (int i = 0; i < c->len; i++) printf(" %s=%" PRIu64, ferry_error_name(c->code[i]), c->n[i]);
 }
 
+/* A mesh engine is both a prefill and a decode. */
+static bool has_role(const struct node *n, const char *role)
+{
+    return !strcmp(n->role, role) || (!strcmp(n->role, "mesh") && strcmp(role, "probe") != 0);
+}
+
 static int node_by_name(const char *name)
 {
     for (int i = 0; i < nnodes; i++)
@@ -116,6 +123,7 @@ static int read_nodes(const char *dir)
     while (nnodes < MAX_NODES && fgets(line, sizeof line, f)) {
         struct node *n = &nodes[nnodes];
         memset(n, 0, sizeof *n);
+        n->max_engine_threads = n->max_sessions = n->max_conns_out = n->max_conns_in = -1;
         if (sscanf(line, "%d %15s %63s", &n->index, n->role, n->name) == 3) nnodes++;
     }
     fclose(f);
@@ -229,13 +237,16 @@ static void read_node_log(const char *dir, int ni, struct decode_totals *dt)
             }
             break;
         case 'S': {
-            long own = -1;
-            int k = sscanf(line, "S %" SCNu64 " %ld %ld %ld %ld", &t, &th, &rss, &peers, &own);
+            long own = -1, sess = -1, out = -1, in = -1;
+            int k = sscanf(line, "S %" SCNu64 " %ld %ld %ld %ld %ld %ld %ld", &t, &th, &rss, &peers, &own, &sess, &out, &in);
             if (k >= 4) {
                 if (th > nodes[ni].max_threads) nodes[ni].max_threads = th;
                 if (rss > nodes[ni].max_rss_kb) nodes[ni].max_rss_kb = rss;
                 if (peers > nodes[ni].max_peers) nodes[ni].max_peers = peers;
-                if (k == 5 && th - own > nodes[ni].max_engine_threads) nodes[ni].max_engine_threads = th - own;
+                if (k >= 5 && th - own > nodes[ni].max_engine_threads) nodes[ni].max_engine_threads = th - own;
+                if (sess > nodes[ni].max_sessions) nodes[ni].max_sessions = sess;
+                if (out > nodes[ni].max_conns_out) nodes[ni].max_conns_out = out;
+                if (in > nodes[ni].max_conns_in) nodes[ni].max_conns_in = in;
             }
             break;
         }
@@ -390,6 +401,30 @@ static void report_fault(int fi)
     }
 }
 
+/* Per engine: threads, memory, sessions and connections (the largest
+ * once-a-second sample of each), and the largest of each over all. */
+static void report_engines(void)
+{
+    long mx[6] = {0};
+    printf("per engine (largest sample): threads of the process / of the engine, resident MiB,\n"
+           "sessions (peers with a connection up), TCP connections to peers / into it\n");
+    for (int i = 0; i < nnodes; i++) {
+        const struct node *n = &nodes[i];
+        long v[6] = {n->max_threads, n->max_engine_threads, n->max_rss_kb, n->max_sessions, n->max_conns_out,
+                     n->max_conns_in};
+        for (int k = 0; k < 6; k++)
+            if (v[k] > mx[k]) mx[k] = v[k];
+        printf("  %3d %-7s %-20s %3ld / %3ld threads %7.1f MiB %4ld sessions %4ld / %4ld conns\n", n->index, n->role,
+               n->name, v[0], v[1], (double)v[2] / 1024.0, v[3], v[4], v[5]);
+    }
+    long sessions = 0;
+    for (int i = 0; i < nnodes; i++)
+        if (has_role(&nodes[i], "decode") || has_role(&nodes[i], "prefill")) sessions += nodes[i].max_sessions > 0 ? nodes[i].max_sessions : 0;
+    printf("largest: %ld threads in a process, %ld the engine's own, %.1f MiB, %ld sessions, %ld / %ld conns; "
+           "sessions of all engines together: %ld\n",
+           mx[0], mx[1], (double)mx[2] / 1024.0, mx[3], mx[4], mx[5], sessions);
+}
+
 static int usage(void)
 {
     fprintf(stderr, "usage: ferry cluster report --dir DIR\n");
@@ -421,9 +456,9 @@ int cluster_report_main(int argc, char **argv)
     }
     int np = 0, nd = 0, nprobe = 0;
     for (int i = 0; i < nnodes; i++) {
-        np += !strcmp(nodes[i].role, "prefill");
-        nd += !strcmp(nodes[i].role, "decode");
-        nprobe += !strcmp(nodes[i].role, "probe");
+        np += has_role(&nodes[i], "prefill");
+        nd += has_role(&nodes[i], "decode");
+        nprobe += has_role(&nodes[i], "probe");
     }
     printf("cluster: %d engines (%d prefill, %d decode, %d probe), pattern %s, %.0f s\n", nnodes, np, nd, nprobe,
            pattern, (double)(run_end - run_start) / 1000.0);
@@ -452,7 +487,7 @@ int cluster_report_main(int argc, char **argv)
         const char *role = side ? "decode" : "prefill";
         double mx = 0, mn = -1;
         for (int i = 0; i < nnodes; i++) {
-            if (strcmp(nodes[i].role, role)) continue;
+            if (!has_role(&nodes[i], role)) continue;
             double v = (double)(side ? nodes[i].recv_bytes : nodes[i].sent_bytes) * 1000.0 / (double)(s_to - s_from);
             if (v > mx) mx = v;
             if (mn < 0 || v < mn) mn = v;
@@ -524,7 +559,7 @@ int cluster_report_main(int argc, char **argv)
         const char *role = side ? "decode" : "prefill";
         long th = 0, eth = 0, rss = 0, peers = 0;
         for (int i = 0; i < nnodes; i++) {
-            if (strcmp(nodes[i].role, role)) continue;
+            if (!has_role(&nodes[i], role)) continue;
             if (nodes[i].max_threads > th) th = nodes[i].max_threads;
             if (nodes[i].max_engine_threads > eth) eth = nodes[i].max_engine_threads;
             if (nodes[i].max_rss_kb > rss) rss = nodes[i].max_rss_kb;
@@ -533,6 +568,7 @@ int cluster_report_main(int argc, char **argv)
         printf("%s engines: at most %ld threads (the engine's own: at most %ld), %.1f MiB resident, %ld peers each\n",
                role, th, eth, (double)rss / 1024.0, peers);
     }
+    report_engines();
     for (int i = 0; i < nfaults; i++) report_fault(i);
     printf("\n%s: %d violation%s\n", violations ? "FAILED" : "OK", violations, violations == 1 ? "" : "s");
     free(recs);

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -23,6 +24,7 @@
 #include "sized.h"
 
 #include "fail.h"
+#include "log.h"
 
 #define MAX_ORDERS 40
 #define NIL UINT32_MAX
@@ -132,6 +134,103 @@ static void unmap_pool(ferry_pool_t *p)
     p->base = NULL;
 }
 
+/* ---------------------------------------------- the shared pools' slot */
+
+void ferry_share_revoke(ferry_share_ctl_t *ctl)
+{
+    atomic_store(&ctl->state, FERRY_SHARE_REVOKED);
+}
+
+int ferry_share_detach(void *base, size_t len, int fd, uint64_t off)
+{
+    void *fresh = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    int err = 0;
+    if (fresh == MAP_FAILED) {
+        err = errno;
+    } else {
+        memcpy(fresh, base, len);
+        if (mremap(fresh, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, base) == MAP_FAILED) {
+            err = errno;
+            munmap(fresh, len);
+        } else if (fd >= 0) {
+            /* The memfd's pages are nobody's now: give them back (peers
+             * still mapping them see zeros). A read-only pool's seal
+             * refuses this; its pages go when the pool is destroyed. */
+            (void)fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
+        }
+    }
+    if (err)
+        FERRY_LOG(FERRY_LOG_WARN, "pool",
+                  "cannot detach shared pool [%p+%zu) from its peers' mappings: %s; a same-host peer that mapped "
+                  "it can still write it",
+                  base, len, strerror(err));
+    return -err;
+}
+
+/* A shared pool's region left the registry while the pool still maps it
+ * (a deregistration of its base, the engine's destruction): revoked under
+ * the registry's lock, then detached (a copy of the whole pool) outside. */
+static void share_release(void *ctx, const ferry_region_t *reg, void *state)
+{
+    (void)ctx, (void)reg;
+    ferry_share_revoke(((ferry_share_t *)state)->ctl);
+}
+
+static void share_released(void *ctx, const ferry_region_t *reg, void *state)
+{
+    (void)ctx;
+    ferry_share_t *sh = state;
+    ferry_share_detach((void *)(uintptr_t)reg->addr, (size_t)reg->len, sh->fd, sh->off);
+    free(sh);
+}
+
+static const ferry_region_hook_t share_hook = {.release = share_release, .released = share_released};
+
+/* Under the registry's write lock: the region becomes shareable, its
+ * header live with the region's generation. */
+static int share_locked(void *arg, ferry_region_t *reg)
+{
+    ferry_share_t *sh = arg;
+    reg->slot[FERRY_REGION_SLOT_SHARE] = sh;
+    atomic_store(&sh->ctl->generation, reg->generation);
+    atomic_store(&sh->ctl->magic, FERRY_SHARE_MAGIC);
+    atomic_store(&sh->ctl->state, FERRY_SHARE_LIVE);
+    return 0;
+}
+
+/* Under the registry's write lock: revokes the shared region and makes it
+ * an ordinary one (no detach: the pool is about to be unmapped anyway);
+ * *arg gets the state to free. */
+static int unshare_locked(void *arg, ferry_region_t *reg)
+{
+    ferry_share_t *sh = reg->slot[FERRY_REGION_SLOT_SHARE];
+    if (!sh)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "unshare: no shared region starting at 0x%llx",
+                          (unsigned long long)reg->addr);
+    ferry_share_revoke(sh->ctl);
+    reg->slot[FERRY_REGION_SLOT_SHARE] = NULL;
+    *(ferry_share_t **)arg = sh;
+    return 0;
+}
+
+static int share_region(ferry_engine_t *e, ferry_pool_t *p)
+{
+    ferry_share_t *sh = malloc(sizeof *sh);
+    if (!sh) return ferry_fail(FERRY_ERR_MEMORY, "share: out of memory");
+    *sh = (ferry_share_t){.fd = p->memfd, .off = 0, .ctl = (ferry_share_ctl_t *)p->map, .ctl_fd = p->ctlfd};
+    ferry_registry_set_hook(&e->registry, FERRY_REGION_SLOT_SHARE, &share_hook);
+    int rc = ferry_registry_update(&e->registry, (uint64_t)(uintptr_t)p->base, share_locked, sh, "share");
+    if (rc) free(sh);
+    return rc;
+}
+
+static void unshare_region(ferry_pool_t *p)
+{
+    ferry_share_t *sh = NULL;
+    ferry_registry_update(&p->engine->registry, (uint64_t)(uintptr_t)p->base, unshare_locked, &sh, "unshare");
+    free(sh);
+}
+
 static int pool_create(ferry_engine_t *e, size_t bytes, unsigned flags, bool shared, ferry_pool_t **out);
 
 int ferry_pool_create(ferry_engine_t *e, size_t bytes, unsigned flags, ferry_pool_t **out)
@@ -171,7 +270,7 @@ static int pool_create(ferry_engine_t *e, size_t bytes, unsigned flags, bool sha
                         shared ? " in a memfd" : "");
     if (rc == 0) rc = ferry_register(e, p->base, p->size, flags);
     if (rc == 0 && shared) {
-        rc = ferry_registry_set_shared(&e->registry, (uint64_t)(uintptr_t)p->base, p->memfd, p->map, p->ctlfd);
+        rc = share_region(e, p);
         if (rc) ferry_deregister(e, p->base);
     }
     if (rc) {
@@ -283,7 +382,7 @@ void ferry_pool_destroy(ferry_pool_t *p)
 {
     if (!p) return;
     /* Unshared first: the pages are unmapped next, no detach needed. */
-    if (p->memfd >= 0) ferry_registry_unshare(&p->engine->registry, (uint64_t)(uintptr_t)p->base);
+    if (p->memfd >= 0) unshare_region(p);
     ferry_deregister(p->engine, p->base);
     unmap_pool(p);
     pthread_mutex_destroy(&p->lock);

@@ -5,18 +5,14 @@
 #include "registry.h"
 
 #include <sched.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <search.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "clock.h"
 #include "fail.h"
 #include "log.h"
-#include "share.h"
 
 static int compare_ranges(const void *pa, const void *pb)
 {
@@ -40,21 +36,39 @@ int ferry_registry_init(ferry_registry_t *r)
     return 0;
 }
 
-static void revoke_visit(const void *node, VISIT which, void *closure)
+/* Hands each slot's state of reg to the slot's release hook, with the
+ * write lock held, and clears the slot. */
+static void release_slots_locked(ferry_registry_t *r, ferry_region_t *reg)
 {
-    (void)closure;
+    for (unsigned i = 0; i < FERRY_REGION_SLOTS; i++) {
+        const ferry_region_hook_t *h = &r->hooks[i];
+        if (reg->slot[i] && h->release) h->release(h->ctx, reg, reg->slot[i]);
+    }
+}
+
+/* After the lock is dropped: the released hooks of the slots of gone (a
+ * copy of a region that left), with the hooks as they were then. */
+static void released_slots(const ferry_region_hook_t *hooks, const ferry_region_t *gone)
+{
+    for (unsigned i = 0; i < FERRY_REGION_SLOTS; i++)
+        if (gone->slot[i] && hooks[i].release && hooks[i].released)
+            hooks[i].released(hooks[i].ctx, gone, gone->slot[i]);
+}
+
+static void destroy_visit(const void *node, VISIT which, void *closure)
+{
     if (which != postorder && which != leaf) return;
     ferry_region_t *reg = *(ferry_region_t *const *)node;
-    if (!reg->share_ctl) return;
-    ferry_share_revoke(reg->share_ctl);
-    ferry_share_detach((void *)(uintptr_t)reg->addr, (size_t)reg->len, reg->share_fd, reg->share_off);
+    ferry_registry_t *r = closure;
+    release_slots_locked(r, reg);
+    released_slots(r->hooks, reg);
 }
 
 void ferry_registry_destroy(ferry_registry_t *r)
 {
-    ferry_registry_release_all(r);
-    /* Shared pools outliving their engine: no peer writes into them now. */
-    twalk_r(r->root, revoke_visit, NULL);
+    /* Regions left at the end (shared pools outliving their engine) are
+     * released as if deregistered: no peer writes into them now. */
+    twalk_r(r->root, destroy_visit, r);
     tdestroy(r->root, free);
     r->root = NULL;
     free(r->export_segs);
@@ -80,11 +94,7 @@ static int add_locked(ferry_registry_t *r, uint64_t addr, uint64_t len, uint32_t
     reg->len = len;
     reg->flags = flags;
     reg->kind = kind;
-    reg->xport = NULL;
-    reg->share_fd = -1;
-    reg->share_off = 0;
-    reg->share_ctl = NULL;
-    reg->share_ctl_fd = -1;
+    memset(reg->slot, 0, sizeof reg->slot);
     reg->generation = r->next_generation++;
     if (r->next_generation == 0) r->next_generation = 1; /* 0 means "any" on the wire */
     void **slot = tsearch(reg, &r->root, compare_ranges);
@@ -115,7 +125,7 @@ static ferry_region_t *find_locked(ferry_registry_t *r, uint64_t addr)
 
 static void remove_locked(ferry_registry_t *r, ferry_region_t *reg)
 {
-    if (reg->xport && r->release) r->release(r->release_ctx, reg);
+    release_slots_locked(r, reg);
     if (reg->kind) atomic_fetch_sub_explicit(&r->device_count, 1, memory_order_relaxed);
     tdelete(reg, &r->root, compare_ranges);
     free(reg);
@@ -173,9 +183,8 @@ int ferry_registry_remove(ferry_registry_t *r, uint64_t addr)
     pthread_rwlock_wrlock(&r->lock);
     ferry_region_t *reg = find_locked(r, addr);
     int rc = 0;
-    ferry_share_ctl_t *ctl = NULL;
-    uint64_t shared_len = 0, shared_off = 0;
-    int shared_fd = -1;
+    ferry_region_t gone = {.addr = 0};
+    ferry_region_hook_t hooks[FERRY_REGION_SLOTS];
     if (!reg)
         rc = ferry_fail(FERRY_ERR_ADDRESS_NOT_REGISTERED, "deregister: no region at 0x%llx", (unsigned long long)addr);
     else if (reg->addr != addr)
@@ -183,90 +192,29 @@ int ferry_registry_remove(ferry_registry_t *r, uint64_t addr)
                         "deregister: 0x%llx is inside region [0x%llx+%llu), not its start",
                         (unsigned long long)addr, (unsigned long long)reg->addr, (unsigned long long)reg->len);
     else {
-        ctl = reg->share_ctl;
-        shared_len = reg->len;
-        shared_fd = reg->share_fd;
-        shared_off = reg->share_off;
-        if (ctl) ferry_share_revoke(ctl);
+        gone = *reg;
+        memcpy(hooks, r->hooks, sizeof hooks);
         remove_locked(r, reg);
     }
     pthread_rwlock_unlock(&r->lock);
-    /* Outside the lock (the move copies the whole pool): no placement by
-     * this engine starts into the range now, and peers' mappings stop
-     * reaching it once it returns. */
-    if (ctl) ferry_share_detach((void *)(uintptr_t)addr, (size_t)shared_len, shared_fd, shared_off);
+    /* Outside the lock (a shared pool's detach copies the whole pool): no
+     * placement by this engine starts into the range now. */
+    if (gone.addr) released_slots(hooks, &gone);
     return rc;
 }
 
-int ferry_registry_unshare(ferry_registry_t *r, uint64_t addr)
+int ferry_registry_update(ferry_registry_t *r, uint64_t addr, int (*fn)(void *arg, ferry_region_t *reg), void *arg,
+                          const char *what)
 {
     pthread_rwlock_wrlock(&r->lock);
     ferry_region_t *reg = find_locked(r, addr);
-    int rc = 0;
-    if (!reg || reg->addr != addr || !reg->share_ctl) {
-        rc = ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "unshare: no shared region starting at 0x%llx",
-                        (unsigned long long)addr);
-    } else {
-        ferry_share_revoke(reg->share_ctl);
-        reg->share_fd = -1;
-        reg->share_off = 0;
-        reg->share_ctl = NULL;
-        reg->share_ctl_fd = -1;
-    }
+    int rc;
+    if (!reg || reg->addr != addr)
+        rc = ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "%s: no region starting at 0x%llx", what, (unsigned long long)addr);
+    else
+        rc = fn(arg, reg);
     pthread_rwlock_unlock(&r->lock);
     return rc;
-}
-
-int ferry_registry_set_shared(ferry_registry_t *r, uint64_t addr, int fd, void *ctl, int ctl_fd)
-{
-    pthread_rwlock_wrlock(&r->lock);
-    ferry_region_t *reg = find_locked(r, addr);
-    int rc = 0;
-    if (!reg || reg->addr != addr || !ctl || fd < 0 || ctl_fd < 0) {
-        rc = ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "share: no region starting at 0x%llx", (unsigned long long)addr);
-    } else {
-        ferry_share_ctl_t *c = ctl;
-        reg->share_fd = fd;
-        reg->share_off = 0;
-        reg->share_ctl = ctl;
-        reg->share_ctl_fd = ctl_fd;
-        atomic_store(&c->generation, reg->generation);
-        atomic_store(&c->magic, FERRY_SHARE_MAGIC);
-        atomic_store(&c->state, FERRY_SHARE_LIVE);
-    }
-    pthread_rwlock_unlock(&r->lock);
-    return rc;
-}
-
-void ferry_share_revoke(ferry_share_ctl_t *ctl)
-{
-    atomic_store(&ctl->state, FERRY_SHARE_REVOKED);
-}
-
-int ferry_share_detach(void *base, size_t len, int fd, uint64_t off)
-{
-    void *fresh = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    int err = 0;
-    if (fresh == MAP_FAILED) {
-        err = errno;
-    } else {
-        memcpy(fresh, base, len);
-        if (mremap(fresh, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, base) == MAP_FAILED) {
-            err = errno;
-            munmap(fresh, len);
-        } else if (fd >= 0) {
-            /* The memfd's pages are nobody's now: give them back (peers
-             * still mapping them see zeros). A read-only pool's seal
-             * refuses this; its pages go when the pool is destroyed. */
-            (void)fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
-        }
-    }
-    if (err)
-        FERRY_LOG(FERRY_LOG_WARN, "pool",
-                  "cannot detach shared pool [%p+%zu) from its peers' mappings: %s; a same-host peer that mapped "
-                  "it can still write it",
-                  base, len, strerror(err));
-    return -err;
 }
 
 ferry_region_t *ferry_registry_lookup_locked(ferry_registry_t *r, uint64_t addr, uint64_t len)
@@ -276,29 +224,39 @@ ferry_region_t *ferry_registry_lookup_locked(ferry_registry_t *r, uint64_t addr,
     return reg;
 }
 
-void ferry_registry_set_release(ferry_registry_t *r, ferry_region_release_fn fn, void *ctx)
+void ferry_registry_set_hook(ferry_registry_t *r, unsigned slot, const ferry_region_hook_t *hook)
 {
+    if (slot >= FERRY_REGION_SLOTS) return;
     pthread_rwlock_wrlock(&r->lock);
-    r->release = fn;
-    r->release_ctx = ctx;
+    if (hook)
+        r->hooks[slot] = *hook;
+    else
+        memset(&r->hooks[slot], 0, sizeof r->hooks[slot]);
     pthread_rwlock_unlock(&r->lock);
 }
+
+struct release_ctx {
+    ferry_registry_t *r;
+    unsigned slot;
+};
 
 static void release_visit(const void *node, VISIT which, void *closure)
 {
     if (which != postorder && which != leaf) return;
     ferry_region_t *reg = *(ferry_region_t *const *)node;
-    ferry_registry_t *r = closure;
-    if (reg->xport && r->release) r->release(r->release_ctx, reg);
-    reg->xport = NULL;
+    const struct release_ctx *c = closure;
+    const ferry_region_hook_t *h = &c->r->hooks[c->slot];
+    if (reg->slot[c->slot]) h->release(h->ctx, reg, reg->slot[c->slot]);
+    reg->slot[c->slot] = NULL;
 }
 
-void ferry_registry_release_all(ferry_registry_t *r)
+void ferry_registry_release_slot(ferry_registry_t *r, unsigned slot)
 {
+    if (slot >= FERRY_REGION_SLOTS) return;
     pthread_rwlock_wrlock(&r->lock);
-    if (r->release) twalk_r(r->root, release_visit, r);
-    r->release = NULL;
-    r->release_ctx = NULL;
+    struct release_ctx c = {r, slot};
+    if (r->hooks[slot].release) twalk_r(r->root, release_visit, &c);
+    memset(&r->hooks[slot], 0, sizeof r->hooks[slot]);
     pthread_rwlock_unlock(&r->lock);
 }
 

@@ -11,25 +11,38 @@
 
 #include <ferry/ferry.h>
 
+/* Per-region slots: each part that keeps state per region owns one and
+ * installs the slot's release hook. Slot 0 is the core's shared pools'
+ * (core/pool.c, share.h); slot 1 + i that of transport i of the transport
+ * table (transport/transport.h, ferry_transport_region_slot). */
+#define FERRY_REGION_SLOTS 6
+#define FERRY_REGION_SLOT_SHARE 0
+
 typedef struct ferry_region {
     uint64_t addr, len;
     uint32_t flags;
     uint32_t generation;
     uint32_t kind;           /* memory kind (core/memkind.h): host, CUDA device, ... */
-    void *xport;             /* a transport's per-region state (the RDMA memory region), or NULL;
-                              * released by the registry's release hook before the region goes */
-    /* Shared pools (core/share.h): the memfd behind the region, the region's
-     * offset in it, and its control header (and that header's memfd); share_fd -1 and share_ctl NULL
-     * for every other region. Deregistration revokes and detaches (share.h). */
-    int share_fd;
-    uint64_t share_off;      /* 0: the data has its own memfd */
-    void *share_ctl;
-    int share_ctl_fd;        /* the control header's memfd */
+    /* Each slot's owner's state for this region (the RDMA memory region, a
+     * shared pool's memfds), or NULL. The registry knows none of them: it
+     * gives each to its slot's hook when the region leaves. Written under
+     * the write lock (ferry_registry_update), or under the read lock with
+     * a lock of the owner's own. */
+    void *slot[FERRY_REGION_SLOTS];
 } ferry_region_t;
 
-/* Called with the write lock held, for each region that leaves the registry
- * (deregistration, destroy) whose xport is set. */
-typedef void (*ferry_region_release_fn)(void *ctx, ferry_region_t *reg);
+/* What the registry does with a slot's state when a region leaves. */
+typedef struct ferry_region_hook {
+    /* With the write lock held, for each region that leaves the registry
+     * (deregistration, destroy, ferry_registry_release_slot) holding state
+     * in the slot: releases it. The registry then clears the slot. */
+    void (*release)(void *ctx, const ferry_region_t *reg, void *state);
+    /* Optional: after a deregistration dropped the write lock (and at
+     * destroy), for the same state: slow work that must not block
+     * placements. reg is a copy: the region is gone. */
+    void (*released)(void *ctx, const ferry_region_t *reg, void *state);
+    void *ctx;
+} ferry_region_hook_t;
 
 typedef struct ferry_registry {
     pthread_rwlock_t lock;
@@ -42,8 +55,7 @@ typedef struct ferry_registry {
     size_t export_count;
     uint64_t export_version;
     _Atomic size_t device_count; /* regions whose kind is not host memory */
-    ferry_region_release_fn release;
-    void *release_ctx;
+    ferry_region_hook_t hooks[FERRY_REGION_SLOTS]; /* release NULL: none installed */
 } ferry_registry_t;
 
 int ferry_registry_init(ferry_registry_t *r);
@@ -58,13 +70,12 @@ int ferry_registry_add_kind(ferry_registry_t *r, uint64_t addr, uint64_t len, ui
 int ferry_registry_add_many_kinds(ferry_registry_t *r, void *const *addrs, const size_t *lens, size_t n,
                                   uint32_t flags, const uint32_t *kinds);
 int ferry_registry_remove(ferry_registry_t *r, uint64_t addr);
-/* Marks the region starting at addr as shareable (core/share.h): stores
- * the data's memfd fd, the control header ctl and its memfd ctl_fd, and
- * makes ctl live with the region's generation. */
-int ferry_registry_set_shared(ferry_registry_t *r, uint64_t addr, int fd, void *ctl, int ctl_fd);
-/* Revokes the shared region starting at addr and makes it an ordinary
- * region (no detach: for a pool about to be unmapped anyway). */
-int ferry_registry_unshare(ferry_registry_t *r, uint64_t addr);
+/* With the write lock held: fn(arg, reg) on the region starting at addr
+ * (how a slot's owner sets its state with everything else in step), and
+ * its result; INVALID_ARGUMENT "<what>: no region starting at <addr>" when
+ * none does. */
+int ferry_registry_update(ferry_registry_t *r, uint64_t addr, int (*fn)(void *arg, ferry_region_t *reg), void *arg,
+                          const char *what);
 
 /* With the read (or write) lock held: the region that contains all of
  * [addr, addr+len), or NULL. */
@@ -75,11 +86,13 @@ static inline size_t ferry_registry_device_count(ferry_registry_t *r)
 {
     return atomic_load_explicit(&r->device_count, memory_order_relaxed);
 }
-/* Installs the release hook (NULL to remove it). */
-void ferry_registry_set_release(ferry_registry_t *r, ferry_region_release_fn fn, void *ctx);
-/* Calls the release hook for every region holding xport state, clears
- * that state, then removes the hook. */
-void ferry_registry_release_all(ferry_registry_t *r);
+/* Installs the hook of slot (NULL: removes it; a region's state in a
+ * slot without a hook is left alone). */
+void ferry_registry_set_hook(ferry_registry_t *r, unsigned slot, const ferry_region_hook_t *hook);
+/* Releases every region's state in slot (release only, under the write
+ * lock), clears it, then removes the slot's hook: for an owner that goes
+ * before the registry (an RDMA device closed). */
+void ferry_registry_release_slot(ferry_registry_t *r, unsigned slot);
 
 /* With the read lock held: checks that [addr, addr+len) lies in one region
  * having all of need_flags and (generation != 0) that generation.

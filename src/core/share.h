@@ -42,6 +42,17 @@ typedef struct ferry_share_ctl {
     _Atomic int64_t unused; /* was an in-use count peers raised; ignored */
 } ferry_share_ctl_t;
 
+/* A shared pool's state in its region's slot FERRY_REGION_SLOT_SHARE
+ * (registry.h): made and freed by core/pool.c, whose hook revokes and
+ * detaches the pool when its region leaves the registry first; read by
+ * transport/shm_pool.c under the registry's read lock. */
+typedef struct ferry_share {
+    int fd;                 /* the data's memfd */
+    uint64_t off;           /* the region's offset in it (0: the data has its own memfd) */
+    ferry_share_ctl_t *ctl; /* the control header */
+    int ctl_fd;             /* the control header's memfd */
+} ferry_share_t;
+
 /* Marks the header revoked (a hint to cooperating peers; no waiting). */
 void ferry_share_revoke(ferry_share_ctl_t *ctl);
 /* Moves [base, base+len) onto private anonymous pages with the same bytes

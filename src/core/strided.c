@@ -184,11 +184,17 @@ long(ferry_batch_submit_strided)(ferry_batch_t *b, const char *peer, const ferry
     if (!b || !peer || !theirs) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "strided submit: NULL argument");
     ferry_engine_t *e = ferry_batch_engine(b);
     if (!e) return ferry_last_error_code();
+    /* Entered before the bounds check, which may open the session (a
+     * handshake): destroy then wakes this call and waits for it. */
+    int rc = ferry_engine_enter(e);
+    if (rc) return rc;
     ferry_strided_t d;
-    int rc = strided_check(e, peer, theirs, &d);
-    if (rc) return ferry_fail_context("strided submit");
+    rc = strided_check(e, peer, theirs, &d);
+    if (rc) return ferry_engine_leave(e, ferry_fail_context("strided submit"));
     ferry_request_t *reqs = malloc((d.n ? d.n : 1) * sizeof *reqs);
-    if (!reqs) return ferry_fail(FERRY_ERR_MEMORY, "strided submit of %zu pieces: out of memory", d.n);
+    if (!reqs)
+        return ferry_engine_leave(
+            e, ferry_fail(FERRY_ERR_MEMORY, "strided submit of %zu pieces: out of memory", d.n));
     unsigned char *lb = d.local_base;
     for (size_t i = 0; i < d.n; i++)
         reqs[i] = (ferry_request_t){.opcode = d.opcode, .local = lb + idx_at(d.local_idx, i) * d.local_stride,
@@ -196,5 +202,6 @@ long(ferry_batch_submit_strided)(ferry_batch_t *b, const char *peer, const ferry
                                     .len = d.piece_len};
     long first = ferry_batch_submit_checked(b, peer, reqs, d.n, timeout_ms);
     free(reqs);
-    return first;
+    rc = ferry_engine_leave(e, first < 0 ? (int)first : 0);
+    return rc ? rc : first;
 }

@@ -162,15 +162,20 @@ const ferry_transport_ops_t *ferry_session_transport(ferry_session_t *s)
     return t ? t : &ferry_transport_tcp;
 }
 
-/* Runs the pieces over connection c with the session's transport; when
+/* Runs the pieces over connection c with the session's transport. When
  * that transport's verdict is to fall back, moves the session to tcp for
- * good (recording why, for ferry_peer_info) and runs them again over tcp. */
+ * good (recording why, for ferry_peer_info) and runs them again over tcp;
+ * when it is to leave pieces to tcp, runs those over tcp, this time only. */
 static int run_transport(ferry_session_t *s, ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken)
 {
     const ferry_transport_ops_t *t = ferry_session_transport(s);
-    ferry_verdict_t verdict = {.fall_back = false};
+    ferry_verdict_t verdict = {.fall_back = false, .by_tcp = false};
     int rc = t->run(c, xs, n, broken, &verdict);
-    if (rc || !verdict.fall_back || t == &ferry_transport_tcp) return rc;
+    if (rc || t == &ferry_transport_tcp || !(verdict.fall_back || verdict.by_tcp)) return rc;
+    if (!verdict.fall_back) {
+        FERRY_LOG(FERRY_LOG_DEBUG, "transport", "%s: pieces by tcp this time: %s", s->name, verdict.reason);
+        return ferry_transport_tcp.run(c, xs, n, broken, &verdict);
+    }
     pthread_mutex_lock(&s->lock);
     if (s->transport == t) {
         s->transport = &ferry_transport_tcp;

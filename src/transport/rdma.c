@@ -286,7 +286,8 @@ static int rdma_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken, fe
 #endif
     /* Chosen for a session, then made unusable (a test's reprobe): TCP
      * still reaches the peer over this very connection. */
-    return ferry_transport_tcp.run(c, xs, n, broken, verdict);
+    (void)xs, (void)n, (void)broken;
+    return ferry_verdict_by_tcp(verdict, "rdma is not usable on this engine now");
 }
 
 /* What an engine without a usable device answers: RDMA_CONNECT and

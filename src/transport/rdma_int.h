@@ -40,7 +40,8 @@ struct rdma_dev {
     int send_depth, recv_depth, cq_depth;
     int max_sge, max_sge_rd; /* scatter-gather entries per send work request; per RDMA READ */
     char name[64];
-    pthread_mutex_t mr_lock; /* guards ferry_region_t.xport while the registry is read-locked */
+    unsigned slot;           /* the transport's per-region slot (ferry_region_t.slot) */
+    pthread_mutex_t mr_lock; /* guards that slot while the registry is read-locked */
 };
 
 struct rkey_ent {

@@ -34,7 +34,8 @@
  *             the caller's buffer).
  *
  * Memory regions are per registry region, made lazily and kept in the
- * region (ferry_region_t.xport); deregistration calls ibv_dereg_mr under the
+ * region (the transport's slot of ferry_region_t, released by its hook,
+ * registry.h); deregistration calls ibv_dereg_mr under the
  * registry's write lock, so after ferry_deregister returns the HCA refuses
  * the old key and no peer write can land (the peer gets a remote access
  * error, reported as STALE_SEGMENT, then ADDRESS_NOT_REGISTERED). A region
@@ -171,19 +172,19 @@ fail:
 
 /* -------------------------------------------------------------- device */
 
-/* ferry_region_t.xport of a region the HCA could not register. */
+/* The slot state of a region the HCA could not register. */
 static char mr_failed;
 
-static void release_mr(void *ctx, ferry_region_t *reg)
+/* The slot's release hook (registry.h), under the registry's write lock. */
+static void release_mr(void *ctx, const ferry_region_t *reg, void *state)
 {
     struct rdma_dev *d = ctx;
-    if (reg->xport && reg->xport != &mr_failed) {
-        int rc = d->v->dereg_mr(reg->xport);
+    if (state != &mr_failed) {
+        int rc = d->v->dereg_mr(state);
         if (rc)
             FERRY_LOG(FERRY_LOG_ERROR, "rdma", "ibv_dereg_mr of [0x%llx+%llu): %s", (unsigned long long)reg->addr,
                       (unsigned long long)reg->len, strerror(rc));
     }
-    reg->xport = NULL;
 }
 
 static int min_int(int a, int b) { return a < b ? a : b; }
@@ -293,7 +294,8 @@ int ferry_rdma_dev_open(ferry_engine_t *e, const ferry_rdma_env_t *env, void **o
     d->max_sge = min_int(MAX_SGE, da.max_sge > 0 ? da.max_sge : 1);
     d->max_sge_rd = min_int(d->max_sge, da.max_sge_rd > 0 ? da.max_sge_rd : 1); /* 0: unknown, be safe */
     pthread_mutex_init(&d->mr_lock, NULL);
-    ferry_registry_set_release(ferry_engine_registry(e), release_mr, d);
+    d->slot = ferry_transport_region_slot(&ferry_transport_rdma);
+    ferry_registry_set_hook(ferry_engine_registry(e), d->slot, &(ferry_region_hook_t){.release = release_mr, .ctx = d});
     if (d->link == FERRY_RDMA_LINK_IB)
         snprintf(why, cap, "%s port %d (InfiniBand, lid %u)", d->name, d->port, d->pattr.lid);
     else
@@ -311,7 +313,7 @@ void ferry_rdma_dev_close(ferry_engine_t *e, void *dev)
 {
     struct rdma_dev *d = dev;
     /* Every memory region goes before the protection domain. */
-    ferry_registry_release_all(ferry_engine_registry(e));
+    ferry_registry_release_slot(ferry_engine_registry(e), d->slot);
     if (d->pd) d->v->dealloc_pd(d->pd);
     d->v->close_device(d->ctx);
     pthread_mutex_destroy(&d->mr_lock);
@@ -325,14 +327,15 @@ int ferry_rdma_region_mr(struct rdma_dev *d, ferry_region_t *reg, struct ibv_mr 
 {
     pthread_mutex_lock(&d->mr_lock);
     int rc = 0;
-    if (!reg->xport) {
+    void **slot = &reg->slot[d->slot];
+    if (!*slot) {
         int access = IBV_ACCESS_LOCAL_WRITE;
         if (reg->flags & FERRY_MEM_REMOTE_READ) access |= IBV_ACCESS_REMOTE_READ;
         if (reg->flags & FERRY_MEM_REMOTE_WRITE) access |= IBV_ACCESS_REMOTE_WRITE;
         errno = 0;
         struct ibv_mr *mr = d->v->reg_mr(d->pd, (void *)(uintptr_t)reg->addr, reg->len, access);
         int err = errno;
-        reg->xport = mr ? (void *)mr : (void *)&mr_failed;
+        *slot = mr ? (void *)mr : (void *)&mr_failed;
         if (!mr) {
             char kind[32];
             FERRY_LOG(FERRY_LOG_WARN, "rdma",
@@ -343,13 +346,13 @@ int ferry_rdma_region_mr(struct rdma_dev *d, ferry_region_t *reg, struct ibv_mr 
                                 : err == ENOMEM ? " (locked-memory limit? see ulimit -l)" : "");
         }
     }
-    if (reg->xport == &mr_failed) {
+    if (*slot == &mr_failed) {
         char kind[32];
         rc = ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "%s memory [0x%llx+%llu) cannot be registered with %s",
                         ferry_memkind_name(reg->kind, kind, sizeof kind), (unsigned long long)reg->addr,
                         (unsigned long long)reg->len, d->name);
     } else {
-        *out = reg->xport;
+        *out = *slot;
     }
     pthread_mutex_unlock(&d->mr_lock);
     return rc;

@@ -450,17 +450,18 @@ int ferry_rdma_verbs_run(ferry_conn_t *c, void *dev, ferry_xfer_t *xs, size_t nx
     }
     rc = move_data(c, ep, xs, nx, pl, &fe, broken);
     if (rc == 0) rc = ferry_rdma_commit_writes(c, ep, xs, nx, pl, &fe, broken);
-    /* Pieces the HCA cannot reach go inline over this TCP connection. */
+    /* Pieces the HCA cannot reach go inline over this TCP connection: the
+     * core runs them by tcp once this returns (the verdict). */
+    size_t by_tcp = 0;
     for (size_t i = 0; rc == 0 && i < nx; i++) {
         if (pl[i].mode != PLAN_TCP || xs[i].rc || xs[i].done >= xs[i].len) continue;
-        rc = ferry_transport_tcp.run(c, &xs[i], 1, broken, verdict);
-        if (rc) ferry_rdma_keep_err(&fe, rc);
+        by_tcp++;
     }
-    free(pl);
     bool pending = false;
     for (size_t i = 0; i < nx; i++) {
         ferry_xfer_t *x = &xs[i];
         if (x->rc || x->done >= x->len) continue;
+        if (by_tcp && pl[i].mode == PLAN_TCP) continue;
         if (*broken) {
             pending = true;
         } else {
@@ -468,6 +469,7 @@ int ferry_rdma_verbs_run(ferry_conn_t *c, void *dev, ferry_xfer_t *xs, size_t nx
                                           (unsigned long long)x->done, (unsigned long long)x->len));
         }
     }
+    free(pl);
     if (fe.rc && pending) {
         /* Pieces untouched by the failure are retried on a fresh
          * connection: say why this one ended. */
@@ -475,5 +477,6 @@ int ferry_rdma_verbs_run(ferry_conn_t *c, void *dev, ferry_xfer_t *xs, size_t nx
         return ferry_fail(code, "the RDMA queue pair to %s failed: %s", c->peer.name, fe.detail);
     }
     if (fe.rc) raise_err(&fe);
+    if (by_tcp) ferry_verdict_by_tcp(verdict, "%zu piece(s) in memory the HCA cannot register", by_tcp);
     return 0;
 }

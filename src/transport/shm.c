@@ -469,7 +469,8 @@ static bool any_device_local(ferry_engine_t *e, const ferry_xfer_t *xs, size_t n
 
 static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, ferry_verdict_t *verdict)
 {
-    if (any_device_local(c->engine, xs, nx)) return ferry_transport_tcp.run(c, xs, nx, broken, verdict);
+    if (any_device_local(c->engine, xs, nx))
+        return ferry_verdict_by_tcp(verdict, "a local buffer is device memory, which the target's attach cannot reach");
     char why[200];
     if (via_intermediary(c, why, sizeof why)) return fall_back(verdict, why);
     *broken = 0;

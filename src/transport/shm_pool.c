@@ -130,14 +130,15 @@ int shm_serve_map(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, 
         if (reg) {
             put64(info, reg->addr);
             put64(info + 8, reg->len);
-            put64(info + 16, reg->share_off);
+            const ferry_share_t *sh = reg->slot[FERRY_REGION_SLOT_SHARE];
+            put64(info + 16, sh ? sh->off : 0);
             put32(info + 28, reg->generation);
             put32(info + 32, reg->flags);
             /* Opened under the lock: a pool destroyed meanwhile closes its fds. */
-            if (reg->share_ctl && receiver >= 0) {
+            if (sh && receiver >= 0) {
                 sc->passed_gen = reg->generation;
-                fds[0] = reopen_fd(reg->share_fd, (reg->flags & FERRY_MEM_REMOTE_WRITE) != 0);
-                fds[1] = reopen_fd(reg->share_ctl_fd, false);
+                fds[0] = reopen_fd(sh->fd, (reg->flags & FERRY_MEM_REMOTE_WRITE) != 0);
+                fds[1] = reopen_fd(sh->ctl_fd, false);
             }
         }
         ferry_registry_unlock(r);

@@ -1,5 +1,5 @@
-/* Shared by the transports' run (transport.h): the verdict to fall back to
- * tcp, and the answer to a piece's slice. Apart from the transport table
+/* Shared by the transports' run (transport.h): the verdicts (fall back to
+ * tcp, or leave pieces to tcp), and the answer to a piece's slice. Apart from the transport table
  * (transport.c), so that a transport and the table do not depend on each
  * other. */
 #include <stdarg.h>
@@ -15,6 +15,16 @@ int ferry_verdict_fall_back(ferry_verdict_t *v, const char *fmt, ...)
     vsnprintf(v->reason, sizeof v->reason, fmt, ap);
     va_end(ap);
     v->fall_back = true;
+    return 0;
+}
+
+int ferry_verdict_by_tcp(ferry_verdict_t *v, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(v->reason, sizeof v->reason, fmt, ap);
+    va_end(ap);
+    v->by_tcp = true;
     return 0;
 }
 

@@ -10,8 +10,14 @@ const ferry_transport_ops_t *const ferry_transports[] = {
     &ferry_transport_rdma, /* usable only when both ends have an RDMA device */
     &ferry_transport_shm,  /* usable between processes of one host */
     &ferry_transport_tcp,
+#ifdef FERRY_TEST_TRANSPORT_EXTRA
+    &ferry_transport_extra, /* tests/test_transport_extra.c: only that test's build has it */
+#endif
     NULL,
 };
+/* Each transport has a per-region slot after the core's (registry.h). */
+_Static_assert(sizeof ferry_transports / sizeof ferry_transports[0] - 1 + 1 <= FERRY_REGION_SLOTS,
+               "more transports than per-region slots: raise FERRY_REGION_SLOTS");
 
 const ferry_transport_ops_t *ferry_transport_find(const char *name)
 {
@@ -62,4 +68,11 @@ const ferry_transport_ops_t *ferry_transport_for_frame(uint8_t type)
         for (size_t k = 0; k < ferry_transports[i]->nserve_types; k++)
             if (ferry_transports[i]->serve_types[k] == type) return ferry_transports[i];
     return NULL;
+}
+
+unsigned ferry_transport_region_slot(const ferry_transport_ops_t *t)
+{
+    for (unsigned i = 0; ferry_transports[i]; i++)
+        if (ferry_transports[i] == t) return 1 + i;
+    return FERRY_REGION_SLOTS;
 }

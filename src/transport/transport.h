@@ -4,7 +4,13 @@
  * acks); a transport decides how the bytes of a transfer move: inline in TCP
  * frames ("tcp"), or by cross-memory attach between processes of one host
  * ("shm"), or over RDMA. The target side serves the frame types a transport
- * declares. A new transport is one new file and one entry in transport.c. */
+ * declares. A new transport is one new file and one entry in transport.c
+ * (README, "Adding a transport"): its ops below; its verdict, never session
+ * state; its frames (a range of wire.h, listed in serve_types); its
+ * per-region data, if any, in its slot of ferry_region_t
+ * (ferry_transport_region_slot) with that slot's release hook
+ * (ferry_registry_set_hook, registry.h). tests/test_transport_extra.c is
+ * one. */
 #ifndef FERRY_TRANSPORT_H
 #define FERRY_TRANSPORT_H
 
@@ -21,6 +27,13 @@ typedef struct ferry_verdict {
      * (ferry_peer_info), and runs the pieces again over tcp on the same
      * connection, each from its ->done on. run returns 0 with it. */
     bool fall_back;
+    /* Set by run: the pieces it left to do (no failure, bytes left) go by
+     * tcp, for this call only, on the same connection, each from its
+     * ->done on; the session keeps this transport (pieces this one cannot
+     * reach: device memory, a region its hardware cannot register; or the
+     * transport went unusable). run returns 0 with it; reason says why
+     * (logged at debug level). */
+    bool by_tcp;
     char reason[256];
 } ferry_verdict_t;
 
@@ -36,7 +49,8 @@ typedef struct ferry_transport_ops {
      * the first byte leaves): after a broken return the core fences those
      * pieces so that nothing of them lands late (core/cancel.h). Without a
      * broken return, every answer must have been read. It never writes
-     * session state: to leave for tcp it fills *verdict (above). */
+     * session state: to leave for tcp, or to leave some pieces to tcp, it
+     * fills *verdict (above); it never calls another transport itself. */
     int (*run)(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken, ferry_verdict_t *verdict);
     /* Target side: serves frame f of a type listed in serve_types. A
      * negative return closes the connection. Before touching memory, and
@@ -70,21 +84,27 @@ static inline bool ferry_piece_sendable(const ferry_xfer_t *x, uint64_t off)
     return x->rc == 0 && off < x->len && !(x->cancel && atomic_load(x->cancel));
 }
 
+/* run()'s verdict: fall back to tcp, because of the text why. Returns 0. */
+int ferry_verdict_fall_back(ferry_verdict_t *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* run()'s verdict: the pieces left to do go by tcp for this call only,
+ * because of the text why. Returns 0. */
+int ferry_verdict_by_tcp(ferry_verdict_t *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* Initiator side: receives the answer to piece x's oldest slice in flight
  * (WRITE_ACK for writes, READ_RESP for reads) into *f. 0 when the target
  * accepted it (any payload is still to be read); the target's refusal with
  * its detail (reason gets the text when not NULL); or, with *broken set, a
  * failure that leaves the connection unusable (I/O, ERROR frame, an answer
  * out of step). */
-/* run()'s verdict: fall back to tcp, because of the text why. Returns 0. */
-int ferry_verdict_fall_back(ferry_verdict_t *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
 int ferry_recv_answer(ferry_conn_t *c, ferry_xfer_t *x, unsigned spin_us, ferry_frame_t *f, int *broken,
                       char *reason, size_t cap);
 
 extern const ferry_transport_ops_t ferry_transport_tcp;
 extern const ferry_transport_ops_t ferry_transport_rdma;
 extern const ferry_transport_ops_t ferry_transport_shm;
+#ifdef FERRY_TEST_TRANSPORT_EXTRA
+extern const ferry_transport_ops_t ferry_transport_extra;
+#endif
 
 /* NULL-terminated, in order of preference for "auto". */
 extern const ferry_transport_ops_t *const ferry_transports[];
@@ -95,5 +115,8 @@ const ferry_transport_ops_t *ferry_transport_choose(ferry_engine_t *e, const fer
                                                      size_t cap);
 /* The transport that serves frame type t, or NULL. */
 const ferry_transport_ops_t *ferry_transport_for_frame(uint8_t type);
+/* Transport t's per-region slot (ferry_region_t.slot, registry.h): 1 + its
+ * index in the table. FERRY_REGION_SLOTS when t is not in the table. */
+unsigned ferry_transport_region_slot(const ferry_transport_ops_t *t);
 
 #endif

@@ -78,6 +78,11 @@ else
 fi
 [ $rc -eq 1 ] || { echo "FAIL doctor --json on a dead peer exited $rc"; fails=$((fails + 1)); }
 out=$("$FERRY" doctor "no.such.host.invalid:7" 2>&1); check doctor-dns "DNS \(-101\)"
+# cluster node: a mesh engine (decode and prefill) needs the peers it asks.
+out=$("$FERRY" cluster node --role mesh --index 0 --host 127.0.0.1 --port 7 --dir /tmp 2>&1); rc=$?
+check cluster-mesh-no-peers "cluster node: missing or bad option"
+check cluster-mesh-usage "usage: ferry cluster node --role prefill\|decode\|mesh\|probe"
+[ $rc -eq 2 ] || { echo "FAIL cluster node --role mesh without --peers exited $rc"; fails=$((fails + 1)); }
 # metabench: option checks, an unreachable service, and (with the suite's services) a short run.
 out=$("$FERRY" metabench --seconds 1 2>&1); rc=$?; check metabench-no-metadata "usage: ferry metabench"
 [ $rc -eq 2 ] || { echo "FAIL metabench without --metadata exited $rc"; fails=$((fails + 1)); }

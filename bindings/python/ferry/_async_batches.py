@@ -4,6 +4,8 @@ its large calls carry: a mixin of ferry.engine.TransferEngine, which keeps
 the state (self._lock, self._batches, self._batch_ids) and the helpers
 (_eng, _run, _run_peer, _session) these methods use."""
 
+import collections
+
 from . import _strided, _vectors, core, errors
 from ._mooncake_args import _check_int_entries, _code, _lists, _nonempty, _opcode_arg, _peer
 from .errors import FerryError, fail
@@ -47,7 +49,7 @@ class AsyncBatches:
                 raise
         with self._lock:
             bid = next(self._batch_ids)
-            self._batches[bid] = (batch, len(all_bufs), total)
+            self._batches[bid] = _AsyncBatch(batch, len(all_bufs), total)
         return bid
 
     def _sync_scaled(self, eng, peer, op, buffers, peer_buffer_addresses, lengths, total):
@@ -56,7 +58,7 @@ class AsyncBatches:
         timeout_ms. Runs as an async batch whose requests carry that deadline,
         then waits for it; raises the first failure."""
         batch = self._take(self._submit_async(eng, peer, op, buffers, peer_buffer_addresses,
-                                              lengths))[0]
+                                              lengths)).batch
         if batch is None:
             return
         try:
@@ -89,7 +91,7 @@ class AsyncBatches:
                     raise
             with self._lock:
                 bid = next(self._batch_ids)
-                self._batches[bid] = (batch, n, n * piece_len)
+                self._batches[bid] = _AsyncBatch(batch, n, n * piece_len)
             return bid
         return self._run_peer(peer, go, on_error=0)
 
@@ -113,16 +115,63 @@ class AsyncBatches:
                 raise
         with self._lock:
             bid = next(self._batch_ids)
-            self._batches[bid] = (batch, len(vecs[2]), total)
+            self._batches[bid] = _AsyncBatch(batch, len(vecs[2]), total)
         return bid
 
     def _take(self, bid):
+        """The batch of bid, consumed: removed from the live ones with no outcome
+        remembered (the caller runs it to its end itself, as _sync_scaled)."""
         with self._lock:
             ent = self._batches.pop(bid, None)
         if ent is None:
-            fail(_code("NOT_FOUND"), "NOT_FOUND (-411): no batch %r (already reaped, or never "
-                 "returned by batch_transfer_async_*)" % (bid,))
+            _unknown(bid, self._REMEMBERED_OUTCOMES)
         return ent
+
+    # How many ended batches keep their outcome (see _consume): a thread that
+    # asks about a batch another thread just consumed gets the same answer,
+    # not NOT_FOUND. Ids are never reused, so an old outcome cannot alias.
+    _REMEMBERED_OUTCOMES = 4096
+
+    def _entry(self, bid):
+        """The live or recently ended batch of bid (NOT_FOUND when neither)."""
+        with self._lock:
+            ent = self._batches.get(bid)
+            if ent is None:
+                ent = self._ended_batches().get(bid)
+        if ent is None:
+            _unknown(bid, self._REMEMBERED_OUTCOMES)
+        return ent
+
+    def _ended_batches(self):
+        # Created lazily: the state lives in the engine, which predates it.
+        ended = getattr(self, "_ended", None)
+        if ended is None:
+            ended = self._ended = collections.OrderedDict()
+        return ended
+
+    def _consume(self, bid, ent, code, detail):
+        """Ends ent with its outcome (0 completed, else a Ferry code) unless
+        another thread ended it first; True when this call did (it then frees
+        the batch). Both happen under the lock, so every caller that ends up
+        holding ent reads the one outcome that was recorded."""
+        with self._lock:
+            if ent.outcome is not None:
+                return False
+            ent.outcome = (code, detail)
+            if self._batches.get(bid) is ent:
+                del self._batches[bid]
+            ended = self._ended_batches()
+            ended[bid] = ent
+            while len(ended) > self._REMEMBERED_OUTCOMES:
+                ended.popitem(last=False)
+        return True
+
+    def _end_batch(self, bid, ent, code, detail):
+        """_consume, then free the batch when this call consumed it; the
+        outcome recorded (this call's or the thread's that was first)."""
+        if self._consume(bid, ent, code, detail) and ent.batch is not None:
+            ent.batch._shutdown()
+        return ent.outcome
 
     # Mooncake's deadline for a transfer call: its transfer timeout plus 1 ns
     # per byte (1 GB/s), so a large call is not cut at the fixed timeout
@@ -141,32 +190,49 @@ class AsyncBatches:
 
     def get_batch_transfer_status(self, batch_ids):
         """Waits for the batches: 0 when all completed, else the first failure's code;
-        every listed batch is consumed either way (Mooncake semantics)."""
+        every listed batch is consumed either way (Mooncake semantics). A batch
+        another thread consumed a moment ago gives the outcome it had there."""
         def go():
-            ids = list(batch_ids)
             ents = []
             first_err = None
-            for bid in ids:
+            for bid in list(batch_ids):
                 try:
-                    ents.append(self._take(bid))
+                    ents.append((bid, self._entry(bid)))
                 except FerryError as exc:
                     first_err = first_err or exc
-            for batch, _, total in ents:
-                if batch is None:
-                    continue
-                if first_err is not None:
-                    batch._shutdown()  # cancel what still runs, like Mooncake freeing it
-                    continue
-                try:
-                    batch.wait(self._wait_budget_ms(total))
-                except FerryError as exc:
-                    first_err = exc
-                batch._shutdown()
+            for bid, ent in ents:
+                code, detail = self._wait_outcome(bid, ent, cancel=first_err is not None)
+                if code and first_err is None:
+                    first_err = FerryError.from_code(code, detail)
             if first_err is not None:
                 errors._record(first_err.code, first_err.detail)
                 raise first_err
             return 0
         return self._run(go)
+
+    def _wait_outcome(self, bid, ent, cancel):
+        """get_batch_transfer_status for one batch: its outcome, once ended.
+        cancel: an earlier batch of the call failed, so this one is cancelled
+        (like Mooncake freeing it), its outcome read after the cancel."""
+        if ent.outcome is not None:
+            return ent.outcome
+        if ent.batch is None:
+            return self._end_batch(bid, ent, 0, None)
+        try:
+            if cancel:
+                ent.batch._cancel_quiet()
+                out = self._status_outcome(bid, ent)
+                code, detail = out if out is not None else (
+                    _code("CANCELLED"), "CANCELLED (%d): batch %d cancelled: an earlier batch of the "
+                    "same get_batch_transfer_status call failed" % (_code("CANCELLED"), bid))
+            else:
+                ent.batch.wait(self._wait_budget_ms(ent.total))
+                code, detail = 0, None
+        except FerryError as exc:
+            # Also what a wait reads when another thread consumed and freed
+            # the batch meanwhile: _end_batch then gives that thread's outcome.
+            code, detail = exc.code, exc.detail
+        return self._end_batch(bid, ent, code, detail)
 
     def transfer_check_status(self, batch_id):
         """Non-blocking, Mooncake's values exactly: 1 completed, 0 still running,
@@ -174,35 +240,49 @@ class AsyncBatches:
         give the Ferry code and the story). Callers poll until the value is 1,
         -1 or -2 (Mooncake's documented loop, SGLang's async worker): any other
         value would keep them polling forever. A batch that ended is consumed;
-        an id that is unknown, already consumed, or the 0 of a failed submit is
-        -1 (failed), so such a loop ends."""
+        asking again (from any thread) gives the same value while it is among
+        the last _REMEMBERED_OUTCOMES ended; an id unknown, forgotten, or the 0
+        of a failed submit is -1 (failed), so such a loop ends."""
         rc = self._run(self._check_status, batch_id)
         if rc in (0, 1) or self.raise_on_error:
             return rc
         return -2 if rc == _code("TIMEOUT") else -1
 
     def _check_status(self, batch_id):
-        with self._lock:
-            ent = self._batches.get(batch_id)
-        if ent is None:
-            self._take(batch_id)  # raises NOT_FOUND
-        batch = ent[0]
-        if batch is None:
-            self._take(batch_id)
+        ent = self._entry(batch_id)  # raises NOT_FOUND
+        if ent.outcome is None:
+            if ent.batch is None:
+                self._end_batch(batch_id, ent, 0, None)
+            else:
+                try:
+                    out = self._status_outcome(batch_id, ent)
+                except FerryError:
+                    if ent.outcome is None:
+                        raise
+                    out = None  # consumed and freed by another thread: its outcome
+                if out is not None:
+                    self._end_batch(batch_id, ent, *out)
+        if ent.outcome is None:
+            return 0
+        code, detail = ent.outcome
+        if code == 0:
             return 1
-        sts = batch.statuses()
+        fail(code, detail)
+
+    def _status_outcome(self, batch_id, ent):
+        """The outcome of ent's batch from its statuses: None while a request
+        runs, (0, None) when all completed, else the first failure's code and story."""
+        sts = ent.batch.statuses()
         bad = next((s for s in sts if s.done and not s.ok), None)
         if bad is None and not all(s.ok for s in sts):
-            return 0
-        self._take(batch_id)
-        batch._shutdown()
+            return None
         if bad is None:
-            return 1
+            return 0, None
         code = bad.code or (_code("TIMEOUT") if bad.state == core.STATUS_TIMEOUT else
                             _code("CANCELLED") if bad.state == core.STATUS_CANCELLED else
                             _code("INTERNAL"))
-        fail(code, "%s (%d): request of batch %d ended %s" % (
-            errors.name(code), code, batch_id, bad.state_name))
+        return code, "%s (%d): request of batch %d ended %s" % (
+            errors.name(code), code, batch_id, bad.state_name)
 
     def get_batch_status(self, batch_id):
         """Ferry extension: per-request RequestStatus list, without consuming the batch."""
@@ -210,14 +290,29 @@ class AsyncBatches:
             with self._lock:
                 ent = self._batches.get(batch_id)
             if ent is None:
-                self._take(batch_id)
-            return ent[0].statuses() if ent[0] is not None else []
+                _unknown(batch_id, self._REMEMBERED_OUTCOMES)
+            return ent.batch.statuses() if ent.batch is not None else []
         try:
             return go()
         except FerryError:
             if self.raise_on_error:
                 raise
             return None
+
+
+class _AsyncBatch:
+    """A batch id's state: its core.Batch (None when it had no request), request
+    count and bytes, and its outcome once ended ((0, None) or (code, detail))."""
+    __slots__ = ("batch", "count", "total", "outcome")
+
+    def __init__(self, batch, count, total):
+        self.batch, self.count, self.total, self.outcome = batch, count, total, None
+
+
+def _unknown(bid, remembered):
+    fail(_code("NOT_FOUND"), "NOT_FOUND (-411): no batch %r (never returned by "
+         "batch_transfer_async_*, or ended longer ago than the last %d batches)"
+         % (bid, remembered))
 
 
 def _total(lens):

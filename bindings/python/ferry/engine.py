@@ -118,7 +118,7 @@ class TransferEngine(AsyncBatches):
         self._protocol = None
         self._transport = None
         self._lock = threading.Lock()
-        self._batches = {}  # id -> (core.Batch or None, count, total bytes)
+        self._batches = {}  # id -> _async_batches._AsyncBatch
         self._batch_ids = itertools.count(1)
         self._managed = {}  # addr -> mmap
         # Peers whose session this object opened (Mooncake's segment handle
@@ -283,9 +283,9 @@ class TransferEngine(AsyncBatches):
         eng, self._engine = self._engine, None
         with self._lock:
             batches, self._batches = self._batches, {}
-        for b, _, _ in batches.values():
-            if b is not None:
-                b._shutdown()
+        for ent in batches.values():
+            if ent.batch is not None:
+                ent.batch._shutdown()
         if eng is not None:
             for addr in list(self._managed):
                 try:

@@ -509,13 +509,18 @@ class TestTransferEngineLocal(unittest.TestCase):
         self.assertEqual(len(st), 16)
         self.assertEqual(self.p.get_batch_transfer_status([bid]), 0)
         self.assertEqual(self.dst[:], self.src[:])
-        self.assertEqual(self.p.get_batch_transfer_status([bid]), errors.NOT_FOUND)  # consumed
+        # Consumed; asking again gives the same outcome (any thread may ask, see
+        # test_async_batch_threads); a never returned id is NOT_FOUND.
+        self.assertEqual(self.p.get_batch_transfer_status([bid]), 0)
+        self.assertEqual(self.p.get_batch_transfer_status([bid + 1000]), errors.NOT_FOUND)
         # Polling with transfer_check_status.
         bid = self.p.transfer_submit_write(sid, self.src_addr, self.dst_addr, 65536)
         self.assertGreater(bid, 0)
         self.assertEqual(wait_for(lambda: self.p.transfer_check_status(bid) or None, 10), 1)
-        # Consumed: Mooncake's "failed" (-1), so a polling loop ends; the detail says why.
-        self.assertEqual(self.p.transfer_check_status(bid), -1)
+        # Consumed: asked again, the same 1; an unknown id is Mooncake's "failed"
+        # (-1), so a polling loop ends; the detail says why.
+        self.assertEqual(self.p.transfer_check_status(bid), 1)
+        self.assertEqual(self.p.transfer_check_status(bid + 1000), -1)
         self.assertEqual(errors.last_error_code(), errors.NOT_FOUND)
         # Reads, and a failing batch among good ones.
         rid = self.p.batch_transfer_async_read(sid, bufs[:2], peers[:2], [65536] * 2)

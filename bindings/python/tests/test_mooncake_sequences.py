@@ -210,9 +210,12 @@ class TestInitiatorTarget(unittest.TestCase):
             self.assertEqual(self._documented_poll(bad), -1)
         self.assertEqual(errors.last_error_code(), errors.ADDRESS_NOT_REGISTERED)
         self.assertIn("ADDRESS_NOT_REGISTERED", errors.last_error_detail())
-        # Asking again about an ended batch, or about the 0 of a failed
-        # submit: -1, so a loop that kept the id ends too.
-        self.assertEqual(self.adaptor.transfer_check_status(batch_id), -1)
+        # Asking again about an ended batch: its outcome again; about the 0
+        # of a failed submit: -1, so a loop that kept the id ends too.
+        self.assertEqual(self.adaptor.transfer_check_status(batch_id), 1)
+        if bad != 0:
+            self.assertEqual(self.adaptor.transfer_check_status(bad), -1)
+            self.assertEqual(errors.last_error_code(), errors.ADDRESS_NOT_REGISTERED)
         self.assertEqual(self.adaptor.transfer_check_status(0), -1)
         self.assertEqual(self.adaptor.transfer_submit_write("127.0.0.1:1", local_addr,
                                                             remote_addr, 6), 0)

@@ -1,0 +1,121 @@
+"""TransferEngine's async batch ids asked about from several threads at once:
+every thread gets the batch's real outcome, never -1 / NOT_FOUND because
+another thread consumed the batch a moment before (the auditor's report:
+transfer_check_status from two threads reported a completed batch failed)."""
+
+import ctypes
+import threading
+import time
+import unittest
+
+from _support import EnvPatch, requires_engine
+from ferry import TransferEngine, errors
+
+MiB = 1 << 20
+THREADS = 6
+ROUNDS = 40
+
+
+def _poll(te, bid, deadline_s=30.0):
+    """The documented loop: until 1, -1 or -2; (value, code) with this thread's code."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        st = te.transfer_check_status(bid)
+        if st != 0:
+            return st, errors.last_error_code()
+    return "hung", 0
+
+
+@requires_engine
+class TestAsyncBatchThreads(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        with EnvPatch(FERRY_TIMEOUT_MS="5000", FERRY_CONNECT_TIMEOUT_MS="2000",
+                      FERRY_TRANSPORT=None, FERRY_METADATA=None):
+            cls.p = TransferEngine()
+            cls.d = TransferEngine()
+            assert cls.p.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+            assert cls.d.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+        cls.src = (ctypes.c_char * MiB)()
+        cls.dst = (ctypes.c_char * MiB)()
+        cls.src_addr = ctypes.addressof(cls.src)
+        cls.dst_addr = ctypes.addressof(cls.dst)
+        assert cls.p.register_memory(cls.src_addr, MiB) == 0
+        assert cls.d.register_memory(cls.dst_addr, MiB) == 0
+        cls.sid = cls.d.get_session_id()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.p.close()
+        cls.d.close()
+
+    def _submit(self, length=64 * 1024, bad=False):
+        remote = self.dst_addr + (8 * MiB if bad else 0)
+        bid = self.p.batch_transfer_async_write(self.sid, [self.src_addr] * 4,
+                                                [remote + i * length for i in range(4)],
+                                                [length] * 4)
+        self.assertGreater(bid, 0, errors.last_error_detail())
+        return bid
+
+    def _race(self, bid, calls):
+        """Runs every call(bid) in its own thread, released together; their results."""
+        out = [None] * len(calls)
+        gate = threading.Barrier(len(calls))
+
+        def run(i):
+            gate.wait()
+            out[i] = calls[i](bid)
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+            self.assertFalse(t.is_alive(), "a status call hung")
+        return out
+
+    def test_check_status_from_many_threads(self):
+        for r in range(ROUNDS):
+            bid = self._submit()
+            got = self._race(bid, [lambda b: _poll(self.p, b)] * THREADS)
+            self.assertEqual([g[0] for g in got], [1] * THREADS, "round %d: %r" % (r, got))
+            # Asked again afterwards: still the same answer.
+            self.assertEqual(self.p.transfer_check_status(bid), 1)
+
+    def test_wait_racing_check_status(self):
+        def wait(b):
+            return self.p.get_batch_transfer_status([b]), errors.last_error_code()
+        for r in range(ROUNDS):
+            bid = self._submit(length=256 * 1024 if r % 2 else 4096)
+            got = self._race(bid, [wait, wait] + [lambda b: _poll(self.p, b)] * (THREADS - 2))
+            self.assertEqual(got[:2], [(0, 0)] * 2, "round %d: %r" % (r, got))
+            self.assertEqual([g[0] for g in got[2:]], [1] * (THREADS - 2), "round %d: %r" % (r, got))
+
+    def test_failed_batch_same_failure_everywhere(self):
+        def wait(b):
+            return self.p.get_batch_transfer_status([b]), errors.last_error_code()
+        for r in range(ROUNDS // 4):
+            bid = self._submit(length=4096, bad=True)
+            got = self._race(bid, [wait] + [lambda b: _poll(self.p, b)] * (THREADS - 1))
+            self.assertEqual(got[0], (errors.ADDRESS_NOT_REGISTERED,) * 2, "round %d: %r" % (r, got))
+            self.assertEqual(got[1:], [(-1, errors.ADDRESS_NOT_REGISTERED)] * (THREADS - 1),
+                             "round %d: %r" % (r, got))
+
+    def test_outcomes_are_remembered_for_a_bounded_count(self):
+        te = self.p
+        saved = te._REMEMBERED_OUTCOMES
+        te._REMEMBERED_OUTCOMES = 3
+        try:
+            ids = [te.batch_transfer_async_write(self.sid, [], [], []) for _ in range(5)]
+            self.assertEqual([te.get_batch_transfer_status([b]) for b in ids], [0] * 5)
+            self.assertEqual([te.transfer_check_status(b) for b in ids[2:]], [1] * 3)
+            # The two oldest are forgotten: an unknown id, -1 with NOT_FOUND.
+            self.assertEqual(te.transfer_check_status(ids[0]), -1)
+            self.assertEqual(errors.last_error_code(), errors.NOT_FOUND)
+            self.assertIn("last 3 batches", errors.last_error_detail())
+            self.assertEqual(te.get_batch_transfer_status([ids[1]]), errors.NOT_FOUND)
+        finally:
+            te._REMEMBERED_OUTCOMES = saved
+
+
+if __name__ == "__main__":
+    unittest.main()
