@@ -102,7 +102,7 @@ static void msg_frame(wire_msg_t *m, const ferry_frame_t *f, const void *payload
 {
     assert_true(FERRY_FRAME_HEADER_SIZE + f->plen <= sizeof m->b);
     ferry_frame_encode(f, m->b);
-    if (f->plen) memcpy(m->b + FERRY_FRAME_HEADER_SIZE, payload, f->plen);
+    if (f->plen && payload) memcpy(m->b + FERRY_FRAME_HEADER_SIZE, payload, f->plen);
     m->n = FERRY_FRAME_HEADER_SIZE + f->plen;
 }
 
