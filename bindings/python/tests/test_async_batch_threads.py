@@ -116,6 +116,49 @@ class TestAsyncBatchThreads(unittest.TestCase):
         finally:
             te._REMEMBERED_OUTCOMES = saved
 
+    def test_close_under_pollers(self):
+        # The engine closed while threads poll and wait on its batches: each
+        # call returns one of Mooncake's values or a code (never hangs or
+        # raises), and the loops end.
+        with EnvPatch(FERRY_TIMEOUT_MS="5000", FERRY_CONNECT_TIMEOUT_MS="2000",
+                      FERRY_TRANSPORT=None, FERRY_METADATA=None):
+            te = TransferEngine()
+            assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+        assert te.register_memory(self.src_addr, MiB) == 0
+        ids = [te.batch_transfer_async_write(self.sid, [self.src_addr] * 4,
+                                             [self.dst_addr + i * 256 * 1024 for i in range(4)],
+                                             [256 * 1024] * 4) for _ in range(8)]
+        self.assertTrue(all(b > 0 for b in ids), ids)
+        results, errs = [], []
+        gate = threading.Barrier(2 * THREADS + 1)
+
+        def poll(bid):
+            gate.wait()
+            try:
+                results.append(_poll(te, bid))
+            except Exception as exc:  # pragma: no cover - the failure reported below
+                errs.append(exc)
+
+        def wait(bid):
+            gate.wait()
+            try:
+                results.append((te.get_batch_transfer_status([bid]), 0))
+            except Exception as exc:  # pragma: no cover
+                errs.append(exc)
+        threads = [threading.Thread(target=poll if i % 2 else wait, args=(ids[i % len(ids)],))
+                   for i in range(2 * THREADS)]
+        for t in threads:
+            t.start()
+        gate.wait()
+        te.close()
+        for t in threads:
+            t.join(60)
+            self.assertFalse(t.is_alive(), "a status call hung across close")
+        self.assertEqual(errs, [])
+        self.assertEqual(len(results), 2 * THREADS)
+        for rc, _ in results:
+            self.assertIn(rc, (0, 1, -1, errors.CONTEXT, errors.NOT_FOUND, errors.CANCELLED), results)
+
 
 if __name__ == "__main__":
     unittest.main()
