@@ -7,6 +7,7 @@
 
 #include <ferry/ferry.h>
 
+#include "core/arith.h"
 #include "core/fail.h"
 #include "kv/kv_internal.h"
 
@@ -176,16 +177,6 @@ int kv_write_requests(ferry_engine_t *e, const char *peer, const ferry_request_t
     return kv_batch_finish(b, count, first < 0 ? (int)first : 0, timeout_ms);
 }
 
-static uint64_t gcd64(uint64_t a, uint64_t b)
-{
-    while (b) {
-        uint64_t t = a % b;
-        a = b;
-        b = t;
-    }
-    return a;
-}
-
 static uint64_t block_addr(const ferry_kv_block_t *k, bool dst) { return dst ? k->dst : k->src; }
 
 /* One side (dst or src) of blocks[0..n) as base + idx[i] * stride: the
@@ -197,7 +188,7 @@ static void fit_strided(const ferry_kv_block_t *blocks, size_t n, bool dst, uint
     uint64_t first = block_addr(&blocks[0], dst), lo = first, d = 0;
     for (size_t i = 1; i < n; i++) {
         uint64_t a = block_addr(&blocks[i], dst);
-        d = gcd64(a > first ? a - first : first - a, d);
+        d = ferry_gcd64(a > first ? a - first : first - a, d);
         if (a < lo) lo = a;
     }
     if (d == 0) d = blocks[0].len;

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "core/arith.h"
 #include "core/clock.h"
 #include "core/fail.h"
 #include "core/memkind.h"
@@ -111,16 +112,6 @@ static int send_gathered(int fd, struct iovec *iov, size_t cnt, uint64_t deadlin
     return 0;
 }
 
-static uint64_t gcd64(uint64_t a, uint64_t b)
-{
-    while (b) {
-        uint64_t t = a % b;
-        a = b;
-        b = t;
-    }
-    return a;
-}
-
 static uint64_t piece_addr(const ferry_xfer_t *x, bool local)
 {
     return local ? (uint64_t)(uintptr_t)x->local : x->remote;
@@ -142,7 +133,7 @@ static bool fit_strided(const ferry_xfer_t *g, size_t n, bool local, uint64_t *b
         if (a > hi) hi = a;
     }
     uint64_t d = 0;
-    for (size_t i = 0; i < n && i < 8; i++) d = gcd64(piece_addr(&g[i], local) - lo, d);
+    for (size_t i = 0; i < n && i < 8; i++) d = ferry_gcd64(piece_addr(&g[i], local) - lo, d);
     if (d == 0) d = g[0].len;
     for (;;) {
         if ((hi - lo) / d > UINT32_MAX) return false;
@@ -155,7 +146,7 @@ static bool fit_strided(const ferry_xfer_t *g, size_t n, bool local, uint64_t *b
             put32(idx + 4 * i, (uint32_t)k);
         }
         if (i == n) break;
-        d = gcd64(piece_addr(&g[i], local) - lo, d); /* a smaller divisor of d: ends */
+        d = ferry_gcd64(piece_addr(&g[i], local) - lo, d); /* a smaller divisor of d: ends */
     }
     *base = lo;
     *stride = d;
