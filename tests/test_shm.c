@@ -532,6 +532,60 @@ static void unmapped_local_buffer(void **state)
 
 /* ------------------------------------------------------ small pieces */
 
+/* Runs batch reqs[0..n) (one opcode) and checks each piece's status:
+ * failed with INVALID_ARGUMENT where hole says so, else completed. */
+static void run_pieces_expecting(ferry_engine_t *e, child_t *c, const ferry_request_t *reqs, size_t n,
+                                 const bool *hole)
+{
+    ferry_batch_t *b;
+    assert_int_equal(ferry_batch_alloc(e, n, &b), 0);
+    assert_int_equal(ferry_batch_submit(b, c->peer, reqs, n, 0), 0);
+    assert_int_equal(ferry_batch_wait(b, 10000), FERRY_ERR_INVALID_ARGUMENT);
+    for (size_t i = 0; i < n; i++) {
+        ferry_status_t st;
+        assert_int_equal(ferry_batch_status(b, i, &st), 0);
+        if (hole[i]) {
+            if (st.code != FERRY_ERR_INVALID_ARGUMENT) fail_msg("piece %zu: code %d, not refused", i, st.code);
+            assert_detail_contains("cross-memory attach");
+        } else {
+            if (st.code) fail_msg("piece %zu: %s", i, ferry_last_error_detail());
+            assert_int_equal(st.state, FERRY_STATUS_COMPLETED);
+        }
+    }
+    assert_int_equal(ferry_batch_free(b), 0);
+}
+
+/* Pieces of 1,152 B adjacent on both sides (the target merges each side's
+ * pieces into one iovec) across an unmapped initiator page (page 5 of
+ * pages): the gathered call stops in the middle of a merged entry, inside a
+ * piece; exactly the pieces touching the hole fail, every other one, before
+ * and after it in the same frame, is placed (write) or arrives (read). */
+static void adjacent_pieces_around_a_hole(ferry_engine_t *e, child_t *c, unsigned char *pages)
+{
+    enum { PIECE = 1152, N = 64 };
+    ferry_request_t reqs[N];
+    bool hole[N];
+    for (int i = 0; i < N; i++) {
+        size_t at = (size_t)i * PIECE;
+        hole[i] = at < 6 * 4096 && at + PIECE > 5 * 4096;
+        if (!hole[i]) harness_fill(pages + at, PIECE, 2000 + (uint64_t)i);
+        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, pages + at, c->addr + at, PIECE};
+    }
+    assert_true(hole[17] && hole[21] && !hole[16] && !hole[22]);
+    run_pieces_expecting(e, c, reqs, N, hole);
+    for (int i = 0; i < N; i++)
+        if (!hole[i]) assert_int_equal(child_do(c, CMD_CHECK, 2000 + (uint64_t)i, (uint64_t)i * PIECE, PIECE), 0);
+
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(child_do(c, CMD_FILL, 3000 + (uint64_t)i, (uint64_t)i * PIECE, PIECE), 0);
+        reqs[i].opcode = FERRY_OP_READ;
+    }
+    run_pieces_expecting(e, c, reqs, N, hole);
+    for (int i = 0; i < N; i++)
+        if (!hole[i] && !harness_check(pages + (size_t)i * PIECE, PIECE, 3000 + (uint64_t)i))
+            fail_msg("piece %d read back wrong", i);
+}
+
 /* Batches of small pieces (CMA_VEC frames: one process_vm_readv/writev
  * for many pieces) between two processes: placed where they belong; a
  * piece whose local page is gone fails alone with the target's reason while
@@ -580,6 +634,7 @@ static void small_pieces_over_shm(void **state)
         }
     }
     assert_int_equal(ferry_batch_free(b), 0);
+    adjacent_pieces_around_a_hole(e, c, pages);
 
     /* Deregistered behind the initiator's back: every piece refused. */
     assert_int_equal(child_do(c, CMD_DEREGISTER, 0, 0, 0), 0);

@@ -250,8 +250,47 @@ static int vec_piece_rest(struct shm_conn *sc, struct ferry_vec_scratch *v, size
     return 0;
 }
 
-/* Copies the pieces of host memory with one process_vm_readv/writev per up
- * to IOV_MAX pieces (and SHM_CHUNK bytes), each call under the registry's
+/* Appends [base, base+len) to the iovec list iov[0..*cnt): extends the last
+ * entry when the range follows it. False when a new entry is due and the
+ * list holds IOV_MAX already. */
+static bool iov_append(struct iovec *iov, size_t *cnt, uint64_t base, uint64_t len)
+{
+    if (*cnt && (uint64_t)(uintptr_t)iov[*cnt - 1].iov_base + iov[*cnt - 1].iov_len == base) {
+        iov[*cnt - 1].iov_len += len;
+        return true;
+    }
+    if (*cnt == IOV_MAX) return false;
+    iov[(*cnt)++] = (struct iovec){(void *)(uintptr_t)base, len};
+    return true;
+}
+
+/* Gathers the pieces not yet failed from *j on into one call's lists, each
+ * side merged on its own (pieces adjacent here become one local entry even
+ * where the initiator's are not, and the other way round): the kernel pins
+ * and walks pages per entry, so fewer entries cost less. Stops when either
+ * list is full or SHM_CHUNK bytes are in; the bytes gathered (*j: the next
+ * piece). The bytes keep the pieces' order on both sides, so a short count
+ * still maps back to the piece it stopped in by the pieces' lengths. */
+static uint64_t vec_gather(struct ferry_vec_scratch *v, size_t *j, size_t n, size_t *lcnt, size_t *rcnt)
+{
+    uint64_t bytes = 0;
+    for (; *j < n && bytes < SHM_CHUNK; ++*j) {
+        const ferry_vec_desc_t *d = &v->d[*j];
+        if (v->st[*j]) continue;
+        size_t l = *lcnt;
+        if (!iov_append(v->iov, lcnt, d->addr, d->len)) break;
+        if (!iov_append(v->riov, rcnt, d->aux, d->len)) {
+            if (*lcnt > l) --*lcnt;               /* take back the local entry just added */
+            else v->iov[l - 1].iov_len -= d->len; /* or the extension */
+            break;
+        }
+        bytes += d->len;
+    }
+    return bytes;
+}
+
+/* Copies the pieces of host memory with one process_vm_readv/writev per up to
+ * IOV_MAX merged entries a side (and SHM_CHUNK bytes), each call under the registry's
  * read lock after the pieces were checked (again when the registry or the
  * cancel set changed). A call that stops short fails the piece it stopped
  * in (its own error) and goes on after it. */
@@ -275,20 +314,14 @@ static int vec_copy_host(ferry_conn_t *c, struct shm_conn *sc, struct ferry_vec_
             ferry_registry_unlock(r);
             return 0; /* the caller copies piece by piece */
         }
-        size_t cnt = 0, j = i;
-        uint64_t bytes = 0;
-        for (; j < n && cnt < IOV_MAX && bytes < SHM_CHUNK; j++) {
-            if (v->st[j]) continue;
-            v->iov[cnt] = (struct iovec){(void *)(uintptr_t)v->d[j].addr, v->d[j].len};
-            v->riov[cnt++] = (struct iovec){(void *)(uintptr_t)v->d[j].aux, v->d[j].len};
-            bytes += v->d[j].len;
-        }
+        size_t lcnt = 0, rcnt = 0, j = i;
+        uint64_t bytes = vec_gather(v, &j, n, &lcnt, &rcnt);
         ssize_t got = 0;
         int err = 0;
-        if (cnt) {
+        if (bytes) {
             do {
-                got = write ? process_vm_readv(sc->pid, v->iov, cnt, v->riov, cnt, 0)
-                            : process_vm_writev(sc->pid, v->iov, cnt, v->riov, cnt, 0);
+                got = write ? process_vm_readv(sc->pid, v->iov, lcnt, v->riov, rcnt, 0)
+                            : process_vm_writev(sc->pid, v->iov, lcnt, v->riov, rcnt, 0);
             } while (got < 0 && (errno == EINTR || errno == EAGAIN));
             err = got < 0 ? errno : 0;
         }
