@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "transport/transport.h"
 #include "wire/rdma_wire.h"
 #include "wire/wire.h"
 
@@ -282,6 +283,9 @@ static void commit_group_ack_checks(void **state)
 
 int main(void)
 {
+    /* The RDMA frames' names and limits come from the transport table
+     * (wire.h), which a program of wire calls alone may not link. */
+    ferry_wire_set_frame_lookup(ferry_transport_frame_def);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(qp_info_round_trip),
         cmocka_unit_test(qp_info_refusals),

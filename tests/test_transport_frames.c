@@ -51,10 +51,42 @@ static void every_served_type_has_one_owner(void **state)
     assert_string_equal(ferry_frame_type_name(FERRY_FRAME_RDMA_COMMIT_GROUP), "RDMA_COMMIT_GROUP");
 }
 
+/* Each transport declares its frames itself (its frames table, wire.h):
+ * no id is declared twice, none is a core frame (whose name would win),
+ * the wire layer names and sizes each as declared, and every type a
+ * transport serves past the core range is one it declares. */
+static void transport_frames_are_declared_once(void **state)
+{
+    (void)state;
+    const ferry_transport_ops_t *owner[256] = {0};
+    for (int i = 0; ferry_transports[i]; i++) {
+        const ferry_transport_ops_t *t = ferry_transports[i];
+        for (size_t k = 0; k < t->nframes; k++) {
+            const ferry_frame_def_t *d = &t->frames[k];
+            assert_true(d->type != 0);
+            if (owner[d->type]) fail_msg("frame %u declared by %s and %s", d->type, owner[d->type]->name, t->name);
+            owner[d->type] = t;
+            assert_ptr_equal(ferry_transport_frame_def(d->type), d);
+            assert_string_equal(ferry_frame_type_name(d->type), d->name);
+            assert_int_equal(ferry_frame_max_payload(d->type), d->max_payload);
+        }
+        for (size_t k = 0; k < t->nserve_types; k++)
+            if (t->serve_types[k] > FERRY_FRAME_TYPE_MAX) assert_ptr_equal(owner[t->serve_types[k]], t);
+    }
+    assert_ptr_equal(owner[FERRY_FRAME_CMA_WRITE], &ferry_transport_shm);
+    assert_ptr_equal(owner[FERRY_FRAME_SHM_MAP_RESP], &ferry_transport_shm);
+    assert_ptr_equal(owner[FERRY_FRAME_RDMA_CONNECT], &ferry_transport_rdma);
+    assert_ptr_equal(owner[FERRY_FRAME_RDMA_COMMIT_GROUP_ACK], &ferry_transport_rdma);
+    assert_null(owner[FERRY_FRAME_WRITE]); /* core frames: named by wire.c */
+    assert_null(owner[FERRY_FRAME_CMA_VEC]);
+    assert_null(ferry_transport_frame_def(FERRY_FRAME_RDMA_OWN_LAST + 1));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_served_type_has_one_owner),
+        cmocka_unit_test(transport_frames_are_declared_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -334,6 +334,8 @@ const ferry_transport_ops_t ferry_transport_rdma = {
     .serve = rdma_serve,
     .serve_types = rdma_frames,
     .nserve_types = sizeof rdma_frames,
+    .frames = ferry_rdma_frames,
+    .nframes = FERRY_RDMA_NFRAMES,
     .hello_flags = rdma_hello_flags,
     .engine_fini = rdma_engine_fini,
 };

@@ -674,6 +674,15 @@ static uint32_t shm_hello_flags(ferry_engine_t *e)
     return FERRY_HELLO_F_SHMPOOL2;
 }
 
+/* The frames shm declares (wire.h); CMA_VEC, a vector frame, is the core's
+ * (wire.c decodes its descriptors with WRITEV's), though shm serves it. */
+static const ferry_frame_def_t shm_frame_defs[] = {
+    {FERRY_FRAME_CMA_WRITE, "CMA_WRITE", 0},
+    {FERRY_FRAME_CMA_READ, "CMA_READ", 0},
+    {FERRY_FRAME_SHM_MAP_REQ, "SHM_MAP_REQ", 0},
+    {FERRY_FRAME_SHM_MAP_RESP, "SHM_MAP_RESP", FERRY_WIRE_MAX_REASON}, /* map info, or the reason text */
+};
+
 static const uint8_t shm_frames[] = {FERRY_FRAME_CMA_WRITE, FERRY_FRAME_CMA_READ, FERRY_FRAME_SHM_MAP_REQ,
                                      FERRY_FRAME_CMA_VEC};
 
@@ -684,5 +693,7 @@ const ferry_transport_ops_t ferry_transport_shm = {
     .serve = shm_serve,
     .serve_types = shm_frames,
     .nserve_types = sizeof shm_frames,
+    .frames = shm_frame_defs,
+    .nframes = sizeof shm_frame_defs / sizeof shm_frame_defs[0],
     .hello_flags = shm_hello_flags,
 };

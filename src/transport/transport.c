@@ -76,3 +76,18 @@ unsigned ferry_transport_region_slot(const ferry_transport_ops_t *t)
         if (ferry_transports[i] == t) return 1 + i;
     return FERRY_REGION_SLOTS;
 }
+
+const ferry_frame_def_t *ferry_transport_frame_def(uint8_t type)
+{
+    for (int i = 0; ferry_transports[i]; i++)
+        for (size_t k = 0; k < ferry_transports[i]->nframes; k++)
+            if (ferry_transports[i]->frames[k].type == type) return &ferry_transports[i]->frames[k];
+    return NULL;
+}
+
+/* The wire layer names and sizes the transports' frames through the table
+ * (wire.h); set before main, so before any frame is decoded. */
+__attribute__((constructor)) static void install_frame_lookup(void)
+{
+    ferry_wire_set_frame_lookup(ferry_transport_frame_def);
+}

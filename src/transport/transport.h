@@ -6,7 +6,8 @@
  * ("shm"), or over RDMA. The target side serves the frame types a transport
  * declares. A new transport is one new file and one entry in transport.c
  * (README, "Adding a transport"): its ops below; its verdict, never session
- * state; its frames (a range of wire.h, listed in serve_types); its
+ * state; its frames (ids past wire.h's core range, declared with their
+ * names and payload limits in its frames table, listed in serve_types); its
  * per-region data, if any, in its slot of ferry_region_t
  * (ferry_transport_region_slot) with that slot's release hook
  * (ferry_registry_set_hook, registry.h). tests/test_transport_extra.c is
@@ -61,6 +62,12 @@ typedef struct ferry_transport_ops {
      * lists them), nserve_types of them. */
     const uint8_t *serve_types;
     size_t nserve_types;
+    /* The frames this transport declares (wire.h): ids no core frame and
+     * no other transport has, each with its name and payload limit, which
+     * the wire layer learns through ferry_transport_frame_def. Requests it
+     * serves and the answers it sends back alike; nframes of them. */
+    const ferry_frame_def_t *frames;
+    size_t nframes;
     /* Optional: FERRY_HELLO_F_* bits this engine advertises in every
      * handshake (what it can serve), e.g. FERRY_HELLO_F_RDMA. */
     uint32_t (*hello_flags)(ferry_engine_t *e);
@@ -113,6 +120,10 @@ const ferry_transport_ops_t *ferry_transport_find(const char *name);
 /* Picks the transport for a peer: forced by config, else the first usable. */
 const ferry_transport_ops_t *ferry_transport_choose(ferry_engine_t *e, const ferry_hello_t *peer, char *why,
                                                      size_t cap);
+/* The frame of type t some transport declares (its frames table), or NULL.
+ * transport.c installs it as the wire layer's lookup when the library
+ * loads (ferry_wire_set_frame_lookup). */
+const ferry_frame_def_t *ferry_transport_frame_def(uint8_t type);
 /* The transport that serves frame type t, or NULL. */
 const ferry_transport_ops_t *ferry_transport_for_frame(uint8_t type);
 /* Transport t's per-region slot (ferry_region_t.slot, registry.h): 1 + its

@@ -100,23 +100,17 @@ int ferry_rdma_mr_info_decode(const uint8_t *in, size_t len, ferry_rdma_mr_info_
 
 /* ---- the RDMA transport's own frames (rdma_wire.h) ---- */
 
-const char *ferry_rdma_frame_name(uint8_t type)
-{
-    switch (type) {
-    case FERRY_FRAME_RDMA_COMMIT_GROUP: return "RDMA_COMMIT_GROUP";
-    case FERRY_FRAME_RDMA_COMMIT_GROUP_ACK: return "RDMA_COMMIT_GROUP_ACK";
-    default: return NULL;
-    }
-}
-
-uint32_t ferry_rdma_frame_max_payload(uint8_t type)
-{
-    switch (type) {
-    case FERRY_FRAME_RDMA_COMMIT_GROUP: return FERRY_RDMA_GROUP_MAX * FERRY_RDMA_COMMIT_DESC_SIZE;
-    case FERRY_FRAME_RDMA_COMMIT_GROUP_ACK: return FERRY_RDMA_GROUP_MAX * 4 + FERRY_WIRE_MAX_REASON;
-    default: return 0;
-    }
-}
+const ferry_frame_def_t ferry_rdma_frames[FERRY_RDMA_NFRAMES] = {
+    {FERRY_FRAME_RDMA_CONNECT, "RDMA_CONNECT", FERRY_RDMA_QP_INFO_SIZE},
+    /* QP info, MR info, or the reason text when status < 0 */
+    {FERRY_FRAME_RDMA_CONNECT_ACK, "RDMA_CONNECT_ACK", FERRY_WIRE_MAX_REASON},
+    {FERRY_FRAME_RDMA_MR_QUERY, "RDMA_MR_QUERY", 0},
+    {FERRY_FRAME_RDMA_MR_INFO, "RDMA_MR_INFO", FERRY_WIRE_MAX_REASON},
+    {FERRY_FRAME_RDMA_COMMIT, "RDMA_COMMIT", 0},
+    {FERRY_FRAME_RDMA_COMMIT_ACK, "RDMA_COMMIT_ACK", FERRY_WIRE_MAX_REASON},
+    {FERRY_FRAME_RDMA_COMMIT_GROUP, "RDMA_COMMIT_GROUP", FERRY_RDMA_GROUP_MAX * FERRY_RDMA_COMMIT_DESC_SIZE},
+    {FERRY_FRAME_RDMA_COMMIT_GROUP_ACK, "RDMA_COMMIT_GROUP_ACK", FERRY_RDMA_GROUP_MAX * 4 + FERRY_WIRE_MAX_REASON},
+};
 
 void ferry_rdma_commit_desc_encode(const ferry_rdma_commit_desc_t *d, uint8_t out[FERRY_RDMA_COMMIT_DESC_SIZE])
 {

@@ -1,6 +1,7 @@
-/* The RDMA transport's own frames, with ids in the range wire.h reserves
- * for it, and their payloads (rdma_wire.c). The older RDMA frames (20..25)
- * keep their ids in wire.h's central enum: the wire format does not change.
+/* The RDMA transport's own frames, with ids past wire.h's core range
+ * (64..79), and their payloads (rdma_wire.c). The older RDMA frames (20..25)
+ * keep their ids in wire.h's central enum (the wire format does not
+ * change); all eight are named and sized in ferry_rdma_frames below.
  *
  * ---- Group commit (protocol 3, FERRY_PROTOCOL_RDMA_GROUP) ----
  * After a chain of RDMA WRITEs, one zero-length WRITE WITH IMMEDIATE and
@@ -25,6 +26,10 @@
 
 #include "wire.h"
 
+/* The ids the RDMA transport takes past the core's (wire.h). */
+#define FERRY_FRAME_RDMA_FIRST FERRY_FRAME_TRANSPORT_FIRST
+#define FERRY_FRAME_RDMA_LAST (FERRY_FRAME_TRANSPORT_FIRST + 15)
+
 enum ferry_rdma_frame_type {
     FERRY_FRAME_RDMA_COMMIT_GROUP = FERRY_FRAME_RDMA_FIRST,         /* i->t: descriptors of n RDMA-written pieces */
     FERRY_FRAME_RDMA_COMMIT_GROUP_ACK = FERRY_FRAME_RDMA_FIRST + 1, /* t->i: status; per-piece statuses + reason */
@@ -41,10 +46,10 @@ typedef struct ferry_rdma_commit_desc {
     uint32_t generation;
 } ferry_rdma_commit_desc_t;
 
-/* wire.c asks these of a type in the RDMA range: its name (NULL when the
- * range has no such frame) and the largest payload it may carry. */
-const char *ferry_rdma_frame_name(uint8_t type);
-uint32_t ferry_rdma_frame_max_payload(uint8_t type);
+/* The RDMA transport's frames, old (20..25) and own, with their names and
+ * payload limits: its ops' frames table (transport/rdma.c). */
+#define FERRY_RDMA_NFRAMES 8
+extern const ferry_frame_def_t ferry_rdma_frames[FERRY_RDMA_NFRAMES];
 
 void ferry_rdma_commit_desc_encode(const ferry_rdma_commit_desc_t *d, uint8_t out[FERRY_RDMA_COMMIT_DESC_SIZE]);
 /* Checks an RDMA_COMMIT_GROUP header: piece count, payload size. */

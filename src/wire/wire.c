@@ -1,9 +1,9 @@
 /* Encoding and validation of Ferry frames. Hand-written: it is the hot path
  * (one header per slice) and the format is a fixed little-endian struct. */
 #include "le.h"
-#include "rdma_wire.h"
 #include "wire.h"
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -11,31 +11,47 @@
 #include <ferry/ferry.h>
 
 
+/* The core frames' names; NULL: an id of the core range that a transport
+ * declares (wire.h), named and sized by it. */
 static const char *const type_names[] = {
-    "INVALID", "HELLO", "HELLO_ACK", "SEG_QUERY", "SEG_PAGE", "WRITE", "WRITE_ACK",
+    NULL, "HELLO", "HELLO_ACK", "SEG_QUERY", "SEG_PAGE", "WRITE", "WRITE_ACK",
     "READ_REQ", "READ_RESP", "NOTIFY", "NOTIFY_ACK", "PING", "PONG", "CANCEL",
-    "CANCEL_ACK", "CMA_WRITE", "CMA_READ", "AUTH", "AUTH_ACK", "ERROR",
-    "RDMA_CONNECT", "RDMA_CONNECT_ACK", "RDMA_MR_QUERY", "RDMA_MR_INFO", "RDMA_COMMIT", "RDMA_COMMIT_ACK", "SHM_MAP_REQ", "SHM_MAP_RESP",
+    "CANCEL_ACK", NULL /* CMA_WRITE */, NULL /* CMA_READ */, "AUTH", "AUTH_ACK", "ERROR",
+    NULL, NULL, NULL, NULL, NULL, NULL /* RDMA_CONNECT .. RDMA_COMMIT_ACK */, NULL, NULL /* SHM_MAP_* */,
     "WRITEV", "VEC_ACK", "CMA_VEC", "READV"};
 _Static_assert(sizeof type_names / sizeof type_names[0] == FERRY_FRAME_TYPE_MAX + 1, "a frame type has no name");
 
-/* A transport's frame (wire.h's ranges): its name, or NULL. */
-static const char *transport_frame_name(uint8_t type)
+static _Atomic(ferry_frame_lookup_fn) frame_lookup;
+
+void ferry_wire_set_frame_lookup(ferry_frame_lookup_fn lookup)
 {
-    if (type >= FERRY_FRAME_RDMA_FIRST && type <= FERRY_FRAME_RDMA_LAST) return ferry_rdma_frame_name(type);
-    return NULL;
+    atomic_store(&frame_lookup, lookup);
+}
+
+/* A frame a transport declares, or NULL: a core frame or an unknown one. */
+static const ferry_frame_def_t *transport_frame(uint8_t type)
+{
+    if (type == 0 || (type <= FERRY_FRAME_TYPE_MAX && type_names[type])) return NULL;
+    ferry_frame_lookup_fn lookup = atomic_load(&frame_lookup);
+    return lookup ? lookup(type) : NULL;
+}
+
+static bool known_type(uint8_t type)
+{
+    return (type != 0 && type <= FERRY_FRAME_TYPE_MAX && type_names[type]) || transport_frame(type);
 }
 
 const char *ferry_frame_type_name(uint8_t type)
 {
-    if (type <= FERRY_FRAME_TYPE_MAX) return type_names[type];
-    const char *name = transport_frame_name(type);
-    return name ? name : "INVALID";
+    if (type != 0 && type <= FERRY_FRAME_TYPE_MAX && type_names[type]) return type_names[type];
+    const ferry_frame_def_t *def = transport_frame(type);
+    return def ? def->name : "INVALID";
 }
 
 uint32_t ferry_frame_max_payload(uint8_t type)
 {
-    if (type >= FERRY_FRAME_RDMA_FIRST && type <= FERRY_FRAME_RDMA_LAST) return ferry_rdma_frame_max_payload(type);
+    const ferry_frame_def_t *def = transport_frame(type);
+    if (def) return def->max_payload;
     switch (type) {
     case FERRY_FRAME_WRITE:
     case FERRY_FRAME_READ_RESP:
@@ -59,13 +75,6 @@ uint32_t ferry_frame_max_payload(uint8_t type)
         return FERRY_WIRE_MAC_SIZE;
     case FERRY_FRAME_WRITE_ACK:
         return FERRY_WIRE_MAX_REASON; /* the target's detail when status < 0 */
-    case FERRY_FRAME_RDMA_CONNECT:
-        return FERRY_RDMA_QP_INFO_SIZE;
-    case FERRY_FRAME_RDMA_CONNECT_ACK: /* QP info, or the reason text when status < 0 */
-    case FERRY_FRAME_RDMA_MR_INFO:     /* MR info, or the reason text */
-    case FERRY_FRAME_RDMA_COMMIT_ACK:  /* the reason text when status < 0 */
-    case FERRY_FRAME_SHM_MAP_RESP:     /* map info, or the reason text */
-        return FERRY_WIRE_MAX_REASON;
     default:
         return 0;
     }
@@ -94,7 +103,7 @@ int ferry_frame_decode(const uint8_t in[FERRY_FRAME_HEADER_SIZE], ferry_frame_t 
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "bad frame magic 0x%08x (not a Ferry peer?)", magic);
     f->type = in[4];
     f->flags = in[5];
-    if (f->type == 0 || (f->type > FERRY_FRAME_TYPE_MAX && !transport_frame_name(f->type)))
+    if (!known_type(f->type))
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "unknown frame type %u", f->type);
     bool vec = f->type == FERRY_FRAME_WRITEV || f->type == FERRY_FRAME_READV || f->type == FERRY_FRAME_CMA_VEC;
     if (f->flags & ~(FERRY_FRAME_F_CRC | (vec ? FERRY_FRAME_F_COMPACT | FERRY_FRAME_F_GENS : 0)))

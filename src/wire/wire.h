@@ -90,12 +90,31 @@ enum ferry_frame_type {
     FERRY_FRAME_TYPE_MAX = 31   /* the last core frame; 32..63 are for core frames to come */
 };
 
-/* Frame ids past the core ones belong to one transport each, which
- * declares them next to its code, names them and sizes their payloads
- * (wire.c asks it), and serves them (its serve_types, transport.h):
- *   64..79  the RDMA transport (rdma_wire.h) */
-#define FERRY_FRAME_RDMA_FIRST 64
-#define FERRY_FRAME_RDMA_LAST 79
+/* Frame ids past the core ones (FERRY_FRAME_TRANSPORT_FIRST..255) belong
+ * to one transport each, which declares them in its own files (for RDMA,
+ * rdma_wire.h): their ids, names and payload limits in its ops' frames
+ * table, which wire.c reads through the lookup below, and serves them (its
+ * serve_types, transport.h). No list here names them; test_transport_frames
+ * checks that no id is declared twice. A few frames of the core range that
+ * predate this (CMA_WRITE, CMA_READ, RDMA_* 20..25, SHM_MAP_*) keep their
+ * ids (the wire format does not change), but their names and limits too
+ * come from the transport that declares them. */
+#define FERRY_FRAME_TRANSPORT_FIRST 64
+
+/* One frame a transport declares: its id, its name (for messages) and the
+ * largest payload it may carry (ferry_frame_decode refuses more). */
+typedef struct ferry_frame_def {
+    uint8_t type;
+    const char *name;
+    uint32_t max_payload;
+} ferry_frame_def_t;
+
+/* How wire.c finds the frame of a type it does not define itself: the
+ * transport table's ferry_transport_frame_def (transport.c), installed once
+ * at load time. NULL (the default) or a type no one declares: an unknown
+ * frame, refused. The wire layer so never depends on the transports. */
+typedef const ferry_frame_def_t *(*ferry_frame_lookup_fn)(uint8_t type);
+void ferry_wire_set_frame_lookup(ferry_frame_lookup_fn lookup);
 
 #define FERRY_FRAME_F_CRC 0x01u
 /* Vector frames only (protocol 3): the pieces are described compactly

@@ -10,6 +10,7 @@
 #include <ferry/ferry.h>
 
 #include "fuzz.h"
+#include "transport/transport.h"
 #include "wire/rdma_wire.h"
 #include "wire/wire.h"
 
@@ -62,6 +63,9 @@ static void ack(const ferry_frame_t *f, const uint8_t *body, size_t avail)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    /* The transports' frames are named and sized by the transport table;
+     * this program may not link it otherwise (static library). */
+    ferry_wire_set_frame_lookup(ferry_transport_frame_def);
     if (size < FERRY_FRAME_HEADER_SIZE) return 0;
     ferry_frame_t f;
     if (ferry_frame_decode(data, &f) != 0) return 0;

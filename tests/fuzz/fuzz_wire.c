@@ -7,6 +7,7 @@
 #include <ferry/ferry.h>
 
 #include "fuzz.h"
+#include "transport/transport.h"
 #include "wire/wire.h"
 
 static void check(int ok)
@@ -16,6 +17,9 @@ static void check(int ok)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    /* The transports' frames are named and sized by the transport table;
+     * this program may not link it otherwise (static library). */
+    ferry_wire_set_frame_lookup(ferry_transport_frame_def);
     if (size >= FERRY_FRAME_HEADER_SIZE) {
         ferry_frame_t f;
         if (ferry_frame_decode(data, &f) == 0) {
