@@ -286,7 +286,7 @@ static int rdma_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken, fe
 #endif
     /* Chosen for a session, then made unusable (a test's reprobe): TCP
      * still reaches the peer over this very connection. */
-    (void)xs, (void)n, (void)broken;
+    (void)c, (void)xs, (void)n, (void)broken;
     return ferry_verdict_by_tcp(verdict, "rdma is not usable on this engine now");
 }
 
