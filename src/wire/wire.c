@@ -269,8 +269,9 @@ int ferry_vec_read_ack_check(const ferry_frame_t *f, uint32_t n, uint64_t total)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "VEC_ACK for %llu pieces, %u were asked for",
                           (unsigned long long)f->len, n);
     uint64_t meta = (f->status < 0 ? 4ull * n + f->aux : 0) + ((f->flags & FERRY_FRAME_F_CRC) ? 4ull * n : 0);
-    if (f->aux > FERRY_WIRE_MAX_REASON || (f->status == 0 && f->aux) || f->addr > total ||
-        f->plen != meta + f->addr || (f->status == 0 && f->addr != total))
+    /* plen - meta, not meta + addr: a hostile addr near 2^64 would wrap the sum. */
+    if (f->aux > FERRY_WIRE_MAX_REASON || (f->status == 0 && f->aux) || f->addr > total || f->plen < meta ||
+        f->plen - meta != f->addr || (f->status == 0 && f->addr != total))
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME,
                           "VEC_ACK with status %d, %llu data bytes, reason of %llu and %u payload bytes for %u "
                           "pieces of %llu bytes",
