@@ -16,10 +16,16 @@
  *    shorter deadline than the target's still transfers, and the stallers
  *    are ended by the target's own deadlines;
  *  - oversize and garbage headers arriving in pieces: dropped, nothing
- *    placed, the target still serving. */
+ *    placed, the target still serving;
+ *  - peers that send a WRITE's header and part of its payload, then stop
+ *    or trickle a byte every 100 ms, more of them than data threads: the
+ *    frames are parked mid-payload, a well-behaved initiator still
+ *    transfers long before their deadline, and they are ended at it with
+ *    TIMEOUT. */
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -443,6 +449,116 @@ static void pipelined_without_waiting(void **state)
     target_close(&t);
 }
 
+/* Peers that begin a WRITE and stall in its payload. */
+#define PAYLOAD_STALLERS 6 /* more than the one data thread */
+#define PAYLOAD_BYTES 4096
+#define PAYLOAD_SENT 100   /* of it, before stalling */
+#define TRICKLE_GAP_US (100 * 1000)
+
+typedef struct trickler {
+    const int *fd;
+    int n;
+    atomic_bool stop;
+} trickler_t;
+
+/* One more byte of each stalled payload every TRICKLE_GAP_US, until told
+ * to stop (sends to a connection the target closed just fail). */
+static void *trickle_main(void *arg)
+{
+    trickler_t *t = arg;
+    const uint8_t b = 0x5a;
+    while (!atomic_load(&t->stop)) {
+        for (int i = 0; i < t->n; i++) (void)!send(t->fd[i], &b, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        pause_us(TRICKLE_GAP_US);
+    }
+    return NULL;
+}
+
+/* An ERROR frame saying TIMEOUT within ms, then the connection closed. */
+static void expect_timed_out(int fd, int ms)
+{
+    ferry_frame_t f;
+    char text[1100] = "";
+    assert_int_equal(raw_recv(fd, &f, text, sizeof text - 1, ms), 0);
+    if (f.type != FERRY_FRAME_ERROR || f.status != FERRY_ERR_TIMEOUT)
+        fail_msg("got %s status %d (%s), wanted ERROR TIMEOUT", ferry_frame_type_name(f.type), f.status, text);
+    assert_non_null(strstr(text, "stalled"));
+    assert_true(raw_closed_within(fd, ms));
+}
+
+/* PAYLOAD_STALLERS handshaken peers each send a WRITE header and
+ * PAYLOAD_SENT of its PAYLOAD_BYTES, then stop (or trickle). A serving
+ * thread that waited in such a payload would hold the only data thread
+ * until the target's deadline (STALL_DEADLINE_MS) and the initiator's
+ * transfers (a third of it) would time out behind it. */
+static void payload_stallers(bool trickle)
+{
+    target_t t;
+    target_open(&t, STALL_DEADLINE_MS);
+    int fd[PAYLOAD_STALLERS];
+    uint8_t part[PAYLOAD_SENT];
+    memset(part, 0x77, sizeof part);
+    for (int i = 0; i < PAYLOAD_STALLERS; i++) {
+        fd[i] = raw_handshaken(ferry_engine_port(t.e));
+        assert_true(fd[i] >= 0);
+        int one = 1;
+        setsockopt(fd[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        ferry_frame_t f = {.type = FERRY_FRAME_WRITE, .req_id = 300 + (uint64_t)i,
+                           .addr = (uint64_t)(uintptr_t)(t.mem + PAYLOAD_BYTES * i), .len = PAYLOAD_BYTES,
+                           .plen = PAYLOAD_BYTES};
+        assert_int_equal(raw_send(fd[i], &f, NULL), 0);
+        assert_int_equal(raw_send_bytes(fd[i], part, sizeof part), 0);
+    }
+    uint64_t stalled_at = harness_now_ms();
+    trickler_t tr = {.fd = fd, .n = PAYLOAD_STALLERS};
+    pthread_t th;
+    if (trickle) assert_int_equal(pthread_create(&th, NULL, trickle_main, &tr), 0);
+
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.transport = "tcp";
+    cfg.timeout_ms = STALL_DEADLINE_MS / 3;
+    ferry_engine_t *ini = harness_engine_cfg(&cfg);
+    unsigned char *src = malloc(4096);
+    assert_int_equal(ferry_register(ini, src, 4096, FERRY_MEM_LOCAL), 0);
+    const char *peer = ferry_engine_name(t.e);
+    unsigned char *dst = t.mem + MEM_BYTES - 4096;
+    for (int round = 0; round < 10; round++) {
+        harness_fill(src, 4096, (uint64_t)round);
+        int rc = ferry_transfer_sync(ini, peer, FERRY_OP_WRITE, src, (uint64_t)(uintptr_t)dst, 4096);
+        if (rc) fail_msg("round %d: %s: %s", round, ferry_error_name(rc), ferry_last_error_detail());
+        assert_true(harness_check(dst, 4096, (uint64_t)round));
+    }
+    uint64_t served_at = harness_now_ms();
+    printf("10 transfers %llu ms after %d %s (their deadline: %d ms)\n",
+           (unsigned long long)(served_at - stalled_at), PAYLOAD_STALLERS, trickle ? "tricklers" : "stallers",
+           STALL_DEADLINE_MS);
+    /* Served before any staller's deadline, so while they all stalled. */
+    assert_true(served_at - stalled_at < STALL_DEADLINE_MS);
+    for (int i = 0; i < PAYLOAD_STALLERS; i++) expect_timed_out(fd[i], 4 * STALL_DEADLINE_MS);
+    if (trickle) {
+        atomic_store(&tr.stop, true);
+        pthread_join(th, NULL);
+    }
+    for (int i = 0; i < PAYLOAD_STALLERS; i++) close(fd[i]);
+    ferry_engine_destroy(ini);
+    free(src);
+    still_serving(&t);
+    target_close(&t);
+}
+
+static void payload_stallers_hold_no_thread(void **state)
+{
+    (void)state;
+    payload_stallers(false);
+}
+
+static void payload_tricklers_hold_no_thread(void **state)
+{
+    (void)state;
+    payload_stallers(true);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -451,6 +567,8 @@ int main(void)
         cmocka_unit_test(pipelined_without_waiting),
         cmocka_unit_test(half_header_stallers_hold_no_thread),
         cmocka_unit_test(bad_headers_in_pieces),
+        cmocka_unit_test(payload_stallers_hold_no_thread),
+        cmocka_unit_test(payload_tricklers_hold_no_thread),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,9 +16,30 @@
 #include "wire/wire.h"
 
 typedef struct ferry_session ferry_session_t;
+typedef struct ferry_conn ferry_conn_t;
+
+/* A frame handler's answer (ferry_serve_frame, a transport's serve): the
+ * frame's payload ran dry mid-way and its progress is saved in the
+ * connection's partial; the event loop parks the connection and calls
+ * partial.resume once more bytes arrive (evloop.c). */
+#define FERRY_SERVE_PENDING 1
+
+/* Target side: a data frame whose payload is still arriving, kept while
+ * the connection waits for the rest in the event loop, so that a stalled
+ * or slow peer holds no serving thread. Its handler's own. */
+typedef struct ferry_partial {
+    ferry_frame_t f;          /* the frame's header */
+    uint64_t done;            /* payload bytes read so far */
+    uint64_t deadline;        /* the whole payload is due by then (config.timeout_ms from its header) */
+    int status;               /* its refusal so far (the rest is read and dropped), else 0 */
+    int mode;                 /* the handler's */
+    /* Continues the frame: 0 served, FERRY_SERVE_PENDING, or a failure
+     * (closes the connection). NULL: no frame is in progress. */
+    int (*resume)(ferry_conn_t *c);
+} ferry_partial_t;
 
 /* One TCP connection, either side. */
-typedef struct ferry_conn {
+struct ferry_conn {
     int fd;
     ferry_engine_t *engine;
     ferry_session_t *session;  /* initiator side: its session; NULL on the target */
@@ -53,7 +74,15 @@ typedef struct ferry_conn {
     _Atomic uint64_t idle_since_ns;
     struct ferry_vec_scratch *vec; /* vector frames' per-connection buffers (transport/vec.h), lazily made */
     ferry_spin_t spin;         /* recent waits on it, for the adaptive spin (spin.h) */
-} ferry_conn_t;
+    ferry_partial_t partial;   /* target side: a data frame parked mid-payload */
+};
+
+/* Target side (evloop.c): a data frame's payload ran dry mid-way. 1: more
+ * has arrived, read on; 0: park the frame (save its progress in
+ * c->partial, return FERRY_SERVE_PENDING) and let the thread serve others;
+ * -1: its deadline passed. Waits for more a moment first, but only while
+ * no other connection's data frame waits for a thread. */
+int ferry_serve_payload_wait(ferry_conn_t *c, uint64_t deadline);
 
 /* ferry_conn_t.state on the target side. Changes under the engine's
  * conns_lock, except IDLE <-> BUSY, which the serving thread makes alone

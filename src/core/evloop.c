@@ -66,6 +66,11 @@
 /* How long a thread that served a frame waits on its connection for the
  * next one before parking it, while other threads wait for work. */
 #define SERVE_HOLD_MS 2
+/* How long a thread whose frame's payload ran dry waits for more before
+ * parking the frame, while no other data frame waits for a thread: the
+ * rest of a slice from a well-behaved peer usually comes within
+ * microseconds, and parking costs a wake-up per pause. */
+#define PAYLOAD_HOLD_MS 2
 /* Bounds of the serving threads (FERRY_SERVE_THREADS, else from the CPUs). */
 #define SERVE_THREADS_MIN (SERVE_CONTROL_THREADS + 1)
 #define SERVE_THREADS_MAX 256
@@ -320,6 +325,38 @@ static void park_between_frames(ferry_engine_t *e, ferry_conn_t *c)
     park(e, c);
 }
 
+/* A data frame's payload ran dry and the frame is saved in c->partial:
+ * parks c (busy) with the rest due by the frame's deadline, which the
+ * listener enforces as it does for a half-read header. The data slot is
+ * passed on by our caller. */
+static void park_mid_payload(ferry_engine_t *e, ferry_conn_t *c)
+{
+    atomic_store(&c->served->header_due_ns, c->partial.deadline);
+    park(e, c);
+}
+
+/* c's frame payload stalled past its deadline (the listener expired it). */
+static int payload_timeout(ferry_engine_t *e, ferry_conn_t *c)
+{
+    const ferry_partial_t *p = &c->partial;
+    c->partial.resume = NULL;
+    return ferry_fail(FERRY_ERR_TIMEOUT, "a %s frame from %s stalled after %llu of %u payload bytes for %d ms",
+                      ferry_frame_type_name(p->f.type), c->peer.name, (unsigned long long)p->done, p->f.plen,
+                      e->cfg.timeout_ms);
+}
+
+int ferry_serve_payload_wait(ferry_conn_t *c, uint64_t deadline)
+{
+    if (ferry_now_ns() >= deadline) return -1;
+    /* Served by a thread of its own (ferry_serve_connection): it waits. */
+    if (!c->served) return ferry_net_wait_readable(c->fd, deadline) > 0 ? 1 : -1;
+    if (atomic_load(&c->engine->evloop->queued) > 0) return 0;
+    uint64_t hold = ferry_deadline_after_ms(PAYLOAD_HOLD_MS);
+    /* An error: the next receive reports it. */
+    if (ferry_net_wait_readable(c->fd, hold < deadline ? hold : deadline) != 0) return 1;
+    return ferry_now_ns() >= deadline ? -1 : 0;
+}
+
 /* Between two requests on c: waits for the next one on c itself, a short
  * while, when other threads are free to take everything else (and no data
  * frame waits for our slot). The thread that served the last request, its
@@ -344,10 +381,19 @@ static bool serve_turn(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t *
 {
     ferry_served_t *s = c->served;
     bool slot = queued != NULL;
+    /* A data frame parked mid-payload continues where it stood. */
+    bool resuming = c->partial.resume != NULL;
     ferry_frame_t f;
     int rc = 0;
     if (queued) {
         f = *queued;
+    } else if (resuming) {
+        if (atomic_load(&e->stopping)) {
+            end_conn(e, c, 0);
+            return false;
+        }
+        if (!data_slot_take(e->evloop, c, &c->partial.f)) return false;
+        slot = true;
     } else if (s->hgot == 0) { /* it was idle */
         if (atomic_load(&e->stopping) || !ferry_conn_set_busy(c)) {
             end_conn(e, c, 0); /* closed to make room, or the engine stops */
@@ -356,7 +402,7 @@ static bool serve_turn(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t *
         ferry_spin_record(&c->spin, ferry_now_ns() - atomic_load(&c->idle_since_ns));
     }
     for (int served = 0;; served++) {
-        if (served > 0 || !queued) {
+        if (served > 0 || !(queued || resuming)) {
             rc = atomic_load(&e->stopping) ? FERRY_ERR_PEER_CLOSED : header_read(e, c);
             if (rc == 0) {
                 park_between_frames(e, c);
@@ -372,7 +418,18 @@ static bool serve_turn(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t *
                 slot = true;
             }
         }
-        rc = ferry_serve_frame(c, &f);
+        if (served == 0 && resuming) {
+            rc = atomic_load(&s->expired) ? payload_timeout(e, c) : c->partial.resume(c);
+            /* Cut by the listener at its deadline while we read it. */
+            if (rc == FERRY_ERR_PEER_CLOSED && atomic_load(&s->expired)) rc = payload_timeout(e, c);
+            if (rc != FERRY_SERVE_PENDING) atomic_store(&s->header_due_ns, 0);
+        } else {
+            rc = ferry_serve_frame(c, &f);
+        }
+        if (rc == FERRY_SERVE_PENDING) {
+            park_mid_payload(e, c);
+            return slot;
+        }
         if (rc || atomic_load(&e->stopping)) break;
         /* Its turn is over after SERVE_TURN_FRAMES frames, or after this
          * one when data frames of other connections wait for our slot:

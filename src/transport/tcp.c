@@ -328,59 +328,96 @@ static int copy_checked(void *dst, const void *src, size_t n, bool into)
     return 0;
 }
 
-/* Places f->len payload bytes straight into target memory, re-validating
- * under the read lock before every chunk. A failure mid-way discards the
- * rest of the payload and is reported in the ack. */
-static int place_direct(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline, int *status)
+/* How a WRITE's payload is read (c->partial.mode). */
+enum write_mode { WRITE_DIRECT = 0, WRITE_STAGED, WRITE_DISCARD };
+
+/* A WRITE's payload ran dry mid-way: 0 read on (more arrived), else
+ * FERRY_SERVE_PENDING (parked: the event loop resumes it when bytes come)
+ * or TIMEOUT. */
+static int write_wait(ferry_conn_t *c, const ferry_partial_t *p)
 {
-    ferry_registry_t *r = ferry_engine_registry(c->engine);
-    uint64_t done = 0;
-    /* The payload usually follows its header at once: try before polling,
-     * and poll only once the socket ran dry. */
-    bool drained = false;
-    while (done < f->len) {
-        if (drained) {
-            int w = ferry_net_wait_readable(c->fd, deadline);
-            if (w <= 0) return ferry_fail(FERRY_ERR_TIMEOUT, "slice from %s stalled after %llu of %llu bytes",
-                                          c->peer.name, (unsigned long long)done, (unsigned long long)f->len);
-        }
-        ferry_registry_read_lock(r);
-        int rc = check_locked(c, f, FERRY_MEM_REMOTE_WRITE);
-        long n = 0;
-        uint64_t left = f->len - done, want = left < CHUNK_BYTES ? left : CHUNK_BYTES;
-        if (rc == 0) n = recv_ready(c->fd, (unsigned char *)(uintptr_t)(f->addr + done), want);
-        drained = n >= 0 && (uint64_t)n < want;
-        ferry_registry_unlock(r);
-        if (rc == FERRY_ERR_ADDRESS_NOT_REGISTERED) ferry_fail_context("region deregistered during the write");
-        if (rc == 0 && n == FERRY_ERR_ADDRESS_NOT_REGISTERED) rc = unmapped(c, f->addr + done, want);
-        if (rc) {
-            *status = rc;
-            return ferry_conn_discard(c, f->len - done, deadline);
-        }
+    int w = ferry_serve_payload_wait(c, p->deadline);
+    if (w > 0) return 0;
+    if (w == 0) return FERRY_SERVE_PENDING;
+    return ferry_fail(FERRY_ERR_TIMEOUT, "slice from %s stalled after %llu of %llu bytes", c->peer.name,
+                      (unsigned long long)p->done, (unsigned long long)p->f.len);
+}
+
+/* Reads and drops the rest of a refused WRITE's payload. */
+static int discard_rest(ferry_conn_t *c, ferry_partial_t *p)
+{
+    unsigned char scratch[16384];
+    while (p->done < p->f.len) {
+        uint64_t left = p->f.len - p->done;
+        long n = recv_ready(c->fd, scratch, left < sizeof scratch ? (size_t)left : sizeof scratch);
         if (n < 0) return (int)n;
-        done += (uint64_t)n;
+        p->done += (uint64_t)n;
+        int rc = n == 0 ? write_wait(c, p) : 0;
+        if (rc) return rc;
     }
     return 0;
 }
 
-/* With checksums, or into device memory: stage, verify (if checksummed),
- * and place only verified bytes, copying into device memory where the
- * region is device memory. */
-static int place_staged(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline, int *status)
+/* Places the payload straight into target memory from p->done on,
+ * re-validating under the read lock before every chunk (also after a
+ * pause: the region or the cancel set may have changed meanwhile). A
+ * refusal mid-way drops the rest of the payload and is reported in the
+ * ack. */
+static int place_direct(ferry_conn_t *c, ferry_partial_t *p)
 {
-    unsigned char *b = ferry_conn_bounce(c, f->len);
-    if (!b) return ferry_fail(FERRY_ERR_MEMORY, "staging buffer of %llu bytes: out of memory", (unsigned long long)f->len);
-    int rc = ferry_net_recv(c->fd, b, f->len, deadline);
-    if (rc) return rc;
+    const ferry_frame_t *f = &p->f;
+    ferry_registry_t *r = ferry_engine_registry(c->engine);
+    /* The payload usually follows its header at once: try before waiting,
+     * and wait only once the socket ran dry. */
+    while (p->done < f->len) {
+        ferry_registry_read_lock(r);
+        int rc = check_locked(c, f, FERRY_MEM_REMOTE_WRITE);
+        long n = 0;
+        uint64_t left = f->len - p->done, want = left < CHUNK_BYTES ? left : CHUNK_BYTES;
+        if (rc == 0) n = recv_ready(c->fd, (unsigned char *)(uintptr_t)(f->addr + p->done), want);
+        ferry_registry_unlock(r);
+        if (rc == FERRY_ERR_ADDRESS_NOT_REGISTERED) ferry_fail_context("region deregistered during the write");
+        if (rc == 0 && n == FERRY_ERR_ADDRESS_NOT_REGISTERED) rc = unmapped(c, f->addr + p->done, want);
+        if (rc) {
+            p->status = rc;
+            p->mode = WRITE_DISCARD;
+            return discard_rest(c, p);
+        }
+        if (n < 0) return (int)n;
+        p->done += (uint64_t)n;
+        if ((uint64_t)n < want && (rc = write_wait(c, p)) != 0) return rc;
+    }
+    return 0;
+}
+
+/* With checksums, or into device memory: the payload is staged whole in
+ * the connection's staging buffer first (from p->done on). */
+static int stage_payload(ferry_conn_t *c, ferry_partial_t *p)
+{
+    while (p->done < p->f.len) {
+        long n = recv_ready(c->fd, c->bounce + p->done, p->f.len - p->done);
+        if (n < 0) return (int)n;
+        p->done += (uint64_t)n;
+        int rc = p->done < p->f.len ? write_wait(c, p) : 0;
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* Then verified (if checksummed) and only verified bytes placed, copying
+ * into device memory where the region is device memory. */
+static void place_staged(ferry_conn_t *c, const ferry_frame_t *f, int *status)
+{
+    const unsigned char *b = c->bounce;
     if ((f->flags & FERRY_FRAME_F_CRC) && ferry_crc32c(0, b, f->len) != f->crc) {
         FERRY_STAT_ADD(ferry_engine_counters(c->engine), checksum_failures, 1);
         *status = ferry_fail(FERRY_ERR_CHECKSUM_MISMATCH, "slice [0x%llx+%llu) from %s failed its CRC32C; not placed",
                              (unsigned long long)f->addr, (unsigned long long)f->len, c->peer.name);
-        return 0;
+        return;
     }
     ferry_registry_t *r = ferry_engine_registry(c->engine);
     ferry_registry_read_lock(r);
-    rc = check_locked(c, f, FERRY_MEM_REMOTE_WRITE);
+    int rc = check_locked(c, f, FERRY_MEM_REMOTE_WRITE);
     if (rc == 0) {
         uint32_t kind = kind_of(r, f->addr, f->len, true);
         if (kind == FERRY_MEMKIND_HOST) {
@@ -391,7 +428,23 @@ static int place_staged(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadli
     }
     ferry_registry_unlock(r);
     *status = rc;
-    return 0;
+}
+
+/* Reads on a WRITE's payload from where it stands (c->partial), then
+ * places what was staged and answers. When the payload runs dry the frame
+ * is parked (FERRY_SERVE_PENDING) and this runs again once more bytes
+ * arrive, so that a stalled or trickling initiator holds no thread. */
+static int write_resume(ferry_conn_t *c)
+{
+    ferry_partial_t *p = &c->partial;
+    int rc = p->mode == WRITE_DIRECT   ? place_direct(c, p)
+             : p->mode == WRITE_STAGED ? stage_payload(c, p)
+                                       : discard_rest(c, p);
+    p->resume = rc == FERRY_SERVE_PENDING ? write_resume : NULL;
+    if (rc) return rc;
+    if (p->mode == WRITE_STAGED) place_staged(c, &p->f, &p->status);
+    if (p->status == 0) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, p->f.len);
+    return send_status(c, FERRY_FRAME_WRITE_ACK, &p->f, p->status, p->deadline);
 }
 
 static int serve_write(ferry_conn_t *c, const ferry_frame_t *f)
@@ -405,16 +458,15 @@ static int serve_write(ferry_conn_t *c, const ferry_frame_t *f)
     int status = check_locked(c, f, FERRY_MEM_REMOTE_WRITE);
     uint32_t kind = status ? FERRY_MEMKIND_HOST : kind_of(r, f->addr, f->len, true);
     ferry_registry_unlock(r);
-    int rc;
+    ferry_partial_t *p = &c->partial;
+    *p = (ferry_partial_t){.f = *f, .deadline = deadline, .status = status, .mode = WRITE_DIRECT};
     if (status)
-        rc = ferry_conn_discard(c, f->len, deadline);
+        p->mode = WRITE_DISCARD;
     else if ((f->flags & FERRY_FRAME_F_CRC) || kind != FERRY_MEMKIND_HOST)
-        rc = place_staged(c, f, deadline, &status);
-    else
-        rc = place_direct(c, f, deadline, &status);
-    if (rc) return rc;
-    if (status == 0) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, f->len);
-    return send_status(c, FERRY_FRAME_WRITE_ACK, f, status, deadline);
+        p->mode = WRITE_STAGED;
+    if (p->mode == WRITE_STAGED && !ferry_conn_bounce(c, f->len))
+        return ferry_fail(FERRY_ERR_MEMORY, "staging buffer of %llu bytes: out of memory", (unsigned long long)f->len);
+    return write_resume(c);
 }
 
 /* Sends the slice straight from target memory, chunk by chunk under the read
