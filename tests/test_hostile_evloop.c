@@ -17,11 +17,12 @@
  *    are ended by the target's own deadlines;
  *  - oversize and garbage headers arriving in pieces: dropped, nothing
  *    placed, the target still serving;
- *  - peers that send a WRITE's header and part of its payload, then stop
- *    or trickle a byte every 100 ms, more of them than data threads: the
- *    frames are parked mid-payload, a well-behaved initiator still
- *    transfers long before their deadline, and they are ended at it with
- *    TIMEOUT. */
+ *  - peers that send a WRITE's or a NOTIFY's header and part of its
+ *    payload, then stop or trickle a byte every 100 ms, more of them than
+ *    data threads: the frames are parked mid-payload (a WRITE's handler
+ *    parks on its own, other frames wait parked until their payload is
+ *    whole), a well-behaved initiator still transfers long before their
+ *    deadline, and they are ended at it with TIMEOUT. */
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -486,8 +487,9 @@ static void expect_timed_out(int fd, int ms)
     assert_true(raw_closed_within(fd, ms));
 }
 
-/* PAYLOAD_STALLERS handshaken peers each send a WRITE header and
- * PAYLOAD_SENT of its PAYLOAD_BYTES, then stop (or trickle). A serving
+/* PAYLOAD_STALLERS handshaken peers each send a WRITE (even ones) or
+ * NOTIFY (odd ones) header and PAYLOAD_SENT of its PAYLOAD_BYTES, then
+ * stop (or trickle). A serving
  * thread that waited in such a payload would hold the only data thread
  * until the target's deadline (STALL_DEADLINE_MS) and the initiator's
  * transfers (a third of it) would time out behind it. */
@@ -503,7 +505,7 @@ static void payload_stallers(bool trickle)
         assert_true(fd[i] >= 0);
         int one = 1;
         setsockopt(fd[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        ferry_frame_t f = {.type = FERRY_FRAME_WRITE, .req_id = 300 + (uint64_t)i,
+        ferry_frame_t f = {.type = i % 2 ? FERRY_FRAME_NOTIFY : FERRY_FRAME_WRITE, .req_id = 300 + (uint64_t)i,
                            .addr = (uint64_t)(uintptr_t)(t.mem + PAYLOAD_BYTES * i), .len = PAYLOAD_BYTES,
                            .plen = PAYLOAD_BYTES};
         assert_int_equal(raw_send(fd[i], &f, NULL), 0);

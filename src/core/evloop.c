@@ -50,6 +50,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -335,11 +336,83 @@ static void park_mid_payload(ferry_engine_t *e, ferry_conn_t *c)
     park(e, c);
 }
 
+/* Bytes waiting in c's socket. */
+static uint64_t bytes_waiting(const ferry_conn_t *c)
+{
+    int n = 0;
+    return ioctl(c->fd, FIONREAD, &n) == 0 && n > 0 ? (uint64_t)n : 0;
+}
+
+static void set_rcvlowat(const ferry_conn_t *c, int n)
+{
+    setsockopt(c->fd, SOL_SOCKET, SO_RCVLOWAT, &n, sizeof n);
+}
+
+/* Frames read whole before their handler runs (payload_gate): every frame
+ * with a payload but WRITE, whose handler parks mid-payload on its own
+ * (transport/tcp.c). */
+static bool gated(const ferry_frame_t *f)
+{
+    return f->plen > 0 && f->type != FERRY_FRAME_WRITE;
+}
+
+/* A gated frame's connection became readable: its whole payload is here,
+ * or its peer left, or the kernel woke us early (under memory pressure it
+ * reports a socket readable below its low-water mark): then the frame is
+ * served as it was before the gate, blocking up to its deadline. */
+static int gated_resume(ferry_conn_t *c)
+{
+    ferry_partial_t *p = &c->partial;
+    p->resume = NULL;
+    p->done = bytes_waiting(c);
+    if (p->done < p->f.plen) {
+        struct pollfd q = {.fd = c->fd, .events = POLLRDHUP};
+        if (poll(&q, 1, 0) > 0 && (q.revents & (POLLRDHUP | POLLHUP | POLLERR)))
+            return ferry_fail(FERRY_ERR_PEER_CLOSED, "%s closed the connection after %llu of a %s frame's %u payload bytes",
+                              c->peer.name, (unsigned long long)p->done, ferry_frame_type_name(p->f.type), p->f.plen);
+    }
+    set_rcvlowat(c, 1);
+    ferry_frame_t f = p->f;
+    return ferry_serve_frame(c, &f);
+}
+
+/* The handlers of frames other than WRITE read their payload with blocking
+ * calls. So that a peer stalling in such a payload holds no thread, the
+ * frame waits parked until its whole payload has arrived: the socket's
+ * receive low-water mark (SO_RCVLOWAT), set to the payload's size, keeps
+ * the connection unready until then (or until its peer leaves or the
+ * listener expires it at its deadline). 0: serve it now (its payload is
+ * here, or is larger than the kernel will wait for: then it is served as
+ * before, blocking up to its deadline); FERRY_SERVE_PENDING: parked. */
+static int payload_gate(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t *f)
+{
+    uint64_t here = bytes_waiting(c);
+    if (here >= f->plen) return 0;
+    int want = (int)f->plen, got = 0;
+    socklen_t len = sizeof got;
+    set_rcvlowat(c, want);
+    if (getsockopt(c->fd, SOL_SOCKET, SO_RCVLOWAT, &got, &len) != 0 || got < want) {
+        set_rcvlowat(c, 1);
+        return 0;
+    }
+    /* Honours the low-water mark: wakes once the payload is whole. */
+    struct pollfd p = {.fd = c->fd, .events = POLLIN};
+    if (atomic_load(&e->evloop->queued) == 0 && poll(&p, 1, PAYLOAD_HOLD_MS) > 0 &&
+        (here = bytes_waiting(c)) >= f->plen) {
+        set_rcvlowat(c, 1);
+        return 0;
+    }
+    c->partial = (ferry_partial_t){
+        .f = *f, .done = here, .deadline = ferry_deadline_after_ms(e->cfg.timeout_ms), .resume = gated_resume};
+    return FERRY_SERVE_PENDING;
+}
+
 /* c's frame payload stalled past its deadline (the listener expired it). */
 static int payload_timeout(ferry_engine_t *e, ferry_conn_t *c)
 {
-    const ferry_partial_t *p = &c->partial;
-    c->partial.resume = NULL;
+    ferry_partial_t *p = &c->partial;
+    if (p->resume == gated_resume) p->done = bytes_waiting(c);
+    p->resume = NULL;
     return ferry_fail(FERRY_ERR_TIMEOUT, "a %s frame from %s stalled after %llu of %u payload bytes for %d ms",
                       ferry_frame_type_name(p->f.type), c->peer.name, (unsigned long long)p->done, p->f.plen,
                       e->cfg.timeout_ms);
@@ -424,7 +497,8 @@ static bool serve_turn(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t *
             if (rc == FERRY_ERR_PEER_CLOSED && atomic_load(&s->expired)) rc = payload_timeout(e, c);
             if (rc != FERRY_SERVE_PENDING) atomic_store(&s->header_due_ns, 0);
         } else {
-            rc = ferry_serve_frame(c, &f);
+            rc = gated(&f) ? payload_gate(e, c, &f) : 0;
+            if (rc == 0) rc = ferry_serve_frame(c, &f);
         }
         if (rc == FERRY_SERVE_PENDING) {
             park_mid_payload(e, c);
