@@ -22,7 +22,11 @@
  *    data threads: the frames are parked mid-payload (a WRITE's handler
  *    parks on its own, other frames wait parked until their payload is
  *    whole), a well-behaved initiator still transfers long before their
- *    deadline, and they are ended at it with TIMEOUT. */
+ *    deadline, and they are ended at it with TIMEOUT;
+ *  - a WRITE parked mid-payload keeps the guarantees: refused, checksummed,
+ *    cancelled or deregistered while parked, each is answered as it would
+ *    be whole, and no byte lands after the cancel or deregistration; a peer
+ *    that hangs up mid-payload is ended at once. */
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -36,6 +40,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/crc32c.h"
 #include "core/engine.h"
 #include "core/evloop.h"
 #include "fault.h"
@@ -561,6 +566,108 @@ static void payload_tricklers_hold_no_thread(void **state)
     payload_stallers(true);
 }
 
+/* Sends a frame's header and its first `first` payload bytes, then pauses
+ * well past the serving thread's hold, so that the target parks it. */
+static void send_split(int fd, const ferry_frame_t *f, const uint8_t *payload, size_t first)
+{
+    assert_int_equal(raw_send(fd, f, NULL), 0);
+    assert_int_equal(raw_send_bytes(fd, payload, first), 0);
+    pause_us(100 * 1000);
+}
+
+static bool zero(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i]) return false;
+    return true;
+}
+
+#define SPLIT_BYTES 1000
+#define SPLIT_FIRST 100
+
+static void parked_frames_keep_guarantees(void **state)
+{
+    (void)state;
+    target_t t;
+    target_open(&t, 4 * TIMEOUT_MS);
+    int fd = raw_handshaken(ferry_engine_port(t.e)), ctl = raw_handshaken(ferry_engine_port(t.e));
+    assert_true(fd >= 0 && ctl >= 0);
+    uint8_t data[SPLIT_BYTES];
+    memset(data, 0x6b, sizeof data);
+
+    /* Refused (the guard page below the region): the rest is read and
+     * dropped, the answer says why, and the connection goes on. */
+    ferry_frame_t f = {.type = FERRY_FRAME_WRITE, .req_id = 1, .addr = (uint64_t)(uintptr_t)t.map,
+                       .len = SPLIT_BYTES, .plen = SPLIT_BYTES};
+    send_split(fd, &f, data, SPLIT_FIRST);
+    assert_int_equal(raw_send_bytes(fd, data + SPLIT_FIRST, SPLIT_BYTES - SPLIT_FIRST), 0);
+    expect_frame(fd, FERRY_FRAME_WRITE_ACK, 1, FERRY_ERR_ADDRESS_NOT_REGISTERED);
+
+    /* Checksummed, in three parts: placed whole once verified; with a wrong
+     * checksum not placed at all. */
+    f = (ferry_frame_t){.type = FERRY_FRAME_WRITE, .flags = FERRY_FRAME_F_CRC, .req_id = 2,
+                        .addr = (uint64_t)(uintptr_t)t.mem, .len = SPLIT_BYTES, .plen = SPLIT_BYTES,
+                        .crc = ferry_crc32c(0, data, SPLIT_BYTES)};
+    send_split(fd, &f, data, SPLIT_FIRST);
+    assert_true(zero(t.mem, SPLIT_BYTES));
+    assert_int_equal(raw_send_bytes(fd, data + SPLIT_FIRST, 400), 0);
+    pause_us(100 * 1000);
+    assert_int_equal(raw_send_bytes(fd, data + SPLIT_FIRST + 400, SPLIT_BYTES - SPLIT_FIRST - 400), 0);
+    expect_frame(fd, FERRY_FRAME_WRITE_ACK, 2, 0);
+    assert_memory_equal(t.mem, data, SPLIT_BYTES);
+    f.req_id = 3;
+    f.addr += 4096;
+    f.crc ^= 1;
+    send_split(fd, &f, data, SPLIT_FIRST);
+    assert_int_equal(raw_send_bytes(fd, data + SPLIT_FIRST, SPLIT_BYTES - SPLIT_FIRST), 0);
+    expect_frame(fd, FERRY_FRAME_WRITE_ACK, 3, FERRY_ERR_CHECKSUM_MISMATCH);
+    assert_true(zero(t.mem + 4096, SPLIT_BYTES));
+
+    /* Cancelled while parked (from another connection of the same peer):
+     * once CANCEL_ACK is in, no later byte lands. */
+    f = (ferry_frame_t){.type = FERRY_FRAME_WRITE, .req_id = 4, .addr = (uint64_t)(uintptr_t)(t.mem + 8192),
+                        .len = SPLIT_BYTES, .plen = SPLIT_BYTES};
+    send_split(fd, &f, data, SPLIT_FIRST);
+    ferry_frame_t cancel = {.type = FERRY_FRAME_CANCEL, .req_id = 4};
+    assert_int_equal(raw_send(ctl, &cancel, NULL), 0);
+    expect_frame(ctl, FERRY_FRAME_CANCEL_ACK, 4, 0);
+    assert_int_equal(raw_send_bytes(fd, data + SPLIT_FIRST, SPLIT_BYTES - SPLIT_FIRST), 0);
+    expect_frame(fd, FERRY_FRAME_WRITE_ACK, 4, FERRY_ERR_CANCELLED);
+    assert_true(zero(t.mem + 8192 + SPLIT_FIRST, SPLIT_BYTES - SPLIT_FIRST));
+
+    /* Deregistered while parked: the deregistration does not wait for the
+     * parked frame, and no later byte lands. */
+    unsigned char *other = t.mem + 16384;
+    assert_int_equal(ferry_deregister(t.e, t.mem), 0);
+    assert_int_equal(ferry_register(t.e, t.mem, 16384, FERRY_MEM_REMOTE), 0);
+    assert_int_equal(ferry_register(t.e, other, 16384, FERRY_MEM_REMOTE), 0);
+    f = (ferry_frame_t){.type = FERRY_FRAME_WRITE, .req_id = 5, .addr = (uint64_t)(uintptr_t)other,
+                        .len = SPLIT_BYTES, .plen = SPLIT_BYTES};
+    send_split(fd, &f, data, SPLIT_FIRST);
+    uint64_t t0 = harness_now_ms();
+    assert_int_equal(ferry_deregister(t.e, other), 0);
+    assert_true(harness_now_ms() - t0 < 2 * TIMEOUT_MS);
+    assert_int_equal(raw_send_bytes(fd, data + SPLIT_FIRST, SPLIT_BYTES - SPLIT_FIRST), 0);
+    expect_frame(fd, FERRY_FRAME_WRITE_ACK, 5, FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    assert_true(zero(other + SPLIT_FIRST, SPLIT_BYTES - SPLIT_FIRST));
+    close(ctl);
+
+    /* Hang-ups mid-payload, a WRITE's and a frame read whole first
+     * (NOTIFY): ended at once, well before the deadline. */
+    for (int i = 0; i < 2; i++) {
+        f = (ferry_frame_t){.type = i ? FERRY_FRAME_NOTIFY : FERRY_FRAME_WRITE, .req_id = 6,
+                            .addr = (uint64_t)(uintptr_t)(t.mem + 12288), .len = SPLIT_BYTES, .plen = SPLIT_BYTES};
+        int h = i ? raw_handshaken(ferry_engine_port(t.e)) : fd;
+        assert_true(h >= 0);
+        send_split(h, &f, data, SPLIT_FIRST);
+        shutdown(h, SHUT_WR);
+        assert_true(raw_closed_within(h, 2 * TIMEOUT_MS));
+        close(h);
+    }
+    still_serving(&t);
+    target_close(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -569,6 +676,7 @@ int main(void)
         cmocka_unit_test(pipelined_without_waiting),
         cmocka_unit_test(half_header_stallers_hold_no_thread),
         cmocka_unit_test(bad_headers_in_pieces),
+        cmocka_unit_test(parked_frames_keep_guarantees),
         cmocka_unit_test(payload_stallers_hold_no_thread),
         cmocka_unit_test(payload_tricklers_hold_no_thread),
     };
