@@ -23,7 +23,8 @@
  *    parks on its own, other frames wait parked until their payload is
  *    whole), a well-behaved initiator still transfers long before their
  *    deadline, and they are ended at it with TIMEOUT;
- *  - a WRITE parked mid-payload keeps the guarantees: refused, checksummed,
+ *  - a WRITE parked mid-payload (a thread waiting for a payload gives its
+ *    slot up as soon as another data frame waits for one) keeps the guarantees: refused, checksummed,
  *    cancelled or deregistered while parked, each is answered as it would
  *    be whole, and no byte lands after the cancel or deregistration; a peer
  *    that hangs up mid-payload is ended at once. */
@@ -566,13 +567,29 @@ static void payload_tricklers_hold_no_thread(void **state)
     payload_stallers(true);
 }
 
-/* Sends a frame's header and its first `first` payload bytes, then pauses
- * well past the serving thread's hold, so that the target parks it. */
-static void send_split(int fd, const ferry_frame_t *f, const uint8_t *payload, size_t first)
+/* A whole WRITE of 8 bytes on connection nudge, answered: with the one
+ * data thread, only once the frame that held it was parked (a thread
+ * waiting for a payload gives its slot up when another data frame waits
+ * for one). */
+static void nudge(int fd, const target_t *t)
+{
+    static uint64_t req = 900;
+    const uint8_t bytes[8] = {0};
+    ferry_frame_t f = {.type = FERRY_FRAME_WRITE, .req_id = ++req,
+                       .addr = (uint64_t)(uintptr_t)(t->mem + 16384 - 8), .len = 8, .plen = 8};
+    assert_int_equal(raw_send(fd, &f, bytes), 0);
+    expect_frame(fd, FERRY_FRAME_WRITE_ACK, req, 0);
+}
+
+/* Sends a frame's header and its first `first` payload bytes, pauses, and
+ * has the target park the frame (nudge). */
+static void send_split(int fd, const ferry_frame_t *f, const uint8_t *payload, size_t first, int nudge_fd,
+                       const target_t *t)
 {
     assert_int_equal(raw_send(fd, f, NULL), 0);
     assert_int_equal(raw_send_bytes(fd, payload, first), 0);
-    pause_us(100 * 1000);
+    pause_us(50 * 1000);
+    nudge(nudge_fd, t);
 }
 
 static bool zero(const uint8_t *p, size_t n)
@@ -599,7 +616,7 @@ static void parked_frames_keep_guarantees(void **state)
      * dropped, the answer says why, and the connection goes on. */
     ferry_frame_t f = {.type = FERRY_FRAME_WRITE, .req_id = 1, .addr = (uint64_t)(uintptr_t)t.map,
                        .len = SPLIT_BYTES, .plen = SPLIT_BYTES};
-    send_split(fd, &f, data, SPLIT_FIRST);
+    send_split(fd, &f, data, SPLIT_FIRST, ctl, &t);
     assert_int_equal(raw_send_bytes(fd, data + SPLIT_FIRST, SPLIT_BYTES - SPLIT_FIRST), 0);
     expect_frame(fd, FERRY_FRAME_WRITE_ACK, 1, FERRY_ERR_ADDRESS_NOT_REGISTERED);
 
@@ -608,17 +625,18 @@ static void parked_frames_keep_guarantees(void **state)
     f = (ferry_frame_t){.type = FERRY_FRAME_WRITE, .flags = FERRY_FRAME_F_CRC, .req_id = 2,
                         .addr = (uint64_t)(uintptr_t)t.mem, .len = SPLIT_BYTES, .plen = SPLIT_BYTES,
                         .crc = ferry_crc32c(0, data, SPLIT_BYTES)};
-    send_split(fd, &f, data, SPLIT_FIRST);
+    send_split(fd, &f, data, SPLIT_FIRST, ctl, &t);
     assert_true(zero(t.mem, SPLIT_BYTES));
     assert_int_equal(raw_send_bytes(fd, data + SPLIT_FIRST, 400), 0);
-    pause_us(100 * 1000);
+    pause_us(50 * 1000);
+    nudge(ctl, &t);
     assert_int_equal(raw_send_bytes(fd, data + SPLIT_FIRST + 400, SPLIT_BYTES - SPLIT_FIRST - 400), 0);
     expect_frame(fd, FERRY_FRAME_WRITE_ACK, 2, 0);
     assert_memory_equal(t.mem, data, SPLIT_BYTES);
     f.req_id = 3;
     f.addr += 4096;
     f.crc ^= 1;
-    send_split(fd, &f, data, SPLIT_FIRST);
+    send_split(fd, &f, data, SPLIT_FIRST, ctl, &t);
     assert_int_equal(raw_send_bytes(fd, data + SPLIT_FIRST, SPLIT_BYTES - SPLIT_FIRST), 0);
     expect_frame(fd, FERRY_FRAME_WRITE_ACK, 3, FERRY_ERR_CHECKSUM_MISMATCH);
     assert_true(zero(t.mem + 4096, SPLIT_BYTES));
@@ -627,7 +645,7 @@ static void parked_frames_keep_guarantees(void **state)
      * once CANCEL_ACK is in, no later byte lands. */
     f = (ferry_frame_t){.type = FERRY_FRAME_WRITE, .req_id = 4, .addr = (uint64_t)(uintptr_t)(t.mem + 8192),
                         .len = SPLIT_BYTES, .plen = SPLIT_BYTES};
-    send_split(fd, &f, data, SPLIT_FIRST);
+    send_split(fd, &f, data, SPLIT_FIRST, ctl, &t);
     ferry_frame_t cancel = {.type = FERRY_FRAME_CANCEL, .req_id = 4};
     assert_int_equal(raw_send(ctl, &cancel, NULL), 0);
     expect_frame(ctl, FERRY_FRAME_CANCEL_ACK, 4, 0);
@@ -643,14 +661,13 @@ static void parked_frames_keep_guarantees(void **state)
     assert_int_equal(ferry_register(t.e, other, 16384, FERRY_MEM_REMOTE), 0);
     f = (ferry_frame_t){.type = FERRY_FRAME_WRITE, .req_id = 5, .addr = (uint64_t)(uintptr_t)other,
                         .len = SPLIT_BYTES, .plen = SPLIT_BYTES};
-    send_split(fd, &f, data, SPLIT_FIRST);
+    send_split(fd, &f, data, SPLIT_FIRST, ctl, &t);
     uint64_t t0 = harness_now_ms();
     assert_int_equal(ferry_deregister(t.e, other), 0);
     assert_true(harness_now_ms() - t0 < 2 * TIMEOUT_MS);
     assert_int_equal(raw_send_bytes(fd, data + SPLIT_FIRST, SPLIT_BYTES - SPLIT_FIRST), 0);
     expect_frame(fd, FERRY_FRAME_WRITE_ACK, 5, FERRY_ERR_ADDRESS_NOT_REGISTERED);
     assert_true(zero(other + SPLIT_FIRST, SPLIT_BYTES - SPLIT_FIRST));
-    close(ctl);
 
     /* Hang-ups mid-payload, a WRITE's and a frame read whole first
      * (NOTIFY): ended at once, well before the deadline. */
@@ -659,11 +676,12 @@ static void parked_frames_keep_guarantees(void **state)
                             .addr = (uint64_t)(uintptr_t)(t.mem + 12288), .len = SPLIT_BYTES, .plen = SPLIT_BYTES};
         int h = i ? raw_handshaken(ferry_engine_port(t.e)) : fd;
         assert_true(h >= 0);
-        send_split(h, &f, data, SPLIT_FIRST);
+        send_split(h, &f, data, SPLIT_FIRST, ctl, &t);
         shutdown(h, SHUT_WR);
         assert_true(raw_closed_within(h, 2 * TIMEOUT_MS));
         close(h);
     }
+    close(ctl);
     still_serving(&t);
     target_close(&t);
 }

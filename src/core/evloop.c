@@ -67,11 +67,6 @@
 /* How long a thread that served a frame waits on its connection for the
  * next one before parking it, while other threads wait for work. */
 #define SERVE_HOLD_MS 2
-/* How long a thread whose frame's payload ran dry waits for more before
- * parking the frame, while no other data frame waits for a thread: the
- * rest of a slice from a well-behaved peer usually comes within
- * microseconds, and parking costs a wake-up per pause. */
-#define PAYLOAD_HOLD_MS 2
 /* Bounds of the serving threads (FERRY_SERVE_THREADS, else from the CPUs). */
 #define SERVE_THREADS_MIN (SERVE_CONTROL_THREADS + 1)
 #define SERVE_THREADS_MAX 256
@@ -109,6 +104,9 @@ typedef struct ferry_served {
 
 struct ferry_evloop {
     int epfd, stop_fd;
+    /* Readable while data frames wait in the queue (an eventfd): a thread
+     * waiting for the rest of a payload gives its slot up when it is. */
+    int contended_fd;
     pthread_t *threads;
     int nthreads;
     int data_slots;             /* threads that may serve data frames at once */
@@ -251,6 +249,14 @@ static bool is_control(uint8_t type)
     return type == FERRY_FRAME_CANCEL || type == FERRY_FRAME_PING || type == FERRY_FRAME_SEG_QUERY;
 }
 
+/* Marks whether data frames wait for a slot (lock held). */
+static void contended(struct ferry_evloop *l, bool yes)
+{
+    uint64_t v = 1;
+    ssize_t n = yes ? write(l->contended_fd, &v, sizeof v) : read(l->contended_fd, &v, sizeof v);
+    (void)n; /* nonblocking: a full or empty counter is as good */
+}
+
 /* A data slot for c's frame f: true taken, false when they are all in use:
  * then c waits in the queue with f, and is no longer ours. */
 static bool data_slot_take(struct ferry_evloop *l, ferry_conn_t *c, const ferry_frame_t *f)
@@ -262,6 +268,7 @@ static bool data_slot_take(struct ferry_evloop *l, ferry_conn_t *c, const ferry_
     } else {
         c->served->queued = *f;
         c->served->queue_next = NULL;
+        if (!l->queue_head) contended(l, true);
         if (l->queue_tail) l->queue_tail->served->queue_next = c;
         else l->queue_head = c;
         l->queue_tail = c;
@@ -280,7 +287,10 @@ static bool data_slot_pass(ferry_engine_t *e, ferry_conn_t **c, ferry_frame_t *f
     ferry_conn_t *next = atomic_load(&e->stopping) ? NULL : l->queue_head;
     if (next) {
         l->queue_head = next->served->queue_next;
-        if (!l->queue_head) l->queue_tail = NULL;
+        if (!l->queue_head) {
+            l->queue_tail = NULL;
+            contended(l, false);
+        }
         atomic_fetch_sub(&l->queued, 1);
         *f = next->served->queued;
         *c = next;
@@ -356,6 +366,8 @@ static bool gated(const ferry_frame_t *f)
     return f->plen > 0 && f->type != FERRY_FRAME_WRITE;
 }
 
+static int payload_timeout(ferry_engine_t *e, ferry_conn_t *c);
+
 /* A gated frame's connection became readable: its whole payload is here,
  * or its peer left, or the kernel woke us early (under memory pressure it
  * reports a socket readable below its low-water mark): then the frame is
@@ -395,16 +407,17 @@ static int payload_gate(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t 
         set_rcvlowat(c, 1);
         return 0;
     }
-    /* Honours the low-water mark: wakes once the payload is whole. */
-    struct pollfd p = {.fd = c->fd, .events = POLLIN};
-    if (atomic_load(&e->evloop->queued) == 0 && poll(&p, 1, PAYLOAD_HOLD_MS) > 0 &&
-        (here = bytes_waiting(c)) >= f->plen) {
-        set_rcvlowat(c, 1);
-        return 0;
-    }
     c->partial = (ferry_partial_t){
         .f = *f, .done = here, .deadline = ferry_deadline_after_ms(e->cfg.timeout_ms), .resume = gated_resume};
-    return FERRY_SERVE_PENDING;
+    /* The wait honours the low-water mark: readable once the payload is
+     * whole (or the peer left, or the kernel woke us early: then the
+     * handler reads on as before). */
+    int w = ferry_serve_payload_wait(c, c->partial.deadline);
+    if (w < 0) return payload_timeout(e, c);
+    if (w == 0) return FERRY_SERVE_PENDING;
+    c->partial.resume = NULL;
+    set_rcvlowat(c, 1);
+    return 0;
 }
 
 /* c's frame payload stalled past its deadline (the listener expired it). */
@@ -418,16 +431,25 @@ static int payload_timeout(ferry_engine_t *e, ferry_conn_t *c)
                       e->cfg.timeout_ms);
 }
 
+/* The thread keeps its data slot and waits on the connection, as a thread
+ * per connection did, for as long as no other data frame needs a slot:
+ * then the frame is parked at once. So a well-behaved peer's pauses (a
+ * descheduled sender, a slow link) cost nothing more than before, and
+ * stalled or trickling peers hold threads only while nobody else wants
+ * them. */
 int ferry_serve_payload_wait(ferry_conn_t *c, uint64_t deadline)
 {
-    if (ferry_now_ns() >= deadline) return -1;
-    /* Served by a thread of its own (ferry_serve_connection): it waits. */
-    if (!c->served) return ferry_net_wait_readable(c->fd, deadline) > 0 ? 1 : -1;
-    if (atomic_load(&c->engine->evloop->queued) > 0) return 0;
-    uint64_t hold = ferry_deadline_after_ms(PAYLOAD_HOLD_MS);
-    /* An error: the next receive reports it. */
-    if (ferry_net_wait_readable(c->fd, hold < deadline ? hold : deadline) != 0) return 1;
-    return ferry_now_ns() >= deadline ? -1 : 0;
+    for (;;) {
+        int ms = ferry_ms_left(deadline);
+        if (ms == 0) return -1;
+        struct pollfd p[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = -1, .events = POLLIN}};
+        /* Served by a thread of its own (ferry_serve_connection): it waits. */
+        if (c->served) p[1].fd = c->engine->evloop->contended_fd;
+        int n = poll(p, 2, ms);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 || p[0].revents) return 1; /* an error: the next receive reports it */
+        if (p[1].revents) return 0;
+    }
 }
 
 /* Between two requests on c: waits for the next one on c itself, a short
@@ -588,6 +610,7 @@ static void loop_free(struct ferry_evloop *l)
 {
     if (l->epfd >= 0) close(l->epfd);
     if (l->stop_fd >= 0) close(l->stop_fd);
+    if (l->contended_fd >= 0) close(l->contended_fd);
     pthread_mutex_destroy(&l->lock);
     pthread_mutex_destroy(&l->arm_lock);
     free(l->threads);
@@ -604,12 +627,13 @@ int ferry_evloop_start(ferry_engine_t *e)
     pthread_mutex_init(&l->arm_lock, NULL);
     l->epfd = epoll_create1(EPOLL_CLOEXEC);
     l->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    l->contended_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     l->threads = calloc((size_t)want, sizeof *l->threads);
     l->data_slots = want - SERVE_CONTROL_THREADS;
     /* The stop event stays readable once written (level-triggered, not
      * one-shot): every thread sees it. */
     struct epoll_event stop = {.events = EPOLLIN, .data.ptr = NULL};
-    if (l->epfd < 0 || l->stop_fd < 0 || !l->threads || epoll_ctl(l->epfd, EPOLL_CTL_ADD, l->stop_fd, &stop) != 0) {
+    if (l->epfd < 0 || l->stop_fd < 0 || l->contended_fd < 0 || !l->threads || epoll_ctl(l->epfd, EPOLL_CTL_ADD, l->stop_fd, &stop) != 0) {
         int rc = ferry_fail(FERRY_ERR_SOCKET, "serving threads: epoll: %s", strerror(errno));
         loop_free(l);
         return rc;
