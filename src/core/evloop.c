@@ -19,7 +19,21 @@
  *    as before; its header is read without waiting, so a peer stalling in
  *    it holds no thread either), then busy-polls briefly for the next header (spin.h) and
  *    parks the connection when none comes, or after SERVE_TURN_FRAMES frames
- *    so that a busy peer does not keep a thread from the others.
+ *    so that a busy peer does not keep a thread from the others;
+ *  - nor does a peer stalling or trickling in a frame's payload: a WRITE's
+ *    handler (transport/tcp.c) places the payload as it arrives and, when
+ *    it runs dry while another data frame waits for a thread, saves its
+ *    progress in the connection (ferry_partial_t), returns
+ *    FERRY_SERVE_PENDING, and the connection is parked busy with the
+ *    frame's deadline (the listener enforces it as for a half-read header)
+ *    until more bytes come; every other frame with a payload waits parked
+ *    until its payload is whole (payload_gate: the socket's SO_RCVLOWAT),
+ *    then runs its handler unchanged. Uncontended, the thread waits on the
+ *    connection as before (ferry_serve_payload_wait). Limits: a frame whose
+ *    payload is larger than the kernel will buffer for the low-water mark
+ *    (a crafted WRITEV of megabytes; honest ones are at most 512 KiB), or
+ *    one woken early under the kernel's memory pressure, is served as
+ *    before, blocking up to its deadline.
  *
  * Cancels must be served even while every thread is busy with long or
  * stalled writes (a CANCEL comes on a spare connection and its initiator
