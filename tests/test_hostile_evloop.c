@@ -27,7 +27,11 @@
  *    slot up as soon as another data frame waits for one) keeps the guarantees: refused, checksummed,
  *    cancelled or deregistered while parked, each is answered as it would
  *    be whole, and no byte lands after the cancel or deregistration; a peer
- *    that hangs up mid-payload is ended at once. */
+ *    that hangs up mid-payload is ended at once;
+ *  - peers that ask for more READ answers than the sockets hold and stop
+ *    reading, more of them than data threads: the answers are parked until
+ *    the socket has room, a well-behaved initiator still transfers, and
+ *    the readers are dropped at the target's deadline. */
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -555,6 +559,61 @@ static void payload_stallers(bool trickle)
     target_close(&t);
 }
 
+/* Enough 64 KiB READ answers to fill the target's send buffer (4 MiB asked,
+ * 8 MiB granted) and the reader's receive buffer several times over. */
+#define STALLED_READS 384
+#define STALLED_READERS 3
+
+static void stalled_readers_hold_no_thread(void **state)
+{
+    (void)state;
+    target_t t;
+    target_open(&t, STALL_DEADLINE_MS);
+    int fd[STALLED_READERS];
+    for (int i = 0; i < STALLED_READERS; i++) {
+        fd[i] = raw_handshaken(ferry_engine_port(t.e));
+        assert_true(fd[i] >= 0);
+        for (int k = 0; k < STALLED_READS; k++) {
+            ferry_frame_t f = {.type = FERRY_FRAME_READ_REQ, .req_id = 1 + (uint64_t)k,
+                               .addr = (uint64_t)(uintptr_t)t.mem, .len = MEM_BYTES};
+            assert_int_equal(raw_send(fd[i], &f, NULL), 0);
+        }
+    }
+    uint64_t stalled_at = harness_now_ms();
+
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.transport = "tcp";
+    cfg.timeout_ms = STALL_DEADLINE_MS / 3;
+    ferry_engine_t *ini = harness_engine_cfg(&cfg);
+    unsigned char *src = malloc(4096);
+    assert_int_equal(ferry_register(ini, src, 4096, FERRY_MEM_LOCAL), 0);
+    for (int round = 0; round < 10; round++) {
+        harness_fill(src, 4096, (uint64_t)round);
+        int rc = ferry_transfer_sync(ini, ferry_engine_name(t.e), FERRY_OP_WRITE, src,
+                                     (uint64_t)(uintptr_t)(t.mem + MEM_BYTES - 4096), 4096);
+        if (rc) fail_msg("round %d: %s: %s", round, ferry_error_name(rc), ferry_last_error_detail());
+        assert_true(harness_check(t.mem + MEM_BYTES - 4096, 4096, (uint64_t)round));
+    }
+    uint64_t served_at = harness_now_ms();
+    printf("10 transfers %llu ms after %d stalled readers (their deadline: %d ms)\n",
+           (unsigned long long)(served_at - stalled_at), STALLED_READERS, STALL_DEADLINE_MS);
+    assert_true(served_at - stalled_at < STALL_DEADLINE_MS);
+    /* Past their deadline the target has dropped them: reading now gets
+     * what was sent, then the end (had it not, reading would let it
+     * answer every request and keep the connection open). */
+    uint64_t after = stalled_at + STALL_DEADLINE_MS + 3000, now = harness_now_ms();
+    if (now < after) pause_us((long)(after - now) * 1000);
+    for (int i = 0; i < STALLED_READERS; i++) {
+        assert_true(raw_closed_within(fd[i], 4 * STALL_DEADLINE_MS));
+        close(fd[i]);
+    }
+    ferry_engine_destroy(ini);
+    free(src);
+    still_serving(&t);
+    target_close(&t);
+}
+
 static void payload_stallers_hold_no_thread(void **state)
 {
     (void)state;
@@ -697,6 +756,7 @@ int main(void)
         cmocka_unit_test(parked_frames_keep_guarantees),
         cmocka_unit_test(payload_stallers_hold_no_thread),
         cmocka_unit_test(payload_tricklers_hold_no_thread),
+        cmocka_unit_test(stalled_readers_hold_no_thread),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

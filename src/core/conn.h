@@ -33,6 +33,8 @@ typedef struct ferry_partial {
     uint64_t deadline;        /* the whole payload is due by then (config.timeout_ms from its header) */
     int status;               /* its refusal so far (the rest is read and dropped), else 0 */
     int mode;                 /* the handler's */
+    bool wait_out;            /* it waits to send (its answer), not to receive */
+    uint8_t out[FERRY_FRAME_HEADER_SIZE]; /* the answer's header, when it sends one */
     /* Continues the frame: 0 served, FERRY_SERVE_PENDING, or a failure
      * (closes the connection). NULL: no frame is in progress. */
     int (*resume)(ferry_conn_t *c);
@@ -83,6 +85,10 @@ struct ferry_conn {
  * -1: its deadline passed. Waits for more a moment first, but only while
  * no other connection's data frame waits for a thread. */
 int ferry_serve_payload_wait(ferry_conn_t *c, uint64_t deadline);
+/* The same for an answer that the socket has no room for (a peer that
+ * stopped reading): 1 room, 0 park it (with partial.wait_out), -1 the
+ * deadline passed. */
+int ferry_serve_answer_wait(ferry_conn_t *c, uint64_t deadline);
 
 /* ferry_conn_t.state on the target side. Changes under the engine's
  * conns_lock, except IDLE <-> BUSY, which the serving thread makes alone

@@ -139,7 +139,9 @@ struct ferry_evloop {
 
 static int arm(ferry_engine_t *e, ferry_conn_t *c, int op)
 {
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT, .data.ptr = c};
+    /* A frame parked while it sends its answer waits for room to send. */
+    uint32_t dir = c->partial.resume && c->partial.wait_out ? EPOLLOUT : EPOLLIN;
+    struct epoll_event ev = {.events = dir | EPOLLRDHUP | EPOLLONESHOT, .data.ptr = c};
     pthread_mutex_lock(&e->evloop->arm_lock);
     int rc = epoll_ctl(e->evloop->epfd, op, c->fd, op == EPOLL_CTL_DEL ? NULL : &ev);
     pthread_mutex_unlock(&e->evloop->arm_lock);
@@ -440,6 +442,9 @@ static int payload_timeout(ferry_engine_t *e, ferry_conn_t *c)
     ferry_partial_t *p = &c->partial;
     if (p->resume == gated_resume) p->done = bytes_waiting(c);
     p->resume = NULL;
+    if (p->wait_out)
+        return ferry_fail(FERRY_ERR_TIMEOUT, "the answer to a %s frame from %s stalled: it stopped reading for %d ms",
+                          ferry_frame_type_name(p->f.type), c->peer.name, e->cfg.timeout_ms);
     return ferry_fail(FERRY_ERR_TIMEOUT, "a %s frame from %s stalled after %llu of %u payload bytes for %d ms",
                       ferry_frame_type_name(p->f.type), c->peer.name, (unsigned long long)p->done, p->f.plen,
                       e->cfg.timeout_ms);
@@ -451,12 +456,12 @@ static int payload_timeout(ferry_engine_t *e, ferry_conn_t *c)
  * descheduled sender, a slow link) cost nothing more than before, and
  * stalled or trickling peers hold threads only while nobody else wants
  * them. */
-int ferry_serve_payload_wait(ferry_conn_t *c, uint64_t deadline)
+static int serve_wait(ferry_conn_t *c, short events, uint64_t deadline)
 {
     for (;;) {
         int ms = ferry_ms_left(deadline);
         if (ms == 0) return -1;
-        struct pollfd p[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = -1, .events = POLLIN}};
+        struct pollfd p[2] = {{.fd = c->fd, .events = events}, {.fd = -1, .events = POLLIN}};
         /* Served by a thread of its own (ferry_serve_connection): it waits. */
         if (c->served) p[1].fd = c->engine->evloop->contended_fd;
         int n = poll(p, 2, ms);
@@ -464,6 +469,16 @@ int ferry_serve_payload_wait(ferry_conn_t *c, uint64_t deadline)
         if (n < 0 || p[0].revents) return 1; /* an error: the next receive reports it */
         if (p[1].revents) return 0;
     }
+}
+
+int ferry_serve_payload_wait(ferry_conn_t *c, uint64_t deadline)
+{
+    return serve_wait(c, POLLIN, deadline);
+}
+
+int ferry_serve_answer_wait(ferry_conn_t *c, uint64_t deadline)
+{
+    return serve_wait(c, POLLOUT, deadline);
 }
 
 /* Between two requests on c: waits for the next one on c itself, a short

@@ -469,36 +469,65 @@ static int serve_write(ferry_conn_t *c, const ferry_frame_t *f)
     return write_resume(c);
 }
 
-/* Sends the slice straight from target memory, chunk by chunk under the read
- * lock. If the region vanishes mid-way the connection is reset: the
- * initiator must never take the rest for data. */
-static int send_from_memory(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline)
+/* How a READ's answer is sent (c->partial.mode, after the WRITE modes). */
+enum read_mode { READ_MEMORY = WRITE_DISCARD + 1, READ_STAGED };
+
+/* Sends a READ's answer from where it stands (c->partial.done bytes of its
+ * header and data sent), without waiting while the socket takes bytes.
+ * The data comes from the staging buffer, or straight from target memory,
+ * chunk by chunk under the read lock; if the region vanishes mid-way the
+ * connection is reset: the initiator must never take the rest for data.
+ * When the socket is full while another data frame waits for a thread (a
+ * peer that stopped reading), the answer is parked: FERRY_SERVE_PENDING,
+ * and this runs again once the socket has room. */
+static int read_resume(ferry_conn_t *c)
 {
+    ferry_partial_t *p = &c->partial;
+    const ferry_frame_t *f = &p->f;
     ferry_registry_t *r = ferry_engine_registry(c->engine);
-    uint64_t done = 0;
-    while (done < f->len) {
-        struct pollfd p = {.fd = c->fd, .events = POLLOUT};
-        int w = poll(&p, 1, ferry_ms_left(deadline));
-        if (w <= 0) return ferry_fail(FERRY_ERR_TIMEOUT, "read answer to %s stalled", c->peer.name);
-        ferry_registry_read_lock(r);
-        int rc = check_locked(c, f, FERRY_MEM_REMOTE_READ);
-        ssize_t n = 0;
-        if (rc == 0) {
-            uint64_t left = f->len - done;
-            n = send(c->fd, (const char *)(uintptr_t)(f->addr + done), left < CHUNK_BYTES ? left : CHUNK_BYTES,
-                     MSG_DONTWAIT | MSG_NOSIGNAL);
+    uint64_t total = FERRY_FRAME_HEADER_SIZE + f->len;
+    p->resume = NULL;
+    while (p->done < total) {
+        ssize_t n;
+        int err, rc = 0;
+        if (p->done < FERRY_FRAME_HEADER_SIZE) {
+            n = send(c->fd, p->out + p->done, FERRY_FRAME_HEADER_SIZE - p->done, MSG_DONTWAIT | MSG_NOSIGNAL);
+            err = errno;
+        } else {
+            uint64_t off = p->done - FERRY_FRAME_HEADER_SIZE, left = f->len - off;
+            size_t k = left < CHUNK_BYTES ? (size_t)left : CHUNK_BYTES;
+            if (p->mode == READ_STAGED) {
+                n = send(c->fd, c->bounce + off, k, MSG_DONTWAIT | MSG_NOSIGNAL);
+                err = errno;
+            } else {
+                ferry_registry_read_lock(r);
+                rc = check_locked(c, f, FERRY_MEM_REMOTE_READ);
+                n = rc ? 0 : send(c->fd, (const char *)(uintptr_t)(f->addr + off), k, MSG_DONTWAIT | MSG_NOSIGNAL);
+                err = errno;
+                ferry_registry_unlock(r);
+            }
         }
-        ferry_registry_unlock(r);
         if (rc) return ferry_fail_context("region changed during a read; resetting the connection");
-        if (n < 0 && errno == EFAULT)
+        if (n > 0) {
+            p->done += (uint64_t)n;
+            continue;
+        }
+        if (n < 0 && err == EFAULT)
             return ferry_fail(FERRY_ERR_ADDRESS_NOT_REGISTERED,
                               "target memory [0x%llx+%llu) for %s is registered but not mapped readable; "
                               "resetting the connection mid-answer",
                               (unsigned long long)f->addr, (unsigned long long)f->len, c->peer.name);
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-            return ferry_fail(FERRY_ERR_PEER_CLOSED, "send: %s", strerror(errno));
-        if (n > 0) done += (uint64_t)n;
+        if (n < 0 && err == EINTR) continue;
+        if (n < 0 && err != EAGAIN && err != EWOULDBLOCK)
+            return ferry_fail(FERRY_ERR_PEER_CLOSED, "send: %s", strerror(err));
+        int w = ferry_serve_answer_wait(c, p->deadline);
+        if (w < 0) return ferry_fail(FERRY_ERR_TIMEOUT, "read answer to %s stalled", c->peer.name);
+        if (w == 0) {
+            p->resume = read_resume;
+            return FERRY_SERVE_PENDING;
+        }
     }
+    FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, f->len);
     return 0;
 }
 
@@ -543,12 +572,11 @@ static int serve_read(ferry_conn_t *c, const ferry_frame_t *f)
     if (status) return send_status(c, FERRY_FRAME_READ_RESP, f, status, deadline);
     ferry_frame_t h = {.type = FERRY_FRAME_READ_RESP, .req_id = f->req_id, .addr = f->addr, .len = f->len,
                        .plen = (uint32_t)f->len, .flags = f->flags & FERRY_FRAME_F_CRC, .crc = crc};
-    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
-    ferry_frame_encode(&h, hdr);
-    int rc = ferry_net_send(c->fd, hdr, sizeof hdr, deadline);
-    if (rc == 0) rc = staged ? ferry_net_send(c->fd, staged, f->len, deadline) : send_from_memory(c, f, deadline);
-    if (rc == 0) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, f->len);
-    return rc;
+    ferry_partial_t *p = &c->partial;
+    *p = (ferry_partial_t){.f = *f, .deadline = deadline, .mode = staged ? READ_STAGED : READ_MEMORY,
+                           .wait_out = true};
+    ferry_frame_encode(&h, p->out);
+    return read_resume(c);
 }
 
 /* ------------------------------------------------- target: vector frames */
