@@ -507,7 +507,9 @@ static void payload_stallers(bool trickle)
 {
     target_t t;
     target_open(&t, STALL_DEADLINE_MS);
-    int fd[PAYLOAD_STALLERS];
+    /* Static: a failed assertion leaves the trickling thread running. */
+    static int fd[PAYLOAD_STALLERS];
+    static trickler_t tr;
     uint8_t part[PAYLOAD_SENT];
     memset(part, 0x77, sizeof part);
     for (int i = 0; i < PAYLOAD_STALLERS; i++) {
@@ -522,7 +524,7 @@ static void payload_stallers(bool trickle)
         assert_int_equal(raw_send_bytes(fd[i], part, sizeof part), 0);
     }
     uint64_t stalled_at = harness_now_ms();
-    trickler_t tr = {.fd = fd, .n = PAYLOAD_STALLERS};
+    tr = (trickler_t){.fd = fd, .n = PAYLOAD_STALLERS};
     pthread_t th;
     if (trickle) assert_int_equal(pthread_create(&th, NULL, trickle_main, &tr), 0);
 
