@@ -28,12 +28,16 @@
  *    frame's deadline (the listener enforces it as for a half-read header)
  *    until more bytes come; every other frame with a payload waits parked
  *    until its payload is whole (payload_gate: the socket's SO_RCVLOWAT),
- *    then runs its handler unchanged. Uncontended, the thread waits on the
- *    connection as before (ferry_serve_payload_wait). Limits: a frame whose
+ *    then runs its handler unchanged; a READ's answer that the socket has
+ *    no room for (a peer that stopped reading) is parked the same way,
+ *    armed for EPOLLOUT (partial.wait_out). Uncontended, the thread waits
+ *    on the connection as before (ferry_serve_payload_wait,
+ *    ferry_serve_answer_wait). Limits: a frame whose
  *    payload is larger than the kernel will buffer for the low-water mark
  *    (a crafted WRITEV of megabytes; honest ones are at most 512 KiB), or
  *    one woken early under the kernel's memory pressure, is served as
- *    before, blocking up to its deadline.
+ *    before, blocking up to its deadline; so are the other answers (acks,
+ *    a READV's bytes) to a peer that stops reading.
  *
  * Cancels must be served even while every thread is busy with long or
  * stalled writes (a CANCEL comes on a spare connection and its initiator
