@@ -141,10 +141,9 @@ struct ferry_evloop {
 
 /* ------------------------------------------------------------ parking */
 
-static int arm(ferry_engine_t *e, ferry_conn_t *c, int op)
+/* Watches c for dir (EPOLLIN, or EPOLLOUT for an answer parked for room). */
+static int arm(ferry_engine_t *e, ferry_conn_t *c, int op, uint32_t dir)
 {
-    /* A frame parked while it sends its answer waits for room to send. */
-    uint32_t dir = c->partial.resume && c->partial.wait_out ? EPOLLOUT : EPOLLIN;
     struct epoll_event ev = {.events = dir | EPOLLRDHUP | EPOLLONESHOT, .data.ptr = c};
     pthread_mutex_lock(&e->evloop->arm_lock);
     int rc = epoll_ctl(e->evloop->epfd, op, c->fd, op == EPOLL_CTL_DEL ? NULL : &ev);
@@ -157,7 +156,7 @@ static int arm(ferry_engine_t *e, ferry_conn_t *c, int op)
 static void end_conn(ferry_engine_t *e, ferry_conn_t *c, int rc)
 {
     ferry_serve_ended(c, rc);
-    arm(e, c, EPOLL_CTL_DEL);
+    arm(e, c, EPOLL_CTL_DEL, 0);
     shutdown(c->fd, SHUT_RDWR);
     ferry_listener_conn_done(c);
 }
@@ -166,8 +165,10 @@ static void end_conn(ferry_engine_t *e, ferry_conn_t *c, int rc)
  * thread may own it at once. */
 static void park(ferry_engine_t *e, ferry_conn_t *c)
 {
+    /* Read before the handoff: c may be another thread's once it is armed. */
+    uint32_t dir = c->partial.resume && c->partial.wait_out ? EPOLLOUT : EPOLLIN;
     atomic_fetch_add_explicit(&c->served->handoff, 1, memory_order_release);
-    if (arm(e, c, EPOLL_CTL_MOD) != 0)
+    if (arm(e, c, EPOLL_CTL_MOD, dir) != 0)
         end_conn(e, c, ferry_fail(FERRY_ERR_SOCKET, "epoll: cannot watch the connection from %s: %s", c->remote,
                                   strerror(errno)));
 }
@@ -705,7 +706,7 @@ int ferry_evloop_add(ferry_engine_t *e, ferry_conn_t *c)
         errno = ENOMEM;
         return -1;
     }
-    return arm(e, c, EPOLL_CTL_ADD);
+    return arm(e, c, EPOLL_CTL_ADD, EPOLLIN);
 }
 
 void ferry_evloop_conn_free(ferry_conn_t *c)
