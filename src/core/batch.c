@@ -19,6 +19,7 @@ struct batch_req {
     size_t pieces_left;
     char *detail;
     atomic_bool cancel;        /* its pieces stop at the next slice */
+    bool untaken;              /* in a strided window no lane took yet (its piece not made) */
     ferry_peer_stats_t *stats; /* the peer's metrics entry */
 };
 
@@ -170,6 +171,14 @@ static void settle_piece_locked(ferry_batch_t *b, ferry_xfer_t *x)
         ferry_count_request(b->engine, r->stats, NULL, r->opcode, atomic_load(&r->bytes),
                             ferry_now_ns() - r->submitted_ns, r->code);
     }
+}
+
+/* With b->lock held: settles request idx as failed with rc before any of
+ * it was sent (detail copied). */
+static void settle_unsent_locked(ferry_batch_t *b, size_t idx, int rc, const char *detail)
+{
+    ferry_xfer_t x = {.index = idx, .rc = rc, .detail = strdup(detail)};
+    settle_piece_locked(b, &x);
 }
 
 /* A piece reached its final state while its task goes on (xfer.c). */
@@ -476,6 +485,15 @@ static void cancel_locked(ferry_batch_t *b, size_t first, size_t n)
         dropped = te;
     }
     pthread_mutex_unlock(&e->queue_lock);
+    /* Requests of strided windows no lane took have no piece yet: settled
+     * here, so that a cancel does not wait for a lane to reach them. */
+    for (size_t i = first; i < first + n; i++) {
+        if (b->reqs[i].untaken && !is_final(b->reqs[i].state)) {
+            b->reqs[i].untaken = false;
+            settle_unsent_locked(b, i, ferry_fail(FERRY_ERR_CANCELLED, "cancelled before it started"),
+                                 ferry_fail_message());
+        }
+    }
     for (struct task_ext *t = b->tasks; t; t = t->bnext)
         if (task_carries(b, t, first, n)) ferry_stream_ctl_fire(&t->ctl);
     while (dropped) {
@@ -624,14 +642,6 @@ static void job_put(struct strided_job *j)
     free(j);
 }
 
-/* With b->lock held: settles request idx as failed with rc before any of
- * it was sent. */
-static void settle_unsent_locked(ferry_batch_t *b, size_t idx, int rc, const char *detail)
-{
-    ferry_xfer_t x = {.index = idx, .rc = rc, .detail = strdup(detail)};
-    settle_piece_locked(b, &x);
-}
-
 /* With b->lock held: takes lane t's next window and expands it into its
  * task's pieces (requests cancelled meanwhile, or doomed by a lost peer,
  * are settled instead). Returns false when no window is left. */
@@ -647,6 +657,8 @@ static bool take_window_locked(ferry_batch_t *b, struct task_ext *t, struct stri
     for (size_t i = from; i < from + n; i++) {
         size_t idx = j->first + i;
         struct batch_req *r = &b->reqs[idx];
+        if (!r->untaken) continue; /* a cancel settled it already */
+        r->untaken = false;
         if (atomic_load(&r->cancel)) {
             settle_unsent_locked(b, idx, FERRY_ERR_CANCELLED, "cancelled before it started");
             continue;
@@ -704,7 +716,7 @@ static void strided_lane(struct task_ext *t, void *arg)
         if ((rc == FERRY_ERR_PEER_CLOSED || rc == FERRY_ERR_SOCKET || rc == FERRY_ERR_CONTEXT || spent) &&
             !j->lost_rc) {
             j->lost_rc = rc;
-            j->lost_detail = strdup(ferry_last_error_detail());
+            j->lost_detail = strdup(ferry_fail_message());
         }
         pthread_cond_broadcast(&b->cond);
         pthread_mutex_unlock(&b->lock);
@@ -777,6 +789,7 @@ long ferry_batch_submit_strided_checked(ferry_batch_t *b, const char *peer, cons
     for (size_t i = j->first; i < j->first + d->n; i++) {
         struct batch_req *r = &b->reqs[i];
         r->pieces_left = 1;
+        r->untaken = true;
         r->state = FERRY_STATUS_WAITING;
         r->opcode = d->opcode;
         r->submitted_ns = now;

@@ -243,7 +243,7 @@ static void lanes_fail(struct lanes *l, int rc, size_t failed)
     pthread_mutex_lock(&l->lock);
     if (failed < l->failed) {
         free(l->detail);
-        l->detail = strdup(ferry_last_error_detail());
+        l->detail = strdup(ferry_fail_message());
         l->failed = failed;
         l->rc = rc;
     }
