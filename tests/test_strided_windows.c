@@ -131,6 +131,8 @@ typedef struct pair {
     size_t n; /* pieces the buffers hold */
 } pair_t;
 
+static size_t page_round(size_t len) { return (len + 4095) / 4096 * 4096; }
+
 static pair_t *pair_new(const char *transport, size_t n)
 {
     pair_t *p = calloc(1, sizeof *p);
@@ -143,8 +145,8 @@ static pair_t *pair_new(const char *transport, size_t n)
     p->target = harness_engine_cfg(&cfg);
     snprintf(p->peer, sizeof p->peer, "%s", ferry_engine_name(p->target));
     p->n = n;
-    p->src = aligned_alloc(4096, n * LEN);
-    p->dst = aligned_alloc(4096, n * RSTRIDE);
+    p->src = aligned_alloc(4096, page_round(n * LEN));
+    p->dst = aligned_alloc(4096, page_round(n * RSTRIDE));
     assert_non_null(p->src);
     assert_non_null(p->dst);
     harness_fill(p->src, n * LEN, 21);
