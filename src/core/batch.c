@@ -611,9 +611,9 @@ long ferry_batch_submit_checked(ferry_batch_t *b, const char *peer, const ferry_
 /* ------------------------------------------------------- strided lanes
  *
  * A strided submit's n requests get their slots at once (the batch's own
- * memory, sized by its capacity), but their pieces are expanded only
- * FERRY_STRIDED_WINDOW at a time by each lane: a task that a worker runs
- * window after window on one connection, taking the next window in piece
+ * memory, sized by its capacity), but their pieces are expanded only a
+ * window (ferry_strided_window) at a time by each lane: a task that a
+ * worker runs window after window on one connection, taking the next in piece
  * order. The pieces of the window a lane runs are its task's pieces, so
  * cancel finds and interrupts them as any task's; the pieces of windows
  * not yet taken are settled by the lane when it reaches them (cancelled,
@@ -625,6 +625,7 @@ struct strided_job {
     int refs;                  /* lanes holding it */
     ferry_strided_t d;         /* checked; the index lists are the copies below */
     size_t first;              /* the batch slot of piece 0 */
+    size_t window;             /* pieces a window */
     uint64_t deadline;
     size_t next;               /* the first piece no lane took (b->lock) */
     int lost_rc;               /* the peer was lost: later windows fail so at once (b->lock) */
@@ -648,7 +649,7 @@ static void job_put(struct strided_job *j)
 static bool take_window_locked(ferry_batch_t *b, struct task_ext *t, struct strided_job *j)
 {
     const ferry_strided_t *d = &j->d;
-    size_t from = j->next, n = d->n - from < FERRY_STRIDED_WINDOW ? d->n - from : FERRY_STRIDED_WINDOW;
+    size_t from = j->next, n = d->n - from < j->window ? d->n - from : j->window;
     if (n == 0) return false;
     j->next += n;
     ferry_xfer_t *xs = t->task.xfers;
@@ -729,11 +730,12 @@ static void strided_lane(struct task_ext *t, void *arg)
 static size_t new_lanes(ferry_session_t *s, ferry_batch_t *b, struct strided_job *j, struct task_ext **lanes)
 {
     ferry_engine_t *e = b->engine;
-    size_t n = j->d.n, w = n < FERRY_STRIDED_WINDOW ? n : FERRY_STRIDED_WINDOW;
+    size_t n = j->d.n;
     size_t count = (size_t)(e->cfg.conns_per_peer < e->cfg.workers ? e->cfg.conns_per_peer : e->cfg.workers);
-    size_t windows = (n - 1) / FERRY_STRIDED_WINDOW + 1;
-    if (count > windows) count = windows;
     if (count > 64) count = 64;
+    size_t w = j->window = ferry_strided_window(n, count);
+    size_t windows = (n - 1) / w + 1;
+    if (count > windows) count = windows;
     for (size_t k = 0; k < count; k++) {
         ferry_xfer_t *xs = malloc(w * sizeof *xs);
         lanes[k] = xs ? ferry_task_new(s, xs, 0, batch_task_done, b) : NULL;

@@ -75,6 +75,14 @@ long ferry_batch_submit_checked(ferry_batch_t *b, const char *peer, const ferry_
  * FERRY_STRIDED_WINDOW pieces of a call are expanded at once per lane
  * (one connection each), so the memory a call holds does not grow with n. */
 #define FERRY_STRIDED_WINDOW 4096
+/* The window for n pieces (n > 0) over up to `lanes` lanes: the size
+ * above, or less, so that a small call still spreads over every lane (as a
+ * batch's pieces spread over the peer's connections). */
+static inline size_t ferry_strided_window(size_t n, size_t lanes)
+{
+    size_t w = (n + lanes - 1) / lanes;
+    return w < FERRY_STRIDED_WINDOW ? w : FERRY_STRIDED_WINDOW;
+}
 /* Piece i of checked descriptor d: its local and remote addresses. */
 static inline void ferry_strided_piece(const ferry_strided_t *d, size_t i, unsigned char **local, uint64_t *remote)
 {

@@ -195,7 +195,8 @@ static long submit_big_pieces(ferry_batch_t *b, const char *peer, const ferry_st
 
 /* ------------------------------------------------ synchronous windows
  *
- * The pieces are expanded FERRY_STRIDED_WINDOW at a time: lanes (the
+ * The pieces are expanded FERRY_STRIDED_WINDOW at a time (fewer when
+ * that leaves a lane idle): lanes (the
  * caller's thread and up to conns_per_peer - 1 workers, one connection
  * each) take the next window in piece order, expand it into their own
  * buffer and run it. While one lane waits for its window's last answers the
@@ -211,6 +212,7 @@ struct lanes {
     uint64_t deadline, t0;
     pthread_mutex_t lock;
     pthread_cond_t cond;
+    size_t window;      /* pieces a window */
     size_t next;        /* the first piece no lane took */
     size_t workers;     /* worker lanes still to end */
     bool stop;          /* a piece failed: no more windows */
@@ -255,7 +257,7 @@ static void lanes_fail(struct lanes *l, int rc, size_t failed)
 static void lane_run(struct lanes *l)
 {
     const ferry_strided_t *d = l->d;
-    size_t w = d->n < FERRY_STRIDED_WINDOW ? d->n : FERRY_STRIDED_WINDOW;
+    size_t w = l->window;
     ferry_xfer_t *xs = malloc(w * sizeof *xs);
     if (!xs) { /* the other lanes take the windows; the caller's lane reports */
         lanes_fail(l, ferry_fail(FERRY_ERR_MEMORY, "strided transfer: out of memory for a window of %zu pieces", w),
@@ -309,9 +311,10 @@ static int run_windows(ferry_engine_t *e, const char *peer, const ferry_strided_
     FERRY_STAT_ADD(&e->stats, requests, d->n);
     pthread_mutex_init(&l.lock, NULL);
     pthread_cond_init(&l.cond, NULL);
-    size_t windows = (d->n - 1) / FERRY_STRIDED_WINDOW + 1;
     size_t lanes = (size_t)e->cfg.conns_per_peer;
     if (lanes > (size_t)e->cfg.workers + 1) lanes = (size_t)e->cfg.workers + 1;
+    l.window = ferry_strided_window(d->n, lanes);
+    size_t windows = (d->n - 1) / l.window + 1;
     if (lanes > windows) lanes = windows;
     for (size_t k = 1; k < lanes; k++) {
         struct task_ext *t = ferry_task_new(l.s, NULL, 0, worker_lane_done, &l);
