@@ -259,9 +259,9 @@ static void lane_run(struct lanes *l)
     const ferry_strided_t *d = l->d;
     size_t w = l->window;
     ferry_xfer_t *xs = malloc(w * sizeof *xs);
-    if (!xs) { /* the other lanes take the windows; the caller's lane reports */
+    if (!xs) { /* the call fails, unless a piece failed too (ranked after every piece) */
         lanes_fail(l, ferry_fail(FERRY_ERR_MEMORY, "strided transfer: out of memory for a window of %zu pieces", w),
-                   l->next);
+                   d->n);
         return;
     }
     for (;;) {
