@@ -195,11 +195,10 @@ static long submit_big_pieces(ferry_batch_t *b, const char *peer, const ferry_st
 
 /* ------------------------------------------------ synchronous windows
  *
- * The pieces are expanded FERRY_STRIDED_WINDOW at a time (fewer when
- * that leaves a lane idle): lanes (the
- * caller's thread and up to conns_per_peer - 1 workers, one connection
- * each) take the next window in piece order, expand it into their own
- * buffer and run it. While one lane waits for its window's last answers the
+ * The pieces are expanded a window at a time (ferry_strided_window):
+ * lanes (the caller's thread and up to conns_per_peer - 1 workers, one
+ * connection each) take the next window in piece order, expand it into
+ * their own buffer and run it. While one lane waits for its window's last answers the
  * others keep the pipe full. After a failure no lane takes another window;
  * the failure reported is the lowest failed piece, and every window below
  * it ran, so it is the first failure, as when the pieces ran at once. */
