@@ -3,7 +3,8 @@
  * verified while the process's heap grows by a bounded amount (counted by
  * the malloc below, in builds without a sanitizer), a piece failing in a
  * later window is named by its index (sync and async), a cancel settles
- * the windows no lane took at once and lets no byte land late, and an
+ * the windows no lane took at once and lets no byte land late, so does a
+ * deadline spent on a silent link, and an
  * engine destroyed under a call of many windows ends it cleanly, as does
  * the target's destroy, and a lane's window that cannot be allocated
  * fails the call with MEMORY. */
@@ -17,8 +18,8 @@
 #include <time.h>
 
 #include "core/batch.h"
-#ifndef FERRY_STRIDED_IN_FLIGHT /* the code before windows: to see these tests fail there */
-static inline size_t ferry_strided_window(size_t n, size_t lanes) { (void)lanes; return n < 8192 ? n : 8192; }
+#ifndef FERRY_STRIDED_WINDOW /* the code before windows: to see these tests fail there */
+static inline size_t ferry_strided_window(size_t n, size_t lanes) { (void)lanes; return n < 4096 ? n : 4096; }
 #endif
 /* The window of a call of n pieces with the default config (2 connections,
  * 2 workers: 2 lanes). */
@@ -35,7 +36,7 @@ static inline size_t ferry_strided_window(size_t n, size_t lanes) { (void)lanes;
 #endif
 
 #ifdef __SANITIZE_THREAD__
-#define MILLION 200000 /* 25 windows: as many lanes' turns, at TSan's pace */
+#define MILLION 200000 /* 49 windows: as many lanes' turns, at TSan's pace */
 #else
 #define MILLION 1000000
 #endif
@@ -143,13 +144,15 @@ typedef struct pair {
 
 static size_t page_round(size_t len) { return (len + 4095) / 4096 * 4096; }
 
+static int pair_timeout_ms = 120000; /* the engines' timeout_ms */
+
 static pair_t *pair_new(const char *transport, size_t n)
 {
     pair_t *p = calloc(1, sizeof *p);
     ferry_config_t cfg;
     ferry_config_init(&cfg);
     cfg.transport = transport;
-    cfg.timeout_ms = 120000;
+    cfg.timeout_ms = pair_timeout_ms;
     cfg.connect_timeout_ms = 5000;
     p->initiator = harness_engine_cfg(&cfg);
     p->target = harness_engine_cfg(&cfg);
@@ -273,7 +276,7 @@ static void million_pieces_shm(void **state)
 /* -------------------------------------- a failure in a later window */
 
 #define LATER 100000
-#define BAD 70001 /* in window 9 of 13 */
+#define BAD 70001 /* in window 18 of 25 */
 
 /* Piece BAD goes to a page the target deregistered after the initiator
  * learnt its table: the bounds check (from the cached table) passes, and
@@ -341,7 +344,7 @@ static void later_window_failure(void **state)
 
 /* ---------------------------------------------------------- cancel */
 
-#define CANCEL_N 60000 /* 8 windows */
+#define CANCEL_N 60000 /* 15 windows */
 
 /* Over a slow link: a cancel of one request in the last window (no lane
  * took it) ends it at once; a cancel of the batch then ends every request
@@ -388,6 +391,76 @@ static void cancel_across_windows(void **state)
     }
     print_message("cancelled %zu of %d pieces\n", cancelled, CANCEL_N);
     assert_true(cancelled > 0);
+    assert_int_equal(ferry_batch_free(b), 0);
+    free(ridx);
+    pair_free(p);
+    proxy_stop(px);
+}
+
+/* -------------------------------------------------------- deadline */
+
+/* Opens the session's connections through px (a call of two windows, one
+ * a lane, so mostly both connections) and holds them: what they carry from
+ * now on arrives only on release, late. */
+static void warm_and_hold(pair_t *p, proxy_t *px, const uint64_t *ridx)
+{
+    ferry_strided_t d = strided(p, FERRY_OP_WRITE, ridx, 64);
+    assert_int_equal(ferry_strided_transfer_sync(p->initiator, proxy_name(px), &d), 0);
+    proxy_hold(px, true);
+}
+
+/* After the call ended, clears the target's slots, lets the held bytes
+ * through and writes slot 0 behind them: no byte of the call may land. */
+static void assert_nothing_lands_late(pair_t *p, proxy_t *px, const char *what)
+{
+    memset(p->dst, 0, (size_t)CANCEL_N * RSTRIDE);
+    proxy_hold(px, false);
+    struct timespec pause = {0, 300 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    ferry_strided_t probe = strided(p, FERRY_OP_WRITE, NULL, 1);
+    assert_int_equal(ferry_strided_transfer_sync(p->initiator, proxy_name(px), &probe), 0);
+    if (!is_zero(p->dst + RSTRIDE, (size_t)(CANCEL_N - 1) * RSTRIDE))
+        fail_msg("%s: bytes of the timed-out call landed after it returned", what);
+}
+
+/* Deadlines over many windows, the link gone silent mid-call (its bytes
+ * held, delivered late): the sync call ends TIMEOUT naming a piece; the
+ * async requests end COMPLETED or TIMEOUT (the windows no lane took at
+ * once, once the shared deadline is spent); nothing lands after. */
+static void deadline_across_windows(void **state)
+{
+    (void)state;
+    pair_timeout_ms = 600;
+    pair_t *p = pair_new("tcp", CANCEL_N);
+    pair_timeout_ms = 120000;
+    proxy_t *px = proxy_start("127.0.0.1", ferry_engine_port(p->target), &(proxy_opts_t){0});
+    assert_non_null(px);
+    uint64_t *ridx = page_table(CANCEL_N);
+
+    warm_and_hold(p, px, ridx);
+    ferry_strided_t d = strided(p, FERRY_OP_WRITE, ridx, CANCEL_N);
+    int rc = ferry_strided_transfer_sync(p->initiator, proxy_name(px), &d);
+    print_message("sync over a silent link: %s\n", ferry_last_error_detail());
+    assert_int_equal(rc, FERRY_ERR_TIMEOUT);
+    assert_detail_contains(" of 60000: ");
+    assert_nothing_lands_late(p, px, "sync");
+
+    warm_and_hold(p, px, ridx);
+    ferry_batch_t *b;
+    assert_int_equal(ferry_batch_alloc(p->initiator, CANCEL_N, &b), 0);
+    assert_int_equal(ferry_batch_submit_strided(b, proxy_name(px), &d, 600), 0);
+    assert_int_equal(ferry_batch_wait(b, 60000), FERRY_ERR_TIMEOUT);
+    size_t timed_out = 0;
+    for (size_t i = 0; i < CANCEL_N; i++) {
+        ferry_status_t st;
+        assert_int_equal(ferry_batch_status(b, i, &st), 0);
+        if (st.state == FERRY_STATUS_TIMEOUT) timed_out++;
+        else if (st.state != FERRY_STATUS_COMPLETED) fail_msg("request %zu ended %d (%s)", i, st.state,
+                                                              ferry_error_name(st.code));
+    }
+    print_message("async over a silent link: %zu of %d timed out\n", timed_out, CANCEL_N);
+    assert_true(timed_out > 0);
+    assert_nothing_lands_late(p, px, "async");
     assert_int_equal(ferry_batch_free(b), 0);
     free(ridx);
     pair_free(p);
@@ -501,7 +574,7 @@ static void window_out_of_memory(void **state)
     assert_int_equal(ferry_batch_alloc(p->initiator, LATER, &b), 0);
     atomic_store(&heap_fail_size, WINDOW(LATER) * sizeof(ferry_xfer_t));
     assert_int_equal(ferry_strided_transfer_sync(p->initiator, p->peer, &d), FERRY_ERR_MEMORY);
-    assert_detail_contains("out of memory for a window of 8192 pieces");
+    assert_detail_contains("out of memory for a window of 4096 pieces");
     assert_int_equal(ferry_batch_submit_strided(b, p->peer, &d, 0), FERRY_ERR_MEMORY);
     assert_detail_contains("out of memory");
     ferry_status_t st;
@@ -522,6 +595,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(million_pieces_tcp),    cmocka_unit_test(million_pieces_shm),
         cmocka_unit_test(later_window_failure),  cmocka_unit_test(cancel_across_windows),
+        cmocka_unit_test(deadline_across_windows),
         cmocka_unit_test(destroy_under_windows), cmocka_unit_test(target_destroyed_under_windows),
         cmocka_unit_test(window_out_of_memory),
     };

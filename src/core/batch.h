@@ -71,23 +71,20 @@ ferry_engine_t *ferry_batch_engine(const ferry_batch_t *b);
 long ferry_batch_submit_checked(ferry_batch_t *b, const char *peer, const ferry_request_t *reqs, size_t n,
                                 int timeout_ms);
 
-/* Strided descriptors run window by window (strided.c, batch.c): a call
- * expands at most FERRY_STRIDED_IN_FLIGHT of its pieces at once, shared by
- * its lanes (one connection each), so the memory it holds does not grow
- * with n. A lane waits for its window's last answers before it takes the
- * next (while the other lanes keep the pipe full): the larger the window,
- * the rarer that wait, hence one lane gets them all. */
-#define FERRY_STRIDED_IN_FLIGHT 16384
-#define FERRY_STRIDED_WINDOW_MIN 2048 /* with many lanes */
-/* The window for n pieces (n > 0) over up to `lanes` lanes: the share of
- * FERRY_STRIDED_IN_FLIGHT, or less, so that a small call still spreads
- * over every lane (as a batch's pieces spread over the peer's
- * connections). */
+/* Strided descriptors run window by window (strided.c, batch.c): each
+ * lane (one connection) expands at most FERRY_STRIDED_WINDOW pieces at
+ * once, so the memory a call holds does not grow with n. No more: when a
+ * link goes silent under a window, its pieces are in doubt and fenced one
+ * id each, and the target remembers at most FERRY_CANCEL_CONN_MAX of them
+ * for that connection; a larger window could not be confirmed. */
+#define FERRY_STRIDED_WINDOW FERRY_CANCEL_CONN_MAX
+/* The window for n pieces (n > 0) over up to `lanes` lanes: the size
+ * above, or less, so that a small call still spreads over every lane (as a
+ * batch's pieces spread over the peer's connections). */
 static inline size_t ferry_strided_window(size_t n, size_t lanes)
 {
-    size_t w = (n + lanes - 1) / lanes, cap = FERRY_STRIDED_IN_FLIGHT / lanes;
-    if (cap < FERRY_STRIDED_WINDOW_MIN) cap = FERRY_STRIDED_WINDOW_MIN;
-    return w < cap ? w : cap;
+    size_t w = (n + lanes - 1) / lanes;
+    return w < FERRY_STRIDED_WINDOW ? w : FERRY_STRIDED_WINDOW;
 }
 /* Piece i of checked descriptor d: its local and remote addresses. */
 static inline void ferry_strided_piece(const ferry_strided_t *d, size_t i, unsigned char **local, uint64_t *remote)

@@ -22,7 +22,7 @@ PIECE = 512
 PIECES = 300
 SIZE = PIECE * PIECES
 SMALL = 16     # bytes a piece of the many-windows case
-MANY = 50000   # its pieces: 7 windows
+MANY = 50000   # its pieces: 13 windows
 
 
 class TestDetect(unittest.TestCase):
@@ -60,7 +60,7 @@ class TestStridedTransfer(unittest.TestCase):
         cls.src_addr = cls.p.engine.register(cls.src)
         cls.dst_addr = cls.d.engine.register(cls.dst)
         cls.sid = cls.d.get_session_id()
-        # Many small pieces: several windows (8,192 pieces each with 2 lanes).
+        # Many small pieces: several windows (4,096 pieces each).
         cls.small_src = mmap.mmap(-1, MANY * SMALL)
         cls.small_dst = mmap.mmap(-1, MANY * SMALL * 2)
         cls.small_src_addr = cls.p.engine.register(cls.small_src)
