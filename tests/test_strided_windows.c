@@ -1,13 +1,13 @@
 /* Strided descriptors of many pieces run window by window (strided.c,
  * batch.c "strided lanes"): a million small pieces over tcp and shm land
  * verified while the process's heap grows by a bounded amount (counted by
- * the malloc below, in builds without a sanitizer), a piece failing in a
- * later window is named by its index (sync and async), a cancel settles
- * the windows no lane took at once and lets no byte land late, so does a
- * deadline spent on a silent link, and an
- * engine destroyed under a call of many windows ends it cleanly, as does
- * the target's destroy, and a lane's window that cannot be allocated
- * fails the call with MEMORY. */
+ * the malloc below, or the sanitizer's allocation hooks); a piece failing
+ * in a later window is named by its index (sync and async); a cancel
+ * settles the windows no lane took at once and lets no byte land late, and
+ * so does a deadline spent on a silent link; the initiator or the target
+ * destroyed under a call of many windows ends it cleanly; a lane's window
+ * that cannot be allocated fails the call with MEMORY; 8 MiB pieces still
+ * go striped. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -45,18 +45,10 @@ static inline size_t ferry_strided_window(size_t n, size_t lanes) { (void)lanes;
 
 /* ------------------------------------------------ heap bytes in use */
 
-#ifndef SANITIZED
-/* The process's heap bytes in use and their peak since reset, from
- * malloc's usable sizes (glibc's allocator underneath). */
-#include <malloc.h>
-extern void *__libc_malloc(size_t n);
-extern void *__libc_calloc(size_t n, size_t size);
-extern void *__libc_realloc(void *p, size_t n);
-extern void *__libc_memalign(size_t align, size_t n);
-extern void __libc_free(void *p);
-
+/* The process's heap bytes in use and their peak since heap_reset: counted
+ * by this test's malloc (glibc's allocator underneath, its usable sizes),
+ * or under a sanitizer by the sanitizer's allocation hooks. */
 static _Atomic long long heap_live, heap_peak;
-static _Atomic size_t heap_fail_size; /* an allocation of exactly this many bytes fails (0: none) */
 
 static void heap_note(long long delta)
 {
@@ -64,6 +56,16 @@ static void heap_note(long long delta)
     long long p = atomic_load(&heap_peak);
     while (v > p && !atomic_compare_exchange_weak(&heap_peak, &p, v)) {}
 }
+
+#ifndef SANITIZED
+#include <malloc.h>
+extern void *__libc_malloc(size_t n);
+extern void *__libc_calloc(size_t n, size_t size);
+extern void *__libc_realloc(void *p, size_t n);
+extern void *__libc_memalign(size_t align, size_t n);
+extern void __libc_free(void *p);
+
+static _Atomic size_t heap_fail_size; /* an allocation of exactly this many bytes fails (0: none) */
 
 static void *counted(void *p)
 {
@@ -103,6 +105,27 @@ int posix_memalign(void **out, size_t align, size_t n)
     return 0;
 }
 
+static void heap_count_start(void) {}
+#else
+/* sanitizer/allocator_interface.h (not shipped with gcc) */
+int __sanitizer_install_malloc_and_free_hooks(void (*on_malloc)(const volatile void *p, size_t n),
+                                              void (*on_free)(const volatile void *p));
+size_t __sanitizer_get_allocated_size(const volatile void *p);
+
+static void on_malloc(const volatile void *p, size_t n)
+{
+    (void)p;
+    heap_note((long long)n);
+}
+
+static void on_free(const volatile void *p)
+{
+    if (p) heap_note(-(long long)__sanitizer_get_allocated_size(p));
+}
+
+static void heap_count_start(void) { __sanitizer_install_malloc_and_free_hooks(on_malloc, on_free); }
+#endif
+
 static long long heap_reset(void)
 {
     long long v = atomic_load(&heap_live);
@@ -118,15 +141,6 @@ static void heap_assert_growth(long long base, long long bound, const char *what
                   (double)grew / 1048576.0, (double)bound / 1048576.0);
     if (grew > bound) fail_msg("%s: the heap grew by %lld bytes, over the bound of %lld", what, grew, bound);
 }
-#else
-static long long heap_reset(void) { return 0; }
-static void heap_assert_growth(long long base, long long bound, const char *what)
-{
-    (void)base;
-    (void)bound;
-    print_message("%s: heap not counted under a sanitizer\n", what);
-}
-#endif
 
 /* The bound on what one call may add to the heap besides copied index
  * lists: the lanes' windows and frames, both engines' working sets. The
@@ -638,6 +652,7 @@ static void big_pieces(void **state)
 
 int main(void)
 {
+    heap_count_start();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(million_pieces_tcp),    cmocka_unit_test(million_pieces_shm),
         cmocka_unit_test(later_window_failure),  cmocka_unit_test(cancel_across_windows),
