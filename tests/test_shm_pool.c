@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -25,7 +26,7 @@
 /* The writable pool's size in the next child started. */
 static size_t child_pool = POOL;
 
-enum { CMD_QUIT = 0, CMD_CHECK, CMD_FILL, CMD_DEREG_WATCH, CMD_PLACED, CMD_CHECK_RO };
+enum { CMD_QUIT = 0, CMD_CHECK, CMD_FILL, CMD_DEREG_WATCH, CMD_PLACED, CMD_CHECK_RO, CMD_DEREG_SNAP, CMD_SAME };
 
 struct cmd {
     int op;
@@ -70,7 +71,7 @@ static void child_main(int in, int out, uint16_t port)
     r.addr_ro = (uint64_t)(uintptr_t)buf_ro;
     r.pid = (int32_t)getpid();
     if (write(out, &r, sizeof r) != sizeof r) _exit(1);
-    unsigned char *b = buf;
+    unsigned char *b = buf, *snap = NULL;
     struct cmd c;
     while (read(in, &c, sizeof c) == sizeof c && c.op != CMD_QUIT) {
         struct reply a = {0};
@@ -84,6 +85,12 @@ static void child_main(int in, int out, uint16_t port)
             a.value = st.bytes_placed + st.bytes_served; /* what cross-memory attach moved */
             break;
         }
+        case CMD_DEREG_SNAP: /* deregisters, keeps a copy of the pool as it is then */
+            a.rc = ferry_deregister(e, b);
+            snap = malloc(child_pool);
+            memcpy(snap, b, child_pool);
+            break;
+        case CMD_SAME: a.rc = snap && memcmp(snap, b, child_pool) == 0 ? 0 : 1; break;
         case CMD_DEREG_WATCH: {
             /* After ferry_deregister returns, no byte of the pool changes. */
             a.rc = ferry_deregister(e, b);
@@ -98,6 +105,7 @@ static void child_main(int in, int out, uint16_t port)
         }
         if (write(out, &a, sizeof a) != sizeof a) break;
     }
+    free(snap);
     ferry_pool_destroy(p);
     ferry_pool_destroy(ro);
     ferry_engine_destroy(e);
@@ -315,6 +323,7 @@ struct big_writer {
     unsigned char *src;
     size_t len;
     int rc;
+    char detail[512]; /* the writer thread's ferry_last_error_detail */
     atomic_bool done;
 };
 
@@ -322,6 +331,7 @@ static void *big_writer_main(void *arg)
 {
     struct big_writer *w = arg;
     w->rc = ferry_transfer_sync(w->e, w->peer, FERRY_OP_WRITE, w->src, w->addr, w->len);
+    snprintf(w->detail, sizeof w->detail, "%s", w->rc ? ferry_last_error_detail() : "");
     atomic_store(&w->done, true);
     return NULL;
 }
@@ -338,9 +348,10 @@ static unsigned char child_byte(pid_t pid, uint64_t addr)
 /* The target is killed (SIGKILL) while a large write is being copied into
  * its mapped pool: the write must not report success, although the copy
  * itself goes on into the dead process's memfd (the mapping outlives it).
- * A trial counts when the target was stopped (then killed) after the first
- * byte landed and before the last. (Before the owner's confirmation, 10 of 10 such writes
- * reported COMPLETED.) */
+ * A trial counts when the target was stopped (then killed and reaped)
+ * after the first byte landed and before the last. (Before the owner's
+ * confirmation, 10 of 10 such writes reported COMPLETED.) The stalled
+ * copies below make the same case deterministic. */
 static void killed_owner_write_never_completes(void **state)
 {
     (void)state;
@@ -368,8 +379,8 @@ static void killed_owner_write_never_completes(void **state)
         assert_int_equal(pthread_create(&t, NULL, big_writer_main, &w), 0);
         while (!atomic_load(&w.done) && child_byte(pid, addr) != 0xa5) {
         }
-        /* Stopped, the target answers nothing more; if the copy has not
-         * reached its last byte yet, nothing was asked of it either. */
+        /* Stopped, then killed: if the copy has not reached its last byte
+         * by then, the owner is dead before the copy ends. */
         kill(pid, SIGSTOP);
         bool midway = !atomic_load(&w.done) && child_byte(pid, addr + big - 1) != 0x5a;
         child_stop(c, true);
@@ -383,6 +394,150 @@ static void killed_owner_write_never_completes(void **state)
         free(src);
     }
     assert_true(conclusive);
+}
+
+/* A copy that stalls where the test wants: the last page of the writer's
+ * source is made inaccessible, so the writer's memcpy into the mapped pool
+ * faults there and waits in the SIGSEGV handler until the test, having
+ * killed or changed the owner meanwhile, makes the page readable again;
+ * the copy then resumes where it stopped. */
+static struct {
+    unsigned char *page;
+    size_t size;
+    atomic_int stalled, resume;
+} stall;
+
+static void stall_handler(int sig, siginfo_t *si, void *ctx)
+{
+    (void)sig, (void)ctx;
+    unsigned char *a = si->si_addr;
+    if (a < stall.page || a >= stall.page + stall.size) {
+        signal(SIGSEGV, SIG_DFL); /* not ours: fault again, and die */
+        return;
+    }
+    atomic_store(&stall.stalled, 1);
+    while (!atomic_load(&stall.resume)) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Starts a write of len bytes from src (mmap'd, registered) to addr whose
+ * copy stalls at src's last page; returns once it stalled. */
+static void stalled_write_start(struct big_writer *w, pthread_t *t)
+{
+    stall.size = (size_t)sysconf(_SC_PAGESIZE);
+    stall.page = w->src + w->len - stall.size;
+    atomic_store(&stall.stalled, 0);
+    atomic_store(&stall.resume, 0);
+    struct sigaction sa = {.sa_sigaction = stall_handler, .sa_flags = SA_SIGINFO};
+    sigemptyset(&sa.sa_mask);
+    assert_int_equal(sigaction(SIGSEGV, &sa, NULL), 0);
+    assert_int_equal(mprotect(stall.page, stall.size, PROT_NONE), 0);
+    assert_int_equal(pthread_create(t, NULL, big_writer_main, w), 0);
+    uint64_t until = harness_now_ms() + 20000;
+    while (!atomic_load(&stall.stalled) && !atomic_load(&w->done) && harness_now_ms() < until) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    assert_false(atomic_load(&w->done)); /* it must have stalled, not finished */
+    assert_true(atomic_load(&stall.stalled));
+}
+
+/* Lets the stalled copy go on and waits for the write's outcome. */
+static int stalled_write_finish(struct big_writer *w, pthread_t t)
+{
+    assert_int_equal(mprotect(stall.page, stall.size, PROT_READ | PROT_WRITE), 0);
+    atomic_store(&stall.resume, 1);
+    pthread_join(t, NULL);
+    signal(SIGSEGV, SIG_DFL);
+    return w->rc;
+}
+
+/* A writer whose 1 MiB source is mmap'd, registered and filled, and
+ * already mapped to the child's pool (a first small write), so the write
+ * copies through the mapping at once. */
+static void mapped_writer(struct big_writer *w, ferry_engine_t *e, child_t *c, uint64_t seed)
+{
+    *w = (struct big_writer){.e = e, .addr = c->addr, .len = 1u << 20};
+    snprintf(w->peer, sizeof w->peer, "%s", c->peer);
+    w->src = mmap(NULL, w->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(w->src != MAP_FAILED);
+    assert_int_equal(ferry_register(e, w->src, w->len, FERRY_MEM_LOCAL), 0);
+    harness_fill(w->src, w->len, seed);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, w->src, c->addr, 4096), 0);
+}
+
+/* The owner is killed (and reaped) while a write into its mapped pool is
+ * copying: the write fails PEER_CLOSED, not success and not a hang, both
+ * when the initiator checks the owner's pidfd after its copies and when it
+ * asks the owner (FERRY_SHM_CONFIRM=1, as without pidfd_open). */
+static void killed_owner_mid_copy(bool confirm)
+{
+    if (confirm) setenv("FERRY_SHM_CONFIRM", "1", 1);
+    child_t *c = child_start(0);
+    ferry_engine_t *e = initiator();
+    struct big_writer w;
+    mapped_writer(&w, e, c, 71);
+    pthread_t t;
+    stalled_write_start(&w, &t);
+    child_stop(c, true); /* SIGKILL, waitpid: gone before the copy ends */
+    int rc = stalled_write_finish(&w, t);
+    printf("# %s: the write returned %d: %s\n", confirm ? "confirmed by the owner" : "pidfd", rc, w.detail);
+    assert_int_equal(rc, FERRY_ERR_PEER_CLOSED);
+    ferry_engine_destroy(e);
+    munmap(w.src, w.len);
+    if (confirm) unsetenv("FERRY_SHM_CONFIRM");
+}
+
+static void killed_owner_mid_copy_is_an_error(void **state)
+{
+    (void)state;
+    killed_owner_mid_copy(false);
+    killed_owner_mid_copy(true);
+}
+
+/* The owner deregisters its pool while a write into the mapping is
+ * copying: the copy does not count (the control header says revoked after
+ * it), the piece goes again by cross-memory attach, and the owner refuses
+ * it: the write fails ADDRESS_NOT_REGISTERED naming the range, and the
+ * owner's memory does not change after its deregistration returned (what
+ * was copied before it is there, the rest went to the memfd nobody maps
+ * for the owner any more). Then a write to the same range fails the same
+ * way without a copy. */
+static void deregistered_mid_copy(bool confirm)
+{
+    if (confirm) setenv("FERRY_SHM_CONFIRM", "1", 1);
+    child_t *c = child_start(0);
+    ferry_engine_t *e = initiator();
+    struct big_writer w;
+    mapped_writer(&w, e, c, 72);
+    pthread_t t;
+    stalled_write_start(&w, &t);
+    assert_int_equal(child_do(c, CMD_DEREG_SNAP, 0, 0, 0), 0);
+    int rc = stalled_write_finish(&w, t);
+    const char *detail = w.detail;
+    printf("# %s: the write returned %d: %s\n", confirm ? "confirmed by the owner" : "control header", rc, detail);
+    assert_int_equal(rc, FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    char range[32];
+    snprintf(range, sizeof range, "%llx", (unsigned long long)c->addr);
+    assert_non_null(strstr(detail, range));
+    assert_int_equal(child_do(c, CMD_SAME, 0, 0, 0), 0);
+    assert_int_equal(placed(c), 0);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, w.src, c->addr, w.len),
+                     FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    assert_int_equal(child_do(c, CMD_SAME, 0, 0, 0), 0);
+    ferry_engine_destroy(e);
+    munmap(w.src, w.len);
+    child_stop(c, false);
+    if (confirm) unsetenv("FERRY_SHM_CONFIRM");
+}
+
+static void deregistered_mid_copy_fails(void **state)
+{
+    (void)state;
+    deregistered_mid_copy(false);
+    deregistered_mid_copy(true);
 }
 
 static void fallback_when_mapping_is_off(void **state)
@@ -419,6 +574,8 @@ int main(void)
         cmocka_unit_test(deregister_while_writing),
         cmocka_unit_test(peer_restart_drops_mappings),
         cmocka_unit_test(killed_owner_write_never_completes),
+        cmocka_unit_test(killed_owner_mid_copy_is_an_error),
+        cmocka_unit_test(deregistered_mid_copy_fails),
         cmocka_unit_test(fallback_when_mapping_is_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

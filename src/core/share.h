@@ -14,13 +14,18 @@
  *    and the owner waits for no peer;
  *  - the header's memfd is sealed F_SEAL_FUTURE_WRITE: only the owner's
  *    own mapping writes it; no peer can set a revoked pool live again;
- *  - an initiator reports a mapped copy complete only after the owner
- *    confirmed, over the connection, that the region is still registered
- *    at the generation the copy began under: an owner killed during the
- *    copy answers nothing (its pages took the bytes, its threads run no
- *    more), one that deregistered answers no.
- * The header is a hint for cooperating initiators (stop copying into a
- * revoked pool early). */
+ *  - deregistration and destruction mark the header REVOKED (for good)
+ *    and fence (ferry_share_revoke) before the detach copies the bytes
+ *    over or the pool is unmapped.
+ * What the initiator relies on (transport/shm_pool.c, "when mapped copies
+ * count"): after its copies and a seq_cst fence, a header that says LIVE
+ * at the copies' generation means the revoke had not happened when the
+ * copies ended, so the owner's range holds their bytes (the detach carries
+ * them over); with the owner's pidfd not yet readable, the owner was alive
+ * then. Otherwise the copies do not count. Where the initiator has no
+ * pidfd, the owner confirms over the connection instead (a killed owner
+ * answers nothing, one that deregistered answers no). The header is only
+ * ever the owner's word about its own memory: a peer gains nothing by it. */
 #ifndef FERRY_SHARE_H
 #define FERRY_SHARE_H
 
