@@ -143,7 +143,7 @@ void ferry_share_revoke(ferry_share_ctl_t *ctl)
      * an initiator that reads LIVE after its copies and its own fence then
      * has its bytes seen by that copy (share.h). A seq_cst store alone
      * does not order later plain loads on every architecture. */
-    atomic_thread_fence(memory_order_seq_cst);
+    ferry_share_fence();
 }
 
 int ferry_share_detach(void *base, size_t len, int fd, uint64_t off)

@@ -58,8 +58,26 @@ typedef struct ferry_share {
     int ctl_fd;             /* the control header's memfd */
 } ferry_share_t;
 
-/* Marks the header revoked (a hint to cooperating peers; no waiting). */
+/* Marks the header revoked for good, then fences (ferry_share_fence):
+ * what the owner reads of the pool afterwards (the detach's copy) sees
+ * every byte an initiator copied before it read the header LIVE. No
+ * waiting for any peer. */
 void ferry_share_revoke(ferry_share_ctl_t *ctl);
+
+/* A full (seq_cst) fence: the plain stores and loads before it are
+ * ordered before the loads after it, on both sides of the store-buffering
+ * argument above. GCC refuses atomic_thread_fence under -fsanitize=thread
+ * (TSan does not model fences); there a seq_cst read-modify-write, a full
+ * barrier on x86 and arm64 too, takes its place. */
+static inline void ferry_share_fence(void)
+{
+#if defined(__SANITIZE_THREAD__)
+    static _Atomic unsigned ferry_share_fence_word;
+    atomic_fetch_add(&ferry_share_fence_word, 0);
+#else
+    atomic_thread_fence(memory_order_seq_cst);
+#endif
+}
 /* Moves [base, base+len) onto private anonymous pages with the same bytes
  * (mremap over the shared mapping): from then on no peer's mapping aliases
  * the owner's memory. Then frees the memfd's pages [off, off+len) of fd

@@ -182,11 +182,19 @@ struct shm_map {
     struct shm_map *next;
 };
 
+/* Bytes copied through a mapping in this call, not yet counted. */
+struct mapped {
+    uint64_t n;        /* 0: nothing copied for this piece, or settled */
+    struct shm_map *m; /* the mapping they went through: kept until settled */
+};
+
 struct shm_icache {
     int state;                /* 0 unchecked, 1 the target pid verified, -1 mapping off */
     int pidfd;                /* the verified target, -1 if pidfd_open is missing */
     struct shm_map *maps;
     size_t nmaps;
+    struct mapped *mp;        /* a call's copies to settle (shm_map_pass), all zero between calls */
+    size_t mp_cap;
 };
 
 static void map_free(struct shm_map *m)
@@ -205,6 +213,7 @@ static void icache_free(void *p)
         map_free(m);
     }
     if (ic->pidfd >= 0) close(ic->pidfd);
+    free(ic->mp);
     free(ic);
 }
 
@@ -493,12 +502,6 @@ static struct shm_map *map_fetch(ferry_conn_t *c, struct shm_icache *ic, ferry_x
  * only while its threads run and while the region is registered at the
  * copies' generation. */
 
-/* Bytes copied through a mapping in this call, not yet counted. */
-struct mapped {
-    uint64_t n;        /* 0: nothing copied for this piece, or settled */
-    struct shm_map *m; /* the mapping they went through: kept until settled */
-};
-
 static void count_copied(ferry_xfer_t *x, uint64_t n)
 {
     x->done += n;
@@ -569,7 +572,7 @@ static int settle(ferry_conn_t *c, struct shm_icache *ic, ferry_xfer_t *xs, size
     if (*pending == 0) return 0;
     *pending = 0;
     if (ic->pidfd < 0) return confirm_by_owner(c, ic, xs, nx, mp, broken);
-    atomic_thread_fence(memory_order_seq_cst); /* the copies, then the header and the pidfd */
+    ferry_share_fence(); /* the copies, then the header and the pidfd */
     if (shm_pidfd_exited(ic->pidfd)) {
         uint64_t bytes = 0;
         for (size_t i = 0; i < nx; i++) bytes += mp[i].n;
@@ -589,6 +592,21 @@ static int settle(ferry_conn_t *c, struct shm_icache *ic, ferry_xfer_t *xs, size
         mp[i].n = 0;
     }
     return 0;
+}
+
+/* The connection's array of a call's copies to settle, for nx pieces (kept
+ * from call to call: no allocation, no clearing, once it is large enough;
+ * settle leaves it zero). NULL when out of memory. */
+static struct mapped *copies_to_settle(struct shm_icache *ic, size_t nx)
+{
+    if (ic->mp_cap < nx) {
+        struct mapped *mp = calloc(nx, sizeof *mp);
+        if (!mp) return NULL;
+        free(ic->mp);
+        ic->mp = mp;
+        ic->mp_cap = nx;
+    }
+    return ic->mp;
 }
 
 /* Copies what it can of each piece through a mapping; the rest stays for
@@ -657,7 +675,7 @@ int shm_map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
         if ((m->flags & need) != need || left > m->addr + m->len - at ||
             (x->generation && x->generation != m->generation))
             continue; /* cross-memory attach: the target names the error */
-        if (!mp && !(mp = calloc(nx, sizeof *mp))) break;
+        if (!mp && !(mp = copies_to_settle(ic, nx))) break;
         uint64_t copied = 0;
         while (ferry_piece_sendable(x, x->done + copied)) {
             uint64_t off = x->done + copied;
@@ -677,6 +695,6 @@ int shm_map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
     }
     if (rc == 0 && mp) rc = settle(c, ic, xs, nx, mp, &pending, broken);
     if (rc == 0 && ic->state > 0) drop_revoked(ic);
-    free(mp);
+    if (rc && mp) memset(mp, 0, nx * sizeof *mp); /* what a failure left unsettled */
     return rc;
 }
