@@ -23,6 +23,7 @@
 #include <ferry/pool.h>
 
 #define POOL (8u << 20)
+#define POOL2 (1u << 20)
 /* The writable pool's size in the next child started. */
 static size_t child_pool = POOL;
 
@@ -36,7 +37,7 @@ struct cmd {
 struct reply {
     int rc;
     uint16_t port;
-    uint64_t addr, addr_ro, value;
+    uint64_t addr, addr_ro, addr2, value;
     int32_t pid;
 };
 
@@ -45,7 +46,7 @@ typedef struct child {
     int to, from;
     uint16_t port;
     char peer[64];
-    uint64_t addr, addr_ro;
+    uint64_t addr, addr_ro, addr2; /* the writable pool, the read-only one, a second writable one */
 } child_t;
 
 static void child_main(int in, int out, uint16_t port)
@@ -55,20 +56,23 @@ static void child_main(int in, int out, uint16_t port)
     cfg.timeout_ms = 10000;
     cfg.port = port;
     ferry_engine_t *e = NULL;
-    ferry_pool_t *p = NULL, *ro = NULL;
-    void *buf = NULL, *buf_ro = NULL;
+    ferry_pool_t *p = NULL, *ro = NULL, *p2 = NULL;
+    void *buf = NULL, *buf_ro = NULL, *buf2 = NULL;
     struct reply r = {0};
     r.rc = ferry_engine_create(&cfg, &e);
     if (r.rc == 0) r.rc = ferry_pool_create_shared(e, child_pool, FERRY_MEM_REMOTE, &p);
     if (r.rc == 0) r.rc = ferry_pool_create_shared(e, POOL, FERRY_MEM_REMOTE_READ, &ro);
     if (r.rc == 0) r.rc = ferry_pool_alloc(p, child_pool, &buf);
     if (r.rc == 0) r.rc = ferry_pool_alloc(ro, POOL, &buf_ro);
+    if (r.rc == 0) r.rc = ferry_pool_create_shared(e, POOL2, FERRY_MEM_REMOTE, &p2);
+    if (r.rc == 0) r.rc = ferry_pool_alloc(p2, POOL2, &buf2);
     if (r.rc == 0) {
         harness_fill(buf_ro, POOL, 11);
         r.port = ferry_engine_port(e);
     }
     r.addr = (uint64_t)(uintptr_t)buf;
     r.addr_ro = (uint64_t)(uintptr_t)buf_ro;
+    r.addr2 = (uint64_t)(uintptr_t)buf2;
     r.pid = (int32_t)getpid();
     if (write(out, &r, sizeof r) != sizeof r) _exit(1);
     unsigned char *b = buf, *snap = NULL;
@@ -108,6 +112,7 @@ static void child_main(int in, int out, uint16_t port)
     free(snap);
     ferry_pool_destroy(p);
     ferry_pool_destroy(ro);
+    ferry_pool_destroy(p2);
     ferry_engine_destroy(e);
     _exit(0);
 }
@@ -137,6 +142,7 @@ static child_t *child_start(uint16_t port)
     snprintf(c->peer, sizeof c->peer, "127.0.0.1:%u", r.port);
     c->addr = r.addr;
     c->addr_ro = r.addr_ro;
+    c->addr2 = r.addr2;
     return c;
 }
 
@@ -422,33 +428,51 @@ static void stall_handler(int sig, siginfo_t *si, void *ctx)
     }
 }
 
-/* Starts a write of len bytes from src (mmap'd, registered) to addr whose
- * copy stalls at src's last page; returns once it stalled. */
-static void stalled_write_start(struct big_writer *w, pthread_t *t)
+/* Makes the page at page (an mmap'd source) stall the copy that reaches it. */
+static void stall_arm(unsigned char *page)
 {
     stall.size = (size_t)sysconf(_SC_PAGESIZE);
-    stall.page = w->src + w->len - stall.size;
+    stall.page = page;
     atomic_store(&stall.stalled, 0);
     atomic_store(&stall.resume, 0);
     struct sigaction sa = {.sa_sigaction = stall_handler, .sa_flags = SA_SIGINFO};
     sigemptyset(&sa.sa_mask);
     assert_int_equal(sigaction(SIGSEGV, &sa, NULL), 0);
     assert_int_equal(mprotect(stall.page, stall.size, PROT_NONE), 0);
-    assert_int_equal(pthread_create(t, NULL, big_writer_main, w), 0);
+}
+
+/* Waits until a copy stalled (not *done: it must not have finished). */
+static void stall_wait(const atomic_bool *done)
+{
     uint64_t until = harness_now_ms() + 20000;
-    while (!atomic_load(&stall.stalled) && !atomic_load(&w->done) && harness_now_ms() < until) {
+    while (!atomic_load(&stall.stalled) && !(done && atomic_load(done)) && harness_now_ms() < until) {
         struct timespec ts = {0, 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    assert_false(atomic_load(&w->done)); /* it must have stalled, not finished */
+    if (done) assert_false(atomic_load(done));
     assert_true(atomic_load(&stall.stalled));
+}
+
+/* Lets the stalled copy go on. */
+static void stall_release(void)
+{
+    assert_int_equal(mprotect(stall.page, stall.size, PROT_READ | PROT_WRITE), 0);
+    atomic_store(&stall.resume, 1);
+}
+
+/* Starts a write of len bytes from src (mmap'd, registered) to addr whose
+ * copy stalls at src's last page; returns once it stalled. */
+static void stalled_write_start(struct big_writer *w, pthread_t *t)
+{
+    stall_arm(w->src + w->len - (size_t)sysconf(_SC_PAGESIZE));
+    assert_int_equal(pthread_create(t, NULL, big_writer_main, w), 0);
+    stall_wait(&w->done);
 }
 
 /* Lets the stalled copy go on and waits for the write's outcome. */
 static int stalled_write_finish(struct big_writer *w, pthread_t t)
 {
-    assert_int_equal(mprotect(stall.page, stall.size, PROT_READ | PROT_WRITE), 0);
-    atomic_store(&stall.resume, 1);
+    stall_release();
     pthread_join(t, NULL);
     signal(SIGSEGV, SIG_DFL);
     return w->rc;
@@ -540,6 +564,69 @@ static void deregistered_mid_copy_fails(void **state)
     deregistered_mid_copy(true);
 }
 
+/* A batch whose pieces alternate between two pools of the owner, copied on
+ * one connection; the copy stalls in the last piece while the owner
+ * deregisters the first pool: each piece into it fails on its own
+ * (ADDRESS_NOT_REGISTERED: the header said revoked, and cross-memory attach
+ * was refused), each piece into the other pool completes with its bytes in
+ * place. */
+static void deregistered_mid_batch_fails_its_pieces_only(void **state)
+{
+    (void)state;
+    enum { N = 8, PIECE = 64u << 10 };
+    child_t *c = child_start(0);
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.timeout_ms = 10000;
+    cfg.connect_timeout_ms = 5000;
+    cfg.conns_per_peer = 1; /* one connection: one copy loop, one settle */
+    ferry_engine_t *e = harness_engine_cfg(&cfg);
+    unsigned char *src = mmap(NULL, N * PIECE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(src != MAP_FAILED);
+    assert_int_equal(ferry_register(e, src, N * PIECE, FERRY_MEM_LOCAL), 0);
+    harness_fill(src, N * PIECE, 73);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, 4096), 0);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr2, 4096), 0);
+    ferry_request_t reqs[N];
+    for (int i = 0; i < N; i++)
+        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, src + (size_t)i * PIECE,
+                                    (i % 2 ? c->addr2 : c->addr) + (uint64_t)(i / 2) * PIECE, PIECE};
+    ferry_batch_t *b;
+    assert_int_equal(ferry_batch_alloc(e, N, &b), 0);
+    stall_arm(src + N * PIECE - (size_t)sysconf(_SC_PAGESIZE));
+    assert_int_equal(ferry_batch_submit(b, c->peer, reqs, N, 0), 0);
+    stall_wait(NULL);
+    assert_int_equal(child_do(c, CMD_DEREG_SNAP, 0, 0, 0), 0);
+    stall_release();
+    assert_int_equal(ferry_batch_wait(b, 20000), FERRY_ERR_ADDRESS_NOT_REGISTERED); /* the first failure */
+    signal(SIGSEGV, SIG_DFL);
+    for (int i = 0; i < N; i++) {
+        ferry_status_t st;
+        assert_int_equal(ferry_batch_status(b, (size_t)i, &st), 0);
+        printf("# piece %d (%s pool): state %d, code %d\n", i, i % 2 ? "live" : "deregistered", st.state, st.code);
+        if (i % 2) {
+            assert_int_equal(st.state, FERRY_STATUS_COMPLETED);
+        } else {
+            assert_int_equal(st.state, FERRY_STATUS_FAILED);
+            assert_int_equal(st.code, FERRY_ERR_ADDRESS_NOT_REGISTERED);
+        }
+    }
+    ferry_batch_free(b);
+    assert_int_equal(child_do(c, CMD_SAME, 0, 0, 0), 0);
+    assert_int_equal(placed(c), 0);
+    /* The completed pieces are in the live pool. */
+    unsigned char *back = malloc(PIECE);
+    assert_int_equal(ferry_register(e, back, PIECE, FERRY_MEM_LOCAL), 0);
+    for (int i = 1; i < N; i += 2) {
+        assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_READ, back, reqs[i].remote, PIECE), 0);
+        assert_memory_equal(back, src + (size_t)i * PIECE, PIECE);
+    }
+    ferry_engine_destroy(e);
+    free(back);
+    munmap(src, N * PIECE);
+    child_stop(c, false);
+}
+
 static void fallback_when_mapping_is_off(void **state)
 {
     (void)state;
@@ -576,6 +663,7 @@ int main(void)
         cmocka_unit_test(killed_owner_write_never_completes),
         cmocka_unit_test(killed_owner_mid_copy_is_an_error),
         cmocka_unit_test(deregistered_mid_copy_fails),
+        cmocka_unit_test(deregistered_mid_batch_fails_its_pieces_only),
         cmocka_unit_test(fallback_when_mapping_is_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
