@@ -27,7 +27,7 @@
 /* The writable pool's size in the next child started. */
 static size_t child_pool = POOL;
 
-enum { CMD_QUIT = 0, CMD_CHECK, CMD_FILL, CMD_DEREG_WATCH, CMD_PLACED, CMD_CHECK_RO, CMD_DEREG_SNAP, CMD_SAME };
+enum { CMD_QUIT = 0, CMD_CHECK, CMD_FILL, CMD_DEREG_WATCH, CMD_PLACED, CMD_CHECK_RO, CMD_DEREG_SNAP, CMD_SAME, CMD_EXEC };
 
 struct cmd {
     int op;
@@ -95,6 +95,12 @@ static void child_main(int in, int out, uint16_t port)
             memcpy(snap, b, child_pool);
             break;
         case CMD_SAME: a.rc = snap && memcmp(snap, b, child_pool) == 0 ? 0 : 1; break;
+        case CMD_EXEC: { /* becomes another program (same pid); says "x" on out once it runs */
+            char script[64];
+            snprintf(script, sizeof script, "echo x >&%d; exec sleep 60", out);
+            execl("/bin/sh", "sh", "-c", script, (char *)NULL);
+            _exit(3);
+        }
         case CMD_DEREG_WATCH: {
             /* After ferry_deregister returns, no byte of the pool changes. */
             a.rc = ferry_deregister(e, b);
@@ -564,6 +570,42 @@ static void deregistered_mid_copy_fails(void **state)
     deregistered_mid_copy(true);
 }
 
+/* The owner execs another program while a write into its mapped pool is
+ * copying: the same pid lives on (its pidfd is not readable), but its
+ * memory, the pool's mapping with it, is gone and its close-on-exec
+ * sockets are closed: the write fails PEER_CLOSED (the connection's
+ * hang-up says so), with the pidfd and with the owner's confirmation. */
+static void owner_exec_mid_copy(bool confirm)
+{
+    if (confirm) setenv("FERRY_SHM_CONFIRM", "1", 1);
+    child_t *c = child_start(0);
+    ferry_engine_t *e = initiator();
+    struct big_writer w;
+    mapped_writer(&w, e, c, 74);
+    pthread_t t;
+    stalled_write_start(&w, &t);
+    struct cmd m = {CMD_EXEC, 0, 0, 0};
+    assert_int_equal(write(c->to, &m, sizeof m), sizeof m);
+    char said[2];
+    assert_int_equal(read(c->from, said, sizeof said), 2); /* the new program runs: the exec is complete */
+    assert_int_equal(said[0], 'x');
+    int rc = stalled_write_finish(&w, t);
+    printf("# %s: the write returned %d: %s\n", confirm ? "confirmed by the owner" : "pidfd and hang-up", rc,
+           w.detail);
+    assert_int_equal(rc, FERRY_ERR_PEER_CLOSED);
+    ferry_engine_destroy(e);
+    munmap(w.src, w.len);
+    child_stop(c, true);
+    if (confirm) unsetenv("FERRY_SHM_CONFIRM");
+}
+
+static void owner_exec_mid_copy_is_an_error(void **state)
+{
+    (void)state;
+    owner_exec_mid_copy(false);
+    owner_exec_mid_copy(true);
+}
+
 /* A batch whose pieces alternate between two pools of the owner, copied on
  * one connection; the copy stalls in the last piece while the owner
  * deregisters the first pool: each piece into it fails on its own
@@ -664,6 +706,7 @@ int main(void)
         cmocka_unit_test(killed_owner_mid_copy_is_an_error),
         cmocka_unit_test(deregistered_mid_copy_fails),
         cmocka_unit_test(deregistered_mid_batch_fails_its_pieces_only),
+        cmocka_unit_test(owner_exec_mid_copy_is_an_error),
         cmocka_unit_test(fallback_when_mapping_is_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

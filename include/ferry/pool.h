@@ -64,8 +64,8 @@ FERRY_API int ferry_pool_create(ferry_engine_t *e, size_t bytes, unsigned flags,
  *  - an initiator reports a mapped write or read complete only if, after
  *    the copy and a memory fence, the control header still says live at
  *    the generation the copy began under (deregistration marks it revoked,
- *    and fences, before it detaches the pool) and this process has not
- *    exited (its pidfd, polled once). Otherwise the copy does not count: a
+ *    and fences, before it detaches the pool) and this process has neither
+ *    exited nor exec'd (its pidfd and the connection, polled once). Otherwise the copy does not count: a
  *    killed owner's write fails, one into a pool deregistered meanwhile
  *    goes again by cross-memory attach, which this engine refuses. Where
  *    the initiator has no pidfd_open, this engine confirms over the

@@ -21,8 +21,9 @@
  * count"): after its copies and a seq_cst fence, a header that says LIVE
  * at the copies' generation means the revoke had not happened when the
  * copies ended, so the owner's range holds their bytes (the detach carries
- * them over); with the owner's pidfd not yet readable, the owner was alive
- * then. Otherwise the copies do not count. Where the initiator has no
+ * them over); with the owner's pidfd not yet readable and its end of the
+ * connection open (an exec keeps the pid but drops the memory and closes
+ * the sockets), the owner was alive then. Otherwise the copies do not count. Where the initiator has no
  * pidfd, the owner confirms over the connection instead (a killed owner
  * answers nothing, one that deregistered answers no). The header is only
  * ever the owner's word about its own memory: a peer gains nothing by it. */

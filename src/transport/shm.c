@@ -37,8 +37,9 @@
  * the owner), maps them and copies with memcpy itself. The copies count
  * only once, after them and a fence, the pool's control header still says
  * live at their generation (the owner marks it revoked, and fences, before
- * it detaches the pool) and the target's pidfd says it has not exited: no
- * frame, no round trip (shm_pool.c, "when mapped copies count", has the
+ * it detaches the pool), the target's pidfd says it has not exited and
+ * the connection has not hung up (an exec leaves the pid): no frame, no
+ * round trip (shm_pool.c, "when mapped copies count", has the
  * argument). Copies into a revoked pool go again by cross-memory attach,
  * where the target's registry decides. Without pidfd_open, or with
  * FERRY_SHM_CONFIRM=1 at the initiator, the target confirms instead, by

@@ -1,8 +1,8 @@
 /* The shared-memory transport (shm.c): shared pools. The target serves
  * SHM_MAP_REQ (passing a pool's memfds with SCM_RIGHTS to the verified
  * initiator); the initiator maps them, copies with memcpy and counts the
- * copies once the pool's control header and the target's pidfd show them
- * placed ("when mapped copies count" below), or, without a pidfd, once the
+ * copies once the pool's control header, the target's pidfd and the
+ * connection show them placed ("when mapped copies count" below), or, without a pidfd, once the
  * target confirmed. The why is in the comment at the top of shm.c. */
 
 #include <errno.h>
@@ -478,29 +478,48 @@ static struct shm_map *map_fetch(ferry_conn_t *c, struct shm_icache *ic, ferry_x
  * confirmation did). The header memfd is sealed so only the owner writes
  * it, and REVOKED is final, so a peer cannot fake LIVE.
  *
- * Alive. The owner's pidfd (opened when the connection was checked,
- * target_owns_conn; it names that process, never a later one with its pid)
- * polled once, without waiting, after the fence. Readable: the owner
- * exited while we copied (or before), nothing counts, the connection is
- * given up (the pieces are retried on a new one, which finds the peer gone
- * or restarted: PEER_CLOSED / PEER_RESTARTED, as when a confirmation never
- * came). Not readable: the owner's death, if it is dying, is later than
- * the copies as anyone can observe it (wait, pidfd, its sockets' EOF all
- * come after its memory is released, and its threads run no user code
- * once SIGKILL is taken, so none of them can tell whether bytes reached
- * its pages just before or just after); a core dump of the owner is a
- * snapshot taken before. A stopped owner (SIGSTOP) is alive: the bytes are
- * in its memory when it resumes.
- * Why not the connection's hang-up: the socket may outlive the owner (a
- * child it forked holds it), and it may close for reasons that are not
- * death (the owner evicting idle connections). Why not a heartbeat: it
- * proves liveness only a period ago, so the call would wait a period.
+ * Alive. One poll, without waiting, after the fence (owner_gone), of the
+ * owner's pidfd (opened when the connection was checked, target_owns_conn;
+ * it names that process, never a later one with its pid) and of the
+ * connection for a hang-up. The pidfd readable: the owner exited while we
+ * copied (or before). The connection hung up: the owner may have exec'd
+ * another program (same pid, its memory and its close-on-exec sockets
+ * gone) or closed the connection. Either way nothing counts and the
+ * connection is given up (the pieces are retried on a new one, which finds
+ * the peer gone or restarted: PEER_CLOSED / PEER_RESTARTED, as when a
+ * confirmation never came; a connection closed for another reason, e.g.
+ * evicted as idle, costs a retry). Neither: the owner's death (or exec),
+ * if under way, is later than the copies as anyone can observe it (wait,
+ * the pidfd, its sockets' EOF all come after its memory is released, and
+ * its threads run no user code once SIGKILL is taken, so none of them can
+ * tell whether bytes reached its pages just before or just after); a core
+ * dump of the owner is a snapshot taken before. A stopped owner (SIGSTOP)
+ * is alive: the bytes are in its memory when it resumes.
+ * Why the pidfd and not the hang-up alone: the socket may outlive the
+ * owner (a child it forked and that has not exec'd holds it). Why not a
+ * heartbeat: it proves liveness only a period ago, so the call would wait
+ * a period.
  *
  * Without a pidfd (pidfd_open missing: kernels before 5.3; or
  * FERRY_SHM_CONFIRM=1 at the initiator) the owner is asked instead, one
  * SHM_MAP_REQ round trip per region a call (confirm_by_owner): it answers
  * only while its threads run and while the region is registered at the
  * copies' generation. */
+
+/* Whether the owner is gone (see "Alive" above): its pidfd readable, or
+ * its end of the connection closed. One poll, no waiting; a failing poll
+ * counts as gone (the pieces are retried). */
+static bool owner_gone(ferry_conn_t *c, const struct shm_icache *ic)
+{
+    struct pollfd p[2] = {{.fd = ic->pidfd, .events = POLLIN}, {.fd = c->fd, .events = POLLRDHUP}};
+    int n;
+    do {
+        n = poll(p, 2, 0);
+    } while (n < 0 && errno == EINTR);
+    if (n <= 0) return n < 0;
+    return (p[0].revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL)) ||
+           (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
 
 static void count_copied(ferry_xfer_t *x, uint64_t n)
 {
@@ -572,16 +591,16 @@ static int settle(ferry_conn_t *c, struct shm_icache *ic, ferry_xfer_t *xs, size
     if (*pending == 0) return 0;
     *pending = 0;
     if (ic->pidfd < 0) return confirm_by_owner(c, ic, xs, nx, mp, broken);
-    ferry_share_fence(); /* the copies, then the header and the pidfd */
-    if (shm_pidfd_exited(ic->pidfd)) {
+    ferry_share_fence(); /* the copies, then the header, the pidfd and the connection */
+    if (owner_gone(c, ic)) {
         uint64_t bytes = 0;
         for (size_t i = 0; i < nx; i++) bytes += mp[i].n;
         ic->state = -1;
         while (ic->maps) icache_drop(ic, ic->maps);
         *broken = 1;
         return ferry_fail(FERRY_ERR_PEER_CLOSED,
-                          "%s (pid %d) exited while %llu bytes were copied through its shared pool's mapping: "
-                          "not counted",
+                          "%s (pid %d) exited or hung up while %llu bytes were copied through its shared "
+                          "pool's mapping: not counted",
                           c->peer.name, (int)c->peer.pid, (unsigned long long)bytes);
     }
     for (size_t i = 0; i < nx; i++) {
