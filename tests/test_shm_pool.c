@@ -330,6 +330,7 @@ static void peer_restart_drops_mappings(void **state)
 
 struct big_writer {
     ferry_engine_t *e;
+    bool read; /* a read into src instead of a write from it */
     char peer[64];
     uint64_t addr;
     unsigned char *src;
@@ -342,7 +343,7 @@ struct big_writer {
 static void *big_writer_main(void *arg)
 {
     struct big_writer *w = arg;
-    w->rc = ferry_transfer_sync(w->e, w->peer, FERRY_OP_WRITE, w->src, w->addr, w->len);
+    w->rc = ferry_transfer_sync(w->e, w->peer, w->read ? FERRY_OP_READ : FERRY_OP_WRITE, w->src, w->addr, w->len);
     snprintf(w->detail, sizeof w->detail, "%s", w->rc ? ferry_last_error_detail() : "");
     atomic_store(&w->done, true);
     return NULL;
@@ -527,27 +528,30 @@ static void killed_owner_mid_copy_is_an_error(void **state)
     killed_owner_mid_copy(true);
 }
 
-/* The owner deregisters its pool while a write into the mapping is
- * copying: the copy does not count (the control header says revoked after
- * it), the piece goes again by cross-memory attach, and the owner refuses
- * it: the write fails ADDRESS_NOT_REGISTERED naming the range, and the
- * owner's memory does not change after its deregistration returned (what
- * was copied before it is there, the rest went to the memfd nobody maps
- * for the owner any more). Then a write to the same range fails the same
- * way without a copy. */
-static void deregistered_mid_copy(bool confirm)
+/* The owner deregisters its pool while a write into the mapping (or a
+ * read out of it: read) is copying: the copy does not count (the control
+ * header says revoked after it), the piece goes again by cross-memory
+ * attach, and the owner refuses it: the call fails ADDRESS_NOT_REGISTERED
+ * naming the range, and the owner's memory does not change after its
+ * deregistration returned (what a write copied before it is there, the
+ * rest went to the memfd nobody maps for the owner any more; what a read
+ * copied after it were the memfd's freed pages). Then a write to the same
+ * range fails the same way without a copy. */
+static void deregistered_mid_copy(bool confirm, bool read)
 {
     if (confirm) setenv("FERRY_SHM_CONFIRM", "1", 1);
     child_t *c = child_start(0);
     ferry_engine_t *e = initiator();
     struct big_writer w;
     mapped_writer(&w, e, c, 72);
+    w.read = read;
     pthread_t t;
     stalled_write_start(&w, &t);
     assert_int_equal(child_do(c, CMD_DEREG_SNAP, 0, 0, 0), 0);
     int rc = stalled_write_finish(&w, t);
     const char *detail = w.detail;
-    printf("# %s: the write returned %d: %s\n", confirm ? "confirmed by the owner" : "control header", rc, detail);
+    printf("# %s, %s: returned %d: %s\n", confirm ? "confirmed by the owner" : "control header",
+           read ? "read" : "write", rc, detail);
     assert_int_equal(rc, FERRY_ERR_ADDRESS_NOT_REGISTERED);
     char range[32];
     snprintf(range, sizeof range, "%llx", (unsigned long long)c->addr);
@@ -566,8 +570,10 @@ static void deregistered_mid_copy(bool confirm)
 static void deregistered_mid_copy_fails(void **state)
 {
     (void)state;
-    deregistered_mid_copy(false);
-    deregistered_mid_copy(true);
+    deregistered_mid_copy(false, false);
+    deregistered_mid_copy(true, false);
+    deregistered_mid_copy(false, true);
+    deregistered_mid_copy(true, true);
 }
 
 /* The owner execs another program while a write into its mapped pool is
