@@ -3,7 +3,11 @@
  * with memcpy. Round trips verified by the target, bounds and flags refused
  * without touching memory, deregistration while a writer loops (no byte
  * changes after it returns), a peer restart, and the fallback to
- * cross-memory attach when mapping is off. */
+ * cross-memory attach when mapping is off. Copies stalled at a chosen byte
+ * (stall_*) while the owner is killed, execs or deregisters: the call
+ * fails, whether the initiator settles its copies by the control header
+ * and the owner's pidfd or by the owner's confirmation
+ * (FERRY_SHM_CONFIRM=1). */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -27,7 +31,10 @@
 /* The writable pool's size in the next child started. */
 static size_t child_pool = POOL;
 
-enum { CMD_QUIT = 0, CMD_CHECK, CMD_FILL, CMD_DEREG_WATCH, CMD_PLACED, CMD_CHECK_RO, CMD_DEREG_SNAP, CMD_SAME, CMD_EXEC };
+enum {
+    CMD_QUIT = 0, CMD_CHECK, CMD_FILL, CMD_DEREG_WATCH, CMD_PLACED, CMD_CHECK_RO,
+    CMD_DEREG_SNAP, CMD_SAME, CMD_EXEC
+};
 
 struct cmd {
     int op;
