@@ -248,7 +248,7 @@ static size_t requests_in_order(const ferry_kv_block_t *blocks, size_t count, fe
  * the kernel's cross-memory attach pins and walks pages per entry. Grouping
  * them by length (for strided descriptors) cut those neighbours apart:
  * `ferry demo --mla --page 1` over shm, 148,524 remote entries for 158,240
- * blocks against 34,578 in order, 1.5x the copy time (docs/BENCHMARKS.md).
+ * blocks against 34,578 in order, ~1.4x the kernel's copy time (docs/BENCHMARKS.md).
  * Blocks of a single length (every page alone, or runs all of one length)
  * lose nothing by a strided descriptor, which also travels compactly, and
  * keep their order in it. The notice follows the whole batch. */
