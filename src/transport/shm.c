@@ -35,10 +35,17 @@
  * either end may use (the data read-only unless the pool is remote-writable,
  * and sealed so; the control header read-only, sealed so for everyone but
  * the owner), maps them and copies with memcpy itself. The copies count
- * only once the target confirmed, by answering the same request again, that
- * the region is still registered at their generation (a killed target
- * answers nothing). FERRY_SHM_NOMAP=1 at the initiator keeps such regions
- * on cross-memory attach.
+ * only once, after them and a fence, the pool's control header still says
+ * live at their generation (the owner marks it revoked, and fences, before
+ * it detaches the pool), the target's pidfd says it has not exited and
+ * the connection has not hung up (an exec leaves the pid): no frame, no
+ * round trip (shm_pool.c, "when mapped copies count", has the
+ * argument). Copies into a revoked pool go again by cross-memory attach,
+ * where the target's registry decides. Without pidfd_open, or with
+ * FERRY_SHM_CONFIRM=1 at the initiator, the target confirms instead, by
+ * answering the same request again (a killed target answers nothing).
+ * FERRY_SHM_NOMAP=1 at the initiator keeps such regions on cross-memory
+ * attach.
  *
  * Files: this one holds the transport's table, the copies and the vector
  * frames; shm_trust.c verifies the same-host peer; shm_pool.c maps shared
@@ -289,6 +296,24 @@ static uint64_t vec_gather(struct ferry_vec_scratch *v, size_t *j, size_t n, siz
     return bytes;
 }
 
+/* Cross-memory attach calls of vector frames this process made, and their
+ * iovec entries on each side (for tests and benchmarks). */
+static _Atomic uint64_t vec_calls, vec_local_entries, vec_remote_entries;
+
+void ferry_shm_vec_entries(uint64_t *calls, uint64_t *local, uint64_t *remote)
+{
+    *calls = atomic_load_explicit(&vec_calls, memory_order_relaxed);
+    *local = atomic_load_explicit(&vec_local_entries, memory_order_relaxed);
+    *remote = atomic_load_explicit(&vec_remote_entries, memory_order_relaxed);
+}
+
+static void count_vec_call(size_t lcnt, size_t rcnt)
+{
+    atomic_fetch_add_explicit(&vec_calls, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&vec_local_entries, lcnt, memory_order_relaxed);
+    atomic_fetch_add_explicit(&vec_remote_entries, rcnt, memory_order_relaxed);
+}
+
 /* Copies the pieces of host memory with one process_vm_readv/writev per up to
  * IOV_MAX merged entries a side (and SHM_CHUNK bytes), each call under the registry's
  * read lock after the pieces were checked (again when the registry or the
@@ -319,6 +344,7 @@ static int vec_copy_host(ferry_conn_t *c, struct shm_conn *sc, struct ferry_vec_
         ssize_t got = 0;
         int err = 0;
         if (bytes) {
+            count_vec_call(lcnt, rcnt);
             do {
                 got = write ? process_vm_readv(sc->pid, v->iov, lcnt, v->riov, rcnt, 0)
                             : process_vm_writev(sc->pid, v->iov, lcnt, v->riov, rcnt, 0);
