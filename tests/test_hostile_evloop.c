@@ -17,7 +17,7 @@
  *    are ended by the target's own deadlines;
  *  - oversize and garbage headers arriving in pieces: dropped, nothing
  *    placed, the target still serving;
- *  - peers that send a WRITE's or a NOTIFY's header and part of its
+ *  - peers that send a WRITE's, NOTIFY's or WRITEV's header and part of its
  *    payload, then stop or trickle a byte every 100 ms, more of them than
  *    data threads: the frames are parked mid-payload (a WRITE's handler
  *    parks on its own, other frames wait parked until their payload is
@@ -497,9 +497,8 @@ static void expect_timed_out(int fd, int ms)
     assert_true(raw_closed_within(fd, ms));
 }
 
-/* PAYLOAD_STALLERS handshaken peers each send a WRITE (even ones) or
- * NOTIFY (odd ones) header and PAYLOAD_SENT of its PAYLOAD_BYTES, then
- * stop (or trickle). A serving
+/* PAYLOAD_STALLERS handshaken peers each send a WRITE, NOTIFY or WRITEV
+ * header and PAYLOAD_SENT of its PAYLOAD_BYTES, then stop (or trickle). A serving
  * thread that waited in such a payload would hold the only data thread
  * until the target's deadline (STALL_DEADLINE_MS) and the initiator's
  * transfers (a third of it) would time out behind it. */
@@ -517,9 +516,14 @@ static void payload_stallers(bool trickle)
         assert_true(fd[i] >= 0);
         int one = 1;
         setsockopt(fd[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        ferry_frame_t f = {.type = i % 2 ? FERRY_FRAME_NOTIFY : FERRY_FRAME_WRITE, .req_id = 300 + (uint64_t)i,
+        const uint8_t types[] = {FERRY_FRAME_WRITE, FERRY_FRAME_NOTIFY, FERRY_FRAME_WRITEV};
+        ferry_frame_t f = {.type = types[i % 3], .req_id = 300 + (uint64_t)i,
                            .addr = (uint64_t)(uintptr_t)(t.mem + PAYLOAD_BYTES * i), .len = PAYLOAD_BYTES,
                            .plen = PAYLOAD_BYTES};
+        if (f.type == FERRY_FRAME_WRITEV) { /* one piece: its descriptor, then its bytes */
+            f.len = 1;
+            f.addr = PAYLOAD_BYTES - FERRY_WIRE_VEC_DESC_SIZE;
+        }
         assert_int_equal(raw_send(fd[i], &f, NULL), 0);
         assert_int_equal(raw_send_bytes(fd[i], part, sizeof part), 0);
     }
