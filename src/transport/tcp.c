@@ -43,6 +43,10 @@
  * while the next arrives, and frames in flight. */
 #define VEC_FRAME_BYTES (512u << 10)
 #define VEC_FRAMES_INFLIGHT 16
+/* While the payload of a vector frame is awaited, the target sleeps until
+ * this much of it (or all that is left, if less) is in the socket rather
+ * than waking at every segment (SO_RCVLOWAT; loopback's are 64 KiB). */
+#define VEC_RCVLOWAT (256u << 10)
 
 static unsigned window_slices(size_t slice)
 {
@@ -509,14 +513,22 @@ static void sink_piece(struct ferry_vec_scratch *v, size_t i)
     if (b < v->sink || b >= v->sink + sizeof v->sink) v->iov[i].iov_base = v->sink;
 }
 
+/* Sets c's receive low-water mark to want bytes (a hint: when the kernel
+ * refuses, waits just wake sooner). *cur is the mark in force. */
+static void set_rcvlowat(ferry_conn_t *c, int want, int *cur)
+{
+    if (want != *cur && setsockopt(c->fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof want) == 0) *cur = want;
+}
+
 /* Receives a WRITEV's payload straight into the target regions, with few
  * syscalls: one gathered receive (up to IOV_MAX pieces) for whatever the
- * socket holds, under the registry's read lock. Refused pieces' bytes go to
+ * socket holds, under the registry's read lock, sleeping in between until
+ * VEC_RCVLOWAT more bytes (or the rest) arrived. Refused pieces' bytes go to
  * the sink. Before each receive the pieces still to come are checked again
  * when the registry or the cancel set changed (place_direct's discipline,
  * done per run of pieces instead of per piece). */
 static int vec_place_direct(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_vec_scratch *v, uint64_t version,
-                            uint64_t deadline)
+                            uint64_t deadline, int *lowat)
 {
     ferry_engine_t *e = c->engine;
     ferry_registry_t *r = ferry_engine_registry(e);
@@ -527,6 +539,7 @@ static int vec_place_direct(ferry_conn_t *c, const ferry_frame_t *f, struct ferr
     bool drained = false;
     while (left > 0) {
         if (drained) {
+            set_rcvlowat(c, left < VEC_RCVLOWAT ? (int)left : (int)VEC_RCVLOWAT, lowat);
             int w = ferry_net_wait_readable(c->fd, deadline);
             if (w <= 0)
                 return ferry_fail(FERRY_ERR_TIMEOUT, "vector frame from %s stalled with %llu of %llu bytes to come",
@@ -620,10 +633,15 @@ static int serve_writev(ferry_conn_t *c, const ferry_frame_t *f)
     ferry_vec_validate_locked(c, v, 0, n, FERRY_MEM_REMOTE_WRITE, &device);
     uint64_t version = r->version;
     ferry_registry_unlock(r);
-    if ((f->flags & FERRY_FRAME_F_CRC) || device)
+    if ((f->flags & FERRY_FRAME_F_CRC) || device) {
         rc = vec_place_staged(c, f, v, deadline);
-    else
-        rc = vec_place_direct(c, f, v, version, deadline);
+    } else {
+        int lowat = 1;
+        rc = vec_place_direct(c, f, v, version, deadline, &lowat);
+        /* Back to waking at the first byte: the next header is 64 bytes,
+         * and the event loop's waits would otherwise never end. */
+        set_rcvlowat(c, 1, &lowat);
+    }
     if (rc) return rc;
     uint64_t placed = 0;
     for (size_t i = 0; i < n; i++)
