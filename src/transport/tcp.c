@@ -39,9 +39,17 @@
  * microseconds: spin for it rather than sleep (ferry_net_recv_spin). */
 #define SPIN_INFLIGHT_BYTES (64u << 10)
 
-/* Vector frames (vec.h): bytes per frame, so that the target places one
- * while the next arrives, and frames in flight. */
+/* Vector frames (vec.h): bytes per frame, and frames in flight. A plain
+ * WRITEV's payload streams straight into place as it arrives, so a frame
+ * may be large: a paged-KV batch of 1,024 pieces of up to 4 KiB then goes
+ * as one frame per connection, one answer, one wake-up each side (512 KiB
+ * frames made 2-4 per connection and call, and cost ~1.5x the syscalls
+ * and context switches a call). A checksummed WRITEV is staged and
+ * verified whole before any of it is placed, and a READV's answer is sent
+ * whole: those stay at VEC_FRAME_BYTES, so that the target works on one
+ * while the next arrives. */
 #define VEC_FRAME_BYTES (512u << 10)
+#define VEC_WRITEV_BYTES (2u << 20)
 #define VEC_FRAMES_INFLIGHT 16
 /* While the payload of a vector frame is awaited, the target sleeps until
  * this much of it (or all that is left, if less) is in the socket rather
@@ -148,6 +156,12 @@ static bool x_vec_ok(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, size_t cur, u
            ferry_piece_sendable(&xs[cur + 1], xs[cur + 1].done) && ferry_vec_eligible(c, &xs[cur + 1]);
 }
 
+/* The most bytes a vector frame of opcode's pieces carries. */
+static uint64_t vec_frame_bytes(ferry_conn_t *c, int opcode)
+{
+    return opcode == FERRY_OP_WRITE && !ferry_engine_config(c->engine)->checksum ? VEC_WRITEV_BYTES : VEC_FRAME_BYTES;
+}
+
 /* Streams slices of every piece, from each piece's ->done on, keeping up
  * to a window of slices unanswered. A failed answer marks its piece and the
  * stream goes on, so one bad range does not stall the others. */
@@ -169,7 +183,7 @@ static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, fe
         }
         if (cur < nx && count < window && x_vec_ok(c, xs, nx, cur, cur_off, vec_frames)) {
             /* Small pieces travel together: one WRITEV, one answer. */
-            size_t g = ferry_vec_collect(c, xs + cur, nx - cur, VEC_FRAME_BYTES);
+            size_t g = ferry_vec_collect(c, xs + cur, nx - cur, vec_frame_bytes(c, xs[cur].opcode));
             int rc = ferry_vec_send(c, xs[cur].opcode == FERRY_OP_WRITE ? FERRY_FRAME_WRITEV : FERRY_FRAME_READV,
                                     xs + cur, g);
             if (rc) {
