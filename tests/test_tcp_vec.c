@@ -1,8 +1,11 @@
-/* The TCP target's receive of vector frames (WRITEV) when the payload
- * arrives slower than the target drains it: the target then sleeps until a
- * good part of the rest is in (a receive low-water mark, tcp.c), and must
- * wake again at the first byte afterwards, or the next frame on the
- * connection would never be served. Sent by hand, in trickles. */
+/* TCP vector frames (WRITEV, tcp.c):
+ *  - a paged-KV batch of 1,024 pieces leaves as one frame per connection,
+ *    with per-piece errors in its one answer, and local pieces that lie end
+ *    to end leave as one iovec;
+ *  - when the payload arrives slower than the target drains it, the target
+ *    sleeps until a good part of the rest is in (a receive low-water mark)
+ *    and must wake again at the first byte afterwards, or the next frame on
+ *    the connection would never be served (sent by hand, in trickles). */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +16,7 @@
 #include "core/testing.h"
 #include "fault.h"
 #include "harness.h"
+#include "transport/vec.h"
 #include "wire/le.h"
 
 #define PIECE 2048
@@ -107,9 +111,75 @@ static void trickled_payload_then_next_frames(void **state)
     free(dst);
 }
 
+/* 1,024 pieces of 2 KiB on one connection: one compact WRITEV (2 MiB; it
+ * was four of 512 KiB), local pieces in runs of five end to end, remote
+ * ones scattered, every 97th into a region the target dropped after the
+ * initiator learned it. Those fail alone, with their code and detail; the
+ * others are placed. */
+static void one_frame_per_batch_with_per_piece_errors(void **state)
+{
+    (void)state;
+    enum { N = 1024, BLOCK = 2048, RUN = 5 };
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.transport = "tcp";
+    cfg.timeout_ms = 20000;
+    cfg.conns_per_peer = 1;
+    ferry_engine_t *ini = harness_engine_cfg(&cfg), *t = harness_engine_cfg(&cfg);
+    size_t span = (size_t)N * BLOCK * 2;
+    unsigned char *src = malloc(span), *dst = calloc(1, (size_t)N * BLOCK), *gone = malloc((size_t)N * BLOCK);
+    assert_true(src && dst && gone);
+    assert_int_equal(ferry_register(ini, src, span, FERRY_MEM_LOCAL), 0);
+    assert_int_equal(ferry_register(t, dst, (size_t)N * BLOCK, FERRY_MEM_REMOTE), 0);
+    assert_int_equal(ferry_register(t, gone, (size_t)N * BLOCK, FERRY_MEM_REMOTE), 0);
+    const char *peer = ferry_engine_name(t);
+    assert_int_equal(ferry_session_open(ini, peer), 0); /* learns both regions */
+    assert_int_equal(ferry_deregister(t, gone), 0);
+    harness_fill(src, span, 11);
+    ferry_request_t *reqs = calloc(N, sizeof *reqs);
+    size_t *local_off = calloc(N, sizeof *local_off);
+    for (size_t i = 0; i < N; i++) {
+        local_off[i] = (i / RUN * (RUN + 1) + i % RUN) * BLOCK; /* runs of RUN, then a gap of one */
+        size_t slot = (i * 7 + 3) % N;
+        unsigned char *to = (i % 97 == 50 ? gone : dst) + slot * BLOCK;
+        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, src + local_off[i], (uint64_t)(uintptr_t)to, BLOCK};
+    }
+    ferry_batch_t *b;
+    assert_int_equal(ferry_batch_alloc(ini, N, &b), 0);
+    uint64_t frames = ferry_vec_compact_served();
+    assert_int_equal(ferry_batch_submit(b, peer, reqs, N, 0), 0);
+    assert_int_equal(ferry_batch_wait(b, 20000), FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    assert_int_equal(ferry_vec_compact_served() - frames, 1);
+    int failed = 0, later_in_frame = 0;
+    for (size_t i = 0; i < N; i++) {
+        ferry_status_t st;
+        assert_int_equal(ferry_batch_status(b, i, &st), 0);
+        if (i % 97 == 50) {
+            assert_int_equal(st.state, FERRY_STATUS_FAILED);
+            assert_int_equal(st.code, FERRY_ERR_ADDRESS_NOT_REGISTERED);
+            later_in_frame += strstr(ferry_last_error_detail(), "pieces in one frame") != NULL;
+            failed++;
+        } else {
+            assert_int_equal(st.state, FERRY_STATUS_COMPLETED);
+            assert_memory_equal(src + local_off[i], dst + ((i * 7 + 3) % N) * BLOCK, BLOCK);
+        }
+    }
+    assert_int_equal(failed, 11);
+    assert_int_equal(later_in_frame, 10); /* the first refused carries the target's detail, the rest name it */
+    assert_int_equal(ferry_batch_free(b), 0);
+    free(reqs);
+    free(local_off);
+    ferry_engine_destroy(ini);
+    ferry_engine_destroy(t);
+    free(src);
+    free(dst);
+    free(gone);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(one_frame_per_batch_with_per_piece_errors),
         cmocka_unit_test(trickled_payload_then_next_frames),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
