@@ -3,7 +3,11 @@
  * with memcpy. Round trips verified by the target, bounds and flags refused
  * without touching memory, deregistration while a writer loops (no byte
  * changes after it returns), a peer restart, and the fallback to
- * cross-memory attach when mapping is off. */
+ * cross-memory attach when mapping is off. Copies stalled at a chosen byte
+ * (stall_*) while the owner is killed, execs or deregisters: the call
+ * fails, whether the initiator settles its copies by the control header
+ * and the owner's pidfd or by the owner's confirmation
+ * (FERRY_SHM_CONFIRM=1). */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -12,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -22,10 +27,14 @@
 #include <ferry/pool.h>
 
 #define POOL (8u << 20)
+#define POOL2 (1u << 20)
 /* The writable pool's size in the next child started. */
 static size_t child_pool = POOL;
 
-enum { CMD_QUIT = 0, CMD_CHECK, CMD_FILL, CMD_DEREG_WATCH, CMD_PLACED, CMD_CHECK_RO };
+enum {
+    CMD_QUIT = 0, CMD_CHECK, CMD_FILL, CMD_DEREG_WATCH, CMD_PLACED, CMD_CHECK_RO,
+    CMD_DEREG_SNAP, CMD_SAME, CMD_EXEC
+};
 
 struct cmd {
     int op;
@@ -35,7 +44,7 @@ struct cmd {
 struct reply {
     int rc;
     uint16_t port;
-    uint64_t addr, addr_ro, value;
+    uint64_t addr, addr_ro, addr2, value;
     int32_t pid;
 };
 
@@ -44,7 +53,7 @@ typedef struct child {
     int to, from;
     uint16_t port;
     char peer[64];
-    uint64_t addr, addr_ro;
+    uint64_t addr, addr_ro, addr2; /* the writable pool, the read-only one, a second writable one */
 } child_t;
 
 static void child_main(int in, int out, uint16_t port)
@@ -54,23 +63,26 @@ static void child_main(int in, int out, uint16_t port)
     cfg.timeout_ms = 10000;
     cfg.port = port;
     ferry_engine_t *e = NULL;
-    ferry_pool_t *p = NULL, *ro = NULL;
-    void *buf = NULL, *buf_ro = NULL;
+    ferry_pool_t *p = NULL, *ro = NULL, *p2 = NULL;
+    void *buf = NULL, *buf_ro = NULL, *buf2 = NULL;
     struct reply r = {0};
     r.rc = ferry_engine_create(&cfg, &e);
     if (r.rc == 0) r.rc = ferry_pool_create_shared(e, child_pool, FERRY_MEM_REMOTE, &p);
     if (r.rc == 0) r.rc = ferry_pool_create_shared(e, POOL, FERRY_MEM_REMOTE_READ, &ro);
     if (r.rc == 0) r.rc = ferry_pool_alloc(p, child_pool, &buf);
     if (r.rc == 0) r.rc = ferry_pool_alloc(ro, POOL, &buf_ro);
+    if (r.rc == 0) r.rc = ferry_pool_create_shared(e, POOL2, FERRY_MEM_REMOTE, &p2);
+    if (r.rc == 0) r.rc = ferry_pool_alloc(p2, POOL2, &buf2);
     if (r.rc == 0) {
         harness_fill(buf_ro, POOL, 11);
         r.port = ferry_engine_port(e);
     }
     r.addr = (uint64_t)(uintptr_t)buf;
     r.addr_ro = (uint64_t)(uintptr_t)buf_ro;
+    r.addr2 = (uint64_t)(uintptr_t)buf2;
     r.pid = (int32_t)getpid();
     if (write(out, &r, sizeof r) != sizeof r) _exit(1);
-    unsigned char *b = buf;
+    unsigned char *b = buf, *snap = NULL;
     struct cmd c;
     while (read(in, &c, sizeof c) == sizeof c && c.op != CMD_QUIT) {
         struct reply a = {0};
@@ -83,6 +95,18 @@ static void child_main(int in, int out, uint16_t port)
             a.rc = ferry_engine_stats(e, &st);
             a.value = st.bytes_placed + st.bytes_served; /* what cross-memory attach moved */
             break;
+        }
+        case CMD_DEREG_SNAP: /* deregisters, keeps a copy of the pool as it is then */
+            a.rc = ferry_deregister(e, b);
+            snap = malloc(child_pool);
+            memcpy(snap, b, child_pool);
+            break;
+        case CMD_SAME: a.rc = snap && memcmp(snap, b, child_pool) == 0 ? 0 : 1; break;
+        case CMD_EXEC: { /* becomes another program (same pid); says "x" on out once it runs */
+            char script[64];
+            snprintf(script, sizeof script, "echo x >&%d; exec sleep 60", out);
+            execl("/bin/sh", "sh", "-c", script, (char *)NULL);
+            _exit(3);
         }
         case CMD_DEREG_WATCH: {
             /* After ferry_deregister returns, no byte of the pool changes. */
@@ -98,8 +122,10 @@ static void child_main(int in, int out, uint16_t port)
         }
         if (write(out, &a, sizeof a) != sizeof a) break;
     }
+    free(snap);
     ferry_pool_destroy(p);
     ferry_pool_destroy(ro);
+    ferry_pool_destroy(p2);
     ferry_engine_destroy(e);
     _exit(0);
 }
@@ -129,6 +155,7 @@ static child_t *child_start(uint16_t port)
     snprintf(c->peer, sizeof c->peer, "127.0.0.1:%u", r.port);
     c->addr = r.addr;
     c->addr_ro = r.addr_ro;
+    c->addr2 = r.addr2;
     return c;
 }
 
@@ -310,20 +337,40 @@ static void peer_restart_drops_mappings(void **state)
 
 struct big_writer {
     ferry_engine_t *e;
+    bool read; /* a read into src instead of a write from it */
     char peer[64];
     uint64_t addr;
     unsigned char *src;
     size_t len;
     int rc;
+    char detail[512]; /* the writer thread's ferry_last_error_detail */
     atomic_bool done;
 };
 
 static void *big_writer_main(void *arg)
 {
     struct big_writer *w = arg;
-    w->rc = ferry_transfer_sync(w->e, w->peer, FERRY_OP_WRITE, w->src, w->addr, w->len);
+    w->rc = ferry_transfer_sync(w->e, w->peer, w->read ? FERRY_OP_READ : FERRY_OP_WRITE, w->src, w->addr, w->len);
+    snprintf(w->detail, sizeof w->detail, "%s", w->rc ? ferry_last_error_detail() : "");
     atomic_store(&w->done, true);
     return NULL;
+}
+
+/* This process's mapping of a shared pool of len bytes (the library maps
+ * the target's memfd, "memfd:ferry-pool"), or NULL. */
+static const unsigned char *own_mapping_of(size_t len)
+{
+    FILE *f = fopen("/proc/self/maps", "re");
+    assert_non_null(f);
+    char line[512];
+    const unsigned char *found = NULL;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && hi - lo == len && strstr(line, "memfd:ferry-pool "))
+            found = (const unsigned char *)(uintptr_t)lo;
+    }
+    fclose(f);
+    return found;
 }
 
 /* One byte of the child's memory. */
@@ -338,9 +385,10 @@ static unsigned char child_byte(pid_t pid, uint64_t addr)
 /* The target is killed (SIGKILL) while a large write is being copied into
  * its mapped pool: the write must not report success, although the copy
  * itself goes on into the dead process's memfd (the mapping outlives it).
- * A trial counts when the target was stopped (then killed) after the first
- * byte landed and before the last. (Before the owner's confirmation, 10 of 10 such writes
- * reported COMPLETED.) */
+ * A trial counts when the target was stopped (then killed and reaped)
+ * after the first byte landed and before the last. (Before the owner's
+ * confirmation, 10 of 10 such writes reported COMPLETED.) The stalled
+ * copies below make the same case deterministic. */
 static void killed_owner_write_never_completes(void **state)
 {
     (void)state;
@@ -368,11 +416,14 @@ static void killed_owner_write_never_completes(void **state)
         assert_int_equal(pthread_create(&t, NULL, big_writer_main, &w), 0);
         while (!atomic_load(&w.done) && child_byte(pid, addr) != 0xa5) {
         }
-        /* Stopped, the target answers nothing more; if the copy has not
-         * reached its last byte yet, nothing was asked of it either. */
-        kill(pid, SIGSTOP);
-        bool midway = !atomic_load(&w.done) && child_byte(pid, addr + big - 1) != 0x5a;
+        /* Killed and reaped: if the copy has not reached its last byte by
+         * then (seen through this process's own mapping of the pool, which
+         * outlives the owner), the owner was dead, as anyone can observe,
+         * before the copy ended. (Checked after the reap, not before the
+         * kill: a copy that ends before the owner dies is placed.) */
         child_stop(c, true);
+        const volatile unsigned char *mine = own_mapping_of(big);
+        bool midway = mine && mine[big - 1] != 0x5a;
         pthread_join(t, NULL);
         printf("# trial %d: killed %s the copy; the write returned %d\n", trial, midway ? "during" : "after", w.rc);
         if (midway) {
@@ -383,6 +434,274 @@ static void killed_owner_write_never_completes(void **state)
         free(src);
     }
     assert_true(conclusive);
+}
+
+/* A copy that stalls where the test wants: the last page of the writer's
+ * source is made inaccessible, so the writer's memcpy into the mapped pool
+ * faults there and waits in the SIGSEGV handler until the test, having
+ * killed or changed the owner meanwhile, makes the page readable again;
+ * the copy then resumes where it stopped. */
+static struct {
+    unsigned char *page;
+    size_t size;
+    atomic_int stalled, resume;
+} stall;
+
+static void stall_handler(int sig, siginfo_t *si, void *ctx)
+{
+    (void)sig, (void)ctx;
+    unsigned char *a = si->si_addr;
+    if (a < stall.page || a >= stall.page + stall.size) {
+        signal(SIGSEGV, SIG_DFL); /* not ours: fault again, and die */
+        return;
+    }
+    atomic_store(&stall.stalled, 1);
+    while (!atomic_load(&stall.resume)) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Makes the page at page (an mmap'd source) stall the copy that reaches it. */
+static void stall_arm(unsigned char *page)
+{
+    stall.size = (size_t)sysconf(_SC_PAGESIZE);
+    stall.page = page;
+    atomic_store(&stall.stalled, 0);
+    atomic_store(&stall.resume, 0);
+    struct sigaction sa = {.sa_sigaction = stall_handler, .sa_flags = SA_SIGINFO};
+    sigemptyset(&sa.sa_mask);
+    assert_int_equal(sigaction(SIGSEGV, &sa, NULL), 0);
+    assert_int_equal(mprotect(stall.page, stall.size, PROT_NONE), 0);
+}
+
+/* Waits until a copy stalled (not *done: it must not have finished). */
+static void stall_wait(const atomic_bool *done)
+{
+    uint64_t until = harness_now_ms() + 20000;
+    while (!atomic_load(&stall.stalled) && !(done && atomic_load(done)) && harness_now_ms() < until) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (done) assert_false(atomic_load(done));
+    assert_true(atomic_load(&stall.stalled));
+}
+
+/* Lets the stalled copy go on. */
+static void stall_release(void)
+{
+    assert_int_equal(mprotect(stall.page, stall.size, PROT_READ | PROT_WRITE), 0);
+    atomic_store(&stall.resume, 1);
+}
+
+/* Starts a write of len bytes from src (mmap'd, registered) to addr whose
+ * copy stalls at src's last page; returns once it stalled. */
+static void stalled_write_start(struct big_writer *w, pthread_t *t)
+{
+    stall_arm(w->src + w->len - (size_t)sysconf(_SC_PAGESIZE));
+    assert_int_equal(pthread_create(t, NULL, big_writer_main, w), 0);
+    stall_wait(&w->done);
+}
+
+/* Lets the stalled copy go on and waits for the write's outcome. */
+static int stalled_write_finish(struct big_writer *w, pthread_t t)
+{
+    stall_release();
+    pthread_join(t, NULL);
+    signal(SIGSEGV, SIG_DFL);
+    return w->rc;
+}
+
+/* A writer whose 1 MiB source is mmap'd, registered and filled, and
+ * already mapped to the child's pool (a first small write), so the write
+ * copies through the mapping at once. */
+static void mapped_writer(struct big_writer *w, ferry_engine_t *e, child_t *c, uint64_t seed)
+{
+    *w = (struct big_writer){.e = e, .addr = c->addr, .len = 1u << 20};
+    snprintf(w->peer, sizeof w->peer, "%s", c->peer);
+    w->src = mmap(NULL, w->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(w->src != MAP_FAILED);
+    assert_int_equal(ferry_register(e, w->src, w->len, FERRY_MEM_LOCAL), 0);
+    harness_fill(w->src, w->len, seed);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, w->src, c->addr, 4096), 0);
+}
+
+/* The owner is killed (and reaped) while a write into its mapped pool is
+ * copying: the write fails PEER_CLOSED, not success and not a hang, both
+ * when the initiator checks the owner's pidfd after its copies and when it
+ * asks the owner (FERRY_SHM_CONFIRM=1, as without pidfd_open). */
+static void killed_owner_mid_copy(bool confirm)
+{
+    if (confirm) setenv("FERRY_SHM_CONFIRM", "1", 1);
+    child_t *c = child_start(0);
+    ferry_engine_t *e = initiator();
+    struct big_writer w;
+    mapped_writer(&w, e, c, 71);
+    pthread_t t;
+    stalled_write_start(&w, &t);
+    child_stop(c, true); /* SIGKILL, waitpid: gone before the copy ends */
+    int rc = stalled_write_finish(&w, t);
+    printf("# %s: the write returned %d: %s\n", confirm ? "confirmed by the owner" : "pidfd", rc, w.detail);
+    assert_int_equal(rc, FERRY_ERR_PEER_CLOSED);
+    ferry_engine_destroy(e);
+    munmap(w.src, w.len);
+    if (confirm) unsetenv("FERRY_SHM_CONFIRM");
+}
+
+static void killed_owner_mid_copy_is_an_error(void **state)
+{
+    (void)state;
+    killed_owner_mid_copy(false);
+    killed_owner_mid_copy(true);
+}
+
+/* The owner deregisters its pool while a write into the mapping (or a
+ * read out of it: read) is copying: the copy does not count (the control
+ * header says revoked after it), the piece goes again by cross-memory
+ * attach, and the owner refuses it: the call fails ADDRESS_NOT_REGISTERED
+ * naming the range, and the owner's memory does not change after its
+ * deregistration returned (what a write copied before it is there, the
+ * rest went to the memfd nobody maps for the owner any more; what a read
+ * copied after it were the memfd's freed pages). Then a write to the same
+ * range fails the same way without a copy. */
+static void deregistered_mid_copy(bool confirm, bool read)
+{
+    if (confirm) setenv("FERRY_SHM_CONFIRM", "1", 1);
+    child_t *c = child_start(0);
+    ferry_engine_t *e = initiator();
+    struct big_writer w;
+    mapped_writer(&w, e, c, 72);
+    w.read = read;
+    pthread_t t;
+    stalled_write_start(&w, &t);
+    assert_int_equal(child_do(c, CMD_DEREG_SNAP, 0, 0, 0), 0);
+    int rc = stalled_write_finish(&w, t);
+    const char *detail = w.detail;
+    printf("# %s, %s: returned %d: %s\n", confirm ? "confirmed by the owner" : "control header",
+           read ? "read" : "write", rc, detail);
+    assert_int_equal(rc, FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    char range[32];
+    snprintf(range, sizeof range, "%llx", (unsigned long long)c->addr);
+    assert_non_null(strstr(detail, range));
+    assert_int_equal(child_do(c, CMD_SAME, 0, 0, 0), 0);
+    assert_int_equal(placed(c), 0);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, w.src, c->addr, w.len),
+                     FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    assert_int_equal(child_do(c, CMD_SAME, 0, 0, 0), 0);
+    ferry_engine_destroy(e);
+    munmap(w.src, w.len);
+    child_stop(c, false);
+    if (confirm) unsetenv("FERRY_SHM_CONFIRM");
+}
+
+static void deregistered_mid_copy_fails(void **state)
+{
+    (void)state;
+    deregistered_mid_copy(false, false);
+    deregistered_mid_copy(true, false);
+    deregistered_mid_copy(false, true);
+    deregistered_mid_copy(true, true);
+}
+
+/* The owner execs another program while a write into its mapped pool is
+ * copying: the same pid lives on (its pidfd is not readable), but its
+ * memory, the pool's mapping with it, is gone and its close-on-exec
+ * sockets are closed: the write fails PEER_CLOSED (the connection's
+ * hang-up says so), with the pidfd and with the owner's confirmation. */
+static void owner_exec_mid_copy(bool confirm)
+{
+    if (confirm) setenv("FERRY_SHM_CONFIRM", "1", 1);
+    child_t *c = child_start(0);
+    ferry_engine_t *e = initiator();
+    struct big_writer w;
+    mapped_writer(&w, e, c, 74);
+    pthread_t t;
+    stalled_write_start(&w, &t);
+    struct cmd m = {CMD_EXEC, 0, 0, 0};
+    assert_int_equal(write(c->to, &m, sizeof m), sizeof m);
+    char said[2];
+    assert_int_equal(read(c->from, said, sizeof said), 2); /* the new program runs: the exec is complete */
+    assert_int_equal(said[0], 'x');
+    int rc = stalled_write_finish(&w, t);
+    printf("# %s: the write returned %d: %s\n", confirm ? "confirmed by the owner" : "pidfd and hang-up", rc,
+           w.detail);
+    assert_int_equal(rc, FERRY_ERR_PEER_CLOSED);
+    ferry_engine_destroy(e);
+    munmap(w.src, w.len);
+    child_stop(c, true);
+    if (confirm) unsetenv("FERRY_SHM_CONFIRM");
+}
+
+static void owner_exec_mid_copy_is_an_error(void **state)
+{
+    (void)state;
+    owner_exec_mid_copy(false);
+    owner_exec_mid_copy(true);
+}
+
+/* A batch whose pieces alternate between two pools of the owner, copied on
+ * one connection; the copy stalls in the last piece while the owner
+ * deregisters the first pool: each piece into it copied after the first
+ * fails on its own (ADDRESS_NOT_REGISTERED: the header said revoked, and
+ * cross-memory attach was refused), each piece into the other pool
+ * completes with its bytes in place. The second pool is not mapped yet
+ * when the batch starts, so the first piece is settled (and counts,
+ * before the deregistration) before that mapping is fetched. */
+static void deregistered_mid_batch_fails_its_pieces_only(void **state)
+{
+    (void)state;
+    enum { N = 8, PIECE = 64u << 10 };
+    child_t *c = child_start(0);
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.timeout_ms = 10000;
+    cfg.connect_timeout_ms = 5000;
+    cfg.conns_per_peer = 1; /* one connection: one copy loop, one settle */
+    ferry_engine_t *e = harness_engine_cfg(&cfg);
+    unsigned char *src = mmap(NULL, N * PIECE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(src != MAP_FAILED);
+    assert_int_equal(ferry_register(e, src, N * PIECE, FERRY_MEM_LOCAL), 0);
+    harness_fill(src, N * PIECE, 73);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, 4096), 0);
+    ferry_request_t reqs[N];
+    for (int i = 0; i < N; i++)
+        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, src + (size_t)i * PIECE,
+                                    (i % 2 ? c->addr2 : c->addr) + (uint64_t)(i / 2) * PIECE, PIECE};
+    ferry_batch_t *b;
+    assert_int_equal(ferry_batch_alloc(e, N, &b), 0);
+    stall_arm(src + N * PIECE - (size_t)sysconf(_SC_PAGESIZE));
+    assert_int_equal(ferry_batch_submit(b, c->peer, reqs, N, 0), 0);
+    stall_wait(NULL);
+    assert_int_equal(child_do(c, CMD_DEREG_SNAP, 0, 0, 0), 0);
+    stall_release();
+    assert_int_equal(ferry_batch_wait(b, 20000), FERRY_ERR_ADDRESS_NOT_REGISTERED); /* the first failure */
+    signal(SIGSEGV, SIG_DFL);
+    for (int i = 0; i < N; i++) {
+        ferry_status_t st;
+        assert_int_equal(ferry_batch_status(b, (size_t)i, &st), 0);
+        printf("# piece %d (%s pool): state %d, code %d\n", i, i % 2 ? "live" : "deregistered", st.state, st.code);
+        if (i % 2 || i == 0) {
+            assert_int_equal(st.state, FERRY_STATUS_COMPLETED);
+        } else {
+            assert_int_equal(st.state, FERRY_STATUS_FAILED);
+            assert_int_equal(st.code, FERRY_ERR_ADDRESS_NOT_REGISTERED);
+        }
+    }
+    ferry_batch_free(b);
+    assert_int_equal(child_do(c, CMD_SAME, 0, 0, 0), 0);
+    assert_int_equal(child_do(c, CMD_CHECK, 73, 0, PIECE), 0); /* piece 0, settled before */
+    assert_int_equal(placed(c), 0);
+    /* The completed pieces are in the live pool. */
+    unsigned char *back = malloc(PIECE);
+    assert_int_equal(ferry_register(e, back, PIECE, FERRY_MEM_LOCAL), 0);
+    for (int i = 1; i < N; i += 2) {
+        assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_READ, back, reqs[i].remote, PIECE), 0);
+        assert_memory_equal(back, src + (size_t)i * PIECE, PIECE);
+    }
+    ferry_engine_destroy(e);
+    free(back);
+    munmap(src, N * PIECE);
+    child_stop(c, false);
 }
 
 static void fallback_when_mapping_is_off(void **state)
@@ -419,6 +738,10 @@ int main(void)
         cmocka_unit_test(deregister_while_writing),
         cmocka_unit_test(peer_restart_drops_mappings),
         cmocka_unit_test(killed_owner_write_never_completes),
+        cmocka_unit_test(killed_owner_mid_copy_is_an_error),
+        cmocka_unit_test(deregistered_mid_copy_fails),
+        cmocka_unit_test(deregistered_mid_batch_fails_its_pieces_only),
+        cmocka_unit_test(owner_exec_mid_copy_is_an_error),
         cmocka_unit_test(fallback_when_mapping_is_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

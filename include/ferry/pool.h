@@ -61,11 +61,15 @@ FERRY_API int ferry_pool_create(ferry_engine_t *e, size_t bytes, unsigned flags,
  *    SCM_RIGHTS: the data read-only unless the pool is remote-writable, the
  *    control header (live or revoked, and the generation) read-only and
  *    sealed so that only this process writes it.
- *  - an initiator reports a mapped write or read complete only after this
- *    engine confirmed, on the same connection, that the region is still
- *    registered at the generation the copy began under: an owner killed
- *    during the copy, or that deregistered the pool, confirms nothing. (The
- *    confirmation costs one round trip per call and region.)
+ *  - an initiator reports a mapped write or read complete only if, after
+ *    the copy and a memory fence, the control header still says live at
+ *    the generation the copy began under (deregistration marks it revoked,
+ *    and fences, before it detaches the pool) and this process has neither
+ *    exited nor exec'd (its pidfd and the connection, polled once). Otherwise the copy does not count: a
+ *    killed owner's write fails, one into a pool deregistered meanwhile
+ *    goes again by cross-memory attach, which this engine refuses. Where
+ *    the initiator has no pidfd_open, this engine confirms over the
+ *    connection instead (one round trip per call and region).
  *
  * What a same-host peer can do (not enforceable here): map requests are
  * served only on connections whose initiator the engine verified (same host,

@@ -139,6 +139,11 @@ static void unmap_pool(ferry_pool_t *p)
 void ferry_share_revoke(ferry_share_ctl_t *ctl)
 {
     atomic_store(&ctl->state, FERRY_SHARE_REVOKED);
+    /* Before any read of the pool's bytes that follows (the detach's copy):
+     * an initiator that reads LIVE after its copies and its own fence then
+     * has its bytes seen by that copy (share.h). A seq_cst store alone
+     * does not order later plain loads on every architecture. */
+    ferry_share_fence();
 }
 
 int ferry_share_detach(void *base, size_t len, int fd, uint64_t off)

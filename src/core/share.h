@@ -14,13 +14,19 @@
  *    and the owner waits for no peer;
  *  - the header's memfd is sealed F_SEAL_FUTURE_WRITE: only the owner's
  *    own mapping writes it; no peer can set a revoked pool live again;
- *  - an initiator reports a mapped copy complete only after the owner
- *    confirmed, over the connection, that the region is still registered
- *    at the generation the copy began under: an owner killed during the
- *    copy answers nothing (its pages took the bytes, its threads run no
- *    more), one that deregistered answers no.
- * The header is a hint for cooperating initiators (stop copying into a
- * revoked pool early). */
+ *  - deregistration and destruction mark the header REVOKED (for good)
+ *    and fence (ferry_share_revoke) before the detach copies the bytes
+ *    over or the pool is unmapped.
+ * What the initiator relies on (transport/shm_pool.c, "when mapped copies
+ * count"): after its copies and a seq_cst fence, a header that says LIVE
+ * at the copies' generation means the revoke had not happened when the
+ * copies ended, so the owner's range holds their bytes (the detach carries
+ * them over); with the owner's pidfd not yet readable and its end of the
+ * connection open (an exec keeps the pid but drops the memory and closes
+ * the sockets), the owner was alive then. Otherwise the copies do not count. Where the initiator has no
+ * pidfd, the owner confirms over the connection instead (a killed owner
+ * answers nothing, one that deregistered answers no). The header is only
+ * ever the owner's word about its own memory: a peer gains nothing by it. */
 #ifndef FERRY_SHARE_H
 #define FERRY_SHARE_H
 
@@ -53,8 +59,26 @@ typedef struct ferry_share {
     int ctl_fd;             /* the control header's memfd */
 } ferry_share_t;
 
-/* Marks the header revoked (a hint to cooperating peers; no waiting). */
+/* Marks the header revoked for good, then fences (ferry_share_fence):
+ * what the owner reads of the pool afterwards (the detach's copy) sees
+ * every byte an initiator copied before it read the header LIVE. No
+ * waiting for any peer. */
 void ferry_share_revoke(ferry_share_ctl_t *ctl);
+
+/* A full (seq_cst) fence: the plain stores and loads before it are
+ * ordered before the loads after it, on both sides of the store-buffering
+ * argument above. GCC refuses atomic_thread_fence under -fsanitize=thread
+ * (TSan does not model fences); there a seq_cst read-modify-write, a full
+ * barrier on x86 and arm64 too, takes its place. */
+static inline void ferry_share_fence(void)
+{
+#if defined(__SANITIZE_THREAD__)
+    static _Atomic unsigned ferry_share_fence_word;
+    atomic_fetch_add(&ferry_share_fence_word, 0);
+#else
+    atomic_thread_fence(memory_order_seq_cst);
+#endif
+}
 /* Moves [base, base+len) onto private anonymous pages with the same bytes
  * (mremap over the shared mapping): from then on no peer's mapping aliases
  * the owner's memory. Then frees the memfd's pages [off, off+len) of fd

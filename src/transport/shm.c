@@ -35,10 +35,17 @@
  * either end may use (the data read-only unless the pool is remote-writable,
  * and sealed so; the control header read-only, sealed so for everyone but
  * the owner), maps them and copies with memcpy itself. The copies count
- * only once the target confirmed, by answering the same request again, that
- * the region is still registered at their generation (a killed target
- * answers nothing). FERRY_SHM_NOMAP=1 at the initiator keeps such regions
- * on cross-memory attach.
+ * only once, after them and a fence, the pool's control header still says
+ * live at their generation (the owner marks it revoked, and fences, before
+ * it detaches the pool), the target's pidfd says it has not exited and
+ * the connection has not hung up (an exec leaves the pid): no frame, no
+ * round trip (shm_pool.c, "when mapped copies count", has the
+ * argument). Copies into a revoked pool go again by cross-memory attach,
+ * where the target's registry decides. Without pidfd_open, or with
+ * FERRY_SHM_CONFIRM=1 at the initiator, the target confirms instead, by
+ * answering the same request again (a killed target answers nothing).
+ * FERRY_SHM_NOMAP=1 at the initiator keeps such regions on cross-memory
+ * attach.
  *
  * Files: this one holds the transport's table, the copies and the vector
  * frames; shm_trust.c verifies the same-host peer; shm_pool.c maps shared

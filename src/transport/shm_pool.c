@@ -1,13 +1,15 @@
 /* The shared-memory transport (shm.c): shared pools. The target serves
  * SHM_MAP_REQ (passing a pool's memfds with SCM_RIGHTS to the verified
  * initiator); the initiator maps them, copies with memcpy and counts the
- * copies once the target confirmed. Moved from shm.c; the why is in the
- * comment at the top of shm.c. */
+ * copies once the pool's control header, the target's pidfd and the
+ * connection show them placed ("when mapped copies count" below), or, without a pidfd, once the
+ * target confirmed. The why is in the comment at the top of shm.c. */
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,9 +100,10 @@ static int pass_fds(int s, const int fds[2], char *why, size_t cap)
  * [addr, addr+len) lives, and, if it is a shared pool's and the initiator
  * listens for them, its memfds passed to it (pass_fds): the data read-only
  * unless the region is remote-writable, the control header read-only.
- * Asked again after mapped copies, the same answer is the owner's
- * confirmation that the region is still registered at the generation (crc)
- * the copies began under: a killed owner gives none. Regions no peer may
+ * Asked again after mapped copies (by an initiator without a pidfd), the
+ * same answer is the owner's confirmation that the region is still
+ * registered at the generation (crc) the copies began under: a killed
+ * owner gives none. Regions no peer may
  * access (FERRY_MEM_LOCAL) are refused. */
 int shm_serve_map(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, uint64_t deadline)
 {
@@ -179,11 +182,19 @@ struct shm_map {
     struct shm_map *next;
 };
 
+/* Bytes copied through a mapping in this call, not yet counted. */
+struct mapped {
+    uint64_t n;        /* 0: nothing copied for this piece, or settled */
+    struct shm_map *m; /* the mapping they went through: kept until settled */
+};
+
 struct shm_icache {
     int state;                /* 0 unchecked, 1 the target pid verified, -1 mapping off */
     int pidfd;                /* the verified target, -1 if pidfd_open is missing */
     struct shm_map *maps;
     size_t nmaps;
+    struct mapped *mp;        /* a call's copies to settle (shm_map_pass), all zero between calls */
+    size_t mp_cap;
 };
 
 static void map_free(struct shm_map *m)
@@ -202,6 +213,7 @@ static void icache_free(void *p)
         map_free(m);
     }
     if (ic->pidfd >= 0) close(ic->pidfd);
+    free(ic->mp);
     free(ic);
 }
 
@@ -216,10 +228,15 @@ static void icache_drop(struct shm_icache *ic, struct shm_map *m)
         }
 }
 
+static bool env_set(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
 static bool map_disabled_here(void)
 {
-    const char *v = getenv("FERRY_SHM_NOMAP");
-    return v && *v && strcmp(v, "0") != 0;
+    return env_set("FERRY_SHM_NOMAP");
 }
 
 /* Maps len bytes of a memfd the target passed (writable only with rw):
@@ -438,63 +455,182 @@ static struct shm_map *map_fetch(ferry_conn_t *c, struct shm_icache *ic, ferry_x
     return m;
 }
 
-/* Bytes copied through a mapping, not yet confirmed by the owner. */
-struct mapped {
-    uint64_t n;                 /* 0: nothing copied for this piece */
-    uint64_t addr, len;         /* the region, as mapped */
-    uint32_t generation;
-};
+/* ------------------------------------ initiator: when mapped copies count
+ *
+ * A copy through a mapping is complete only once its bytes are known to be
+ * in the owner's registered memory: the region still registered (not
+ * revoked, not detached) and the owner still alive when the copy ended.
+ * Both are read here, without asking the owner, after every copy of the
+ * call (settle):
+ *
+ * Registered. The owner marks the header REVOKED (ferry_share_revoke: a
+ * seq_cst store, then a seq_cst fence) before it detaches the pool (moves
+ * its range onto private pages, copying the bytes) or unmaps it. Here: the
+ * copies, a seq_cst fence, then the header is read. Store buffering: with
+ * both fences, the initiator cannot read LIVE while the owner's detach
+ * misses a byte copied before the fence. So LIVE at the mapping's
+ * generation means every copy landed before the revoke, in pages the
+ * owner's range still maps (the detach carries them over). REVOKED, or
+ * another generation, means the copies may have gone to pages no longer
+ * the owner's: they do not count, the mapping is dropped and the pieces go
+ * again by cross-memory attach, where the target's registry decides (not
+ * registered: the call fails with the target's detail, as a refused
+ * confirmation did). The header memfd is sealed so only the owner writes
+ * it, and REVOKED is final, so a peer cannot fake LIVE.
+ *
+ * Alive. One poll, without waiting, after the fence (owner_gone), of the
+ * owner's pidfd (opened when the connection was checked, target_owns_conn;
+ * it names that process, never a later one with its pid) and of the
+ * connection for a hang-up. The pidfd readable: the owner exited while we
+ * copied (or before). The connection hung up: the owner may have exec'd
+ * another program (same pid, its memory and its close-on-exec sockets
+ * gone) or closed the connection. Either way nothing counts and the
+ * connection is given up (the pieces are retried on a new one, which finds
+ * the peer gone or restarted: PEER_CLOSED / PEER_RESTARTED, as when a
+ * confirmation never came; a connection closed for another reason, e.g.
+ * evicted as idle, costs a retry). Neither: the owner's death (or exec),
+ * if under way, is later than the copies as anyone can observe it (wait,
+ * the pidfd, its sockets' EOF all come after its memory is released, and
+ * its threads run no user code once SIGKILL is taken, so none of them can
+ * tell whether bytes reached its pages just before or just after); a core
+ * dump of the owner is a snapshot taken before. A stopped owner (SIGSTOP)
+ * is alive: the bytes are in its memory when it resumes.
+ * Why the pidfd and not the hang-up alone: the socket may outlive the
+ * owner (a child it forked and that has not exec'd holds it). Why not a
+ * heartbeat: it proves liveness only a period ago, so the call would wait
+ * a period.
+ *
+ * Without a pidfd (pidfd_open missing: kernels before 5.3; or
+ * FERRY_SHM_CONFIRM=1 at the initiator) the owner is asked instead, one
+ * SHM_MAP_REQ round trip per region a call (confirm_by_owner): it answers
+ * only while its threads run and while the region is registered at the
+ * copies' generation. */
 
-/* Asks the owner to confirm each region that pieces were copied into or
- * out of: it answers only while its threads run (a process killed during
- * the copy answers nothing, although its pages took the bytes) and while
- * the region is registered at the generation the copies began under.
- * Confirmed pieces advance; the others fail with the owner's reason. 0, or
- * a connection failure with *broken (nothing advanced). */
-static int map_confirm(ferry_conn_t *c, struct shm_icache *ic, ferry_xfer_t *xs, size_t nx, struct mapped *mp,
-                       int *broken)
+/* Whether the owner is gone (see "Alive" above): its pidfd readable, or
+ * its end of the connection closed. One poll, no waiting; a failing poll
+ * counts as gone (the pieces are retried). */
+static bool owner_gone(ferry_conn_t *c, const struct shm_icache *ic)
+{
+    struct pollfd p[2] = {{.fd = ic->pidfd, .events = POLLIN}, {.fd = c->fd, .events = POLLRDHUP}};
+    int n;
+    do {
+        n = poll(p, 2, 0);
+    } while (n < 0 && errno == EINTR);
+    if (n <= 0) return n < 0;
+    return (p[0].revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL)) ||
+           (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+static void count_copied(ferry_xfer_t *x, uint64_t n)
+{
+    x->done += n;
+    if (x->progress) atomic_fetch_add(x->progress, n);
+}
+
+/* Whether the mapping's control header says live at its generation (a
+ * read of the owner's header: the fence before it is the caller's). */
+static bool header_live(const struct shm_map *m)
+{
+    return atomic_load_explicit(&m->ctl->state, memory_order_relaxed) == FERRY_SHARE_LIVE &&
+           atomic_load_explicit(&m->ctl->generation, memory_order_relaxed) == m->generation;
+}
+
+/* Drops the mappings whose header no longer says live: a later piece into
+ * them asks the owner again (a new registration maps anew). */
+static void drop_revoked(struct shm_icache *ic)
+{
+    for (struct shm_map *m = ic->maps, *n; m; m = n) {
+        n = m->next;
+        if (m->shareable && !header_live(m)) icache_drop(ic, m);
+    }
+}
+
+/* Without a pidfd: asks the owner to confirm each region that pieces were
+ * copied into or out of (one round trip per region). Confirmed pieces
+ * advance; the others fail with the owner's reason. 0, or a connection
+ * failure with *broken (nothing advanced). */
+static int confirm_by_owner(ferry_conn_t *c, struct shm_icache *ic, ferry_xfer_t *xs, size_t nx, struct mapped *mp,
+                            int *broken)
 {
     for (size_t i = 0; i < nx; i++) {
         if (!mp[i].n) continue;
-        struct mapped r = mp[i];
+        struct shm_map *m = mp[i].m;
         uint8_t info[FERRY_SHM_MAP_INFO_SIZE];
         /* One byte names the region; the generation says it is the same. */
-        int rc = map_ask(c, &xs[i], r.addr, 1, r.generation, info, true, broken);
+        int rc = map_ask(c, &xs[i], m->addr, 1, m->generation, info, true, broken);
         if (*broken) return rc;
-        if (rc == 0 && get32(info + 28) != r.generation)
+        if (rc == 0 && get32(info + 28) != m->generation)
             rc = ferry_fail(FERRY_ERR_STALE_SEGMENT, "region [0x%llx+%llu) changed generation %u -> %u",
-                            (unsigned long long)r.addr, (unsigned long long)r.len, r.generation, get32(info + 28));
-        if (rc) {
-            for (struct shm_map *m = ic->maps; m; m = m->next)
-                if (m->addr == r.addr && m->generation == r.generation) {
-                    icache_drop(ic, m);
-                    break;
-                }
-        }
+                            (unsigned long long)m->addr, (unsigned long long)m->len, m->generation, get32(info + 28));
         for (size_t k = i; k < nx; k++) {
-            if (!mp[k].n || mp[k].addr != r.addr || mp[k].generation != r.generation) continue;
+            if (!mp[k].n || mp[k].m != m) continue;
             ferry_xfer_t *x = &xs[k];
-            if (rc) {
-                if (x->rc == 0) {
-                    ferry_fail_context("copied %llu bytes through the mapping of [0x%llx+%llu), unconfirmed",
-                                       (unsigned long long)mp[k].n, (unsigned long long)r.addr,
-                                       (unsigned long long)r.len);
-                    ferry_xfer_fail(x, rc);
-                }
-            } else {
-                x->done += mp[k].n;
-                if (x->progress) atomic_fetch_add(x->progress, mp[k].n);
+            if (rc == 0) {
+                count_copied(x, mp[k].n);
+            } else if (x->rc == 0) {
+                ferry_fail_context("copied %llu bytes through the mapping of [0x%llx+%llu), unconfirmed",
+                                   (unsigned long long)mp[k].n, (unsigned long long)m->addr,
+                                   (unsigned long long)m->len);
+                ferry_xfer_fail(x, rc);
             }
             mp[k].n = 0;
         }
+        if (rc) icache_drop(ic, m);
     }
     ferry_clear_last_error();
     return 0;
 }
 
+/* Settles the pieces copied so far (see "when mapped copies count" above):
+ * those into a live region of a live owner count, those into a revoked one
+ * stay for cross-memory attach. 0; or, the owner having exited, a
+ * connection failure with *broken (nothing counted). */
+static int settle(ferry_conn_t *c, struct shm_icache *ic, ferry_xfer_t *xs, size_t nx, struct mapped *mp,
+                  size_t *pending, int *broken)
+{
+    if (*pending == 0) return 0;
+    *pending = 0;
+    if (ic->pidfd < 0) return confirm_by_owner(c, ic, xs, nx, mp, broken);
+    ferry_share_fence(); /* the copies, then the header, the pidfd and the connection */
+    if (owner_gone(c, ic)) {
+        uint64_t bytes = 0;
+        for (size_t i = 0; i < nx; i++) bytes += mp[i].n;
+        ic->state = -1;
+        while (ic->maps) icache_drop(ic, ic->maps);
+        *broken = 1;
+        return ferry_fail(FERRY_ERR_PEER_CLOSED,
+                          "%s (pid %d) exited or hung up while %llu bytes were copied through its shared "
+                          "pool's mapping: not counted",
+                          c->peer.name, (int)c->peer.pid, (unsigned long long)bytes);
+    }
+    for (size_t i = 0; i < nx; i++) {
+        if (!mp[i].n) continue;
+        /* Not live: the bytes may have missed the owner's pages; the piece
+         * stays pending (done unchanged) for cross-memory attach. */
+        if (header_live(mp[i].m)) count_copied(&xs[i], mp[i].n);
+        mp[i].n = 0;
+    }
+    return 0;
+}
+
+/* The connection's array of a call's copies to settle, for nx pieces (kept
+ * from call to call: no allocation, no clearing, once it is large enough;
+ * settle leaves it zero). NULL when out of memory. */
+static struct mapped *copies_to_settle(struct shm_icache *ic, size_t nx)
+{
+    if (ic->mp_cap < nx) {
+        struct mapped *mp = calloc(nx, sizeof *mp);
+        if (!mp) return NULL;
+        free(ic->mp);
+        ic->mp = mp;
+        ic->mp_cap = nx;
+    }
+    return ic->mp;
+}
+
 /* Copies what it can of each piece through a mapping; the rest stays for
- * cross-memory attach. A copy counts only once the owner confirmed it
- * (map_confirm). 0, or a connection failure with *broken. */
+ * cross-memory attach. A copy counts only once settled (settle). 0, or a
+ * connection failure with *broken. */
 int shm_map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
 {
     struct shm_icache *ic = c->xport;
@@ -512,7 +648,9 @@ int shm_map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
          * lets peers write its control header. */
         bool offered = (c->peer.flags & FERRY_HELLO_F_SHMPOOL2) != 0;
         bool owns = offered && !map_disabled_here() && target_owns_conn(c);
-        if (owns) ic->pidfd = shm_open_pidfd(c->peer.pid);
+        /* FERRY_SHM_CONFIRM=1: no pidfd, so copies are confirmed by the
+         * owner, as on a kernel without pidfd_open (to compare, to test). */
+        if (owns && !env_set("FERRY_SHM_CONFIRM")) ic->pidfd = shm_open_pidfd(c->peer.pid);
         ic->state = owns ? 1 : -1;
         if (ic->state < 0) {
             FERRY_LOG(FERRY_LOG_INFO, "shm", "%s: shared-pool mapping off for this connection (%s)", c->peer.name,
@@ -530,48 +668,52 @@ int shm_map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
         return 0;
     }
     struct mapped *mp = NULL;
+    size_t pending = 0;
+    int rc = 0;
     for (size_t i = 0; i < nx && ic->state > 0; i++) {
         ferry_xfer_t *x = &xs[i];
         if (!ferry_piece_sendable(x, x->done)) continue;
         uint64_t at = x->remote + x->done, left = x->len - x->done;
         struct shm_map *m = ic->maps;
         while (m && !(at >= m->addr && at - m->addr < m->len)) m = m->next;
-        if (m && x->generation && m->generation != x->generation) {
+        bool stale = m && x->generation && m->generation != x->generation;
+        /* Mappings are dropped or evicted below only with nothing copied
+         * through them still to settle. */
+        if ((stale || !m) && (rc = settle(c, ic, xs, nx, mp, &pending, broken)) != 0) break;
+        if (stale) {
             icache_drop(ic, m); /* a newer registration, maybe */
             m = NULL;
         }
         if (!m) m = map_fetch(c, ic, x, at, broken);
         if (*broken) {
-            free(mp);
-            return ferry_last_error_code() ? ferry_last_error_code() : FERRY_ERR_PEER_CLOSED;
+            rc = ferry_last_error_code() ? ferry_last_error_code() : FERRY_ERR_PEER_CLOSED;
+            break;
         }
         if (!m || !m->shareable) continue;
         uint32_t need = x->opcode == FERRY_OP_WRITE ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_REMOTE_READ;
         if ((m->flags & need) != need || left > m->addr + m->len - at ||
             (x->generation && x->generation != m->generation))
             continue; /* cross-memory attach: the target names the error */
-        if (!mp && !(mp = calloc(nx, sizeof *mp))) break;
-        ferry_share_ctl_t *ctl = m->ctl;
+        if (!mp && !(mp = copies_to_settle(ic, nx))) break;
         uint64_t copied = 0;
-        bool revoked = false;
         while (ferry_piece_sendable(x, x->done + copied)) {
             uint64_t off = x->done + copied;
             uint64_t n = x->len - off < SHM_SLICE ? x->len - off : SHM_SLICE;
             unsigned char *there = m->map + (x->remote + off - m->addr);
-            /* A hint (the owner's confirmation decides): stop early into a
-             * pool being deregistered. */
-            if (atomic_load(&ctl->state) != FERRY_SHARE_LIVE || atomic_load(&ctl->generation) != m->generation) {
-                revoked = true;
-                break;
-            }
+            /* A hint (settle decides): stop early into a pool being
+             * deregistered; the rest goes by cross-memory attach. */
+            if (!header_live(m)) break;
             if (x->opcode == FERRY_OP_WRITE) memcpy(there, x->local + off, (size_t)n);
             else memcpy(x->local + off, there, (size_t)n);
             copied += n;
         }
-        mp[i] = (struct mapped){copied, m->addr, m->len, m->generation};
-        if (revoked && !copied) icache_drop(ic, m); /* the attach path reports it */
+        if (copied) {
+            mp[i] = (struct mapped){copied, m};
+            pending++;
+        }
     }
-    int rc = mp ? map_confirm(c, ic, xs, nx, mp, broken) : 0;
-    free(mp);
+    if (rc == 0 && mp) rc = settle(c, ic, xs, nx, mp, &pending, broken);
+    if (rc == 0 && ic->state > 0) drop_revoked(ic);
+    if (rc && mp) memset(mp, 0, nx * sizeof *mp); /* what a failure left unsettled */
     return rc;
 }
