@@ -115,7 +115,7 @@ static void trickled_payload_then_next_frames(void **state)
  * was four of 512 KiB), local pieces in runs of five end to end, remote
  * ones scattered, every 97th into a region the target dropped after the
  * initiator learned it. Those fail alone, with their code and detail; the
- * others are placed. */
+ * others are placed. Then the same pieces read back: one READV. */
 static void one_frame_per_batch_with_per_piece_errors(void **state)
 {
     (void)state;
@@ -167,6 +167,22 @@ static void one_frame_per_batch_with_per_piece_errors(void **state)
     assert_int_equal(failed, 11);
     assert_int_equal(later_in_frame, 10); /* the first refused carries the target's detail, the rest name it */
     assert_int_equal(ferry_batch_free(b), 0);
+    /* Read back the same way: one READV, its answer carrying the 1,013
+     * pieces served straight into the local runs. */
+    memset(src, 0, span);
+    for (size_t i = 0; i < N; i++) reqs[i].opcode = FERRY_OP_READ;
+    assert_int_equal(ferry_batch_alloc(ini, N, &b), 0);
+    frames = ferry_vec_compact_served();
+    assert_int_equal(ferry_batch_submit(b, peer, reqs, N, 0), 0);
+    assert_int_equal(ferry_batch_wait(b, 20000), FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    assert_int_equal(ferry_vec_compact_served() - frames, 1);
+    for (size_t i = 0; i < N; i++) {
+        ferry_status_t st;
+        assert_int_equal(ferry_batch_status(b, i, &st), 0);
+        assert_int_equal(st.code, i % 97 == 50 ? FERRY_ERR_ADDRESS_NOT_REGISTERED : 0);
+        if (i % 97 != 50) assert_memory_equal(src + local_off[i], dst + ((i * 7 + 3) % N) * BLOCK, BLOCK);
+    }
+    assert_int_equal(ferry_batch_free(b), 0);
     free(reqs);
     free(local_off);
     ferry_engine_destroy(ini);
@@ -176,10 +192,63 @@ static void one_frame_per_batch_with_per_piece_errors(void **state)
     free(gone);
 }
 
+/* One batch of 8,192 reads then 8,192 writes of 2 KiB on one connection
+ * (16 MiB each way, more than both ends' socket buffers hold): the READVs'
+ * answers in flight stay few enough that the target keeps reading the
+ * WRITEVs sent after them, so neither side waits on the other. */
+static void reads_then_writes_on_one_connection(void **state)
+{
+    (void)state;
+    enum { N = 8192, BLOCK = 2048 };
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.transport = "tcp";
+    cfg.timeout_ms = 20000;
+    cfg.conns_per_peer = 1;
+    ferry_engine_t *ini = harness_engine_cfg(&cfg), *t = harness_engine_cfg(&cfg);
+    size_t half = (size_t)N * BLOCK;
+    unsigned char *local = malloc(2 * half), *remote = malloc(2 * half);
+    assert_true(local && remote);
+    harness_fill(local, 2 * half, 21);
+    harness_fill(remote, 2 * half, 22);
+    assert_int_equal(ferry_register(ini, local, 2 * half, FERRY_MEM_LOCAL), 0);
+    assert_int_equal(ferry_register(t, remote, 2 * half, FERRY_MEM_REMOTE), 0);
+    const char *peer = ferry_engine_name(t);
+    ferry_request_t *reqs = calloc(2 * N, sizeof *reqs);
+    for (size_t i = 0; i < N; i++) {
+        size_t slot = (i * 7 + 3) % N;
+        reqs[i] = (ferry_request_t){FERRY_OP_READ, local + i * BLOCK, (uint64_t)(uintptr_t)(remote + slot * BLOCK),
+                                    BLOCK};
+        reqs[N + i] = (ferry_request_t){FERRY_OP_WRITE, local + half + i * BLOCK,
+                                        (uint64_t)(uintptr_t)(remote + half + slot * BLOCK), BLOCK};
+    }
+    unsigned char *want_read = malloc(half), *want_written = malloc(half);
+    for (size_t i = 0; i < N; i++) {
+        memcpy(want_read + i * BLOCK, remote + ((i * 7 + 3) % N) * BLOCK, BLOCK);
+        memcpy(want_written + ((i * 7 + 3) % N) * BLOCK, local + half + i * BLOCK, BLOCK);
+    }
+    ferry_batch_t *b;
+    assert_int_equal(ferry_batch_alloc(ini, 2 * N, &b), 0);
+    assert_int_equal(ferry_batch_submit(b, peer, reqs, 2 * N, 0), 0);
+    int rc = ferry_batch_wait(b, 30000);
+    if (rc) fail_msg("mixed batch: %s", ferry_last_error_detail());
+    assert_memory_equal(local, want_read, half);
+    assert_memory_equal(remote + half, want_written, half);
+    assert_int_equal(ferry_batch_free(b), 0);
+    free(reqs);
+    free(want_read);
+    free(want_written);
+    ferry_engine_destroy(ini);
+    ferry_engine_destroy(t);
+    free(local);
+    free(remote);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(one_frame_per_batch_with_per_piece_errors),
+        cmocka_unit_test(reads_then_writes_on_one_connection),
         cmocka_unit_test(trickled_payload_then_next_frames),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
