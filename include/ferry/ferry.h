@@ -362,7 +362,10 @@ FERRY_API int ferry_batch_transfer_sync(ferry_engine_t *e, const char *peer, int
  * ACCESS_DENIED, the detail naming its number, index and address). With a peer speaking protocol 3
  * the pieces travel as such (base, stride, length, indices) and the target
  * expands them after its own bounds check; older peers get them as pieces.
- * Nothing is allocated per piece beyond the engine's usual bookkeeping. */
+ * The initiator expands the pieces a window at a time (a few thousand per
+ * connection in use), so the memory a call holds does not grow with n;
+ * ferry_batch_submit_strided copies the index lists (8 bytes an index), so
+ * the caller may free them once it returns. */
 typedef struct ferry_strided {
     size_t struct_size;          /* sizeof(ferry_strided_t), set by the macros below */
     int opcode;                  /* FERRY_OP_READ or FERRY_OP_WRITE */

@@ -32,6 +32,10 @@ struct task_ext {
     task_done_fn start; /* optional: the worker picked the task up */
     task_done_fn done;
     void *owner;
+    /* Optional: runs the task instead of its pieces (a strided lane that
+     * expands its pieces window by window, strided.c), with run_arg. */
+    void (*run)(struct task_ext *t, void *run_arg);
+    void *run_arg;
     ferry_stream_ctl_t ctl;          /* a canceller interrupts the task here */
     struct task_ext *bnext, *bprev;  /* async: the batch's outstanding tasks */
 };
@@ -66,5 +70,32 @@ int ferry_wait_zero_locked(ferry_engine_t *e, pthread_mutex_t *lock, pthread_con
 ferry_engine_t *ferry_batch_engine(const ferry_batch_t *b);
 long ferry_batch_submit_checked(ferry_batch_t *b, const char *peer, const ferry_request_t *reqs, size_t n,
                                 int timeout_ms);
+
+/* Strided descriptors run window by window (strided.c, batch.c): each
+ * lane (one connection) expands at most FERRY_STRIDED_WINDOW pieces at
+ * once, so the memory a call holds does not grow with n. No more: when a
+ * link goes silent under a window, its pieces are in doubt and fenced one
+ * id each, and the target remembers at most FERRY_CANCEL_CONN_MAX of them
+ * for that connection; a larger window could not be confirmed. */
+#define FERRY_STRIDED_WINDOW FERRY_CANCEL_CONN_MAX
+/* The window for n pieces (n > 0) over up to `lanes` lanes: the size
+ * above, or less, so that a small call still spreads over every lane (as a
+ * batch's pieces spread over the peer's connections). */
+static inline size_t ferry_strided_window(size_t n, size_t lanes)
+{
+    size_t w = (n + lanes - 1) / lanes;
+    return w < FERRY_STRIDED_WINDOW ? w : FERRY_STRIDED_WINDOW;
+}
+/* Piece i of checked descriptor d: its local and remote addresses. */
+static inline void ferry_strided_piece(const ferry_strided_t *d, size_t i, unsigned char **local, uint64_t *remote)
+{
+    *local = (unsigned char *)d->local_base + (d->local_idx ? d->local_idx[i] : i) * d->local_stride;
+    *remote = d->remote_base + (d->remote_idx ? d->remote_idx[i] : i) * d->remote_stride;
+}
+/* batch.c: ferry_batch_submit of the n pieces of the checked descriptor d
+ * as requests of b, expanded window by window by lanes on the workers.
+ * The index lists are copied (the caller may free them on return). */
+long ferry_batch_submit_strided_checked(ferry_batch_t *b, const char *peer, const ferry_strided_t *d,
+                                        int timeout_ms);
 
 #endif

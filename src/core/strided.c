@@ -1,10 +1,13 @@
 /* Strided batches (ferry.h, "strided batches"): one descriptor for n pieces
  * at base + index * stride on both sides. The bounds are checked once per
- * descriptor (its smallest and largest index), then the pieces go the way
- * of any batch; the vector frames describe them compactly again on the
- * wire (transport/vec.c). */
+ * descriptor (its smallest and largest index), then the pieces are made a
+ * window at a time and run (below; async: batch.c, "strided lanes"); the
+ * vector frames describe them compactly again on the wire
+ * (transport/vec.c). */
 #include <stdlib.h>
+#include <string.h>
 
+#include "batch.h"
 #include "clock.h"
 #include "engine.h"
 #include "fail.h"
@@ -139,6 +142,11 @@ static int strided_check(ferry_engine_t *e, const char *peer, const ferry_stride
     return rc;
 }
 
+/* Pieces this big are striped over several connections (workers.c), which
+ * the windows do not do: they go the way of any batch, expanded at once
+ * (one entry of bookkeeping per 8 MiB moved). */
+#define STRIDED_BIG_PIECE (8u << 20)
+
 /* The pieces of d as the three arrays of a batch (one allocation). */
 static void *expand(const ferry_strided_t *d, void ***locals, uint64_t **remotes, size_t **lens)
 {
@@ -151,13 +159,183 @@ static void *expand(const ferry_strided_t *d, void ***locals, uint64_t **remotes
     *locals = (void **)mem;
     *remotes = (uint64_t *)(mem + n * sizeof **locals);
     *lens = (size_t *)(mem + n * (sizeof **locals + sizeof **remotes));
-    unsigned char *lb = d->local_base;
     for (size_t i = 0; i < n; i++) {
-        (*locals)[i] = lb + idx_at(d->local_idx, i) * d->local_stride;
-        (*remotes)[i] = d->remote_base + idx_at(d->remote_idx, i) * d->remote_stride;
+        unsigned char *local;
+        ferry_strided_piece(d, i, &local, &(*remotes)[i]);
+        (*locals)[i] = local;
         (*lens)[i] = d->piece_len;
     }
     return mem;
+}
+
+static int run_big_pieces(ferry_engine_t *e, const char *peer, const ferry_strided_t *d)
+{
+    void **locals;
+    uint64_t *remotes;
+    size_t *lens;
+    void *mem = expand(d, &locals, &remotes, &lens);
+    int rc = mem ? ferry_run_sync_checked(e, peer, d->opcode, locals, remotes, lens, d->n) : FERRY_ERR_MEMORY;
+    free(mem);
+    return rc;
+}
+
+static long submit_big_pieces(ferry_batch_t *b, const char *peer, const ferry_strided_t *d, int timeout_ms)
+{
+    ferry_request_t *reqs = malloc((d->n ? d->n : 1) * sizeof *reqs);
+    if (!reqs) return ferry_fail(FERRY_ERR_MEMORY, "strided submit of %zu pieces: out of memory", d->n);
+    for (size_t i = 0; i < d->n; i++) {
+        unsigned char *local;
+        reqs[i] = (ferry_request_t){.opcode = d->opcode, .len = d->piece_len};
+        ferry_strided_piece(d, i, &local, &reqs[i].remote);
+        reqs[i].local = local;
+    }
+    long first = ferry_batch_submit_checked(b, peer, reqs, d->n, timeout_ms);
+    free(reqs);
+    return first;
+}
+
+/* ------------------------------------------------ synchronous windows
+ *
+ * The pieces are expanded a window at a time (ferry_strided_window):
+ * lanes (the caller's thread and up to conns_per_peer - 1 workers, one
+ * connection each) take the next window in piece order, expand it into
+ * their own buffer and run it. While one lane waits for its window's last answers the
+ * others keep the pipe full. After a failure no lane takes another window;
+ * the failure reported is the lowest failed piece, and every window below
+ * it ran, so it is the first failure, as when the pieces ran at once. */
+
+struct lanes {
+    ferry_engine_t *e;
+    ferry_session_t *s;
+    const char *peer;
+    const ferry_strided_t *d;
+    uint64_t deadline, t0;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    size_t window;      /* pieces a window */
+    size_t next;        /* the first piece no lane took */
+    size_t workers;     /* worker lanes still to end */
+    bool stop;          /* a piece failed: no more windows */
+    size_t failed;      /* the lowest failed piece, SIZE_MAX when none */
+    int rc;
+    char *detail;       /* its error detail (raised on a worker's thread) */
+};
+
+/* Expands pieces [from, from + n) of d into xs (cleared here). */
+static void expand_window(ferry_engine_t *e, const ferry_strided_t *d, size_t from, size_t n, uint64_t deadline,
+                          ferry_xfer_t *xs)
+{
+    memset(xs, 0, n * sizeof *xs);
+    uint64_t id = atomic_fetch_add(&e->next_req_id, n); /* one id a piece, so one can be fenced alone */
+    for (size_t i = 0; i < n; i++) {
+        ferry_xfer_t *x = &xs[i];
+        ferry_strided_piece(d, from + i, &x->local, &x->remote);
+        x->opcode = d->opcode;
+        x->len = d->piece_len;
+        x->req_id = id + i;
+        x->deadline = deadline;
+        x->index = from + i;
+    }
+}
+
+/* Records the failure raised on this thread for piece `failed`, if it is
+ * the lowest so far, and stops the lanes. */
+static void lanes_fail(struct lanes *l, int rc, size_t failed)
+{
+    pthread_mutex_lock(&l->lock);
+    if (failed < l->failed) {
+        free(l->detail);
+        l->detail = strdup(ferry_fail_message());
+        l->failed = failed;
+        l->rc = rc;
+    }
+    l->stop = true;
+    pthread_mutex_unlock(&l->lock);
+}
+
+/* One lane: windows until none is left or a piece failed. */
+static void lane_run(struct lanes *l)
+{
+    const ferry_strided_t *d = l->d;
+    size_t w = l->window;
+    ferry_xfer_t *xs = malloc(w * sizeof *xs);
+    if (!xs) { /* the call fails, unless a piece failed too (ranked after every piece) */
+        lanes_fail(l, ferry_fail(FERRY_ERR_MEMORY, "strided transfer: out of memory for a window of %zu pieces", w),
+                   d->n);
+        return;
+    }
+    for (;;) {
+        pthread_mutex_lock(&l->lock);
+        size_t from = l->next, n = d->n - from < w ? d->n - from : w;
+        bool done = l->stop || n == 0;
+        l->next += done ? 0 : n;
+        pthread_mutex_unlock(&l->lock);
+        if (done) break;
+        if (atomic_load(&l->e->stopping)) {
+            lanes_fail(l, ferry_fail(FERRY_ERR_CONTEXT, "the engine was destroyed while the strided transfer to %s ran "
+                                     "(piece %zu of %zu not sent)", l->peer, from, d->n), from);
+            break;
+        }
+        expand_window(l->e, d, from, n, l->deadline, xs);
+        size_t failed = SIZE_MAX;
+        int rc = ferry_run_window(l->e, l->s, l->peer, xs, n, d->n, l->t0, &failed);
+        if (rc) lanes_fail(l, rc, failed);
+    }
+    free(xs);
+}
+
+static void worker_lane(struct task_ext *t, void *arg)
+{
+    (void)t;
+    lane_run(arg);
+}
+
+static void worker_lane_done(ferry_task_t *t, void *owner)
+{
+    struct lanes *l = owner;
+    ferry_session_put(t->session);
+    ferry_task_free((struct task_ext *)t);
+    pthread_mutex_lock(&l->lock);
+    l->workers--;
+    pthread_cond_signal(&l->cond);
+    pthread_mutex_unlock(&l->lock);
+}
+
+/* Runs the checked descriptor d (n > 0) to peer in windows. */
+static int run_windows(ferry_engine_t *e, const char *peer, const ferry_strided_t *d)
+{
+    struct lanes l = {.e = e, .peer = peer, .d = d, .failed = SIZE_MAX, .t0 = ferry_now_ns(),
+                      .deadline = ferry_deadline_after_ms(e->cfg.timeout_ms)};
+    int rc = ferry_session_get(e, peer, &l.s);
+    if (rc) return rc;
+    FERRY_STAT_ADD(&e->stats, requests, d->n);
+    pthread_mutex_init(&l.lock, NULL);
+    pthread_cond_init(&l.cond, NULL);
+    size_t lanes = (size_t)e->cfg.conns_per_peer;
+    if (lanes > (size_t)e->cfg.workers + 1) lanes = (size_t)e->cfg.workers + 1;
+    l.window = ferry_strided_window(d->n, lanes);
+    size_t windows = (d->n - 1) / l.window + 1;
+    if (lanes > windows) lanes = windows;
+    for (size_t k = 1; k < lanes; k++) {
+        struct task_ext *t = ferry_task_new(l.s, NULL, 0, worker_lane_done, &l);
+        if (!t) break; /* fewer lanes: slower, still correct */
+        t->run = worker_lane;
+        t->run_arg = &l;
+        pthread_mutex_lock(&l.lock);
+        l.workers++;
+        pthread_mutex_unlock(&l.lock);
+        ferry_task_enqueue(e, &t->task);
+    }
+    lane_run(&l);
+    pthread_mutex_lock(&l.lock);
+    ferry_wait_zero_locked(e, &l.lock, &l.cond, &l.workers, UINT64_MAX, 1);
+    pthread_mutex_unlock(&l.lock);
+    pthread_mutex_destroy(&l.lock);
+    pthread_cond_destroy(&l.cond);
+    ferry_session_put(l.s);
+    if (l.failed != SIZE_MAX) rc = ferry_fail(l.rc, "%s", l.detail ? l.detail : "failed");
+    free(l.detail);
+    return rc;
 }
 
 int(ferry_strided_transfer_sync)(ferry_engine_t *e, const char *peer, const ferry_strided_t *theirs)
@@ -169,13 +347,8 @@ int(ferry_strided_transfer_sync)(ferry_engine_t *e, const char *peer, const ferr
     ferry_strided_t d;
     rc = strided_check(e, peer, theirs, &d);
     if (rc || d.n == 0) return ferry_engine_leave(e, rc);
-    void **locals;
-    uint64_t *remotes;
-    size_t *lens;
-    void *mem = expand(&d, &locals, &remotes, &lens);
-    rc = mem ? ferry_run_sync_checked(e, peer, d.opcode, locals, remotes, lens, d.n) : FERRY_ERR_MEMORY;
-    free(mem);
-    return ferry_engine_leave(e, rc);
+    return ferry_engine_leave(e, d.piece_len >= STRIDED_BIG_PIECE ? run_big_pieces(e, peer, &d)
+                                                                   : run_windows(e, peer, &d));
 }
 
 long(ferry_batch_submit_strided)(ferry_batch_t *b, const char *peer, const ferry_strided_t *theirs, int timeout_ms)
@@ -191,17 +364,8 @@ long(ferry_batch_submit_strided)(ferry_batch_t *b, const char *peer, const ferry
     ferry_strided_t d;
     rc = strided_check(e, peer, theirs, &d);
     if (rc) return ferry_engine_leave(e, ferry_fail_context("strided submit"));
-    ferry_request_t *reqs = malloc((d.n ? d.n : 1) * sizeof *reqs);
-    if (!reqs)
-        return ferry_engine_leave(
-            e, ferry_fail(FERRY_ERR_MEMORY, "strided submit of %zu pieces: out of memory", d.n));
-    unsigned char *lb = d.local_base;
-    for (size_t i = 0; i < d.n; i++)
-        reqs[i] = (ferry_request_t){.opcode = d.opcode, .local = lb + idx_at(d.local_idx, i) * d.local_stride,
-                                    .remote = d.remote_base + idx_at(d.remote_idx, i) * d.remote_stride,
-                                    .len = d.piece_len};
-    long first = ferry_batch_submit_checked(b, peer, reqs, d.n, timeout_ms);
-    free(reqs);
+    long first = d.piece_len >= STRIDED_BIG_PIECE ? submit_big_pieces(b, peer, &d, timeout_ms)
+                                                  : ferry_batch_submit_strided_checked(b, peer, &d, timeout_ms);
     rc = ferry_engine_leave(e, first < 0 ? (int)first : 0);
     return rc ? rc : first;
 }

@@ -148,6 +148,28 @@ static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const
     return rc;
 }
 
+/* Runs pieces xs[0..n) of a call of total requests on one of s's
+ * connections (a strided window, strided.c), counts their requests
+ * (latency since t0) and frees their details. On failure, raises the first
+ * failed piece's error as run_sync names it and sets *failed to its
+ * request index. */
+int ferry_run_window(ferry_engine_t *e, ferry_session_t *s, const char *peer, ferry_xfer_t *xs, size_t n,
+                     size_t total, uint64_t t0, size_t *failed)
+{
+    int rc = ferry_xfer_run(e, s, xs, n);
+    record_requests(s, xs, n, ferry_now_ns() - t0);
+    for (size_t i = 0; rc && i < n; i++) {
+        if (xs[i].rc) {
+            rc = report_piece(&xs[i], peer);
+            ferry_fail_context("request %zu of %zu", xs[i].index, total);
+            *failed = xs[i].index;
+            break;
+        }
+    }
+    free_details(xs, n);
+    return rc;
+}
+
 /* run_sync inside the engine's count of calls in progress (destroy waits). */
 static int run_sync_entered(ferry_engine_t *e, const char *peer, int opcode, void *const *locals,
                             const uint64_t *remotes, const size_t *lens, size_t n)

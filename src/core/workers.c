@@ -98,7 +98,9 @@ static ferry_task_t *dequeue(ferry_engine_t *e)
 static void run_task(ferry_engine_t *e, ferry_task_t *t)
 {
     struct task_ext *x = (struct task_ext *)t;
-    if (atomic_load(&e->stopping)) {
+    if (x->run) {
+        x->run(x, x->run_arg); /* a lane: fails its own pieces once the engine stops */
+    } else if (atomic_load(&e->stopping)) {
         int rc = ferry_fail(FERRY_ERR_CONTEXT, "the engine shut down before the request ran");
         for (size_t i = 0; i < t->nxfers; i++)
             if (t->xfers[i].rc == 0) ferry_xfer_fail(&t->xfers[i], rc);

@@ -57,4 +57,9 @@ int ferry_check_request(ferry_engine_t *e, int opcode, const void *local, uint64
 int ferry_run_sync_checked(ferry_engine_t *e, const char *peer, int opcode, void *const *locals,
                            const uint64_t *remotes, const size_t *lens, size_t n);
 
+/* Runs one window of a larger call's pieces on one connection, counted
+ * and with the first failure raised (its request index in *failed). */
+int ferry_run_window(ferry_engine_t *e, ferry_session_t *s, const char *peer, ferry_xfer_t *xs, size_t n,
+                     size_t total, uint64_t t0, size_t *failed);
+
 #endif

@@ -21,6 +21,8 @@ except ImportError:
 PIECE = 512
 PIECES = 300
 SIZE = PIECE * PIECES
+SMALL = 16     # bytes a piece of the many-windows case
+MANY = 50000   # its pieces: 13 windows
 
 
 class TestDetect(unittest.TestCase):
@@ -58,6 +60,11 @@ class TestStridedTransfer(unittest.TestCase):
         cls.src_addr = cls.p.engine.register(cls.src)
         cls.dst_addr = cls.d.engine.register(cls.dst)
         cls.sid = cls.d.get_session_id()
+        # Many small pieces: several windows (4,096 pieces each).
+        cls.small_src = mmap.mmap(-1, MANY * SMALL)
+        cls.small_dst = mmap.mmap(-1, MANY * SMALL * 2)
+        cls.small_src_addr = cls.p.engine.register(cls.small_src)
+        cls.small_dst_addr = cls.d.engine.register(cls.small_dst)
 
     @classmethod
     def tearDownClass(cls):
@@ -112,6 +119,27 @@ class TestStridedTransfer(unittest.TestCase):
                                                   self.dst_addr, PIECE, PIECE, remote_indices=[0, PIECES])
         self.assertEqual(bid, 0)
         self.assertIn("remote index %d" % PIECES, errors.last_error_detail())
+
+    def test_many_windows(self):
+        """50,000 pieces of 16 B to scattered slots of 32 B, sync from a list
+        and async from an array: the library runs them window by window."""
+        self.small_src[:] = random.Random(5).randbytes(MANY * SMALL)
+        for async_ in (False, True):
+            self.small_dst[:] = b"\0" * (MANY * SMALL * 2)
+            slots = random.Random(7).sample(range(MANY), MANY)
+            args = (self.sid, TransferOpcode.Write, self.small_src_addr, SMALL, self.small_dst_addr, 2 * SMALL,
+                    SMALL)
+            if async_:
+                bid = self.p.batch_transfer_async_strided(*args, remote_indices=array.array("Q", slots))
+                self.assertGreater(bid, 0, errors.last_error_detail())
+                self.assertEqual(self.p.get_batch_transfer_status([bid]), 0, errors.last_error_detail())
+            else:
+                self.assertEqual(self.p.transfer_strided_sync(*args, remote_indices=slots), 0,
+                                 errors.last_error_detail())
+            for i, slot in enumerate(slots):
+                at = slot * 2 * SMALL
+                self.assertEqual(self.small_dst[at:at + SMALL], self.small_src[i * SMALL:(i + 1) * SMALL])
+                self.assertEqual(self.small_dst[at + SMALL:at + 2 * SMALL], b"\0" * SMALL)
 
     def test_out_of_bounds(self):
         rc = self.write([0, 1, PIECES])
