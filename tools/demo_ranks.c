@@ -278,6 +278,11 @@ static void prefill_send(struct prefill *P, struct demo_tok *t)
         free(th);
     }
     uint64_t t_end = demo_now_ns();
+    /* The freeze must land before this request is reported sent (the
+     * orchestrator then sees a rank stopped while transferring): on a
+     * loaded machine the timed SIGSTOP can come after every send ended. */
+    if (P->a->rank == 0 && req == s->inject_request && s->inject == DEMO_INJECT_FREEZE_PREFILL)
+        kill(getpid(), SIGSTOP);
     for (long i = 0; i < P->ntargets; i++) {
         if (jobs[i].rc == 0) continue;
         char text[1400];
