@@ -520,12 +520,16 @@ static void payload_stallers(bool trickle)
         ferry_frame_t f = {.type = types[i % 3], .req_id = 300 + (uint64_t)i,
                            .addr = (uint64_t)(uintptr_t)(t.mem + PAYLOAD_BYTES * i), .len = PAYLOAD_BYTES,
                            .plen = PAYLOAD_BYTES};
+        uint8_t sent[PAYLOAD_SENT];
+        memcpy(sent, part, sizeof sent);
         if (f.type == FERRY_FRAME_WRITEV) { /* one piece: its descriptor, then its bytes */
+            ferry_vec_desc_t d = {.addr = f.addr, .len = PAYLOAD_BYTES - FERRY_WIRE_VEC_DESC_SIZE};
+            ferry_vec_desc_encode(&d, sent);
             f.len = 1;
-            f.addr = PAYLOAD_BYTES - FERRY_WIRE_VEC_DESC_SIZE;
+            f.addr = d.len;
         }
         assert_int_equal(raw_send(fd[i], &f, NULL), 0);
-        assert_int_equal(raw_send_bytes(fd[i], part, sizeof part), 0);
+        assert_int_equal(raw_send_bytes(fd[i], sent, sizeof sent), 0);
     }
     uint64_t stalled_at = harness_now_ms();
     tr = (trickler_t){.fd = fd, .n = PAYLOAD_STALLERS};

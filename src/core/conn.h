@@ -34,6 +34,11 @@ typedef struct ferry_partial {
     int status;               /* its refusal so far (the rest is read and dropped), else 0 */
     int mode;                 /* the handler's */
     bool wait_out;            /* it waits to send (its answer), not to receive */
+    /* A WRITEV's: the piece being received, the registry version its
+     * pieces were last checked against, the socket's low-water mark. */
+    size_t at;
+    uint64_t version;
+    int lowat;
     uint8_t out[FERRY_FRAME_HEADER_SIZE]; /* the answer's header, when it sends one */
     /* Continues the frame: 0 served, FERRY_SERVE_PENDING, or a failure
      * (closes the connection). NULL: no frame is in progress. */

@@ -379,12 +379,18 @@ static void set_rcvlowat(const ferry_conn_t *c, int n)
     setsockopt(c->fd, SOL_SOCKET, SO_RCVLOWAT, &n, sizeof n);
 }
 
-/* Frames read whole before their handler runs (payload_gate): every frame
- * with a payload but WRITE, whose handler parks mid-payload on its own
- * (transport/tcp.c). */
-static bool gated(const ferry_frame_t *f)
+/* How much of f's payload must have arrived before its handler runs
+ * (payload_gate): all of it, but none of a WRITE's and only the
+ * descriptors of an unchecksummed WRITEV, whose handlers place the rest as
+ * it arrives and park between its parts on their own (transport/tcp.c). */
+static uint64_t gate_bytes(const ferry_frame_t *f)
 {
-    return f->plen > 0 && f->type != FERRY_FRAME_WRITE;
+    if (f->type == FERRY_FRAME_WRITE) return 0;
+    if (f->type == FERRY_FRAME_WRITEV && !(f->flags & FERRY_FRAME_F_CRC)) {
+        uint64_t d = ferry_vec_desc_bytes(f);
+        return d < f->plen ? d : f->plen;
+    }
+    return f->plen;
 }
 
 static int payload_timeout(ferry_engine_t *e, ferry_conn_t *c);
@@ -398,7 +404,7 @@ static int gated_resume(ferry_conn_t *c)
     ferry_partial_t *p = &c->partial;
     p->resume = NULL;
     p->done = bytes_waiting(c);
-    if (p->done < p->f.plen) {
+    if (p->done < gate_bytes(&p->f)) {
         struct pollfd q = {.fd = c->fd, .events = POLLRDHUP};
         if (poll(&q, 1, 0) > 0 && (q.revents & (POLLRDHUP | POLLHUP | POLLERR)))
             return ferry_fail(FERRY_ERR_PEER_CLOSED, "%s closed the connection after %llu of a %s frame's %u payload bytes",
@@ -419,9 +425,9 @@ static int gated_resume(ferry_conn_t *c)
  * before, blocking up to its deadline); FERRY_SERVE_PENDING: parked. */
 static int payload_gate(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t *f)
 {
-    uint64_t here = bytes_waiting(c);
-    if (here >= f->plen) return 0;
-    int want = (int)f->plen, got = 0;
+    uint64_t need = gate_bytes(f), here = need ? bytes_waiting(c) : 0;
+    if (here >= need) return 0;
+    int want = (int)need, got = 0;
     socklen_t len = sizeof got;
     set_rcvlowat(c, want);
     if (getsockopt(c->fd, SOL_SOCKET, SO_RCVLOWAT, &got, &len) != 0 || got < want) {
@@ -553,7 +559,7 @@ static bool serve_turn(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t *
             if (rc == FERRY_ERR_PEER_CLOSED && atomic_load(&s->expired)) rc = payload_timeout(e, c);
             if (rc != FERRY_SERVE_PENDING) atomic_store(&s->header_due_ns, 0);
         } else {
-            rc = gated(&f) ? payload_gate(e, c, &f) : 0;
+            rc = payload_gate(e, c, &f);
             if (rc == 0) rc = ferry_serve_frame(c, &f);
         }
         if (rc == FERRY_SERVE_PENDING) {

@@ -633,24 +633,36 @@ static void set_rcvlowat(ferry_conn_t *c, int want, int *cur)
  * VEC_RCVLOWAT more bytes (or the rest) arrived. Refused pieces' bytes go to
  * the sink. Before each receive the pieces still to come are checked again
  * when the registry or the cancel set changed (place_direct's discipline,
- * done per run of pieces instead of per piece). */
-static int vec_place_direct(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_vec_scratch *v, uint64_t version,
-                            uint64_t deadline, int *lowat)
+ * done per run of pieces instead of per piece). Resumable from c->partial
+ * (done: payload bytes received; at, version, lowat): when another data
+ * frame waits for a thread while the socket is dry, the frame is parked
+ * (FERRY_SERVE_PENDING) with the low-water mark set, and continues once
+ * that much more has come. */
+static int vec_place_direct(ferry_conn_t *c, ferry_partial_t *p, struct ferry_vec_scratch *v)
 {
     ferry_engine_t *e = c->engine;
     ferry_registry_t *r = ferry_engine_registry(e);
-    size_t n = (size_t)f->len, at = 0;
-    for (size_t i = 0; i < n; i++)
-        v->iov[i] = (struct iovec){v->st[i] ? v->sink : (void *)(uintptr_t)v->d[i].addr, v->d[i].len};
-    uint64_t left = f->addr;
+    const ferry_frame_t *f = &p->f;
+    size_t n = (size_t)f->len, at = p->at;
+    uint64_t version = p->version;
+    if (p->done == 0)
+        for (size_t i = 0; i < n; i++)
+            v->iov[i] = (struct iovec){v->st[i] ? v->sink : (void *)(uintptr_t)v->d[i].addr, v->d[i].len};
+    uint64_t left = f->addr - p->done;
     bool drained = false;
     while (left > 0) {
+        p->done = f->addr - left;
         if (drained) {
-            set_rcvlowat(c, left < VEC_RCVLOWAT ? (int)left : (int)VEC_RCVLOWAT, lowat);
-            int w = ferry_net_wait_readable(c->fd, deadline);
-            if (w <= 0)
+            set_rcvlowat(c, left < VEC_RCVLOWAT ? (int)left : (int)VEC_RCVLOWAT, &p->lowat);
+            int w = ferry_serve_payload_wait(c, p->deadline);
+            if (w < 0)
                 return ferry_fail(FERRY_ERR_TIMEOUT, "vector frame from %s stalled with %llu of %llu bytes to come",
                                   c->peer.name, (unsigned long long)left, (unsigned long long)f->addr);
+            if (w == 0) {
+                p->at = at;
+                p->version = version;
+                return FERRY_SERVE_PENDING;
+            }
         }
         ferry_registry_read_lock(r);
         if (r->version != version || ferry_vec_cancels_pending(c)) {
@@ -683,6 +695,7 @@ static int vec_place_direct(ferry_conn_t *c, const ferry_frame_t *f, struct ferr
             v->iov[at].iov_len -= k;
         }
     }
+    p->done = f->addr;
     return 0;
 }
 
@@ -726,6 +739,9 @@ static int vec_place_staged(ferry_conn_t *c, const ferry_frame_t *f, struct ferr
     return 0;
 }
 
+static int writev_resume(ferry_conn_t *c);
+static int writev_answer(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_vec_scratch *v, uint64_t deadline);
+
 /* WRITEV: many small pieces, one answer (vec.h). */
 static int serve_writev(ferry_conn_t *c, const ferry_frame_t *f)
 {
@@ -742,14 +758,32 @@ static int serve_writev(ferry_conn_t *c, const ferry_frame_t *f)
     ferry_registry_unlock(r);
     if ((f->flags & FERRY_FRAME_F_CRC) || device) {
         rc = vec_place_staged(c, f, v, deadline);
-    } else {
-        int lowat = 1;
-        rc = vec_place_direct(c, f, v, version, deadline, &lowat);
-        /* Back to waking at the first byte: the next header is 64 bytes,
-         * and the event loop's waits would otherwise never end. */
-        set_rcvlowat(c, 1, &lowat);
+        return rc ? rc : writev_answer(c, f, v, deadline);
     }
-    if (rc) return rc;
+    ferry_partial_t *p = &c->partial;
+    *p = (ferry_partial_t){.f = *f, .deadline = deadline, .version = version, .lowat = 1};
+    return writev_resume(c);
+}
+
+/* Places a WRITEV's pieces as they arrive, from where they stand
+ * (c->partial), then answers; parked between its parts when another data
+ * frame wants the thread. */
+static int writev_resume(ferry_conn_t *c)
+{
+    ferry_partial_t *p = &c->partial;
+    int rc = vec_place_direct(c, p, c->vec);
+    p->resume = rc == FERRY_SERVE_PENDING ? writev_resume : NULL;
+    if (rc == FERRY_SERVE_PENDING) return rc; /* parked: wakes once the mark's bytes came */
+    /* Back to waking at the first byte: the next header is 64 bytes, and
+     * the event loop's waits would otherwise never end. */
+    set_rcvlowat(c, 1, &p->lowat);
+    return rc ? rc : writev_answer(c, &p->f, c->vec, p->deadline);
+}
+
+/* A WRITEV's answer once its payload is in: per-piece statuses (vec.h). */
+static int writev_answer(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_vec_scratch *v, uint64_t deadline)
+{
+    size_t n = (size_t)f->len;
     uint64_t placed = 0;
     for (size_t i = 0; i < n; i++)
         if (!v->st[i]) placed += v->d[i].len;
