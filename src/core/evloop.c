@@ -21,7 +21,8 @@
  *    parks the connection when none comes, or after SERVE_TURN_FRAMES frames
  *    so that a busy peer does not keep a thread from the others;
  *  - nor does a peer stalling or trickling in a frame's payload: a WRITE's
- *    handler (transport/tcp.c) places the payload as it arrives and, when
+ *    or an unchecksummed WRITEV's handler (transport/tcp.c; a WRITEV's
+ *    descriptors are read whole first) places the payload as it arrives and, when
  *    it runs dry while another data frame waits for a thread, saves its
  *    progress in the connection (ferry_partial_t), returns
  *    FERRY_SERVE_PENDING, and the connection is parked busy with the
@@ -34,7 +35,8 @@
  *    on the connection as before (ferry_serve_payload_wait,
  *    ferry_serve_answer_wait). Limits: a frame whose
  *    payload is larger than the kernel will buffer for the low-water mark
- *    (a crafted WRITEV of megabytes; honest ones are at most 512 KiB), or
+ *    (half the receive buffer; the largest such frames are checksummed
+ *    WRITEVs, 512 KiB from our initiators), a WRITEV into device memory, or
  *    one woken early under the kernel's memory pressure, is served as
  *    before, blocking up to its deadline; so are the other answers (acks,
  *    a READV's bytes) to a peer that stops reading.
