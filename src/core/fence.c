@@ -163,9 +163,26 @@ static int fence(ferry_session_t *s, const ferry_fence_id_t *ids, size_t n, uint
  * it the oldest are dropped, with a warning. */
 #define MAX_UNFENCED 4096
 
+/* With s->lock held: whether id's connection is already remembered and the
+ * peer fences connections whole (then one id of it is enough: the fence
+ * names the connection). The ids of one stream come in a row. */
+static bool unfenced_conn_known(ferry_session_t *s, ferry_fence_id_t id)
+{
+    if (!id.conn_key || !s->have_peer || !(s->peer.flags & FERRY_HELLO_F_CONNFENCE) ||
+        ferry_test_no_conn_fence(s->engine))
+        return false;
+    for (size_t i = s->nunfenced, seen = 0; i-- > 0 && seen < 16; seen++)
+        if (s->unfenced[i].conn_key == id.conn_key) return true;
+    return false;
+}
+
 static void remember_unfenced(ferry_session_t *s, ferry_fence_id_t id)
 {
     pthread_mutex_lock(&s->lock);
+    if (s->unfenced && unfenced_conn_known(s, id)) {
+        pthread_mutex_unlock(&s->lock);
+        return;
+    }
     if (!s->unfenced) s->unfenced = calloc(MAX_UNFENCED, sizeof *s->unfenced);
     if (s->unfenced) {
         if (s->nunfenced == MAX_UNFENCED) {
