@@ -4,6 +4,7 @@
  * tensor parallelism; completion and failure notices; the staging
  * registration check; the embeddings buffer. */
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -181,10 +182,7 @@ static void direct_1_1_moves_every_byte_and_the_first_token(void **state)
 
     int32_t first_token = 31337;
     ferry_kv_send_args_t args = {.request_id = 77, .aux = &first_token, .aux_len = sizeof first_token};
-    uint64_t compact = ferry_vec_compact_served();
     assert_int_equal(ferry_kv_send(pre.engine, ferry_engine_name(dec.engine), send_plan, &args), 0);
-    /* The single pages (5 a buffer) went as one strided descriptor, compactly. */
-    assert_true(ferry_vec_compact_served() > compact);
     assert_int_equal(wait_for_request(dec.engine, tracker), 1);
     assert_true(decode_matches_reference(&dec));
     size_t aux_len = 0;
@@ -379,7 +377,7 @@ static void failed_transfer_is_notified(void **state)
     int rc = ferry_kv_send(pre.engine, ferry_engine_name(dec.engine), send_plan, &args);
     assert_true(rc < 0);
     assert_detail_contains("kv send request 12 to ");
-    assert_detail_contains(": transfer: strided submit: strided piece 0 of "); /* the first refused */
+    assert_detail_contains(": transfer: request 0 of 80: remote range "); /* the first refused */
     assert_detail_contains("is not in any region"); /* the engine's own words, kept */
     assert_int_equal(wait_for_request(dec.engine, tracker), rc);
     assert_detail_contains("prefill rank 0 failed: kv send request 12");
@@ -591,9 +589,8 @@ static void embeddings_reuse_one_registration(void **state)
     free(dst);
 }
 
-/* A request whose coalesced blocks have more distinct lengths than the
- * send's length table holds (runs of 1..70 pages): the blocks are grouped
- * by a sort instead, and every byte still lands where it belongs. */
+/* A request whose coalesced blocks have many distinct lengths (runs of
+ * 1..70 pages): every byte lands where it belongs. */
 static void many_run_lengths_all_land(void **state)
 {
     (void)state;
@@ -659,6 +656,147 @@ static void many_run_lengths_all_land(void **state)
     free(dst_pages);
 }
 
+/* Two engines with MLA pools (1,152 B rows, one latent buffer a layer,
+ * 1-token pages): the prefill side filled, the decode side UNTOUCHED and
+ * registered for remote writes unless told otherwise. */
+enum { MLA_LAYERS = 4, MLA_ROW = 1152, MLA_POOL = 200 };
+struct mla_pair {
+    ferry_engine_t *engines[2];
+    unsigned char *mem[2][MLA_LAYERS];
+    uint64_t addrs[2][MLA_LAYERS];
+    ferry_kv_cache_desc_t desc[2];
+};
+
+static void mla_pair_make(struct mla_pair *m, bool register_decode)
+{
+    for (int side = 0; side < 2; side++) {
+        m->engines[side] = harness_engine(WAIT_MS);
+        for (int l = 0; l < MLA_LAYERS; l++) {
+            m->mem[side][l] = malloc(MLA_POOL * MLA_ROW);
+            assert_non_null(m->mem[side][l]);
+            if (side == 0) harness_fill(m->mem[side][l], MLA_POOL * MLA_ROW, 70 + (uint64_t)l);
+            else memset(m->mem[side][l], UNTOUCHED, MLA_POOL * MLA_ROW);
+            m->addrs[side][l] = (uint64_t)(uintptr_t)m->mem[side][l];
+            if (side == 1 && !register_decode) continue;
+            assert_int_equal(ferry_register(m->engines[side], m->mem[side][l], MLA_POOL * MLA_ROW,
+                                            side ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_LOCAL),
+                             0);
+        }
+        m->desc[side] = (ferry_kv_cache_desc_t){.kind = FERRY_KV_MLA, .num_layers = MLA_LAYERS,
+                                                .num_pages = MLA_POOL, .page_size = 1, .mla_row_bytes = MLA_ROW,
+                                                .tp_rank = 0, .tp_size = 1, .k_addrs = m->addrs[side]};
+    }
+}
+
+static void mla_pair_free(struct mla_pair *m)
+{
+    for (int side = 0; side < 2; side++) {
+        ferry_engine_destroy(m->engines[side]);
+        for (int l = 0; l < MLA_LAYERS; l++) free(m->mem[side][l]);
+    }
+}
+
+/* Sends pages src[i] -> dst[i] (n of them) as request id over the pair and
+ * checks that exactly those decode pages changed, to the prefill bytes;
+ * returns the plan's block count. */
+static size_t mla_send_and_check(struct mla_pair *m, uint64_t id, const int32_t *src, const int32_t *dst, size_t n)
+{
+    ferry_kv_plan_t *send_plan = NULL, *recv_plan = NULL;
+    assert_int_equal(ferry_kv_plan_create(&m->desc[0], &m->desc[1], src, dst, n, &send_plan), 0);
+    assert_int_equal(ferry_kv_plan_create(&m->desc[0], &m->desc[1], src, dst, n, &recv_plan), 0);
+    assert_int_equal(ferry_kv_plan_bind_sender(send_plan, 0, 0, 0, 0), 0);
+    assert_int_equal(ferry_kv_plan_bind_receiver(recv_plan, 0, 0), 0);
+    ferry_kv_plan_info_t in;
+    ferry_kv_plan_get_info(send_plan, &in);
+    ferry_kv_recv_t *tracker = NULL;
+    assert_int_equal(ferry_kv_recv_create(id, &recv_plan, 1, &tracker), 0);
+    ferry_kv_send_args_t args = {.request_id = id};
+    assert_int_equal(ferry_kv_send(m->engines[0], ferry_engine_name(m->engines[1]), send_plan, &args), 0);
+    assert_int_equal(wait_for_request(m->engines[1], tracker), 1);
+    bool used[MLA_POOL] = {false};
+    for (size_t i = 0; i < n; i++) used[dst[i]] = true;
+    for (int l = 0; l < MLA_LAYERS; l++) {
+        for (size_t i = 0; i < n; i++)
+            assert_memory_equal(m->mem[1][l] + (size_t)dst[i] * MLA_ROW, m->mem[0][l] + (size_t)src[i] * MLA_ROW,
+                                MLA_ROW);
+        for (int32_t p = 0; p < MLA_POOL; p++)
+            if (!used[p]) assert_int_equal(m->mem[1][l][(size_t)p * MLA_ROW], UNTOUCHED);
+    }
+    ferry_kv_recv_destroy(tracker);
+    ferry_kv_plan_destroy(send_plan);
+    ferry_kv_plan_destroy(recv_plan);
+    return in.blocks;
+}
+
+/* The prefill pages are one run, the decode pages runs of 1..5 pages with
+ * a free page after each, so every coalesced block follows the previous
+ * one in prefill memory but not in decode memory, and the blocks have five
+ * lengths. Sent in the plan's order, the shm target folds each layer's
+ * blocks into one remote iovec entry (the kernel pins pages per entry);
+ * grouped by length, as the send did before, every block was an entry of
+ * its own (200 of 200). */
+static void neighbour_blocks_stay_together_over_shm(void **state)
+{
+    (void)state;
+    enum { CYCLES = 10 };
+    int32_t src_pages[MLA_POOL], dst_pages[MLA_POOL];
+    size_t n = 0, blocks_per_layer = 0;
+    int32_t next_dst = 0;
+    for (int c = 0; c < CYCLES; c++)
+        for (int run = 1; run <= 5; run++, blocks_per_layer++, next_dst++)
+            for (int k = 0; k < run; k++, n++) {
+                src_pages[n] = (int32_t)n;
+                dst_pages[n] = next_dst++;
+            }
+    struct mla_pair m;
+    mla_pair_make(&m, true);
+    uint64_t calls0, local0, remote0, calls, local, remote;
+    ferry_shm_vec_entries(&calls0, &local0, &remote0);
+    assert_int_equal(mla_send_and_check(&m, 5, src_pages, dst_pages, n), MLA_LAYERS * blocks_per_layer);
+    ferry_shm_vec_entries(&calls, &local, &remote);
+    if (strcmp(harness_expected_transport(), "shm") == 0) {
+        calls -= calls0;
+        remote -= remote0;
+        assert_true(calls > 0);
+        /* One entry a layer, plus one where a call (or a connection's
+         * share of the batch) cut a layer's run. */
+        assert_in_range(remote, MLA_LAYERS, MLA_LAYERS + calls);
+        assert_true(local - local0 >= MLA_LAYERS * blocks_per_layer); /* no two decode runs touch */
+    }
+    mla_pair_free(&m);
+}
+
+/* Pages adjacent on neither side: every block is one page long, so they
+ * go as one strided descriptor, in their order (its bounds check names
+ * it when the decode pools are not registered), and travel compactly. */
+static void lone_pages_go_as_one_strided_descriptor(void **state)
+{
+    (void)state;
+    enum { LONE = 40 };
+    int32_t src_pages[LONE], dst_pages[LONE];
+    for (int i = 0; i < LONE; i++) {
+        src_pages[i] = 2 * i;
+        dst_pages[i] = MLA_POOL - 1 - 3 * i;
+    }
+    struct mla_pair m;
+    mla_pair_make(&m, true);
+    uint64_t compact = ferry_vec_compact_served();
+    assert_int_equal(mla_send_and_check(&m, 6, src_pages, dst_pages, LONE), MLA_LAYERS * LONE);
+    assert_true(ferry_vec_compact_served() > compact);
+    mla_pair_free(&m);
+
+    mla_pair_make(&m, false);
+    ferry_kv_plan_t *p = NULL;
+    assert_int_equal(ferry_kv_plan_create(&m.desc[0], &m.desc[1], src_pages, dst_pages, LONE, &p), 0);
+    assert_int_equal(ferry_kv_plan_bind_sender(p, 0, 0, 0, 0), 0);
+    ferry_kv_send_args_t args = {.request_id = 7, .timeout_ms = 5000};
+    assert_int_equal(ferry_kv_send(m.engines[0], ferry_engine_name(m.engines[1]), p, &args),
+                     FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    assert_detail_contains(": transfer: strided submit: strided piece 0 of 160");
+    ferry_kv_plan_destroy(p);
+    mla_pair_free(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -672,6 +810,8 @@ int main(void)
         cmocka_unit_test(tracker_rejects_unexpected_source),
         cmocka_unit_test(embeddings_reuse_one_registration),
         cmocka_unit_test(many_run_lengths_all_land),
+        cmocka_unit_test(neighbour_blocks_stay_together_over_shm),
+        cmocka_unit_test(lone_pages_go_as_one_strided_descriptor),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,6 +10,7 @@
 #include "core/arith.h"
 #include "core/fail.h"
 #include "kv/kv_internal.h"
+#include "wire/wire.h"
 
 /* The message part of a detail "NAME (code): message", for re-wrapping. */
 static const char *detail_message(const char *detail, int code)
@@ -197,66 +198,11 @@ static void fit_strided(const ferry_kv_block_t *blocks, size_t n, bool dst, uint
     *stride = d;
 }
 
-/* Lengths of more blocks than this go as one strided descriptor; the rest
- * as plain requests of one submit (each submit is its own set of tasks). */
+/* More blocks than this of one length go as one strided descriptor. */
 #define KV_STRIDED_MIN 16
 
-static int by_len(const void *a, const void *b)
-{
-    const ferry_kv_block_t *x = a, *y = b; /* by length, then in source order */
-    if (x->len != y->len) return x->len < y->len ? -1 : 1;
-    return x->src < y->src ? -1 : x->src > y->src;
-}
-
-/* The lengths a plan's blocks have in practice: runs of 1 to a dozen pages
- * of one or two row sizes. More than this and they are sorted instead. */
-#define KV_LEN_GROUPS_MAX 64
-
-struct len_groups {
-    uint64_t len[KV_LEN_GROUPS_MAX];
-    size_t at[KV_LEN_GROUPS_MAX]; /* a count, then where the group goes next */
-    size_t n, last;
-};
-
-/* The group of len, added when new; -1 when there would be too many. */
-static long len_group(struct len_groups *g, uint64_t len)
-{
-    if (g->n && g->len[g->last] == len) return (long)g->last;
-    for (size_t i = 0; i < g->n; i++)
-        if (g->len[i] == len) return (long)(g->last = i);
-    if (g->n == KV_LEN_GROUPS_MAX) return -1;
-    g->len[g->n] = len;
-    g->at[g->n] = 0;
-    return (long)(g->last = g->n++);
-}
-
-/* blocks[0..count) into out grouped by length, each group in the blocks'
- * order: two linear passes (count, place) instead of a comparison sort of
- * every block inside the timed send (a --page 1 request has ~45,000). */
-static void group_by_len(const ferry_kv_block_t *blocks, size_t count, ferry_kv_block_t *out)
-{
-    struct len_groups g;
-    g.n = g.last = 0;
-    for (size_t i = 0; i < count; i++) {
-        long k = len_group(&g, blocks[i].len);
-        if (k < 0) {
-            memcpy(out, blocks, count * sizeof *out);
-            qsort(out, count, sizeof *out, by_len);
-            return;
-        }
-        g.at[k]++;
-    }
-    size_t next = 0;
-    for (size_t k = 0; k < g.n; k++) {
-        size_t c = g.at[k];
-        g.at[k] = next;
-        next += c;
-    }
-    for (size_t i = 0; i < count; i++) out[g.at[len_group(&g, blocks[i].len)]++] = blocks[i];
-}
-
-/* Submits blocks[0..n) (of one length, n >= 2) as one strided descriptor;
- * idx has room for 2n indices. */
+/* Submits blocks[0..n) (of one length, n >= 2) as one strided descriptor,
+ * in their order; idx has room for 2n indices. */
 static long submit_strided_run(ferry_batch_t *b, const char *peer, const ferry_kv_block_t *blocks, size_t n,
                                uint64_t *idx, int timeout_ms)
 {
@@ -269,44 +215,58 @@ static long submit_strided_run(ferry_batch_t *b, const char *peer, const ferry_k
     return ferry_batch_submit_strided(b, peer, &d, timeout_ms);
 }
 
+static bool one_length(const ferry_kv_block_t *blocks, size_t count)
+{
+    for (size_t i = 1; i < count; i++)
+        if (blocks[i].len != blocks[0].len) return false;
+    return true;
+}
+
+/* Whether a block is short enough to travel many to a vector frame. */
+static bool vector_sized(const ferry_kv_block_t *k) { return k->len <= FERRY_WIRE_VEC_PIECE_MAX; }
+
+/* blocks[0..count) as requests in their own order (the plan's: layer,
+ * buffer, page position), the vector-sized ones first: a longer block
+ * between them would end the vector frame they share. */
+static size_t requests_in_order(const ferry_kv_block_t *blocks, size_t count, ferry_request_t *out)
+{
+    size_t n = 0;
+    for (int longer = 0; longer < 2; longer++)
+        for (size_t i = 0; i < count; i++)
+            if (vector_sized(&blocks[i]) != longer)
+                out[n++] = (ferry_request_t){FERRY_OP_WRITE, (void *)(uintptr_t)blocks[i].src, blocks[i].dst,
+                                             (size_t)blocks[i].len};
+    return n;
+}
+
 /* Writes blocks[0..count) in one batch. Page-run coalescing merged the
- * adjacent pages; the blocks of one length that are left (a layer's pages
- * that are not adjacent: most of them when pages are small) go as one
- * strided descriptor each, which travels compactly too (ferry.h, "strided
- * batches"); the few others as plain requests. Their order does not
- * matter: the notice follows the whole batch. */
+ * pages adjacent on both sides; what is left are blocks of many lengths
+ * (runs of 1 to a dozen pages), most of them adjacent to their neighbour
+ * on one side (where a run of the other side ended). They are submitted in
+ * the plan's order so that neighbours stay neighbours in the vector frames:
+ * the target merges each side's adjacent pieces into one iovec entry, and
+ * the kernel's cross-memory attach pins and walks pages per entry. Grouping
+ * them by length (for strided descriptors) cut those neighbours apart:
+ * `ferry demo --mla --page 1` over shm, 148,524 remote entries for 158,240
+ * blocks against 34,578 in order, ~1.4x the kernel's copy time (docs/BENCHMARKS.md).
+ * Blocks of a single length (every page alone, or runs all of one length)
+ * lose nothing by a strided descriptor, which also travels compactly, and
+ * keep their order in it. The notice follows the whole batch. */
 static int write_blocks(ferry_engine_t *e, const char *peer, const ferry_kv_block_t *blocks, size_t count,
                         int timeout_ms)
 {
     if (count == 0) return 0;
-    ferry_kv_block_t *sorted = malloc(count * sizeof *sorted);
-    uint64_t *idx = malloc(2 * count * sizeof *idx);
-    ferry_request_t *rest = malloc(count * sizeof *rest);
+    bool strided = count > KV_STRIDED_MIN && one_length(blocks, count);
+    uint64_t *idx = strided ? malloc(2 * count * sizeof *idx) : NULL;
+    ferry_request_t *reqs = strided ? NULL : malloc(count * sizeof *reqs);
     ferry_batch_t *b = NULL;
-    int rc = sorted && idx && rest ? ferry_batch_alloc(e, count, &b)
-                                   : ferry_fail(FERRY_ERR_MEMORY, "kv send: %zu blocks", count);
-    if (rc == 0) group_by_len(blocks, count, sorted);
-    size_t nrest = 0;
-    for (size_t i = 0; rc == 0 && i < count;) {
-        size_t j = i + 1;
-        while (j < count && sorted[j].len == sorted[i].len) j++;
-        if (j - i > KV_STRIDED_MIN) {
-            long first = submit_strided_run(b, peer, sorted + i, j - i, idx, timeout_ms);
-            if (first < 0) rc = (int)first;
-        } else {
-            for (size_t k = i; k < j; k++)
-                rest[nrest++] = (ferry_request_t){FERRY_OP_WRITE, (void *)(uintptr_t)sorted[k].src, sorted[k].dst,
-                                                  (size_t)sorted[k].len};
-        }
-        i = j;
-    }
-    if (rc == 0 && nrest) {
-        long first = ferry_batch_submit(b, peer, rest, nrest, timeout_ms);
-        if (first < 0) rc = (int)first;
-    }
-    free(sorted);
+    int rc = idx || reqs ? ferry_batch_alloc(e, count, &b) : ferry_fail(FERRY_ERR_MEMORY, "kv send: %zu blocks", count);
+    long first = 0;
+    if (rc == 0 && strided) first = submit_strided_run(b, peer, blocks, count, idx, timeout_ms);
+    else if (rc == 0) first = ferry_batch_submit(b, peer, reqs, requests_in_order(blocks, count, reqs), timeout_ms);
+    if (first < 0) rc = (int)first;
     free(idx);
-    free(rest);
+    free(reqs);
     return b ? kv_batch_finish(b, count, rc, timeout_ms) : rc;
 }
 

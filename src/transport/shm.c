@@ -296,6 +296,24 @@ static uint64_t vec_gather(struct ferry_vec_scratch *v, size_t *j, size_t n, siz
     return bytes;
 }
 
+/* Cross-memory attach calls of vector frames this process made, and their
+ * iovec entries on each side (for tests and benchmarks). */
+static _Atomic uint64_t vec_calls, vec_local_entries, vec_remote_entries;
+
+void ferry_shm_vec_entries(uint64_t *calls, uint64_t *local, uint64_t *remote)
+{
+    *calls = atomic_load_explicit(&vec_calls, memory_order_relaxed);
+    *local = atomic_load_explicit(&vec_local_entries, memory_order_relaxed);
+    *remote = atomic_load_explicit(&vec_remote_entries, memory_order_relaxed);
+}
+
+static void count_vec_call(size_t lcnt, size_t rcnt)
+{
+    atomic_fetch_add_explicit(&vec_calls, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&vec_local_entries, lcnt, memory_order_relaxed);
+    atomic_fetch_add_explicit(&vec_remote_entries, rcnt, memory_order_relaxed);
+}
+
 /* Copies the pieces of host memory with one process_vm_readv/writev per up to
  * IOV_MAX merged entries a side (and SHM_CHUNK bytes), each call under the registry's
  * read lock after the pieces were checked (again when the registry or the
@@ -326,6 +344,7 @@ static int vec_copy_host(ferry_conn_t *c, struct shm_conn *sc, struct ferry_vec_
         ssize_t got = 0;
         int err = 0;
         if (bytes) {
+            count_vec_call(lcnt, rcnt);
             do {
                 got = write ? process_vm_readv(sc->pid, v->iov, lcnt, v->riov, rcnt, 0)
                             : process_vm_writev(sc->pid, v->iov, lcnt, v->riov, rcnt, 0);

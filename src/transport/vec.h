@@ -90,6 +90,9 @@ static inline bool ferry_vec_cancels_pending(ferry_conn_t *c)
 }
 /* Compact vector frames this process served (for tests and benchmarks). */
 uint64_t ferry_vec_compact_served(void);
+/* shm.c: the cross-memory attach calls of vector frames this process made
+ * and their iovec entries on each side (after merging adjacent pieces). */
+void ferry_shm_vec_entries(uint64_t *calls, uint64_t *local, uint64_t *remote);
 /* Records piece i's failure rc (the thread's detail) in v. */
 void ferry_vec_fail_piece(struct ferry_vec_scratch *v, size_t i, int rc);
 /* Sends the one answer for frame req of n pieces. */
