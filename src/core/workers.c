@@ -75,8 +75,11 @@ void ferry_task_enqueue(ferry_engine_t *e, ferry_task_t *t)
     else
         e->queue_head = t;
     e->queue_tail = t;
-    pthread_cond_signal(&e->queue_cond);
     pthread_mutex_unlock(&e->queue_lock);
+    /* After the unlock: a worker woken while we still held the lock would
+     * only block on it again (two wake-ups for one task). The condition
+     * lives as long as the engine, which outlives every caller. */
+    pthread_cond_signal(&e->queue_cond);
 }
 
 static ferry_task_t *dequeue(ferry_engine_t *e)

@@ -39,10 +39,25 @@
  * microseconds: spin for it rather than sleep (ferry_net_recv_spin). */
 #define SPIN_INFLIGHT_BYTES (64u << 10)
 
-/* Vector frames (vec.h): bytes per frame, so that the target places one
- * while the next arrives, and frames in flight. */
-#define VEC_FRAME_BYTES (512u << 10)
+/* Vector frames (vec.h): bytes per frame, and frames in flight. Without
+ * checksums a frame's bytes stream between the socket and the pieces'
+ * memory as they come (a WRITEV's are received straight into place, a
+ * READV's sent straight from the target's memory and received into the
+ * local buffers), so a frame may be large: a paged-KV call of 1,024 pieces
+ * of up to 4 KiB then goes as one frame per connection, one answer, one
+ * wake-up each side (512 KiB frames made 2-4 a connection and call, and
+ * ~1.5x the syscalls and context switches). With checksums a frame's bytes
+ * are staged or summed whole (a WRITEV's before any of it is placed, a
+ * READV's before its answer leaves): those frames stay at
+ * VEC_FRAME_CRC_BYTES, so that one side works on one while the next is on
+ * its way. */
+#define VEC_FRAME_BYTES (2u << 20)
+#define VEC_FRAME_CRC_BYTES (512u << 10)
 #define VEC_FRAMES_INFLIGHT 16
+/* While the payload of a vector frame is awaited, the target sleeps until
+ * this much of it (or all that is left, if less) is in the socket rather
+ * than waking at every segment (SO_RCVLOWAT; loopback's are 64 KiB). */
+#define VEC_RCVLOWAT (256u << 10)
 
 static unsigned window_slices(size_t slice)
 {
@@ -135,8 +150,8 @@ static int recv_answer(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t 
  * goes as a plain WRITE or READ_REQ, the shortest round trip), and few
  * enough vector frames in flight that their answers cannot fill a socket
  * buffer while we send (a WRITEV's answer is at most 5 KiB; a READV's
- * bytes are at most VEC_FRAME_BYTES, and our requests for them are small
- * enough that the target never waits on us while it sends). */
+ * bytes are at most VEC_FRAME_BYTES, and while any are unread we send
+ * nothing but small requests: see tcp_run). */
 static bool x_vec_ok(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, size_t cur, uint64_t cur_off, unsigned vec_frames)
 {
     return vec_frames < VEC_FRAMES_INFLIGHT && cur + 1 < nx && cur_off == 0 &&
@@ -144,9 +159,21 @@ static bool x_vec_ok(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, size_t cur, u
            ferry_piece_sendable(&xs[cur + 1], xs[cur + 1].done) && ferry_vec_eligible(c, &xs[cur + 1]);
 }
 
+/* The most bytes a vector frame carries. */
+static uint64_t vec_frame_bytes(ferry_conn_t *c)
+{
+    return ferry_engine_config(c->engine)->checksum ? VEC_FRAME_CRC_BYTES : VEC_FRAME_BYTES;
+}
+
 /* Streams slices of every piece, from each piece's ->done on, keeping up
  * to a window of slices unanswered. A failed answer marks its piece and the
- * stream goes on, so one bad range does not stall the others. */
+ * stream goes on, so one bad range does not stall the others.
+ *
+ * While read answers are unread, a write waits for them: the target stops
+ * reading once it cannot send what it owes us (its answers filling both
+ * ends' socket buffers: ~1 MiB where the system caps the 4 MiB we ask for,
+ * net.c), and a write's bytes sent meanwhile would then wait on it while it
+ * waits on us. Read requests themselves are small. */
 static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, ferry_verdict_t *verdict)
 {
     (void)verdict; /* tcp reaches every peer: it never falls back */
@@ -157,15 +184,16 @@ static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, fe
     size_t cur = 0;
     uint64_t cur_off = nx ? xs[0].done : 0;
     uint64_t inflight = 0;
-    unsigned vec_frames = 0;
+    unsigned vec_frames = 0, reads_out = 0;
     *broken = 0;
     for (;;) {
         while (cur < nx && !ferry_piece_sendable(&xs[cur], cur_off)) {
             if (++cur < nx) cur_off = xs[cur].done;
         }
-        if (cur < nx && count < window && x_vec_ok(c, xs, nx, cur, cur_off, vec_frames)) {
+        bool may_send = cur < nx && count < window && (reads_out == 0 || xs[cur].opcode == FERRY_OP_READ);
+        if (may_send && x_vec_ok(c, xs, nx, cur, cur_off, vec_frames)) {
             /* Small pieces travel together: one WRITEV, one answer. */
-            size_t g = ferry_vec_collect(c, xs + cur, nx - cur, VEC_FRAME_BYTES);
+            size_t g = ferry_vec_collect(c, xs + cur, nx - cur, vec_frame_bytes(c));
             int rc = ferry_vec_send(c, xs[cur].opcode == FERRY_OP_WRITE ? FERRY_FRAME_WRITEV : FERRY_FRAME_READV,
                                     xs + cur, g);
             if (rc) {
@@ -177,11 +205,12 @@ static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, fe
             ring[(head + count++) % 256] = (struct inflight){&xs[cur], 0, bytes, (uint32_t)g};
             inflight += bytes;
             vec_frames++;
+            reads_out += xs[cur].opcode == FERRY_OP_READ;
             cur += g;
             cur_off = cur < nx ? xs[cur].done : 0;
             continue;
         }
-        if (cur < nx && count < window) {
+        if (may_send) {
             ferry_xfer_t *x = &xs[cur];
             uint64_t n = x->len - cur_off < slice ? x->len - cur_off : slice;
             const unsigned char *src = x->local + cur_off;
@@ -210,6 +239,7 @@ static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, fe
             ring[(head + count++) % 256] = (struct inflight){x, cur_off, n, 0};
             cur_off += n;
             inflight += n;
+            reads_out += x->opcode == FERRY_OP_READ;
             continue;
         }
         if (count == 0) break;
@@ -218,6 +248,7 @@ static int tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, fe
         count--;
         unsigned spin = inflight <= SPIN_INFLIGHT_BYTES ? ferry_conn_spin_us(c) : 0;
         inflight -= in.n;
+        reads_out -= in.x->opcode == FERRY_OP_READ;
         if (in.count) {
             vec_frames--;
             int rc = in.x->opcode == FERRY_OP_READ ? ferry_vec_recv_read(c, in.x, in.count, spin, broken)
@@ -509,14 +540,22 @@ static void sink_piece(struct ferry_vec_scratch *v, size_t i)
     if (b < v->sink || b >= v->sink + sizeof v->sink) v->iov[i].iov_base = v->sink;
 }
 
+/* Sets c's receive low-water mark to want bytes (a hint: when the kernel
+ * refuses, waits just wake sooner). *cur is the mark in force. */
+static void set_rcvlowat(ferry_conn_t *c, int want, int *cur)
+{
+    if (want != *cur && setsockopt(c->fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof want) == 0) *cur = want;
+}
+
 /* Receives a WRITEV's payload straight into the target regions, with few
  * syscalls: one gathered receive (up to IOV_MAX pieces) for whatever the
- * socket holds, under the registry's read lock. Refused pieces' bytes go to
+ * socket holds, under the registry's read lock, sleeping in between until
+ * VEC_RCVLOWAT more bytes (or the rest) arrived. Refused pieces' bytes go to
  * the sink. Before each receive the pieces still to come are checked again
  * when the registry or the cancel set changed (place_direct's discipline,
  * done per run of pieces instead of per piece). */
 static int vec_place_direct(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_vec_scratch *v, uint64_t version,
-                            uint64_t deadline)
+                            uint64_t deadline, int *lowat)
 {
     ferry_engine_t *e = c->engine;
     ferry_registry_t *r = ferry_engine_registry(e);
@@ -527,6 +566,7 @@ static int vec_place_direct(ferry_conn_t *c, const ferry_frame_t *f, struct ferr
     bool drained = false;
     while (left > 0) {
         if (drained) {
+            set_rcvlowat(c, left < VEC_RCVLOWAT ? (int)left : (int)VEC_RCVLOWAT, lowat);
             int w = ferry_net_wait_readable(c->fd, deadline);
             if (w <= 0)
                 return ferry_fail(FERRY_ERR_TIMEOUT, "vector frame from %s stalled with %llu of %llu bytes to come",
@@ -620,10 +660,15 @@ static int serve_writev(ferry_conn_t *c, const ferry_frame_t *f)
     ferry_vec_validate_locked(c, v, 0, n, FERRY_MEM_REMOTE_WRITE, &device);
     uint64_t version = r->version;
     ferry_registry_unlock(r);
-    if ((f->flags & FERRY_FRAME_F_CRC) || device)
+    if ((f->flags & FERRY_FRAME_F_CRC) || device) {
         rc = vec_place_staged(c, f, v, deadline);
-    else
-        rc = vec_place_direct(c, f, v, version, deadline);
+    } else {
+        int lowat = 1;
+        rc = vec_place_direct(c, f, v, version, deadline, &lowat);
+        /* Back to waking at the first byte: the next header is 64 bytes,
+         * and the event loop's waits would otherwise never end. */
+        set_rcvlowat(c, 1, &lowat);
+    }
     if (rc) return rc;
     uint64_t placed = 0;
     for (size_t i = 0; i < n; i++)

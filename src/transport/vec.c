@@ -190,10 +190,15 @@ int ferry_vec_send(ferry_conn_t *c, uint8_t type, ferry_xfer_t *g, size_t n)
     if (!v) return FERRY_ERR_MEMORY;
     bool crc = type == FERRY_FRAME_WRITEV && ferry_engine_config(c->engine)->checksum;
     uint64_t total = 0;
+    size_t niov = 2; /* a WRITEV's pieces that lie end to end locally leave as one iovec */
     for (size_t i = 0; i < n; i++) {
         ferry_xfer_t *x = &g[i];
         if (crc) put32(v->crcs + 4 * i, ferry_crc32c(0, x->local, x->len));
-        v->iov[2 + i] = (struct iovec){x->local, x->len};
+        struct iovec *last = &v->iov[niov - 1];
+        if (niov > 2 && (unsigned char *)last->iov_base + last->iov_len == x->local)
+            last->iov_len += x->len;
+        else
+            v->iov[niov++] = (struct iovec){x->local, x->len};
         total += x->len;
     }
     uint8_t compact = 0;
@@ -218,7 +223,7 @@ int ferry_vec_send(ferry_conn_t *c, uint8_t type, ferry_xfer_t *g, size_t n)
     v->iov[0] = (struct iovec){hdr, sizeof hdr};
     v->iov[1] = (struct iovec){v->raw, dbytes};
     for (size_t i = 0; i < n; i++) g[i].inflight++; /* before the first byte leaves (cancel.h) */
-    return send_gathered(c->fd, v->iov, type == FERRY_FRAME_WRITEV ? n + 2 : 2, earliest(g, n));
+    return send_gathered(c->fd, v->iov, type == FERRY_FRAME_WRITEV ? niov : 2, earliest(g, n));
 }
 
 static void piece_placed(ferry_xfer_t *x)
