@@ -349,6 +349,15 @@ static void compact_limits(void **state)
     ferry_frame_t wg = {.type = FERRY_FRAME_WRITE, .flags = FERRY_FRAME_F_GENS};
     ferry_frame_encode(&wg, hdr);
     assert_int_equal(ferry_frame_decode(hdr, &wg), FERRY_ERR_MALFORMED_FRAME);
+    /* The whole-connection flag is for CANCEL only (core/cancel.h). */
+    ferry_frame_t cc = {.type = FERRY_FRAME_CANCEL, .flags = FERRY_FRAME_F_CONN, .req_id = 5, .aux = 77}, back;
+    ferry_frame_encode(&cc, hdr);
+    assert_int_equal(ferry_frame_decode(hdr, &back), 0);
+    assert_int_equal(back.flags, FERRY_FRAME_F_CONN);
+    assert_int_equal(back.aux, 77);
+    ferry_frame_t wc = {.type = FERRY_FRAME_WRITE, .flags = FERRY_FRAME_F_CONN};
+    ferry_frame_encode(&wc, hdr);
+    assert_int_equal(ferry_frame_decode(hdr, &wc), FERRY_ERR_MALFORMED_FRAME);
 }
 
 int main(void)

@@ -74,9 +74,11 @@ long ferry_batch_submit_checked(ferry_batch_t *b, const char *peer, const ferry_
 /* Strided descriptors run window by window (strided.c, batch.c): each
  * lane (one connection) expands at most FERRY_STRIDED_WINDOW pieces at
  * once, so the memory a call holds does not grow with n. No more: when a
- * link goes silent under a window, its pieces are in doubt and fenced one
- * id each, and the target remembers at most FERRY_CANCEL_CONN_MAX of them
- * for that connection; a larger window could not be confirmed. */
+ * link goes silent under a window, its pieces are in doubt; a target that
+ * fences connections whole (FERRY_HELLO_F_CONNFENCE, cancel.h) needs one
+ * CANCEL for them all, but an older one is sent one per id and remembers at
+ * most FERRY_CANCEL_CONN_MAX of them for that connection; a larger window
+ * could not be confirmed there. */
 #define FERRY_STRIDED_WINDOW FERRY_CANCEL_CONN_MAX
 /* The window for n pieces (n > 0) over up to `lanes` lanes: the size
  * above, or less, so that a small call still spreads over every lane (as a

@@ -109,6 +109,7 @@ uint64_t ferry_cancel_conn_open(ferry_conn_t *c)
 
 bool ferry_conn_is_cancelled(ferry_conn_t *c, uint64_t req_id)
 {
+    if (atomic_load_explicit(&c->fenced, memory_order_acquire)) return true;
     ferry_cancel_set_t *cs = atomic_load_explicit(&c->cancels, memory_order_acquire);
     return req_id && cs && ferry_cancel_set_has(cs, req_id);
 }
@@ -170,4 +171,24 @@ int ferry_cancel_record(ferry_conn_t *via, uint64_t req_id, uint64_t conn_key)
     }
     pthread_mutex_unlock(&e->conns_lock);
     return rc;
+}
+
+int ferry_cancel_fence_conn(ferry_conn_t *via, uint64_t conn_key)
+{
+    if (conn_key == 0)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME,
+                          "CANCEL of a whole connection from %s (calling itself %s) names no connection (key 0)",
+                          via->remote, via->peer.name);
+    ferry_engine_t *e = via->engine;
+    uint64_t peer = via->peer.engine_id;
+    pthread_mutex_lock(&e->conns_lock);
+    for (ferry_conn_t *c = e->conns; c; c = c->next) {
+        /* Another engine's connection is never touched, whatever it names. */
+        if (atomic_load(&c->cancel_peer) != peer || atomic_load(&c->done)) continue;
+        if (atomic_load(&c->cancel_key) != conn_key) continue;
+        atomic_store_explicit(&c->fenced, true, memory_order_release);
+        break;
+    }
+    pthread_mutex_unlock(&e->conns_lock);
+    return 0;
 }

@@ -35,6 +35,15 @@
  *    rate-limited.
  *  - A CANCEL with key 0 (an initiator that predates keys) is recorded on
  *    every live connection of the same peer engine, bounded the same way.
+ *  - Whole connections: the initiator never uses an aborted connection
+ *    again, so to a target advertising FERRY_HELLO_F_CONNFENCE it sends one
+ *    CANCEL with FERRY_FRAME_F_CONN naming the connection's key instead of
+ *    one per id (req_id is only echoed). The target marks that connection
+ *    (same peer engine only, as above) fenced: from then on it refuses every
+ *    frame and chunk (ferry_conn_is_cancelled answers yes for every id),
+ *    whatever the number of pieces that were in flight, in O(1) memory. The
+ *    same barrier comes before the ack; a key no live connection of that
+ *    peer has is acked at once. Older targets get the per-id CANCELs.
  *
  * Not a public header. */
 #ifndef FERRY_CANCEL_H
@@ -76,6 +85,11 @@ int ferry_cancel_set_add(ferry_cancel_set_t *cs, uint64_t req_id);
 bool ferry_cancel_set_has(ferry_cancel_set_t *cs, uint64_t req_id);
 size_t ferry_cancel_set_count(ferry_cancel_set_t *cs);
 
+/* Target: a CANCEL with FERRY_FRAME_F_CONN that arrived on via fences the
+ * whole data connection with key conn_key, when it is one of the same peer
+ * engine's (see above); a key no live connection of that peer has changes
+ * nothing. 0, or MALFORMED_FRAME for key 0. */
+int ferry_cancel_fence_conn(struct ferry_conn *via, uint64_t conn_key);
 /* Target: records the CANCEL of req_id that arrived on connection via for
  * the data connection with key conn_key (see above). 0, or the refusal
  * (TOO_MANY_REQUESTS, MEMORY) with its detail: then no CANCEL_ACK may go. */

@@ -28,6 +28,16 @@ int ferry_test_protocol_version(const ferry_engine_t *e)
     return __atomic_load_n(&e->test_protocol_version, __ATOMIC_RELAXED);
 }
 
+void ferry_test_set_no_conn_fence(ferry_engine_t *e, bool off)
+{
+    __atomic_store_n(&e->test_no_conn_fence, off ? 1 : 0, __ATOMIC_RELAXED);
+}
+
+bool ferry_test_no_conn_fence(const ferry_engine_t *e)
+{
+    return __atomic_load_n(&e->test_no_conn_fence, __ATOMIC_RELAXED) != 0;
+}
+
 int ferry_protocol_version_advertised(const ferry_engine_t *e)
 {
     int v = ferry_test_protocol_version(e);

@@ -67,6 +67,7 @@ struct ferry_conn {
      * Initiator side: cancel_key is the key the target gave. */
     _Atomic uint64_t cancel_key, cancel_peer;
     _Atomic(ferry_cancel_set_t *) cancels;
+    atomic_bool fenced;        /* target side: fenced whole (CANCEL with F_CONN): refuses every frame */
     uint64_t pool_gen;         /* initiator side: the session's pool generation at connect */
     char remote[64];           /* target side: the socket's peer address, for logs */
     /* Target side, for the listener's limits (listener.c): where the

@@ -227,7 +227,8 @@ static void send_error(ferry_conn_t *c, int code);
 static int serve_cancel(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline)
 {
     ferry_engine_t *e = c->engine;
-    int rc = ferry_cancel_record(c, f->req_id, f->aux);
+    int rc = (f->flags & FERRY_FRAME_F_CONN) ? ferry_cancel_fence_conn(c, f->aux)
+                                             : ferry_cancel_record(c, f->req_id, f->aux);
     if (rc) {
         /* No ack: the initiator reports CANCEL_UNCONFIRMED. */
         send_error(c, rc);

@@ -33,6 +33,7 @@ struct ferry_engine {
     ferry_config_t cfg;
     char *cfg_strings;         /* owned copies of the config's strings */
     int test_protocol_version; /* 0, or what tests make it advertise (testing.h) */
+    int test_no_conn_fence;    /* tests: act as a peer that predates connection fences (testing.h) */
     char name[300];
     uint16_t port;
     int listen_fd;

@@ -15,6 +15,7 @@
 #include "engine.h"
 #include "fail.h"
 #include "log.h"
+#include "testing.h"
 
 /* ------------------------------------------------------- stream control */
 
@@ -68,29 +69,52 @@ void ferry_stream_ctl_fire(ferry_stream_ctl_t *ctl)
 
 /* ------------------------------------------------------------ the fence */
 
-/* Sends CANCEL for every id, each naming its data connection, then reads
- * every CANCEL_ACK. */
+/* The CANCELs that fence ids over connection c: to a target that fences
+ * whole connections, one naming each distinct connection (F_CONN, echoing
+ * the first of its ids); else, and for ids naming no connection, one per
+ * id. Fills out (n entries at most); returns how many. */
+static size_t fence_frames(ferry_conn_t *c, const ferry_fence_id_t *ids, size_t n, ferry_frame_t *out)
+{
+    bool whole = (c->peer.flags & FERRY_HELLO_F_CONNFENCE) && !ferry_test_no_conn_fence(c->engine);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        bool conn = whole && ids[i].conn_key != 0;
+        bool seen = false;
+        /* Few distinct connections in practice: the last one first. */
+        for (size_t j = k; conn && j-- > 0 && !seen;)
+            seen = (out[j].flags & FERRY_FRAME_F_CONN) && out[j].aux == ids[i].conn_key;
+        if (seen) continue;
+        out[k++] = (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .flags = conn ? FERRY_FRAME_F_CONN : 0,
+                                   .req_id = ids[i].req_id, .aux = ids[i].conn_key};
+    }
+    return k;
+}
+
+/* Sends the CANCELs fencing every id, each naming its data connection,
+ * then reads every CANCEL_ACK. */
 static int fence_exchange(ferry_conn_t *c, const ferry_fence_id_t *ids, size_t n, uint64_t deadline)
 {
-    for (size_t i = 0; i < n; i++) {
-        ferry_frame_t f = {.type = FERRY_FRAME_CANCEL, .req_id = ids[i].req_id, .aux = ids[i].conn_key};
-        int rc = ferry_conn_send_frame(c, &f, NULL, deadline);
-        if (rc) return rc;
-    }
-    for (size_t i = 0; i < n; i++) {
+    ferry_frame_t *fs = malloc(n * sizeof *fs);
+    if (!fs) return ferry_fail(FERRY_ERR_MEMORY, "fencing %zu request(s): out of memory", n);
+    size_t k = fence_frames(c, ids, n, fs);
+    int rc = 0;
+    for (size_t i = 0; i < k && rc == 0; i++) rc = ferry_conn_send_frame(c, &fs[i], NULL, deadline);
+    for (size_t i = 0; i < k && rc == 0; i++) {
         ferry_frame_t f;
-        int rc = ferry_conn_recv_frame(c, &f, deadline);
-        if (rc) return rc;
+        rc = ferry_conn_recv_frame(c, &f, deadline);
+        if (rc) break;
         if (f.type == FERRY_FRAME_ERROR) {
-            if (f.status < 0) return ferry_conn_fail_from_target(c, &f, deadline, NULL, 0);
-            return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "the target refused CANCEL");
+            if (f.status < 0) rc = ferry_conn_fail_from_target(c, &f, deadline, NULL, 0);
+            else rc = ferry_fail(FERRY_ERR_MALFORMED_FRAME, "the target refused CANCEL");
+        } else if (f.type != FERRY_FRAME_CANCEL_ACK || f.req_id != fs[i].req_id) {
+            rc = ferry_fail(FERRY_ERR_MALFORMED_FRAME, "CANCEL of %s %llu answered by %s for %llu",
+                            (fs[i].flags & FERRY_FRAME_F_CONN) ? "the connection of request" : "request",
+                            (unsigned long long)fs[i].req_id, ferry_frame_type_name(f.type),
+                            (unsigned long long)f.req_id);
         }
-        if (f.type != FERRY_FRAME_CANCEL_ACK || f.req_id != ids[i].req_id)
-            return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "CANCEL of request %llu answered by %s for %llu",
-                              (unsigned long long)ids[i].req_id, ferry_frame_type_name(f.type),
-                              (unsigned long long)f.req_id);
     }
-    return 0;
+    free(fs);
+    return rc;
 }
 
 /* Whether a failure to reach the target proves that nothing more can land:
@@ -139,9 +163,26 @@ static int fence(ferry_session_t *s, const ferry_fence_id_t *ids, size_t n, uint
  * it the oldest are dropped, with a warning. */
 #define MAX_UNFENCED 4096
 
+/* With s->lock held: whether id's connection is already remembered and the
+ * peer fences connections whole (then one id of it is enough: the fence
+ * names the connection). The ids of one stream come in a row. */
+static bool unfenced_conn_known(ferry_session_t *s, ferry_fence_id_t id)
+{
+    if (!id.conn_key || !s->have_peer || !(s->peer.flags & FERRY_HELLO_F_CONNFENCE) ||
+        ferry_test_no_conn_fence(s->engine))
+        return false;
+    for (size_t i = s->nunfenced, seen = 0; i-- > 0 && seen < 16; seen++)
+        if (s->unfenced[i].conn_key == id.conn_key) return true;
+    return false;
+}
+
 static void remember_unfenced(ferry_session_t *s, ferry_fence_id_t id)
 {
     pthread_mutex_lock(&s->lock);
+    if (s->unfenced && unfenced_conn_known(s, id)) {
+        pthread_mutex_unlock(&s->lock);
+        return;
+    }
     if (!s->unfenced) s->unfenced = calloc(MAX_UNFENCED, sizeof *s->unfenced);
     if (s->unfenced) {
         if (s->nunfenced == MAX_UNFENCED) {

@@ -4,6 +4,8 @@
 #ifndef FERRY_CORE_TESTING_H
 #define FERRY_CORE_TESTING_H
 
+#include <stdbool.h>
+
 #include <ferry/ferry.h>
 
 /* From now on e advertises protocol version `version` (0: its own,
@@ -15,5 +17,10 @@ void ferry_test_set_protocol_version(ferry_engine_t *e, int version);
 int ferry_test_protocol_version(const ferry_engine_t *e);
 /* The version e advertises: the knob, or FERRY_PROTOCOL_VERSION. */
 int ferry_protocol_version_advertised(const ferry_engine_t *e);
+/* From now on e acts as a peer that predates connection fences (cancel.h):
+ * it neither advertises FERRY_HELLO_F_CONNFENCE nor sends CANCEL with
+ * FERRY_FRAME_F_CONN; its fences name each request. */
+void ferry_test_set_no_conn_fence(ferry_engine_t *e, bool off);
+bool ferry_test_no_conn_fence(const ferry_engine_t *e);
 
 #endif

@@ -86,7 +86,7 @@ size_t ferry_vec_validate_locked(ferry_conn_t *c, struct ferry_vec_scratch *v, s
 static inline bool ferry_vec_cancels_pending(ferry_conn_t *c)
 {
     ferry_cancel_set_t *cs = atomic_load_explicit(&c->cancels, memory_order_acquire);
-    return cs && ferry_cancel_set_count(cs) > 0;
+    return atomic_load_explicit(&c->fenced, memory_order_acquire) || (cs && ferry_cancel_set_count(cs) > 0);
 }
 /* Compact vector frames this process served (for tests and benchmarks). */
 uint64_t ferry_vec_compact_served(void);

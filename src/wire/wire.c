@@ -106,7 +106,9 @@ int ferry_frame_decode(const uint8_t in[FERRY_FRAME_HEADER_SIZE], ferry_frame_t 
     if (!known_type(f->type))
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "unknown frame type %u", f->type);
     bool vec = f->type == FERRY_FRAME_WRITEV || f->type == FERRY_FRAME_READV || f->type == FERRY_FRAME_CMA_VEC;
-    if (f->flags & ~(FERRY_FRAME_F_CRC | (vec ? FERRY_FRAME_F_COMPACT | FERRY_FRAME_F_GENS : 0)))
+    uint8_t allowed = FERRY_FRAME_F_CRC | (vec ? FERRY_FRAME_F_COMPACT | FERRY_FRAME_F_GENS : 0) |
+                      (f->type == FERRY_FRAME_CANCEL ? FERRY_FRAME_F_CONN : 0);
+    if (f->flags & ~allowed)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "unknown frame flags 0x%02x", f->flags);
     if (get16(in + 6) != 0 || get32(in + 52) != 0)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "reserved header bytes are not zero");

@@ -123,6 +123,10 @@ void ferry_wire_set_frame_lookup(ferry_frame_lookup_fn lookup);
 /* With F_COMPACT: the pieces lie in regions of several generations, listed
  * per piece (the compact header's generation is then 0). */
 #define FERRY_FRAME_F_GENS 0x04u
+/* CANCEL only, to targets advertising FERRY_HELLO_F_CONNFENCE: refuse every
+ * later frame of the whole data connection whose key is aux (req_id is only
+ * echoed in the CANCEL_ACK); core/cancel.h. */
+#define FERRY_FRAME_F_CONN 0x08u
 
 typedef struct ferry_frame {
     uint8_t type;
@@ -155,6 +159,9 @@ const char *ferry_frame_type_name(uint8_t type);
  * read-only pools and detaches pools at deregistration (core/share.h).
  * Initiators map only from such targets. */
 #define FERRY_HELLO_F_SHMPOOL2 0x10u
+/* The sender serves CANCEL with FERRY_FRAME_F_CONN (a whole connection
+ * fenced at once, core/cancel.h). */
+#define FERRY_HELLO_F_CONNFENCE 0x20u
 
 typedef struct ferry_hello {
     uint16_t proto_min, proto_max;

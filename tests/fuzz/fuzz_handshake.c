@@ -98,7 +98,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 size_t fuzz_seed(int i, uint8_t *buf, size_t cap)
 {
     size_t pos = 0;
-    if (i > 15) return 0;
+    if (i > 16) return 0;
     buf[pos++] = i == 9 ? 1 : 0; /* engine: 0 plain, 1 with a secret */
     fuzz_put_hello(buf, cap, &pos, FERRY_FRAME_HELLO, i == 9 ? FERRY_HELLO_F_AUTH : 0, 1);
     switch (i) {
@@ -155,6 +155,19 @@ size_t fuzz_seed(int i, uint8_t *buf, size_t cap)
         fuzz_put_compact(buf, cap, &pos, i == 15 ? FERRY_FRAME_WRITEV : FERRY_FRAME_READV, 0, i == 15, 4,
                          FUZZ_REMOTE_ADDR, 64, 64, idx);
         fuzz_put_frame(buf, cap, &pos, FERRY_FRAME_PING, 0, 12, 0, 0, 0, NULL, 0);
+        break;
+    }
+    case 16: {
+        /* Whole-connection fences (core/cancel.h): a key no connection
+         * has, a write after it, then key 0 (refused). */
+        ferry_frame_t c = {.type = FERRY_FRAME_CANCEL, .flags = FERRY_FRAME_F_CONN, .req_id = 13, .aux = 0x1234};
+        if (pos + 2 * FERRY_FRAME_HEADER_SIZE + 64 > cap) break;
+        ferry_frame_encode(&c, buf + pos);
+        pos += FERRY_FRAME_HEADER_SIZE;
+        fuzz_put_frame(buf, cap, &pos, FERRY_FRAME_WRITE, 0, 14, FUZZ_REMOTE_ADDR, 64, 0, NULL, 64);
+        c.aux = 0;
+        ferry_frame_encode(&c, buf + pos);
+        pos += FERRY_FRAME_HEADER_SIZE;
         break;
     }
     }

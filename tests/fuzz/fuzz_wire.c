@@ -153,6 +153,14 @@ size_t fuzz_seed(int i, uint8_t *buf, size_t cap)
         fuzz_put_compact(buf, cap, &pos, FERRY_FRAME_READV, 0, true, 2, FUZZ_REMOTE_ADDR, 1ull << 40, 64, idx);
         break;
     }
+    case 12: {
+        /* A whole-connection CANCEL (the flag is for CANCEL only). */
+        ferry_frame_t c = {.type = FERRY_FRAME_CANCEL, .flags = FERRY_FRAME_F_CONN, .req_id = 9, .aux = 0xfeed};
+        if (cap < FERRY_FRAME_HEADER_SIZE) return 0;
+        ferry_frame_encode(&c, buf);
+        pos = FERRY_FRAME_HEADER_SIZE;
+        break;
+    }
     default: return 0;
     }
     return pos;
