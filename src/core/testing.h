@@ -5,6 +5,7 @@
 #define FERRY_CORE_TESTING_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include <ferry/ferry.h>
 
@@ -22,5 +23,9 @@ int ferry_protocol_version_advertised(const ferry_engine_t *e);
  * FERRY_FRAME_F_CONN; its fences name each request. */
 void ferry_test_set_no_conn_fence(ferry_engine_t *e, bool off);
 bool ferry_test_no_conn_fence(const ferry_engine_t *e);
+
+/* Calls run in the caller's thread on one connection because their pieces
+ * all go through shared-pool mappings (transfer.c), process-wide. */
+uint64_t ferry_test_mapped_inline_calls(void);
 
 #endif

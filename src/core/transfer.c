@@ -6,6 +6,7 @@
 #include "clock.h"
 #include "engine.h"
 #include "fail.h"
+#include "testing.h"
 #include "transport/transport.h"
 
 static const char *op_name(int opcode) { return opcode == FERRY_OP_WRITE ? "write" : "read"; }
@@ -116,6 +117,29 @@ static void record_requests(ferry_session_t *s, const ferry_xfer_t *xs, size_t n
     ferry_count_requests_ok(s->engine, s->stats, tname, ok_op, ok, ok_bytes, latency_ns);
 }
 
+/* A call whose pieces all went through shared-pool mappings (the
+ * session's hint, shm_pool.c) is one memcpy a piece. Split over
+ * connections, half of it waits for a worker thread: a hand-off that costs
+ * about as much as copying 1,024 pieces of 1 KiB, and that gains nothing
+ * unless a core is free. Up to this many bytes such a call runs in the
+ * caller's thread on one connection; above it, copies long enough that a
+ * second core may pay are split as before. */
+#define MAPPED_INLINE_MAX (8u << 20)
+
+static _Atomic uint64_t mapped_inline_calls; /* testing.h */
+
+uint64_t ferry_test_mapped_inline_calls(void) { return atomic_load(&mapped_inline_calls); }
+
+static bool run_inline(ferry_session_t *s, const size_t *lens, size_t n)
+{
+    if (!atomic_load_explicit(&s->all_mapped, memory_order_relaxed)) return false;
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < n && bytes <= MAPPED_INLINE_MAX; i++) bytes += lens[i];
+    if (bytes > MAPPED_INLINE_MAX || ferry_session_transport(s) != &ferry_transport_shm) return false;
+    atomic_fetch_add_explicit(&mapped_inline_calls, 1, memory_order_relaxed);
+    return true;
+}
+
 static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const *locals, const uint64_t *remotes,
                     const size_t *lens, size_t n, bool checked)
 {
@@ -132,7 +156,7 @@ static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const
     rc = ferry_make_pieces(e, opcode, locals, remotes, lens, n, ferry_deadline_after_ms(e->cfg.timeout_ms), &xs, &nx);
     if (rc == 0) {
         FERRY_STAT_ADD(&e->stats, requests, n);
-        rc = nx == 1 ? ferry_xfer_run(e, s, xs, 1) : ferry_run_parallel(e, s, xs, nx);
+        rc = nx == 1 || run_inline(s, lens, n) ? ferry_xfer_run(e, s, xs, nx) : ferry_run_parallel(e, s, xs, nx);
         record_requests(s, xs, nx, ferry_now_ns() - t0);
         for (size_t i = 0; rc && i < nx; i++) {
             if (xs[i].rc) {

@@ -24,6 +24,7 @@
 #include "core/log.h"
 #include "core/memkind.h"
 #include "core/net.h"
+#include "core/session.h" /* the all_mapped hint */
 #include "core/share.h"
 #include "wire/le.h"
 #include "shm_internal.h"
@@ -630,8 +631,9 @@ static struct mapped *copies_to_settle(struct shm_icache *ic, size_t nx)
 
 /* Copies what it can of each piece through a mapping; the rest stays for
  * cross-memory attach. A copy counts only once settled (settle). 0, or a
- * connection failure with *broken. */
-int shm_map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
+ * connection failure with *broken. *whole: every piece to send went
+ * through a mapping (left false on the early returns). */
+static int map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, bool *whole)
 {
     struct shm_icache *ic = c->xport;
     if (!ic) {
@@ -670,6 +672,7 @@ int shm_map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
     struct mapped *mp = NULL;
     size_t pending = 0;
     int rc = 0;
+    bool mapped_all = true;
     for (size_t i = 0; i < nx && ic->state > 0; i++) {
         ferry_xfer_t *x = &xs[i];
         if (!ferry_piece_sendable(x, x->done)) continue;
@@ -689,12 +692,16 @@ int shm_map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
             rc = ferry_last_error_code() ? ferry_last_error_code() : FERRY_ERR_PEER_CLOSED;
             break;
         }
-        if (!m || !m->shareable) continue;
         uint32_t need = x->opcode == FERRY_OP_WRITE ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_REMOTE_READ;
-        if ((m->flags & need) != need || left > m->addr + m->len - at ||
-            (x->generation && x->generation != m->generation))
+        if (!m || !m->shareable || (m->flags & need) != need || left > m->addr + m->len - at ||
+            (x->generation && x->generation != m->generation)) {
+            mapped_all = false;
             continue; /* cross-memory attach: the target names the error */
-        if (!mp && !(mp = copies_to_settle(ic, nx))) break;
+        }
+        if (!mp && !(mp = copies_to_settle(ic, nx))) {
+            mapped_all = false;
+            break;
+        }
         uint64_t copied = 0;
         while (ferry_piece_sendable(x, x->done + copied)) {
             uint64_t off = x->done + copied;
@@ -711,9 +718,19 @@ int shm_map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
             mp[i] = (struct mapped){copied, m};
             pending++;
         }
+        if (copied < left) mapped_all = false;
     }
     if (rc == 0 && mp) rc = settle(c, ic, xs, nx, mp, &pending, broken);
     if (rc == 0 && ic->state > 0) drop_revoked(ic);
     if (rc && mp) memset(mp, 0, nx * sizeof *mp); /* what a failure left unsettled */
+    *whole = rc == 0 && mapped_all && ic->state > 0;
+    return rc;
+}
+
+int shm_map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
+{
+    bool whole = false;
+    int rc = map_pass(c, xs, nx, broken, &whole);
+    if (c->session) atomic_store_explicit(&c->session->all_mapped, whole, memory_order_relaxed);
     return rc;
 }
