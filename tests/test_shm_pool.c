@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "core/testing.h"
 
 #include <ferry/pool.h>
 
@@ -704,6 +705,43 @@ static void deregistered_mid_batch_fails_its_pieces_only(void **state)
     child_stop(c, false);
 }
 
+/* A batch whose pieces all went through mappings in the session's last
+ * call runs in the caller's thread on one connection (transfer.c); one of
+ * more than 8 MiB is split over connections as before. Either way every
+ * byte lands and none is placed by the target. */
+static void mapped_batches_run_in_the_callers_thread(void **state)
+{
+    (void)state;
+    child_t *c = child_start(0);
+    ferry_engine_t *e = initiator();
+    size_t len = POOL + POOL2;
+    unsigned char *src = malloc(len);
+    assert_int_equal(ferry_register(e, src, len, FERRY_MEM_LOCAL), 0);
+    uint64_t inline0 = ferry_test_mapped_inline_calls();
+    /* The first write has no hint yet; the read after it and both calls of
+     * the second round trip run inline. */
+    harness_reverse_batch_round_trip(e, c->peer, src, c->addr, 1024, 1152, 41);
+    harness_reverse_batch_round_trip(e, c->peer, src, c->addr, 1024, 4096, 42);
+    assert_int_equal(ferry_test_mapped_inline_calls(), inline0 + 3);
+    /* 9 MiB in 9 pieces over both pools: split, though all mapped. */
+    void *locals[9];
+    uint64_t remotes[9];
+    size_t lens[9];
+    harness_fill(src, len, 43);
+    for (int i = 0; i < 9; i++) {
+        locals[i] = src + (size_t)i * POOL2;
+        remotes[i] = i < 8 ? c->addr + (uint64_t)i * POOL2 : c->addr2;
+        lens[i] = POOL2;
+    }
+    assert_int_equal(ferry_batch_transfer_sync(e, c->peer, FERRY_OP_WRITE, locals, remotes, lens, 9), 0);
+    assert_int_equal(ferry_test_mapped_inline_calls(), inline0 + 3);
+    assert_int_equal(child_do(c, CMD_CHECK, 43, 0, POOL), 0);
+    assert_int_equal(placed(c), 0);
+    ferry_engine_destroy(e);
+    free(src);
+    child_stop(c, false);
+}
+
 static void fallback_when_mapping_is_off(void **state)
 {
     (void)state;
@@ -717,6 +755,11 @@ static void fallback_when_mapping_is_off(void **state)
     assert_int_equal(child_do(c, CMD_CHECK, 31, 0, 1u << 20), 0);
     /* The target placed the bytes itself: cross-memory attach. */
     assert_int_equal(placed(c), 1u << 20);
+    /* Unmapped batches are split over connections as before. */
+    uint64_t inline0 = ferry_test_mapped_inline_calls();
+    harness_reverse_batch_round_trip(e, c->peer, src, c->addr, 16, 65536, 32);
+    harness_reverse_batch_round_trip(e, c->peer, src, c->addr, 16, 65536, 33);
+    assert_int_equal(ferry_test_mapped_inline_calls(), inline0);
     ferry_peer_info_t info;
     assert_int_equal(ferry_session_info(e, c->peer, &info), 0);
     assert_string_equal(info.transport, "shm");
@@ -742,6 +785,7 @@ int main(void)
         cmocka_unit_test(deregistered_mid_copy_fails),
         cmocka_unit_test(deregistered_mid_batch_fails_its_pieces_only),
         cmocka_unit_test(owner_exec_mid_copy_is_an_error),
+        cmocka_unit_test(mapped_batches_run_in_the_callers_thread),
         cmocka_unit_test(fallback_when_mapping_is_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
