@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "core/testing.h"
 
 #include <ferry/pool.h>
 
@@ -238,6 +239,12 @@ static void shared_pool_round_trip_and_revoke(void **state)
     ferry_stats_t st;
     assert_int_equal(ferry_engine_stats(tgt, &st), 0);
     if (shm) assert_int_equal(st.bytes_placed, 0);
+    /* Batches into the mapped pool: after the first, each runs in the
+     * caller's thread (transfer.c), here under TSan too. */
+    uint64_t inline0 = ferry_test_mapped_inline_calls();
+    harness_reverse_batch_round_trip(ini, peer, src, (uint64_t)(uintptr_t)dst, 64, 4096, 8);
+    harness_reverse_batch_round_trip(ini, peer, src, (uint64_t)(uintptr_t)dst, 64, 4096, 9);
+    if (shm) assert_int_equal(ferry_test_mapped_inline_calls() - inline0, 4);
 
     struct dereg_writer w = {.e = ini, .peer = peer, .src = src, .dst = (uint64_t)(uintptr_t)dst};
     pthread_t t;
