@@ -707,7 +707,7 @@ static void deregistered_mid_batch_fails_its_pieces_only(void **state)
 
 /* A batch whose pieces all went through mappings in the session's last
  * call runs in the caller's thread on one connection (transfer.c); one of
- * more than 8 MiB is split over connections as before. Either way every
+ * 2 MiB or more is split over connections as before. Either way every
  * byte lands and none is placed by the target. */
 static void mapped_batches_run_in_the_callers_thread(void **state)
 {
@@ -721,7 +721,9 @@ static void mapped_batches_run_in_the_callers_thread(void **state)
     /* The first write has no hint yet; the read after it and both calls of
      * the second round trip run inline. */
     harness_reverse_batch_round_trip(e, c->peer, src, c->addr, 1024, 1152, 41);
-    harness_reverse_batch_round_trip(e, c->peer, src, c->addr, 1024, 4096, 42);
+    harness_reverse_batch_round_trip(e, c->peer, src, c->addr, 1023, 2048, 42);
+    assert_int_equal(ferry_test_mapped_inline_calls(), inline0 + 3);
+    harness_reverse_batch_round_trip(e, c->peer, src, c->addr, 1024, 2048, 44); /* 2 MiB: split */
     assert_int_equal(ferry_test_mapped_inline_calls(), inline0 + 3);
     /* 9 MiB in 9 pieces over both pools: split, though all mapped. */
     void *locals[9];

@@ -120,11 +120,13 @@ static void record_requests(ferry_session_t *s, const ferry_xfer_t *xs, size_t n
 /* A call whose pieces all went through shared-pool mappings (the
  * session's hint, shm_pool.c) is one memcpy a piece. Split over
  * connections, half of it waits for a worker thread: a hand-off that costs
- * about as much as copying 1,024 pieces of 1 KiB, and that gains nothing
- * unless a core is free. Up to this many bytes such a call runs in the
- * caller's thread on one connection; above it, copies long enough that a
- * second core may pay are split as before. */
-#define MAPPED_INLINE_MAX (8u << 20)
+ * about as much as copying 1,024 pieces of 1 KiB, and that gains only when
+ * a core is free. Below this many bytes such a call runs in the caller's
+ * thread on one connection. Measured on 2 loaded cores (docs/BENCHMARKS.md,
+ * "a mapped call in the caller's thread"): 1,024 x 1,152 B (1.1 MiB) runs
+ * at 0.59x a one-thread memcpy split, 1.09x inline; at 4 MiB a second
+ * thread with a free core copies ~10% faster, and 2 MiB is a wash. */
+#define MAPPED_INLINE_MAX (2u << 20)
 
 static _Atomic uint64_t mapped_inline_calls; /* testing.h */
 
@@ -134,8 +136,8 @@ static bool run_inline(ferry_session_t *s, const size_t *lens, size_t n)
 {
     if (!atomic_load_explicit(&s->all_mapped, memory_order_relaxed)) return false;
     uint64_t bytes = 0;
-    for (size_t i = 0; i < n && bytes <= MAPPED_INLINE_MAX; i++) bytes += lens[i];
-    if (bytes > MAPPED_INLINE_MAX || ferry_session_transport(s) != &ferry_transport_shm) return false;
+    for (size_t i = 0; i < n && bytes < MAPPED_INLINE_MAX; i++) bytes += lens[i];
+    if (bytes >= MAPPED_INLINE_MAX || ferry_session_transport(s) != &ferry_transport_shm) return false;
     atomic_fetch_add_explicit(&mapped_inline_calls, 1, memory_order_relaxed);
     return true;
 }
