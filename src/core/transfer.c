@@ -124,8 +124,9 @@ static void record_requests(ferry_session_t *s, const ferry_xfer_t *xs, size_t n
  * a core is free. Below this many bytes such a call runs in the caller's
  * thread on one connection. Measured on 2 loaded cores (docs/BENCHMARKS.md,
  * "a mapped call in the caller's thread"): 1,024 x 1,152 B (1.1 MiB) runs
- * at 0.59x a one-thread memcpy split, 1.09x inline; at 4 MiB a second
- * thread with a free core copies ~10% faster, and 2 MiB is a wash. */
+ * at 0.59x a one-thread memcpy split, 1.09x inline; at 2 and 4 MiB the
+ * split kept more GB/s (a second thread with a free core copies ~10%
+ * faster, and on a busy machine two threads get a bigger share). */
 #define MAPPED_INLINE_MAX (2u << 20)
 
 static _Atomic uint64_t mapped_inline_calls; /* testing.h */
