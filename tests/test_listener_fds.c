@@ -57,6 +57,23 @@ static int served(ferry_engine_t *e)
     return n;
 }
 
+/* Connections waiting in the kernel's accept queue of the listener on
+ * port (a LISTEN socket's rx_queue in /proc/net/tcp), or -1 when unknown. */
+static int accept_queue(uint16_t port)
+{
+    FILE *f = fopen("/proc/net/tcp", "r");
+    if (!f) return -1;
+    char line[256];
+    int n = -1;
+    while (fgets(line, sizeof line, f)) {
+        unsigned lport, st, rxq;
+        if (sscanf(line, " %*d: %*x:%x %*x:%*x %x %*x:%x", &lport, &st, &rxq) == 3 && lport == port && st == 0x0A)
+            n = (int)rxq;
+    }
+    fclose(f);
+    return n;
+}
+
 /* The target: answers commands from the parent until 'q'. */
 static void child(int cmd, int ans)
 {
@@ -83,12 +100,13 @@ static void child(int cmd, int ans)
             usleep(WINDOW_MS * 1000);
             r.cpu_share = (cpu_seconds() - c0) / (wall_seconds() - w0);
         } else if (c == 'f') { /* the application takes every descriptor left */
-            /* None served, and none for a while: connections the parent
-             * closed may still wait in the accept queue, and one accepted
-             * after the descriptors are taken would be pushed out (the
-             * newcomer with it) instead of the newcomer being refused. */
-            for (int i = 0, quiet = 0; i < 1000 && quiet < 30; i++) {
-                quiet = served(e) > 0 ? 0 : quiet + 1;
+            /* None served, none in the accept queue, and so for a while:
+             * connections the parent closed may still wait in the queue
+             * (the listener pauses while out of descriptors), and one
+             * accepted after the descriptors are taken would be pushed out
+             * (the newcomer with it) instead of the newcomer being refused. */
+            for (int i = 0, quiet = 0; i < 3000 && quiet < 30; i++) {
+                quiet = served(e) > 0 || accept_queue(r.port) != 0 ? 0 : quiet + 1;
                 usleep(10000);
             }
             int fd;
