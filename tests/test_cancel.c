@@ -18,6 +18,7 @@
 #include "core/cancel.h"
 #include "core/engine.h"
 #include "delay_proxy.h"
+#include "fault.h"
 #include "harness.h"
 #include "wire/wire.h"
 
@@ -359,54 +360,17 @@ static void cancel_while_waiting_for_a_connection(void **state)
 
 /* ------------------------------------------- the target, frame by frame */
 
-static void send_all(int fd, const void *p, size_t n)
-{
-    const char *c = p;
-    while (n) {
-        ssize_t k = send(fd, c, n, MSG_NOSIGNAL);
-        assert_true(k > 0);
-        c += k;
-        n -= (size_t)k;
-    }
-}
-
-static void recv_all(int fd, void *p, size_t n)
-{
-    char *c = p;
-    while (n) {
-        ssize_t k = recv(fd, c, n, 0);
-        assert_true(k > 0);
-        c += k;
-        n -= (size_t)k;
-    }
-}
-
-static void send_frame(int fd, ferry_frame_t f, const void *payload)
-{
-    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
-    ferry_frame_encode(&f, hdr);
-    send_all(fd, hdr, sizeof hdr);
-    if (f.plen) send_all(fd, payload, f.plen);
-}
-
+/* A frame, its payload skipped; the target must not close first. */
 static ferry_frame_t recv_frame(int fd)
 {
-    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
-    recv_all(fd, hdr, sizeof hdr);
-    ferry_frame_t f;
-    assert_int_equal(ferry_frame_decode(hdr, &f), 0);
-    char skip[4096];
-    for (uint32_t left = f.plen; left;) {
-        uint32_t k = left < sizeof skip ? left : (uint32_t)sizeof skip;
-        recv_all(fd, skip, k);
-        left -= k;
-    }
+    ferry_frame_t f = raw_recv_frame(fd, NULL, 0);
+    assert_int_not_equal(f.type, 0);
     return f;
 }
 
 /* A raw initiator: a TCP connection that said HELLO as engine engine_id;
  * *key (if not NULL) gets the key CANCELs name it by. */
-static int raw_connect_key(uint16_t port, uint64_t engine_id, uint64_t *key)
+static int hello_as(uint16_t port, uint64_t engine_id, uint64_t *key)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
@@ -421,7 +385,7 @@ static int raw_connect_key(uint16_t port, uint64_t engine_id, uint64_t *key)
     uint8_t buf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
     int n = ferry_hello_encode(&h, buf, sizeof buf);
     assert_true(n > 0);
-    send_frame(fd, (ferry_frame_t){.type = FERRY_FRAME_HELLO, .plen = (uint32_t)n}, buf);
+    raw_send_frame(fd, (ferry_frame_t){.type = FERRY_FRAME_HELLO, .plen = (uint32_t)n}, buf);
     ferry_frame_t ack = recv_frame(fd);
     assert_int_equal(ack.type, FERRY_FRAME_HELLO_ACK);
     assert_int_equal(ack.status, 0);
@@ -429,8 +393,6 @@ static int raw_connect_key(uint16_t port, uint64_t engine_id, uint64_t *key)
     if (key) *key = ack.aux;
     return fd;
 }
-
-static int raw_connect(uint16_t port, uint64_t engine_id) { return raw_connect_key(port, engine_id, NULL); }
 
 static bool wait_placed(const unsigned char *dst, size_t n, unsigned char v, int ms)
 {
@@ -458,19 +420,19 @@ static void target_refuses_rest_of_a_write_in_progress(void **state)
     memset(src, 0xab, len);
     assert_int_equal(ferry_register(t, dst, len, FERRY_MEM_REMOTE), 0);
     uint64_t key;
-    int data = raw_connect_key(ferry_engine_port(t), 42, &key), ctl = raw_connect(ferry_engine_port(t), 42);
+    int data = hello_as(ferry_engine_port(t), 42, &key), ctl = hello_as(ferry_engine_port(t), 42, NULL);
     ferry_frame_t w = {.type = FERRY_FRAME_WRITE, .req_id = 7, .addr = (uint64_t)(uintptr_t)dst, .len = len,
                        .plen = (uint32_t)len};
     uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
     ferry_frame_encode(&w, hdr);
-    send_all(data, hdr, sizeof hdr);
-    send_all(data, src, first);
+    assert_int_equal(raw_send_bytes(data, hdr, sizeof hdr), 0);
+    assert_int_equal(raw_send_bytes(data, src, first), 0);
     assert_true(wait_placed(dst, first, 0xab, 10000));
-    send_frame(ctl, (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .req_id = 7, .aux = key}, NULL);
+    raw_send_frame(ctl, (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .req_id = 7, .aux = key}, NULL);
     ferry_frame_t ca = recv_frame(ctl);
     assert_int_equal(ca.type, FERRY_FRAME_CANCEL_ACK);
     assert_int_equal(ca.req_id, 7);
-    send_all(data, src + first, len - first);
+    assert_int_equal(raw_send_bytes(data, src + first, len - first), 0);
     ferry_frame_t ack = recv_frame(data);
     assert_int_equal(ack.type, FERRY_FRAME_WRITE_ACK);
     assert_int_equal(ack.status, FERRY_ERR_CANCELLED);
@@ -478,19 +440,19 @@ static void target_refuses_rest_of_a_write_in_progress(void **state)
     /* A later frame of the cancelled id: refused whole. */
     w.len = w.plen = 4096;
     w.addr = (uint64_t)(uintptr_t)(dst + first);
-    send_frame(data, w, src);
+    raw_send_frame(data, w, src);
     ack = recv_frame(data);
     assert_int_equal(ack.status, FERRY_ERR_CANCELLED);
     assert_int_equal(dst[first], 0);
     /* Another id, and the same id from another engine, still land. */
     w.req_id = 8;
-    send_frame(data, w, src);
+    raw_send_frame(data, w, src);
     assert_int_equal(recv_frame(data).status, 0);
     assert_int_equal(dst[first], 0xab);
-    int other = raw_connect(ferry_engine_port(t), 43);
+    int other = hello_as(ferry_engine_port(t), 43, NULL);
     w.req_id = 7;
     w.addr = (uint64_t)(uintptr_t)(dst + first + 4096);
-    send_frame(other, w, src);
+    raw_send_frame(other, w, src);
     assert_int_equal(recv_frame(other).status, 0);
     assert_int_equal(dst[first + 4096], 0xab);
     assert_int_equal(ferry_cancel_engine_count(t), 1);

@@ -226,58 +226,6 @@ static void unconfirmed_connections_kept_once(void **state)
 
 /* ------------------------------------------------------ frame by frame */
 
-static void send_all(int fd, const void *p, size_t n)
-{
-    const char *c = p;
-    while (n) {
-        ssize_t k = send(fd, c, n, MSG_NOSIGNAL);
-        assert_true(k > 0);
-        c += k;
-        n -= (size_t)k;
-    }
-}
-
-static bool recv_all(int fd, void *p, size_t n)
-{
-    char *c = p;
-    while (n) {
-        ssize_t k = recv(fd, c, n, 0);
-        if (k <= 0) return false;
-        c += k;
-        n -= (size_t)k;
-    }
-    return true;
-}
-
-static void send_frame(int fd, ferry_frame_t f, const void *payload)
-{
-    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
-    ferry_frame_encode(&f, hdr);
-    send_all(fd, hdr, sizeof hdr);
-    if (f.plen) send_all(fd, payload, f.plen);
-}
-
-/* A frame, its payload kept in buf (cap bytes) or skipped; type 0 when the
- * peer closed. */
-static ferry_frame_t recv_frame_into(int fd, void *buf, size_t cap)
-{
-    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
-    ferry_frame_t f = {0};
-    if (!recv_all(fd, hdr, sizeof hdr)) return f;
-    assert_int_equal(ferry_frame_decode(hdr, &f), 0);
-    char skip[4096];
-    for (uint32_t left = f.plen, at = 0; left;) {
-        uint32_t k = left < sizeof skip ? left : (uint32_t)sizeof skip;
-        if (!recv_all(fd, skip, k)) return (ferry_frame_t){0};
-        if (buf && at < cap) memcpy((char *)buf + at, skip, at + k <= cap ? k : cap - at);
-        at += k;
-        left -= k;
-    }
-    return f;
-}
-
-static ferry_frame_t recv_frame(int fd) { return recv_frame_into(fd, NULL, 0); }
-
 /* A raw initiator that said HELLO as engine engine_id; *key gets the key
  * the target gave the connection, *flags the target's HELLO flags. */
 static int hello_as(uint16_t port, uint64_t engine_id, uint64_t *key, uint32_t *flags)
@@ -295,9 +243,9 @@ static int hello_as(uint16_t port, uint64_t engine_id, uint64_t *key, uint32_t *
     uint8_t buf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
     int n = ferry_hello_encode(&h, buf, sizeof buf);
     assert_true(n > 0);
-    send_frame(fd, (ferry_frame_t){.type = FERRY_FRAME_HELLO, .plen = (uint32_t)n}, buf);
+    raw_send_frame(fd, (ferry_frame_t){.type = FERRY_FRAME_HELLO, .plen = (uint32_t)n}, buf);
     uint8_t ackbuf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
-    ferry_frame_t ack = recv_frame_into(fd, ackbuf, sizeof ackbuf);
+    ferry_frame_t ack = raw_recv_frame(fd, ackbuf, sizeof ackbuf);
     assert_int_equal(ack.type, FERRY_FRAME_HELLO_ACK);
     assert_int_equal(ack.status, 0);
     ferry_hello_t th;
@@ -333,49 +281,49 @@ static void conn_fence_scope(void **state)
     assert_true(kdata && kctl && kother && kdata != kctl);
 
     /* Peer 43 names peer 42's data connection: acked, no effect. */
-    send_frame(other, conn_cancel(5, kdata), NULL);
-    ferry_frame_t a = recv_frame(other);
+    raw_send_frame(other, conn_cancel(5, kdata), NULL);
+    ferry_frame_t a = raw_recv_frame(other, NULL, 0);
     assert_int_equal(a.type, FERRY_FRAME_CANCEL_ACK);
     assert_int_equal(a.req_id, 5);
     ferry_frame_t w = {.type = FERRY_FRAME_WRITE, .req_id = 5, .addr = (uint64_t)(uintptr_t)dst, .len = 4096,
                        .plen = 4096};
-    send_frame(data, w, src);
-    assert_int_equal(recv_frame(data).status, 0);
+    raw_send_frame(data, w, src);
+    assert_int_equal(raw_recv_frame(data, NULL, 0).status, 0);
     assert_int_equal(dst[0], 0xcd);
 
     /* A key no live connection has: acked at once. */
-    send_frame(ctl, conn_cancel(6, kdata ^ kctl ^ kother ^ 1), NULL);
-    assert_int_equal(recv_frame(ctl).type, FERRY_FRAME_CANCEL_ACK);
+    raw_send_frame(ctl, conn_cancel(6, kdata ^ kctl ^ kother ^ 1), NULL);
+    assert_int_equal(raw_recv_frame(ctl, NULL, 0).type, FERRY_FRAME_CANCEL_ACK);
     w.req_id = 6;
     w.addr += 4096;
-    send_frame(data, w, src);
-    assert_int_equal(recv_frame(data).status, 0);
+    raw_send_frame(data, w, src);
+    assert_int_equal(raw_recv_frame(data, NULL, 0).status, 0);
 
     /* Peer 42 fences its data connection: every later frame refused, ids
      * never named included; its other connection and peer 43's still land. */
-    send_frame(ctl, conn_cancel(7, kdata), NULL);
-    a = recv_frame(ctl);
+    raw_send_frame(ctl, conn_cancel(7, kdata), NULL);
+    a = raw_recv_frame(ctl, NULL, 0);
     assert_int_equal(a.type, FERRY_FRAME_CANCEL_ACK);
     assert_int_equal(a.req_id, 7);
     assert_int_equal(ferry_cancel_engine_count(t), 0);
     for (uint64_t id = 100; id < 103; id++) {
         w.req_id = id;
         w.addr = (uint64_t)(uintptr_t)dst + 2 * 4096 + (id - 100) * 4096;
-        send_frame(data, w, src);
-        assert_int_equal(recv_frame(data).status, FERRY_ERR_CANCELLED);
+        raw_send_frame(data, w, src);
+        assert_int_equal(raw_recv_frame(data, NULL, 0).status, FERRY_ERR_CANCELLED);
     }
     assert_true(is_zero(dst + 2 * 4096, 3 * 4096));
     w.req_id = 200;
     w.addr = (uint64_t)(uintptr_t)dst + 8 * 4096;
-    send_frame(ctl, w, src);
-    assert_int_equal(recv_frame(ctl).status, 0);
+    raw_send_frame(ctl, w, src);
+    assert_int_equal(raw_recv_frame(ctl, NULL, 0).status, 0);
     w.addr += 4096;
-    send_frame(other, w, src);
-    assert_int_equal(recv_frame(other).status, 0);
+    raw_send_frame(other, w, src);
+    assert_int_equal(raw_recv_frame(other, NULL, 0).status, 0);
 
     /* Key 0 names no connection: refused, the connection dropped. */
-    send_frame(other, conn_cancel(8, 0), NULL);
-    ferry_frame_t no = recv_frame(other);
+    raw_send_frame(other, conn_cancel(8, 0), NULL);
+    ferry_frame_t no = raw_recv_frame(other, NULL, 0);
     assert_int_equal(no.type, FERRY_FRAME_ERROR);
     assert_int_equal(no.status, FERRY_ERR_MALFORMED_FRAME);
 

@@ -26,6 +26,7 @@
 
 #include "core/engine.h"
 #include "delay_proxy.h"
+#include "fault.h"
 #include "harness.h"
 #include "wire/wire.h"
 
@@ -219,57 +220,9 @@ static void expired_write_stays_cancelled_after_a_stray_connection(void **state)
 
 /* ------------------------------------------------------ frame by frame */
 
-static void send_all(int fd, const void *p, size_t n)
-{
-    const char *c = p;
-    while (n) {
-        ssize_t k = send(fd, c, n, MSG_NOSIGNAL);
-        assert_true(k > 0);
-        c += k;
-        n -= (size_t)k;
-    }
-}
-
-/* false when the peer closed */
-static bool recv_all(int fd, void *p, size_t n)
-{
-    char *c = p;
-    while (n) {
-        ssize_t k = recv(fd, c, n, 0);
-        if (k <= 0) return false;
-        c += k;
-        n -= (size_t)k;
-    }
-    return true;
-}
-
-static void send_frame(int fd, ferry_frame_t f, const void *payload)
-{
-    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
-    ferry_frame_encode(&f, hdr);
-    send_all(fd, hdr, sizeof hdr);
-    if (f.plen) send_all(fd, payload, f.plen);
-}
-
-/* A frame, its payload skipped; type 0 when the peer closed. */
-static ferry_frame_t recv_frame(int fd)
-{
-    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
-    ferry_frame_t f = {0};
-    if (!recv_all(fd, hdr, sizeof hdr)) return f;
-    assert_int_equal(ferry_frame_decode(hdr, &f), 0);
-    char skip[4096];
-    for (uint32_t left = f.plen; left;) {
-        uint32_t k = left < sizeof skip ? left : (uint32_t)sizeof skip;
-        if (!recv_all(fd, skip, k)) return (ferry_frame_t){0};
-        left -= k;
-    }
-    return f;
-}
-
 /* A raw initiator that said HELLO as engine engine_id; *key gets the key
  * the target gave the connection (0 from a target that gives none). */
-static int raw_connect(uint16_t port, uint64_t engine_id, uint64_t *key)
+static int hello_as(uint16_t port, uint64_t engine_id, uint64_t *key)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
@@ -284,8 +237,8 @@ static int raw_connect(uint16_t port, uint64_t engine_id, uint64_t *key)
     uint8_t buf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
     int n = ferry_hello_encode(&h, buf, sizeof buf);
     assert_true(n > 0);
-    send_frame(fd, (ferry_frame_t){.type = FERRY_FRAME_HELLO, .plen = (uint32_t)n}, buf);
-    ferry_frame_t ack = recv_frame(fd);
+    raw_send_frame(fd, (ferry_frame_t){.type = FERRY_FRAME_HELLO, .plen = (uint32_t)n}, buf);
+    ferry_frame_t ack = raw_recv_frame(fd, NULL, 0);
     assert_int_equal(ack.type, FERRY_FRAME_HELLO_ACK);
     assert_int_equal(ack.status, 0);
     if (key) *key = ack.aux;
@@ -327,17 +280,17 @@ static void raw_write_cancelled_midway(raw_rig_t *r)
     memset(r->src, 0xab, r->len);
     assert_int_equal(ferry_register(r->t, r->dst, r->len, FERRY_MEM_REMOTE), 0);
     uint16_t port = ferry_engine_port(r->t);
-    r->fence = raw_connect(port, 42, NULL);
-    r->data = raw_connect(port, 42, &r->data_key);
+    r->fence = hello_as(port, 42, NULL);
+    r->data = hello_as(port, 42, &r->data_key);
     ferry_frame_t w = {.type = FERRY_FRAME_WRITE, .req_id = 7, .addr = (uint64_t)(uintptr_t)r->dst, .len = r->len,
                        .plen = (uint32_t)r->len};
     uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
     ferry_frame_encode(&w, hdr);
-    send_all(r->data, hdr, sizeof hdr);
-    send_all(r->data, r->src, r->first);
+    assert_int_equal(raw_send_bytes(r->data, hdr, sizeof hdr), 0);
+    assert_int_equal(raw_send_bytes(r->data, r->src, r->first), 0);
     assert_true(wait_placed(r->dst, r->first, 0xab, 10000));
-    send_frame(r->fence, (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .req_id = 7, .aux = r->data_key}, NULL);
-    ferry_frame_t ca = recv_frame(r->fence);
+    raw_send_frame(r->fence, (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .req_id = 7, .aux = r->data_key}, NULL);
+    ferry_frame_t ca = raw_recv_frame(r->fence, NULL, 0);
     assert_int_equal(ca.type, FERRY_FRAME_CANCEL_ACK);
     assert_int_equal(ca.req_id, 7);
 }
@@ -346,8 +299,8 @@ static void raw_write_cancelled_midway(raw_rig_t *r)
  * memory past the first part untouched. */
 static void raw_rest_is_refused(raw_rig_t *r)
 {
-    send_all(r->data, r->src + r->first, r->len - r->first);
-    ferry_frame_t ack = recv_frame(r->data);
+    assert_int_equal(raw_send_bytes(r->data, r->src + r->first, r->len - r->first), 0);
+    ferry_frame_t ack = raw_recv_frame(r->data, NULL, 0);
     assert_int_equal(ack.type, FERRY_FRAME_WRITE_ACK);
     assert_int_equal(ack.status, FERRY_ERR_CANCELLED);
     size_t landed = 0;
@@ -428,7 +381,7 @@ static void flood(void *arg)
 {
     struct flood *fl = arg;
     uint64_t t0 = harness_now_ms();
-    int fd = raw_connect(fl->port, 666, NULL);
+    int fd = hello_as(fl->port, 666, NULL);
     static unsigned char burst[FLOOD_BURST * FERRY_FRAME_HEADER_SIZE];
     while (fl->sent < FLOOD_CANCELS) {
         for (unsigned i = 0; i < FLOOD_BURST; i++) {
@@ -440,7 +393,7 @@ static void flood(void *arg)
         fl->sent += FLOOD_BURST;
         bool dropped = false;
         for (unsigned i = 0; i < FLOOD_BURST && !dropped; i++) {
-            ferry_frame_t a = recv_frame(fd);
+            ferry_frame_t a = raw_recv_frame(fd, NULL, 0);
             if (a.type == FERRY_FRAME_CANCEL_ACK)
                 fl->acked++;
             else if (a.type == FERRY_FRAME_ERROR)
@@ -450,7 +403,7 @@ static void flood(void *arg)
         }
         if (dropped) {
             close(fd);
-            fd = raw_connect(fl->port, 666, NULL);
+            fd = hello_as(fl->port, 666, NULL);
             fl->reconnects++;
         }
     }
@@ -482,8 +435,8 @@ static void cancel_flood_evicts_no_other_fence(void **state)
     while (ferry_cancel_engine_count(r.t) != 1 && harness_now_ms() < until) sleep_ms(20);
     assert_int_equal(ferry_cancel_engine_count(r.t), 1);
     /* Peer 42 can still fence. */
-    send_frame(r.fence, (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .req_id = 8, .aux = r.data_key}, NULL);
-    assert_int_equal(recv_frame(r.fence).type, FERRY_FRAME_CANCEL_ACK);
+    raw_send_frame(r.fence, (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .req_id = 8, .aux = r.data_key}, NULL);
+    assert_int_equal(raw_recv_frame(r.fence, NULL, 0).type, FERRY_FRAME_CANCEL_ACK);
     raw_rig_down(&r);
 }
 
@@ -501,38 +454,38 @@ static void cancel_scope(void **state)
     assert_int_equal(ferry_register(t, dst, len, FERRY_MEM_REMOTE), 0);
     uint16_t port = ferry_engine_port(t);
     uint64_t k1, k2, k3;
-    int a1 = raw_connect(port, 42, &k1), a2 = raw_connect(port, 42, &k2), b = raw_connect(port, 43, &k3);
+    int a1 = hello_as(port, 42, &k1), a2 = hello_as(port, 42, &k2), b = hello_as(port, 43, &k3);
     assert_true(k1 && k2 && k3 && k1 != k2 && k2 != k3);
     /* Peer 43 names peer 42's connection: acknowledged (it names no
      * connection of its own), but peer 42's frames of id 5 still land. */
-    send_frame(b, (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .req_id = 5, .aux = k1}, NULL);
-    assert_int_equal(recv_frame(b).type, FERRY_FRAME_CANCEL_ACK);
+    raw_send_frame(b, (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .req_id = 5, .aux = k1}, NULL);
+    assert_int_equal(raw_recv_frame(b, NULL, 0).type, FERRY_FRAME_CANCEL_ACK);
     assert_int_equal(ferry_cancel_engine_count(t), 0);
     ferry_frame_t w = {.type = FERRY_FRAME_WRITE, .req_id = 5, .addr = (uint64_t)(uintptr_t)dst, .len = 4096,
                        .plen = 4096};
-    send_frame(a1, w, src);
-    assert_int_equal(recv_frame(a1).status, 0);
+    raw_send_frame(a1, w, src);
+    assert_int_equal(raw_recv_frame(a1, NULL, 0).status, 0);
     assert_int_equal(dst[0], 0xcd);
     /* Named precisely: refused on that connection only. */
-    send_frame(a2, (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .req_id = 6, .aux = k1}, NULL);
-    assert_int_equal(recv_frame(a2).type, FERRY_FRAME_CANCEL_ACK);
+    raw_send_frame(a2, (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .req_id = 6, .aux = k1}, NULL);
+    assert_int_equal(raw_recv_frame(a2, NULL, 0).type, FERRY_FRAME_CANCEL_ACK);
     assert_int_equal(ferry_cancel_engine_count(t), 1);
     w.req_id = 6;
     w.addr += 4096;
-    send_frame(a1, w, src);
-    assert_int_equal(recv_frame(a1).status, FERRY_ERR_CANCELLED);
-    send_frame(a2, w, src);
-    assert_int_equal(recv_frame(a2).status, 0);
+    raw_send_frame(a1, w, src);
+    assert_int_equal(raw_recv_frame(a1, NULL, 0).status, FERRY_ERR_CANCELLED);
+    raw_send_frame(a2, w, src);
+    assert_int_equal(raw_recv_frame(a2, NULL, 0).status, 0);
     /* Key 0: every connection of peer 42, none of peer 43. */
-    send_frame(a1, (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .req_id = 9}, NULL);
-    assert_int_equal(recv_frame(a1).type, FERRY_FRAME_CANCEL_ACK);
+    raw_send_frame(a1, (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .req_id = 9}, NULL);
+    assert_int_equal(raw_recv_frame(a1, NULL, 0).type, FERRY_FRAME_CANCEL_ACK);
     assert_int_equal(ferry_cancel_engine_count(t), 3);
     w.req_id = 9;
     w.addr += 4096;
-    send_frame(a2, w, src);
-    assert_int_equal(recv_frame(a2).status, FERRY_ERR_CANCELLED);
-    send_frame(b, w, src);
-    assert_int_equal(recv_frame(b).status, 0);
+    raw_send_frame(a2, w, src);
+    assert_int_equal(raw_recv_frame(a2, NULL, 0).status, FERRY_ERR_CANCELLED);
+    raw_send_frame(b, w, src);
+    assert_int_equal(raw_recv_frame(b, NULL, 0).status, 0);
     /* A connection's entries go when it is reaped. */
     close(a1);
     uint64_t until = harness_now_ms() + 10000;
@@ -554,32 +507,32 @@ static void cancel_bound_refuses_never_forgets(void **state)
     ferry_engine_t *t = harness_engine(20000);
     uint16_t port = ferry_engine_port(t);
     uint64_t key;
-    int data = raw_connect(port, 42, &key), ctl = raw_connect(port, 42, NULL);
+    int data = hello_as(port, 42, &key), ctl = hello_as(port, 42, NULL);
     for (uint64_t i = 1; i <= FERRY_CANCEL_CONN_MAX; i += 256) {
         /* In bursts, so that neither side's buffers fill. */
         for (uint64_t j = i; j < i + 256; j++)
-            send_frame(ctl, (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .req_id = j, .aux = key}, NULL);
+            raw_send_frame(ctl, (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .req_id = j, .aux = key}, NULL);
         for (uint64_t j = i; j < i + 256; j++) {
-            ferry_frame_t a = recv_frame(ctl);
+            ferry_frame_t a = raw_recv_frame(ctl, NULL, 0);
             assert_int_equal(a.type, FERRY_FRAME_CANCEL_ACK);
             assert_int_equal(a.req_id, j);
         }
     }
-    send_frame(ctl, (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .req_id = 1, .aux = key}, NULL);
-    assert_int_equal(recv_frame(ctl).type, FERRY_FRAME_CANCEL_ACK); /* already there */
-    send_frame(ctl, (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .req_id = 99999, .aux = key}, NULL);
-    ferry_frame_t no = recv_frame(ctl);
+    raw_send_frame(ctl, (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .req_id = 1, .aux = key}, NULL);
+    assert_int_equal(raw_recv_frame(ctl, NULL, 0).type, FERRY_FRAME_CANCEL_ACK); /* already there */
+    raw_send_frame(ctl, (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .req_id = 99999, .aux = key}, NULL);
+    ferry_frame_t no = raw_recv_frame(ctl, NULL, 0);
     assert_int_equal(no.type, FERRY_FRAME_ERROR);
     assert_int_equal(no.status, FERRY_ERR_TOO_MANY_REQUESTS);
-    assert_int_equal(recv_frame(ctl).type, 0); /* dropped */
+    assert_int_equal(raw_recv_frame(ctl, NULL, 0).type, 0); /* dropped */
     assert_int_equal(ferry_cancel_engine_count(t), FERRY_CANCEL_CONN_MAX);
     unsigned char *dst = calloc(1, 4096), src[4096];
     memset(src, 1, sizeof src);
     assert_int_equal(ferry_register(t, dst, 4096, FERRY_MEM_REMOTE), 0);
     ferry_frame_t w = {.type = FERRY_FRAME_WRITE, .req_id = 1, .addr = (uint64_t)(uintptr_t)dst, .len = 4096,
                        .plen = 4096};
-    send_frame(data, w, src);
-    assert_int_equal(recv_frame(data).status, FERRY_ERR_CANCELLED);
+    raw_send_frame(data, w, src);
+    assert_int_equal(raw_recv_frame(data, NULL, 0).status, FERRY_ERR_CANCELLED);
     assert_int_equal(dst[0], 0);
     close(ctl);
     close(data);

@@ -561,6 +561,25 @@ int raw_recv(int fd, ferry_frame_t *f, void *payload, size_t cap, int ms)
     return 0;
 }
 
+void raw_send_frame(int fd, ferry_frame_t f, const void *payload)
+{
+    if (raw_send(fd, &f, payload) == 0) return;
+    fprintf(stderr, "raw_send_frame: sending frame type %u (%u payload bytes) on fd %d failed: %s\n", f.type, f.plen,
+            fd, strerror(errno));
+    abort();
+}
+
+ferry_frame_t raw_recv_frame(int fd, void *payload, size_t cap)
+{
+    ferry_frame_t f = {0};
+    int rc = raw_recv(fd, &f, payload, cap, 30000);
+    if (rc == -1) return (ferry_frame_t){0};
+    if (rc == 0) return f;
+    fprintf(stderr, "raw_recv_frame: on fd %d: %s\n", fd,
+            rc == -2 ? "no frame within 30 s" : "undecodable frame header");
+    abort();
+}
+
 bool raw_closed_within(int fd, int ms)
 {
     uint64_t end = now_ms() + (uint64_t)ms;

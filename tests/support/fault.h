@@ -88,6 +88,13 @@ int raw_send_bytes(int fd, const void *p, size_t n);
 /* Receives a frame within ms and up to cap payload bytes (the rest is
  * dropped). 0, -1 on EOF/reset, -2 on timeout, -3 on an undecodable header. */
 int raw_recv(int fd, ferry_frame_t *f, void *payload, size_t cap, int ms);
+/* For tests that expect the exchange to work. raw_send_frame: raw_send of a
+ * frame built inline; raw_recv_frame: raw_recv within 30 s, the payload kept
+ * in payload (cap bytes; the rest dropped): the frame, or type 0 when the
+ * peer closed (EOF or reset) first. A failed send, a timeout or an
+ * undecodable header ends the test (abort, with a message). */
+void raw_send_frame(int fd, ferry_frame_t f, const void *payload);
+ferry_frame_t raw_recv_frame(int fd, void *payload, size_t cap);
 /* True when the peer closed (EOF or reset) within ms. */
 bool raw_closed_within(int fd, int ms);
 /* Sends a HELLO (flags, nonce) and receives HELLO_ACK: 0 and its status in
