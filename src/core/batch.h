@@ -45,6 +45,10 @@ void ferry_task_enqueue(ferry_engine_t *e, ferry_task_t *t);
  * out of memory; done is called when it ran. */
 struct task_ext *ferry_task_new(ferry_session_t *s, ferry_xfer_t *xs, size_t n, task_done_fn done, void *owner);
 void ferry_task_free(struct task_ext *t);
+/* The end of a worker task its caller waits for: drops t's session
+ * reference, frees t, and counts *left (guarded by lock) down, waking cond
+ * (the caller's ferry_wait_zero_locked). */
+void ferry_task_finish_joined(ferry_task_t *t, pthread_mutex_t *lock, pthread_cond_t *cond, size_t *left);
 /* Splits [0, n) into at most groups contiguous ranges of similar byte
  * counts; writes group starts into starts[0..g] and returns g. */
 size_t ferry_task_partition(const ferry_xfer_t *xs, size_t n, size_t groups, size_t *starts);

@@ -293,12 +293,7 @@ static void worker_lane(struct task_ext *t, void *arg)
 static void worker_lane_done(ferry_task_t *t, void *owner)
 {
     struct lanes *l = owner;
-    ferry_session_put(t->session);
-    ferry_task_free((struct task_ext *)t);
-    pthread_mutex_lock(&l->lock);
-    l->workers--;
-    pthread_cond_signal(&l->cond);
-    pthread_mutex_unlock(&l->lock);
+    ferry_task_finish_joined(t, &l->lock, &l->cond, &l->workers);
 }
 
 /* Runs the checked descriptor d (n > 0) to peer in windows. */

@@ -233,15 +233,20 @@ void ferry_task_free(struct task_ext *t)
     free(t);
 }
 
+void ferry_task_finish_joined(ferry_task_t *t, pthread_mutex_t *lock, pthread_cond_t *cond, size_t *left)
+{
+    ferry_session_put(t->session);
+    ferry_task_free((struct task_ext *)t);
+    pthread_mutex_lock(lock);
+    (*left)--;
+    pthread_cond_signal(cond);
+    pthread_mutex_unlock(lock);
+}
+
 static void join_done(ferry_task_t *t, void *owner)
 {
     struct join *j = owner;
-    ferry_session_put(t->session);
-    ferry_task_free((struct task_ext *)t);
-    pthread_mutex_lock(&j->lock);
-    j->left--;
-    pthread_cond_signal(&j->cond);
-    pthread_mutex_unlock(&j->lock);
+    ferry_task_finish_joined(t, &j->lock, &j->cond, &j->left);
 }
 
 /* Runs the pieces on up to conns_per_peer connections: the caller's thread
