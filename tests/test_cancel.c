@@ -372,21 +372,8 @@ static ferry_frame_t recv_frame(int fd)
  * *key (if not NULL) gets the key CANCELs name it by. */
 static int hello_as(uint16_t port, uint64_t engine_id, uint64_t *key)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-    ferry_hello_t h;
-    memset(&h, 0, sizeof h);
-    h.proto_min = h.proto_max = FERRY_PROTOCOL_VERSION;
-    h.engine_id = engine_id;
-    h.epoch = 1;
-    snprintf(h.name, sizeof h.name, "raw-%llu", (unsigned long long)engine_id);
-    uint8_t buf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
-    int n = ferry_hello_encode(&h, buf, sizeof buf);
-    assert_true(n > 0);
-    raw_send_frame(fd, (ferry_frame_t){.type = FERRY_FRAME_HELLO, .plen = (uint32_t)n}, buf);
-    ferry_frame_t ack = recv_frame(fd);
+    ferry_frame_t ack;
+    int fd = raw_hello_as(port, engine_id, &ack, NULL, 0);
     assert_int_equal(ack.type, FERRY_FRAME_HELLO_ACK);
     assert_int_equal(ack.status, 0);
     assert_true(ack.aux != 0);

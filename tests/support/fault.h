@@ -95,6 +95,12 @@ int raw_recv(int fd, ferry_frame_t *f, void *payload, size_t cap, int ms);
  * undecodable header ends the test (abort, with a message). */
 void raw_send_frame(int fd, ferry_frame_t f, const void *payload);
 ferry_frame_t raw_recv_frame(int fd, void *payload, size_t cap);
+/* A raw initiator: a TCP connection to 127.0.0.1:port that said HELLO as
+ * engine engine_id (epoch 1, name "raw-<id>"): the fd, and the target's
+ * answer in *ack (type 0 when it closed instead), its payload in ackbuf
+ * (cap bytes; NULL: dropped). A failed connect or send, or no answer within
+ * 30 s, ends the test (abort, with a message). */
+int raw_hello_as(uint16_t port, uint64_t engine_id, ferry_frame_t *ack, void *ackbuf, size_t cap);
 /* True when the peer closed (EOF or reset) within ms. */
 bool raw_closed_within(int fd, int ms);
 /* Sends a HELLO (flags, nonce) and receives HELLO_ACK: 0 and its status in
