@@ -226,7 +226,14 @@ static void slow_clients_are_bounded(void **state)
         assert_int_equal(send(fds[i], partial, sizeof partial - 1, MSG_NOSIGNAL), (ssize_t)sizeof partial - 1);
     }
     usleep(200000);
+    /* The library accepts a connection over its limit and closes it at
+     * once: a count can catch one such socket in passing. The bound is on
+     * what stays held, so a count over it is taken again a little later. */
     int held = server_held(port);
+    for (int i = 0; i < 50 && held > 16; i++) {
+        usleep(20000);
+        held = server_held(port);
+    }
     fprintf(stderr, "slow clients: %d of %d held by the endpoint\n", held, N);
     assert_true(held > 0 && held <= 16);
     /* Held ones are closed once idle for the timeout (5 s). */
