@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "clock.h"
@@ -87,6 +88,12 @@ unsigned ferry_conn_version(const ferry_conn_t *c)
 {
     unsigned ours = ferry_engine_proto_max(c->engine);
     return c->peer.proto_max < ours ? c->peer.proto_max : ours;
+}
+
+void ferry_conn_set_rcvlowat(ferry_conn_t *c, int n)
+{
+    int now = c->rcvlowat > 1 ? c->rcvlowat : 1;
+    if (n != now && setsockopt(c->fd, SOL_SOCKET, SO_RCVLOWAT, &n, sizeof n) == 0) c->rcvlowat = n;
 }
 
 void ferry_conn_free(ferry_conn_t *c)

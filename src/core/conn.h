@@ -35,10 +35,9 @@ typedef struct ferry_partial {
     int mode;                 /* the handler's */
     bool wait_out;            /* it waits to send (its answer), not to receive */
     /* A WRITEV's: the piece being received, the registry version its
-     * pieces were last checked against, the socket's low-water mark. */
+     * pieces were last checked against. */
     size_t at;
     uint64_t version;
-    int lowat;
     uint8_t out[FERRY_FRAME_HEADER_SIZE]; /* the answer's header, when it sends one */
     /* Continues the frame: 0 served, FERRY_SERVE_PENDING, or a failure
      * (closes the connection). NULL: no frame is in progress. */
@@ -68,6 +67,7 @@ struct ferry_conn {
     _Atomic uint64_t cancel_key, cancel_peer;
     _Atomic(ferry_cancel_set_t *) cancels;
     atomic_bool fenced;        /* target side: fenced whole (CANCEL with F_CONN): refuses every frame */
+    int rcvlowat;              /* target side: the socket's SO_RCVLOWAT above 1, 0 = the default 1 */
     uint64_t pool_gen;         /* initiator side: the session's pool generation at connect */
     char remote[64];           /* target side: the socket's peer address, for logs */
     /* Target side, for the listener's limits (listener.c): where the
@@ -126,6 +126,10 @@ unsigned ferry_conn_spin_us(ferry_conn_t *c);
 /* Reads and discards n payload bytes. */
 int ferry_conn_discard(ferry_conn_t *c, uint64_t n, uint64_t deadline);
 void ferry_conn_free(ferry_conn_t *c);
+/* Target side: sets the socket's receive low-water mark to n bytes (1: the
+ * default), skipping the call when it is set so already. The event loop
+ * (payload gates) and tcp.c (WRITEV payloads) share the mark through it. */
+void ferry_conn_set_rcvlowat(ferry_conn_t *c, int n);
 /* Initiator side, for an answer with status < 0: reads the target's detail
  * text that follows it and raises it as the thread's failure (its code is
  * the answer's status); reason, when not NULL, gets the text too. */

@@ -376,11 +376,6 @@ static uint64_t bytes_waiting(const ferry_conn_t *c)
     return ioctl(c->fd, FIONREAD, &n) == 0 && n > 0 ? (uint64_t)n : 0;
 }
 
-static void set_rcvlowat(const ferry_conn_t *c, int n)
-{
-    setsockopt(c->fd, SOL_SOCKET, SO_RCVLOWAT, &n, sizeof n);
-}
-
 /* How much of f's payload must have arrived before its handler runs
  * (payload_gate): all of it, but none of a WRITE's and only the
  * descriptors of an unchecksummed WRITEV, whose handlers place the rest as
@@ -412,7 +407,7 @@ static int gated_resume(ferry_conn_t *c)
             return ferry_fail(FERRY_ERR_PEER_CLOSED, "%s closed the connection after %llu of a %s frame's %u payload bytes",
                               c->peer.name, (unsigned long long)p->done, ferry_frame_type_name(p->f.type), p->f.plen);
     }
-    set_rcvlowat(c, 1);
+    ferry_conn_set_rcvlowat(c, 1);
     ferry_frame_t f = p->f;
     return ferry_serve_frame(c, &f);
 }
@@ -431,9 +426,9 @@ static int payload_gate(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t 
     if (here >= need) return 0;
     int want = (int)need, got = 0;
     socklen_t len = sizeof got;
-    set_rcvlowat(c, want);
+    ferry_conn_set_rcvlowat(c, want);
     if (getsockopt(c->fd, SOL_SOCKET, SO_RCVLOWAT, &got, &len) != 0 || got < want) {
-        set_rcvlowat(c, 1);
+        ferry_conn_set_rcvlowat(c, 1);
         return 0;
     }
     c->partial = (ferry_partial_t){
@@ -445,7 +440,7 @@ static int payload_gate(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t 
     if (w < 0) return payload_timeout(e, c);
     if (w == 0) return FERRY_SERVE_PENDING;
     c->partial.resume = NULL;
-    set_rcvlowat(c, 1);
+    ferry_conn_set_rcvlowat(c, 1);
     return 0;
 }
 

@@ -622,11 +622,6 @@ static void sink_piece(struct ferry_vec_scratch *v, size_t i)
 
 /* Sets c's receive low-water mark to want bytes (a hint: when the kernel
  * refuses, waits just wake sooner). *cur is the mark in force. */
-static void set_rcvlowat(ferry_conn_t *c, int want, int *cur)
-{
-    if (want != *cur && setsockopt(c->fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof want) == 0) *cur = want;
-}
-
 /* Receives a WRITEV's payload straight into the target regions, with few
  * syscalls: one gathered receive (up to IOV_MAX pieces) for whatever the
  * socket holds, under the registry's read lock, sleeping in between until
@@ -634,7 +629,8 @@ static void set_rcvlowat(ferry_conn_t *c, int want, int *cur)
  * the sink. Before each receive the pieces still to come are checked again
  * when the registry or the cancel set changed (place_direct's discipline,
  * done per run of pieces instead of per piece). Resumable from c->partial
- * (done: payload bytes received; at, version, lowat): when another data
+ * (done: payload bytes received; at, version; the socket's low-water
+ * mark is kept on the connection, ferry_conn_set_rcvlowat): when another data
  * frame waits for a thread while the socket is dry, the frame is parked
  * (FERRY_SERVE_PENDING) with the low-water mark set, and continues once
  * that much more has come. */
@@ -653,7 +649,7 @@ static int vec_place_direct(ferry_conn_t *c, ferry_partial_t *p, struct ferry_ve
     while (left > 0) {
         p->done = f->addr - left;
         if (drained) {
-            set_rcvlowat(c, left < VEC_RCVLOWAT ? (int)left : (int)VEC_RCVLOWAT, &p->lowat);
+            ferry_conn_set_rcvlowat(c, left < VEC_RCVLOWAT ? (int)left : (int)VEC_RCVLOWAT);
             int w = ferry_serve_payload_wait(c, p->deadline);
             if (w < 0)
                 return ferry_fail(FERRY_ERR_TIMEOUT, "vector frame from %s stalled with %llu of %llu bytes to come",
@@ -761,7 +757,7 @@ static int serve_writev(ferry_conn_t *c, const ferry_frame_t *f)
         return rc ? rc : writev_answer(c, f, v, deadline);
     }
     ferry_partial_t *p = &c->partial;
-    *p = (ferry_partial_t){.f = *f, .deadline = deadline, .version = version, .lowat = 1};
+    *p = (ferry_partial_t){.f = *f, .deadline = deadline, .version = version};
     return writev_resume(c);
 }
 
@@ -776,7 +772,7 @@ static int writev_resume(ferry_conn_t *c)
     if (rc == FERRY_SERVE_PENDING) return rc; /* parked: wakes once the mark's bytes came */
     /* Back to waking at the first byte: the next header is 64 bytes, and
      * the event loop's waits would otherwise never end. */
-    set_rcvlowat(c, 1, &p->lowat);
+    ferry_conn_set_rcvlowat(c, 1);
     return rc ? rc : writev_answer(c, &p->f, c->vec, p->deadline);
 }
 
