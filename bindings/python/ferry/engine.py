@@ -509,10 +509,13 @@ class TransferEngine(AsyncBatches):
 
     # --------------------------------------------------------------- segments
     def get_first_buffer_address(self, segment_name):
-        """The lowest remote-accessible address the peer registered; 0 if none or on failure."""
+        """The address of the peer's first registered region still registered (remote-accessible),
+        as Mooncake's buffers[0]; 0 if none or on failure."""
         def go():
-            segs = self._eng().segments(segment_name, max_count=1)
-            return segs[0].addr if segs else 0
+            segs = self._eng().segments(segment_name)
+            # A region's generation is the peer registry's count of registrations
+            # when it was registered: the smallest is the earliest still there.
+            return min(segs, key=lambda s: s.generation).addr if segs else 0
         return self._run(go, on_error=0)
 
     def send_probe(self, peer_server_name):

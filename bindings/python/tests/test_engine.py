@@ -430,6 +430,29 @@ class TestTransferEngineLocal(unittest.TestCase):
         self.assertNotEqual(self.p.get_engine_ptr(), 0)
         self.assertIsInstance(self.p.get_engine(), ferry.Engine)
 
+    def test_first_buffer_is_the_first_registered(self):
+        """Mooncake's buffers[0]: the earliest registration still there, not the lowest address
+        (a caller writes at first + offset within the buffer it registered first)."""
+        te = TransferEngine()
+        with EnvPatch(FERRY_TIMEOUT_MS="5000", FERRY_TRANSPORT=None, FERRY_METADATA=None):
+            self.assertEqual(te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", ""), 0)
+        mem = (ctypes.c_char * (3 * MiB))()
+        low, mid, high = (ctypes.addressof(mem) + k * MiB for k in range(3))
+        try:
+            name = te.get_session_id()
+            self.assertEqual(self.p.get_first_buffer_address(name), 0)
+            self.assertEqual(te.register_memory(mid, MiB), 0)
+            self.assertEqual(te.register_memory(low, MiB), 0)
+            self.assertEqual(te.register_memory(high, MiB), 0)
+            self.assertEqual(self.p.get_first_buffer_address(name), mid)
+            self.assertEqual(te.unregister_memory(mid), 0)
+            self.assertEqual(self.p.get_first_buffer_address(name), low)
+            self.assertEqual(te.register_memory(mid, MiB), 0)  # again: now the last one
+            self.assertEqual(self.p.get_first_buffer_address(name), low)
+            self.assertEqual(te.get_first_buffer_address(name), low)  # its own segment too
+        finally:
+            te.close()
+
     def test_rdma_fell_back(self):
         self.assertIn(self.d.engine.config["transport"], ("auto", "rdma"))
         for proto in ("rdma", "shm"):
