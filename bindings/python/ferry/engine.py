@@ -308,27 +308,63 @@ class TransferEngine(AsyncBatches):
             pass
 
     # ---------------------------------------------------------- registration
+    # Exactly the same range registered again (same address and length) is
+    # counted, not refused: it stays registered until as many unregister
+    # calls. SGLang registers an embedding per /send call when it has no
+    # shared registration, and two decoder TP ranks' /send calls for one
+    # request run in threads: the second registration overlapped the first,
+    # the first call's deregistration then took the region from under the
+    # second's transfer, and that refusal's code is ignored there (silent
+    # loss). Mooncake refuses the duplicate (ERR_ADDRESS_OVERLAPPED); a range
+    # that only overlaps is still refused here. See the binding README.
     def register_memory(self, buffer_addr, capacity, location="*"):
         """Registers [buffer_addr, +capacity) as remote-accessible. 0 or a negative code.
         buffer_addr: an int or a buffer object. The library tells device from host
         memory itself; a location that names the other kind ("cuda:0" for memory
-        taken as host memory, "cpu" for device memory) is refused (see _check_location)."""
+        taken as host memory, "cpu" for device memory) is refused (see _check_location).
+        The very same range registered again is counted (see above)."""
         def go():
             eng = self._eng()
-            addr = eng.register(buffer_addr, capacity, core.MEM_REMOTE)
-            self._check_location(eng, [addr], location)
+            with _registry_lock(eng):
+                if _hold_again(eng, [buffer_addr], [capacity]) is not None:
+                    return 0
+                addr = eng.register(buffer_addr, capacity, core.MEM_REMOTE)
+                self._check_location(eng, [addr], location)
             return 0
         return self._run(go)
 
     def unregister_memory(self, buffer_addr):
-        return self._run(lambda: (self._eng().deregister(buffer_addr), 0)[1])
-
-    def batch_register_memory(self, buffer_addresses, capacities, location="*"):
+        """0, or a negative code. A range registered n times is deregistered by the n-th call."""
         def go():
             eng = self._eng()
-            addrs = eng.register_batch(_sized(buffer_addresses), _sized(capacities),
-                                       core.MEM_REMOTE)
-            self._check_location(eng, addrs, location)
+            with _registry_lock(eng):
+                if not _release_hold(eng, buffer_addr):
+                    eng.deregister(buffer_addr)
+            return 0
+        return self._run(go)
+
+    def batch_register_memory(self, buffer_addresses, capacities, location="*"):
+        """All or nothing, as Mooncake: 0, or a negative code with none registered.
+        Entries that repeat a registered range exactly are counted (see above)."""
+        def go():
+            eng = self._eng()
+            addrs, caps = _sized(buffer_addresses), _sized(capacities)
+            with _registry_lock(eng):
+                held = _hold_again(eng, addrs, caps)
+                if held is None:
+                    held = {}
+                elif len(held) == len(addrs):
+                    return 0
+                else:
+                    keep = [i for i in range(len(addrs)) if i not in held]
+                    addrs, caps = [addrs[i] for i in keep], [caps[i] for i in keep]
+                try:
+                    new = eng.register_batch(addrs, caps, core.MEM_REMOTE)
+                    self._check_location(eng, new, location)
+                except BaseException:
+                    for a in held.values():
+                        _release_hold(eng, a)
+                    raise
             return 0
         return self._run(go)
 
@@ -366,7 +402,19 @@ class TransferEngine(AsyncBatches):
                  % (location, info.addr, info.len, info.kind))
 
     def batch_unregister_memory(self, buffer_addresses):
-        return self._run(lambda: (self._eng().deregister_batch(_sized(buffer_addresses)), 0)[1])
+        """0, or the first failure (every entry processed). Counted ranges lose one count."""
+        def go():
+            eng = self._eng()
+            addrs = _sized(buffer_addresses)
+            with _registry_lock(eng):
+                if not _holds(eng):
+                    eng.deregister_batch(addrs)
+                    return 0
+                rest = [a for a in addrs if not _release_hold(eng, a)]
+                if rest:
+                    eng.deregister_batch(rest)
+            return 0
+        return self._run(go)
 
     def allocate_managed_buffer(self, length):
         """A registered buffer of length bytes owned by the engine; its address, 0 on failure."""
@@ -648,6 +696,71 @@ class TransferEngine(AsyncBatches):
             return rc
         return self.batch_transfer_sync(target_hostname, buffers, peer_buffer_addresses, lengths,
                                         opcode)
+
+
+# ------------------------------------------------- repeated registrations
+# Per ferry.Engine (TransferEngine views of one engine share them): the extra
+# registrations of a range, {address: count beyond the first}, and a lock
+# that makes "is it registered, with this length" and the registration one step.
+_REGISTRY_GUARD = threading.Lock()
+
+
+def _registry_lock(eng):
+    lock = getattr(eng, "_mooncake_registry_lock", None)
+    if lock is None:
+        with _REGISTRY_GUARD:
+            lock = getattr(eng, "_mooncake_registry_lock", None)
+            if lock is None:
+                lock = eng._mooncake_registry_lock = threading.Lock()
+                eng._mooncake_holds = {}
+    return lock
+
+
+def _holds(eng):
+    return eng._mooncake_holds
+
+
+def _hold_again(eng, addrs, caps):
+    """For the entries (int address, int length) that repeat a range registered
+    through eng exactly: counts them and returns {index: address}; None when
+    there are none. Caller holds _registry_lock."""
+    if len(addrs) != len(caps) or not len(addrs):
+        return None  # the library reports a mismatch
+    held, seen = {}, set()
+    with eng._lock:
+        regions = eng._regions
+        if not regions:
+            return None
+        for i, (a, n) in enumerate(zip(addrs, caps)):
+            if isinstance(a, bool) or isinstance(n, bool) or not (_buffers._is_int(a)
+                                                                  and _buffers._is_int(n)):
+                continue
+            a, n = int(a), int(n)
+            ent = regions.get(a)
+            if n > 0 and ent is not None and ent[0] == n and a not in seen:
+                held[i] = a
+                seen.add(a)
+    holds = _holds(eng)
+    for a in held.values():
+        holds[a] = holds.get(a, 0) + 1
+    return held or None
+
+
+def _release_hold(eng, addr):
+    """True when addr had a repeated registration, now one fewer (nothing
+    deregistered). Caller holds _registry_lock."""
+    holds = _holds(eng)
+    if not holds or isinstance(addr, bool) or not _buffers._is_int(addr):
+        return False
+    a = int(addr)
+    n = holds.get(a, 0)
+    if n == 0:
+        return False
+    if n == 1:
+        del holds[a]
+    else:
+        holds[a] = n - 1
+    return True
 
 
 # ------------------------------------------------------------------- CUDA

@@ -3,10 +3,12 @@ the embedding receiver's per-request buffers at a reused address, a decode
 restarted on the same port with no probe, zero-length entries, and careless
 callers. Each once failed silently or crashed (issue 14)."""
 
+import concurrent.futures
 import ctypes
+import threading
 import unittest
 
-from _support import requires_engine
+from _support import HAVE_NUMPY, requires_engine
 from test_pd_pair import KV, PAGE, Decode, LocalKV, pattern, prefill_engine, sha
 
 import ferry
@@ -14,6 +16,56 @@ from ferry import errors
 from ferry.engine import TransferEngine, TransferNotify, TransferOpcode
 
 EMB = 256 * 1024  # one request's embedding buffer
+
+
+class SGLangWrapper:
+    """What SGLang's MooncakeTransferEngine wrapper does with the engine
+    (our own code, same calls and the same return-code handling): register
+    and deregister swallow the code (a debug log there), transfer_sync and
+    batch_transfer_sync return it, an exception counting as -1."""
+
+    def __init__(self, te):
+        self.engine = te
+        self.register_codes = []  # what SGLang would only have logged
+
+    def register(self, ptr, length):
+        try:
+            rc = self.engine.register_memory(ptr, length)
+        except Exception:
+            rc = -1
+        self.register_codes.append(rc)
+
+    def deregister(self, ptr):
+        try:
+            rc = self.engine.unregister_memory(ptr)
+        except Exception:
+            rc = -1
+        self.register_codes.append(rc)
+
+    def batch_register(self, ptrs, lengths):
+        try:
+            return self.engine.batch_register_memory(ptrs, lengths)
+        except Exception:
+            return -1
+
+    def batch_deregister(self, ptrs):
+        try:
+            return self.engine.batch_unregister_memory(ptrs)
+        except Exception:
+            return -1
+
+    def transfer_sync(self, session_id, buffer, peer_buffer_address, length):
+        try:
+            return self.engine.transfer_sync_write(session_id, buffer, peer_buffer_address, length)
+        except Exception:
+            return -1
+
+    def batch_transfer_sync(self, session_id, buffers, peer_buffer_addresses, lengths):
+        try:
+            return self.engine.batch_transfer_sync_write(session_id, buffers,
+                                                         peer_buffer_addresses, lengths)
+        except Exception:
+            return -1
 
 
 @requires_engine
@@ -103,6 +155,175 @@ class TestSGLangSequences(unittest.TestCase):
             strict.batch_transfer_async_write("127.0.0.1:1", [self.kv.addr], [raddr], [64])
         # The engine is fine afterwards.
         self.assertEqual(self.te.transfer_sync_write(sid, self.kv.addr, raddr, 64), 0)
+
+    def test_encoder_sibling_sends_share_one_embedding(self):
+        # SGLang's encoder server, /send from two decoder TP ranks for one
+        # request (encoder/server.py, versions that ignore transfer_sync's
+        # result): each call registers the embedding when the shared
+        # registration is missing, transfer_syncs from a worker thread
+        # (asyncio.to_thread) and deregisters. Interleaved as threads may:
+        # B registers while A holds the region (a duplicate registration), A
+        # finishes and deregisters, then B transfers. B's write was refused
+        # (the region gone: ADDRESS_NOT_REGISTERED), its code ignored: the
+        # second rank got no embedding. Found failing before the fix.
+        sid, raddr = self.decode.session_id, self.decode.kv_addr
+        wrapper = SGLangWrapper(self.te)
+        emb = LocalKV(EMB)  # the embedding tensor, not registered by itself
+        data = pattern(EMB, 31)
+        emb.write(0, data)
+        dst = [raddr + 2 * PAGE, raddr + 2 * PAGE + EMB]  # each decode rank's buffer
+        a_registered, a_done = threading.Event(), threading.Event()
+        results = {}
+
+        def send(rank):
+            if rank == 1:
+                a_registered.wait(10)
+            wrapper.register(emb.addr, EMB)
+            if rank == 0:
+                a_registered.set()
+            else:
+                a_done.wait(10)
+            results[rank] = wrapper.transfer_sync(sid, emb.addr, dst[rank], EMB)  # ignored by SGLang
+            wrapper.deregister(emb.addr)
+            if rank == 0:
+                a_done.set()
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            list(pool.map(send, [0, 1]))
+        self.assertEqual(self.decode.digests([(dst[0] - raddr, EMB), (dst[1] - raddr, EMB)]),
+                         [sha(data), sha(data)], "results %r" % results)
+        self.assertEqual(results, {0: 0, 1: 0})
+        # Balanced: the embedding is no longer registered afterwards.
+        self.assertEqual(self.te.transfer_sync_write(sid, emb.addr, dst[0], EMB),
+                         errors.ADDRESS_NOT_REGISTERED)
+        self.assertEqual(self.te.unregister_memory(emb.addr), errors.ADDRESS_NOT_REGISTERED)
+
+    def test_duplicate_registration_counts(self):
+        # The same range registered twice (a tied weight's storage listed under
+        # two names, SGLang's register_memory_region_v1; sibling /send calls)
+        # stays registered until the last unregister; a range that only
+        # overlaps stays refused, and batch (un)registration counts the same way.
+        buf = LocalKV(4 * PAGE)
+        try:
+            self.assertEqual(self.te.register_memory(buf.addr, 2 * PAGE), 0)
+            self.assertEqual(self.te.register_memory(buf.addr, 2 * PAGE), 0)
+            self.assertEqual(self.te.register_memory(buf.addr, PAGE), errors.ADDRESS_OVERLAPPED)
+            self.assertEqual(self.te.register_memory(buf.addr + PAGE, 2 * PAGE),
+                             errors.ADDRESS_OVERLAPPED)
+            # Batch: one entry a duplicate, one new; a refused batch takes no count.
+            self.assertEqual(self.te.batch_register_memory([buf.addr, buf.addr + PAGE],
+                                                           [2 * PAGE, PAGE]),
+                             errors.ADDRESS_OVERLAPPED)
+            self.assertEqual(self.te.batch_register_memory([buf.addr, buf.addr + 2 * PAGE],
+                                                           [2 * PAGE, PAGE]), 0)
+            self.assertEqual(self.te.engine.region_info(buf.addr).len, 2 * PAGE)
+            self.assertEqual(self.te.unregister_memory(buf.addr), 0)
+            self.assertEqual(self.te.batch_unregister_memory([buf.addr, buf.addr + 2 * PAGE]), 0)
+            self.assertEqual(self.te.engine.region_info(buf.addr).len, 2 * PAGE)  # one count left
+            self.assertEqual(self.te.unregister_memory(buf.addr), 0)
+            for a in (buf.addr, buf.addr + 2 * PAGE):
+                self.assertEqual(self.te.unregister_memory(a), errors.ADDRESS_NOT_REGISTERED)
+        finally:
+            for a in (buf.addr, buf.addr + 2 * PAGE):
+                while self.te.unregister_memory(a) == 0:
+                    pass
+
+    def test_kv_slice_sends_from_thread_pool(self):
+        # send_kvcache_slice (prefill and decode with different attention TP):
+        # per layer, K and V, one batch_transfer_sync per layer submitted to a
+        # ThreadPoolExecutor, one entry per token slot (a head slice of it),
+        # addresses from numpy .tolist(), a status != 0 failing the request.
+        # Then send_aux and the state (maybe_send_extra) on the last chunk,
+        # whose codes the transfer worker reads only for aux.
+        sid, raddr = self.decode.session_id, self.decode.kv_addr
+        engine = SGLangWrapper(self.te)
+        layers, page_size, pages = 4, 16, 8
+        src_item, dst_item = 2048, 1024  # prefill page holds 2 heads' worth, decode 1
+        slot_src, slot_dst = src_item // page_size, dst_item // page_size
+        head_bytes = slot_dst  # one head's slice of a token slot
+        kv_span = layers * 2 * 64 * src_item  # per tensor: 64 pages
+        self.assertLessEqual(kv_span, self.kv.size)
+        self.kv.write(0, pattern(kv_span, 41))
+        src_k = [i * 64 * src_item for i in range(layers)]
+        src_v = [(layers + i) * 64 * src_item for i in range(layers)]
+        dst_k = [raddr + i * 64 * dst_item for i in range(layers)]
+        dst_v = [raddr + (layers + i) * 64 * dst_item for i in range(layers)]
+        prefill_pages = [5, 9, 10, 11, 30, 31, 40, 63][:pages]
+        decode_pages = [1, 2, 3, 7, 8, 20, 50, 60][:pages]
+        src_head_offset = slot_dst  # this decode rank takes the second head
+
+        def slices(src_off, dst_layer):
+            src, dst = [], []
+            for p, d in zip(prefill_pages, decode_pages):
+                for t in range(page_size):
+                    src.append(self.kv.addr + src_off + p * src_item + t * slot_src + src_head_offset)
+                    dst.append(dst_layer + d * dst_item + t * slot_dst)
+            return src, dst
+
+        def process_layer(src_off, dst_layer):
+            src, dst = slices(src_off, dst_layer)
+            if HAVE_NUMPY:
+                import numpy as np
+                src, dst = np.array(src, dtype=np.int64).tolist(), np.array(dst, dtype=np.int64).tolist()
+            return engine.batch_transfer_sync(sid, src, dst, [head_bytes] * len(src))
+
+        with concurrent.futures.ThreadPoolExecutor(4) as executor:
+            futures = [executor.submit(process_layer, src_k[i], dst_k[i]) for i in range(layers)]
+            futures += [executor.submit(process_layer, src_v[i], dst_v[i]) for i in range(layers)]
+            statuses = [f.result() for f in concurrent.futures.as_completed(futures)]
+        self.assertEqual(statuses, [0] * (2 * layers), errors.last_error_detail())
+        expect, ranges = [], []
+        for src_off, dst_layer in zip(src_k + src_v, dst_k + dst_v):
+            src, dst = slices(src_off, dst_layer)
+            for s, d in zip(src, dst):
+                expect.append(sha(ctypes.string_at(s, head_bytes)))
+                ranges.append((d - raddr, head_bytes))
+        self.assertEqual(self.decode.digests(ranges), expect)
+
+    def test_last_chunk_aux_and_state_after_kv(self):
+        # The transfer worker's last chunk: send_kvcache (one batch over all
+        # layers), then maybe_send_extra (mamba state: one entry per state
+        # tensor, code ignored) and send_aux (one entry per aux buffer, code
+        # read). The prefill's aux and state buffers are registered with
+        # batch_register at start-up, each list on its own, as SGLang does.
+        sid, raddr = self.decode.session_id, self.decode.kv_addr
+        engine = SGLangWrapper(self.te)
+        aux = LocalKV(3 * 4096)
+        state = LocalKV(2 * 8192)
+        self.assertEqual(engine.batch_register([aux.addr, aux.addr + 4096, aux.addr + 8192],
+                                               [4096, 4096, 4096]), 0)
+        self.assertEqual(engine.batch_register([state.addr, state.addr + 8192], [8192, 8192]), 0)
+        try:
+            aux.write(0, pattern(3 * 4096, 51))
+            state.write(0, pattern(2 * 8192, 52))
+            self.kv.write(0, pattern(4 * PAGE, 53))
+            blocks = [(self.kv.addr + i * PAGE, raddr + (7 - i) * PAGE, PAGE) for i in range(4)]
+            src, dst, lens = zip(*blocks)
+            self.assertEqual(engine.batch_transfer_sync(sid, list(src), list(dst), list(lens)), 0)
+            state_item, state_index, dst_state = 2048, 2, raddr + 16 * PAGE
+            blocks = [(state.addr + i * 8192 + state_item * state_index,
+                       dst_state + i * 8192 + state_item * 1, state_item) for i in range(2)]
+            src, dst, lens = zip(*blocks)
+            engine.batch_transfer_sync(sid, list(src), list(dst), list(lens))  # ignored there
+            aux_item, aux_index, dst_aux = 512, 3, raddr + 20 * PAGE
+            blocks = [(aux.addr + i * 4096 + aux_item * aux_index,
+                       dst_aux + i * 4096 + aux_item * 5, aux_item) for i in range(3)]
+            src, dst, lens = zip(*blocks)
+            self.assertEqual(engine.batch_transfer_sync(sid, list(src), list(dst), list(lens)), 0)
+            got = self.decode.digests([((7 - i) * PAGE, PAGE) for i in range(4)]
+                                      + [(16 * PAGE + i * 8192 + state_item, state_item)
+                                         for i in range(2)]
+                                      + [(20 * PAGE + i * 4096 + aux_item * 5, aux_item)
+                                         for i in range(3)])
+            want = ([sha(self.kv.read(i * PAGE, PAGE)) for i in range(4)]
+                    + [sha(ctypes.string_at(state.addr + i * 8192 + state_item * state_index,
+                                            state_item)) for i in range(2)]
+                    + [sha(ctypes.string_at(aux.addr + i * 4096 + aux_item * aux_index, aux_item))
+                       for i in range(3)])
+            self.assertEqual(got, want)
+        finally:
+            self.assertEqual(engine.batch_deregister([aux.addr, aux.addr + 4096, aux.addr + 8192]), 0)
+            self.assertEqual(engine.batch_deregister([state.addr, state.addr + 8192]), 0)
 
 
 @requires_engine
