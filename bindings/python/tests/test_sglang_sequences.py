@@ -6,10 +6,11 @@ callers. Each once failed silently or crashed (issue 14)."""
 import concurrent.futures
 import ctypes
 import threading
+import time
 import unittest
 
 from _support import HAVE_NUMPY, requires_engine
-from test_pd_pair import KV, PAGE, Decode, LocalKV, pattern, prefill_engine, sha
+from test_pd_pair import KV, PAGE, SLACK_S, TIMEOUT_MS, Decode, LocalKV, pattern, prefill_engine, sha
 
 import ferry
 from ferry import errors
@@ -375,6 +376,78 @@ class TestDecodeRestartWithoutProbe(unittest.TestCase):
             self.assertEqual(te.get_batch_transfer_status([bid]), 0, errors.last_error_detail())
             self.assertEqual(decode.digests([(0, PAGE)]), [sha(kv.read(0, PAGE))])
         finally:
+            decode.kill()
+            decode.close()
+            te.close()
+
+    def test_thread_pool_and_probe_loop_across_a_restart(self):
+        # SGLang's prefill: executor threads send layers to one decode session
+        # (batch_transfer_sync, status != 0 marks the session failed) while
+        # the failed-session probe loop (SGLANG_ENABLE_FAILED_SESSION_PROBE)
+        # calls send_probe on it from its own thread. The decode dies and a
+        # new one takes its port: every call returns (no hang, no crash),
+        # the new decode's memory gets no write at the old addresses unless
+        # the new process registered them, and once the new decode
+        # re-registers, every thread's calls with its addresses work.
+        decode = Decode("tcp")
+        te = prefill_engine("tcp")
+        kv = LocalKV(KV)
+        stop = threading.Event()
+        target = {"addr": decode.kv_addr}
+        results, probes = [], []
+
+        def layer_sender(layer):
+            while not stop.is_set():
+                base = target["addr"]
+                results.append((base, te.batch_transfer_sync_write(
+                    sid, [kv.addr + layer * PAGE], [base + layer * PAGE], [PAGE]), layer,
+                    errors.last_error_detail()))
+
+        def probe_loop():
+            while not stop.is_set():
+                probes.append(te.send_probe(sid))
+                stop.wait(0.02)
+
+        try:
+            self.assertEqual(te.register_memory(kv.addr, kv.size), 0)
+            kv.write(0, pattern(8 * PAGE, 61))
+            sid = decode.session_id
+            pool = concurrent.futures.ThreadPoolExecutor(5)
+            futures = [pool.submit(layer_sender, i) for i in range(4)] + [pool.submit(probe_loop)]
+            deadline = time.monotonic() + 20
+            while not any(r[1] == 0 for r in results) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            decode.kill()
+            decode.close()
+            try:
+                decode = Decode("tcp", hostname=sid)
+            except RuntimeError as exc:
+                stop.set()
+                pool.shutdown()
+                self.skipTest("could not restart on the same port: %s" % exc)
+            target["addr"] = decode.kv_addr  # the new decode re-registered
+            n = len(results)
+            deadline = time.monotonic() + 3 * (TIMEOUT_MS / 1000 + SLACK_S)
+            while time.monotonic() < deadline:
+                done = {r[2] for r in results[n:] if r[0] == decode.kv_addr and r[1] == 0}
+                if len(done) == 4:
+                    break
+                time.sleep(0.05)
+            stop.set()
+            for f in futures:
+                f.result(timeout=3 * (TIMEOUT_MS / 1000 + SLACK_S))  # none hung or raised
+            pool.shutdown()
+            for layer in range(4):
+                mine = [r for r in results[n:] if r[2] == layer]
+                self.assertTrue([r for r in mine if r[0] == decode.kv_addr and r[1] == 0],
+                                "layer %d: %r" % (layer, mine[-5:]))
+            self.assertTrue(all(r[1] <= 0 for r in results))
+            self.assertTrue(all(rc <= 0 for rc in probes))
+            # The last writes with the new addresses hold the prefill's bytes.
+            self.assertEqual(decode.digests([(i * PAGE, PAGE) for i in range(4)]),
+                             [sha(kv.read(i * PAGE, PAGE)) for i in range(4)])
+        finally:
+            stop.set()
             decode.kill()
             decode.close()
             te.close()
