@@ -329,6 +329,7 @@ class TransferEngine(AsyncBatches):
                 if _hold_again(eng, [buffer_addr], [capacity]) is not None:
                     return 0
                 addr = eng.register(buffer_addr, capacity, core.MEM_REMOTE)
+                _holds(eng).pop(addr, None)  # a count left by a range freed another way
                 self._check_location(eng, [addr], location)
             return 0
         return self._run(go)
@@ -360,6 +361,8 @@ class TransferEngine(AsyncBatches):
                     addrs, caps = [addrs[i] for i in keep], [caps[i] for i in keep]
                 try:
                     new = eng.register_batch(addrs, caps, core.MEM_REMOTE)
+                    for a in new:
+                        _holds(eng).pop(a, None)
                     self._check_location(eng, new, location)
                 except BaseException:
                     for a in held.values():
@@ -755,6 +758,11 @@ def _release_hold(eng, addr):
     a = int(addr)
     n = holds.get(a, 0)
     if n == 0:
+        return False
+    with eng._lock:
+        gone = a not in eng._regions  # deregistered another way (free_managed_buffer, ferry.Engine)
+    if gone:
+        del holds[a]
         return False
     if n == 1:
         del holds[a]

@@ -224,6 +224,16 @@ class TestSGLangSequences(unittest.TestCase):
             self.assertEqual(self.te.unregister_memory(buf.addr), 0)
             for a in (buf.addr, buf.addr + 2 * PAGE):
                 self.assertEqual(self.te.unregister_memory(a), errors.ADDRESS_NOT_REGISTERED)
+            # A count does not outlive its range when the range goes another way.
+            addr = self.te.allocate_managed_buffer(PAGE)
+            self.assertEqual(self.te.register_memory(addr, PAGE), 0)
+            self.assertEqual(self.te.free_managed_buffer(addr, PAGE), 0)
+            self.assertEqual(self.te.unregister_memory(addr), errors.ADDRESS_NOT_REGISTERED)
+            self.assertEqual(self.te.register_memory(buf.addr, PAGE), 0)
+            self.te.engine.deregister(buf.addr)
+            self.assertEqual(self.te.register_memory(buf.addr, PAGE), 0)
+            self.assertEqual(self.te.unregister_memory(buf.addr), 0)
+            self.assertEqual(self.te.unregister_memory(buf.addr), errors.ADDRESS_NOT_REGISTERED)
         finally:
             for a in (buf.addr, buf.addr + 2 * PAGE):
                 while self.te.unregister_memory(a) == 0:
