@@ -336,6 +336,52 @@ class TestSGLangSequences(unittest.TestCase):
             self.assertEqual(engine.batch_deregister([aux.addr, aux.addr + 4096, aux.addr + 8192]), 0)
             self.assertEqual(engine.batch_deregister([state.addr, state.addr + 8192]), 0)
 
+    def test_layerwise_async_submit_then_poll_from_another_thread(self):
+        # SGLang's MooncakeAsyncKVManager (conn_async.py): a submitter thread
+        # calls transfer_submit_write once per contiguous block of each layer
+        # as the layer is ready; the transfer thread, once every layer's ids
+        # are in, polls each id with `while status == 0` and asserts == 1.
+        # A write the decode refuses must come back as -1 (never 0 forever).
+        sid, raddr = self.decode.session_id, self.decode.kv_addr
+        layers, item = 6, 4096
+        self.kv.write(0, pattern(layers * 16 * item, 71))
+        blocks = [(1, 9, 3), (5, 2, 1), (12, 20, 4)]  # (src index, dst index, length in items)
+        bids = {}
+        submitted = threading.Event()
+
+        def submitter():
+            for layer in range(layers):
+                src_ptr, dst_ptr = self.kv.addr + layer * 16 * item, raddr + layer * 32 * item
+                bids[layer] = [self.te.transfer_submit_write(sid, src_ptr + s * item,
+                                                             dst_ptr + d * item, n * item)
+                               for s, d, n in blocks]
+            bids["bad"] = [self.te.transfer_submit_write(sid, self.kv.addr, raddr + KV, item)]
+            submitted.set()
+
+        def poll(bid):
+            status = self.te.transfer_check_status(bid)
+            end = time.monotonic() + TIMEOUT_MS / 1000 + SLACK_S
+            while status == 0 and time.monotonic() < end:
+                status = self.te.transfer_check_status(bid)
+                time.sleep(1e-3)
+            return status
+
+        t = threading.Thread(target=submitter)
+        t.start()
+        self.assertTrue(submitted.wait(30))
+        t.join()
+        self.assertTrue(all(b > 0 for ids in bids.values() for b in ids), bids)
+        self.assertEqual([poll(b) for layer in range(layers) for b in bids[layer]],
+                         [1] * (layers * len(blocks)))
+        self.assertEqual(poll(bids["bad"][0]), -1)
+        self.assertEqual(errors.last_error_code(), errors.ADDRESS_NOT_REGISTERED)
+        ranges, want = [], []
+        for layer in range(layers):
+            for s, d, n in blocks:
+                ranges.append((layer * 32 * item + d * item, n * item))
+                want.append(sha(self.kv.read(layer * 16 * item + s * item, n * item)))
+        self.assertEqual(self.decode.digests(ranges), want)
+
 
 @requires_engine
 class TestSGLangSequencesShm(TestSGLangSequences):
