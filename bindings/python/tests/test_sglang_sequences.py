@@ -9,7 +9,7 @@ import threading
 import time
 import unittest
 
-from _support import HAVE_NUMPY, requires_engine
+from _support import HAVE_NUMPY, EnvPatch, requires_engine
 from test_pd_pair import KV, PAGE, SLACK_S, TIMEOUT_MS, Decode, LocalKV, pattern, prefill_engine, sha
 
 import ferry
@@ -507,6 +507,37 @@ class TestDecodeRestartWithoutProbe(unittest.TestCase):
             decode.kill()
             decode.close()
             te.close()
+
+
+@requires_engine
+class TestSGLangSessionIdForms(unittest.TestCase):
+    """SGLang names a peer f"{maybe_wrap_ipv6_address(host)}:{get_rpc_port()}"
+    with the host it passed to initialize: a host name works as an IP does,
+    and the name a peer dials need not be spelled as the target spelled it
+    (IPv6 forms: test_mooncake_sequences.test_ipv6_session_id_like_sglang)."""
+
+    def test_hostname_forms(self):
+        for target_host, dial in (("localhost", "localhost"), ("127.0.0.1", "localhost"),
+                                  ("localhost", "127.0.0.1")):
+            with self.subTest(target=target_host, dial=dial):
+                d = TransferEngine()
+                with EnvPatch(FERRY_TRANSPORT=None, FERRY_METADATA=None):
+                    rc = d.initialize(target_host, "P2PHANDSHAKE", "rdma", "")
+                self.assertEqual(rc, 0, errors.last_error_detail())
+                p = prefill_engine("rdma")
+                try:
+                    a, b = LocalKV(PAGE), LocalKV(PAGE)
+                    self.assertEqual(d.register_memory(a.addr, PAGE), 0)
+                    self.assertEqual(p.register_memory(b.addr, PAGE), 0)
+                    b.write(0, pattern(PAGE, 81))
+                    sid = "%s:%d" % (dial, d.get_rpc_port())
+                    self.assertEqual(p.batch_transfer_sync_write(sid, [b.addr], [a.addr], [PAGE]), 0,
+                                     errors.last_error_detail())
+                    self.assertEqual(a.read(0, PAGE), b.read(0, PAGE))
+                    self.assertEqual(p.send_probe(sid), 0)
+                finally:
+                    d.close()
+                    p.close()
 
 
 if __name__ == "__main__":
