@@ -1,7 +1,14 @@
-"""SGLang's own call sequences against a decode process (as test_pd_pair):
-the embedding receiver's per-request buffers at a reused address, a decode
-restarted on the same port with no probe, zero-length entries, and careless
-callers. Each once failed silently or crashed (issue 14)."""
+"""SGLang's own call sequences against a decode process (as test_pd_pair),
+in SGLang's order and with its handling of return codes (our code, written
+after SGLang's disaggregation/mooncake conn.py, conn_async.py, the encoder
+server and receiver, and the MooncakeTransferEngine wrapper): the embedding
+receiver's per-request buffers at a reused address, the encoder's /send from
+two decoder ranks sharing one embedding, the KV sender's thread pool, the
+last chunk's KV/state/aux, the async manager's submit-then-poll, a decode
+restarted on the same port (with and without the probe loop), zero-length
+entries, host-name session ids, and careless callers. Several once failed
+silently or crashed (issue 14; the sibling /send before the repeated
+registration was counted)."""
 
 import concurrent.futures
 import ctypes
@@ -194,6 +201,7 @@ class TestSGLangSequences(unittest.TestCase):
         self.assertEqual(self.decode.digests([(dst[0] - raddr, EMB), (dst[1] - raddr, EMB)]),
                          [sha(data), sha(data)], "results %r" % results)
         self.assertEqual(results, {0: 0, 1: 0})
+        self.assertEqual(wrapper.register_codes, [0] * 4)  # nothing SGLang would only have logged
         # Balanced: the embedding is no longer registered afterwards.
         self.assertEqual(self.te.transfer_sync_write(sid, emb.addr, dst[0], EMB),
                          errors.ADDRESS_NOT_REGISTERED)
