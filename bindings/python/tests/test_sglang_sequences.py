@@ -232,6 +232,16 @@ class TestSGLangSequences(unittest.TestCase):
             self.assertEqual(self.te.unregister_memory(buf.addr), 0)
             for a in (buf.addr, buf.addr + 2 * PAGE):
                 self.assertEqual(self.te.unregister_memory(a), errors.ADDRESS_NOT_REGISTERED)
+            if HAVE_NUMPY:  # SGLang's pointer lists may be numpy arrays: the vector path
+                import numpy as np
+                self.assertEqual(self.te.register_memory(buf.addr, PAGE), 0)
+                addrs = np.array([buf.addr, buf.addr + PAGE, buf.addr + 2 * PAGE], dtype=np.uint64)
+                self.assertEqual(self.te.batch_register_memory(addrs, np.full(3, PAGE, np.int64)), 0)
+                self.assertEqual(self.te.batch_unregister_memory(addrs), 0)
+                self.assertEqual(self.te.engine.region_info(buf.addr).len, PAGE)
+                self.assertEqual(self.te.unregister_memory(buf.addr), 0)
+                for a in addrs.tolist():
+                    self.assertEqual(self.te.unregister_memory(a), errors.ADDRESS_NOT_REGISTERED)
             # A count does not outlive its range when the range goes another way.
             addr = self.te.allocate_managed_buffer(PAGE)
             self.assertEqual(self.te.register_memory(addr, PAGE), 0)
