@@ -31,6 +31,7 @@ import threading
 
 from . import _buffers, _lib, _strided, _vectors, core, errors
 from ._async_batches import AsyncBatches, _total
+from ._host_memory import allocate_host_buffer, free_host_buffer  # noqa: F401 - API
 from ._cuda import _cuda_driver, _cuda_stream_wait, _cudart, _device_ordinal  # noqa: F401 - _cudart: tests
 from ._mooncake_args import (P2PHANDSHAKE, _FALLBACK_FROM,  # noqa: F401 - P2PHANDSHAKE: API
                              _check_int_entries, _code, _int, _lists, _metadata, _nonempty,
@@ -39,6 +40,7 @@ from .core import Engine
 from .errors import FerryError, fail
 
 __all__ = ["TransferEngine", "TransferOpcode", "TransferNotify", "Read", "Write",
+           "allocate_host_buffer", "free_host_buffer",
            "SUPPORT_EFA", "SUPPORT_HIP", "SUPPORT_MNNVL", "SUPPORT_INTRA_NVLINK", "SUPPORT_CUDA"]
 
 log = logging.getLogger("ferry")

@@ -150,5 +150,60 @@ class TestTentInitializeForms(unittest.TestCase):
             self.assertEqual(target.free_managed_buffer(destination, length * count), 0)
 
 
+class TestAllocateHostBuffer(unittest.TestCase):
+    # mooncake-wheel/tests/test_allocate_host_buffer.py (module-level functions)
+    def test_alloc_free_roundtrip(self):
+        size = 4 * 1024 * 1024
+        ptr = engine.allocate_host_buffer(size)
+        self.assertNotEqual(ptr, 0)
+        engine.free_host_buffer(ptr)
+
+    def test_zero_size_returns_zero(self):
+        self.assertEqual(engine.allocate_host_buffer(0), 0)
+
+    def test_free_null_is_noop(self):
+        engine.free_host_buffer(0)
+
+    def test_from_the_mooncake_module(self):
+        from mooncake.engine import allocate_host_buffer, free_host_buffer
+        ptr = allocate_host_buffer(4096)
+        ctypes.memset(ptr, 7, 4096)  # usable memory, zeroed at first
+        self.assertEqual(ctypes.string_at(ptr, 4096), b"\x07" * 4096)
+        self.assertEqual(free_host_buffer(ptr), 0)
+
+    def test_unknown_pointer_is_not_freed(self):
+        # Mooncake frees whatever it is given (a crash for a pointer it did not
+        # allocate); Ferry frees only its own allocations, once.
+        buf = ctypes.create_string_buffer(64)
+        self.assertEqual(engine.free_host_buffer(ctypes.addressof(buf)), errors.ADDRESS_NOT_REGISTERED)
+        ptr = engine.allocate_host_buffer(4096)
+        self.assertEqual(engine.free_host_buffer(ptr), 0)
+        self.assertEqual(engine.free_host_buffer(ptr), errors.ADDRESS_NOT_REGISTERED)
+        self.assertIn("%#x" % ptr, errors.last_error_detail())
+
+    def test_negative_size(self):
+        self.assertEqual(engine.allocate_host_buffer(-1), 0)
+        with self.assertRaises(TypeError):
+            engine.allocate_host_buffer("4096")
+
+
+@requires_engine
+class TestHostBufferStillRegistered(unittest.TestCase):
+    def test_registered_host_buffer_is_kept(self):
+        # Freeing memory a live engine still exposes to peers would let their
+        # writes land in unmapped (or reused) memory: refused, the memory stays.
+        te = engine.TransferEngine()
+        with EnvPatch(**NO_FERRY_ENV):
+            self.assertEqual(te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", ""), 0)
+        self.addCleanup(te.close)
+        ptr = engine.allocate_host_buffer(8192)
+        self.assertEqual(te.register_memory(ptr + 4096, 4096), 0)
+        self.assertEqual(engine.free_host_buffer(ptr), errors.ADDRESS_OVERLAPPED)
+        self.assertIn("registered", errors.last_error_detail())
+        self.assertEqual(te.write_bytes_to_buffer(ptr + 4096, b"still mapped", 12), 0)
+        self.assertEqual(te.unregister_memory(ptr + 4096), 0)
+        self.assertEqual(engine.free_host_buffer(ptr), 0)
+
+
 if __name__ == "__main__":
     unittest.main()
