@@ -29,7 +29,7 @@ import mmap
 import os
 import threading
 
-from . import _buffers, _lib, _strided, _vectors, core, errors
+from . import _buffers, _lib, _strided, _tensors, _vectors, core, errors
 from ._async_batches import AsyncBatches, _total
 from ._host_memory import allocate_host_buffer, free_host_buffer  # noqa: F401 - API
 from ._cuda import _cuda_driver, _cuda_stream_wait, _cudart, _device_ordinal  # noqa: F401 - _cudart: tests
@@ -470,6 +470,70 @@ class TransferEngine(AsyncBatches):
                 eng.notify(peer, note.msg, name=note.name)
             return 0
         return self._run_peer(peer, go)
+
+    # ---------------------------------------------------------------- tensors
+    def transfer_tensor_sync_write(self, target_hostname, tensor, peer_buffer_address):
+        """Writes tensor to peer_buffer_address as Mooncake does: a 24-byte header
+        (dtype code, ndim, shape[4]) then the elements; the peer's region must hold
+        24 + numel * element_size bytes. 0 or a negative code (see ferry/_tensors.py)."""
+        peer = _peer(target_hostname)
+        remote = _int(peer_buffer_address, "peer_buffer_address")
+
+        def go():
+            eng = self._eng()
+            t, header, data, nbytes = _tensors.describe(tensor)
+            head = _tensors.Staging(eng, len(header))
+            ours = False
+            try:
+                head.mm[:len(header)] = header
+                ours = _tensors.register_for_call(eng, data, nbytes)
+                bufs, remotes, lens = [head.addr], [remote], [len(header)]
+                if nbytes:
+                    bufs.append(data)
+                    remotes.append(remote + len(header))
+                    lens.append(nbytes)
+                self._transfer_lists(eng, peer, TransferOpcode.Write, bufs, remotes, lens)
+            finally:
+                head.close()
+                if ours:
+                    eng.deregister(data)
+            del t  # (a contiguous copy had to live until its bytes were sent)
+            return 0
+        return self._run_peer(peer, go)
+
+    def transfer_tensor_sync_read(self, target_hostname, peer_buffer_address, total_size):
+        """Reads what transfer_tensor_sync_write wrote (total_size = 24 + its data
+        bytes) into a new CPU torch.Tensor; None on failure (the code and reason
+        in errors.last_error_code() / last_error_detail())."""
+        peer = _peer(target_hostname)
+        remote = _int(peer_buffer_address, "peer_buffer_address")
+        total = _int(total_size, "total_size")
+
+        def go():
+            eng = self._eng()
+            if total < _tensors.HEADER_SIZE:
+                fail(_code("INVALID_ARGUMENT"), "INVALID_ARGUMENT (-1): total_size %d is less "
+                     "than the %d-byte tensor header" % (total, _tensors.HEADER_SIZE))
+            stage = _tensors.Staging(eng, total)
+            try:
+                self._transfer_lists(eng, peer, TransferOpcode.Read, [stage.addr], [remote],
+                                     [total])
+                raw = bytes(stage.mm[:total])
+            finally:
+                stage.close()
+            name, shape = _tensors.parse(raw[:_tensors.HEADER_SIZE], total - _tensors.HEADER_SIZE)
+            return _tensors.build(name, shape, raw[_tensors.HEADER_SIZE:])
+        failed = object()
+        out = self._run_peer(peer, go, on_error=failed)
+        return None if out is failed else out
+
+    def _transfer_lists(self, eng, peer, op, bufs, remotes, lens):
+        """A sync batch with Mooncake's size-scaled deadline (as batch_transfer_sync)."""
+        total = sum(lens)
+        if total >= self._SCALED_SYNC_FROM:
+            self._sync_scaled(eng, peer, op, bufs, remotes, lens, total)
+        else:
+            eng.transfer_batch(peer, op, bufs, remotes, lens)
 
     def transfer_strided_sync(self, target_hostname, opcode, local_base, local_stride, remote_base,
                               remote_stride, piece_len, n=None, local_indices=None, remote_indices=None):

@@ -205,5 +205,180 @@ class TestHostBufferStillRegistered(unittest.TestCase):
         self.assertEqual(engine.free_host_buffer(ptr), 0)
 
 
+class _FakeDtype:
+    def __init__(self, name, size, fmt):
+        self.name, self.size, self.fmt = name, size, fmt
+
+    def __str__(self):
+        return "torch." + self.name
+
+
+class Tensor:
+    """The little of torch.Tensor that transfer_tensor_sync_* use (torch is not
+    installed here): contiguous storage in a ctypes array, optionally a strided
+    view (transposed 2-D) to stand for a non-contiguous tensor."""
+
+    def __init__(self, values, dtype, shape, transposed=False):
+        self.dtype, self.shape = dtype, tuple(shape)
+        self._store = (ctypes.c_char * max(len(values) * dtype.size, 1))()
+        struct.pack_into("=%d%s" % (len(values), dtype.fmt), self._store, 0, *values)
+        self._transposed = transposed
+
+    def data_ptr(self):
+        return ctypes.addressof(self._store)
+
+    def numel(self):
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def element_size(self):
+        return self.dtype.size
+
+    def _raw(self):
+        return list(struct.unpack_from("=%d%s" % (self.numel(), self.dtype.fmt), self._store))
+
+    def tolist_flat(self):
+        vals = self._raw()
+        if not self._transposed:
+            return vals
+        rows, cols = self.shape  # stored as cols x rows
+        return [vals[c * rows + r] for r in range(rows) for c in range(cols)]
+
+    def is_contiguous(self):
+        return not self._transposed
+
+    def contiguous(self):
+        return Tensor(self.tolist_flat(), self.dtype, self.shape)
+
+    def reshape(self, shape):
+        return Tensor(self._raw(), self.dtype, shape)
+
+
+def _fake_torch():
+    m = types.ModuleType("torch")
+    for name, size, fmt in (("float32", 4, "f"), ("float64", 8, "d"), ("int8", 1, "b"),
+                            ("uint8", 1, "B"), ("int16", 2, "h"), ("uint16", 2, "H"),
+                            ("int32", 4, "i"), ("uint32", 4, "I"), ("int64", 8, "q"),
+                            ("uint64", 8, "Q"), ("bool", 1, "?"), ("float16", 2, "e")):
+        setattr(m, name, _FakeDtype(name, size, fmt))
+    m.complex64 = _FakeDtype("complex64", 8, "q")
+
+    def frombuffer(buf, dtype):
+        n = len(buf) // dtype.size
+        return Tensor(struct.unpack_from("=%d%s" % (n, dtype.fmt), buf), dtype, (n,))
+
+    m.frombuffer = frombuffer
+    m.empty = lambda shape, dtype: Tensor([], dtype, shape)
+    m.Tensor = Tensor
+    return m
+
+
+@requires_engine
+class TestTransferTensor(unittest.TestCase):
+    """mooncake-wheel/tests/test_transfer_tensor.py: two engines named
+    "localhost:<rpc port>", a managed buffer of 24 + tensor bytes on the
+    receiver, transfer_tensor_sync_write then transfer_tensor_sync_read. With a
+    stand-in for torch when it is not installed."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.saved = sys.modules.get("torch")
+        try:
+            import torch  # noqa: F401
+            cls.torch = torch
+        except ImportError:
+            cls.torch = sys.modules["torch"] = _fake_torch()
+        cls.sender_engine, cls.receiver_engine = engine.TransferEngine(), engine.TransferEngine()
+        with EnvPatch(**NO_FERRY_ENV):
+            for te in (cls.sender_engine, cls.receiver_engine):
+                assert te.initialize("localhost", "P2PHANDSHAKE", "tcp", "") == 0
+        cls.receiver_hostname = f"localhost:{cls.receiver_engine.get_rpc_port()}"
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.sender_engine.close()
+        cls.receiver_engine.close()
+        if cls.saved is None:
+            sys.modules.pop("torch", None)
+        else:
+            sys.modules["torch"] = cls.saved
+
+    def _tensor(self, values, dtype, shape=None, transposed=False):
+        t = self.torch
+        if isinstance(t, types.ModuleType) and t.__dict__.get("frombuffer") is not None \
+                and t.Tensor is Tensor:
+            return Tensor(values, getattr(t, dtype), shape or (len(values),), transposed)
+        x = t.tensor(values, dtype=getattr(t, dtype)).reshape(shape or (len(values),))
+        return x.t() if transposed else x
+
+    @staticmethod
+    def _flat(x):
+        return x.tolist_flat() if isinstance(x, Tensor) else x.flatten().tolist()
+
+    def _roundtrip(self, tensor, nbytes):
+        total_size = 24 + nbytes
+        receiver_buffer = self.receiver_engine.allocate_managed_buffer(total_size)
+        self.assertNotEqual(receiver_buffer, 0)
+        try:
+            result = self.sender_engine.transfer_tensor_sync_write(self.receiver_hostname, tensor,
+                                                                   receiver_buffer)
+            self.assertEqual(result, 0, errors.last_error_detail())
+            got = self.sender_engine.transfer_tensor_sync_read(self.receiver_hostname,
+                                                               receiver_buffer, total_size)
+            self.assertIsNotNone(got, errors.last_error_detail())
+            self.assertEqual(str(got.dtype), str(tensor.dtype))
+            self.assertEqual(tuple(got.shape), tuple(tensor.shape))
+            self.assertEqual(self._flat(got), self._flat(tensor))
+            return receiver_buffer
+        finally:
+            self.receiver_engine.free_managed_buffer(receiver_buffer, total_size)
+
+    def test_transfer_tensor_dtypes(self):
+        for values, dtype, size in (([1.0, 2.0, 3.0, 4.0], "float32", 4), ([1, 2, 3, 4], "int32", 4),
+                                    ([True, False, False, True], "bool", 1),
+                                    ([float(i) / 7 for i in range(1000)], "float64", 8),
+                                    ([-3, 5], "int8", 1)):
+            with self.subTest(dtype=dtype):
+                self._roundtrip(self._tensor(values, dtype), len(values) * size)
+
+    def test_transfer_tensor_multidimensional(self):
+        self._roundtrip(self._tensor([float(i) for i in range(12)], "float32", (3, 4)), 48)
+
+    def test_non_contiguous_tensor_sends_its_elements(self):
+        # Mooncake sends the bytes at data_ptr(): a transposed tensor's storage
+        # order, not its elements; Ferry sends tensor.contiguous().
+        t = self._tensor([float(i) for i in range(6)], "float32", (3, 2), transposed=True)
+        self._roundtrip(t, 24)
+
+    def test_refusals_are_visible(self):
+        total_size = 24 + 16
+        buf = self.receiver_engine.allocate_managed_buffer(total_size)
+        self.addCleanup(self.receiver_engine.free_managed_buffer, buf, total_size)
+        send = self.sender_engine.transfer_tensor_sync_write
+        self.assertEqual(send(self.receiver_hostname, b"not a tensor", buf), errors.INVALID_ARGUMENT)
+        if self.torch.Tensor is Tensor:
+            self.assertEqual(send(self.receiver_hostname, Tensor([0], self.torch.complex64, (1,)),
+                                  buf), errors.INVALID_ARGUMENT)
+            self.assertIn("dtype", errors.last_error_detail())
+            five = Tensor([1] * 32, self.torch.int8, (2, 2, 2, 2, 2))
+            self.assertEqual(send(self.receiver_hostname, five, buf), errors.INVALID_ARGUMENT)
+        # a peer buffer too small for header + data: refused by the peer, nothing written
+        big = self._tensor([1.0] * 8, "float32")
+        self.assertEqual(send(self.receiver_hostname, big, buf), errors.OUT_OF_BOUNDS)
+        # a total_size that does not match the header: None, not a misread tensor
+        self.assertEqual(send(self.receiver_hostname, self._tensor([1, 2, 3, 4], "int32"), buf), 0)
+        read = self.sender_engine.transfer_tensor_sync_read
+        self.assertIsNone(read(self.receiver_hostname, buf, total_size - 4))
+        self.assertIn("bytes", errors.last_error_detail())
+        self.assertIsNone(read(self.receiver_hostname, buf, 8))
+        self.assertIsNone(read(self.receiver_hostname, buf + 4096, total_size))
+        self.assertEqual(errors.last_error_code(), errors.ADDRESS_NOT_REGISTERED)
+        self.assertIsNotNone(read(self.receiver_hostname, buf, total_size))
+        # the tensor's memory was registered for the call only
+        self.assertEqual(self.sender_engine.engine.region_count, 0)
+
+
 if __name__ == "__main__":
     unittest.main()
