@@ -716,6 +716,12 @@ class TransferEngine(AsyncBatches):
                                         opcode)
 
 
+# The class's name in Mooncake's first Python releases (its
+# mooncake-wheel/tests/transfer_engine_target.py still calls
+# mooncake_vllm_adaptor() and initialize()).
+mooncake_vllm_adaptor = TransferEngine
+
+
 # ------------------------------------------------------------------- CUDA
 def _deregister_all(eng, addrs):
     for a in addrs:

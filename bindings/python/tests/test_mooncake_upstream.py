@@ -380,5 +380,21 @@ class TestTransferTensor(unittest.TestCase):
         self.assertEqual(self.sender_engine.engine.region_count, 0)
 
 
+@requires_engine
+class TestTargetScript(unittest.TestCase):
+    def test_old_class_name(self):
+        # mooncake-wheel/tests/transfer_engine_target.py: the class under its
+        # first name, initialized with a fixed host:port (then left running).
+        import mooncake
+        from mooncake.engine import mooncake_vllm_adaptor
+        self.assertIs(mooncake_vllm_adaptor, engine.TransferEngine)
+        if getattr(mooncake, "__file__", None) is None:  # the shim's package, no real Mooncake
+            self.assertIs(mooncake.mooncake_vllm_adaptor, engine.TransferEngine)
+        target = mooncake_vllm_adaptor()
+        with EnvPatch(**NO_FERRY_ENV):
+            self.assertEqual(target.initialize("127.0.0.1:12345", "P2PHANDSHAKE", "tcp", ""), 0)
+        target.close()
+
+
 if __name__ == "__main__":
     unittest.main()
