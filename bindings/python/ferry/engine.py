@@ -486,7 +486,10 @@ class TransferEngine(AsyncBatches):
             ours = False
             try:
                 head.mm[:len(header)] = header
-                ours = _tensors.register_for_call(eng, data, nbytes)
+                if _tensors.register_for_call(eng, data, nbytes):
+                    # a device pointer this library cannot move: deregistered, raises
+                    _check_device_without_cuda(eng, [data])
+                    ours = True
                 bufs, remotes, lens = [head.addr], [remote], [len(header)]
                 if nbytes:
                     bufs.append(data)

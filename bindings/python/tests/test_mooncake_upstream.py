@@ -379,6 +379,30 @@ class TestTransferTensor(unittest.TestCase):
         # the tensor's memory was registered for the call only
         self.assertEqual(self.sender_engine.engine.region_count, 0)
 
+    def test_cuda_tensor_refused_without_cuda_support(self):
+        # A CUDA tensor given to a library that cannot move device memory is
+        # refused as register_memory refuses it (the driver's answer simulated),
+        # nothing sent, nothing left registered.
+        import ferry.engine as fe
+        if fe.SUPPORT_CUDA:
+            self.skipTest("this library moves device memory itself")
+        t = self._tensor([1.0, 2.0], "float32")
+        total_size = 24 + 8
+        buf = self.receiver_engine.allocate_managed_buffer(total_size)
+        self.addCleanup(self.receiver_engine.free_managed_buffer, buf, total_size)
+        saved, saved_driver = fe._device_ordinal, fe._cuda_driver
+        fe._device_ordinal = lambda a: 0 if a == t.data_ptr() else None
+        fe._cuda_driver = lambda: object()
+        try:
+            self.assertEqual(self.sender_engine.transfer_tensor_sync_write(
+                self.receiver_hostname, t, buf), errors.NOT_IMPLEMENTED)
+            self.assertIn("CUDA device 0", errors.last_error_detail())
+        finally:
+            fe._device_ordinal, fe._cuda_driver = saved, saved_driver
+        self.assertEqual(self.sender_engine.engine.region_count, 0)
+        self.assertEqual(self.receiver_engine.read_bytes_from_buffer(buf, total_size),
+                         bytes(total_size))
+
 
 @requires_engine
 class TestTargetScript(unittest.TestCase):
