@@ -419,6 +419,28 @@ class TestTargetScript(unittest.TestCase):
             self.assertEqual(target.initialize("127.0.0.1:12345", "P2PHANDSHAKE", "tcp", ""), 0)
         target.close()
 
+    def test_target_script_fallback_buffer(self):
+        # transfer_engine_target.py (current form): the target asks for its own
+        # first buffer under the name it was given, allocates 64 MiB when there
+        # is none; an initiator then finds that buffer by the same name.
+        target_server_name = "127.0.0.1:12345"
+        target = engine.TransferEngine()
+        self.addCleanup(target.close)
+        with EnvPatch(**NO_FERRY_ENV):
+            self.assertEqual(target.initialize(target_server_name, "P2PHANDSHAKE", "tcp", ""), 0)
+        if target.get_rpc_port() != 12345:  # the port was busy: Mooncake's free-port naming
+            target_server_name = f"127.0.0.1:{target.get_rpc_port()}"
+        buffer_addr = target.get_first_buffer_address(target_server_name)
+        self.assertEqual(buffer_addr, 0)
+        buffer_addr = target.allocate_managed_buffer(64 * 1024 * 1024)
+        self.assertNotEqual(buffer_addr, 0)
+        self.assertEqual(target.get_first_buffer_address(target_server_name), buffer_addr)
+        initiator = engine.TransferEngine()
+        self.addCleanup(initiator.close)
+        with EnvPatch(**NO_FERRY_ENV):
+            self.assertEqual(initiator.initialize("127.0.0.1:12347", "P2PHANDSHAKE", "tcp", ""), 0)
+        self.assertEqual(initiator.get_first_buffer_address(target_server_name), buffer_addr)
+
 
 if __name__ == "__main__":
     unittest.main()
