@@ -5,6 +5,7 @@ mooncake-integration/tests/... or mooncake-wheel/tests/...) whose calls it
 makes, in the same order with the same arguments and checks."""
 
 import ctypes
+import socket
 import struct
 import sys
 import time
@@ -148,6 +149,38 @@ class TestTentInitializeForms(unittest.TestCase):
         finally:
             self.assertEqual(initiator.free_managed_buffer(source, length * count), 0)
             self.assertEqual(target.free_managed_buffer(destination, length * count), 0)
+
+    def test_stalled_peer_fails_every_sync_form(self):
+        # test_tent_sync_canceled.py's situation without TENT's injector: the
+        # peer's name leads to a socket that accepts and never answers. Every
+        # sync form (single and batch, read and write) must return a failure
+        # the caller sees (the upstream test wants -1; Ferry's code is
+        # TIMEOUT), within the transfer deadline, and the managed buffer frees.
+        stalled_peer = socket.socket()
+        self.addCleanup(stalled_peer.close)
+        stalled_peer.bind(("127.0.0.1", 0))
+        stalled_peer.listen(8)
+        target_name = "127.0.0.1:%d" % stalled_peer.getsockname()[1]
+        initiator = engine.TransferEngine()
+        self.addCleanup(initiator.close)
+        with EnvPatch(FERRY_TIMEOUT_MS="300", **NO_FERRY_ENV):
+            self.assertEqual(initiator.initialize("", "P2PHANDSHAKE", "", ""), 0)
+        length, count = 4096, 2
+        source = initiator.allocate_managed_buffer(length * count)
+        self.assertNotEqual(source, 0)
+        destination = 0x10000  # the peer's: never reached
+        for batch in (False, True):
+            for opcode in ("read", "write"):
+                if batch:
+                    result = getattr(initiator, f"batch_transfer_sync_{opcode}")(
+                        target_name, [source + i * length for i in range(count)],
+                        [destination + i * length for i in range(count)], [length] * count)
+                else:
+                    result = getattr(initiator, f"transfer_sync_{opcode}")(
+                        target_name, source, destination, length)
+                self.assertEqual(result, errors.TIMEOUT, (batch, opcode))
+                self.assertIn(target_name, errors.last_error_detail())
+        self.assertEqual(initiator.free_managed_buffer(source, length * count), 0)
 
 
 class TestAllocateHostBuffer(unittest.TestCase):
