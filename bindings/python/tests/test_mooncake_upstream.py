@@ -5,9 +5,11 @@ mooncake-integration/tests/... or mooncake-wheel/tests/...) whose calls it
 makes, in the same order with the same arguments and checks."""
 
 import ctypes
+import select
 import socket
 import struct
 import sys
+import threading
 import time
 import types
 import unittest
@@ -181,6 +183,120 @@ class TestTentInitializeForms(unittest.TestCase):
                 self.assertEqual(result, errors.TIMEOUT, (batch, opcode))
                 self.assertIn(target_name, errors.last_error_detail())
         self.assertEqual(initiator.free_managed_buffer(source, length * count), 0)
+
+
+class _DropFirstAckProxy:
+    """Forwards every connection to a Ferry engine's port, and closes the
+    first connection that carries `payload` instead of passing on the
+    target's next answer: the write was placed, its acknowledgement is lost
+    (test_tent_sync_no_replay.py's DropWriteAckProxy, without TENT's wire
+    format). Counts how often the payload went through."""
+
+    def __init__(self, target_port, payload):
+        self.payload, self.target_port = payload, target_port
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(8)
+        self.port = self.listener.getsockname()[1]
+        self.sent = bytearray()
+        self.dropped = False
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
+
+    def writes(self):
+        with self.lock:
+            return bytes(self.sent).count(self.payload)
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            target = socket.create_connection(("127.0.0.1", self.target_port), timeout=10)
+            t = threading.Thread(target=self._pump, args=(client, target), daemon=True)
+            self.threads.append(t)
+            t.start()
+
+    def _pump(self, client, target):
+        with client, target:
+            try:
+                while True:
+                    ready, _, _ = select.select([client, target], [], [], 10)
+                    if not ready:
+                        return
+                    for sock in ready:
+                        data = sock.recv(65536)
+                        if not data:
+                            return
+                        if sock is client:
+                            with self.lock:
+                                self.sent += data
+                            target.sendall(data)
+                            continue
+                        with self.lock:
+                            drop = not self.dropped and self.payload in bytes(self.sent)
+                            self.dropped = self.dropped or drop
+                        if drop:
+                            return  # the answer to the placed write never arrives
+                        client.sendall(data)
+            except OSError:
+                return
+
+    def close(self):
+        self.listener.close()
+
+
+@requires_engine
+class TestLostWriteAck(unittest.TestCase):
+    """test_tent_sync_no_replay.py's question: a write placed by the target
+    whose acknowledgement is lost. Mooncake's TENT path reports -1 and never
+    sends it again. Ferry by default fences the broken connection and sends
+    the same bytes again under a new id on a fresh one (FERRY_RETRIES, as
+    Mooncake's classic path resubmits), so 0 means the bytes are in place;
+    with FERRY_RETRIES=0 it behaves as TENT: a visible failure, sent once."""
+
+    def _check(self, batched, retries):
+        payload = bytes((i * 7 + 3) % 251 for i in range(4096))
+        env = dict(NO_FERRY_ENV, FERRY_RETRIES=retries)
+        target, initiator = engine.TransferEngine(), engine.TransferEngine()
+        with EnvPatch(**env):
+            for te in (target, initiator):
+                self.assertEqual(te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", ""), 0)
+        self.addCleanup(initiator.close)
+        self.addCleanup(target.close)
+        proxy = _DropFirstAckProxy(target.get_rpc_port(), payload)
+        self.addCleanup(proxy.close)
+        source = ctypes.create_string_buffer(payload, 4096)
+        destination = ctypes.create_string_buffer(4096)
+        self.assertEqual(initiator.register_memory(ctypes.addressof(source), 4096), 0)
+        self.assertEqual(target.register_memory(ctypes.addressof(destination), 4096), 0)
+        name = f"127.0.0.1:{proxy.port}"
+        if batched:
+            result = initiator.batch_transfer_sync_write(name, [ctypes.addressof(source)],
+                                                         [ctypes.addressof(destination)], [4096],
+                                                         "hp_tcp")
+        else:
+            result = initiator.transfer_sync_write(name, ctypes.addressof(source),
+                                                   ctypes.addressof(destination), 4096, "hp_tcp")
+        self.assertTrue(proxy.dropped, "the proxy never saw the write")
+        self.assertEqual(destination.raw, source.raw)
+        return result, proxy.writes()
+
+    def test_default_resends_once_and_reports_success(self):
+        for batched in (False, True):
+            with self.subTest(batched=batched):
+                result, writes = self._check(batched, 1)
+                self.assertEqual(result, 0, errors.last_error_detail())
+                self.assertEqual(writes, 2)
+
+    def test_no_retries_is_a_visible_failure_sent_once(self):
+        for batched in (False, True):
+            with self.subTest(batched=batched):
+                result, writes = self._check(batched, 0)
+                self.assertEqual(result, errors.PEER_CLOSED)
+                self.assertEqual(writes, 1, "a placed write was sent again")
 
 
 class TestAllocateHostBuffer(unittest.TestCase):
