@@ -47,6 +47,9 @@ def install_mooncake_shim():
         if spec is not None and spec.submodule_search_locations:
             pkg.__path__ = list(spec.submodule_search_locations)  # the real package's modules
         sys.modules["mooncake"] = pkg
+        # `from mooncake import mooncake_vllm_adaptor` (the class's old name),
+        # only where no real Mooncake package provides its own
+        pkg.mooncake_vllm_adaptor = _engine.mooncake_vllm_adaptor
     pkg.engine = _engine
     sys.modules["mooncake.engine"] = _engine
     return _engine

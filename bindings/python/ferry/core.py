@@ -39,6 +39,20 @@ __all__ = [
     "STATUS_CANCELLED", "STATUS_TIMEOUT", "STATUS_NAMES", "CONFIG_FIELDS", "version",
 ]
 
+# Every Engine not yet garbage-collected (ferry.engine's free_host_buffer asks
+# them whether memory about to be unmapped is still registered).
+_LIVE = weakref.WeakSet()
+
+
+def registered_anywhere(addr, length):
+    """(engine name, region start, region length) of a live Engine's region
+    overlapping [addr, addr+length), or None."""
+    for eng in list(_LIVE):
+        hit = eng.registered_overlap(addr, length)
+        if hit is not None:
+            return (eng.name,) + hit
+    return None
+
 
 class _Closed:
     pass
@@ -90,6 +104,7 @@ class Engine:
         self._name = _lib.fn("ferry_engine_name")(self._e).decode()
         self._port = int(_lib.fn("ferry_engine_port")(self._e))
         self._epoch = int(_lib.fn("ferry_engine_epoch")(self._e))
+        _LIVE.add(self)
 
     # ---------------------------------------------------------- lifetime
     def _enter(self):
@@ -352,6 +367,17 @@ class Engine:
         finally:
             self._leave()
         return out.raw[:n]
+
+    def registered_overlap(self, addr, length):
+        """(start, length) of a region registered through this object that
+        overlaps [addr, addr+length), or None."""
+        with self._lock:
+            if self._closed:
+                return None
+            for a, (n, _) in self._regions.items():
+                if a < addr + length and addr < a + n:
+                    return a, n
+        return None
 
     def is_registered(self, addr):
         """True when a region registered through this object starts at addr."""

@@ -29,8 +29,9 @@ import mmap
 import os
 import threading
 
-from . import _buffers, _lib, _strided, _vectors, core, errors
+from . import _buffers, _lib, _strided, _tensors, _vectors, core, errors
 from ._async_batches import AsyncBatches, _total
+from ._host_memory import allocate_host_buffer, free_host_buffer  # noqa: F401 - API
 from ._cuda import _cuda_driver, _cuda_stream_wait, _cudart, _device_ordinal  # noqa: F401 - _cudart: tests
 from ._mooncake_args import (P2PHANDSHAKE, _FALLBACK_FROM,  # noqa: F401 - P2PHANDSHAKE: API
                              _check_int_entries, _code, _int, _lists, _metadata, _nonempty,
@@ -39,6 +40,7 @@ from .core import Engine
 from .errors import FerryError, fail
 
 __all__ = ["TransferEngine", "TransferOpcode", "TransferNotify", "Read", "Write",
+           "allocate_host_buffer", "free_host_buffer",
            "SUPPORT_EFA", "SUPPORT_HIP", "SUPPORT_MNNVL", "SUPPORT_INTRA_NVLINK", "SUPPORT_CUDA"]
 
 log = logging.getLogger("ferry")
@@ -329,7 +331,7 @@ class TransferEngine(AsyncBatches):
                 if _hold_again(eng, [buffer_addr], [capacity]) is not None:
                     return 0
                 addr = eng.register(buffer_addr, capacity, core.MEM_REMOTE)
-                _holds(eng).pop(addr, None)  # a count left by a range freed another way
+                _registered(eng, [addr], [capacity])
                 self._check_location(eng, [addr], location)
             return 0
         return self._run(go)
@@ -340,7 +342,10 @@ class TransferEngine(AsyncBatches):
             eng = self._eng()
             with _registry_lock(eng):
                 if not _release_hold(eng, buffer_addr):
-                    eng.deregister(buffer_addr)
+                    try:
+                        eng.deregister(buffer_addr)
+                    finally:
+                        _forget_gone(eng, [buffer_addr])
             return 0
         return self._run(go)
 
@@ -361,8 +366,7 @@ class TransferEngine(AsyncBatches):
                     addrs, caps = [addrs[i] for i in keep], [caps[i] for i in keep]
                 try:
                     new = eng.register_batch(addrs, caps, core.MEM_REMOTE)
-                    for a in new:
-                        _holds(eng).pop(a, None)
+                    _registered(eng, new, caps)
                     self._check_location(eng, new, location)
                 except BaseException:
                     for a in held.values():
@@ -410,12 +414,12 @@ class TransferEngine(AsyncBatches):
             eng = self._eng()
             addrs = _sized(buffer_addresses)
             with _registry_lock(eng):
-                if not _holds(eng):
-                    eng.deregister_batch(addrs)
-                    return 0
-                rest = [a for a in addrs if not _release_hold(eng, a)]
-                if rest:
-                    eng.deregister_batch(rest)
+                rest = [a for a in addrs if not _release_hold(eng, a)] if _holds(eng) else addrs
+                if len(rest):
+                    try:
+                        eng.deregister_batch(rest)
+                    finally:
+                        _forget_gone(eng, rest)
             return 0
         return self._run(go)
 
@@ -519,6 +523,73 @@ class TransferEngine(AsyncBatches):
                 eng.notify(peer, note.msg, name=note.name)
             return 0
         return self._run_peer(peer, go)
+
+    # ---------------------------------------------------------------- tensors
+    def transfer_tensor_sync_write(self, target_hostname, tensor, peer_buffer_address):
+        """Writes tensor to peer_buffer_address as Mooncake does: a 24-byte header
+        (dtype code, ndim, shape[4]) then the elements; the peer's region must hold
+        24 + numel * element_size bytes. 0 or a negative code (see ferry/_tensors.py)."""
+        peer = _peer(target_hostname)
+        remote = _int(peer_buffer_address, "peer_buffer_address")
+
+        def go():
+            eng = self._eng()
+            t, header, data, nbytes = _tensors.describe(tensor)
+            head = _tensors.Staging(eng, len(header))
+            ours = False
+            try:
+                head.mm[:len(header)] = header
+                if _tensors.register_for_call(eng, data, nbytes):
+                    # a device pointer this library cannot move: deregistered, raises
+                    _check_device_without_cuda(eng, [data])
+                    ours = True
+                bufs, remotes, lens = [head.addr], [remote], [len(header)]
+                if nbytes:
+                    bufs.append(data)
+                    remotes.append(remote + len(header))
+                    lens.append(nbytes)
+                self._transfer_lists(eng, peer, TransferOpcode.Write, bufs, remotes, lens)
+            finally:
+                head.close()
+                if ours:
+                    eng.deregister(data)
+            del t  # (a contiguous copy had to live until its bytes were sent)
+            return 0
+        return self._run_peer(peer, go)
+
+    def transfer_tensor_sync_read(self, target_hostname, peer_buffer_address, total_size):
+        """Reads what transfer_tensor_sync_write wrote (total_size = 24 + its data
+        bytes) into a new CPU torch.Tensor; None on failure (the code and reason
+        in errors.last_error_code() / last_error_detail())."""
+        peer = _peer(target_hostname)
+        remote = _int(peer_buffer_address, "peer_buffer_address")
+        total = _int(total_size, "total_size")
+
+        def go():
+            eng = self._eng()
+            if total < _tensors.HEADER_SIZE:
+                fail(_code("INVALID_ARGUMENT"), "INVALID_ARGUMENT (-1): total_size %d is less "
+                     "than the %d-byte tensor header" % (total, _tensors.HEADER_SIZE))
+            stage = _tensors.Staging(eng, total)
+            try:
+                self._transfer_lists(eng, peer, TransferOpcode.Read, [stage.addr], [remote],
+                                     [total])
+                raw = bytes(stage.mm[:total])
+            finally:
+                stage.close()
+            name, shape = _tensors.parse(raw[:_tensors.HEADER_SIZE], total - _tensors.HEADER_SIZE)
+            return _tensors.build(name, shape, raw[_tensors.HEADER_SIZE:])
+        failed = object()
+        out = self._run_peer(peer, go, on_error=failed)
+        return None if out is failed else out
+
+    def _transfer_lists(self, eng, peer, op, bufs, remotes, lens):
+        """A sync batch with Mooncake's size-scaled deadline (as batch_transfer_sync)."""
+        total = sum(lens)
+        if total >= self._SCALED_SYNC_FROM:
+            self._sync_scaled(eng, peer, op, bufs, remotes, lens, total)
+        else:
+            eng.transfer_batch(peer, op, bufs, remotes, lens)
 
     def transfer_strided_sync(self, target_hostname, opcode, local_base, local_stride, remote_base,
                               remote_stride, piece_len, n=None, local_indices=None, remote_indices=None):
@@ -701,6 +772,12 @@ class TransferEngine(AsyncBatches):
                                         opcode)
 
 
+# The class's name in Mooncake's first Python releases (its
+# mooncake-wheel/tests/transfer_engine_target.py still calls
+# mooncake_vllm_adaptor() and initialize()).
+mooncake_vllm_adaptor = TransferEngine
+
+
 # ------------------------------------------------- repeated registrations
 # Per ferry.Engine (TransferEngine views of one engine share them): the extra
 # registrations of a range, {address: count beyond the first}, and a lock
@@ -714,13 +791,35 @@ def _registry_lock(eng):
         with _REGISTRY_GUARD:
             lock = getattr(eng, "_mooncake_registry_lock", None)
             if lock is None:
-                lock = eng._mooncake_registry_lock = threading.Lock()
                 eng._mooncake_holds = {}
+                eng._mooncake_ranges = {}
+                lock = eng._mooncake_registry_lock = threading.Lock()
     return lock
 
 
 def _holds(eng):
     return eng._mooncake_holds
+
+
+def _registered(eng, addrs, caps):
+    """Notes ranges just registered through register_memory / batch_register_memory:
+    only those are counted when registered again (not a transfer's local-only
+    registration, a managed or staging buffer). Caller holds _registry_lock."""
+    for a, n in zip(addrs, caps):
+        a = int(a)
+        eng._mooncake_ranges[a] = int(n)
+        _holds(eng).pop(a, None)  # a count left by a range freed another way
+
+
+def _forget_gone(eng, addrs):
+    """Drops the notes of ranges no longer registered. Caller holds _registry_lock."""
+    ranges = eng._mooncake_ranges
+    if not ranges:
+        return
+    with eng._lock:
+        for a in addrs:
+            if not isinstance(a, bool) and _buffers._is_int(a) and int(a) not in eng._regions:
+                ranges.pop(int(a), None)
 
 
 def _hold_again(eng, addrs, caps):
@@ -729,18 +828,20 @@ def _hold_again(eng, addrs, caps):
     there are none. Caller holds _registry_lock."""
     if len(addrs) != len(caps) or not len(addrs):
         return None  # the library reports a mismatch
+    ranges = eng._mooncake_ranges
+    if not ranges:
+        return None
     held, seen = {}, set()
     with eng._lock:
         regions = eng._regions
-        if not regions:
-            return None
         for i, (a, n) in enumerate(zip(addrs, caps)):
             if isinstance(a, bool) or isinstance(n, bool) or not (_buffers._is_int(a)
                                                                   and _buffers._is_int(n)):
                 continue
             a, n = int(a), int(n)
             ent = regions.get(a)
-            if n > 0 and ent is not None and ent[0] == n and a not in seen:
+            if (n > 0 and ranges.get(a) == n and ent is not None and ent[0] == n
+                    and a not in seen):
                 held[i] = a
                 seen.add(a)
     holds = _holds(eng)
