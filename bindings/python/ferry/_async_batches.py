@@ -241,12 +241,26 @@ class AsyncBatches:
         -1 or -2 (Mooncake's documented loop, SGLang's async worker): any other
         value would keep them polling forever. A batch that ended is consumed;
         asking again (from any thread) gives the same value while it is among
-        the last _REMEMBERED_OUTCOMES ended; an id unknown, forgotten, or the 0
-        of a failed submit is -1 (failed), so such a loop ends."""
+        the last _REMEMBERED_OUTCOMES ended, except that a timeout is -2 once
+        and -1 (failed) after: Mooncake keeps a timed-out batch and it ends
+        failed later, so some callers poll on past -2, and would forever here
+        (Ferry's timeout is final). An id unknown, forgotten, or the 0 of a
+        failed submit is -1 (failed), so such a loop ends."""
         rc = self._run(self._check_status, batch_id)
         if rc in (0, 1) or self.raise_on_error:
             return rc
-        return -2 if rc == _code("TIMEOUT") else -1
+        if rc != _code("TIMEOUT"):
+            return -1
+        return -2 if self._first_timeout_report(batch_id) else -1
+
+    def _first_timeout_report(self, batch_id):
+        """True the first time a timed-out batch is reported (then -2), False after (-1)."""
+        with self._lock:
+            ent = self._batches.get(batch_id) or self._ended_batches().get(batch_id)
+            if ent is None:
+                return True
+            first, ent.timeout_reported = not ent.timeout_reported, True
+            return first
 
     def _check_status(self, batch_id):
         ent = self._entry(batch_id)  # raises NOT_FOUND
@@ -303,10 +317,11 @@ class AsyncBatches:
 class _AsyncBatch:
     """A batch id's state: its core.Batch (None when it had no request), request
     count and bytes, and its outcome once ended ((0, None) or (code, detail))."""
-    __slots__ = ("batch", "count", "total", "outcome")
+    __slots__ = ("batch", "count", "total", "outcome", "timeout_reported")
 
     def __init__(self, batch, count, total):
         self.batch, self.count, self.total, self.outcome = batch, count, total, None
+        self.timeout_reported = False
 
 
 def _unknown(bid, remembered):

@@ -6,10 +6,12 @@ transfer_check_status from two threads reported a completed batch failed)."""
 import ctypes
 import threading
 import time
+import types
 import unittest
 
 from _support import EnvPatch, requires_engine
-from ferry import TransferEngine, errors
+from ferry import TransferEngine, core, errors
+from ferry._async_batches import _AsyncBatch
 
 MiB = 1 << 20
 THREADS = 6
@@ -99,6 +101,30 @@ class TestAsyncBatchThreads(unittest.TestCase):
             self.assertEqual(got[0], (errors.ADDRESS_NOT_REGISTERED,) * 2, "round %d: %r" % (r, got))
             self.assertEqual(got[1:], [(-1, errors.ADDRESS_NOT_REGISTERED)] * (THREADS - 1),
                              "round %d: %r" % (r, got))
+
+    def test_a_timeout_is_minus_two_once_then_failed(self):
+        # Mooncake keeps a timed-out batch (-2) and it ends failed (-1) later, so
+        # some callers poll on past -2; Ferry's timeout is final, so a second -2
+        # would keep them polling forever. (A batch stands in for one whose
+        # request timed out: a real one to a stopped peer most often ends
+        # CANCEL_UNCONFIRMED, the bytes it sent being in doubt.)
+        class TimedOut:
+            def statuses(self):
+                return [types.SimpleNamespace(done=True, ok=False, code=errors.TIMEOUT,
+                                              state=core.STATUS_TIMEOUT, state_name="TIMEOUT")]
+
+            def _shutdown(self):
+                pass
+
+        te = self.p
+        with te._lock:
+            bid = next(te._batch_ids)
+            te._batches[bid] = _AsyncBatch(TimedOut(), 1, 4096)
+        self.assertEqual(te.transfer_check_status(bid), -2)
+        self.assertEqual(errors.last_error_code(), errors.TIMEOUT)
+        self.assertEqual(_poll(te, bid), (-1, errors.TIMEOUT))
+        self.assertEqual(te.transfer_check_status(bid), -1)
+        self.assertEqual(te.get_batch_transfer_status([bid]), errors.TIMEOUT)
 
     def test_outcomes_are_remembered_for_a_bounded_count(self):
         te = self.p
