@@ -74,6 +74,7 @@
 #include "core/net.h"
 #include "core/session.h" /* the session's port (via_intermediary) */
 #include "core/share.h"
+#include "core/tsan.h"
 #include "wire/le.h"
 #include "transport.h"
 #include "vec.h"
@@ -166,6 +167,7 @@ static uint32_t kind_locked(ferry_registry_t *r, const ferry_frame_t *f)
  * side. Returns the answer's status. */
 static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, bool write)
 {
+    FERRY_TSAN_PAYLOAD_SCOPE();
     ferry_registry_t *r = ferry_engine_registry(c->engine);
     uint32_t need = write ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_REMOTE_READ;
     uint64_t done = 0;
@@ -245,6 +247,7 @@ static ferry_frame_t vec_piece_frame(const struct ferry_vec_scratch *v, size_t i
  * it): its status, or PEER_CLOSED when the initiator is gone. */
 static int vec_piece_rest(struct shm_conn *sc, struct ferry_vec_scratch *v, size_t i, uint64_t q, bool write)
 {
+    FERRY_TSAN_PAYLOAD_SCOPE();
     const ferry_vec_desc_t *d = &v->d[i];
     while (q < d->len) {
         ssize_t got = cma_once(sc->pid, write, (unsigned char *)(uintptr_t)d->addr + q, d->aux + q, d->len - q);
@@ -322,6 +325,7 @@ static void count_vec_call(size_t lcnt, size_t rcnt)
 static int vec_copy_host(ferry_conn_t *c, struct shm_conn *sc, struct ferry_vec_scratch *v, size_t n, bool write,
                          bool *device)
 {
+    FERRY_TSAN_PAYLOAD_SCOPE();
     ferry_engine_t *e = c->engine;
     ferry_registry_t *r = ferry_engine_registry(e);
     uint32_t need = write ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_REMOTE_READ;
@@ -472,6 +476,7 @@ static int send_cma(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t n)
 static int recv_answer(ferry_conn_t *c, const struct inflight *in, int *broken, bool *refused, char *reason,
                        size_t cap, unsigned spin_us)
 {
+    FERRY_TSAN_PAYLOAD_SCOPE();
     ferry_xfer_t *x = in->x;
     ferry_frame_t f;
     int rc = ferry_recv_answer(c, x, spin_us, &f, broken, reason, cap);

@@ -27,6 +27,7 @@
 #include "core/fail.h"
 #include "core/memkind.h"
 #include "core/net.h"
+#include "core/tsan.h"
 #include "transport.h"
 #include "vec.h"
 #include "wire/le.h"
@@ -90,6 +91,7 @@ static uint32_t kind_of(ferry_registry_t *r, uint64_t p, uint64_t n, bool locked
 static int send_slice(ferry_conn_t *c, ferry_xfer_t *x, const unsigned char *src, uint64_t off, uint64_t n,
                       uint8_t type)
 {
+    FERRY_TSAN_PAYLOAD_SCOPE();
     ferry_engine_t *e = c->engine;
     ferry_frame_t f = {.type = type, .req_id = x->req_id, .addr = x->remote + off, .len = n, .aux = x->generation};
     if (type == FERRY_FRAME_WRITE) {
@@ -107,6 +109,7 @@ static int send_slice(ferry_conn_t *c, ferry_xfer_t *x, const unsigned char *src
 /* Receives one answer; for reads, the data lands at local + *off_recv. */
 static int recv_answer(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t n, int *broken, unsigned spin_us)
 {
+    FERRY_TSAN_PAYLOAD_SCOPE();
     ferry_frame_t f;
     int rc = ferry_recv_answer(c, x, spin_us, &f, broken, NULL, 0);
     if (rc) return rc;
@@ -396,6 +399,7 @@ static int discard_rest(ferry_conn_t *c, ferry_partial_t *p)
  * ack. */
 static int place_direct(ferry_conn_t *c, ferry_partial_t *p)
 {
+    FERRY_TSAN_PAYLOAD_SCOPE();
     const ferry_frame_t *f = &p->f;
     ferry_registry_t *r = ferry_engine_registry(c->engine);
     /* The payload usually follows its header at once: try before waiting,
@@ -439,6 +443,7 @@ static int stage_payload(ferry_conn_t *c, ferry_partial_t *p)
  * into device memory where the region is device memory. */
 static void place_staged(ferry_conn_t *c, const ferry_frame_t *f, int *status)
 {
+    FERRY_TSAN_PAYLOAD_SCOPE();
     const unsigned char *b = c->bounce;
     if ((f->flags & FERRY_FRAME_F_CRC) && ferry_crc32c(0, b, f->len) != f->crc) {
         FERRY_STAT_ADD(ferry_engine_counters(c->engine), checksum_failures, 1);
@@ -513,6 +518,7 @@ enum read_mode { READ_MEMORY = WRITE_DISCARD + 1, READ_STAGED };
  * and this runs again once the socket has room. */
 static int read_resume(ferry_conn_t *c)
 {
+    FERRY_TSAN_PAYLOAD_SCOPE();
     ferry_partial_t *p = &c->partial;
     const ferry_frame_t *f = &p->f;
     ferry_registry_t *r = ferry_engine_registry(c->engine);
@@ -636,6 +642,7 @@ static void sink_piece(struct ferry_vec_scratch *v, size_t i)
  * that much more has come. */
 static int vec_place_direct(ferry_conn_t *c, ferry_partial_t *p, struct ferry_vec_scratch *v)
 {
+    FERRY_TSAN_PAYLOAD_SCOPE();
     ferry_engine_t *e = c->engine;
     ferry_registry_t *r = ferry_engine_registry(e);
     const ferry_frame_t *f = &p->f;
@@ -700,6 +707,7 @@ static int vec_place_direct(ferry_conn_t *c, ferry_partial_t *p, struct ferry_ve
  * pieces placed, after checking them again under the read lock. */
 static int vec_place_staged(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_vec_scratch *v, uint64_t deadline)
 {
+    FERRY_TSAN_PAYLOAD_SCOPE();
     size_t n = (size_t)f->len;
     unsigned char *b = ferry_conn_bounce(c, f->addr);
     if (!b) return FERRY_ERR_MEMORY;
@@ -795,6 +803,7 @@ static int writev_answer(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_v
 static int vec_send_from_memory(ferry_conn_t *c, struct ferry_vec_scratch *v, size_t n, uint64_t version,
                                 uint64_t deadline)
 {
+    FERRY_TSAN_PAYLOAD_SCOPE();
     ferry_engine_t *e = c->engine;
     ferry_registry_t *r = ferry_engine_registry(e);
     size_t cnt = 0;
@@ -835,6 +844,7 @@ static int vec_send_from_memory(ferry_conn_t *c, struct ferry_vec_scratch *v, si
 /* READV: many small reads, one answer carrying their bytes (vec.h). */
 static int serve_readv(ferry_conn_t *c, const ferry_frame_t *f)
 {
+    FERRY_TSAN_PAYLOAD_SCOPE();
     uint64_t deadline;
     struct ferry_vec_scratch *v;
     int rc = ferry_vec_recv_descs(c, f, &deadline, &v);

@@ -15,6 +15,7 @@
 #include "core/fail.h"
 #include "core/memkind.h"
 #include "core/net.h"
+#include "core/tsan.h"
 #include "wire/le.h"
 
 #ifndef IOV_MAX
@@ -36,6 +37,7 @@ struct ferry_vec_scratch *ferry_vec_scratch(ferry_conn_t *c)
  * socketful (up to IOV_MAX entries), waiting for more until the deadline. */
 static int recv_gathered(int fd, struct iovec *iov, size_t cnt, uint64_t deadline)
 {
+    FERRY_TSAN_PAYLOAD_SCOPE();
     while (cnt > 0) {
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = cnt < IOV_MAX ? cnt : IOV_MAX};
         ssize_t k = recvmsg(fd, &mh, MSG_DONTWAIT);
@@ -186,6 +188,7 @@ static size_t encode_compact(ferry_conn_t *c, struct ferry_vec_scratch *v, uint8
 
 int ferry_vec_send(ferry_conn_t *c, uint8_t type, ferry_xfer_t *g, size_t n)
 {
+    FERRY_TSAN_PAYLOAD_SCOPE();
     struct ferry_vec_scratch *v = ferry_vec_scratch(c);
     if (!v) return FERRY_ERR_MEMORY;
     bool crc = type == FERRY_FRAME_WRITEV && ferry_engine_config(c->engine)->checksum;
@@ -304,6 +307,7 @@ static void settle_piece(ferry_conn_t *c, struct ferry_vec_scratch *v, ferry_xfe
 
 int ferry_vec_recv_read(ferry_conn_t *c, ferry_xfer_t *g, size_t n, unsigned spin_us, int *broken)
 {
+    FERRY_TSAN_PAYLOAD_SCOPE();
     struct ferry_vec_scratch *v = c->vec; /* made by the send */
     uint64_t deadline = earliest(g, n), total = 0;
     for (size_t i = 0; i < n; i++) total += g[i].len;
