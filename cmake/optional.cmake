@@ -20,6 +20,22 @@ if(FERRY_WITH_ETCD)
   endif()
 endif()
 
+# ---- HTTP metadata backend (Mooncake's HTTP metadata server): libcurl ----
+option(FERRY_WITH_HTTP_META "http:// metadata backend: Mooncake's HTTP metadata server (libcurl)" ON)
+if(FERRY_WITH_HTTP_META)
+  if(PKG_CONFIG_FOUND AND NOT TARGET PkgConfig::FERRY_CURL) # the etcd block may have it
+    pkg_check_modules(FERRY_CURL IMPORTED_TARGET libcurl)
+  endif()
+  if(FERRY_CURL_FOUND)
+    target_sources(ferry_objects PRIVATE ${CMAKE_SOURCE_DIR}/src/meta/http_opt_curl.c)
+    target_link_libraries(ferry_objects PRIVATE PkgConfig::FERRY_CURL)
+    target_compile_definitions(ferry_objects PRIVATE FERRY_HAVE_HTTP_META)
+    message(STATUS "ferry: HTTP metadata backend ON")
+  else()
+    message(STATUS "ferry: HTTP metadata backend OFF (libcurl not found by pkg-config)")
+  endif()
+endif()
+
 # ---- Redis metadata backend: hiredis ----
 if(FERRY_WITH_REDIS)
   if(PKG_CONFIG_FOUND)

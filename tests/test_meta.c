@@ -191,13 +191,17 @@ static void parse_good_strings(void **state)
     expect_parse("ETCD://meta.local:1", "etcd", "meta.local:1");
     expect_parse("redis://localhost:6379", "redis", "localhost:6379");
     expect_parse("redis://[::1]:65535", "redis", "[::1]:65535");
+    expect_parse("http://127.0.0.1:8080/metadata", "http", "127.0.0.1:8080/metadata");
+    expect_parse("HTTP://meta.local:1", "http", "meta.local:1/metadata"); /* Mooncake's path */
+    expect_parse("http://h:1/", "http", "h:1/metadata");
+    expect_parse("http://[::1]:80/a/b-c_d.e~f", "http", "[::1]:80/a/b-c_d.e~f");
 }
 
 static void parse_bad_strings(void **state)
 {
     (void)state;
     expect_bad("zk://h:1", "unknown scheme");
-    expect_bad("http://h:1", "unknown scheme");
+    expect_bad("https://h:1/metadata", "unknown scheme");
     expect_bad("p2p://h:1", "unknown scheme");
     expect_bad("127.0.0.1:2379", "no scheme");
     expect_bad("etcd", "no scheme");
@@ -214,6 +218,14 @@ static void parse_bad_strings(void **state)
     expect_bad("redis://host:1/db", "unexpected '/'");
     expect_bad("redis://user@host:1", "unexpected '@'");
     expect_bad("redis://[::1:1", "bracketed");
+    expect_bad("http://", "no host:port");
+    expect_bad("http:///metadata", "no host:port");
+    expect_bad("http://h/metadata", "not host:port");
+    expect_bad("http://h:0/metadata", "1..65535");
+    expect_bad("http://h:1/a b", "unexpected ' '");
+    expect_bad("http://h:1/metadata?key=x", "unexpected '?'");
+    expect_bad("http://h:1/m#x", "unexpected '#'");
+    expect_bad("http://u@h:1/m", "unexpected '@'");
 }
 
 static void open_reports_unbuilt_or_unknown(void **state)
@@ -225,9 +237,9 @@ static void open_reports_unbuilt_or_unknown(void **state)
     assert_true(ferry_meta_backend_built("p2p"));
     assert_false(ferry_meta_backend_built("consul"));
     assert_false(ferry_meta_backend_built(NULL));
-    const char *conns[] = {"etcd://127.0.0.1:1", "redis://127.0.0.1:1"};
-    const char *schemes[] = {"etcd", "redis"};
-    for (int i = 0; i < 2; i++) {
+    const char *conns[] = {"etcd://127.0.0.1:1", "redis://127.0.0.1:1", "http://127.0.0.1:1/metadata"};
+    const char *schemes[] = {"etcd", "redis", "http"};
+    for (int i = 0; i < 3; i++) {
         if (ferry_meta_backend_built(schemes[i])) continue;
         assert_int_equal(ferry_meta_open(conns[i], 100, &m), FERRY_ERR_NOT_IMPLEMENTED);
         assert_detail_contains(schemes[i]);

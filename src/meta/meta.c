@@ -77,11 +77,14 @@ static const ferry_meta_ops_t *const backends[] = {
 #ifdef FERRY_HAVE_REDIS
     &ferry_meta_redis_ops,
 #endif
+#ifdef FERRY_HAVE_HTTP_META
+    &ferry_meta_http_ops,
+#endif
 };
 
 /* Every scheme Ferry knows, built in or not: tells "not built" (the build
  * lacks it) from "unknown" (a typo in the string). */
-static const char *const known_schemes[] = {"p2p", "etcd", "redis"};
+static const char *const known_schemes[] = {"p2p", "etcd", "redis", "http"};
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -115,7 +118,10 @@ int ferry_meta_backend_built(const char *scheme)
 
 /* -------------------------------------------------------------- parsing */
 
-#define CONN_FORMS "expected p2p, etcd://host:port or redis://host:port"
+#define CONN_FORMS "expected p2p, etcd://host:port, redis://host:port or http://host:port/path"
+
+/* Mooncake's HTTP metadata server serves /metadata; "http://h:p" means it. */
+#define HTTP_DEFAULT_PATH "/metadata"
 
 static int is_p2p(const char *conn)
 {
@@ -162,6 +168,42 @@ static int check_addr(const char *conn, const char *addr)
     return 0;
 }
 
+/* A URL path: '/' then printable characters that need no escaping in a
+ * request line; no query or fragment (the backend adds "?key="). */
+static int check_path(const char *conn, const char *path)
+{
+    for (const char *c = path; *c; c++) {
+        unsigned char u = (unsigned char)*c;
+        if (u <= 0x20 || u >= 0x7f || *c == '?' || *c == '#' || *c == '@')
+            return ferry_fail(FERRY_ERR_INVALID_ARGUMENT,
+                              "metadata '%s': unexpected '%c' in path '%s' (%s)", conn,
+                              isprint(u) ? *c : '?', path, CONN_FORMS);
+    }
+    return 0;
+}
+
+/* "host:port/path" (path optional: HTTP_DEFAULT_PATH) into addr as
+ * "host:port/path", checked. */
+static int parse_http(const char *conn, const char *a, char *addr, size_t addr_len)
+{
+    const char *slash = strchr(a, '/');
+    size_t hlen = slash ? (size_t)(slash - a) : strlen(a);
+    const char *path = slash && slash[1] ? slash : HTTP_DEFAULT_PATH;
+    char host[300];
+    if (hlen == 0)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "metadata '%s': no host:port after 'http://'",
+                          conn);
+    if (hlen >= sizeof host || hlen + strlen(path) >= addr_len)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "metadata '%s': address too long", conn);
+    memcpy(host, a, hlen);
+    host[hlen] = '\0';
+    int rc = check_addr(conn, host);
+    if (!rc) rc = check_path(conn, path);
+    if (rc) return rc;
+    snprintf(addr, addr_len, "%s%s", host, path);
+    return 0;
+}
+
 int ferry_meta_parse(const char *conn, char *scheme, size_t scheme_len, char *addr,
                      size_t addr_len)
 {
@@ -189,6 +231,7 @@ int ferry_meta_parse(const char *conn, char *scheme, size_t scheme_len, char *ad
     if (!*a)
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "metadata '%s': no host:port after '%s://'",
                           conn, scheme);
+    if (strcmp(scheme, "http") == 0) return parse_http(conn, a, addr, addr_len);
     if (strlen(a) >= addr_len)
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "metadata '%s': address too long", conn);
     int rc = check_addr(conn, a);
@@ -212,7 +255,10 @@ int ferry_meta_open(const char *conn, int timeout_ms, ferry_meta_t *out)
         return ferry_fail(FERRY_ERR_NOT_IMPLEMENTED,
                           "metadata '%s': the %s backend is not built into this library "
                           "(rebuild with FERRY_WITH_%s=ON and its libraries installed)",
-                          conn, scheme, strcmp(scheme, "etcd") == 0 ? "ETCD" : "REDIS");
+                          conn, scheme,
+                          strcmp(scheme, "etcd") == 0    ? "ETCD"
+                          : strcmp(scheme, "redis") == 0 ? "REDIS"
+                                                         : "HTTP_META");
     if (timeout_ms <= 0) timeout_ms = DEFAULT_TIMEOUT_MS;
     void *state = NULL;
     rc = ops->open(addr[0] ? addr : NULL, timeout_ms, &state);

@@ -6,7 +6,9 @@
  * and, through a lease/TTL that the engine refreshes, when the process dies.
  *
  * Backends: "p2p" (embedded: nothing is stored, peers handshake directly at
- * host:port), "etcd://host:port" (v3 JSON gateway), "redis://host:port".
+ * host:port), "etcd://host:port" (v3 JSON gateway), "redis://host:port",
+ * "http://host:port/path" (Mooncake's HTTP metadata server; no lease:
+ * keepalive stores the entries again).
  * A new backend is one new file and one entry in meta.c's table.
  */
 #ifndef FERRY_META_H
@@ -16,8 +18,9 @@
 #include <stdint.h>
 
 typedef struct ferry_meta_ops {
-    const char *scheme; /* "p2p", "etcd", "redis" */
-    /* Connects to the service at addr ("host:port", NULL for p2p) within
+    const char *scheme; /* "p2p", "etcd", "redis", "http" */
+    /* Connects to the service at addr ("host:port", "host:port/path" for
+     * http, NULL for p2p) within
      * timeout_ms. Returns 0 and *state, or FERRY_ERR_METADATA with detail. */
     int (*open)(const char *addr, int timeout_ms, void **state);
     /* Stores value under key with a lease of ttl_s seconds (0: no lease). */
@@ -40,20 +43,23 @@ typedef struct ferry_meta_ops {
 extern const ferry_meta_ops_t ferry_meta_p2p_ops;
 extern const ferry_meta_ops_t ferry_meta_etcd_ops;
 extern const ferry_meta_ops_t ferry_meta_redis_ops;
+extern const ferry_meta_ops_t ferry_meta_http_ops;
 
 typedef struct ferry_meta {
     const ferry_meta_ops_t *ops;
     void *state;
 } ferry_meta_t;
 
-/* Parses conn ("p2p", "etcd://h:p", "redis://h:p"; NULL or "" = p2p), finds
+/* Parses conn ("p2p", "etcd://h:p", "redis://h:p", "http://h:p/path";
+ * NULL or "" = p2p), finds
  * the backend and opens it. Unknown scheme or a backend not built in:
  * FERRY_ERR_INVALID_ARGUMENT / FERRY_ERR_NOT_IMPLEMENTED with detail. */
 int ferry_meta_open(const char *conn, int timeout_ms, ferry_meta_t *out);
 void ferry_meta_close(ferry_meta_t *m);
 
-/* Splits conn into its scheme ("p2p", "etcd", "redis") and address
- * ("host:port"; empty for p2p) without opening anything. The port is
+/* Splits conn into its scheme ("p2p", "etcd", "redis", "http") and address
+ * ("host:port"; "host:port/path" for http, the path "/metadata" when none
+ * is given; empty for p2p) without opening anything. The port is
  * required and must be 1..65535; an IPv6 host is written in brackets.
  * Bad string: FERRY_ERR_INVALID_ARGUMENT with detail. */
 int ferry_meta_parse(const char *conn, char *scheme, size_t scheme_len, char *addr,
