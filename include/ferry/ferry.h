@@ -94,7 +94,8 @@ typedef struct ferry_config {
     size_t struct_size;        /* sizeof(ferry_config_t), set by ferry_config_init */
     const char *host;          /* listen address, default "127.0.0.1" (FERRY_HOST) */
     uint16_t port;             /* listen port, 0 picks a free one (FERRY_PORT) */
-    const char *metadata;      /* "p2p" (default), "etcd://h:p", "redis://h:p" (FERRY_METADATA) */
+    const char *metadata;      /* "p2p" (default), "etcd://h:p", "redis://h:p",
+                                  "http://h:p/metadata" (FERRY_METADATA) */
     const char *transport;     /* "auto" (default), "tcp", "shm", "rdma" (FERRY_TRANSPORT) */
     int timeout_ms;            /* default per-request deadline, 30000 (FERRY_TIMEOUT_MS) */
     int connect_timeout_ms;    /* connect + handshake deadline, 5000 (FERRY_CONNECT_TIMEOUT_MS) */

@@ -145,13 +145,15 @@ def _metadata(metadata_server, metadata_type=None):
     if "://" not in m:
         m = "%s://%s" % (metadata_type or "etcd", m)
     scheme = m.split("://", 1)[0].lower()
-    if scheme in ("etcd", "redis"):
+    if scheme in ("etcd", "redis", "http"):
+        # http://host:port/metadata: Mooncake's HTTP metadata server, which
+        # the library speaks itself (the path is part of the address).
         return m
     if scheme == "p2p":
         return "p2p"
     fail(_code("NOT_IMPLEMENTED"),
-         "NOT_IMPLEMENTED (-303): metadata server %r: Ferry supports P2PHANDSHAKE, etcd:// and "
-         "redis://, not %s://" % (metadata_server, scheme))
+         "NOT_IMPLEMENTED (-303): metadata server %r: Ferry supports P2PHANDSHAKE, etcd://, "
+         "redis:// and http://, not %s://" % (metadata_server, scheme))
 
 
 def _transport(protocol):

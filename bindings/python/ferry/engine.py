@@ -181,7 +181,8 @@ class TransferEngine(AsyncBatches):
     # -------------------------------------------------------- initialization
     def initialize(self, local_hostname, metadata_server, protocol, device_name):
         """0, or a negative code. local_hostname: "host" or "host:port";
-        metadata_server: "P2PHANDSHAKE", "etcd://h:p", "redis://h:p" or "h:p" (etcd);
+        metadata_server: "P2PHANDSHAKE", "etcd://h:p", "redis://h:p",
+        "http://h:p/metadata" (Mooncake's HTTP metadata server) or "h:p" (etcd);
         protocol: "rdma", "tcp", "shm", "auto" (fallback: see the class doc);
         device_name: RDMA device filter, unused by Ferry.
         A failure returns -1, as Mooncake's initialize does for every failure
@@ -248,7 +249,7 @@ class TransferEngine(AsyncBatches):
         tests pass fixed "127.0.0.1:12345"/":12347"). Ferry keeps the port
         asked for when it can have it (a restarted process keeps its name),
         and takes a free one, with a warning, when it is in use, instead of
-        failing where Mooncake succeeds. With etcd/redis the port is part of
+        failing where Mooncake succeeds. With etcd/redis/http the port is part of
         the name peers look up: a busy port stays an error there."""
         try:
             return Engine(**kw)

@@ -171,9 +171,12 @@ class TestInitializeParsing(unittest.TestCase):
         self.assertEqual(_metadata("redis://h:6379"), "redis://h:6379")
         self.assertEqual(_metadata("10.0.0.1:2379"), "etcd://10.0.0.1:2379")  # Mooncake default
         self.assertEqual(_metadata("h:6379", "redis"), "redis://h:6379")
+        # Mooncake's HTTP metadata server: the whole URL is the address.
+        self.assertEqual(_metadata("http://h:8080/metadata"), "http://h:8080/metadata")
+        self.assertEqual(_metadata("h:8080/metadata", "http"), "http://h:8080/metadata")
         with self.assertRaises(ferry.FerryNotImplemented) as cm:
-            _metadata("http://h:8080/metadata")
-        self.assertIn("http", cm.exception.detail)
+            _metadata("consul://h:8500")
+        self.assertIn("consul", cm.exception.detail)
 
     def test_protocol(self):
         self.assertEqual(_transport("tcp"), "tcp")
@@ -197,8 +200,10 @@ class TestInitializeParsing(unittest.TestCase):
             self.assertIn("nvlink", errors.last_error_detail())
             self.assertEqual(te.initialize("127.0.0.1:notaport", "P2PHANDSHAKE", "tcp", ""), -1)
             self.assertEqual(errors.last_error_code(), errors.INVALID_ARGUMENT)
-            self.assertEqual(te.initialize("127.0.0.1", "http://x:1", "tcp", ""), -1)
+            self.assertEqual(te.initialize("127.0.0.1", "consul://x:1", "tcp", ""), -1)
             self.assertEqual(errors.last_error_code(), errors.NOT_IMPLEMENTED)
+            self.assertEqual(te.initialize("127.0.0.1", "http://x:1/a b", "tcp", ""), -1)
+            self.assertEqual(errors.last_error_code(), errors.INVALID_ARGUMENT)
         strict = TransferEngine(raise_on_error=True)
         with self.assertRaises(ferry.InvalidArgument):
             strict.initialize("127.0.0.1", "P2PHANDSHAKE", "carrier-pigeon", "")
