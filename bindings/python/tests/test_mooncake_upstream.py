@@ -39,6 +39,21 @@ def _pair(test, hostname="127.0.0.1", protocol="tcp"):
 
 
 @requires_engine
+
+def _every_sync_form(initiator, target_name, source, destination, length, count):
+    """(batch, opcode, result) of each sync call form upstream tests make: single
+    and batch (count pieces of length), read then write."""
+    for batch in (False, True):
+        for opcode in ("read", "write"):
+            if batch:
+                result = getattr(initiator, f"batch_transfer_sync_{opcode}")(
+                    target_name, [source + i * length for i in range(count)],
+                    [destination + i * length for i in range(count)], [length] * count)
+            else:
+                result = getattr(initiator, f"transfer_sync_{opcode}")(
+                    target_name, source, destination, length)
+            yield batch, opcode, result
+
 class TestTentFirstBuffer(unittest.TestCase):
     def test_local_and_remote_buffer(self):
         # mooncake-integration/tests/test_tent_first_buffer.py
@@ -132,16 +147,9 @@ class TestTentInitializeForms(unittest.TestCase):
             payload = bytes(range(256)) * (length * count // 256)
             # the reads bring the target's bytes, the writes take them back
             self.assertEqual(target.write_bytes_to_buffer(destination, payload, len(payload)), 0)
-            for batch in (False, True):
-                for opcode in ("read", "write"):
-                    if batch:
-                        result = getattr(initiator, f"batch_transfer_sync_{opcode}")(
-                            target_name, [source + i * length for i in range(count)],
-                            [destination + i * length for i in range(count)], [length] * count)
-                    else:
-                        result = getattr(initiator, f"transfer_sync_{opcode}")(
-                            target_name, source, destination, length)
-                    self.assertEqual(result, 0, (batch, opcode))
+            for batch, opcode, result in _every_sync_form(initiator, target_name, source,
+                                                          destination, length, count):
+                self.assertEqual(result, 0, (batch, opcode))
             self.assertEqual(target.read_bytes_from_buffer(destination, len(payload)), payload)
             self.assertEqual(initiator.read_bytes_from_buffer(source, len(payload)), payload)
             self.assertEqual(initiator.transfer_sync_write(target_name, source, destination, 4096,
@@ -171,17 +179,10 @@ class TestTentInitializeForms(unittest.TestCase):
         source = initiator.allocate_managed_buffer(length * count)
         self.assertNotEqual(source, 0)
         destination = 0x10000  # the peer's: never reached
-        for batch in (False, True):
-            for opcode in ("read", "write"):
-                if batch:
-                    result = getattr(initiator, f"batch_transfer_sync_{opcode}")(
-                        target_name, [source + i * length for i in range(count)],
-                        [destination + i * length for i in range(count)], [length] * count)
-                else:
-                    result = getattr(initiator, f"transfer_sync_{opcode}")(
-                        target_name, source, destination, length)
-                self.assertEqual(result, errors.TIMEOUT, (batch, opcode))
-                self.assertIn(target_name, errors.last_error_detail())
+        for batch, opcode, result in _every_sync_form(initiator, target_name, source, destination,
+                                                      length, count):
+            self.assertEqual(result, errors.TIMEOUT, (batch, opcode))
+            self.assertIn(target_name, errors.last_error_detail())
         self.assertEqual(initiator.free_managed_buffer(source, length * count), 0)
 
 
