@@ -103,7 +103,7 @@ static double measure(struct bench *b, int keepalive)
 static int usage(FILE *out)
 {
     fprintf(out,
-            "usage: ferry metabench --metadata etcd://HOST:PORT|redis://HOST:PORT [--engines 8,16,64]\n"
+            "usage: ferry metabench --metadata etcd://HOST:PORT|redis://HOST:PORT|http://HOST:PORT/PATH [--engines 8,16,64]\n"
             "                       [--ttl S (10)] [--seconds S (3)] [--clients K (4)]\n"
             "Measures lookups and lease keepalives per second the service serves (K client\n"
             "connections in a tight loop) and prints the operations per second a cluster of N\n"
@@ -192,7 +192,7 @@ int cmd_metabench(int argc, char **argv)
         return 1;
     }
     if (!strcmp(m.ops->scheme, "p2p")) {
-        fprintf(stderr, "metabench: p2p stores nothing; give etcd:// or redis://\n");
+        fprintf(stderr, "metabench: p2p stores nothing; give etcd://, redis:// or http://\n");
         ferry_meta_close(&m);
         return 2;
     }

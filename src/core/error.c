@@ -71,7 +71,7 @@ static const struct error_advice advice_table[] = {
      "Causes: the peer refused the session (it is shutting down or at its session limit).\n"
      "What to do: check the peer's log; retry later."},
     {FERRY_ERR_METADATA,
-     "Causes: the metadata service (etcd, Redis) is unreachable, or holds no entry for the\n"
+     "Causes: the metadata service (etcd, Redis, HTTP) is unreachable, or holds no entry for the\n"
      "peer (it never started, or its lease expired after it died).\n"
      "What to do: check the service and the peer; existing sessions keep working."},
     {FERRY_ERR_ENDPOINT,
