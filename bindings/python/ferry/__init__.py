@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 
 def install_mooncake_shim():
     """Makes `from mooncake.engine import TransferEngine` give Ferry's, for
-    programs (SGLang) that import Mooncake by name. Call before they import it.
+    programs (SGLang, vLLM) that import Mooncake by name. Call before they import it.
     When Mooncake itself is installed, its other modules (mooncake.store for
     SGLang's HiCache, mooncake.allocator, ...) still import from it: only
     mooncake.engine is Ferry's."""
@@ -52,4 +52,15 @@ def install_mooncake_shim():
         pkg.mooncake_vllm_adaptor = _engine.mooncake_vllm_adaptor
     pkg.engine = _engine
     sys.modules["mooncake.engine"] = _engine
+    # vLLM 0.7's MooncakePipe: `import mooncake_vllm_adaptor as mva`, the
+    # top-level module of Mooncake's first Python binding, unless one is installed.
+    if "mooncake_vllm_adaptor" not in sys.modules:
+        try:
+            spec = importlib.util.find_spec("mooncake_vllm_adaptor")
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:
+            mva = types.ModuleType("mooncake_vllm_adaptor")
+            mva.mooncake_vllm_adaptor = _engine.mooncake_vllm_adaptor
+            sys.modules["mooncake_vllm_adaptor"] = mva
     return _engine

@@ -772,6 +772,25 @@ class TransferEngine(AsyncBatches):
         return self.batch_transfer_sync(target_hostname, buffers, peer_buffer_addresses, lengths,
                                         opcode)
 
+    # ------------------------------------------ Mooncake's first Python binding
+    # The mooncake_vllm_adaptor module's camelCase methods, which vLLM 0.7's
+    # MooncakePipe calls (mva.mooncake_vllm_adaptor(); the shim provides the
+    # module). Its transferSync only reads: local buffer <- peer address.
+    def allocateManagedBuffer(self, length):  # noqa: N802 - Mooncake's name
+        return self.allocate_managed_buffer(length)
+
+    def freeManagedBuffer(self, buffer_addr, length):  # noqa: N802
+        return self.free_managed_buffer(buffer_addr, length)
+
+    def transferSync(self, target_hostname, buffer, peer_buffer_address, length):  # noqa: N802
+        return self.transfer_sync_read(target_hostname, buffer, peer_buffer_address, length)
+
+    def writeBytesToBuffer(self, dest_address, src_ptr, length):  # noqa: N802
+        return self.write_bytes_to_buffer(dest_address, src_ptr, length)
+
+    def readBytesFromBuffer(self, source_address, length):  # noqa: N802
+        return self.read_bytes_from_buffer(source_address, length)
+
 
 # The class's name in Mooncake's first Python releases (its
 # mooncake-wheel/tests/transfer_engine_target.py still calls

@@ -411,5 +411,56 @@ class TestVLLMPipe(unittest.TestCase):
             busy.close()
 
 
+@requires_engine
+class TestVLLMPipeMooncakeVllmAdaptor(unittest.TestCase):
+    """vLLM 0.7's MooncakePipe: `import mooncake_vllm_adaptor as mva`,
+    mva.mooncake_vllm_adaptor() and the camelCase methods of Mooncake's first
+    Python binding; transferSync reads (its only opcode)."""
+
+    def setUp(self):
+        import sys
+        self.saved = {k: sys.modules.get(k) for k in ("mooncake", "mooncake.engine",
+                                                       "mooncake_vllm_adaptor")}
+        for k in self.saved:
+            sys.modules.pop(k, None)
+        import ferry
+        ferry.install_mooncake_shim()
+
+    def tearDown(self):
+        import sys
+        for k, v in self.saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+
+    def test_send_recv_bytes(self):
+        import mooncake_vllm_adaptor as mva
+        p_url, d_url = "%s:%d" % (HOST, free_port()), "%s:%d" % (HOST, free_port())
+        prefill, decode = mva.mooncake_vllm_adaptor(), mva.mooncake_vllm_adaptor()
+        prefill.initialize(p_url, "P2PHANDSHAKE", "tcp", "")  # return ignored
+        decode.initialize(d_url, "P2PHANDSHAKE", "tcp", "")
+        try:
+            user_data = bytes(range(256)) * 40
+            length = len(user_data)
+            src_ptr = prefill.allocateManagedBuffer(length)
+            self.assertGreater(src_ptr, 0)
+            prefill.writeBytesToBuffer(src_ptr, user_data, length)
+            dst_ptr = decode.allocateManagedBuffer(length)
+            self.assertGreater(dst_ptr, 0)
+            ret = decode.transferSync(p_url, dst_ptr, src_ptr, length)
+            self.assertGreaterEqual(ret, 0)
+            self.assertEqual(decode.readBytesFromBuffer(dst_ptr, length), user_data)
+            self.assertEqual(decode.freeManagedBuffer(dst_ptr, length), 0)
+            self.assertEqual(prefill.freeManagedBuffer(src_ptr, length), 0)
+            # A refused read is negative (the pipe raises on ret < 0).
+            dst_ptr = decode.allocateManagedBuffer(length)
+            self.assertLess(decode.transferSync(p_url, dst_ptr, src_ptr, length), 0)
+            decode.freeManagedBuffer(dst_ptr, length)
+        finally:
+            prefill.close()
+            decode.close()
+
+
 if __name__ == "__main__":
     unittest.main()
