@@ -462,5 +462,124 @@ class TestVLLMPipeMooncakeVllmAdaptor(unittest.TestCase):
             decode.close()
 
 
+class VLLMECTransfer:
+    """The engine calls of vLLM's EC (encoder cache) Mooncake connector's
+    MooncakeTransfer (ec_connector/mooncake/transfer.py), with its checks:
+    a lazily initialized engine, the staging / receive slab registered with
+    batch_register_memory([ptr], [nbytes]), fallback sources (sibling views of
+    one storage, exact bytes each) registered per flush with reference counts
+    and released with batch_unregister_memory, writes per session."""
+
+    def __init__(self, protocol="tcp"):
+        self.engine = TransferEngine()
+        if self.engine.initialize(HOST, "P2PHANDSHAKE", protocol, "") != 0:
+            raise RuntimeError("Mooncake TransferEngine initialization failed.")
+        self.lock = threading.Lock()
+        self.sources = {}  # address -> [nbytes, users]
+
+    def local_session(self):
+        return "%s:%d" % (HOST, self.engine.get_rpc_port())
+
+    def register_memory(self, ptr, nbytes):
+        return self.engine.batch_register_memory([ptr], [nbytes])
+
+    def acquire_sources(self, views):
+        acquired, new_a, new_n = [], [], []
+        with self.lock:
+            for addr, nbytes in dict(views).items():
+                ent = self.sources.get(addr)
+                if ent is not None:
+                    ent[1] += 1
+                else:
+                    self.sources[addr] = [nbytes, 1]
+                    new_a.append(addr)
+                    new_n.append(nbytes)
+                acquired.append(addr)
+            if new_a and self.engine.batch_register_memory(new_a, new_n) != 0:
+                for addr in acquired:
+                    self.sources[addr][1] -= 1
+                    if self.sources[addr][1] == 0:
+                        del self.sources[addr]
+                raise RuntimeError("Mooncake EC source registration failed")
+        return acquired
+
+    def release_sources(self, addrs):
+        with self.lock:
+            unused = []
+            for addr in addrs:
+                ent = self.sources.get(addr)
+                if ent is None:
+                    continue
+                ent[1] -= 1
+                if ent[1] == 0:
+                    unused.append(addr)
+            if not unused:
+                return True
+            if self.engine.batch_unregister_memory(unused) != 0:
+                return False
+            for addr in unused:
+                del self.sources[addr]
+            return True
+
+    def write(self, session, sources, destinations, lengths):
+        ret = self.engine.batch_transfer_sync_write(session, sources, destinations, lengths)
+        if ret != 0:
+            raise RuntimeError("Mooncake EC push to %s failed with status %s" % (session, ret))
+
+
+@requires_engine
+class TestVLLMECConnector(unittest.TestCase):
+    SLAB = 1 << 20
+
+    def setUp(self):
+        self.producer, self.consumer = VLLMECTransfer(), VLLMECTransfer()
+        self.recv = (ctypes.c_char * self.SLAB)()
+        self.stage = (ctypes.c_char * self.SLAB)()
+        self.assertEqual(self.consumer.register_memory(ctypes.addressof(self.recv), self.SLAB), 0)
+        self.assertEqual(self.producer.register_memory(ctypes.addressof(self.stage), self.SLAB), 0)
+        self.session = self.consumer.local_session()
+
+    def tearDown(self):
+        self.producer.engine.close()
+        self.consumer.engine.close()
+
+    def test_staged_push(self):
+        base, dst = ctypes.addressof(self.stage), ctypes.addressof(self.recv)
+        fill(self.stage, 21)
+        self.producer.write(self.session, [base, base + 4096], [dst + 8192, dst], [4096, 1000])
+        self.assertEqual(self.recv[8192:8192 + 4096], self.stage[0:4096])
+        self.assertEqual(self.recv[0:1000], self.stage[4096:5096])
+
+    def test_fallback_sibling_views_from_threads(self):
+        # Two flushes at once, each registering sibling views of its own
+        # encoder output storage, writing, then releasing them.
+        outputs = [(ctypes.c_char * 12288)() for _ in range(2)]
+        for i, o in enumerate(outputs):
+            fill(o, 40 + i)
+        dst = ctypes.addressof(self.recv)
+
+        def flush(i):
+            base = ctypes.addressof(outputs[i])
+            views = [(base, 4096), (base + 4096, 8192)]  # adjacent, exact bytes each
+            acquired = self.producer.acquire_sources(views)
+            try:
+                self.producer.write(self.session, [base, base + 4096],
+                                    [dst + i * 16384, dst + i * 16384 + 4096], [4096, 8192])
+            finally:
+                self.assertTrue(self.producer.release_sources(acquired))
+
+        for _ in range(3):
+            with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+                for f in [pool.submit(flush, i) for i in range(2)]:
+                    f.result(timeout=60)
+        for i, o in enumerate(outputs):
+            self.assertEqual(self.recv[i * 16384:i * 16384 + 12288], o[:])
+        self.assertEqual(self.producer.sources, {})
+        # Released: a push from them is refused, visibly.
+        base = ctypes.addressof(outputs[0])
+        with self.assertRaises(RuntimeError):
+            self.producer.write(self.session, [base], [dst], [4096])
+
+
 if __name__ == "__main__":
     unittest.main()
