@@ -411,6 +411,49 @@ class TestVLLMPipe(unittest.TestCase):
             busy.close()
 
 
+
+@requires_engine
+class TestVLLMPipeMetadataBackends(unittest.TestCase):
+    """The pipe's deployments name a metadata server: initialize(url, "h:p", ...)
+    (etcd, Mooncake's default) or initialize_ext(url, "h:p", ..., "etcd"|"redis").
+    Runs where scripts/services.sh set FERRY_TEST_ETCD / FERRY_TEST_REDIS."""
+
+    def run_pipe(self, server, backend):
+        import os
+        if not os.environ.get(server):
+            self.skipTest("%s is not set (scripts/services.sh)" % server)
+        where = os.environ[server]
+        p_url, d_url = "%s:%d" % (HOST, free_port()), "%s:%d" % (HOST, free_port())
+        data, acks = queue.Queue(), queue.Queue()
+        prefill = VLLMPipeEngine.__new__(VLLMPipeEngine)
+        decode = VLLMPipeEngine.__new__(VLLMPipeEngine)
+        for pipe, url, remote, args in ((prefill, p_url, d_url, (data, None, None, acks)),
+                                        (decode, d_url, p_url, (None, data, acks, None))):
+            pipe.engine = TransferEngine()
+            if backend is None:
+                pipe.engine.initialize(url, where, "tcp", "")  # return ignored
+            else:
+                pipe.engine.initialize_ext(url, where, "tcp", "", backend)
+            pipe.remote_url = remote
+            pipe.to_peer, pipe.from_peer, pipe.acks_out, pipe.acks_in = args
+            pipe.buffer_cleaner = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        try:
+            for m in (b"first" * 1000, bytes(range(256)) * 999):
+                prefill.send_bytes(m)
+                self.assertEqual(decode.recv_bytes(), m)
+        finally:
+            prefill.close()
+            decode.close()
+
+    def test_etcd_default(self):
+        self.run_pipe("FERRY_TEST_ETCD", None)
+
+    def test_initialize_ext_etcd(self):
+        self.run_pipe("FERRY_TEST_ETCD", "etcd")
+
+    def test_initialize_ext_redis(self):
+        self.run_pipe("FERRY_TEST_REDIS", "redis")
+
 @requires_engine
 class TestVLLMPipeMooncakeVllmAdaptor(unittest.TestCase):
     """vLLM 0.7's MooncakePipe: `import mooncake_vllm_adaptor as mva`,
