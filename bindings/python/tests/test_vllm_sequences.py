@@ -29,7 +29,7 @@ import socket
 import threading
 import unittest
 
-from _support import HAVE_NUMPY, requires_engine
+from _support import HAVE_NUMPY, EnvPatch, requires_engine
 
 from ferry import errors
 from ferry.engine import TransferEngine
@@ -393,24 +393,30 @@ class TestVLLMPipe(unittest.TestCase):
 
     def test_port_in_use_is_not_silently_replaced(self):
         # The pipe never reads back the session id: it names the peer by its
-        # configured URL. An engine that took another port than local_url's
-        # would be unreachable under that name (every transfer to it fails).
+        # configured URL. An engine that had to take another port than
+        # local_url's is unreachable under that name: the peer's read fails
+        # (ret < 0, the pipe raises) instead of reading something else.
         busy = socket.socket()
         busy.bind((HOST, 0))
         busy.listen(1)
+        url = "%s:%d" % (HOST, busy.getsockname()[1])
+        te = TransferEngine()
         try:
-            url = "%s:%d" % (HOST, busy.getsockname()[1])
-            te = TransferEngine()
-            rc = te.initialize(url, "P2PHANDSHAKE", "tcp", "")
+            with EnvPatch(FERRY_TIMEOUT_MS=1000):
+                te.initialize(url, "P2PHANDSHAKE", "tcp", "")  # return ignored
+                reader = TransferEngine()
+                reader.initialize(HOST, "P2PHANDSHAKE", "tcp", "")
             try:
-                if rc == 0:
-                    self.assertNotEqual(te.get_session_id(), url)  # documented: a free port
+                self.assertNotEqual(te.get_session_id(), url)
+                src = te.allocate_managed_buffer(64)
+                self.assertGreater(src, 0)
+                dst = reader.allocate_managed_buffer(64)
+                self.assertLess(reader.transfer_sync_read(url, dst, src, 64), 0)
             finally:
-                te.close()
+                reader.close()
         finally:
+            te.close()
             busy.close()
-
-
 
 @requires_engine
 class TestVLLMPipeMetadataBackends(unittest.TestCase):
