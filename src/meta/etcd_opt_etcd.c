@@ -18,10 +18,10 @@
 #include <string.h>
 
 #include "core/fail.h"
+#include "curl_client.h"
 #include "entries.h"
 #include "meta.h"
 
-#define MAX_BODY (16u << 20) /* a larger answer is not a descriptor */
 
 struct etcd {
     char addr[256];    /* host:port, for details */
@@ -91,29 +91,6 @@ static char *b64_decode(const char *in)
 
 /* ------------------------------------------------------------------ HTTP */
 
-struct body {
-    char *p;
-    size_t n;
-    int too_big;
-};
-
-static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
-{
-    struct body *b = arg;
-    size_t len = size * nmemb;
-    if (b->n + len > MAX_BODY) {
-        b->too_big = 1;
-        return 0; /* makes curl fail the transfer */
-    }
-    char *p = realloc(b->p, b->n + len + 1);
-    if (!p) return 0;
-    memcpy(p + b->n, data, len);
-    b->n += len;
-    p[b->n] = '\0';
-    b->p = p;
-    return len;
-}
-
 /* POSTs text to path; *code is the HTTP status, *out the body (malloc'd).
  * step names the operation for the detail ("put 'k'"). */
 static int http_post(struct etcd *e, const char *path, const char *text, const char *step,
@@ -121,23 +98,23 @@ static int http_post(struct etcd *e, const char *path, const char *text, const c
 {
     char url[400];
     snprintf(url, sizeof url, "%s%s", e->base, path);
-    struct body b = {0};
     e->curl_err[0] = '\0';
     curl_easy_setopt(e->curl, CURLOPT_URL, url);
     curl_easy_setopt(e->curl, CURLOPT_POSTFIELDS, text);
     curl_easy_setopt(e->curl, CURLOPT_POSTFIELDSIZE, (long)strlen(text));
-    curl_easy_setopt(e->curl, CURLOPT_WRITEDATA, &b);
-    CURLcode res = curl_easy_perform(e->curl);
+    char *answer;
+    bool too_big;
+    CURLcode res = ferry_curl_perform(e->curl, &answer, &too_big);
     if (res != CURLE_OK) {
-        free(b.p);
-        if (b.too_big)
+        free(answer);
+        if (too_big)
             return ferry_fail(FERRY_ERR_METADATA, "etcd at %s: %s: answer over %u bytes at %s",
-                              e->addr, step, MAX_BODY, path);
+                              e->addr, step, FERRY_CURL_MAX_BODY, path);
         return ferry_fail(FERRY_ERR_METADATA, "etcd at %s: %s: POST %s failed: %s", e->addr, step,
                           path, e->curl_err[0] ? e->curl_err : curl_easy_strerror(res));
     }
     curl_easy_getinfo(e->curl, CURLINFO_RESPONSE_CODE, code);
-    *out = b.p ? b.p : strdup("");
+    *out = answer ? answer : strdup("");
     return *out ? 0 : ferry_fail(FERRY_ERR_MEMORY, "etcd at %s: %s: answer", e->addr, step);
 }
 
@@ -221,11 +198,6 @@ static json_t *kv_request(const char *key, const char *value)
 
 /* -------------------------------------------------------------- backend */
 
-static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
-static CURLcode curl_init_rc;
-
-static void curl_init(void) { curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT); }
-
 static void etcd_free(struct etcd *e)
 {
     if (e->curl) curl_easy_cleanup(e->curl);
@@ -236,23 +208,8 @@ static void etcd_free(struct etcd *e)
 
 static int setup_curl(struct etcd *e, int timeout_ms)
 {
-    static struct curl_slist *headers;
-    static pthread_mutex_t headers_mu = PTHREAD_MUTEX_INITIALIZER;
-    pthread_mutex_lock(&headers_mu); /* one list for every handle, never freed */
-    if (!headers) headers = curl_slist_append(NULL, "Content-Type: application/json");
-    pthread_mutex_unlock(&headers_mu);
-    e->curl = curl_easy_init();
-    if (!e->curl || !headers)
-        return ferry_fail(FERRY_ERR_MEMORY, "etcd at %s: open: curl_easy_init failed", e->addr);
-    CURL *c = e->curl;
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L); /* no SIGALRM timeouts: threads */
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long)timeout_ms);
-    curl_easy_setopt(c, CURLOPT_NOPROXY, "*"); /* an http_proxy must not catch loopback */
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, e->curl_err);
-    return 0;
+    e->curl = ferry_curl_handle(timeout_ms, false, e->curl_err);
+    return e->curl ? 0 : ferry_fail(FERRY_ERR_MEMORY, "etcd at %s: open: curl_easy_init failed", e->addr);
 }
 
 /* Finds the gateway prefix with a harmless range request. */
@@ -275,10 +232,10 @@ static int probe_api(struct etcd *e)
 static int etcd_open(const char *addr, int timeout_ms, void **state)
 {
     if (!addr) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "etcd: open without host:port");
-    pthread_once(&curl_once, curl_init);
-    if (curl_init_rc != CURLE_OK)
+    CURLcode init = ferry_curl_global_init();
+    if (init != CURLE_OK)
         return ferry_fail(FERRY_ERR_METADATA, "etcd at %s: open: curl_global_init: %s", addr,
-                          curl_easy_strerror(curl_init_rc));
+                          curl_easy_strerror(init));
     struct etcd *e = calloc(1, sizeof *e);
     if (!e) return ferry_fail(FERRY_ERR_MEMORY, "etcd at %s: open", addr);
     pthread_mutex_init(&e->mu, NULL);

@@ -21,9 +21,9 @@
 #include <string.h>
 
 #include "core/fail.h"
+#include "curl_client.h"
 #include "meta.h"
 
-#define MAX_BODY (16u << 20) /* a larger answer is not a descriptor */
 
 /* What this state published with a lease, to PUT again on keepalive. */
 struct published {
@@ -89,29 +89,6 @@ static void forget(struct http_meta *h, const char *key)
 
 /* ------------------------------------------------------------------ HTTP */
 
-struct body {
-    char *p;
-    size_t n;
-    int too_big;
-};
-
-static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
-{
-    struct body *b = arg;
-    size_t len = size * nmemb;
-    if (b->n + len > MAX_BODY) {
-        b->too_big = 1;
-        return 0; /* makes curl fail the transfer */
-    }
-    char *p = realloc(b->p, b->n + len + 1);
-    if (!p) return 0;
-    memcpy(p + b->n, data, len);
-    b->n += len;
-    p[b->n] = '\0';
-    b->p = p;
-    return len;
-}
-
 /* A short, printable excerpt of an answer for a detail string. */
 static const char *excerpt(const char *body, char *buf, size_t len)
 {
@@ -138,11 +115,9 @@ static int request(struct http_meta *h, const char *method, const char *key, con
     }
     snprintf(url, len, "%s?key=%s", h->url, escaped);
     curl_free(escaped);
-    struct body b = {0};
     CURL *c = h->curl;
     h->curl_err[0] = '\0';
     curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
     if (body) {
         curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
         curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
@@ -151,18 +126,19 @@ static int request(struct http_meta *h, const char *method, const char *key, con
         curl_easy_setopt(c, CURLOPT_HTTPGET, 1L); /* undoes an earlier PUT's body */
         curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, strcmp(method, "GET") ? method : NULL);
     }
-    CURLcode res = curl_easy_perform(c);
+    bool too_big;
+    CURLcode res = ferry_curl_perform(c, out, &too_big);
     free(url);
     if (res != CURLE_OK) {
-        free(b.p);
-        if (b.too_big)
+        free(*out);
+        *out = NULL;
+        if (too_big)
             return ferry_fail(FERRY_ERR_METADATA, "http metadata at %s: %s '%s': answer over %u bytes",
-                              h->url, method, key, MAX_BODY);
+                              h->url, method, key, FERRY_CURL_MAX_BODY);
         return ferry_fail(FERRY_ERR_METADATA, "http metadata at %s: %s '%s' failed: %s", h->url,
                           method, key, h->curl_err[0] ? h->curl_err : curl_easy_strerror(res));
     }
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, code);
-    *out = b.p;
     return 0;
 }
 
@@ -187,11 +163,6 @@ static int put_locked(struct http_meta *h, const char *key, const char *value)
 
 /* -------------------------------------------------------------- backend */
 
-static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
-static CURLcode curl_init_rc;
-
-static void curl_init(void) { curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT); }
-
 static void http_free(struct http_meta *h)
 {
     if (h->curl) curl_easy_cleanup(h->curl);
@@ -201,34 +172,12 @@ static void http_free(struct http_meta *h)
     free(h);
 }
 
+/* Mooncake's client sends JSON, with no "Expect: 100-continue" round trip. */
 static int setup_curl(struct http_meta *h, int timeout_ms)
 {
-    static struct curl_slist *headers;
-    static pthread_mutex_t headers_mu = PTHREAD_MUTEX_INITIALIZER;
-    pthread_mutex_lock(&headers_mu); /* one list for every handle, never freed */
-    if (!headers) {
-        /* Mooncake's client sends JSON; no "Expect: 100-continue" round trip. */
-        struct curl_slist *l = curl_slist_append(NULL, "Content-Type: application/json");
-        struct curl_slist *l2 = l ? curl_slist_append(l, "Expect:") : NULL;
-        if (l2) headers = l2;
-        else curl_slist_free_all(l);
-    }
-    pthread_mutex_unlock(&headers_mu);
-    h->curl = curl_easy_init();
-    if (!h->curl || !headers)
-        return ferry_fail(FERRY_ERR_MEMORY, "http metadata at %s: open: curl_easy_init failed", h->url);
-    CURL *c = h->curl;
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L); /* no SIGALRM timeouts: threads */
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long)timeout_ms);
-    curl_easy_setopt(c, CURLOPT_NOPROXY, "*"); /* an http_proxy must not catch loopback */
-#if LIBCURL_VERSION_NUM >= 0x075500
-    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http");
-#endif
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, h->curl_err);
-    return 0;
+    h->curl = ferry_curl_handle(timeout_ms, true, h->curl_err);
+    return h->curl ? 0
+                   : ferry_fail(FERRY_ERR_MEMORY, "http metadata at %s: open: curl_easy_init failed", h->url);
 }
 
 /* A GET of a key no engine has: the server is there when it answers 200
@@ -249,10 +198,10 @@ static int http_open(const char *addr, int timeout_ms, void **state)
 {
     if (!addr || !strchr(addr, '/'))
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "http metadata: open without host:port/path");
-    pthread_once(&curl_once, curl_init);
-    if (curl_init_rc != CURLE_OK)
+    CURLcode init = ferry_curl_global_init();
+    if (init != CURLE_OK)
         return ferry_fail(FERRY_ERR_METADATA, "http metadata at http://%s: open: curl_global_init: %s",
-                          addr, curl_easy_strerror(curl_init_rc));
+                          addr, curl_easy_strerror(init));
     struct http_meta *h = calloc(1, sizeof *h);
     if (!h) return ferry_fail(FERRY_ERR_MEMORY, "http metadata at http://%s: open", addr);
     pthread_mutex_init(&h->mu, NULL);
