@@ -52,10 +52,25 @@ static unsigned char reference_byte(uint32_t l, uint32_t b, uint64_t tok, uint32
 
 /* Makes the pools of rank tp_rank of tp; registers them with flags unless
  * flags is ~0u (a decode rank that forgot to register). */
+static const char *rank_secret; /* the engines' shared secret, when a test sets one */
+
+static ferry_engine_t *rank_engine(void)
+{
+    if (!rank_secret) return harness_engine(WAIT_MS);
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    const char *transport = getenv("FERRY_TRANSPORT");
+    if (transport && *transport) cfg.transport = transport;
+    cfg.timeout_ms = WAIT_MS;
+    cfg.connect_timeout_ms = 5000;
+    cfg.secret = rank_secret;
+    return harness_engine_cfg(&cfg);
+}
+
 static void rank_make(struct kv_rank *r, uint32_t tp_rank, uint32_t tp, unsigned flags)
 {
     memset(r, 0, sizeof *r);
-    r->engine = harness_engine(WAIT_MS);
+    r->engine = rank_engine();
     ferry_kv_cache_desc_t *d = &r->desc;
     *d = (ferry_kv_cache_desc_t){.kind = FERRY_KV_SPLIT, .num_layers = LAYERS, .num_pages = POOL,
                                  .page_size = PAGE_SIZE, .kv_heads = HEADS / tp,
@@ -543,6 +558,255 @@ static void tracker_rejects_unexpected_source(void **state)
     ferry_kv_plan_destroy(p);
 }
 
+/* ------------------------------------------- verified completion (issue 20, item 4) */
+
+/* The identity the decode engine sees for the engine peer: what its own
+ * session to it learned at the handshake, on 127.0.0.1. */
+static ferry_kv_source_t source_of_engine(ferry_engine_t *decode, ferry_engine_t *peer)
+{
+    ferry_peer_info_t info;
+    assert_int_equal(ferry_session_open(decode, ferry_engine_name(peer)), 0);
+    assert_int_equal(ferry_session_info(decode, ferry_engine_name(peer), &info), 0);
+    ferry_kv_source_t src = {.engine_id = info.engine_id, .epoch = info.epoch};
+    snprintf(src.host, sizeof src.host, "127.0.0.1");
+    return src;
+}
+
+/* Polls e once (waiting up to WAIT_MS for at least one notification) and
+ * offers each notice with its sender; the last offer's result, and the
+ * number of plain messages in *plain. */
+static int offer_next(ferry_engine_t *e, ferry_kv_recv_t *r, int *plain)
+{
+    uint64_t deadline = harness_now_ms() + WAIT_MS;
+    *plain = 0;
+    while (harness_now_ms() < deadline) {
+        ferry_kv_event_t ev[8];
+        ferry_notification_sender_t from[8];
+        long n = ferry_kv_poll_from(e, ev, from, 8);
+        assert_true(n >= 0);
+        int rc = 0;
+        for (long i = 0; i < n; i++) {
+            if (ev[i].is_notice)
+                rc = ferry_kv_recv_offer_from(r, &ev[i].notice, &from[i]);
+            else
+                (*plain)++;
+        }
+        ferry_kv_events_free(ev, (size_t)n);
+        if (n > 0) return rc;
+        sleep_ms(1);
+    }
+    return FERRY_ERR_TIMEOUT;
+}
+
+/* Polls until the verified tracker completes or fails; refused notices
+ * (ACCESS_DENIED) are skipped, as a decode loop would. */
+static int wait_verified(ferry_engine_t *e, ferry_kv_recv_t *r)
+{
+    uint64_t deadline = harness_now_ms() + WAIT_MS;
+    while (harness_now_ms() < deadline) {
+        int plain, rc = offer_next(e, r, &plain);
+        if (rc != 0 && rc != FERRY_ERR_ACCESS_DENIED) return rc;
+    }
+    return FERRY_ERR_TIMEOUT;
+}
+
+/* A success notice for request id from prefill rank rank, sent by engine
+ * from to decode without moving a byte; status_override, when nonzero, is
+ * patched into the encoded notice (bypassing encode's check). */
+static void forge_notice(ferry_engine_t *from, ferry_engine_t *decode, uint64_t id, uint32_t rank,
+                         uint32_t status_override)
+{
+    ferry_kv_notice_t n = {.request_id = id, .prefill_rank = rank, .decode_rank = 1, .bytes = 1u << 20};
+    unsigned char msg[FERRY_KV_NOTICE_HEADER + 8];
+    long len = ferry_kv_notice_encode(&n, msg, sizeof msg);
+    assert_true(len > 0);
+    if (status_override)
+        for (int i = 0; i < 4; i++) msg[12 + i] = (unsigned char)(status_override >> (8 * i));
+    assert_int_equal(ferry_notify(from, ferry_engine_name(decode), msg, (size_t)len), 0);
+}
+
+/* The 4:2 staged layout with every engine holding the secret: forged
+ * notices are refused, counted, leave the tracker incomplete and the decode
+ * pages untouched although the staging holds stale bytes (what a wrongly
+ * scattered region would copy in): wrong statuses, a success notice from an
+ * authenticated engine that is not the rank's source, a failure notice from
+ * it, and a success notice from the true source before any byte moved.
+ * Then the honest sends complete, byte for byte. */
+static void verified_tracker_refuses_forged_notices(void **state)
+{
+    (void)state;
+    rank_secret = "kv-s3cret";
+    struct kv_rank pre[2], dec, rogue;
+    for (uint32_t i = 0; i < 2; i++) {
+        rank_make(&pre[i], 2 + i, 4, FERRY_MEM_LOCAL);
+        write_reference(&pre[i].desc, pre[i].mem, prefill_pages);
+    }
+    rank_make(&dec, 1, 2, FERRY_MEM_REMOTE_WRITE);
+    rank_make(&rogue, 2, 4, FERRY_MEM_LOCAL);
+    rank_secret = NULL;
+
+    ferry_kv_plan_t *send_plans[2], *recv_plans[2];
+    for (int i = 0; i < 2; i++) {
+        send_plans[i] = plan_for(&pre[i], &dec);
+        recv_plans[i] = plan_for(&pre[i], &dec);
+    }
+    ferry_kv_plan_info_t in;
+    ferry_kv_plan_get_info(send_plans[0], &in);
+    assert_true(in.scatter);
+    unsigned char *staging = malloc(in.dst_staging_bytes);
+    assert_non_null(staging);
+    memset(staging, 0x5A, in.dst_staging_bytes); /* stale bytes of an earlier request */
+    assert_int_equal(ferry_register(dec.engine, staging, in.dst_staging_bytes, FERRY_MEM_REMOTE_WRITE), 0);
+    uint64_t staging_addr = (uint64_t)(uintptr_t)staging;
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ferry_kv_plan_bind_sender(send_plans[i], 0, 0, staging_addr, in.dst_staging_bytes), 0);
+        assert_int_equal(ferry_kv_plan_bind_receiver(recv_plans[i], staging_addr, in.dst_staging_bytes), 0);
+    }
+    ferry_kv_recv_t *tracker = NULL;
+    assert_int_equal(ferry_kv_recv_create(9, recv_plans, 2, &tracker), 0);
+    ferry_kv_source_t sources[2] = {source_of_engine(dec.engine, pre[0].engine),
+                                    source_of_engine(dec.engine, pre[1].engine)};
+    assert_int_equal(ferry_kv_recv_verify(tracker, dec.engine, sources), 0);
+    assert_int_equal(ferry_kv_recv_verify(tracker, dec.engine, sources), FERRY_ERR_INVALID_ARGUMENT);
+    int plain;
+
+    /* A status that is no Ferry code never reaches the tracker as a notice... */
+    forge_notice(pre[0].engine, dec.engine, 9, 2, 5);
+    assert_int_equal(offer_next(dec.engine, tracker, &plain), 0);
+    assert_int_equal(plain, 1);
+    forge_notice(pre[0].engine, dec.engine, 9, 2, (uint32_t)-999);
+    assert_int_equal(offer_next(dec.engine, tracker, &plain), 0);
+    assert_int_equal(plain, 1);
+    /* ... and one offered by hand is refused, counted. */
+    ferry_kv_notice_t odd = {.request_id = 9, .prefill_rank = 2, .status = 5};
+    assert_int_equal(ferry_kv_recv_offer(tracker, &odd), FERRY_ERR_ACCESS_DENIED);
+    assert_detail_contains("status 5");
+    assert_int_equal(ferry_kv_recv_refused(tracker), 1);
+
+    /* An authenticated engine that is not rank 2's source: success, then failure. */
+    forge_notice(rogue.engine, dec.engine, 9, 2, 0);
+    assert_int_equal(offer_next(dec.engine, tracker, &plain), FERRY_ERR_ACCESS_DENIED);
+    assert_detail_contains("that rank's source is");
+    ferry_kv_notice_t fail = {.request_id = 9, .prefill_rank = 3, .status = FERRY_ERR_CANCELLED};
+    unsigned char msg[FERRY_KV_NOTICE_HEADER];
+    long len = ferry_kv_notice_encode(&fail, msg, sizeof msg);
+    assert_int_equal(ferry_notify(rogue.engine, ferry_engine_name(dec.engine), msg, (size_t)len), 0);
+    assert_int_equal(offer_next(dec.engine, tracker, &plain), FERRY_ERR_ACCESS_DENIED);
+    /* The true sources, claiming completion with no byte written. */
+    forge_notice(pre[0].engine, dec.engine, 9, 2, 0);
+    assert_int_equal(offer_next(dec.engine, tracker, &plain), FERRY_ERR_ACCESS_DENIED);
+    assert_detail_contains("only 0 of the pair's");
+    forge_notice(pre[1].engine, dec.engine, 9, 3, 0);
+    assert_int_equal(offer_next(dec.engine, tracker, &plain), FERRY_ERR_ACCESS_DENIED);
+    /* Without the sender a verified tracker takes nothing. */
+    ferry_kv_notice_t bare = {.request_id = 9, .prefill_rank = 2};
+    assert_int_equal(ferry_kv_recv_offer(tracker, &bare), FERRY_ERR_ACCESS_DENIED);
+    assert_int_equal(ferry_kv_recv_refused(tracker), 6);
+
+    /* Nothing was scattered: the decode pools are as they were. */
+    for (uint32_t l = 0; l < LAYERS; l++)
+        for (uint32_t b = 0; b < 2; b++)
+            for (uint64_t k = 0; k < dec.buffer_bytes; k++)
+                if (dec.mem[l][b][k] != UNTOUCHED) fail_msg("decode layer %u buffer %u byte %llu was written", l, b,
+                                                              (unsigned long long)k);
+
+    /* The honest sends complete. */
+    struct send_job jobs[2];
+    pthread_t threads[2];
+    for (int i = 0; i < 2; i++) {
+        jobs[i] = (struct send_job){.engine = pre[i].engine, .plan = send_plans[i], .request_id = 9};
+        snprintf(jobs[i].peer, sizeof jobs[i].peer, "%s", ferry_engine_name(dec.engine));
+        assert_int_equal(pthread_create(&threads[i], NULL, send_thread, &jobs[i]), 0);
+    }
+    int outcome = wait_verified(dec.engine, tracker);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(threads[i], NULL);
+        assert_int_equal(jobs[i].rc, 0);
+    }
+    assert_int_equal(outcome, 1);
+    assert_true(decode_matches_reference(&dec));
+    assert_int_equal(ferry_kv_recv_refused(tracker), 6);
+
+    ferry_kv_recv_destroy(tracker);
+    for (int i = 0; i < 2; i++) {
+        ferry_kv_plan_destroy(send_plans[i]);
+        ferry_kv_plan_destroy(recv_plans[i]);
+        rank_free(&pre[i]);
+    }
+    rank_free(&rogue);
+    rank_free(&dec);
+    free(staging);
+}
+
+/* A direct 1:1 pair under verify: the source's writes into the decode
+ * pages back its notice; a failure notice from the verified source fails
+ * the request. */
+static void verified_direct_pair_completes_and_fails_honestly(void **state)
+{
+    (void)state;
+    struct kv_rank pre, dec;
+    rank_make(&pre, 0, 1, FERRY_MEM_LOCAL);
+    rank_make(&dec, 0, 1, FERRY_MEM_REMOTE_WRITE);
+    write_reference(&pre.desc, pre.mem, prefill_pages);
+    ferry_kv_plan_t *send_plan = plan_for(&pre, &dec), *recv_plan = plan_for(&pre, &dec);
+    assert_int_equal(ferry_kv_plan_bind_sender(send_plan, 0, 0, 0, 0), 0);
+    assert_int_equal(ferry_kv_plan_bind_receiver(recv_plan, 0, 0), 0);
+    ferry_kv_source_t src = source_of_engine(dec.engine, pre.engine);
+
+    ferry_kv_recv_t *tracker = NULL;
+    assert_int_equal(ferry_kv_recv_create(78, &recv_plan, 1, &tracker), 0);
+    assert_int_equal(ferry_kv_recv_verify(tracker, dec.engine, &src), 0);
+    ferry_kv_send_args_t args = {.request_id = 78};
+    assert_int_equal(ferry_kv_send(pre.engine, ferry_engine_name(dec.engine), send_plan, &args), 0);
+    assert_int_equal(wait_verified(dec.engine, tracker), 1);
+    assert_true(decode_matches_reference(&dec));
+    assert_int_equal(ferry_kv_recv_refused(tracker), 0);
+    ferry_kv_recv_destroy(tracker);
+
+    assert_int_equal(ferry_kv_recv_create(79, &recv_plan, 1, &tracker), 0);
+    assert_int_equal(ferry_kv_recv_verify(tracker, dec.engine, &src), 0);
+    assert_int_equal(ferry_kv_send_failure(pre.engine, ferry_engine_name(dec.engine), 79, 0, 0, FERRY_ERR_CANCELLED,
+                                           "aborted"),
+                     0);
+    assert_int_equal(wait_verified(dec.engine, tracker), FERRY_ERR_CANCELLED);
+    ferry_kv_recv_destroy(tracker);
+
+    ferry_kv_plan_destroy(send_plan);
+    ferry_kv_plan_destroy(recv_plan);
+    rank_free(&pre);
+    rank_free(&dec);
+}
+
+/* An unverified tracker still refuses a status that is no Ferry code (it
+ * used to take a positive status as the request's outcome). */
+static void unverified_tracker_refuses_unknown_statuses(void **state)
+{
+    (void)state;
+    ferry_kv_cache_desc_t d = {.kind = FERRY_KV_SPLIT, .num_layers = 1, .num_pages = 4, .page_size = 1,
+                               .kv_heads = 8, .total_kv_heads = 8, .head_dim = 1, .dtype_size = 1,
+                               .tp_rank = 0, .tp_size = 1};
+    uint64_t addrs[1] = {0x1000};
+    d.k_addrs = d.v_addrs = addrs;
+    int32_t pages[] = {0};
+    ferry_kv_plan_t *p = NULL;
+    assert_int_equal(ferry_kv_plan_create(&d, &d, pages, pages, 1, &p), 0);
+    assert_int_equal(ferry_kv_plan_bind_receiver(p, 0, 0), 0);
+    ferry_kv_recv_t *r = NULL;
+    assert_int_equal(ferry_kv_recv_create(1, &p, 1, &r), 0);
+    int statuses[] = {1, 5, 0x7fffffff, -5, -999, -2000000000};
+    for (size_t i = 0; i < sizeof statuses / sizeof statuses[0]; i++) {
+        ferry_kv_notice_t n = {.request_id = 1, .prefill_rank = 0, .status = statuses[i]};
+        assert_int_equal(ferry_kv_recv_offer(r, &n), FERRY_ERR_ACCESS_DENIED);
+        unsigned char buf[FERRY_KV_NOTICE_HEADER];
+        assert_int_equal(ferry_kv_notice_encode(&n, buf, sizeof buf), FERRY_ERR_INVALID_ARGUMENT);
+    }
+    assert_int_equal(ferry_kv_recv_refused(r), sizeof statuses / sizeof statuses[0]);
+    ferry_kv_notice_t ok = {.request_id = 1, .prefill_rank = 0, .status = FERRY_ERR_TIMEOUT};
+    assert_int_equal(ferry_kv_recv_offer(r, &ok), FERRY_ERR_TIMEOUT);
+    ferry_kv_recv_destroy(r);
+    ferry_kv_plan_destroy(p);
+}
+
 /* The embeddings buffer is registered once and reused: three sends, one
  * registration, each landing whole before its notice. */
 static void embeddings_reuse_one_registration(void **state)
@@ -808,6 +1072,9 @@ int main(void)
         cmocka_unit_test(notice_arrives_only_after_the_last_byte),
         cmocka_unit_test(sender_abort_reaches_the_decode_side),
         cmocka_unit_test(tracker_rejects_unexpected_source),
+        cmocka_unit_test(verified_tracker_refuses_forged_notices),
+        cmocka_unit_test(verified_direct_pair_completes_and_fails_honestly),
+        cmocka_unit_test(unverified_tracker_refuses_unknown_statuses),
         cmocka_unit_test(embeddings_reuse_one_registration),
         cmocka_unit_test(many_run_lengths_all_land),
         cmocka_unit_test(neighbour_blocks_stay_together_over_shm),

@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -175,23 +176,31 @@ static void a_flooder_only_loses_its_own(void **state)
     uint16_t port = ferry_engine_port(decode);
     int fd;
     assert_int_equal(raw_peer(port, "127.0.0.1", "flooder", 1, &fd), 0);
-    long queued = flood(fd, FERRY_NOTIFY_QUEUE_MAX + 1);
+    long queued = flood(fd, FERRY_NOTIFY_PEER_BACKLOG + 1);
     printf("# one flooder: %ld queued before it was refused\n", queued);
-    assert_int_equal(queued, FERRY_NOTIFY_SENDER_MAX);
+    assert_int_equal(queued, FERRY_NOTIFY_PEER_BACKLOG);
     assert_int_equal(ferry_notify(prefill, ferry_engine_name(decode), "genuine", 7), 0);
     close(fd);
+    /* The drop is visible: counted, and in the metrics. */
+    ferry_stats_t st;
+    assert_int_equal(ferry_engine_stats(decode, &st), 0);
+    assert_int_equal(st.notifies_dropped, 1);
+    char *text = malloc(1 << 20);
+    assert_true(ferry_metrics_prometheus(decode, text, 1 << 20) > 0);
+    assert_non_null(strstr(text, "\nferry_engine_notifies_dropped_total 1\n"));
+    free(text);
 
     long total = queued;
-    for (uint64_t id = 2; total < FERRY_NOTIFY_SOURCE_MAX + 1; id++) {
+    for (uint64_t id = 2; total < FERRY_NOTIFY_ADDRESS_BACKLOG + 1; id++) {
         assert_true(id < 64);
         assert_int_equal(raw_peer(port, "127.0.0.1", "flooder", id, &fd), 0);
-        long k = flood(fd, FERRY_NOTIFY_SENDER_MAX);
+        long k = flood(fd, FERRY_NOTIFY_PEER_BACKLOG);
         close(fd);
         total += k;
-        if (k < FERRY_NOTIFY_SENDER_MAX) break;
+        if (k < FERRY_NOTIFY_PEER_BACKLOG) break;
     }
     printf("# flooder minting engine ids: %ld queued from its address\n", total);
-    assert_int_equal(total + 1, FERRY_NOTIFY_SOURCE_MAX); /* the genuine one shares the address */
+    assert_int_equal(total + 1, FERRY_NOTIFY_ADDRESS_BACKLOG); /* the genuine one shares the address */
     assert_int_equal(raw_peer(port, "127.0.0.2", "elsewhere", 99, &fd), 0);
     assert_int_equal(flood(fd, 3), 3);
     close(fd);

@@ -458,6 +458,13 @@ static void start_connect(struct demo *d)
     demo_str_printf(&b, "connect\n");
     tell_role(d, 0, b.s, b.len);
     demo_str_free(&b);
+    /* The decode ranks learn who their prefill sources are, to verify
+     * their notices (<ferry/kv.h>, ferry_kv_recv_verify). */
+    struct demo_str src = {0};
+    for (uint32_t i = 0; i < d->nkids; i++)
+        if (!d->kids[i].decode) demo_str_printf(&src, "source %u %s\n", d->kids[i].rank, d->kids[i].name);
+    tell_role(d, 1, src.s, src.len);
+    demo_str_free(&src);
 }
 
 /* ------------------------------------------------------ messages in */

@@ -373,6 +373,7 @@ void demo_prefill_main(const struct demo_rank_args *a)
  * time the main thread spent checking the previous request. */
 struct stamped {
     ferry_kv_event_t ev;
+    ferry_notification_sender_t from; /* who sent it, as the engine observed */
     uint64_t t_ns;
     struct stamped *next;
 };
@@ -391,7 +392,8 @@ static void *notice_thread(void *arg)
     struct inbox *b = arg;
     while (!atomic_load(&b->stop)) {
         ferry_kv_event_t ev[16];
-        long n = ferry_kv_poll(b->e, ev, 16);
+        ferry_notification_sender_t from[16];
+        long n = ferry_kv_poll_from(b->e, ev, from, 16);
         uint64_t now = demo_now_ns();
         if (n < 0) {
             pthread_mutex_lock(&b->lock);
@@ -407,6 +409,7 @@ static void *notice_thread(void *arg)
                 continue;
             }
             s->ev = ev[i];
+            s->from = from[i];
             s->t_ns = now;
             pthread_mutex_lock(&b->lock);
             if (b->tail) b->tail->next = s;
@@ -436,6 +439,12 @@ struct decode {
     struct demo_pool pool;
     ferry_kv_head_slice_t *sources;
     long nsources;
+    /* Per prefill rank: its engine's name (the orchestrator's "source"
+     * line) and, once a session to it learned them, its engine id and
+     * epoch: what a verified tracker checks notices and bytes against. */
+    char (*prefill_names)[256];
+    ferry_kv_source_t *prefill_ids;
+    int *prefill_known;
     unsigned char *staging;
     uint64_t slot_bytes;
     struct dreq *reqs;
@@ -459,6 +468,42 @@ static void report_bad(struct decode *D, uint32_t req, const char *what, const s
     demo_mismatch_text(mm, text, sizeof text);
     say(D->a->out_fd, "bad %u %llu decode rank %u, request %u: %s: %s", req, (unsigned long long)mm->bytes,
         D->a->rank, req, what, text);
+}
+
+/* "source <prefill rank> <engine name>": who sends this rank its KV. */
+static void decode_source(struct decode *D, struct demo_tok *t)
+{
+    uint32_t r;
+    char *name;
+    if (demo_tok_u32(t, &r) != 0 || r >= D->s->prefill_tp || !(name = demo_tok_next(t))) bad_line(D->a, "source");
+    snprintf(D->prefill_names[r], sizeof D->prefill_names[r], "%s", name);
+}
+
+/* Makes q's tracker a verified one (<ferry/kv.h>): a notice counts only
+ * from the prefill engine each source is, and a success only once that
+ * engine's bytes landed here. The identities come from this rank's own
+ * session to each prefill engine, opened at the first request. */
+static void verify_tracker(struct decode *D, struct dreq *q)
+{
+    ferry_kv_source_t *srcs = calloc((size_t)D->nsources + 1, sizeof *srcs);
+    if (!srcs) demo_rank_fail(D->a->out_fd, FERRY_ERR_MEMORY, "MEMORY: tracker sources");
+    for (long i = 0; i < D->nsources; i++) {
+        uint32_t r = D->sources[i].prefill_rank;
+        if (!D->prefill_known[r]) {
+            if (!D->prefill_names[r][0])
+                demo_rank_fail(D->a->out_fd, FERRY_ERR_INTERNAL, "INTERNAL: no source line for prefill rank");
+            ferry_peer_info_t info;
+            int rc = ferry_session_open(D->e, D->prefill_names[r]);
+            if (rc == 0) rc = ferry_session_info(D->e, D->prefill_names[r], &info);
+            if (rc != 0) demo_rank_fail(D->a->out_fd, rc, NULL);
+            D->prefill_ids[r] = (ferry_kv_source_t){.engine_id = info.engine_id, .epoch = info.epoch};
+            D->prefill_known[r] = 1;
+        }
+        srcs[i] = D->prefill_ids[r];
+    }
+    int rc = ferry_kv_recv_verify(q->tracker, D->e, srcs);
+    free(srcs);
+    if (rc != 0) demo_rank_fail(D->a->out_fd, rc, NULL);
 }
 
 static void decode_expect(struct decode *D, struct demo_tok *t)
@@ -496,6 +541,7 @@ static void decode_expect(struct decode *D, struct demo_tok *t)
     }
     int rc = ferry_kv_recv_create(req, q->plans, (size_t)D->nsources, &q->tracker);
     if (rc != 0) demo_rank_fail(D->a->out_fd, rc, NULL);
+    verify_tracker(D, q);
     q->state = DREQ_ARMED;
     say(D->a->out_fd, "armed %u", req);
     if (D->a->rank == 0 && req == s->inject_request && s->inject == DEMO_INJECT_KILL_DECODE)
@@ -504,7 +550,8 @@ static void decode_expect(struct decode *D, struct demo_tok *t)
         signal_soon(SIGSTOP, 1000);
 }
 
-static void decode_notice(struct decode *D, const ferry_kv_notice_t *n, uint64_t t_ns)
+static void decode_notice(struct decode *D, const ferry_kv_notice_t *n, const ferry_notification_sender_t *from,
+                          uint64_t t_ns)
 {
     const struct demo_shape *s = D->s;
     struct dreq *q = n->request_id < s->requests ? &D->reqs[n->request_id] : NULL;
@@ -518,7 +565,7 @@ static void decode_notice(struct decode *D, const ferry_kv_notice_t *n, uint64_t
         demo_rank_fail(D->a->out_fd, n->status ? n->status : FERRY_ERR_INTERNAL, text);
     }
     CROSS_PROCESS_BEGIN(); /* a success notice scatters the staging region */
-    int rc = ferry_kv_recv_offer(q->tracker, n);
+    int rc = ferry_kv_recv_offer_from(q->tracker, n, from);
     CROSS_PROCESS_END();
     if (rc < 0) demo_rank_fail(D->a->out_fd, rc, NULL);
     if (rc == 0) return;
@@ -591,7 +638,11 @@ void demo_decode_main(const struct demo_rank_args *a)
     if (rc != 0) demo_rank_fail(a->out_fd, rc, NULL);
     D.sources = calloc(s->prefill_tp, sizeof *D.sources);
     D.reqs = calloc(s->requests, sizeof *D.reqs);
-    if (!D.sources || !D.reqs) demo_rank_fail(a->out_fd, FERRY_ERR_MEMORY, "MEMORY: sources");
+    D.prefill_names = calloc(s->prefill_tp, sizeof *D.prefill_names);
+    D.prefill_ids = calloc(s->prefill_tp, sizeof *D.prefill_ids);
+    D.prefill_known = calloc(s->prefill_tp, sizeof *D.prefill_known);
+    if (!D.sources || !D.reqs || !D.prefill_names || !D.prefill_ids || !D.prefill_known)
+        demo_rank_fail(a->out_fd, FERRY_ERR_MEMORY, "MEMORY: sources");
     D.nsources = ferry_kv_tp_sources(s->heads, s->prefill_tp, s->decode_tp, a->rank, D.sources, s->prefill_tp);
     if (D.nsources < 0) demo_rank_fail(a->out_fd, (int)D.nsources, NULL);
     /* When the sources fill only part of each row, they write into staging
@@ -639,7 +690,7 @@ void demo_decode_main(const struct demo_rank_args *a)
         if (poll_error) demo_rank_fail(a->out_fd, poll_error, box.detail);
         for (struct stamped *n = got, *next; n; n = next) {
             next = n->next;
-            if (n->ev.is_notice) decode_notice(&D, &n->ev.notice, n->t_ns);
+            if (n->ev.is_notice) decode_notice(&D, &n->ev.notice, &n->from, n->t_ns);
             ferry_kv_events_free(&n->ev, 1);
             free(n);
         }
@@ -653,6 +704,7 @@ void demo_decode_main(const struct demo_rank_args *a)
             char *cmd = demo_tok_next(&t);
             if (!cmd) continue;
             if (strcmp(cmd, "expect") == 0) decode_expect(&D, &t);
+            else if (strcmp(cmd, "source") == 0) decode_source(&D, &t);
             else if (strcmp(cmd, "retire") == 0) decode_retire(&D, &t);
             else if (strcmp(cmd, "finish") == 0) decode_finish(&D);
             else if (strcmp(cmd, "quit") == 0) quit = 1;
@@ -672,6 +724,9 @@ void demo_decode_main(const struct demo_rank_args *a)
     demo_pool_destroy(&D.pool, NULL);
     demo_unmap(D.staging, D.slot_bytes * s->inflight);
     free(D.sources);
+    free(D.prefill_names);
+    free(D.prefill_ids);
+    free(D.prefill_known);
     free(D.reqs);
     demo_lines_free(&in);
     say(a->out_fd, "bye");

@@ -228,6 +228,9 @@ typedef struct ferry_stats {
     uint64_t metadata_invalidations; /* entries dropped: peer restarted, or its cached address refused */
     uint64_t metadata_lease_refreshes; /* this engine's lease extended (every metadata_ttl_s / 3) */
     uint64_t metadata_republishes;   /* its entry published again: lost (service restarted) or lease expired */
+    /* notifications (ferry_notify) */
+    uint64_t notifies_dropped;       /* peers' notifications dropped here: the sender's backlog share was full */
+    uint64_t notifies_unsent;        /* this engine's ferry_notify calls that failed (dropped by the peer, ...) */
 } ferry_stats_t;
 
 /* Copies the engine's counters into *out. 0, or INVALID_ARGUMENT. */
@@ -451,8 +454,11 @@ FERRY_API int ferry_batch_free(ferry_batch_t *b);
 
 /* Sends a small message (<= 64 KiB) to the peer's notification queue; it is
  * delivered after every write this thread issued to that peer before it.
- * TOO_MANY_REQUESTS when the receiver holds too many unread ones from this
- * sender or its address (see below). */
+ * TOO_MANY_REQUESTS when the receiver dropped it because it holds its
+ * whole backlog of unread ones from this sender or its address (see
+ * below). A failed notify is counted here in notifies_unsent. The writes
+ * before it are not affected: a caller that sends a notify after a placed
+ * write reports the write's outcome and the notify's apart. */
 FERRY_API int ferry_notify(ferry_engine_t *e, const char *peer, const void *msg, size_t len);
 /* The same, ending by timeout_ms (<= 0: config.timeout_ms) with TIMEOUT:
  * for a notice to a peer that may not answer (one whose transfer just
@@ -470,15 +476,30 @@ FERRY_API int ferry_notify_timeout(ferry_engine_t *e, const char *peer, const vo
  * cannot choose) with the engine id and epoch of the handshake, and treat
  * peer as a label.
  *
- * Fair share: a sender (engine id and epoch from its handshake, at its
- * source IP address) may have at most FERRY_NOTIFY_SENDER_MAX unread
- * notifications (and 1/8 of the queue's bytes) here, and one source IP
- * address at most FERRY_NOTIFY_SOURCE_MAX, of FERRY_NOTIFY_QUEUE_MAX in
- * all; past its share a sender's notifications are refused
- * (TOO_MANY_REQUESTS at its ferry_notify) and nobody else's. A flooding
- * peer that mints a new engine id per connection is still held to its
- * address's share: other hosts' notifications keep arriving, those of
- * other engines on the flooder's own host may not. */
+ * Backlog: a receiver that reads late loses nothing up to a large backlog.
+ * Each sender (engine id and epoch from its handshake, at its source IP
+ * address) may have FERRY_NOTIFY_PEER_BACKLOG (131,072) unread
+ * notifications here, within FERRY_NOTIFY_PEER_BYTES (64 MiB) where each is
+ * charged its length plus FERRY_NOTIFY_ENTRY_OVERHEAD: its memory here is
+ * bounded by that budget. One source IP address may hold twice a sender's
+ * share (FERRY_NOTIFY_ADDRESS_*), the whole queue FERRY_NOTIFY_BACKLOG_*.
+ * Past its share a sender's notifications are dropped, nobody else's: the
+ * drop is counted (ferry_stats_t.notifies_dropped, the metric
+ * ferry_engine_notifies_dropped_total), logged (a warning, at most one a
+ * second per engine) and answered TOO_MANY_REQUESTS to that sender's
+ * ferry_notify. A flooding peer that mints a new engine id per connection
+ * is still held to its address's share: other hosts' notifications keep
+ * arriving, those of other engines on the flooder's own host may not once
+ * the address's share is full. */
+#define FERRY_NOTIFY_PEER_BACKLOG 131072
+#define FERRY_NOTIFY_PEER_BYTES (64ull << 20)
+#define FERRY_NOTIFY_ADDRESS_BACKLOG (2 * FERRY_NOTIFY_PEER_BACKLOG)
+#define FERRY_NOTIFY_ADDRESS_BYTES (2 * FERRY_NOTIFY_PEER_BYTES)
+#define FERRY_NOTIFY_BACKLOG_MAX (8 * FERRY_NOTIFY_PEER_BACKLOG)
+#define FERRY_NOTIFY_BACKLOG_BYTES (4 * FERRY_NOTIFY_PEER_BYTES)
+#define FERRY_NOTIFY_ENTRY_OVERHEAD 64
+/* 0.1.0's limits, kept for source compatibility (constants keep their
+ * values, docs/ABI.md); no longer applied: see the above. */
 #define FERRY_NOTIFY_QUEUE_MAX 65536
 #define FERRY_NOTIFY_SENDER_MAX (FERRY_NOTIFY_QUEUE_MAX / 8)
 #define FERRY_NOTIFY_SOURCE_MAX (FERRY_NOTIFY_QUEUE_MAX / 2)
@@ -497,7 +518,9 @@ typedef struct ferry_notification_sender {
     int authenticated;  /* 1: the sender proved it holds this engine's shared secret */
 } ferry_notification_sender_t;
 
-/* Moves up to max queued notifications into out; returns how many. */
+/* Moves up to max queued notifications into out; returns how many. Fewer
+ * than max only when the queue is empty: to drain everything, call until
+ * it returns less than max. */
 FERRY_API long ferry_get_notifications(ferry_engine_t *e, ferry_notification_t *out, size_t max);
 /* The same, with from[i] (an array of max, or NULL) describing out[i]'s
  * sender. */

@@ -208,7 +208,9 @@ FERRY_API int ferry_kv_scatter(const ferry_kv_plan_t *p);
 
 typedef struct ferry_kv_notice {
     uint64_t request_id;
-    int status;            /* 0: every byte landed; else the sender's failure code */
+    int status;            /* 0: every byte landed; else the sender's failure code, a
+                            * FERRY_ERR_* of error.h: encode and decode refuse any
+                            * other value (INVALID_ARGUMENT / MALFORMED_FRAME) */
     uint32_t prefill_rank; /* the sender's TP rank */
     uint32_t decode_rank;
     uint64_t bytes;        /* payload bytes the sender moved for this request */
@@ -265,9 +267,15 @@ typedef struct ferry_kv_event {
 } ferry_kv_event_t;
 
 /* Moves up to max queued notifications into out; returns how many. A
- * message that claims to be a notice but is malformed comes back as
- * is_notice 0. */
+ * message that claims to be a notice but is malformed (a status that is
+ * not 0 or a Ferry code included) comes back as is_notice 0. */
 FERRY_API long ferry_kv_poll(ferry_engine_t *e, ferry_kv_event_t *out, size_t max);
+/* The same, with from[i] (an array of max, or NULL) describing out[i]'s
+ * sender as this engine observed it: the connection's source address, the
+ * engine id and epoch of its handshake (ferry.h, ferry_notification_sender_t).
+ * A verified tracker (ferry_kv_recv_verify) needs it. */
+FERRY_API long ferry_kv_poll_from(ferry_engine_t *e, ferry_kv_event_t *out, ferry_notification_sender_t *from,
+                                  size_t max);
 FERRY_API void ferry_kv_events_free(ferry_kv_event_t *ev, size_t n);
 
 /* A decode rank's view of one request: one receiver-bound plan per prefill
@@ -279,7 +287,7 @@ FERRY_API int ferry_kv_recv_create(uint64_t request_id, ferry_kv_plan_t *const *
                          ferry_kv_recv_t **out);
 FERRY_API void ferry_kv_recv_destroy(ferry_kv_recv_t *r);
 /* Feeds one notice. A source's success notice scatters its staging region
- * at once. Returns 0 (another request's notice, a repeat, or sources still
+ * at once (a verified tracker's only once verified: below). Returns 0 (another request's notice, a repeat, or sources still
  * missing), 1 once every source delivered (the KV is in place), or the
  * status of a source's failure notice, the detail carrying its reason;
  * INVALID_ARGUMENT for a notice from a prefill rank this request does not
@@ -287,6 +295,52 @@ FERRY_API void ferry_kv_recv_destroy(ferry_kv_recv_t *r);
 FERRY_API int ferry_kv_recv_offer(ferry_kv_recv_t *r, const ferry_kv_notice_t *n);
 /* The aux bytes of the first success notice that carried any. */
 FERRY_API const void *ferry_kv_recv_aux(const ferry_kv_recv_t *r, size_t *len);
+
+/* Verified completion. A notice is a claim: anyone who can notify this
+ * engine (without a secret, anyone who can connect; with one, any holder)
+ * can write one. A verified tracker takes it only when the transfer layer
+ * backs it:
+ *  - the notice's sender, as this engine observed it (engine id and epoch
+ *    of its handshake, and the connection's source IP when host is set),
+ *    is the source given here for the notice's prefill rank;
+ *  - for a success notice, this engine's target side counted, from writes
+ *    placed by connections of that same source, at least the pair's bytes
+ *    (plan info's bytes) inside the pair's destination on this rank: its
+ *    staging region when the plan scatters, else its decode pages. The
+ *    count starts at ferry_kv_recv_verify, so call it before the prefill
+ *    side may send, and it is a count, not a map: bytes the source wrote
+ *    twice count twice (a source can always write wrong bytes; what this
+ *    stops is a completion no bytes, or another engine's bytes, back).
+ * Only then is a success notice's staging region scattered and the source
+ * counted delivered, and only a verified source's failure notice fails the
+ * request. Anything else is refused: ferry_kv_recv_offer_from returns
+ * ACCESS_DENIED (the detail names what did not match), counts it
+ * (ferry_kv_recv_refused), and leaves the tracker as it was: keep polling.
+ * Limits: the source's identity is what its handshake claimed; with a
+ * secret only holders can claim one, and host pins the source's address
+ * (which a peer off its host cannot choose). Writes this engine's CPU does
+ * not see (RDMA one-sided writes, mapped shared pools) are not counted:
+ * verify suits the tcp and shm transports. */
+typedef struct ferry_kv_source {
+    uint64_t engine_id; /* the prefill engine's, e.g. from ferry_session_info */
+    uint64_t epoch;
+    char host[64];      /* its IP address ("10.0.0.5", "::1"); "" accepts any */
+} ferry_kv_source_t;
+
+/* Makes r a verified tracker of engine e (the decode rank's): sources[i]
+ * is the source of r's plan i (as given to ferry_kv_recv_create). From then
+ * on, notices must come with their sender (ferry_kv_recv_offer_from);
+ * ferry_kv_recv_offer refuses them. 0, INVALID_ARGUMENT (called twice, a
+ * host that is not an IP address) or MEMORY. */
+FERRY_API int ferry_kv_recv_verify(ferry_kv_recv_t *r, ferry_engine_t *e, const ferry_kv_source_t *sources);
+/* ferry_kv_recv_offer with the notice's sender (ferry_kv_poll_from), which
+ * a verified tracker checks as described above. Notices with a status that
+ * is not 0 or a Ferry code are refused by every tracker (ACCESS_DENIED,
+ * counted). */
+FERRY_API int ferry_kv_recv_offer_from(ferry_kv_recv_t *r, const ferry_kv_notice_t *n,
+                                       const ferry_notification_sender_t *from);
+/* Notices r refused so far. */
+FERRY_API uint64_t ferry_kv_recv_refused(const ferry_kv_recv_t *r);
 
 /* -------------------------------------------------------- embeddings
  *

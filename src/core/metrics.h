@@ -47,7 +47,9 @@ enum { FERRY_ERROR_TABLE_SIZE = 0 FERRY_ERROR_TABLE(FERRY_X_COUNT) };
     X(metadata_stale_served, "Expired cached entries used while the service did not answer.")                 \
     X(metadata_invalidations, "Cached entries dropped: peer restarted or address refused.")                   \
     X(metadata_lease_refreshes, "Leases of this engine's entry extended.")                                    \
-    X(metadata_republishes, "This engine's entry published again after it was lost.")
+    X(metadata_republishes, "This engine's entry published again after it was lost.")                        \
+    X(notifies_dropped, "Peers' notifications dropped: the sender's backlog share was full.")                 \
+    X(notifies_unsent, "Notifications this engine sent that failed.")
 
 /* The engine-wide counters, plus per-code arrays indexed by the code's
  * position in the error table. */

@@ -10,21 +10,30 @@
 #include "clock.h"
 #include "engine.h"
 #include "fail.h"
+#include "log.h"
+#include "metrics.h"
+#include "xport.h"
 
 /* Unread notifications per sender and per source address, so that one
- * peer filling the queue refuses only itself (ferry.h: fair share). A
- * count lives while a queued notification points at it. */
+ * peer filling the queue loses only its own (ferry.h: backlog). A count
+ * lives while a queued notification points at it; a sender's count also
+ * holds what the notifications say of their sender, once for all of them. */
 #define NOTIFY_BUCKETS 256
 #define NOTIFY_KEY 32
 
 typedef struct ferry_notify_count {
     uint8_t key[NOTIFY_KEY];
-    size_t n, bytes;
+    size_t n, charged;
+    char name[256];                    /* sender counts: the name it claimed */
+    char host[INET6_ADDRSTRLEN + 2];   /* its source address, "[...]" for IPv6 */
+    ferry_notification_sender_t from;  /* addr filled per notification */
     struct ferry_notify_count *next;
 } ferry_notify_count_t;
 
 struct ferry_notify_tables {
     ferry_notify_count_t *sender[NOTIFY_BUCKETS], *source[NOTIFY_BUCKETS];
+    uint64_t last_drop_log_ns; /* drops are logged at most once a second */
+    uint64_t drops_unlogged;
 };
 
 static unsigned key_bucket(const uint8_t *key)
@@ -58,110 +67,154 @@ static void count_forget_empty(ferry_notify_count_t **table, ferry_notify_count_
     free(c);
 }
 
+/* What one notification of len bytes costs against the budgets. */
+static size_t charge_of(size_t len)
+{
+    return len + FERRY_NOTIFY_ENTRY_OVERHEAD;
+}
+
 /* Takes one notification of len bytes off the count. */
 static void count_put(ferry_notify_count_t **table, ferry_notify_count_t *c, size_t len)
 {
     c->n--;
-    c->bytes -= len;
+    c->charged -= charge_of(len);
     count_forget_empty(table, c);
 }
 
 /* The connection's source address: 16 bytes (IPv4 as ::ffff:a.b.c.d) into
- * ip, and "ip:port" text into text. */
-static void source_of(int fd, uint8_t ip[16], char *text, size_t cap)
+ * ip, the host as text ("a.b.c.d" or "[v6]") and the port. */
+static void source_of(int fd, uint8_t ip[16], char *host, size_t cap, uint16_t *port)
 {
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
-    char host[INET6_ADDRSTRLEN] = "?";
-    unsigned port = 0;
+    char text[INET6_ADDRSTRLEN] = "?";
     memset(ip, 0, 16);
+    *port = 0;
     if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0 && ss.ss_family == AF_INET) {
         const struct sockaddr_in *a = (const struct sockaddr_in *)&ss;
         ip[10] = ip[11] = 0xff;
         memcpy(ip + 12, &a->sin_addr, 4);
-        inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
-        port = ntohs(a->sin_port);
-        snprintf(text, cap, "%s:%u", host, port);
+        inet_ntop(AF_INET, &a->sin_addr, text, sizeof text);
+        *port = ntohs(a->sin_port);
+        snprintf(host, cap, "%s", text);
         return;
     }
     if (ss.ss_family == AF_INET6) {
         const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
         memcpy(ip, &a->sin6_addr, 16);
-        inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
-        port = ntohs(a->sin6_port);
+        inet_ntop(AF_INET6, &a->sin6_addr, text, sizeof text);
+        *port = ntohs(a->sin6_port);
     }
-    snprintf(text, cap, "[%s]:%u", host, port);
+    snprintf(host, cap, "[%s]", text);
+}
+
+/* Which share, if any, one more notification of len bytes would overflow. */
+static const char *over_share(const ferry_engine_t *e, const ferry_notify_count_t *snd,
+                              const ferry_notify_count_t *src, size_t len, size_t *count)
+{
+    size_t charge = charge_of(len);
+    if (snd->n >= FERRY_NOTIFY_PEER_BACKLOG || snd->charged + charge > FERRY_NOTIFY_PEER_BYTES) {
+        *count = snd->n;
+        return "sender";
+    }
+    if (src->n >= FERRY_NOTIFY_ADDRESS_BACKLOG || src->charged + charge > FERRY_NOTIFY_ADDRESS_BYTES) {
+        *count = src->n;
+        return "address";
+    }
+    if (e->notify_count >= FERRY_MAX_QUEUED_NOTIFY || e->notify_bytes + charge > FERRY_MAX_QUEUED_NOTIFY_BYTES) {
+        *count = e->notify_count;
+        return "engine";
+    }
+    return NULL;
+}
+
+/* Counts a dropped notification and says so, at most once a second (the
+ * lines say how many were dropped unlogged since). Under notify_lock. */
+static void note_drop_locked(ferry_engine_t *e, const ferry_conn_t *c, const char *host, const char *over,
+                             size_t count)
+{
+    FERRY_STAT_ADD(ferry_engine_counters(e), notifies_dropped, 1);
+    struct ferry_notify_tables *t = e->notify_tables;
+    uint64_t now = ferry_now_ns();
+    if (t && t->last_drop_log_ns && now - t->last_drop_log_ns < 1000000000ull) {
+        t->drops_unlogged++;
+        return;
+    }
+    FERRY_LOG(FERRY_LOG_WARN, "notify",
+              "dropped a notification from %s (engine %016llx at %s): %zu from this %s are queued unread "
+              "(%llu more dropped since the last such line)",
+              c->peer.name, (unsigned long long)c->peer.engine_id, host, count, over,
+              (unsigned long long)(t ? t->drops_unlogged : 0));
+    if (t) {
+        t->last_drop_log_ns = now ? now : 1;
+        t->drops_unlogged = 0;
+    }
 }
 
 int ferry_notify_push(ferry_conn_t *c, unsigned char *msg, size_t len)
 {
     ferry_engine_t *e = c->engine;
     ferry_notify_node_t *n = calloc(1, sizeof *n);
-    if (!n) {
-        free(msg);
-        return ferry_fail(FERRY_ERR_MEMORY, "notification from %s: out of memory", c->peer.name);
-    }
     uint8_t ip[16], sender_key[NOTIFY_KEY] = {0}, source_key[NOTIFY_KEY] = {0};
-    source_of(c->fd, ip, n->from.addr, sizeof n->from.addr);
+    char host[INET6_ADDRSTRLEN + 2];
+    uint16_t port;
+    source_of(c->fd, ip, host, sizeof host, &port);
     memcpy(sender_key, ip, 16);
     memcpy(sender_key + 16, &c->peer.engine_id, 8);
     memcpy(sender_key + 24, &c->peer.epoch, 8);
     memcpy(source_key, ip, 16);
-    snprintf(n->n.peer, sizeof n->n.peer, "%s", c->peer.name);
-    n->n.msg = msg;
-    n->n.len = len;
-    n->from.engine_id = c->peer.engine_id;
-    n->from.epoch = c->peer.epoch;
-    /* Served connections exist only after the handshake; with a secret,
-     * only after the initiator proved it holds it (engine.c). */
-    n->from.authenticated = e->cfg.secret != NULL;
 
     const char *over = NULL;
     size_t count = 0;
     pthread_mutex_lock(&e->notify_lock);
     if (!e->notify_tables) e->notify_tables = calloc(1, sizeof *e->notify_tables);
-    ferry_notify_count_t *snd = e->notify_tables ? count_get(e->notify_tables->sender, sender_key) : NULL;
+    ferry_notify_count_t *snd = n && e->notify_tables ? count_get(e->notify_tables->sender, sender_key) : NULL;
     ferry_notify_count_t *src = snd ? count_get(e->notify_tables->source, source_key) : NULL;
-    if (!src) {
+    if (!src)
         over = "memory";
-    } else if (snd->n >= FERRY_NOTIFY_SENDER_MAX || snd->bytes + len > FERRY_MAX_QUEUED_NOTIFY_BYTES / 8) {
-        over = "sender";
-        count = snd->n;
-    } else if (src->n >= FERRY_NOTIFY_SOURCE_MAX || src->bytes + len > FERRY_MAX_QUEUED_NOTIFY_BYTES / 2) {
-        over = "address";
-        count = src->n;
-    } else if (e->notify_count >= FERRY_MAX_QUEUED_NOTIFY || e->notify_bytes + len > FERRY_MAX_QUEUED_NOTIFY_BYTES) {
-        over = "queue";
-        count = e->notify_count;
-    }
+    else
+        over = over_share(e, snd, src, len, &count);
     if (over) {
+        note_drop_locked(e, c, host, over, count);
         /* A count made just now for this refused one holds nothing. */
         if (e->notify_tables) {
             count_forget_empty(e->notify_tables->sender, snd);
             count_forget_empty(e->notify_tables->source, src);
         }
     } else {
+        if (snd->n == 0) { /* a new sender entry: what its notifications say of it */
+            snprintf(snd->name, sizeof snd->name, "%s", c->peer.name);
+            snprintf(snd->host, sizeof snd->host, "%s", host);
+            snd->from.engine_id = c->peer.engine_id;
+            snd->from.epoch = c->peer.epoch;
+            /* Served connections exist only after the handshake; with a
+             * secret, only after the initiator proved it holds it (engine.c). */
+            snd->from.authenticated = e->cfg.secret != NULL;
+        }
         snd->n++;
-        snd->bytes += len;
+        snd->charged += charge_of(len);
         src->n++;
-        src->bytes += len;
+        src->charged += charge_of(len);
         n->sender = snd;
         n->source = src;
+        n->msg = msg;
+        n->len = (uint32_t)len;
+        n->port = port;
         if (e->notify_tail)
             e->notify_tail->next = n;
         else
             e->notify_head = n;
         e->notify_tail = n;
         e->notify_count++;
-        e->notify_bytes += len;
+        e->notify_bytes += charge_of(len);
     }
     pthread_mutex_unlock(&e->notify_lock);
     if (!over) return 0;
     int rc = strcmp(over, "memory") == 0
                  ? ferry_fail(FERRY_ERR_MEMORY, "notification from %s: out of memory", c->peer.name)
                  : ferry_fail(FERRY_ERR_TOO_MANY_REQUESTS,
-                              "notification from %s (engine %016llx, %s) refused: %zu from this %s are queued unread",
-                              c->peer.name, (unsigned long long)c->peer.engine_id, n->from.addr, count, over);
+                              "notification from %s (engine %016llx, %s) dropped: %zu from this %s are queued unread",
+                              c->peer.name, (unsigned long long)c->peer.engine_id, host, count, over);
     free(msg);
     free(n);
     return rc;
@@ -182,7 +235,7 @@ void ferry_notify_clear(ferry_engine_t *e)
     ferry_notify_node_t *n = e->notify_head;
     while (n) {
         ferry_notify_node_t *next = n->next;
-        free(n->n.msg);
+        free(n->msg);
         free(n);
         n = next;
     }
@@ -237,7 +290,10 @@ static int notify(ferry_engine_t *e, const char *peer, const void *msg, size_t l
         if (attempt < e->cfg.retries) ferry_count_retry(e, NULL, rc);
     }
     ferry_session_put(s);
-    if (rc) ferry_fail_context("notify %s (%zu bytes)", peer, len);
+    if (rc) {
+        FERRY_STAT_ADD(ferry_engine_counters(e), notifies_unsent, 1);
+        ferry_fail_context("notify %s (%zu bytes)", peer, len);
+    }
     return rc;
 }
 
@@ -271,11 +327,19 @@ long ferry_get_notifications_from(ferry_engine_t *e, ferry_notification_t *out, 
         e->notify_head = n->next;
         if (!e->notify_head) e->notify_tail = NULL;
         e->notify_count--;
-        e->notify_bytes -= n->n.len;
-        count_put(e->notify_tables->sender, n->sender, n->n.len);
-        count_put(e->notify_tables->source, n->source, n->n.len);
-        if (from) from[k] = n->from;
-        out[k++] = n->n;
+        e->notify_bytes -= charge_of(n->len);
+        ferry_notify_count_t *snd = n->sender;
+        memset(&out[k], 0, sizeof out[k]);
+        snprintf(out[k].peer, sizeof out[k].peer, "%s", snd->name);
+        out[k].msg = n->msg;
+        out[k].len = n->len;
+        if (from) {
+            from[k] = snd->from;
+            snprintf(from[k].addr, sizeof from[k].addr, "%s:%u", snd->host, (unsigned)n->port);
+        }
+        count_put(e->notify_tables->sender, snd, n->len);
+        count_put(e->notify_tables->source, n->source, n->len);
+        k++;
         free(n);
     }
     pthread_mutex_unlock(&e->notify_lock);

@@ -77,6 +77,10 @@ int kv_notify_success(ferry_engine_t *e, const char *peer, const ferry_kv_notice
 int kv_report_failure(ferry_engine_t *e, const char *peer, const ferry_kv_notice_t *base,
                       const char *step, int code);
 
+/* 1 when status is 0 or a code of Ferry's error table (kv_notice.c): the
+ * only statuses a notice may carry. */
+int kv_status_known(int status);
+
 /* Offset of layer l, buffer b inside a pair's staging region. */
 static inline uint64_t kv_staging_offset(const struct ferry_kv_plan *p, uint32_t layer,
                                          uint32_t buffer)

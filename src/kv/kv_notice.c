@@ -39,6 +39,11 @@ static size_t reason_len(const ferry_kv_notice_t *n)
     return strnlen(n->reason, FERRY_KV_REASON_MAX - 1);
 }
 
+int kv_status_known(int status)
+{
+    return status == 0 || (status < 0 && strcmp(ferry_error_name(status), "UNKNOWN") != 0);
+}
+
 size_t ferry_kv_notice_size(const ferry_kv_notice_t *n)
 {
     return FERRY_KV_NOTICE_HEADER + n->aux_len + reason_len(n);
@@ -51,6 +56,9 @@ long ferry_kv_notice_encode(const ferry_kv_notice_t *n, void *buf, size_t cap)
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT,
                           "kv notice: aux of %zu bytes (limit %u) must be non-NULL", n->aux_len,
                           FERRY_KV_AUX_MAX);
+    if (!kv_status_known(n->status))
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "kv notice: status %d is neither 0 nor a Ferry error code",
+                          n->status);
     size_t size = ferry_kv_notice_size(n);
     if (cap < size)
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "kv notice: %zu bytes needed, room for %zu",
@@ -85,9 +93,13 @@ int ferry_kv_notice_decode(const void *msg, size_t len, ferry_kv_notice_t *out)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME,
                           "kv notice: %zu bytes do not hold aux %u + reason %u after the header",
                           len, aux_len, why_len);
+    int status = (int)get_u32(p + 12);
+    if (!kv_status_known(status))
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "kv notice: status %d is neither 0 nor a Ferry error code",
+                          status);
     memset(out, 0, sizeof *out);
     out->request_id = get_u64(p + 4);
-    out->status = (int)get_u32(p + 12);
+    out->status = status;
     out->prefill_rank = get_u32(p + 16);
     out->decode_rank = get_u32(p + 20);
     out->bytes = get_u64(p + 24);

@@ -75,6 +75,7 @@
 #include "core/session.h" /* the session's port (via_intermediary) */
 #include "core/share.h"
 #include "core/tsan.h"
+#include "core/watch.h"
 #include "wire/le.h"
 #include "transport.h"
 #include "vec.h"
@@ -415,7 +416,10 @@ static int serve_cma_vec(ferry_conn_t *c, const ferry_frame_t *f)
     }
     uint64_t moved = 0;
     for (size_t i = 0; i < n; i++)
-        if (!v->st[i]) moved += v->d[i].len;
+        if (!v->st[i]) {
+            moved += v->d[i].len;
+            if (write) ferry_watch_placed(c, v->d[i].addr, v->d[i].len);
+        }
     if (write) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, moved);
     else FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, moved);
     return ferry_vec_send_ack(c, f, v, n, deadline);
@@ -454,8 +458,10 @@ static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
         status = copy_chunks(c, sc, f, write);
     if (status == FERRY_ERR_PEER_CLOSED) return status;
     if (status == 0) {
-        if (write) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, f->len);
-        else FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, f->len);
+        if (write) {
+            FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, f->len);
+            ferry_watch_placed(c, f->addr, f->len);
+        } else FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, f->len);
     }
     return shm_send_status(c, answer, f, status, deadline);
 }

@@ -28,6 +28,7 @@
 #include "core/memkind.h"
 #include "core/net.h"
 #include "core/tsan.h"
+#include "core/watch.h"
 #include "transport.h"
 #include "vec.h"
 #include "wire/le.h"
@@ -479,7 +480,10 @@ static int write_resume(ferry_conn_t *c)
     p->resume = rc == FERRY_SERVE_PENDING ? write_resume : NULL;
     if (rc) return rc;
     if (p->mode == WRITE_STAGED) place_staged(c, &p->f, &p->status);
-    if (p->status == 0) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, p->f.len);
+    if (p->status == 0) {
+        FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, p->f.len);
+        ferry_watch_placed(c, p->f.addr, p->f.len);
+    }
     return send_status(c, FERRY_FRAME_WRITE_ACK, &p->f, p->status, p->deadline);
 }
 
@@ -790,7 +794,10 @@ static int writev_answer(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_v
     size_t n = (size_t)f->len;
     uint64_t placed = 0;
     for (size_t i = 0; i < n; i++)
-        if (!v->st[i]) placed += v->d[i].len;
+        if (!v->st[i]) {
+            placed += v->d[i].len;
+            ferry_watch_placed(c, v->d[i].addr, v->d[i].len);
+        }
     if (placed) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, placed);
     return ferry_vec_send_ack(c, f, v, n, deadline);
 }

@@ -583,13 +583,14 @@ class Engine:
         finally:
             self._leave()
 
-    def notifications(self, max_count=256):
-        """Moves up to max_count queued notifications out; a list of Notification."""
+    def notifications(self, max_count=None):
+        """Moves queued notifications out, all of them (max_count None) or up to
+        max_count; a list of Notification."""
         out = []
         e = self._enter()
         try:
-            while len(out) < max_count:
-                want = min(64, max_count - len(out))
+            while max_count is None or len(out) < max_count:
+                want = 256 if max_count is None else min(256, max_count - len(out))
                 arr = (_lib.Notification * want)()
                 n = check(int(_lib.fn("ferry_get_notifications")(e, arr, want)))
                 try:

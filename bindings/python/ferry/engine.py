@@ -28,6 +28,7 @@ import logging
 import mmap
 import os
 import threading
+import time
 
 from . import _buffers, _lib, _strided, _tensors, _vectors, core, errors
 from ._async_batches import AsyncBatches, _total
@@ -45,6 +46,7 @@ __all__ = ["TransferEngine", "TransferOpcode", "TransferNotify", "Read", "Write"
 
 log = logging.getLogger("ferry")
 log.addHandler(logging.NullHandler())  # the application decides where warnings go
+_notify_loss_log = [0.0]  # when the last lost-notify warning went out (one a second)
 
 SUPPORT_EFA = False
 SUPPORT_HIP = False
@@ -83,6 +85,13 @@ class TransferNotify:
     def __eq__(self, other):
         return (isinstance(other, TransferNotify) and self.name == other.name
                 and self.msg == other.msg)
+
+
+def _check_notify(note):
+    """Refuses (ArgumentError) a notify that could never be sent, before its transfer
+    moves anything: once the bytes are placed, the notify no longer decides the result."""
+    if note is not None:
+        core._encode_notify(note.msg, note.name)
 
 
 def _notify(v):
@@ -473,13 +482,14 @@ class TransferEngine(AsyncBatches):
         remote, n = _int(peer_buffer_address, "peer_buffer_address"), _int(length, "length")
 
         def go():
+            _check_notify(note)
             eng = self._eng()
             if n >= self._SCALED_SYNC_FROM:
                 self._sync_scaled(eng, peer, op, [buffer], [remote], [n], n)
             elif n != 0:  # zero bytes: complete as it is (Mooncake)
                 eng.transfer(peer, op, buffer, remote, n)
             if note is not None:
-                eng.notify(peer, note.msg, name=note.name)
+                self._notify_after_transfer(eng, peer, note)
             return 0
         return self._run_peer(peer, go)
 
@@ -498,6 +508,7 @@ class TransferEngine(AsyncBatches):
         peer, op, note = _peer(target_hostname), _opcode_arg(opcode), _notify(notify)
 
         def go():
+            _check_notify(note)
             eng = self._eng()
             vecs = _vectors.triple(buffers, peer_buffer_addresses, lengths)
             if vecs is not None:  # all ints: C vectors (see _vectors), no per-entry Python
@@ -521,9 +532,24 @@ class TransferEngine(AsyncBatches):
                     _check_int_entries(remotes, lens)
                     raise
             if note is not None:
-                eng.notify(peer, note.msg, name=note.name)
+                self._notify_after_transfer(eng, peer, note)
             return 0
         return self._run_peer(peer, go)
+
+    @staticmethod
+    def _notify_after_transfer(eng, peer, note):
+        """Sends a transfer's notify once its bytes are placed. As in Mooncake, a
+        placed transfer never fails for its notify: a notify that fails (the
+        peer dropped it, its connection broke) is counted in the engine's
+        notifies_unsent and logged (a warning, at most one a second), and the
+        transfer still returns 0."""
+        try:
+            eng.notify(peer, note.msg, name=note.name)
+        except FerryError as exc:
+            now = time.monotonic()
+            if now - _notify_loss_log[0] >= 1.0:
+                _notify_loss_log[0] = now
+                log.warning("ferry: the notify after a placed transfer to %s was lost: %s", peer, exc)
 
     # ---------------------------------------------------------------- tensors
     def transfer_tensor_sync_write(self, target_hostname, tensor, peer_buffer_address):

@@ -770,6 +770,51 @@ class TestTransferEngineLocal(unittest.TestCase):
         self.assertEqual(got[0].peer, self.p.get_session_id())
         self.assertEqual(self.dst[:64], b"k" * 64)  # the notify came after the data
 
+    def test_lazy_receiver_gets_every_notify_in_one_call(self):
+        """Issue 20 item 5: 1,000 transfers with a notify, none read until the end: every
+        transfer returns 0 and one get_notifies returns them all (it used to stop at 256)."""
+        sid = self.d.get_session_id()
+        self.d.get_notifies()  # drain
+        for i in range(1000):
+            self.assertEqual(self.p.transfer_sync(sid, self.src_addr, self.dst_addr, 64,
+                                                  TransferOpcode.Write,
+                                                  TransferNotify("lazy", "n%d" % i)), 0)
+        got = self.d.get_notifies()
+        self.assertEqual(len(got), 1000)
+        self.assertEqual([n.msg for n in got], ["n%d" % i for i in range(1000)])
+
+    def test_a_dropped_notify_does_not_fail_its_placed_write(self):
+        """Issue 20 item 5: a sender over its backlog at the receiver (64 KiB notifies fill
+        its byte budget) still gets 0 from a transfer with a notify once the bytes landed,
+        as in Mooncake; the bare notify says TOO_MANY_REQUESTS. An invalid notify is
+        refused before anything moves."""
+        with EnvPatch(FERRY_TIMEOUT_MS="5000", FERRY_TRANSPORT=None, FERRY_METADATA=None):
+            p, d = TransferEngine(), TransferEngine()
+            self.assertEqual(p.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", ""), 0)
+            self.assertEqual(d.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", ""), 0)
+        src, dst = (ctypes.c_char * 4096)(), (ctypes.c_char * 4096)()
+        try:
+            self.assertEqual(p.register_memory(ctypes.addressof(src), 4096), 0)
+            self.assertEqual(d.register_memory(ctypes.addressof(dst), 4096), 0)
+            sid, big = d.get_session_id(), "x" * (64 * 1024 - 16)
+            sent = 0
+            while p.send_notify(sid, "flood", big) == 0:
+                sent += 1
+                self.assertLess(sent, 5000)
+            self.assertEqual(p.send_notify(sid, "flood", big), errors.TOO_MANY_REQUESTS)
+            src[:16] = b"placed-anyway..."
+            self.assertEqual(p.transfer_sync(sid, ctypes.addressof(src), ctypes.addressof(dst), 16,
+                                             TransferOpcode.Write, TransferNotify("n", big)), 0)
+            self.assertEqual(dst[:16], b"placed-anyway...")
+            self.assertEqual(p.transfer_sync(sid, ctypes.addressof(src), ctypes.addressof(dst), 16,
+                                             TransferOpcode.Write,
+                                             TransferNotify("n", "y" * (64 * 1024 + 1))),
+                             errors.INVALID_ARGUMENT)
+            self.assertEqual(len(d.get_notifies()), sent)
+        finally:
+            p.close()
+            d.close()
+
     def test_batch_register_and_managed(self):
         bufs = [(ctypes.c_char * 8192)() for _ in range(4)]
         addrs = [ctypes.addressof(b) for b in bufs]
