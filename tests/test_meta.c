@@ -338,6 +338,12 @@ static void round_trip(void **state)
     check_value(&m, key, value);
     assert_int_equal(m.ops->publish(m.state, key, "", 0), 0); /* empty value */
     check_value(&m, key, "");
+    /* Every length mod 3: etcd's base64 with no, one and two '=' of padding. */
+    const char *lengths[] = {"a", "ab", "abc", "abcd", "abcde", "abcdef"};
+    for (size_t i = 0; i < sizeof lengths / sizeof *lengths; i++) {
+        assert_int_equal(m.ops->publish(m.state, key, lengths[i], 0), 0);
+        check_value(&m, key, lengths[i]);
+    }
     assert_int_equal(m.ops->remove(m.state, key), 0);
     ferry_meta_close(&m);
 }
