@@ -263,6 +263,11 @@ static void parse_bad_strings(void **state)
     expect_bad("http://h:1/metadata?key=x", "unexpected '?'");
     expect_bad("http://h:1/m#x", "unexpected '#'");
     expect_bad("http://u@h:1/m", "unexpected '@'");
+    if (ferry_meta_backend_built("http")) { /* libcurl's URL parser splits http:// strings */
+        expect_bad("http://[zz]:80/m", "IPv6");  /* the hand split took any bracketed host */
+        expect_bad("http://h:99999999999999999999/m", "bad port");
+        expect_parse("http://h:01/m", "http", "h:1/m"); /* the port read whole, as a number */
+    }
 }
 
 static void open_reports_unbuilt_or_unknown(void **state)
