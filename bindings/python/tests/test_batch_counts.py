@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Batch arguments are refused, never cut: lists of different lengths fail
 (Mooncake-compatible calls return Mooncake's failure value and log to the
 "ferry" logger; Ferry's own API raises ValueError), and an int too large for
