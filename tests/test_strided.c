@@ -289,8 +289,13 @@ static void huge_count_refused(void **state)
     ferry_batch_t *b;
     assert_int_equal(ferry_batch_alloc(p->initiator, 16, &b), 0);
     d.n = ((size_t)1 << 59) + 1; /* * 32 = 32 mod 2^64 */
-    assert_int_equal(ferry_batch_submit_strided(b, p->peer, &d, 0), FERRY_ERR_INVALID_ARGUMENT);
-    assert_detail_contains("more pieces than memory can describe");
+    long rc = ferry_batch_submit_strided(b, p->peer, &d, 0);
+    assert_int_equal(rc, FERRY_ERR_TOO_MANY_REQUESTS); /* more than the batch holds, found before expanding */
+    /* The same before expanding for a count that fits memory but not the
+     * batch (2^40 pieces: 32 TiB of requests, MEMORY before). */
+    d.n = (size_t)1 << 40;
+    assert_int_equal(ferry_batch_submit_strided(b, p->peer, &d, 0), FERRY_ERR_TOO_MANY_REQUESTS);
+    assert_detail_contains("exceed the batch's room for 16");
     assert_int_equal(ferry_batch_free(b), 0);
     assert_true(zero(p->dst, (size_t)(SLOTS + 1) * PIECE));
     pair_free(p);

@@ -187,7 +187,10 @@ static int run_big_pieces(ferry_engine_t *e, const char *peer, const ferry_strid
 
 static long submit_big_pieces(ferry_batch_t *b, const char *peer, const ferry_strided_t *d, int timeout_ms)
 {
-    size_t bytes;
+    size_t bytes, room = ferry_batch_room(b);
+    if (d->n > room) /* refused before n requests are expanded (as ferry_batch_submit would after) */
+        return ferry_fail(FERRY_ERR_TOO_MANY_REQUESTS, "strided submit: %zu pieces exceed the batch's room for %zu",
+                          d->n, room);
     if (ferry_mul_overflows(d->n, sizeof(ferry_request_t), &bytes))
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "strided submit of %zu pieces of %zu bytes: more pieces than "
                           "memory can describe", d->n, d->piece_len);
