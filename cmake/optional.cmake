@@ -38,9 +38,11 @@ if(FERRY_WITH_HTTP_META)
   endif()
 endif()
 
-# The libcurl client both backends above share (src/meta/curl_client.h).
+# The libcurl client both backends above share (src/meta/curl_client.h), and
+# its URL parser for http:// metadata strings (src/meta/meta.c).
 if(FERRY_META_CURL)
   target_sources(ferry_objects PRIVATE ${CMAKE_SOURCE_DIR}/src/meta/curl_client_opt_curl.c)
+  target_compile_definitions(ferry_objects PRIVATE FERRY_HAVE_CURL_URL)
 endif()
 
 # ---- Redis metadata backend: hiredis ----

@@ -132,6 +132,51 @@ static void unset_struct_size_is_refused(void **state)
     ferry_engine_destroy(e);
 }
 
+/* A garbage struct_size (an uninitialized field: 1 GiB here) is refused
+ * with INVALID_ARGUMENT before a byte past the caller's struct is read or
+ * written; sizes up to a page stay accepted. Before the cap, stats,
+ * session info and config init wrote (or read) a GiB past the struct. */
+static void huge_struct_size_is_refused(void **state)
+{
+    (void)state;
+    const size_t garbage = (size_t)1 << 30;
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    ferry_config_t bad = cfg;
+    bad.struct_size = garbage;
+    (ferry_config_init)(&bad); /* leaves it untouched */
+    assert_int_equal(bad.struct_size, garbage);
+    ferry_engine_t *e = NULL;
+    assert_int_equal(ferry_engine_create(&bad, &e), FERRY_ERR_INVALID_ARGUMENT);
+    assert_null(e);
+    assert_detail_has("struct_size=1073741824 is larger than any struct");
+    assert_int_equal((ferry_config_from_env)(&bad), FERRY_ERR_INVALID_ARGUMENT);
+
+    e = engine();
+    ferry_stats_t st;
+    st.struct_size = garbage;
+    assert_int_equal((ferry_engine_stats)(e, &st), FERRY_ERR_INVALID_ARGUMENT);
+    assert_detail_has("engine stats: struct_size=1073741824");
+    ferry_peer_info_t info;
+    info.struct_size = garbage;
+    assert_int_equal((ferry_session_info)(e, ferry_engine_name(e), &info), FERRY_ERR_INVALID_ARGUMENT);
+    assert_detail_has("session info: struct_size=1073741824");
+    ferry_pool_t *p = NULL;
+    assert_int_equal(ferry_pool_create(e, 1 << 20, FERRY_MEM_REMOTE, &p), 0);
+    ferry_pool_stats_t ps;
+    ps.struct_size = garbage;
+    assert_int_equal((ferry_pool_stats)(p, &ps), FERRY_ERR_INVALID_ARGUMENT);
+    ferry_pool_destroy(p);
+
+    /* A page is still accepted (a much newer caller, zero tail). */
+    union { ferry_stats_t known; unsigned char page[4096]; } big;
+    memset(&big, 0, sizeof big);
+    big.known.struct_size = sizeof big;
+    assert_int_equal((ferry_engine_stats)(e, &big.known), 0);
+    assert_int_equal(big.known.struct_size, sizeof big);
+    ferry_engine_destroy(e);
+}
+
 /* Output structs: the library fills what it knows, zeroes a newer caller's
  * fields it does not know and writes nothing past the caller's size. */
 static void outputs_respect_the_callers_size(void **state)
@@ -224,6 +269,7 @@ int main(void)
         cmocka_unit_test(newer_config_with_zero_tail_works),
         cmocka_unit_test(newer_config_with_unknown_field_is_refused),
         cmocka_unit_test(unset_struct_size_is_refused),
+        cmocka_unit_test(huge_struct_size_is_refused),
         cmocka_unit_test(outputs_respect_the_callers_size),
         cmocka_unit_test(kv_plan_info_respects_the_callers_size),
     };

@@ -191,6 +191,44 @@ static void no_driver_is_host_only(void **state)
     assert_detail_contains("not loaded");
 }
 
+/* Registration does not ask the loader for the driver by name while the
+ * process has not loaded it (that dlopen(RTLD_NOLOAD) searched the disk
+ * each time: ~125 us a registration where a CUDA toolkit is installed),
+ * and a driver loaded later is still seen at the next registration. Runs
+ * before the stub is loaded. Before the fix, every one of the N
+ * registrations asked (N probes). */
+static void registration_probes_only_when_the_loader_changes(void **state)
+{
+    (void)state;
+    use_driver(NULL);
+    enum { N = 2000, PAGE = 4096 };
+    unsigned char *mem = aligned_alloc(PAGE, (size_t)N * PAGE);
+    assert_non_null(mem);
+    ferry_engine_t *e = harness_engine(5000);
+    unsigned long before = ferry_cuda_driver_probes();
+    for (size_t i = 0; i < N; i++) {
+        assert_int_equal(ferry_register(e, mem + i * PAGE, PAGE, FERRY_MEM_LOCAL), 0);
+        assert_int_equal(ferry_deregister(e, mem + i * PAGE), 0);
+    }
+    unsigned long probes = ferry_cuda_driver_probes() - before;
+    if (probes > 1) fail_msg("%lu loader look-ups for %d registrations without a driver (want at most 1)", probes, N);
+
+    /* The application loads CUDA now: the next registration sees it. */
+    load_stub();
+    size_t len = 1u << 16;
+    unsigned char *dev = stub_alloc(len, 1, 0);
+    assert_non_null(dev);
+    assert_int_equal(ferry_register(e, dev, len, FERRY_MEM_LOCAL), 0);
+    assert_int_equal(ferry_registry_device_count(&e->registry), 1);
+    const char *why = NULL;
+    assert_int_equal(ferry_device_memory_supported(&why), 1);
+    assert_non_null(strstr(why, "libcuda.so.1, driver version 13000"));
+    assert_int_equal(ferry_deregister(e, dev), 0);
+    ferry_engine_destroy(e);
+    stub_free(dev);
+    free(mem);
+}
+
 static void expect_counts(const unsigned long before[7], long dtoh, long htod)
 {
     unsigned long now[7];
@@ -333,6 +371,7 @@ int main(void)
         cmocka_unit_test(classification),
         cmocka_unit_test(error_codes),
         cmocka_unit_test(no_driver_is_host_only),
+        cmocka_unit_test(registration_probes_only_when_the_loader_changes),
         cmocka_unit_test(stub_driver_moves_device_memory),
         cmocka_unit_test(stub_driver_primary_context_and_managed),
         cmocka_unit_test(stub_driver_unusable),

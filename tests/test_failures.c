@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -411,6 +412,70 @@ static void reregistered_region_takes_the_first_write(void **state)
     assert_int_equal(ferry_register(f->target, f->dst, BODY, FERRY_MEM_REMOTE), 0);
 }
 
+/* A READ into a local buffer registered but mapped read-only: the kernel
+ * refuses to write it (EFAULT over TCP; process_vm_writev over shm). That
+ * is the caller's error: INVALID_ARGUMENT naming the local address, no
+ * retry, no reconnect, and the session goes on (a read into writable
+ * memory right after succeeds on it). Before, TCP retried and reported
+ * PEER_CLOSED ("went away"), tearing the healthy session down. */
+static void read_into_read_only_local_buffer(void **state)
+{
+    (void)state;
+    const char *transports[] = {"tcp", "shm"};
+    for (size_t t = 0; t < 2; t++) {
+        ferry_config_t cfg;
+        ferry_config_init(&cfg);
+        cfg.transport = transports[t];
+        cfg.timeout_ms = 3000;
+        cfg.connect_timeout_ms = 3000;
+        ferry_engine_t *a = harness_engine_cfg(&cfg), *b = harness_engine_cfg(&cfg);
+        const char *peer = ferry_engine_name(b);
+        unsigned char *there = malloc(BODY), *ok = malloc(BODY);
+        harness_fill(there, BODY, 7);
+        unsigned char *ro = mmap(NULL, BODY, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        assert_true(ro != MAP_FAILED);
+        memset(ro, 0x5A, BODY);
+        assert_int_equal(ferry_register(b, there, BODY, FERRY_MEM_REMOTE), 0);
+        assert_int_equal(ferry_register(a, ro, BODY, FERRY_MEM_LOCAL), 0);
+        assert_int_equal(ferry_register(a, ok, BODY, FERRY_MEM_LOCAL), 0);
+        assert_int_equal(ferry_transfer_sync(a, peer, FERRY_OP_READ, ok, A(there), BODY), 0); /* session up */
+        assert_int_equal(mprotect(ro, BODY, PROT_READ), 0);
+        ferry_stats_t before, after;
+        assert_int_equal(ferry_engine_stats(a, &before), 0);
+
+        int rc = ferry_transfer_sync(a, peer, FERRY_OP_READ, ro, A(there), BODY);
+        if (rc != FERRY_ERR_INVALID_ARGUMENT)
+            fail_msg("%s: read into a read-only buffer: %s (%s)", transports[t], ferry_error_name(rc),
+                     ferry_last_error_detail());
+        assert_detail_contains("not writable");
+        /* Small pieces together (a READV frame over TCP): each refused. */
+        void *locals[4] = {ro, ro + 4096, ok, ro + 8192};
+        uint64_t remotes[4] = {A(there), A(there) + 4096, A(there) + 8192, A(there) + 12288};
+        size_t lens[4] = {512, 512, 512, 512};
+        rc = ferry_batch_transfer_sync(a, peer, FERRY_OP_READ, locals, remotes, lens, 4);
+        if (rc != FERRY_ERR_INVALID_ARGUMENT)
+            fail_msg("%s: batch read into a read-only buffer: %s (%s)", transports[t], ferry_error_name(rc),
+                     ferry_last_error_detail());
+        assert_detail_contains("not writable");
+
+        memset(ok, 0, BODY);
+        assert_int_equal(ferry_transfer_sync(a, peer, FERRY_OP_READ, ok, A(there), BODY), 0);
+        assert_true(harness_check(ok, BODY, 7));
+        assert_int_equal(ferry_engine_stats(a, &after), 0);
+        if (after.retries != before.retries || after.reconnects != before.reconnects ||
+            after.session_teardowns != before.session_teardowns)
+            fail_msg("%s: retries %llu, reconnects %llu, teardowns %llu after a local fault", transports[t],
+                     (unsigned long long)(after.retries - before.retries),
+                     (unsigned long long)(after.reconnects - before.reconnects),
+                     (unsigned long long)(after.session_teardowns - before.session_teardowns));
+        ferry_engine_destroy(a);
+        ferry_engine_destroy(b);
+        munmap(ro, BODY);
+        free(there);
+        free(ok);
+    }
+}
+
 static void session_and_batch_errors(void **state)
 {
     fixture_t *f = *state;
@@ -558,6 +623,7 @@ int main(void)
         T(version_mismatch_is_refused), T(peer_restart_is_detected), T(reregistered_region_takes_the_first_write),
         T(session_and_batch_errors), T(cancelled_batch),          T(many_small_requests_then_destroy),
         T(batch_busy_while_in_flight), T(queued_requests_fail_with_context),
+        T(read_into_read_only_local_buffer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

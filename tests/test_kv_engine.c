@@ -173,6 +173,30 @@ static int wait_for_request(ferry_engine_t *e, ferry_kv_recv_t *r)
     return FERRY_ERR_TIMEOUT;
 }
 
+/* ferry_kv_poll with a max whose notification buffer (max times the size
+ * of a ferry_notification_t) wraps 64 bits to a few bytes: refused, not a
+ * buffer a pending notification overruns (heap-buffer-overflow under ASan
+ * before the checked product). */
+static void poll_with_a_wrapping_max_is_refused(void **state)
+{
+    (void)state;
+    ferry_engine_t *a = harness_engine(3000), *b = harness_engine(3000);
+    assert_int_equal(ferry_notify(a, ferry_engine_name(b), "x", 1), 0);
+    sleep_ms(50); /* ferry_notify returned once b queued it: margin only */
+    /* max * S = 2^tz(S) (mod 2^64): the odd part of S inverted mod 2^64. */
+    uint64_t size = sizeof(ferry_notification_t), odd = size, low = 1;
+    while (!(odd & 1)) odd >>= 1, low <<= 1;
+    uint64_t inv = odd; /* Newton: each step doubles the correct low bits */
+    for (int i = 0; i < 6; i++) inv *= 2 - odd * inv;
+    size_t max = (size_t)inv;
+    assert_true((uint64_t)max * size == low && low < size);
+    ferry_kv_event_t ev[1];
+    long n = ferry_kv_poll(b, ev, max);
+    assert_true(n < 0);
+    ferry_engine_destroy(a);
+    ferry_engine_destroy(b);
+}
+
 static void direct_1_1_moves_every_byte_and_the_first_token(void **state)
 {
     (void)state;
@@ -1064,6 +1088,7 @@ static void lone_pages_go_as_one_strided_descriptor(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(poll_with_a_wrapping_max_is_refused),
         cmocka_unit_test(direct_1_1_moves_every_byte_and_the_first_token),
         cmocka_unit_test(staged_4_to_2_scatters_on_the_receiver),
         cmocka_unit_test(gathered_2_to_4_writes_decode_pages),

@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/directory.h"
 #include "core/fail.h"
 #include "meta/meta.h"
 
@@ -91,6 +92,42 @@ static const char *service_addr(const struct backend *b)
              "FERRY_TEST_ALLOW_SKIP_SERVICES=1 to skip these tests).",
              b->env);
     return NULL;
+}
+
+/* A peer's record as etcd or Redis returns it: every field range-checked.
+ * Before, jansson's "i" read a port of 2^32 + 7000 as 7000 (and a
+ * protocol of 2^32 + 3 as 3), and a non-hex epoch as 0. */
+static void directory_records_range_checked(void **state)
+{
+    (void)state;
+    ferry_directory_entry_t en;
+    const char *good = "{\"name\":\"h:7000\",\"host\":\"10.0.0.7\",\"port\":7000,\"epoch\":\"3f2a\","
+                       "\"engine_id\":\"1\",\"protocol\":3,\"pid\":1}";
+    assert_int_equal(ferry_directory_parse_entry("h:7000", good, &en), 0);
+    assert_string_equal(en.host, "10.0.0.7");
+    assert_int_equal(en.port, 7000);
+    assert_int_equal(en.epoch, 0x3f2a);
+    assert_int_equal(en.protocol, 3);
+    const char *bad[] = {
+        "{\"host\":\"10.0.0.7\",\"port\":4294974296,\"epoch\":\"3f2a\",\"protocol\":3}", /* 2^32 + 7000 */
+        "{\"host\":\"10.0.0.7\",\"port\":-58536,\"epoch\":\"3f2a\",\"protocol\":3}",
+        "{\"host\":\"10.0.0.7\",\"port\":65536,\"epoch\":\"3f2a\",\"protocol\":3}",
+        "{\"host\":\"10.0.0.7\",\"port\":0,\"epoch\":\"3f2a\",\"protocol\":3}",
+        "{\"host\":\"10.0.0.7\",\"port\":\"7000\",\"epoch\":\"3f2a\",\"protocol\":3}",
+        "{\"host\":\"10.0.0.7\",\"port\":7000,\"epoch\":\"3f2a\",\"protocol\":4294967299}", /* 2^32 + 3 */
+        "{\"host\":\"10.0.0.7\",\"port\":7000,\"epoch\":\"3f2a\",\"protocol\":0}",
+        "{\"host\":\"10.0.0.7\",\"port\":7000,\"epoch\":\"zz\",\"protocol\":3}",
+        "{\"host\":\"10.0.0.7\",\"port\":7000,\"epoch\":\"\",\"protocol\":3}",
+        "{\"host\":\"10.0.0.7\",\"port\":7000,\"epoch\":\"3f2a3f2a3f2a3f2a1\",\"protocol\":3}",
+        "{\"host\":\"10.0.0.7\",\"port\":7000,\"protocol\":3}",
+        "not json",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        memset(&en, 0, sizeof en);
+        int rc = ferry_directory_parse_entry("h:7000", bad[i], &en);
+        if (rc != FERRY_ERR_METADATA) fail_msg("record %zu accepted (port %u): %s", i, en.port, bad[i]);
+        assert_non_null(strstr(ferry_last_error_detail(), "not a Ferry descriptor"));
+    }
 }
 
 static void open_at(const struct backend *b, const char *addr, int timeout_ms, ferry_meta_t *m)
@@ -226,6 +263,11 @@ static void parse_bad_strings(void **state)
     expect_bad("http://h:1/metadata?key=x", "unexpected '?'");
     expect_bad("http://h:1/m#x", "unexpected '#'");
     expect_bad("http://u@h:1/m", "unexpected '@'");
+    if (ferry_meta_backend_built("http")) { /* libcurl's URL parser splits http:// strings */
+        expect_bad("http://[zz]:80/m", "IPv6");  /* the hand split took any bracketed host */
+        expect_bad("http://h:99999999999999999999/m", "bad port");
+        expect_parse("http://h:01/m", "http", "h:1/m"); /* the port read whole, as a number */
+    }
 }
 
 static void open_reports_unbuilt_or_unknown(void **state)
@@ -301,6 +343,12 @@ static void round_trip(void **state)
     check_value(&m, key, value);
     assert_int_equal(m.ops->publish(m.state, key, "", 0), 0); /* empty value */
     check_value(&m, key, "");
+    /* Every length mod 3: etcd's base64 with no, one and two '=' of padding. */
+    const char *lengths[] = {"a", "ab", "abc", "abcd", "abcde", "abcdef"};
+    for (size_t i = 0; i < sizeof lengths / sizeof *lengths; i++) {
+        assert_int_equal(m.ops->publish(m.state, key, lengths[i], 0), 0);
+        check_value(&m, key, lengths[i]);
+    }
     assert_int_equal(m.ops->remove(m.state, key), 0);
     ferry_meta_close(&m);
 }
@@ -637,6 +685,7 @@ int main(void)
 #endif
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(parse_good_strings),
+        cmocka_unit_test(directory_records_range_checked),
         cmocka_unit_test(parse_bad_strings),
         cmocka_unit_test(open_reports_unbuilt_or_unknown),
         cmocka_unit_test(p2p_stores_nothing),

@@ -271,6 +271,36 @@ static void bounds_refused(void **state)
     pair_free(p);
 }
 
+/* Stride 0 (every piece the same bytes), no index lists, pieces of 8 MiB
+ * or more (the path that expands every piece at once) and a count whose
+ * bookkeeping (24 bytes a piece in the sync call, 32 in a submit) wraps
+ * size_t: refused before any allocation or byte moves. Before the checked
+ * product the wrapped size allocated a few bytes and the expansion wrote
+ * past them (heap-buffer-overflow under ASan, SIGSEGV in release). */
+static void huge_count_refused(void **state)
+{
+    (void)state;
+    pair_t *p = pair_new("tcp", 0);
+    ferry_strided_t d = strided(p, FERRY_OP_WRITE, NULL, NULL, ((size_t)1 << 61) + 1); /* * 24 = 24 mod 2^64 */
+    d.local_stride = d.remote_stride = 0;
+    d.piece_len = (size_t)SLOTS * PIECE; /* 8 MiB: each side's whole region */
+    assert_int_equal(ferry_strided_transfer_sync(p->initiator, p->peer, &d), FERRY_ERR_INVALID_ARGUMENT);
+    assert_detail_contains("more pieces than memory can describe");
+    ferry_batch_t *b;
+    assert_int_equal(ferry_batch_alloc(p->initiator, 16, &b), 0);
+    d.n = ((size_t)1 << 59) + 1; /* * 32 = 32 mod 2^64 */
+    long rc = ferry_batch_submit_strided(b, p->peer, &d, 0);
+    assert_int_equal(rc, FERRY_ERR_TOO_MANY_REQUESTS); /* more than the batch holds, found before expanding */
+    /* The same before expanding for a count that fits memory but not the
+     * batch (2^40 pieces: 32 TiB of requests, MEMORY before). */
+    d.n = (size_t)1 << 40;
+    assert_int_equal(ferry_batch_submit_strided(b, p->peer, &d, 0), FERRY_ERR_TOO_MANY_REQUESTS);
+    assert_detail_contains("exceed the batch's room for 16");
+    assert_int_equal(ferry_batch_free(b), 0);
+    assert_true(zero(p->dst, (size_t)(SLOTS + 1) * PIECE));
+    pair_free(p);
+}
+
 /* Cancel of a compact group: pieces end COMPLETED or CANCELLED, and no
  * byte of a cancelled one lands afterwards. */
 static void cancel_compact_group(void **state)
@@ -453,6 +483,7 @@ int main(void)
         cmocka_unit_test(sync_round_trip_crc), cmocka_unit_test(older_peers),
         cmocka_unit_test(plain_batch_refined_stride), cmocka_unit_test(two_regions),
         cmocka_unit_test(async_submit),        cmocka_unit_test(bounds_refused),
+        cmocka_unit_test(huge_count_refused),
         cmocka_unit_test(cancel_compact_group), cmocka_unit_test(cut_mid_group),
         cmocka_unit_test(hostile_frames),
     };

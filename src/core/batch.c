@@ -246,6 +246,14 @@ static void batch_task_start(ferry_task_t *t, void *owner)
  * may already wait on them). The submit counts as a pending task until
  * its tasks are queued (submit_end), so that wait, cancel and free see
  * it. With reserve false, only checks that n slots are left now. */
+size_t ferry_batch_room(ferry_batch_t *b)
+{
+    pthread_mutex_lock(&b->lock);
+    size_t room = b->capacity - b->count;
+    pthread_mutex_unlock(&b->lock);
+    return room;
+}
+
 static long reserve_slots(ferry_batch_t *b, size_t n, bool reserve)
 {
     pthread_mutex_lock(&b->lock);

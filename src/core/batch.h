@@ -72,6 +72,9 @@ int ferry_wait_zero_locked(ferry_engine_t *e, pthread_mutex_t *lock, pthread_con
  * with the failure raised; ferry_batch_submit of requests the caller
  * checked already. */
 ferry_engine_t *ferry_batch_engine(const ferry_batch_t *b);
+/* Requests b can still take (capacity less those submitted): a submit that
+ * must expand its requests first refuses a larger count before allocating. */
+size_t ferry_batch_room(ferry_batch_t *b);
 long ferry_batch_submit_checked(ferry_batch_t *b, const char *peer, const ferry_request_t *reqs, size_t n,
                                 int timeout_ms);
 

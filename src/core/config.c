@@ -74,11 +74,11 @@ static void config_defaults(ferry_config_t *cfg)
 }
 
 /* Writes the defaults into the fields the caller's struct_size covers (a
- * size below every published layout gets nothing: ferry_engine_create then
- * names the problem). */
+ * size below every published layout, or above a page, gets nothing:
+ * ferry_engine_create then names the problem). */
 void (ferry_config_init)(ferry_config_t *cfg)
 {
-    if (!cfg || cfg->struct_size < FERRY_CONFIG_SIZE_0_1) return;
+    if (!cfg || !ferry_sized_ok(cfg, FERRY_CONFIG_SIZE_0_1)) return;
     ferry_config_t all;
     config_defaults(&all);
     ferry_sized_export(cfg, &all, sizeof all);

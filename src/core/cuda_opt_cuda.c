@@ -10,12 +10,25 @@
  * next one asks again; once it is, cuInit and the symbols are checked once,
  * and the answer (usable or why not) is kept (ferry_memkind_status()).
  *
+ * Asking costs no disk access: dlopen(RTLD_NOLOAD) of a name the process
+ * has not loaded searches the library path (five failed openat for
+ * libcuda.so.1 where a toolkit is installed, ~125 us a registration), so
+ * it runs only when the loader's list of objects, read in memory with
+ * dl_iterate_phdr, holds a candidate (a file named like the driver or with
+ * "cuda" in its name), and not again until the loader's add/remove
+ * counters change: a process without CUDA registers as fast with a
+ * toolkit installed as without, and one that loads CUDA later is seen at
+ * its next registration.
+ *
  * Detection: cuPointerGetAttributes (memory type, managed, device ordinal)
  * of the first and the last byte. Staging copies: cuMemcpyDtoH/HtoD with the
  * pointer's context pushed on the calling thread (Ferry's threads have none)
  * and popped after, so the caller's CUDA state is left as it was. */
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,12 +117,82 @@ static int resolve(void *h, const char *path, char *why, size_t cap)
     return 0;
 }
 
+/* ------------------------------------------- is the driver loaded? */
+
+/* The loader's counters when a look found no driver (under driver_lock);
+ * loader_seen false: none yet, or forgotten. */
+static unsigned long long loader_adds, loader_subs;
+static bool loader_seen;
+static _Atomic unsigned long driver_probes; /* dlopen(RTLD_NOLOAD) calls: the tests count them */
+
+struct loader_scan {
+    const char *want;                 /* the driver's file name, without folders */
+    unsigned long long adds, subs;    /* the loader's counters now */
+    bool counted, unchanged, candidate;
+};
+
+static bool driver_like(const char *name, const char *want)
+{
+    const char *slash = strrchr(name, '/');
+    const char *base = slash ? slash + 1 : name;
+    return strcmp(base, want) == 0 || strstr(base, "cuda") != NULL;
+}
+
+/* dl_iterate_phdr's callback: the first object carries the loader's
+ * counters (stop at once when they are those of the last look); then
+ * every object's name, until a candidate. Nothing here touches the disk. */
+static int scan_object(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    struct loader_scan *s = arg;
+    if (!s->counted && size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof info->dlpi_subs) {
+        s->counted = true;
+        s->adds = info->dlpi_adds;
+        s->subs = info->dlpi_subs;
+        if (loader_seen && s->adds == loader_adds && s->subs == loader_subs) {
+            s->unchanged = true;
+            return 1;
+        }
+    }
+    s->candidate = info->dlpi_name && driver_like(info->dlpi_name, s->want);
+    return s->candidate;
+}
+
+/* Under driver_lock: remembers the loader's counters of a look that found
+ * no driver, so that the next look stops at the first object. */
+static void driver_not_loaded_at(const struct loader_scan *s)
+{
+    loader_seen = s->counted;
+    loader_adds = s->adds;
+    loader_subs = s->subs;
+}
+
+/* Under driver_lock: false when the driver cannot be loaded in this
+ * process (the loader holds the same objects as at the last look that
+ * found none, or none like the driver); true when dlopen must tell. */
+static bool driver_maybe_loaded(const char *path, struct loader_scan *s)
+{
+    const char *slash = strrchr(path, '/');
+    *s = (struct loader_scan){.want = slash ? slash + 1 : path};
+    dl_iterate_phdr(scan_object, s);
+    if (s->unchanged) return false;
+    if (!s->candidate) driver_not_loaded_at(s);
+    return s->candidate;
+}
+
+unsigned long ferry_cuda_driver_probes(void) { return atomic_load(&driver_probes); }
+
 /* Under driver_lock, while DRIVER_NOT_LOADED. */
 static void driver_try_load(void)
 {
     char why[sizeof status_text], err_buf[200];
     const char *path = driver_path();
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    struct loader_scan scan;
+    void *h = NULL;
+    if (driver_maybe_loaded(path, &scan)) {
+        atomic_fetch_add(&driver_probes, 1);
+        h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+        if (!h) driver_not_loaded_at(&scan); /* a candidate, but not the driver */
+    }
     if (!h) {
         snprintf(why, sizeof why,
                  "CUDA built in (driver API at run time); the CUDA driver %s is not loaded in this process "
@@ -162,6 +245,7 @@ void ferry_cuda_forget_driver(void)
     pthread_mutex_lock(&driver_lock);
     memset(&cu, 0, sizeof cu);
     status_text[0] = '\0';
+    loader_seen = false;
     atomic_store(&driver_state, DRIVER_NOT_LOADED);
     pthread_mutex_unlock(&driver_lock);
 }

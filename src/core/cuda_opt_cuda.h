@@ -15,5 +15,10 @@ int ferry_cuda_error_code(int err);
  * looks for it again, e.g. after FERRY_CUDA_DRIVER changed. The symbols of
  * a driver in use are dropped: call it with no device region registered. */
 void ferry_cuda_forget_driver(void);
+/* Tests: how many times this process asked the loader for the driver by
+ * name (dlopen with RTLD_NOLOAD, which searches the disk when the name is
+ * not loaded). It asks only when the loader's objects changed and one of
+ * them may be the driver. */
+unsigned long ferry_cuda_driver_probes(void);
 
 #endif

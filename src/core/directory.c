@@ -6,6 +6,7 @@
 
 #include <jansson.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -196,22 +197,49 @@ void ferry_directory_stop(ferry_engine_t *e)
     e->dir_cache = NULL;
 }
 
-static int parse_entry(const char *peer, const char *text, ferry_directory_entry_t *out)
+/* A JSON integer field of o in [lo, hi]: jansson's "i" would convert a
+ * larger value to int silently (a port of 2^32 + p read as p), so the
+ * field is read whole and range-checked. */
+static bool int_field(json_t *o, const char *key, json_int_t lo, json_int_t hi, json_int_t *out)
+{
+    json_t *v = json_object_get(o, key);
+    if (!json_is_integer(v)) return false;
+    *out = json_integer_value(v);
+    return *out >= lo && *out <= hi;
+}
+
+/* The epoch: 1 to 16 hex digits, nothing else (strtoull would take a
+ * prefix, or saturate a longer number). */
+static bool epoch_field(const char *text, uint64_t *out)
+{
+    size_t n = strlen(text);
+    if (n == 0 || n > 16 || strspn(text, "0123456789abcdefABCDEF") != n) return false;
+    *out = strtoull(text, NULL, 16);
+    return true;
+}
+
+int ferry_directory_parse_entry(const char *peer, const char *text, ferry_directory_entry_t *out)
 {
     json_error_t err;
     json_t *o = json_loads(text, 0, &err);
     const char *host = NULL, *epoch = NULL;
-    int port = 0, protocol = 0;
-    int ok = o && json_unpack(o, "{s:s, s:i, s:s, s:i}", "host", &host, "port", &port, "epoch", &epoch, "protocol",
-                              &protocol) == 0 && port > 0 && port < 65536 && strlen(host) < sizeof out->host;
+    json_int_t port = 0, protocol = 0;
+    uint64_t epoch_value = 0;
+    bool ok = o && json_unpack(o, "{s:s, s:s}", "host", &host, "epoch", &epoch) == 0 &&
+              strlen(host) < sizeof out->host && int_field(o, "port", 1, 65535, &port) &&
+              int_field(o, "protocol", 1, INT32_MAX, &protocol) && epoch_field(epoch, &epoch_value);
     if (ok) {
         snprintf(out->host, sizeof out->host, "%s", host);
         out->port = (uint16_t)port;
-        out->epoch = strtoull(epoch, NULL, 16);
-        out->protocol = protocol;
+        out->epoch = epoch_value;
+        out->protocol = (int)protocol;
     }
     json_decref(o);
-    if (!ok) return ferry_fail(FERRY_ERR_METADATA, "the metadata entry of %s is not a Ferry descriptor: %.200s", peer, text);
+    if (!ok)
+        return ferry_fail(FERRY_ERR_METADATA,
+                          "the metadata entry of %s is not a Ferry descriptor (host, port in 1..65535, epoch of 1-16 "
+                          "hex digits, protocol): %.200s",
+                          peer, text);
     return 0;
 }
 
@@ -232,7 +260,7 @@ static int fetch(ferry_engine_t *e, const char *peer, ferry_directory_entry_t *o
                           e->cfg.metadata, peer);
     }
     if (rc) return ferry_fail_context("looking up %s in %s", peer, e->cfg.metadata);
-    rc = parse_entry(peer, value, out);
+    rc = ferry_directory_parse_entry(peer, value, out);
     free(value);
     return rc;
 }

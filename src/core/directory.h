@@ -15,6 +15,12 @@ typedef struct ferry_directory_entry {
     int protocol;
 } ferry_directory_entry_t;
 
+/* Parses peer's descriptor text (the JSON the peer published) into *out:
+ * 0, or FERRY_ERR_METADATA when a field is missing, of the wrong type or
+ * out of range (port 1..65535, protocol 1..INT32_MAX, epoch 1-16 hex
+ * digits): a record is never taken for another value. */
+int ferry_directory_parse_entry(const char *peer, const char *text, ferry_directory_entry_t *out);
+
 int ferry_directory_start(ferry_engine_t *e);
 /* Removes this engine's entry; the service stays open for lookups. */
 void ferry_directory_unpublish(ferry_engine_t *e);

@@ -257,6 +257,47 @@ int ferry_net_recv(int fd, void *buf, size_t len, uint64_t deadline)
     return 0;
 }
 
+int ferry_net_recv_local(int fd, void *buf, size_t len, uint64_t deadline, bool *stream_ok)
+{
+    char *p = buf;
+    *stream_ok = false;
+    size_t left = len;
+    while (left > 0) {
+        ssize_t n = recv(fd, p, left, MSG_DONTWAIT);
+        if (n > 0) {
+            p += n;
+            left -= (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EFAULT) break; /* the bytes stay in the socket */
+        if (n == 0) return ferry_fail(FERRY_ERR_PEER_CLOSED, "the peer closed the connection");
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) return io_error(errno, "recv");
+        int w = wait_fd(fd, POLLIN, deadline);
+        if (w == 0) return ferry_fail(FERRY_ERR_TIMEOUT, "no answer from the peer before the deadline");
+        if (w < 0) return io_error(errno, "poll");
+    }
+    if (left == 0) {
+        *stream_ok = true;
+        return 0;
+    }
+    /* The kernel could not write the caller's memory: the rest of the
+     * answer is read and dropped, so the connection stays at a frame
+     * boundary and the peer, which did nothing wrong, keeps its session. */
+    char scratch[16384];
+    size_t bad = len - left;
+    for (size_t k; left > 0; left -= k) {
+        k = left < sizeof scratch ? left : sizeof scratch;
+        if (ferry_net_recv(fd, scratch, k, deadline) != 0) break;
+    }
+    *stream_ok = left == 0;
+    return ferry_fail(FERRY_ERR_INVALID_ARGUMENT,
+                      "local buffer at %p (byte %zu of %zu) is registered but not writable here (a read-only or "
+                      "unmapped page): the read's answer was %s",
+                      (void *)((char *)buf + bad), bad, len,
+                      *stream_ok ? "dropped, the connection kept" : "cut off, the connection dropped");
+}
+
 void ferry_net_tune(int fd, int keepalive_ms)
 {
     int one = 1;

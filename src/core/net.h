@@ -2,6 +2,7 @@
 #ifndef FERRY_NET_H
 #define FERRY_NET_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
@@ -17,6 +18,14 @@ int ferry_net_sendv(int fd, struct iovec *iov, int iovcnt, uint64_t deadline);
 int ferry_net_send(int fd, const void *buf, size_t len, uint64_t deadline);
 /* Receives exactly len bytes or fails: PEER_CLOSED, SOCKET, TIMEOUT. */
 int ferry_net_recv(int fd, void *buf, size_t len, uint64_t deadline);
+/* As ferry_net_recv, into the caller's registered memory (a READ's
+ * answer): where the kernel cannot write buf (EFAULT: a read-only or
+ * unmapped page) the rest of the len bytes are read and dropped, and the
+ * call fails INVALID_ARGUMENT naming the local address: the caller's
+ * error, not the peer's, so not retried. *stream_ok: true on success, or
+ * when the failure left the stream at a frame boundary (the connection
+ * stays usable); false when it must be dropped. */
+int ferry_net_recv_local(int fd, void *buf, size_t len, uint64_t deadline, bool *stream_ok);
 /* Waits until fd is readable (1), deadline passed (0), or error (<0). */
 int ferry_net_wait_readable(int fd, uint64_t deadline);
 /* Polls fd without sleeping for up to spin_us microseconds: 1 as soon as it

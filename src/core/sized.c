@@ -15,12 +15,24 @@ static size_t struct_size_of(const void *s)
 int ferry_sized_check(const void *theirs, size_t min, const char *what)
 {
     size_t n = struct_size_of(theirs);
+    if (n > FERRY_SIZED_MAX)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT,
+                          "%s: struct_size=%zu is larger than any struct this library accepts (at most %u bytes, "
+                          "as Linux caps extensible structs at a page): an uninitialized struct? set it to sizeof "
+                          "the struct",
+                          what, n, FERRY_SIZED_MAX);
     if (n < min)
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT,
                           "%s: struct_size=%zu is smaller than any published layout (%zu bytes); "
                           "set it to sizeof the struct (C callers get this from the header's macros)",
                           what, n, min);
     return 0;
+}
+
+int ferry_sized_ok(const void *theirs, size_t min)
+{
+    size_t n = struct_size_of(theirs);
+    return n >= min && n <= FERRY_SIZED_MAX;
 }
 
 int ferry_sized_import(void *ours, size_t ours_size, const void *theirs, size_t min, const char *what)

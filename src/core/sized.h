@@ -20,9 +20,21 @@
 #define FERRY_REGION_INFO_SIZE_0_1 (offsetof(ferry_region_info_t, kind) + 24)
 #define FERRY_KV_PLAN_INFO_SIZE_0_1 (offsetof(ferry_kv_plan_info_t, blocks) + sizeof(size_t))
 
-/* 0 when the caller's struct_size (first field of theirs) is at least min,
- * else INVALID_ARGUMENT naming the struct (what) and both sizes. */
+/* The largest struct_size accepted: a page, as Linux does for its
+ * extensible structs (clone3, openat2). Every byte beyond this library's
+ * own size is read (it must be zero) or written (zeroed), so a garbage
+ * size (an uninitialized field) would otherwise run far past the
+ * caller's struct. */
+#define FERRY_SIZED_MAX 4096u
+
+/* 0 when the caller's struct_size (first field of theirs) is in
+ * [min, FERRY_SIZED_MAX], else INVALID_ARGUMENT naming the struct (what)
+ * and the sizes. */
 int ferry_sized_check(const void *theirs, size_t min, const char *what);
+
+/* 1 when the caller's struct_size is in [min, FERRY_SIZED_MAX] (for the
+ * calls that return nothing, as ferry_config_init). */
+int ferry_sized_ok(const void *theirs, size_t min);
 
 /* Copies the caller's fields into ours (ours_size bytes, already holding
  * defaults for the fields an older caller lacks); ours->struct_size becomes

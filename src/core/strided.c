@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arith.h"
 #include "batch.h"
 #include "clock.h"
 #include "engine.h"
@@ -150,8 +151,13 @@ static int strided_check(ferry_engine_t *e, const char *peer, const ferry_stride
 /* The pieces of d as the three arrays of a batch (one allocation). */
 static void *expand(const ferry_strided_t *d, void ***locals, uint64_t **remotes, size_t **lens)
 {
-    size_t n = d->n;
-    unsigned char *mem = malloc(n * (sizeof **locals + sizeof **remotes + sizeof **lens));
+    size_t n = d->n, bytes;
+    if (ferry_mul_overflows(n, sizeof **locals + sizeof **remotes + sizeof **lens, &bytes)) {
+        ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "strided transfer of %zu pieces of %zu bytes: more pieces than "
+                   "memory can describe", n, d->piece_len);
+        return NULL;
+    }
+    unsigned char *mem = malloc(bytes);
     if (!mem) {
         ferry_fail(FERRY_ERR_MEMORY, "strided transfer of %zu pieces: out of memory", n);
         return NULL;
@@ -174,14 +180,21 @@ static int run_big_pieces(ferry_engine_t *e, const char *peer, const ferry_strid
     uint64_t *remotes;
     size_t *lens;
     void *mem = expand(d, &locals, &remotes, &lens);
-    int rc = mem ? ferry_run_sync_checked(e, peer, d->opcode, locals, remotes, lens, d->n) : FERRY_ERR_MEMORY;
+    int rc = mem ? ferry_run_sync_checked(e, peer, d->opcode, locals, remotes, lens, d->n) : ferry_last_error_code();
     free(mem);
     return rc;
 }
 
 static long submit_big_pieces(ferry_batch_t *b, const char *peer, const ferry_strided_t *d, int timeout_ms)
 {
-    ferry_request_t *reqs = malloc((d->n ? d->n : 1) * sizeof *reqs);
+    size_t bytes, room = ferry_batch_room(b);
+    if (d->n > room) /* refused before n requests are expanded (as ferry_batch_submit would after) */
+        return ferry_fail(FERRY_ERR_TOO_MANY_REQUESTS, "strided submit: %zu pieces exceed the batch's room for %zu",
+                          d->n, room);
+    if (ferry_mul_overflows(d->n, sizeof(ferry_request_t), &bytes))
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "strided submit of %zu pieces of %zu bytes: more pieces than "
+                          "memory can describe", d->n, d->piece_len);
+    ferry_request_t *reqs = malloc(bytes ? bytes : sizeof *reqs);
     if (!reqs) return ferry_fail(FERRY_ERR_MEMORY, "strided submit of %zu pieces: out of memory", d->n);
     for (size_t i = 0; i < d->n; i++) {
         unsigned char *local;
@@ -258,7 +271,7 @@ static void lane_run(struct lanes *l)
 {
     const ferry_strided_t *d = l->d;
     size_t w = l->window;
-    ferry_xfer_t *xs = malloc(w * sizeof *xs);
+    ferry_xfer_t *xs = ferry_malloc_array(w, sizeof *xs);
     if (!xs) { /* the call fails, unless a piece failed too (ranked after every piece) */
         lanes_fail(l, ferry_fail(FERRY_ERR_MEMORY, "strided transfer: out of memory for a window of %zu pieces", w),
                    d->n);

@@ -56,7 +56,7 @@ static int by_page_then_pos(const void *a, const void *b)
 static int check_distinct(const char *side, const int32_t *pages, size_t n)
 {
     if (n < 2) return 0;
-    struct indexed_page *sorted = malloc(n * sizeof *sorted);
+    struct indexed_page *sorted = ferry_malloc_array(n, sizeof *sorted);
     if (!sorted) return ferry_fail(FERRY_ERR_MEMORY, "kv %s pages: sorting %zu indices", side, n);
     for (size_t i = 0; i < n; i++) sorted[i] = (struct indexed_page){pages[i], i};
     qsort(sorted, n, sizeof *sorted, by_page_then_pos);

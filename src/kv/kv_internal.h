@@ -8,6 +8,8 @@
 
 #include <ferry/kv.h>
 
+#include "core/arith.h"
+
 /* One rank's view of a token row. */
 struct kv_geometry {
     uint32_t buffers;    /* per layer: 2 (K, V) or 1 */
@@ -28,10 +30,10 @@ uint64_t kv_buffer_addr(const ferry_kv_cache_desc_t *d, uint32_t layer, uint32_t
 /* 1 when the descriptor carries every buffer address. */
 int kv_has_addresses(const ferry_kv_cache_desc_t *d);
 
-/* *out = a * b; 0, or 1 on overflow. */
+/* *out = a * b; 0, or 1 on overflow (the shared checked product). */
 static inline int kv_mul_overflows(uint64_t a, uint64_t b, uint64_t *out)
 {
-    return __builtin_mul_overflow(a, b, out);
+    return ferry_mul_overflows_u64(a, b, out);
 }
 
 struct kv_block_list {

@@ -22,7 +22,7 @@ long ferry_kv_poll_from(ferry_engine_t *e, ferry_kv_event_t *out, ferry_notifica
     if (!e || (max && !out))
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "kv poll: NULL engine or output");
     if (max == 0) return 0;
-    ferry_notification_t *raw = malloc(max * sizeof *raw);
+    ferry_notification_t *raw = ferry_malloc_array(max, sizeof *raw); /* NULL when max * size wraps */
     if (!raw) return ferry_fail(FERRY_ERR_MEMORY, "kv poll: %zu notifications", max);
     long n = ferry_get_notifications_from(e, raw, from, max);
     for (long i = 0; i < n; i++) {

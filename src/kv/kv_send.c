@@ -257,8 +257,8 @@ static int write_blocks(ferry_engine_t *e, const char *peer, const ferry_kv_bloc
 {
     if (count == 0) return 0;
     bool strided = count > KV_STRIDED_MIN && one_length(blocks, count);
-    uint64_t *idx = strided ? malloc(2 * count * sizeof *idx) : NULL;
-    ferry_request_t *reqs = strided ? NULL : malloc(count * sizeof *reqs);
+    uint64_t *idx = strided ? ferry_malloc_array(count, 2 * sizeof *idx) : NULL;
+    ferry_request_t *reqs = strided ? NULL : ferry_malloc_array(count, sizeof *reqs);
     ferry_batch_t *b = NULL;
     int rc = idx || reqs ? ferry_batch_alloc(e, count, &b) : ferry_fail(FERRY_ERR_MEMORY, "kv send: %zu blocks", count);
     long first = 0;

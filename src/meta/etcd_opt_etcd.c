@@ -11,7 +11,10 @@
  * /v3 and falls back to /v3beta for older servers. Every request is bounded
  * by CURLOPT_TIMEOUT_MS. */
 #include <curl/curl.h>
+#include <errno.h>
 #include <jansson.h>
+#include <limits.h>
+#include <openssl/evp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,58 +38,39 @@ struct etcd {
 
 /* ---------------------------------------------------------------- base64 */
 
-static const char b64_chars[] =
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+/* etcd's JSON gateway carries keys and values in standard base64 with
+ * padding. OpenSSL (linked for authentication) does the coding; the checks
+ * here are the ones EVP_DecodeBlock leaves out. */
 
+/* NUL-terminated malloc'd base64 of in[0..n); NULL when out of memory or
+ * too long for OpenSSL's int lengths. */
 static char *b64_encode(const char *in, size_t n)
 {
+    if (n > (size_t)INT_MAX / 4 * 3) return NULL;
     char *out = malloc((n + 2) / 3 * 4 + 1);
-    if (!out) return NULL;
-    const unsigned char *s = (const unsigned char *)in;
-    char *o = out;
-    for (size_t i = 0; i < n; i += 3) {
-        unsigned v = (unsigned)s[i] << 16;
-        if (i + 1 < n) v |= (unsigned)s[i + 1] << 8;
-        if (i + 2 < n) v |= s[i + 2];
-        *o++ = b64_chars[(v >> 18) & 63];
-        *o++ = b64_chars[(v >> 12) & 63];
-        *o++ = i + 1 < n ? b64_chars[(v >> 6) & 63] : '=';
-        *o++ = i + 2 < n ? b64_chars[v & 63] : '=';
-    }
-    *o = '\0';
+    if (out) EVP_EncodeBlock((unsigned char *)out, (const unsigned char *)in, (int)n); /* writes the NUL */
     return out;
 }
 
-static int b64_value(char c)
-{
-    const char *p = c ? strchr(b64_chars, c) : NULL;
-    return p ? (int)(p - b64_chars) : -1;
-}
-
-/* Decodes to a NUL-terminated malloc'd string; NULL on bad input. */
+/* Decodes to a NUL-terminated malloc'd string; NULL on bad input: a length
+ * not a multiple of 4, a character outside the alphabet, or '=' anywhere
+ * but the last two places (EVP_DecodeBlock reads an inner '=' as 'A'). Its
+ * output counts the padding as zero bytes: those are cut off. */
 static char *b64_decode(const char *in)
 {
-    size_t n = strlen(in);
-    char *out = malloc(n / 4 * 3 + 4);
+    static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t n = strlen(in), body = strspn(in, alphabet);
+    size_t pad = n - body;
+    if (n % 4 || n > (size_t)INT_MAX || pad > 2 || strspn(in + body, "=") != pad) return NULL;
+    unsigned char *out = malloc(n / 4 * 3 + 1);
     if (!out) return NULL;
-    size_t o = 0;
-    unsigned v = 0;
-    int bits = 0;
-    for (size_t i = 0; i < n && in[i] != '='; i++) {
-        int d = b64_value(in[i]);
-        if (d < 0) {
-            free(out);
-            return NULL;
-        }
-        v = (v << 6) | (unsigned)d;
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            out[o++] = (char)((v >> bits) & 0xff);
-        }
+    int got = EVP_DecodeBlock(out, (const unsigned char *)in, (int)n);
+    if (got < 0 || (size_t)got < pad) {
+        free(out);
+        return NULL;
     }
-    out[o] = '\0';
-    return out;
+    out[(size_t)got - pad] = '\0';
+    return (char *)out;
 }
 
 /* ------------------------------------------------------------------ HTTP */
@@ -169,13 +153,19 @@ static int etcd_call(struct etcd *e, const char *path, json_t *req, const char *
 }
 
 /* An int64 member, which the gateway writes as a string ("123"). 0 when
- * absent: proto3 JSON leaves out zero values. */
+ * absent (proto3 JSON leaves out zero values) or not a whole decimal
+ * int64 (strtoll alone would take a prefix or saturate): a lease ID of 0
+ * fails the grant, a TTL of 0 reads as expired. */
 static long long json_int64(json_t *obj, const char *name)
 {
     json_t *v = json_object_get(obj, name);
     if (json_is_integer(v)) return (long long)json_integer_value(v);
-    if (json_is_string(v)) return strtoll(json_string_value(v), NULL, 10);
-    return 0;
+    if (!json_is_string(v)) return 0;
+    const char *text = json_string_value(v);
+    char *end;
+    errno = 0;
+    long long n = strtoll(text, &end, 10);
+    return errno || end == text || *end ? 0 : n;
 }
 
 /* {"key": b64(key)} plus, when value is given, "value". */

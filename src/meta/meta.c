@@ -12,6 +12,10 @@
 #include <strings.h>
 #include <time.h>
 
+#ifdef FERRY_HAVE_CURL_URL
+#include <curl/curl.h>
+#endif
+
 #include "core/fail.h"
 #include "core/log.h"
 
@@ -182,10 +186,75 @@ static int check_path(const char *conn, const char *path)
     return 0;
 }
 
+#ifdef FERRY_HAVE_CURL_URL
+/* A part of u (curl_free'd by the caller), NULL when absent. */
+static char *url_part(CURLU *u, CURLUPart what)
+{
+    char *v = NULL;
+    return curl_url_get(u, what, &v, 0) == CURLUE_OK ? v : NULL;
+}
+
+/* The split of "http://<a>" by libcurl's URL parser (host, port and path,
+ * IPv6 literals checked, the port read whole); Ferry's checks then name
+ * what it refuses as ever: no user, query or fragment, a port in 1..65535,
+ * a path of plain characters. */
+static int split_http_url(const char *conn, const char *a, char *host, size_t host_len, char *path, size_t path_len)
+{
+    for (const char *c = a; *c; c++) /* curl would refuse these without naming them */
+        if ((unsigned char)*c <= 0x20 || (unsigned char)*c >= 0x7f)
+            return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "metadata '%s': unexpected '%c' in '%s' (%s)", conn,
+                              isprint((unsigned char)*c) ? *c : '?', a, CONN_FORMS);
+    char url[700];
+    if ((size_t)snprintf(url, sizeof url, "http://%s", a) >= sizeof url)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "metadata '%s': address too long", conn);
+    CURLU *u = curl_url();
+    if (!u) return ferry_fail(FERRY_ERR_MEMORY, "metadata '%s': URL parser", conn);
+    CURLUcode uc = curl_url_set(u, CURLUPART_URL, url, 0);
+    char *user = NULL, *query = NULL, *fragment = NULL, *h = NULL, *port = NULL, *p = NULL;
+    int rc = 0;
+    if (uc != CURLUE_OK) {
+        rc = ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "metadata '%s': %s (%s)", conn,
+                        uc == CURLUE_BAD_PORT_NUMBER ? "bad port" : curl_url_strerror(uc), CONN_FORMS);
+    } else if ((user = url_part(u, CURLUPART_USER)) || (query = url_part(u, CURLUPART_QUERY)) ||
+               (fragment = url_part(u, CURLUPART_FRAGMENT))) {
+        rc = ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "metadata '%s': unexpected '%c' in '%s' (%s)", conn,
+                        user ? '@' : query ? '?' : '#', a, CONN_FORMS);
+    } else if (!(h = url_part(u, CURLUPART_HOST)) || !(port = url_part(u, CURLUPART_PORT))) {
+        rc = ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "metadata '%s': address '%s' is not host:port (%s)", conn, a,
+                        CONN_FORMS);
+    } else if (!(p = url_part(u, CURLUPART_PATH))) {
+        rc = ferry_fail(FERRY_ERR_MEMORY, "metadata '%s': URL path", conn);
+    } else if ((size_t)snprintf(host, host_len, "%s:%s", h, port) >= host_len ||
+               (size_t)snprintf(path, path_len, "%s", strcmp(p, "/") ? p : HTTP_DEFAULT_PATH) >= path_len) {
+        rc = ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "metadata '%s': address too long", conn);
+    }
+    curl_free(user);
+    curl_free(query);
+    curl_free(fragment);
+    curl_free(h);
+    curl_free(port);
+    curl_free(p);
+    curl_url_cleanup(u);
+    return rc;
+}
+#endif
+
 /* "host:port/path" (path optional: HTTP_DEFAULT_PATH) into addr as
  * "host:port/path", checked. */
 static int parse_http(const char *conn, const char *a, char *addr, size_t addr_len)
 {
+#ifdef FERRY_HAVE_CURL_URL
+    char host[300], path[400];
+    if (*a == '/') /* curl would take "http:///metadata" for the host "metadata" */
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "metadata '%s': no host:port after 'http://'", conn);
+    int rc = split_http_url(conn, a, host, sizeof host, path, sizeof path);
+    if (!rc) rc = check_addr(conn, host);
+    if (!rc) rc = check_path(conn, path);
+    if (!rc && strlen(host) + strlen(path) >= addr_len)
+        rc = ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "metadata '%s': address too long", conn);
+    if (!rc) snprintf(addr, addr_len, "%s%s", host, path);
+    return rc;
+#else /* without libcurl: the same split by hand */
     const char *slash = strchr(a, '/');
     size_t hlen = slash ? (size_t)(slash - a) : strlen(a);
     const char *path = slash && slash[1] ? slash : HTTP_DEFAULT_PATH;
@@ -202,6 +271,7 @@ static int parse_http(const char *conn, const char *a, char *addr, size_t addr_l
     if (rc) return rc;
     snprintf(addr, addr_len, "%s%s", host, path);
     return 0;
+#endif
 }
 
 int ferry_meta_parse(const char *conn, char *scheme, size_t scheme_len, char *addr,

@@ -117,12 +117,13 @@ static int cma_error(struct shm_conn *sc, const ferry_frame_t *f, bool write, ui
         return ferry_fail(FERRY_ERR_PEER_CLOSED, "initiator pid %d exited during a transfer", (int)sc->pid);
     case ENOMEM:
         return ferry_fail(FERRY_ERR_MEMORY, "cross-memory attach: out of memory");
-    default:
+    default: /* the initiator's own memory: its caller's error, not retried */
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT,
                           "%s initiator memory [0x%llx+%zu) by cross-memory attach failed after %llu of %llu "
-                          "bytes: %s (is the buffer unmapped while registered?)",
+                          "bytes: %s (is the local buffer %s while registered?)",
                           write ? "reading" : "writing", (unsigned long long)(f->aux + done), n,
-                          (unsigned long long)done, (unsigned long long)f->len, strerror(err));
+                          (unsigned long long)done, (unsigned long long)f->len, strerror(err),
+                          write ? "unmapped" : "unmapped or not writable");
     }
 }
 

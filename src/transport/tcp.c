@@ -127,9 +127,10 @@ static int recv_answer(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t 
             *broken = 1;
             return FERRY_ERR_MEMORY;
         }
-        rc = ferry_net_recv(c->fd, dst, n, x->deadline);
+        bool stream_ok;
+        rc = ferry_net_recv_local(c->fd, dst, n, x->deadline, &stream_ok);
         if (rc) {
-            *broken = 1;
+            *broken = !stream_ok; /* a read-only local buffer is the caller's error: the connection stays */
             return rc;
         }
         if ((f.flags & FERRY_FRAME_F_CRC) && ferry_crc32c(0, dst, n) != f.crc)

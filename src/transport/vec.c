@@ -35,6 +35,10 @@ struct ferry_vec_scratch *ferry_vec_scratch(ferry_conn_t *c)
 
 /* Receives exactly the bytes of iov[0..cnt) with one recvmsg per
  * socketful (up to IOV_MAX entries), waiting for more until the deadline. */
+/* A READV answer's bytes into the pieces' local memory. A piece the
+ * kernel cannot write (EFAULT: a read-only or unmapped local page) gets
+ * its bytes read and dropped (ferry_net_recv_local) and its iov_base set
+ * to NULL, the mark its caller fails it by; the others go on. */
 static int recv_gathered(int fd, struct iovec *iov, size_t cnt, uint64_t deadline)
 {
     FERRY_TSAN_PAYLOAD_SCOPE();
@@ -42,6 +46,17 @@ static int recv_gathered(int fd, struct iovec *iov, size_t cnt, uint64_t deadlin
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = cnt < IOV_MAX ? cnt : IOV_MAX};
         ssize_t k = recvmsg(fd, &mh, MSG_DONTWAIT);
         if (k == 0) return ferry_fail(FERRY_ERR_PEER_CLOSED, "the target closed the connection mid-answer");
+        if (k < 0 && errno == EFAULT) {
+            /* The kernel consumed nothing; the piece it stopped at may be
+             * a good one before a bad one: each is received alone. */
+            bool stream_ok;
+            int rc = ferry_net_recv_local(fd, iov->iov_base, iov->iov_len, deadline, &stream_ok);
+            if (rc && !stream_ok) return rc;
+            if (rc) iov->iov_base = NULL;
+            iov++;
+            cnt--;
+            continue;
+        }
         if (k < 0) {
             if (errno == EINTR) continue;
             if (errno != EAGAIN && errno != EWOULDBLOCK) return ferry_fail(FERRY_ERR_SOCKET, "recvmsg: %s", strerror(errno));
@@ -346,10 +361,18 @@ int ferry_vec_recv_read(ferry_conn_t *c, ferry_xfer_t *g, size_t n, unsigned spi
         return rc;
     }
     bool first = true;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0, k = 0; i < n; i++) {
         ferry_xfer_t *x = &g[i];
         x->inflight--;
         int st = v->st[i];
+        if (st == 0 && !v->iov[k++].iov_base) { /* its local memory refused the bytes (recv_gathered) */
+            if (x->rc == 0)
+                ferry_xfer_fail(x, ferry_fail(FERRY_ERR_INVALID_ARGUMENT,
+                                              "local buffer [%p+%llu) is registered but not writable here (a "
+                                              "read-only or unmapped page): the read's answer from %s was dropped",
+                                              (void *)x->local, (unsigned long long)x->len, c->peer.name));
+            continue;
+        }
         if (st == 0 && crc && ferry_crc32c(0, x->local, x->len) != get32(v->crcs + 4 * i)) {
             st = FERRY_ERR_CHECKSUM_MISMATCH;
             if (x->rc == 0)

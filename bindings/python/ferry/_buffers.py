@@ -127,6 +127,8 @@ def resolve(obj, length=None, writable=False, what="buffer"):
         length = operator.index(length)
         if length < 0:
             _bad("negative length %d" % length)
+        if length >= 1 << 64:  # a ctypes size_t would keep only its low 64 bits
+            _bad("length %d does not fit 64 bits" % length)
         return addr, length, None
 
     data_ptr = getattr(obj, "data_ptr", None)

@@ -3,12 +3,15 @@ the types its pybind11 signatures demand, the batch lists, and the
 local_hostname, metadata server and protocol strings of initialize()."""
 
 import ipaddress
+import logging
 import operator
 
 from . import _buffers, errors
 from .errors import fail
 
 P2PHANDSHAKE = "P2PHANDSHAKE"
+
+_log = logging.getLogger("ferry")
 
 # Mooncake protocols Ferry has no transport for (a clear NOT_IMPLEMENTED).
 _MOONCAKE_ONLY_PROTOCOLS = {"nvlink", "nvlink_intra", "hip", "xgmi", "ascend", "efa", "cxl",
@@ -70,11 +73,21 @@ def _lists(buffers, peer_buffer_addresses, lengths):
     bufs = _seq(buffers, "buffers")
     remotes = _seq(peer_buffer_addresses, "peer_buffer_addresses")
     lens = _seq(lengths, "lengths")
-    if not (len(bufs) == len(remotes) == len(lens)):
-        fail(_code("INVALID_ARGUMENT"), "INVALID_ARGUMENT (-1): buffers, "
-             "peer_buffer_addresses and lengths differ in count (%d, %d, %d)"
-             % (len(bufs), len(remotes), len(lens)))
+    _same_count(("buffers", "peer_buffer_addresses", "lengths"), (bufs, remotes, lens))
     return bufs, remotes, lens
+
+
+def _same_count(names, seqs):
+    """Batch lists of one count, or INVALID_ARGUMENT, logged to the "ferry"
+    logger as Mooncake logs it (its calls then return their failure value:
+    -1, or batch id 0): nothing is moved or registered, never a batch cut
+    to the shortest list."""
+    counts = tuple(len(s) for s in seqs)
+    if len(set(counts)) > 1:
+        detail = ("INVALID_ARGUMENT (-1): %s and %s differ in count (%s)"
+                  % (", ".join(names[:-1]), names[-1], ", ".join(map(str, counts))))
+        _log.error("%s", detail)
+        fail(_code("INVALID_ARGUMENT"), detail)
 
 
 def _check_int_entries(remotes, lens):

@@ -16,6 +16,7 @@ address vectors may send them as a descriptor without any index list.
 """
 
 import ctypes
+import operator
 
 from . import _lib, _vectors
 from .errors import check, fail, CODES
@@ -35,17 +36,29 @@ def _indices(idx, n, what):
     return vec, _vectors.pointer(vec, ctypes.c_uint64)
 
 
+def _u64(v, what):
+    """v as an int in [0, 2**64): a ctypes field would keep only the low 64
+    bits of a larger one (n = 2**64 + 1 taken as 1) and wrap a negative one."""
+    if isinstance(v, bool) or not hasattr(type(v), "__index__"):
+        fail(CODES["INVALID_ARGUMENT"], "INVALID_ARGUMENT (-1): %s must be an int, not %s"
+             % (what, type(v).__name__))
+    v = operator.index(v)
+    if not 0 <= v < 1 << 64:
+        fail(CODES["INVALID_ARGUMENT"], "INVALID_ARGUMENT (-1): %s = %d is not in [0, 2**64)" % (what, v))
+    return v
+
+
 def descriptor(opcode, local_base, local_stride, remote_base, remote_stride, piece_len, n,
                local_indices=None, remote_indices=None):
     """(ferry_strided_t, the index vectors it points to: keep them alive)."""
     d = _lib.new_struct(_lib.Strided)
     d.opcode = opcode
-    d.local_base = local_base
-    d.local_stride = local_stride
-    d.remote_base = remote_base
-    d.remote_stride = remote_stride
-    d.piece_len = piece_len
-    d.n = n
+    d.local_base = _u64(local_base, "local_base")
+    d.local_stride = _u64(local_stride, "local_stride")
+    d.remote_base = _u64(remote_base, "remote_base")
+    d.remote_stride = _u64(remote_stride, "remote_stride")
+    d.piece_len = _u64(piece_len, "piece_len")
+    n = d.n = _u64(n, "n")
     lv, lp = _indices(local_indices, n, "local_indices")
     rv, rp = _indices(remote_indices, n, "remote_indices")
     if lp is not None:

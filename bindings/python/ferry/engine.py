@@ -36,7 +36,8 @@ from ._host_memory import allocate_host_buffer, free_host_buffer  # noqa: F401 -
 from ._cuda import _cuda_driver, _cuda_stream_wait, _cudart, _device_ordinal  # noqa: F401 - _cudart: tests
 from ._mooncake_args import (P2PHANDSHAKE, _FALLBACK_FROM,  # noqa: F401 - P2PHANDSHAKE: API
                              _check_int_entries, _code, _int, _lists, _metadata, _nonempty,
-                             _opcode_arg, _peer, _sized, _split_hostname, _transport)
+                             _opcode_arg, _peer, _same_count, _sized, _split_hostname,
+                             _transport)
 from .core import Engine
 from .errors import FerryError, fail
 
@@ -365,6 +366,7 @@ class TransferEngine(AsyncBatches):
         def go():
             eng = self._eng()
             addrs, caps = _sized(buffer_addresses), _sized(capacities)
+            _same_count(("buffer_addresses", "capacities"), (addrs, caps))
             with _registry_lock(eng):
                 held = _hold_again(eng, addrs, caps)
                 if held is None:
