@@ -11,7 +11,6 @@
 #include <string.h>
 
 #if defined(__aarch64__)
-#include <arm_acle.h>
 #include <sys/auxv.h>
 #ifndef HWCAP_CRC32
 #define HWCAP_CRC32 (1 << 7) /* <asm/hwcap.h> on arm64 */
@@ -99,16 +98,27 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const uns
     return c32;
 }
 #elif defined(__aarch64__)
-__attribute__((target("+crc"))) static uint32_t crc_hw(uint32_t crc, const unsigned char *p, size_t len)
+/* The compilers' own builtins: <arm_acle.h> declares __crc32cd only when the
+ * whole file is built for +crc (clang), which would leave CPUs without it. */
+#if defined(__clang__)
+#define FERRY_CRC_TARGET "crc"
+#define crc32c_u64(c, v) __builtin_arm_crc32cd((c), (v))
+#define crc32c_u8(c, b) __builtin_arm_crc32cb((c), (b))
+#else
+#define FERRY_CRC_TARGET "+crc"
+#define crc32c_u64(c, v) __builtin_aarch64_crc32cx((c), (v))
+#define crc32c_u8(c, b) __builtin_aarch64_crc32cb((c), (b))
+#endif
+__attribute__((target(FERRY_CRC_TARGET))) static uint32_t crc_hw(uint32_t crc, const unsigned char *p, size_t len)
 {
     while (len >= 8) {
         uint64_t v;
         memcpy(&v, p, 8);
-        crc = __crc32cd(crc, v);
+        crc = crc32c_u64(crc, v);
         p += 8;
         len -= 8;
     }
-    while (len--) crc = __crc32cb(crc, *p++);
+    while (len--) crc = crc32c_u8(crc, *p++);
     return crc;
 }
 #endif
