@@ -1,0 +1,4 @@
+# Every git-tracked source file carries its SPDX-License-Identifier line
+# (scripts/spdx.sh --check lists those that lack it; --fix adds it).
+add_test(NAME spdx_headers COMMAND ${CMAKE_SOURCE_DIR}/scripts/spdx.sh --check)
+set_tests_properties(spdx_headers PROPERTIES LABELS "licence;no-tsan" TIMEOUT 60)
