@@ -30,8 +30,6 @@ syntax_of() {
   esac
 }
 
-has_tag() { head -n 5 "$1" | grep -q "$TAG"; }
-
 add_tag() {
   f=$1 syntax=$2 tmp="$1.spdx.$$"
   if [ "$syntax" = c ]; then line="/* $TAG */"; else line="# $TAG"; fi
@@ -44,22 +42,29 @@ add_tag() {
   mv "$tmp" "$f"
 }
 
-missing=0
-for f in $(list_files); do
-  [ -f "$f" ] || continue
-  syntax=$(syntax_of "$f")
-  [ -n "$syntax" ] || continue
-  has_tag "$f" && continue
-  if [ "$mode" = --fix ]; then
-    add_tag "$f" "$syntax"
+# The source files, one a line, then those among them lacking the line in
+# their first 5 lines (one awk over all of them: quick on a 2-core machine).
+sources=$(mktemp) && trap 'rm -f "$sources"' EXIT
+list_files | while IFS= read -r f; do
+  [ -f "$f" ] && [ -n "$(syntax_of "$f")" ] && printf '%s\n' "$f"
+done >"$sources"
+lacking=$(tr '\n' '\0' <"$sources" | xargs -0 -r awk -v tag="$TAG" '
+  FNR == 1 { if (prev != "" && !found) print prev; prev = FILENAME; found = 0 }
+  FNR <= 5 && index($0, tag) { found = 1 }
+  FNR > 5 { nextfile }
+  END { if (prev != "" && !found) print prev }')
+# awk never sees an empty file: those lack it too
+lacking=$(printf '%s\n' "$lacking"; while IFS= read -r f; do [ -s "$f" ] || printf '%s\n' "$f"; done <"$sources")
+lacking=$(printf '%s\n' "$lacking" | sed '/^$/d')
+
+[ -n "$lacking" ] || exit 0
+if [ "$mode" = --fix ]; then
+  printf '%s\n' "$lacking" | while IFS= read -r f; do
+    add_tag "$f" "$(syntax_of "$f")"
     echo "spdx: added to $f"
-  else
-    echo "$f"
-    missing=$((missing + 1))
-  fi
-done
-if [ "$mode" = --check ] && [ "$missing" -gt 0 ]; then
-  echo "spdx: $missing file(s) lack '$TAG' (scripts/spdx.sh --fix adds it)" >&2
-  exit 1
+  done
+  exit 0
 fi
-exit 0
+printf '%s\n' "$lacking"
+echo "spdx: $(printf '%s\n' "$lacking" | wc -l) file(s) lack '$TAG' (scripts/spdx.sh --fix adds it)" >&2
+exit 1
