@@ -24,7 +24,7 @@ die() { echo "check_install: $*" >&2; exit 1; }
 
 step "cmake --install into $prefix"
 cmake --install "$build" --prefix "$prefix" >"$work/install.log" || { cat "$work/install.log"; die "install failed"; }
-libdir=$(cd "$prefix" && ls -d lib* | head -n 1)
+libdir=$(sed -n "s/^CMAKE_INSTALL_LIBDIR:[A-Z]*=//p" "$build/CMakeCache.txt")  # lib, or lib/<multiarch> for /usr
 for f in include/ferry/ferry.h include/ferry/error.h include/ferry/export.h include/ferry/kv.h include/ferry/pool.h \
          "$libdir/libferry.a" "$libdir/libferry.so" "$libdir/pkgconfig/ferry.pc" \
          "$libdir/cmake/ferry/ferryConfig.cmake" "$libdir/cmake/ferry/ferryConfigVersion.cmake" bin/ferry; do

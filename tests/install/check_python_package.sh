@@ -21,7 +21,7 @@ trap 'rm -rf "$work"' EXIT
 die() { echo "check_python_package: $*" >&2; exit 1; }
 
 cmake --install "$build" --prefix "$work/prefix" >"$work/install.log" || { cat "$work/install.log"; die "cmake --install failed"; }
-libdir=$(cd "$work/prefix" && ls -d lib* | head -n 1)
+libdir=$(sed -n "s/^CMAKE_INSTALL_LIBDIR:[A-Z]*=//p" "$build/CMakeCache.txt")  # lib, or lib/<multiarch> for /usr
 # A copy outside the checkout (the wheel's library then comes from FERRY_WHEEL_LIBRARY).
 mkdir "$work/src"
 cp -r "$src/ferry" "$src/_build" "$src/pyproject.toml" "$src/README.md" "$work/src/"
