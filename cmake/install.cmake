@@ -56,6 +56,10 @@ install(TARGETS ferry_shared EXPORT ferryTargets
 install(TARGETS ferry ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev)
 install(TARGETS ferry_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT bin)
 file(GLOB FERRY_MAN_PAGES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/man/*.1)
+# `cmake --build build --target man` regenerates man/ from the CLI's help
+# (help2man); ctest man_pages fails until it is run after a help change.
+add_custom_target(man COMMAND ${CMAKE_SOURCE_DIR}/scripts/man.sh $<TARGET_FILE:ferry_cli> ${CMAKE_SOURCE_DIR}/man
+                  DEPENDS ferry_cli VERBATIM)
 install(FILES ${FERRY_MAN_PAGES} DESTINATION ${CMAKE_INSTALL_MANDIR}/man1 COMPONENT bin)
 install(FILES ${CMAKE_SOURCE_DIR}/completion/ferry.bash DESTINATION ${FERRY_BASH_COMPLETION_DIR}
         RENAME ferry COMPONENT bin)

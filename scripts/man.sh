@@ -5,7 +5,7 @@
 #   scripts/man.sh FERRY_BINARY OUT_DIR
 # The pages are committed in man/ (`make install` needs no help2man);
 # regenerate them after changing a command's help:
-#   scripts/man.sh build/ferry man
+#   scripts/man.sh build/ferry man    (or: cmake --build build --target man)
 # ctest man_pages checks that man/ matches the binary.
 set -eu
 ferry=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")

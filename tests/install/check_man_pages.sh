@@ -20,5 +20,5 @@ done
 for page in "$src"/man/*.1; do
   [ -f "$work/man/$(basename "$page")" ] || { echo "man/$(basename "$page"): no such command now"; status=1; }
 done
-[ $status -eq 0 ] || echo "regenerate: scripts/man.sh build/ferry man" >&2
+[ $status -eq 0 ] || echo "regenerate: scripts/man.sh build/ferry man (or cmake --build build --target man)" >&2
 exit $status
