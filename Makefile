@@ -3,9 +3,14 @@
 #   make test   the whole test suite (ASan+UBSan, TSan, Python), as CI runs it
 # and for packagers and users:
 #   make install [PREFIX=/usr/local] [DESTDIR=staging]   headers, libferry.so.X.Y.Z
-#               (SONAME libferry.so.X), libferry.a, the ferry CLI, ferry.pc and
-#               the CMake package (find_package(ferry) -> ferry::ferry)
-#   make uninstall   removes what the last install put there
+#               (SONAME libferry.so.X), libferry.a, the ferry CLI, its man pages
+#               and bash completion, ferry.pc and the CMake package
+#               (find_package(ferry) -> ferry::ferry). Builds only those
+#               (BUILD_TESTING=OFF: no tests, no cmocka) and installs no
+#               packages; PREFIX is given at configure time, so libdir is
+#               GNUInstallDirs' (lib/<multiarch> under /usr on Debian).
+#   make uninstall [DESTDIR=staging]   removes what the last install put there,
+#               the folders it created included
 BUILD ?= build
 JOBS ?= $(shell nproc)
 PREFIX ?= /usr/local
@@ -18,7 +23,7 @@ deps:
 	@scripts/deps.sh
 
 build: deps
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=ON >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
 demo: build
@@ -27,12 +32,13 @@ demo: build
 test: deps
 	@scripts/test.sh
 
-install: build
-	@DESTDIR="$(DESTDIR)" cmake --install $(BUILD) --prefix "$(PREFIX)"
+install:
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DCMAKE_INSTALL_PREFIX="$(PREFIX)" >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS) --target ferry ferry_shared ferry_cli
+	@DESTDIR="$(DESTDIR)" cmake --install $(BUILD)
 
 uninstall:
-	@test -f $(BUILD)/install_manifest.txt || { echo "nothing installed from $(BUILD)"; exit 1; }
-	@xargs -d '\n' rm -fv < $(BUILD)/install_manifest.txt
+	@DESTDIR="$(DESTDIR)" scripts/uninstall.sh $(BUILD)
 
 clean:
 	rm -rf build build-*

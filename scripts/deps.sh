@@ -4,6 +4,7 @@
 set -euo pipefail
 PKGS=(build-essential cmake pkg-config clang libclang-rt-14-dev
       libcmocka-dev libcurl4-openssl-dev libjansson-dev libhiredis-dev libssl-dev libmicrohttpd-dev
+      libisal-dev help2man
       libibverbs-dev rdma-core
       etcd-server redis-server iperf3 libucx-dev ucx-utils
       python3 python3-numpy python3-pip python3-setuptools nftables iproute2 procps curl)

@@ -57,7 +57,7 @@ tsan() {
 
 release() {
   mkdir -p build
-  configure_build build -DCMAKE_BUILD_TYPE=Release
+  configure_build build -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=ON
 }
 
 python_tests() {

@@ -8,7 +8,7 @@ Two APIs over the same libferry.so:
 ferry.errors has the code table (from the C library), strerror, retryable and
 the calling thread's last error detail. The library is found through
 $FERRY_LIBRARY, then the repository's build directories, then the system
-loader (ferry.library_path() says which).
+loader, then the copy a wheel carries (ferry.library_path() says which).
 """
 
 from . import errors

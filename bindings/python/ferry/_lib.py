@@ -7,7 +7,9 @@ Search order:
      cannot be loaded into this interpreter (an ASan build without LD_PRELOAD);
   3. the system loader: libferry.so.<ABI_MAJOR> (the SONAME; found through
      LD_LIBRARY_PATH and the ldconfig cache, so an installed library in
-     /usr/local/lib needs `ldconfig` once), then ctypes.util.find_library.
+     /usr/local/lib needs `ldconfig` once), then ctypes.util.find_library;
+  4. the library the wheel carries (ferry/_libs/libferry.so.<ABI_MAJOR>,
+     bindings/python/_build/ferry_backend.py puts it there).
 A library is taken only if it exports ferry_version() with the major
 version this binding was written for (docs/ABI.md).
 
@@ -58,6 +60,9 @@ def _candidates():
     found = ctypes.util.find_library("ferry")
     if found and found != SONAME:
         yield found, "system loader"
+    bundled = os.path.join(_PKG_DIR, "_libs", SONAME)
+    if os.path.exists(bundled):
+        yield bundled, "the wheel's copy"
 
 
 def _incompatible(handle):
