@@ -10,12 +10,17 @@
  * - a re-pinned name works; a pin newer than the session re-opens it;
  * - unpinned calls keep the documented rule: the one call that meets the
  *   restart fails, later ones go to the new process;
- * - malformed pins are INVALID_ARGUMENT. */
+ * - malformed pins are INVALID_ARGUMENT;
+ * - KV: a plan's sends are pinned to the decode it was first sent to (or
+ *   to the pinned name given): a restarted decode gets nothing under the
+ *   old layout, every time. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <ferry/kv.h>
 
 #include "fault.h"
 #include "harness.h"
@@ -314,6 +319,71 @@ static void wrong_and_malformed_pins(void **state)
     free(buf);
 }
 
+/* The decode's layout: an MLA cache of one layer in the peer's buffer,
+ * pages of one 4 KiB row; the prefill's the same in buf. */
+#define KV_PAGES 64
+#define KV_ROW 4096
+
+static ferry_kv_plan_t *kv_plan(uint64_t *src_addr, uint64_t *dst_addr)
+{
+    ferry_kv_cache_desc_t src = {.kind = FERRY_KV_MLA, .num_layers = 1, .num_pages = KV_PAGES, .page_size = 1,
+                                 .mla_row_bytes = KV_ROW, .tp_rank = 0, .tp_size = 1, .k_addrs = src_addr};
+    ferry_kv_cache_desc_t dst = src;
+    dst.k_addrs = dst_addr;
+    int32_t sp[KV_PAGES / 2], dp[KV_PAGES / 2];
+    for (int i = 0; i < KV_PAGES / 2; i++) sp[i] = i, dp[i] = KV_PAGES - 1 - 2 * i;
+    ferry_kv_plan_t *plan;
+    assert_int_equal(ferry_kv_plan_create(&src, &dst, sp, dp, KV_PAGES / 2, &plan), 0);
+    assert_int_equal(ferry_kv_plan_bind_sender(plan, 0, 0, 0, 0), 0);
+    return plan;
+}
+
+static void kv_restarted_decode_gets_nothing(void **state)
+{
+    (void)state;
+    ferry_engine_t *e = initiator("tcp", 0);
+    peer_proc_t p1, p2;
+    assert_int_equal(peer_spawn(&p1, NULL, NULL, NULL), 0);
+    size_t len = (size_t)KV_PAGES * KV_ROW;
+    assert_true(p1.len >= len);
+    unsigned char *buf = malloc(len);
+    assert_int_equal(ferry_register(e, buf, len, 0), 0);
+    harness_fill(buf, len, 100);
+    uint64_t src_addr = (uint64_t)(uintptr_t)buf, dst_addr = p1.addr;
+    ferry_kv_send_args_t args = {.request_id = 7, .timeout_ms = 3000};
+    /* Sent once to the live decode: the plan is pinned to it. */
+    ferry_kv_plan_t *plan = kv_plan(&src_addr, &dst_addr);
+    assert_int_equal(ferry_kv_send(e, p1.name, plan, &args), 0);
+    assert_int_equal(peer_cmd(&p1, "iszero %d %d", (KV_PAGES - 1) * KV_ROW, KV_ROW), 1); /* page 0 -> 63 */
+    char pin1[128];
+    pinned_name(pin1, sizeof pin1, &p1); /* what the decode advertises with its layout */
+    /* A second plan made from the layout, still unsent. */
+    ferry_kv_plan_t *plan2 = kv_plan(&src_addr, &dst_addr);
+
+    restart(&p1, &p2);
+    for (int i = 0; i < TRIES; i++) {
+        args.request_id = 100 + (uint64_t)i;
+        expect_restarted(ferry_kv_send(e, p1.name, plan, &args), "kv send", i, &p1, &p2);
+        expect_restarted(ferry_kv_send(e, pin1, plan2, &args), "kv send, pinned layout", i, &p1, &p2);
+    }
+    assert_int_equal(peer_cmd(&p2, "check 300 0 %zu", p2.len), 0);
+    /* A plan of the new layout, pinned anew, goes. */
+    dst_addr = p2.addr;
+    ferry_kv_plan_t *plan3 = kv_plan(&src_addr, &dst_addr);
+    char pin2[128];
+    assert_int_equal(ferry_session_pin(e, p2.name, pin2, sizeof pin2), 0);
+    assert_int_equal(ferry_kv_send(e, pin2, plan3, &args), 0);
+    /* ... and then refuses another epoch than its own. */
+    expect_restarted(ferry_kv_send(e, pin1, plan3, &args), "kv send, plan of another epoch", 0, &p1, &p2);
+    ferry_kv_plan_destroy(plan);
+    ferry_kv_plan_destroy(plan2);
+    ferry_kv_plan_destroy(plan3);
+    peer_end(&p2, 0);
+    ferry_deregister(e, buf);
+    ferry_engine_destroy(e);
+    free(buf);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -324,6 +394,7 @@ int main(void)
         cmocka_unit_test(pinned_batch_runs_after_restart_shm),
         cmocka_unit_test(newer_pin_reopens_the_session),
         cmocka_unit_test(wrong_and_malformed_pins),
+        cmocka_unit_test(kv_restarted_decode_gets_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
