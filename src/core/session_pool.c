@@ -348,7 +348,11 @@ int ferry_session_checkout_abortable(ferry_session_t *s, uint64_t deadline, atom
         }
         if (s->nidle > 0) {
             ferry_conn_t *c = s->idle[--s->nidle];
-            if (conn_looks_healthy(c)) {
+            /* Each connection was handshaken with the session's epoch
+             * (check_epoch); checked again here, since pinned calls rely on
+             * it: one that was not is closed, and its replacement's
+             * handshake finds the restart. */
+            if (conn_looks_healthy(c) && c->peer.epoch == s->peer.epoch) {
                 int rc = busy_add(c, false);
                 if (rc) {
                     s->nconns--;
