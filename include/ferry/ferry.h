@@ -335,8 +335,10 @@ FERRY_API int ferry_session_open(ferry_engine_t *e, const char *peer);
 /* Opens the session if needed and writes the pinned name of the peer's
  * epoch as the session knows it (that of its first handshake; no round
  * trip when the session is open) into out: "host:port#%016llx", NUL
- * included. INVALID_ARGUMENT when out is NULL or cap is too small; a
+ * included (FERRY_PINNED_NAME_MAX bytes always suffice). INVALID_ARGUMENT
+ * when out is NULL or cap is too small (the detail says the size); a
  * pinned peer must be of the current epoch (else PEER_RESTARTED). */
+#define FERRY_PINNED_NAME_MAX 274 /* a 255-byte host:port, '#', 16 digits, NUL */
 FERRY_API int ferry_session_pin(ferry_engine_t *e, const char *peer, char *out, size_t cap);
 /* Drops the cached session; the next use or open handshakes afresh.
  * Requests other threads have in flight on it then fail with

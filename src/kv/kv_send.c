@@ -298,7 +298,7 @@ static int pin_plan_peer(ferry_engine_t *e, const char *peer, const ferry_kv_pla
     _Atomic uint64_t *pin = &((struct ferry_kv_plan *)plan)->pin_epoch;
     uint64_t have = atomic_load(pin);
     if (!pinned && have == 0) {
-        char name[320];
+        char name[FERRY_PINNED_NAME_MAX];
         rc = ferry_session_pin(e, plain, name, sizeof name);
         if (rc == 0) rc = ferry_peer_name_split(name, plain, sizeof plain, &epoch, &pinned);
         if (rc != 0) return rc;
@@ -335,7 +335,7 @@ int ferry_kv_send(ferry_engine_t *e, const char *peer, const ferry_kv_plan_t *pl
     ferry_kv_notice_t n = {.request_id = args->request_id, .prefill_rank = plan->src.tp_rank,
                            .decode_rank = plan->dst.tp_rank, .bytes = plan->info.bytes,
                            .aux_len = args->aux_len, .aux = args->aux};
-    char pinned[320];
+    char pinned[FERRY_PINNED_NAME_MAX];
     int rc = pin_plan_peer(e, peer, plan, pinned, sizeof pinned);
     if (rc != 0) /* no notice: the receiver may be another process than the plan's */
         return ferry_fail_context("kv send request %llu to %s: pin", (unsigned long long)args->request_id, peer);
