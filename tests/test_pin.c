@@ -14,6 +14,7 @@
  * - KV: a plan's sends are pinned to the decode it was first sent to (or
  *   to the pinned name given): a restarted decode gets nothing under the
  *   old layout, every time. */
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -246,6 +247,71 @@ static void pinned_batch_runs_after_restart_shm(void **state)
     pinned_batch_runs_after_restart("shm");
 }
 
+struct bg_write {
+    ferry_engine_t *e;
+    const char *peer;
+    void *buf;
+    uint64_t remote;
+    size_t len;
+    int rc;
+    char detail[1024]; /* the thread's own */
+};
+
+static void *bg_write(void *arg)
+{
+    struct bg_write *w = arg;
+    w->rc = ferry_transfer_sync(w->e, w->peer, FERRY_OP_WRITE, w->buf, w->remote, w->len);
+    snprintf(w->detail, sizeof w->detail, "%s", ferry_last_error_detail());
+    return NULL;
+}
+
+/* A pinned write under way when its connection breaks (the target killed
+ * while stopped, so the write was waiting for its answer) retries on a
+ * new connection, which reaches the restarted process at the same port:
+ * its handshake refuses it and nothing of the write lands there. */
+static void pinned_call_reconnects_into_restart(void **state)
+{
+    (void)state;
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.timeout_ms = 15000;
+    cfg.connect_timeout_ms = 3000;
+    cfg.retries = 4; /* 300, 600, 1200, 2400 ms: the new process is up by then */
+    cfg.retry_backoff_ms = 300;
+    cfg.cancel_timeout_ms = 300;
+    cfg.transport = "tcp";
+    ferry_engine_t *e = harness_engine_cfg(&cfg);
+    peer_proc_t p1, p2;
+    assert_int_equal(peer_spawn(&p1, NULL, NULL, NULL), 0);
+    size_t len = p1.len;
+    unsigned char *buf = malloc(len);
+    assert_int_equal(ferry_register(e, buf, len, 0), 0);
+    harness_fill(buf, len, 100);
+    char pin1[128];
+    assert_int_equal(ferry_session_pin(e, p1.name, pin1, sizeof pin1), 0);
+    assert_int_equal(ferry_transfer_sync(e, pin1, FERRY_OP_WRITE, buf, p1.addr, 4096), 0);
+
+    harness_stop_process(p1.pid);
+    struct bg_write w = {.e = e, .peer = pin1, .buf = buf, .remote = p1.addr, .len = len};
+    pthread_t t;
+    pthread_create(&t, NULL, bg_write, &w);
+    usleep(300000); /* on the wire, waiting for the stopped target's answer */
+    restart(&p1, &p2);
+    pthread_join(t, NULL);
+    fprintf(stderr, "pinned write across the restart: %s: %s\n", ferry_error_name(w.rc), w.detail);
+    /* PEER_RESTARTED; CANCEL_UNCONFIRMED when the fence of the bytes the
+     * dead process had could not be confirmed (it is gone). */
+    assert_true(w.rc == FERRY_ERR_PEER_RESTARTED || w.rc == FERRY_ERR_CANCEL_UNCONFIRMED);
+    assert_int_equal(peer_cmd(&p2, "check 300 0 %zu", len), 0);
+    for (int i = 0; i < TRIES; i++)
+        expect_restarted(ferry_transfer_sync(e, pin1, FERRY_OP_WRITE, buf, p1.addr, len), "write after", i, &p1, &p2);
+    assert_int_equal(peer_cmd(&p2, "check 300 0 %zu", len), 0);
+    peer_end(&p2, 0);
+    ferry_deregister(e, buf);
+    ferry_engine_destroy(e);
+    free(buf);
+}
+
 /* The peer restarted and no call met it yet, but the caller learned the
  * new epoch elsewhere (the new process handed out its pinned name): the
  * pinned call finds the restart and goes to the new process. */
@@ -392,6 +458,7 @@ int main(void)
         cmocka_unit_test(pinned_calls_into_a_restart_shm),
         cmocka_unit_test(pinned_batch_runs_after_restart_tcp),
         cmocka_unit_test(pinned_batch_runs_after_restart_shm),
+        cmocka_unit_test(pinned_call_reconnects_into_restart),
         cmocka_unit_test(newer_pin_reopens_the_session),
         cmocka_unit_test(wrong_and_malformed_pins),
         cmocka_unit_test(kv_restarted_decode_gets_nothing),
