@@ -326,8 +326,8 @@ typedef struct ferry_peer_info {
  * flight on the old session) fails with PEER_RESTARTED and sends nothing;
  * after it, calls re-open the session by themselves and go to the new
  * process: a later call that still carries the old process's addresses is
- * refused only if the new process has not registered them (it then writes
- * into whatever the new process registered there). */
+ * placed in the new process's memory if that process registered them
+ * there, and refused (ADDRESS_NOT_REGISTERED, ...) only if it did not. */
 
 /* Opens (or returns the cached) session to peer "host:port": connects,
  * handshakes (versions, engine id, epoch, segments). Idempotent. */
