@@ -309,9 +309,40 @@ typedef struct ferry_peer_info {
     int same_host;
 } ferry_peer_info_t;
 
+/* Peer names and restarts. A peer is named "host:port", or pinned to one
+ * boot of it: "host:port#<epoch>", the epoch in hex without 0x (16 digits
+ * as ferry_session_pin writes it; 1 to 16 accepted), e.g.
+ * "127.0.0.1:7000#1a2b3c4d5e6f7081". Every call that takes a peer name
+ * takes either; both name the one session of host:port. A malformed pin
+ * (empty, not hex, over 16 digits) is INVALID_ARGUMENT.
+ *
+ * Pinned: a call whose pinned epoch is not the peer's current one fails
+ * with PEER_RESTARTED, naming both epochs, before any byte leaves, every
+ * time. Every connection its bytes travel on (one re-opened mid-call
+ * included) was handshaken with the pinned epoch, and an async batch is
+ * checked again when it runs, not only at submit. Pin the addresses you
+ * learn: call ferry_session_pin (or build the name from
+ * ferry_peer_info_t.epoch) before fetching them, or take the pinned name
+ * from the peer that hands them out (its name and ferry_engine_epoch).
+ *
+ * Unpinned: the call that meets the new epoch (and any other call in
+ * flight on the old session) fails with PEER_RESTARTED and sends nothing;
+ * after it, calls re-open the session by themselves and go to the new
+ * process: a later call that still carries the old process's addresses is
+ * placed in the new process's memory if that process registered them
+ * there, and refused (ADDRESS_NOT_REGISTERED, ...) only if it did not. */
+
 /* Opens (or returns the cached) session to peer "host:port": connects,
  * handshakes (versions, engine id, epoch, segments). Idempotent. */
 FERRY_API int ferry_session_open(ferry_engine_t *e, const char *peer);
+/* Opens the session if needed and writes the pinned name of the peer's
+ * epoch as the session knows it (that of its first handshake; no round
+ * trip when the session is open) into out: "host:port#%016llx", NUL
+ * included (FERRY_PINNED_NAME_MAX bytes always suffice). INVALID_ARGUMENT
+ * when out is NULL or cap is too small (the detail says the size); a
+ * pinned peer must be of the current epoch (else PEER_RESTARTED). */
+#define FERRY_PINNED_NAME_MAX 274 /* a 255-byte host:port, '#', 16 digits, NUL */
+FERRY_API int ferry_session_pin(ferry_engine_t *e, const char *peer, char *out, size_t cap);
 /* Drops the cached session; the next use or open handshakes afresh.
  * Requests other threads have in flight on it then fail with
  * SESSION_INVALID once they need a new connection (retry them; the retry

@@ -249,7 +249,19 @@ typedef struct ferry_kv_send_args {
  * the peer acknowledged every byte, then notifies it a success notice
  * carrying the aux bytes. When any step fails it notifies a failure notice
  * instead (status = the code, reason = the detail) and returns the code;
- * the detail names the request, the peer and the step. */
+ * the detail names the request, the peer and the step.
+ * Restarts: a plan's sends are pinned to one process of the decode rank,
+ * the epoch of the pinned peer name ("host:port#epoch", ferry.h) of its
+ * first send, or, for a plain name, the session's epoch at that first
+ * send. Every later send of the plan, and every step of each (staging
+ * check, blocks, notices), goes to that epoch only: a decode restarted at
+ * the same port gets nothing under the old layout, PEER_RESTARTED every
+ * time (no notice either). A send pinned to another epoch than the plan's
+ * fails PEER_RESTARTED. To pin from the moment the layout is learned, have
+ * the decode advertise its pinned name with it (its host:port and
+ * ferry_engine_epoch) and pass that name, or call ferry_session_pin when
+ * the layout arrives: a plain name pins a new plan only at its first send,
+ * so a restart between learning the layout and that send is not seen. */
 FERRY_API int ferry_kv_send(ferry_engine_t *e, const char *peer, const ferry_kv_plan_t *plan,
                   const ferry_kv_send_args_t *args);
 /* Tells the decode rank that this prefill rank will not deliver request_id

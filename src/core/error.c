@@ -99,9 +99,11 @@ static const struct error_advice advice_table[] = {
      "Causes: the peer process restarted: its epoch changed, so every address learned from\n"
      "the old process is void. The call that finds the new epoch fails with this code and\n"
      "writes nothing (calls already under way with the old session fail too).\n"
+     "A call pinned to the old epoch (\"host:port#epoch\") fails so every time.\n"
      "What to do: fetch the new process's buffer addresses and send again: the session\n"
      "re-opens by itself, so the next call learns the new process (no probe or\n"
-     "ferry_session_open needed; ferry_session_open still works)."},
+     "ferry_session_open needed; ferry_session_open still works); pin them anew\n"
+     "(ferry_session_pin) if you pin."},
     {FERRY_ERR_VERSION_MISMATCH,
      "Causes: the two engines run Ferry builds with incompatible protocol versions.\n"
      "What to do: upgrade both sides to the same release."},

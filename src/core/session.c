@@ -164,7 +164,35 @@ static bool session_restarted(ferry_session_t *s)
     return restarted;
 }
 
-int ferry_session_get(ferry_engine_t *e, const char *peer, ferry_session_t **out)
+/* Remembers that epoch is not the peer's current one (s->lock held). */
+static void void_epoch_locked(ferry_session_t *s, uint64_t epoch)
+{
+    size_t cap = sizeof s->void_epochs / sizeof s->void_epochs[0];
+    for (size_t i = 0; i < s->nvoid && i < cap; i++)
+        if (s->void_epochs[i] == epoch) return;
+    s->void_epochs[s->nvoid++ % cap] = epoch;
+}
+
+static bool epoch_void_locked(const ferry_session_t *s, uint64_t epoch)
+{
+    size_t cap = sizeof s->void_epochs / sizeof s->void_epochs[0];
+    for (size_t i = 0; i < s->nvoid && i < cap; i++)
+        if (s->void_epochs[i] == epoch) return true;
+    return false;
+}
+
+/* The session re-opened after old's restart knows that old's epoch (and
+ * those old knew void) are gone: calls pinned to them fail at once. */
+static void inherit_void_epochs(ferry_session_t *s, ferry_session_t *old)
+{
+    pthread_mutex_lock(&old->lock);
+    size_t cap = sizeof s->void_epochs / sizeof s->void_epochs[0];
+    for (size_t i = 0; i < old->nvoid && i < cap; i++) void_epoch_locked(s, old->void_epochs[i]);
+    if (old->have_peer) void_epoch_locked(s, old->peer.epoch);
+    pthread_mutex_unlock(&old->lock);
+}
+
+static int session_get_plain(ferry_engine_t *e, const char *peer, ferry_session_t **out)
 {
     if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "engine is NULL");
     if (atomic_load(&e->stopping)) return ferry_fail(FERRY_ERR_CONTEXT, "the engine is shutting down");
@@ -204,6 +232,7 @@ int ferry_session_get(ferry_engine_t *e, const char *peer, ferry_session_t **out
         }
         snprintf(s->host, sizeof s->host, "%s", host);
         s->port = port;
+        if (restarted) inherit_void_epochs(s, restarted);
         s->next = t->buckets[b];
         t->buckets[b] = s;
     }
@@ -215,6 +244,135 @@ int ferry_session_get(ferry_engine_t *e, const char *peer, ferry_session_t **out
     }
     *out = s;
     return 0;
+}
+
+/* ------------------------------------------------------- pinned names */
+
+int ferry_peer_name_split(const char *peer, char *plain, size_t cap, uint64_t *epoch, bool *pinned)
+{
+    if (!peer) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "peer name is NULL");
+    const char *hash = strchr(peer, '#');
+    size_t len = hash ? (size_t)(hash - peer) : strlen(peer);
+    if (len >= cap) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "peer name '%.64s...' is too long", peer);
+    memcpy(plain, peer, len);
+    plain[len] = '\0';
+    *pinned = hash != NULL;
+    *epoch = 0;
+    if (!hash) return 0;
+    const char *hex = hash + 1;
+    size_t digits = strspn(hex, "0123456789abcdefABCDEF");
+    if (digits == 0 || digits > 16 || hex[digits] != '\0')
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT,
+                          "peer name '%s': after '#' comes the peer's epoch, 1 to 16 hex digits without 0x "
+                          "(\"host:port#1a2b3c4d5e6f7081\", as ferry_session_pin writes it)",
+                          peer);
+    for (size_t i = 0; i < digits; i++) {
+        char c = hex[i];
+        unsigned v = c <= '9' ? (unsigned)(c - '0') : (unsigned)((c | 0x20) - 'a' + 10);
+        *epoch = *epoch << 4 | v;
+    }
+    return 0;
+}
+
+/* A pinned call's check, before any byte of it leaves: 0 when the session
+ * s is of the pinned epoch, PEER_RESTARTED when it is not, 1 when s was
+ * found restarted meanwhile (look the session up again: it is re-opened).
+ * A session's epoch is that of its first handshake and never changes:
+ * every later connection of it handshakes expecting that epoch, one that
+ * meets another marks the session restarted (check_epoch), and a restarted
+ * session hands out no connection. So every connection a pinned call's
+ * bytes travel on, one re-opened mid-call included, was handshaken with
+ * the pinned epoch, and a batch holding s checks it again when it runs. */
+static int pin_verdict(ferry_session_t *s, uint64_t pin)
+{
+    ferry_engine_t *e = s->engine;
+    uint64_t deadline = ferry_deadline_after_ms(e->cfg.connect_timeout_ms);
+    ferry_conn_t *c;
+    int rc = 0;
+    if (!ferry_session_known(s)) { /* learn the peer's epoch: one handshake */
+        rc = ferry_session_checkout(s, deadline, &c);
+        if (rc == 0) ferry_session_checkin(s, c, true);
+        if (rc == FERRY_ERR_PEER_RESTARTED) return 1;
+        if (rc) return rc;
+    }
+    pthread_mutex_lock(&s->lock);
+    bool restarted = s->state == SESSION_RESTARTED;
+    uint64_t now = s->peer.epoch;
+    bool known_void = epoch_void_locked(s, pin);
+    pthread_mutex_unlock(&s->lock);
+    if (restarted) return 1;
+    if (now == pin) return 0;
+    if (!known_void) {
+        /* The pin may be newer than this session (the peer restarted and
+         * no call has met it yet): a fresh handshake tells. It expects the
+         * session's epoch, so a restart marks the session restarted. */
+        rc = ferry_session_checkout_spare(s, deadline, true, &c);
+        if (rc == 0) ferry_session_checkin(s, c, true);
+        if (rc == FERRY_ERR_PEER_RESTARTED) return 1;
+        if (rc) return ferry_fail_context("checking %s's epoch against the pinned %016llx", s->name,
+                                          (unsigned long long)pin);
+        pthread_mutex_lock(&s->lock);
+        void_epoch_locked(s, pin); /* the peer is at `now`: the pin is of another process */
+        pthread_mutex_unlock(&s->lock);
+    }
+    return ferry_fail(FERRY_ERR_PEER_RESTARTED,
+                      "peer %s is at epoch %016llx and this call is pinned to epoch %016llx: its addresses "
+                      "are another process's, so nothing was sent (pinned calls fail so every time; learn "
+                      "the new addresses and pin them with ferry_session_pin)",
+                      s->name, (unsigned long long)now, (unsigned long long)pin);
+}
+
+int ferry_session_get(ferry_engine_t *e, const char *peer, ferry_session_t **out)
+{
+    char plain[256];
+    uint64_t pin;
+    bool pinned;
+    int rc = ferry_peer_name_split(peer, plain, sizeof plain, &pin, &pinned);
+    if (rc) return rc;
+    for (int round = 0;; round++) {
+        ferry_session_t *s = NULL;
+        rc = session_get_plain(e, plain, &s);
+        if (rc || !pinned) {
+            if (rc == 0) *out = s;
+            return rc;
+        }
+        rc = pin_verdict(s, pin);
+        if (rc == 0) {
+            *out = s;
+            return 0;
+        }
+        ferry_session_put(s);
+        if (rc < 0) return rc;
+        if (round == 1)
+            return ferry_fail(FERRY_ERR_PEER_RESTARTED, "peer %s restarted twice while a call pinned to epoch "
+                                                        "%016llx looked it up", plain, (unsigned long long)pin);
+    }
+}
+
+/* Opens the session if needed; its epoch, that of its first handshake. */
+static int session_pin(ferry_engine_t *e, const char *peer, char *out, size_t cap)
+{
+    ferry_clear_last_error();
+    if (!out || cap == 0) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "session pin: out is NULL or cap 0");
+    ferry_session_t *s;
+    int rc = ferry_session_get(e, peer, &s);
+    if (rc) return rc;
+    if (!ferry_session_known(s)) {
+        ferry_conn_t *c;
+        rc = ferry_session_checkout(s, ferry_deadline_after_ms(e->cfg.connect_timeout_ms), &c);
+        if (rc == 0) ferry_session_checkin(s, c, true);
+    }
+    if (rc == 0) {
+        pthread_mutex_lock(&s->lock);
+        uint64_t epoch = s->peer.epoch;
+        pthread_mutex_unlock(&s->lock);
+        int n = snprintf(out, cap, "%s#%016llx", s->name, (unsigned long long)epoch);
+        if (n < 0 || (size_t)n >= cap)
+            rc = ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "session pin: %d bytes do not fit in %zu", n + 1, cap);
+    }
+    if (rc) ferry_fail_context("pin %s", peer);
+    ferry_session_put(s);
+    return rc;
 }
 
 void ferry_sessions_destroy(ferry_engine_t *e)
@@ -283,8 +441,13 @@ int ferry_session_close(ferry_engine_t *e, const char *peer)
 {
     ferry_clear_last_error();
     if (!e || !peer) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "session close: NULL argument");
-    ferry_session_t *s = session_remove(e, peer);
-    if (!s) return ferry_fail(FERRY_ERR_NOT_FOUND, "no session to %s", peer);
+    char plain[256];
+    uint64_t pin;
+    bool pinned;
+    int rc = ferry_peer_name_split(peer, plain, sizeof plain, &pin, &pinned);
+    if (rc) return rc;
+    ferry_session_t *s = session_remove(e, plain); /* pinned or not: the one session of host:port */
+    if (!s) return ferry_fail(FERRY_ERR_NOT_FOUND, "no session to %s", plain);
     session_invalidate(s);
     ferry_session_put(s);
     return 0;
@@ -401,6 +564,14 @@ long ferry_session_segments(ferry_engine_t *e, const char *peer, ferry_segment_t
     if (!e) return n;
     rc = ferry_engine_leave(e, n < 0 ? (int)n : 0);
     return rc ? rc : n;
+}
+
+int ferry_session_pin(ferry_engine_t *e, const char *peer, char *out, size_t cap)
+{
+    int rc = e ? ferry_engine_enter(e) : 0;
+    if (rc) return rc;
+    rc = session_pin(e, peer, out, cap);
+    return e ? ferry_engine_leave(e, rc) : rc;
 }
 
 int ferry_session_ping(ferry_engine_t *e, const char *peer, uint64_t *rtt_us)

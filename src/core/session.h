@@ -32,7 +32,13 @@ struct ferry_session {
     pthread_mutex_t lock;      /* guards everything below */
     pthread_cond_t cond;       /* a connection was returned */
     int state;
-    ferry_hello_t peer;        /* from the first handshake */
+    ferry_hello_t peer;        /* from the first handshake; its epoch never changes (check_epoch) */
+    uint64_t new_epoch;        /* SESSION_RESTARTED: the epoch that the restart was found by */
+    /* Epochs known not to be the peer's current one (an older session's,
+     * a pin a handshake disproved): a call pinned to one fails without a
+     * round trip. A ring, kept across the re-open after a restart. */
+    uint64_t void_epochs[8];
+    unsigned nvoid;
     bool have_peer;
     ferry_conn_t **idle;       /* connections ready for use */
     int nidle, nconns, max_conns;
@@ -61,6 +67,13 @@ struct ferry_session {
 };
 
 /* session.c: initiator side */
+/* Splits a peer name into the session's name ("host:port", into plain)
+ * and, for a pinned name "host:port#<epoch in hex>", the epoch (*pinned
+ * true). INVALID_ARGUMENT for a malformed pin or a name over cap. */
+int ferry_peer_name_split(const char *peer, char *plain, size_t cap, uint64_t *epoch, bool *pinned);
+/* The session of peer, by its plain name. A pinned name is checked: the
+ * session's epoch must be the pinned one (learned by a handshake first
+ * when the session is new), else PEER_RESTARTED naming both epochs. */
 int ferry_session_get(ferry_engine_t *e, const char *peer, ferry_session_t **out);
 void ferry_session_put(ferry_session_t *s);
 int ferry_session_checkout(ferry_session_t *s, uint64_t deadline, ferry_conn_t **out);

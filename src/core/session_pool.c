@@ -148,9 +148,11 @@ static int check_epoch(ferry_session_t *s, const ferry_hello_t *peer)
     if (s->have_peer && peer->epoch != s->peer.epoch) {
         if (s->state == SESSION_OK) FERRY_STAT_ADD(&s->engine->stats, peer_restarts, 1);
         s->state = SESSION_RESTARTED;
+        s->new_epoch = peer->epoch;
         rc = ferry_fail(FERRY_ERR_PEER_RESTARTED,
                         "peer %s restarted: epoch %016llx became %016llx; its old addresses are void "
-                        "(nothing was written; the next call re-opens the session: fetch the new addresses)",
+                        "(nothing was written; the next call re-opens the session: fetch the new addresses; "
+                        "calls pinned to the old epoch keep failing)",
                         s->name, (unsigned long long)s->peer.epoch, (unsigned long long)peer->epoch);
     } else if (!s->have_peer) {
         s->peer = *peer;
@@ -308,9 +310,10 @@ static int state_error(ferry_session_t *s)
 {
     if (s->state == SESSION_RESTARTED)
         return ferry_fail(FERRY_ERR_PEER_RESTARTED,
-                          "peer %s restarted since this call began (epoch %016llx is void); the next call "
-                          "re-opens the session: fetch the new addresses",
-                          s->name, (unsigned long long)s->peer.epoch);
+                          "peer %s restarted since this call began (epoch %016llx is void, the peer is at "
+                          "%016llx); the next call re-opens the session: fetch the new addresses (calls "
+                          "pinned to the old epoch keep failing)",
+                          s->name, (unsigned long long)s->peer.epoch, (unsigned long long)s->new_epoch);
     return ferry_fail(FERRY_ERR_SESSION_INVALID, "the session to %s was closed", s->name);
 }
 
@@ -345,7 +348,11 @@ int ferry_session_checkout_abortable(ferry_session_t *s, uint64_t deadline, atom
         }
         if (s->nidle > 0) {
             ferry_conn_t *c = s->idle[--s->nidle];
-            if (conn_looks_healthy(c)) {
+            /* Each connection was handshaken with the session's epoch
+             * (check_epoch); checked again here, since pinned calls rely on
+             * it: one that was not is closed, and its replacement's
+             * handshake finds the restart. */
+            if (conn_looks_healthy(c) && c->peer.epoch == s->peer.epoch) {
                 int rc = busy_add(c, false);
                 if (rc) {
                     s->nconns--;

@@ -3,6 +3,7 @@
 #ifndef FERRY_KV_INTERNAL_H
 #define FERRY_KV_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -66,6 +67,10 @@ struct ferry_kv_plan {
     /* Set by bind_receiver. */
     int receiver_bound;
     uint64_t dst_staging_local;
+    /* The receiver's epoch this plan's sends are pinned to (kv_send.c):
+     * the pinned peer name of its first send, or the session's epoch then;
+     * 0 until that send. */
+    _Atomic uint64_t pin_epoch;
 };
 
 /* kv_send.c, shared with the embeddings path. */

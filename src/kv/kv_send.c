@@ -9,6 +9,7 @@
 
 #include "core/arith.h"
 #include "core/fail.h"
+#include "core/session.h"
 #include "kv/kv_internal.h"
 #include "wire/wire.h"
 
@@ -278,6 +279,46 @@ static int write_plan_blocks(ferry_engine_t *e, const char *peer, const ferry_kv
     return write_blocks(e, peer, blocks, count, timeout_ms);
 }
 
+/* The name every step of a send uses, peer pinned to the plan's epoch:
+ * the plan's addresses are of the receiver's process it was first sent
+ * to, so a restarted receiver gets nothing of it, every time (not even a
+ * notice). A plan is pinned at its first send, to the epoch of a pinned
+ * peer name, else to the session's epoch then (ferry_session_pin); a
+ * later send pinned to another epoch fails PEER_RESTARTED. */
+static int pin_plan_peer(ferry_engine_t *e, const char *peer, const ferry_kv_plan_t *plan, char *out,
+                         size_t cap)
+{
+    char plain[256];
+    uint64_t epoch;
+    bool pinned;
+    int rc = ferry_peer_name_split(peer, plain, sizeof plain, &epoch, &pinned);
+    if (rc != 0) return rc;
+    /* The plan is the caller's, allocated by ferry_kv_plan_create: its pin
+     * is the one field a send sets. */
+    _Atomic uint64_t *pin = &((struct ferry_kv_plan *)plan)->pin_epoch;
+    uint64_t have = atomic_load(pin);
+    if (!pinned && have == 0) {
+        char name[FERRY_PINNED_NAME_MAX];
+        rc = ferry_session_pin(e, plain, name, sizeof name);
+        if (rc == 0) rc = ferry_peer_name_split(name, plain, sizeof plain, &epoch, &pinned);
+        if (rc != 0) return rc;
+    } else if (!pinned) {
+        epoch = have;
+    }
+    /* The first send's epoch stays (0: none yet; a peer whose random epoch
+     * is 0 leaves its plans unpinned). */
+    uint64_t expected = 0;
+    if (!atomic_compare_exchange_strong(pin, &expected, epoch)) have = expected;
+    else have = epoch;
+    if (have != epoch)
+        return ferry_fail(FERRY_ERR_PEER_RESTARTED,
+                          "the plan's addresses were learned under %s's epoch %016llx and this send is pinned "
+                          "to epoch %016llx: nothing was sent (make a plan from the new layout)",
+                          plain, (unsigned long long)have, (unsigned long long)epoch);
+    int n = snprintf(out, cap, "%s#%016llx", plain, (unsigned long long)have);
+    return n > 0 && (size_t)n < cap ? 0 : ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "kv send: peer name too long");
+}
+
 int ferry_kv_send(ferry_engine_t *e, const char *peer, const ferry_kv_plan_t *plan,
                   const ferry_kv_send_args_t *args)
 {
@@ -294,7 +335,12 @@ int ferry_kv_send(ferry_engine_t *e, const char *peer, const ferry_kv_plan_t *pl
     ferry_kv_notice_t n = {.request_id = args->request_id, .prefill_rank = plan->src.tp_rank,
                            .decode_rank = plan->dst.tp_rank, .bytes = plan->info.bytes,
                            .aux_len = args->aux_len, .aux = args->aux};
-    int rc = check_peer_staging(e, peer, plan);
+    char pinned[FERRY_PINNED_NAME_MAX];
+    int rc = pin_plan_peer(e, peer, plan, pinned, sizeof pinned);
+    if (rc != 0) /* no notice: the receiver may be another process than the plan's */
+        return ferry_fail_context("kv send request %llu to %s: pin", (unsigned long long)args->request_id, peer);
+    peer = pinned;
+    rc = check_peer_staging(e, peer, plan);
     if (rc != 0) return kv_report_failure(e, peer, &n, "staging check", rc);
     rc = ferry_kv_gather(plan);
     if (rc != 0) return kv_report_failure(e, peer, &n, "gather", rc);

@@ -271,6 +271,7 @@ _ENGINE_API = {
     "ferry_session_info": (c_int, [c_void_p, c_char_p, _P(PeerInfo)]),
     "ferry_session_segments": (ctypes.c_long, [c_void_p, c_char_p, _P(Segment), c_size_t]),
     "ferry_session_ping": (c_int, [c_void_p, c_char_p, _P(c_u64)]),
+    "ferry_session_pin": (c_int, [c_void_p, c_char_p, c_char_p, c_size_t]),
     "ferry_metrics_peers": (ctypes.c_long, [c_void_p, _P(PeerMetrics), c_size_t]),
     "ferry_metrics_transport": (c_int, [c_void_p, c_char_p, _P(PeerMetrics)]),
     "ferry_metrics_prometheus": (ctypes.c_long, [c_void_p, c_char_p, c_size_t]),

@@ -392,6 +392,21 @@ class Engine:
         finally:
             self._leave()
 
+    def pin(self, peer):
+        """The pinned name of peer, "host:port#<epoch hex>": the peer's epoch as
+        the session knows it (the session is opened if needed). Every method
+        that takes a peer takes a pinned name too; a call pinned to an epoch
+        that is not the peer's current one raises PeerRestarted before any
+        byte leaves, every time, so addresses learned under the pin never
+        reach a restarted process. Pin before you fetch the addresses."""
+        out = ctypes.create_string_buffer(320)
+        e = self._enter()
+        try:
+            check(_lib.fn("ferry_session_pin")(e, _peer_bytes(peer), out, len(out)))
+        finally:
+            self._leave()
+        return out.value.decode()
+
     def close_session(self, peer):
         e = self._enter()
         try:
