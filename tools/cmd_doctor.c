@@ -261,7 +261,7 @@ static int cmd_doctor(int argc, char **argv)
     long timeout = 3000, probe_mib = 16;
     int json = 0, opt;
     optind = 1;
-    while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "h", options, NULL)) != -1) {
         switch (opt) {
         case 't': if (opt_long("doctor", "timeout", optarg, 1, 3600000, &timeout)) return 2; break;
         case 'p': if (opt_long("doctor", "probe-mib", optarg, 1, 1 << 20, &probe_mib)) return 2; break;
