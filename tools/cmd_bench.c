@@ -544,6 +544,9 @@ static void measure(const struct opts *o, struct conn *c, size_t block, size_t b
     free(ws);
     free(tids);
     if (o->check && !r->rc) check_verify(o, c, used, seed, r);
+    /* The transport may have changed at the first transfer (a target that
+     * refuses shm): report the one that ran. */
+    ferry_session_info(c->e, c->peer, &c->info);
 }
 
 static json_t *result_json(const struct opts *o, const struct conn *c, const struct result *r)
@@ -586,7 +589,9 @@ static void print_result_text(const struct opts *o, const struct conn *c, const 
     printf("ferry bench: %s %s x %zu per call (%zu distinct blocks), %d thread(s) to %s%s\n",
            o->op == FERRY_OP_WRITE ? "write" : "read", bs, r->batch, r->nblocks, o->threads, c->peer,
            r->interrupted ? " (interrupted: the summary so far)" : "");
-    printf("  transport   %s (%s)\n", c->info.transport, c->info.transport_reason);
+    char reason[400];
+    fmt_transport_reason(c->info.transport_reason, sizeof c->info.transport_reason, reason, sizeof reason);
+    printf("  transport   %s (%s)\n", c->info.transport, reason);
     printf("  throughput  %.3f GB/s  (%.1f MiB/s), %" PRIu64 " calls, %.0f requests in %.2f s (%.0f/s)\n",
            gb_per_s(r), r->wall > 0 ? (double)r->bytes / r->wall / 1048576.0 : 0, r->calls, reqs, r->wall,
            r->wall > 0 ? reqs / r->wall : 0);
@@ -671,6 +676,7 @@ static int run_sweep(const struct opts *o, struct conn *c)
             if (r->rc) break;
         }
     }
+    if (!rc) rc = check_forced_transport(o, c);
     if (o->plot && n && write_sweep_plot(o, c, rs, n) != 0) rc = 1;
     free(rs);
     return rc;
@@ -717,6 +723,10 @@ static int run_initiator(const struct opts *o, const char *peer, pid_t target_pi
         }
         struct result r;
         measure(o, &c, o->block, o->batch, &r);
+        if (check_forced_transport(o, &c) != 0) {
+            conn_close(&c);
+            return 1;
+        }
         if (o->json) print_json_line(result_json(o, &c, &r));
         else print_result_text(o, &c, &r);
         rc = r.rc || (r.checked && !r.check_ok) ? 1 : 0;

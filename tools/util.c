@@ -110,3 +110,18 @@ void print_listening(const char *cmd, struct ferry_engine *e, size_t len)
     if (mport) fprintf(stderr, "ferry %s: Prometheus metrics on port %u (GET /metrics)\n", cmd, (unsigned)mport);
     fprintf(stderr, "ferry %s: Ctrl-C stops it\n", cmd);
 }
+
+int fmt_transport_reason(const char *reason, size_t field_size, char *out, size_t cap)
+{
+    size_t n = strlen(reason);
+    if (n + 1 < field_size) {
+        snprintf(out, cap, "%s", reason);
+        return 0;
+    }
+    size_t keep = n;
+    while (keep > 0 && reason[keep] != ' ') keep--; /* back to the last whole word */
+    while (keep > 0 && (reason[keep - 1] == ' ' || reason[keep - 1] == ';' || reason[keep - 1] == ',')) keep--;
+    snprintf(out, cap, "%.*s ... [cut at the %zu-byte peer-info field; `ferry info` shows each transport's whole "
+             "reason on this host, FERRY_LOG=2 logs it]", (int)keep, reason, field_size);
+    return 1;
+}

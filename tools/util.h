@@ -23,6 +23,12 @@ void print_json_line(json_t *obj);
  * "detail": "..."}} as one line on stdout (iperf3 prints {"error": ...}). */
 void print_json_error(int code, const char *detail);
 
+/* A session's transport reason for people: the peer-info field holds 127
+ * bytes, so a reason that fills it was cut; such a one is cut back to a
+ * word, ends with "...", and says where the whole text is. Returns 1 when
+ * it was cut. */
+int fmt_transport_reason(const char *reason, size_t field_size, char *out, size_t cap);
+
 struct ferry_engine;
 /* The line `ferry serve` and `ferry bench target` print once they serve, to
  * fd: {"name","addr","len","pid","epoch","port","metrics_port"} (metrics_port
