@@ -7,6 +7,7 @@ fails=0; passes=0
 check() { # check NAME REGEX: $out must match
   if grep -qE -- "$2" <<<"$out"; then passes=$((passes + 1)); else echo "FAIL $1: wanted /$2/ in:"; echo "$out"; fails=$((fails + 1)); fi
 }
+json_ok() { python3 -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if eval(sys.argv[2]) else 1)' "$1" "$2" 2>/dev/null; }
 q="--duration 0.2 --warmup 0.05"
 out=$("$FERRY" bench --local $q --block-size 64K --batch-size 4 --blocks 2 --json 2>&1)
 check local-json '"blocks":2,.*"gb_per_s":[0-9.]+,.*"ok":true'
@@ -111,6 +112,18 @@ if ! (ss -ltn 2>/dev/null | grep -q ':7070 '); then
   check default-peer-port "to 127\.0\.0\.1:7070"
   kill $tgt; wait $tgt 2>/dev/null
 fi
+# bench-completion: progress lines, and SIGINT prints the figures so far (JSON: "interrupted": true), exit 130.
+"$FERRY" bench-completion --regions 2000 --ops 50 --idle-s 0.3 --interval 0.2 --json >"$tmp/bc.json" 2>"$tmp/bc.err" & bg=$!
+for _ in $(seq 100); do grep -q 'wait modes, ' "$tmp/bc.err" && break; sleep 0.1; done
+kill -INT $bg; wait $bg; rc=$?; bg=""
+out=$(cat "$tmp/bc.err")
+check completion-progress '^\[ +[0-9.]+ s\] bench-completion: (idle CPU|wait modes|cancel latency)'
+check completion-interrupted "bench-completion: interrupted \(SIGINT\) during .* the figures so far:"
+check completion-figures "^  wait_blocking_p50_us +[0-9.]+"
+out=$(cat "$tmp/bc.json")
+if json_ok "$out" 'd["interrupted"] and "wait_blocking_p50_us" in d and d["interrupted_during"]'; then passes=$((passes + 1)); else
+  echo "FAIL completion-json: $out"; fails=$((fails + 1)); fi
+[ $rc -eq 130 ] || { echo "FAIL bench-completion after SIGINT exited $rc"; fails=$((fails + 1)); }
 for sub in target initiator extras "baseline"; do
   out=$("$FERRY" bench $sub -h 2>/dev/null); rc=$?
   check "help-bench-$sub" "usage: ferry bench"
