@@ -119,25 +119,34 @@ static void start_progress_and_signals(void)
     }
 }
 
+static void fail_exit(int code, const char *what);
+
 static ferry_engine_t *engine(int spin_us)
 {
     ferry_config_t cfg;
     ferry_config_init(&cfg);
     cfg.spin_us = spin_us;
     ferry_engine_t *e = NULL;
-    if (ferry_engine_create(&cfg, &e) != 0) {
-        fprintf(stderr, "bench-completion: engine: %s\n", ferry_last_error_detail());
-        exit(1);
-    }
+    if (ferry_engine_create(&cfg, &e) != 0) fail_exit(ferry_last_error_code(), "engine");
     return e;
+}
+
+/* A failure: on stderr, and with --json as {"error": {...}} on stdout. */
+static void fail_exit(int code, const char *what)
+{
+    char detail[1200];
+    snprintf(detail, sizeof detail, "%s: %s", what, ferry_last_error_detail());
+    fprintf(stderr, "bench-completion: %s\n", detail);
+    if (json_mode) print_json_error(code, detail);
+    fflush(NULL);
+    _exit(1);
 }
 
 #define CHECK(call)                                                                                 \
     do {                                                                                            \
         int rc_ = (call);                                                                           \
         if (rc_ < 0) {                                                                              \
-            fprintf(stderr, "bench-completion: %s: %s\n", #call, ferry_last_error_detail());        \
-            exit(1);                                                                                \
+            fail_exit(rc_, #call);                                                                  \
         }                                                                                           \
     } while (0)
 

@@ -41,13 +41,13 @@ static double nice_step(double hi, int want)
     return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * mag;
 }
 
-static void header(FILE *f, int height, const char *title)
+static void header(FILE *f, int width, int height, const char *title)
 {
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
                "font-family=\"sans-serif\" font-size=\"13\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
-            WIDTH, height, WIDTH, height);
-    text_at(f, WIDTH / 2.0, 28, "middle", "font-size=\"16\" font-weight=\"bold\"", title);
+            width, height, width, height);
+    text_at(f, width / 2.0, 28, "middle", "font-size=\"16\" font-weight=\"bold\"", title);
 }
 
 /* The y axis (linear from 0), its grid and label; returns the top value. */
@@ -86,7 +86,7 @@ int svg_write_lines(const char *path, const struct svg_lines *c)
     if (lx1 <= lx0) lx1 = lx0 + 1;
     double plot_w = WIDTH - ML - MR, plot_h = height - MT - MB;
 #define XPOS(x) (ML + plot_w * (((c->x_log2_sizes ? log2(x) : (x)) - lx0) / (lx1 - lx0)))
-    header(f, height, c->title);
+    header(f, WIDTH, height, c->title);
     double top = y_axis(f, ymax, height, c->y_label);
     /* x ticks: every power of two on a log scale (every other one when many). */
     int every = c->x_log2_sizes && lx1 - lx0 > 12 ? 2 : 1;
@@ -130,14 +130,18 @@ int svg_write_bars(const char *path, const struct svg_bars *c)
 {
     FILE *f = fopen(path, "w");
     if (!f) return -1;
-    const int bar_h = 22, label_w = 430;
+    /* Room for the longest label (about 6.3 px a character at 11 px). */
+    size_t longest = 0;
+    for (int i = 0; i < c->n; i++)
+        if (strlen(c->labels[i]) > longest) longest = strlen(c->labels[i]);
+    const int bar_h = 22, label_w = 20 + (int)(6.3 * (double)longest), width = label_w + 460;
     int height = MT + MB + (c->n ? c->n : 1) * bar_h + 10;
     double vmax = c->reference > 0 ? c->reference : 0;
     for (int i = 0; i < c->n; i++)
         if (c->values[i] > vmax) vmax = c->values[i];
-    double x0 = label_w, plot_w = WIDTH - label_w - 40, step = nice_step(vmax > 0 ? vmax : 1, 5);
+    double x0 = label_w, plot_w = width - label_w - 60, step = nice_step(vmax > 0 ? vmax : 1, 5);
     double top = ceil((vmax > 0 ? vmax : 1) / step) * step;
-    header(f, height, c->title);
+    header(f, width, height, c->title);
     double y_end = height - MB;
     for (double v = 0; v <= top + step / 2; v += step) {
         double x = x0 + plot_w * v / top;

@@ -65,6 +65,14 @@ out=$(cat "$tmpd/bars.svg" 2>&1)
 check plot-bars-label ">a / b</text>"
 check plot-bars-value ">1.50</text>"
 check plot-bars-reference 'stroke-dasharray'
+# bench/compare --plot: the ratios of a saved run (old "gbps" keys read too) drawn by ferry plot bars.
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+printf '%s\n' '{"key":"tcp_w1m","r":{"gbps":2.0,"transport":"tcp"}}' '{"key":"iperf_1m","r":{"gb_per_s":2.5}}' \
+  '{"key":"_load","r":{"before":"1","after":"1","elapsed":1,"dur":1,"rounds":1,"round_dur":1}}' >"$tmpd/res.jsonl"
+out=$(BUILD=$(cd "$(dirname "$FERRY")" && pwd) "$ROOT/bench/compare" --from "$tmpd/res.jsonl" --plot "$tmpd/cmp.svg" 2>&1)
+check compare-ratio "TCP write 1 MiB, hot \(16/call, 2 conns\) +2\.00 GB/s +iperf3 1 stream -l 1M +2\.50 GB/s +0\.80"
+check compare-plotted "ratios drawn in $tmpd/cmp.svg"
+out=$(cat "$tmpd/cmp.svg" 2>&1); check compare-plot-bar ">0\.80</text>"
 out=$(printf 'no tab here\n' | "$FERRY" plot bars --out "$tmpd/x.svg" 2>&1); rc=$?
 check plot-bars-bad "line 1: no TAB"
 [ $rc -eq 1 ] || { echo "FAIL plot bars on a bad line exited $rc"; fails=$((fails + 1)); }
