@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ferry_log_set_handler: library messages reach the application's handler
  * (level, component, message, ctx) instead of stderr, from any thread; NULL
  * restores stderr; once a new handler is set the old one is never called. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ferry info: what this build and this machine give Ferry, in the manner of
  * ucx_info: version, build options, the transports usable here (and why
  * not), devices found, the effective FERRY_* settings. --json: one object. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ferry plot: draws a chart as SVG from lines on stdin, with the writer
  * `ferry bench --sweep --plot` uses (svg_plot.c). bench/compare --plot
  * draws its ratios with it.

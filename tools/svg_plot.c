@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The SVG writer behind `ferry bench --sweep --plot` and `ferry plot`
  * (bench/compare --plot): see svg_plot.h. */
 #include <errno.h>

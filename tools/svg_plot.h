@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A small SVG writer for the CLI's pictures: line charts (a bench sweep's
  * GB/s over block size) and horizontal bar charts (bench/compare's ratios).
  * Axes labelled, ticks at round values, a legend; no dependencies. */

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Library messages to Python's `logging`: the C library's log handler
 (ferry_log_set_handler) is set when the library loads, so that its messages
 go to the logger "ferry" instead of stderr, with levels mapped:

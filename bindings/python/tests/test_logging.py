@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Library messages reach Python's logging (logger "ferry", levels mapped)
 through ferry_log_set_handler, and route_logging(False) gives stderr back."""
 
