@@ -411,13 +411,25 @@ static void check_verify(const struct opts *o, struct conn *c, size_t used, unsi
     const char *corrupt = getenv("FERRY_BENCH_TEST_CORRUPT");
     if (corrupt && (size_t)atol(corrupt) < used) got[atol(corrupt)] ^= 0xff;
     r->check_ok = 1;
-    for (size_t i = 0; i < used; i++) {
-        if (got[i] != pattern_byte(i, seed)) {
-            r->check_ok = 0;
-            snprintf(r->check_detail, sizeof r->check_detail,
-                     "byte %zu (block %zu, offset %zu) is 0x%02x, expected 0x%02x", i, i / r->block, i % r->block,
-                     got[i], pattern_byte(i, seed));
-            break;
+    size_t per_thread = r->nblocks * r->block;
+    for (size_t t = 0; t < used / per_thread && r->check_ok; t++) {
+        for (size_t k = 0; k < r->nblocks && r->check_ok; k++) {
+            /* Block k of a call moves local slot lk <-> remote slot rk (the
+             * same slot unless --scatter): a write puts the local pattern
+             * at rk, a read brings the remote pattern to lk. */
+            size_t lk = o->scatter ? scatter_slot(k, r->nblocks, 613) : k;
+            size_t rk = o->scatter ? scatter_slot(k, r->nblocks, 733) : k;
+            size_t at = t * per_thread + (o->op == FERRY_OP_WRITE ? rk : lk) * r->block;
+            size_t from = t * per_thread + (o->op == FERRY_OP_WRITE ? lk : rk) * r->block;
+            for (size_t j = 0; j < r->block; j++) {
+                if (got[at + j] != pattern_byte(from + j, seed)) {
+                    r->check_ok = 0;
+                    snprintf(r->check_detail, sizeof r->check_detail,
+                             "byte %zu (block %zu, offset %zu) is 0x%02x, expected 0x%02x", at + j, (at + j) / r->block,
+                             j, got[at + j], pattern_byte(from + j, seed));
+                    break;
+                }
+            }
         }
     }
     if (got != c->local) {

@@ -62,6 +62,10 @@ for v in nan inf -1 0 1e300 99999999999999999999G; do
 done
 # --check: verifies the bytes; a flipped byte (the test hook) fails the run.
 for op in write read; do
+  out=$("$FERRY" bench --local $q --op $op --block-size 4K --batch-size 9 --scatter --check --json 2>&1)
+  check "check-scatter-$op" '"check":\{"ok":true,"detail":""\}'
+done
+for op in write read; do
   out=$("$FERRY" bench --local $q --op $op --block-size 64K --batch-size 4 --check --json 2>&1)
   check "check-$op" '"check":\{"ok":true,"detail":""\},"interrupted":false,"ok":true'
   out=$(FERRY_BENCH_TEST_CORRUPT=70000 "$FERRY" bench --local $q --op $op --block-size 64K --batch-size 4 --check 2>&1); rc=$?
