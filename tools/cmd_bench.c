@@ -243,10 +243,11 @@ static void *worker_main(void *arg)
     struct worker *w = arg;
     size_t b = w->batch;
     uint64_t *lidx = calloc(b, sizeof *lidx), *ridx = calloc(b, sizeof *ridx);
-    if (!lidx || !ridx) {
+    if (!lidx || !ridx || !w->locals || !w->remotes || !w->lens) {
         free(lidx);
         free(ridx);
         w->rc = FERRY_ERR_MEMORY;
+        snprintf(w->detail, sizeof w->detail, "out of memory for %zu requests a call", b);
         return NULL;
     }
     for (size_t i = 0; i < b; i++) {
@@ -352,7 +353,10 @@ static int conn_open(const struct opts *o, const char *peer, size_t local_len, s
 {
     memset(c, 0, sizeof *c);
     c->peer = peer;
-    if (make_engine(o, 0, &c->e) != 0) return bench_fail(o, ferry_last_error_code(), "engine: %s", ferry_last_error_detail());
+    if (make_engine(o, 0, &c->e) != 0) { /* make_engine said why on stderr */
+        if (o->json) print_json_error(ferry_last_error_code(), ferry_last_error_detail());
+        return 1;
+    }
     if (ferry_session_open(c->e, peer) != 0)
         return bench_fail(o, ferry_last_error_code(), "%s", ferry_last_error_detail());
     ferry_session_info(c->e, peer, &c->info);
@@ -491,6 +495,12 @@ static void measure(const struct opts *o, struct conn *c, size_t block, size_t b
     }
     struct worker *ws = calloc((size_t)o->threads, sizeof *ws);
     pthread_t *tids = calloc((size_t)o->threads, sizeof *tids);
+    if (!ws || !tids) {
+        free(ws);
+        free(tids);
+        r->rc = FERRY_ERR_MEMORY;
+        return;
+    }
     double start = now_s() + o->warmup, stop = start + o->duration;
     for (int t = 0; t < o->threads; t++) {
         struct worker *w = &ws[t];
@@ -762,12 +772,38 @@ static const char *peer_with_port(const char *peer, char *buf, size_t cap)
     return buf;
 }
 
+/* bench_parse_opts, and with --json among the words a failure also as the
+ * {"error"} object: what the parser said on stderr is caught (glibc's
+ * stderr may be assigned) and its first line becomes the detail. */
+static int parse_opts_json_aware(int argc, char **argv, int first, struct opts *o)
+{
+    int json = 0;
+    for (int i = first; i < argc; i++) json |= strcmp(argv[i], "--json") == 0;
+    if (!json) return bench_parse_opts(argc, argv, first, o);
+    char *said = NULL;
+    size_t n = 0;
+    FILE *real = stderr, *mem = open_memstream(&said, &n);
+    if (mem) stderr = mem;
+    int rc = bench_parse_opts(argc, argv, first, o);
+    if (mem) {
+        fclose(mem);
+        stderr = real;
+        fputs(said ? said : "", stderr);
+    }
+    if (rc) {
+        char *line = said ? strtok(said, "\n") : NULL;
+        print_json_error(FERRY_ERR_INVALID_ARGUMENT, line ? line : "bad options");
+    }
+    free(said);
+    return rc;
+}
+
 static int cmd_bench(int argc, char **argv)
 {
     struct opts o;
     bench_opts_init(&o);
     if (argc >= 2 && strcmp(argv[1], "target") == 0) {
-        if (bench_parse_opts(argc, argv, 2, &o)) return 2;
+        if (parse_opts_json_aware(argc, argv, 2, &o)) return 2;
         /* The target serves until killed unless --duration was given. */
         if (!o.duration_set) o.duration = 0;
         o.host = o.bind ? o.bind : o.host ? o.host : "0.0.0.0";
@@ -776,7 +812,7 @@ static int cmd_bench(int argc, char **argv)
         return run_target(&o, STDOUT_FILENO);
     }
     if (argc >= 2 && strcmp(argv[1], "initiator") == 0) {
-        if (bench_parse_opts(argc, argv, 2, &o)) return 2;
+        if (parse_opts_json_aware(argc, argv, 2, &o)) return 2;
         if (!o.peer) {
             fprintf(stderr, "ferry bench initiator: needs --peer HOST[:PORT] (a `ferry bench target` or `ferry serve`; "
                             "port %d by default)\n", FERRY_BENCH_DEFAULT_PORT);
@@ -786,14 +822,14 @@ static int cmd_bench(int argc, char **argv)
         return run_initiator(&o, peer_with_port(o.peer, peer, sizeof peer), 0);
     }
     if (argc >= 3 && strcmp(argv[1], "baseline") == 0 && strcmp(argv[2], "-h") && strcmp(argv[2], "--help")) {
-        if (bench_parse_opts(argc, argv, 3, &o)) return 2;
+        if (parse_opts_json_aware(argc, argv, 3, &o)) return 2;
         return baseline(&o, argv[2]);
     }
     if (argc >= 2 && strcmp(argv[1], "extras") == 0) {
-        if (bench_parse_opts(argc, argv, 2, &o)) return 2;
+        if (parse_opts_json_aware(argc, argv, 2, &o)) return 2;
         return extras(&o);
     }
-    if (bench_parse_opts(argc, argv, 1, &o)) return 2;
+    if (parse_opts_json_aware(argc, argv, 1, &o)) return 2;
     if (!o.local) {
         bench_usage(stderr);
         return 2;

@@ -46,6 +46,10 @@ kill $tgt; wait $tgt 2>/dev/null
 out=$("$FERRY" bench initiator --peer 127.0.0.1:1 $q --json 2>/dev/null); rc=$?
 check json-error '^\{"error":\{"code":-10[0-9],"name":"[A-Z_]+","detail":".*127\.0\.0\.1:1'
 [ $rc -eq 1 ] || { echo "FAIL initiator to a dead port exited $rc"; fails=$((fails + 1)); }
+# ... and for a bad option too (exit 2).
+out=$("$FERRY" bench --local --json --block-size nan 2>/dev/null); rc=$?
+check json-error-option '^\{"error":\{"code":-1,"name":"INVALID_ARGUMENT","detail":"ferry bench: --block-size .nan. is not a size'
+[ $rc -eq 2 ] || { echo "FAIL --json --block-size nan exited $rc"; fails=$((fails + 1)); }
 # A transport asked for but unusable fails; it is not TCP measured under its name.
 out=$("$FERRY" bench --local $q --transport rdma --json 2>/dev/null); rc=$?
 if grep -q '"transport":"rdma"' <<<"$out"; then
