@@ -591,7 +591,7 @@ static json_t *result_json(const struct opts *o, const struct conn *c, const str
                      c->peer, "seconds", r->wall, "bytes", (json_int_t)r->bytes, "calls", (json_int_t)r->calls,
                      "requests", (json_int_t)(r->calls * (uint64_t)r->batch), "gb_per_s", gb_per_s(r), "req_per_s",
                      r->wall > 0 ? reqs / r->wall : 0.0, "lat_us", "p50", r->p50, "p99", r->p99, "p999", r->p999,
-                     "max", r->max, "mean", r->mean, "cpu", "initiator", r->wall > 0 ? r->cpu / r->wall : 0,
+                     "max", r->max, "mean", r->mean, "cpu_cores", "initiator", r->wall > 0 ? r->cpu / r->wall : 0,
                      "target", target_cpu, "check", check, "interrupted", r->interrupted,
                      "ok", r->rc == 0 && (!r->checked || r->check_ok));
 }

@@ -13,6 +13,7 @@ out=$("$FERRY" bench --local $q --block-size 64K --batch-size 4 --blocks 2 --jso
 check local-json '"blocks":2,.*"gb_per_s":[0-9.]+,.*"ok":true'
 check local-shm '"transport":"shm"'
 check local-lat '"lat_us":\{"p50":[0-9.]+,"p99":[0-9.]+,"p999"'
+check local-cpu '"cpu_cores":\{"initiator":[0-9.]+,"target":[0-9.]+\}'
 out=$("$FERRY" bench --local $q --transport tcp --op read --block-size 8 --threads 2 2>&1)
 check local-tcp "transport +tcp \(forced by config"
 check local-text "latency +per call: p50 .* p99 .* p999"
