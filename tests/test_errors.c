@@ -64,6 +64,11 @@ static void parse_by_name_or_number(void **state)
     assert_true(ferry_error_parse("MALFORMED_JSON", &c));
     assert_int_equal(c, -103);
     assert_false(ferry_error_parse("-5", &c));
+    /* Out of int's range: an error, not the code it wraps to (4294966894 is
+     * -402, PEER_RESTARTED, modulo 2^32). */
+    assert_false(ferry_error_parse("4294966894", &c));
+    assert_false(ferry_error_parse("-4294967298", &c));
+    assert_false(ferry_error_parse("99999999999999999999999", &c));
     assert_false(ferry_error_parse("NOPE", &c));
     assert_false(ferry_error_parse("", &c));
 }

@@ -13,6 +13,10 @@
 #include <ferry/ferry.h>
 
 #define SPIN_FROM_CONFIG (-2) /* --spin-us not given */
+/* The port `ferry bench target` and `ferry serve` listen on by default (on
+ * every interface, as iperf3's server does on 5201), and the one --peer
+ * HOST without a port means. Not in Debian's /etc/services. */
+#define FERRY_BENCH_DEFAULT_PORT 7070
 
 struct opts {
     int local;
@@ -39,6 +43,14 @@ struct opts {
     size_t iov;           /* baseline cma: iovecs per process_vm_writev call (1) */
     int protocol;         /* 0, or the wire protocol version both engines advertise (testing.h) */
     int strided;          /* each call is one ferry_strided_t (index lists) instead of n requests */
+    const char *bind;     /* target: address to listen on (all interfaces) */
+    double interval;      /* seconds between progress lines (1; 0 off) */
+    int check;            /* verify the bytes moved (--check) */
+    int sweep;            /* --sweep: every --block-size x --batch-size in the lists */
+    size_t sweep_block[32], sweep_batch[32];
+    int nsweep_block, nsweep_batch;
+    int csv;              /* --csv: sweep points as CSV on stdout */
+    const char *plot;     /* --plot FILE.svg */
     /* extras */
     int regions, sessions;
     double idle;

@@ -138,7 +138,7 @@ int baseline(const struct opts *o, const char *how)
         print_json_line(json_pack("{s:s,s:s,s:I,s:I,s:I,s:b,s:b,s:f,s:f,s:f,s:{s:f,s:f,s:f},s:b}", "tool", "baseline",
                                   "baseline", how, "block_size", (json_int_t)len, "blocks", (json_int_t)nb, "iov",
                                   (json_int_t)per, "scatter", o->scatter, "hugepages", use_hugepages, "seconds", wall,
-                                  "gbps", gbps, "req_per_s", wall > 0 ? (double)bytes / (double)len / wall : 0.0,
+                                  "gb_per_s", gbps, "req_per_s", wall > 0 ? (double)bytes / (double)len / wall : 0.0,
                                   "lat_us", "p50", pct(lat, nlat, 0.5), "p99", pct(lat, nlat, 0.99), "p999",
                                   pct(lat, nlat, 0.999), "ok", rc == 0));
     else {

@@ -77,7 +77,8 @@ double pct(const double *v, size_t n, double p)
 void bench_opts_init(struct opts *o)
 {
     memset(o, 0, sizeof *o);
-    o->host = "127.0.0.1";
+    o->port = -1; /* target: FERRY_BENCH_DEFAULT_PORT */
+    o->interval = 1;
     o->op = FERRY_OP_WRITE;
     o->block = 1u << 20;
     o->batch = 1;
@@ -117,18 +118,33 @@ size_t nblocks(const struct opts *o)
 
 void bench_usage(FILE *f)
 {
-    fprintf(f,
+    fprintf(f, /* NOLINT: a format with the default port twice */
             "usage: ferry bench --local [OPTIONS]            fork a target and measure against it\n"
-            "       ferry bench target [--host H] [--port P] [--buffer-size S] [--duration SEC]\n"
-            "       ferry bench initiator --peer HOST:PORT --remote-addr A --remote-len L [OPTIONS]\n"
+            "       ferry bench target [--bind ADDR] [--port P] [--buffer-size S] [--duration SEC]\n"
+            "       ferry bench initiator --peer HOST[:PORT] [OPTIONS]\n"
             "       ferry bench baseline memcpy|memfd|cma [--block-size S] [--blocks N] [--iov N] [--scatter]\n"
             "                                                [--duration SEC] [--json]\n"
             "       ferry bench extras [--regions N] [--sessions N] [--idle SEC] [--json]\n"
             "\n"
+            "target:\n"
+            "  --bind ADDR           address to listen on (0.0.0.0: every interface; --host is the same)\n"
+            "  --port P              port to listen on (%d; 0: any free port)\n"
+            "  --buffer-size S       bytes to register for remote access (1G)\n"
+            "initiator:\n"
+            "  --peer HOST[:PORT]    the target (port %d when left out); its buffer comes from\n"
+            "                        the handshake (ferry_session_segments): the largest one\n"
+            "  --remote-addr A       override: use the target's buffer from address A on\n"
+            "  --remote-len L        override: use L bytes of it\n"
             "options:\n"
             "  --op write|read       operation (write)\n"
-            "  --block-size S        bytes per request, K/M/G suffixes (1M)\n"
-            "  --batch-size N        requests per call (ferry_batch_transfer_sync) (1)\n"
+            "  --block-size S        bytes per request, K/M/G suffixes (1M); with --sweep a list: 4K,64K,1M\n"
+            "  --batch-size N        requests per call (ferry_batch_transfer_sync) (1); with --sweep a list\n"
+            "  --sweep               measure every block size x batch size of the lists, one line each\n"
+            "                        (default lists 4K,16K,64K,256K,1M,4M and 1,16; --duration per point)\n"
+            "  --csv                 sweep points as CSV on stdout (--json: one JSON object a point)\n"
+            "  --plot FILE.svg       sweep: GB/s over block size, a line per batch size, as SVG\n"
+            "  --check               verify the bytes moved (a pattern written, read back, compared)\n"
+            "  --interval SEC        a progress line every SEC seconds (1; 0 none; not with --json)\n"
             "  --threads N           initiator threads, each with its own blocks (1)\n"
             "  --blocks N            distinct blocks a thread's requests cycle through (batch size);\n"
             "                        fewer keeps the data cache-hot, like iperf3 and ucx_perftest\n"
@@ -147,17 +163,73 @@ void bench_usage(FILE *f)
             "  --shared-pool         the target's buffer is in a shared pool (memfd): same-host\n"
             "                        initiators map it and copy with memcpy\n"
             "\n"
-            "The target prints one JSON line {\"name\",\"addr\",\"len\",\"pid\"} once it serves.\n"
-            "Latency is per call: one batch of --batch-size requests, submit to completion.\n");
+            "The target prints one JSON line {\"name\",\"addr\",\"len\",\"pid\",\"epoch\",\"port\",\"metrics_port\"}\n"
+            "once it serves (as `ferry serve` does). Throughput is GB/s, 1 GB = 10^9 bytes (JSON: gb_per_s).\n"
+            "Latency is per call: one batch of --batch-size requests, submit to completion.\n"
+            "SIGINT (Ctrl-C) ends a run early with the summary so far. With --json a failure is\n"
+            "{\"error\": {\"code\", \"name\", \"detail\"}} on stdout.\n",
+            FERRY_BENCH_DEFAULT_PORT, FERRY_BENCH_DEFAULT_PORT);
 }
 
 /* A size option's value: bytes, K/M/G suffixes; 0 and *out, or -1 after
- * printing the problem. */
+ * printing the problem (nan, inf, negative, 0 and overflow included). */
 static int opt_size(const char *opt, const char *arg, size_t *out)
 {
     if (parse_size(arg, out) != 0 || *out == 0) {
-        fprintf(stderr, "ferry bench: bad size '%s' for --%s\n", arg, opt);
+        fprintf(stderr, "ferry bench: --%s '%s' is not a size: a positive number of bytes, with an optional K, M or G "
+                        "suffix (64K, 1M), at most 1 PiB\n", opt, arg);
         return -1;
+    }
+    return 0;
+}
+
+/* A comma-separated list of sizes (--sweep); the count, or -1. */
+static int opt_size_list(const char *opt, const char *arg, size_t *out, int cap)
+{
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", arg);
+    int n = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (n == cap) {
+            fprintf(stderr, "ferry bench: --%s lists at most %d values\n", opt, cap);
+            return -1;
+        }
+        if (opt_size(opt, t, &out[n]) != 0) return -1;
+        n++;
+    }
+    if (n == 0) return opt_size(opt, arg, &out[0]) == 0 ? 1 : -1;
+    return n;
+}
+
+/* After parsing: lists only with --sweep, which has default lists; 0 or 2. */
+static int sweep_lists(struct opts *o)
+{
+    static const size_t blocks[] = {4096, 16384, 65536, 262144, 1u << 20, 4u << 20}, batches[] = {1, 16};
+    if (!o->sweep) {
+        if (o->nsweep_block > 1 || o->nsweep_batch > 1 || o->csv || o->plot) {
+            fprintf(stderr, "ferry bench: lists of sizes, --csv and --plot go with --sweep\n");
+            return 2;
+        }
+        return 0;
+    }
+    if (o->nsweep_block == 0) {
+        memcpy(o->sweep_block, blocks, sizeof blocks);
+        o->nsweep_block = 6;
+    }
+    if (o->nsweep_batch == 0) {
+        memcpy(o->sweep_batch, batches, sizeof batches);
+        o->nsweep_batch = 2;
+    }
+    for (int i = 0; i < o->nsweep_batch; i++) {
+        if (o->sweep_batch[i] > 65536) {
+            fprintf(stderr, "ferry bench: at most 65536 per batch\n");
+            return 2;
+        }
+    }
+    if (o->csv && o->json) {
+        fprintf(stderr, "ferry bench: --csv or --json, not both\n");
+        return 2;
     }
     return 0;
 }
@@ -169,7 +241,7 @@ int bench_parse_opts(int argc, char **argv, int first, struct opts *o)
     enum { O_LOCAL = 256, O_HUGEPAGES, O_SHARED_POOL, O_JSON, O_PEER, O_HOST, O_TRANSPORT, O_PORT, O_THREADS,
            O_CONNS, O_REGIONS, O_SESSIONS, O_BLOCKS, O_SPIN_US, O_DURATION, O_WARMUP, O_IDLE, O_REMOTE_ADDR,
            O_OP, O_BLOCK_SIZE, O_BATCH_SIZE, O_BUFFER_SIZE, O_REMOTE_LEN, O_SCATTER, O_IOV, O_PROTOCOL,
-           O_STRIDED };
+           O_STRIDED, O_BIND, O_INTERVAL, O_CHECK, O_SWEEP, O_CSV, O_PLOT };
     static const struct option options[] = {
         {"local", no_argument, NULL, O_LOCAL},
         {"hugepages", no_argument, NULL, O_HUGEPAGES},
@@ -199,6 +271,12 @@ int bench_parse_opts(int argc, char **argv, int first, struct opts *o)
         {"iov", required_argument, NULL, O_IOV},
         {"protocol", required_argument, NULL, O_PROTOCOL},
         {"strided", no_argument, NULL, O_STRIDED},
+        {"bind", required_argument, NULL, O_BIND},
+        {"interval", required_argument, NULL, O_INTERVAL},
+        {"check", no_argument, NULL, O_CHECK},
+        {"sweep", no_argument, NULL, O_SWEEP},
+        {"csv", no_argument, NULL, O_CSV},
+        {"plot", required_argument, NULL, O_PLOT},
         {NULL, 0, NULL, 0},
     };
     /* argv[first - 1] stands in for the program name. */
@@ -223,6 +301,12 @@ int bench_parse_opts(int argc, char **argv, int first, struct opts *o)
         case 'h': bench_usage(stdout); exit(0);
         case O_PEER: o->peer = optarg; break;
         case O_HOST: o->host = optarg; break;
+        case O_BIND: o->bind = optarg; break;
+        case O_INTERVAL: if (opt_double("bench", "interval", optarg, 0, 3600, &o->interval)) return 2; break;
+        case O_CHECK: o->check = 1; break;
+        case O_SWEEP: o->sweep = 1; break;
+        case O_CSV: o->csv = 1; break;
+        case O_PLOT: o->plot = optarg; break;
         case O_TRANSPORT: o->transport = optarg; break;
         case O_PORT: if (opt_long("bench", "port", optarg, 0, 65535, &v)) return 2; o->port = (int)v; break;
         case O_THREADS: if (opt_long("bench", "threads", optarg, 1, 64, &v)) return 2; o->threads = (int)v; break;
@@ -246,8 +330,14 @@ int bench_parse_opts(int argc, char **argv, int first, struct opts *o)
                 return 2;
             }
             break;
-        case O_BLOCK_SIZE: if (opt_size("block-size", optarg, &o->block)) return 2; break;
-        case O_BATCH_SIZE: if (opt_size("batch-size", optarg, &o->batch)) return 2; break;
+        case O_BLOCK_SIZE:
+            if ((o->nsweep_block = opt_size_list("block-size", optarg, o->sweep_block, 32)) < 0) return 2;
+            o->block = o->sweep_block[0];
+            break;
+        case O_BATCH_SIZE:
+            if ((o->nsweep_batch = opt_size_list("batch-size", optarg, o->sweep_batch, 32)) < 0) return 2;
+            o->batch = o->sweep_batch[0];
+            break;
         case O_BUFFER_SIZE: if (opt_size("buffer-size", optarg, &o->buffer)) return 2; break;
         case O_REMOTE_LEN: if (opt_size("remote-len", optarg, &o->remote_len)) return 2; break;
         default: /* getopt_long named the problem */
@@ -265,7 +355,7 @@ int bench_parse_opts(int argc, char **argv, int first, struct opts *o)
         fprintf(stderr, "ferry bench: need 1..64 threads, a positive duration, at most 65536 per batch\n");
         return 2;
     }
-    return 0;
+    return sweep_lists(o);
 }
 
 int make_engine(const struct opts *o, int listen_port, ferry_engine_t **out)
@@ -276,7 +366,7 @@ int make_engine(const struct opts *o, int listen_port, ferry_engine_t **out)
         fprintf(stderr, "ferry bench: %s\n", ferry_last_error_detail());
         return -1;
     }
-    cfg.host = o->host;
+    cfg.host = o->host ? o->host : "127.0.0.1";
     cfg.port = (uint16_t)listen_port;
     if (o->transport && (!getenv("FERRY_TRANSPORT") || strcmp(o->transport, "auto") != 0))
         cfg.transport = o->transport;

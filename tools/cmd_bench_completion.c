@@ -15,6 +15,9 @@
 #include <getopt.h>
 #include <math.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,15 +39,87 @@
  * the only thing on stdout). */
 static FILE *out;
 
-/* The --json object; each figure is added as it is measured. */
+/* The --json object; each figure is added as it is measured. The lock:
+ * the SIGINT thread prints what is there. */
 static json_t *json_fields;
+static pthread_mutex_t fields_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void json_add(const char *key, double value)
 {
+    pthread_mutex_lock(&fields_lock);
     if (!json_fields) json_fields = json_object();
     /* A ratio over a zero time is not a number: null, not invalid JSON. */
     json_object_set_new(json_fields, key, isfinite(value) ? json_real(value) : json_null());
+    pthread_mutex_unlock(&fields_lock);
 }
+
+/* --------------------------------------------- progress lines and SIGINT */
+
+static const char *_Atomic phase = "starting";
+static double started, interval_s = 1;
+static bool json_mode;
+
+static void set_phase(const char *p) { atomic_store(&phase, p); }
+
+/* A line every --interval seconds: the phase running and the time so far
+ * (the phases print their figures as they end). */
+static void *progress_main(void *arg)
+{
+    (void)arg;
+    for (double next = started + interval_s;; next += interval_s) {
+        double wait = next - now_s();
+        if (wait > 0) {
+            struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
+            nanosleep(&ts, NULL);
+        }
+        fprintf(out, "[%7.1f s] bench-completion: %s\n", now_s() - started, atomic_load(&phase));
+        fflush(out);
+    }
+    return NULL;
+}
+
+/* SIGINT/SIGTERM (blocked in every other thread): the figures so far, as
+ * text or as the --json object with "interrupted": true, then exit 130. */
+static void *signal_main(void *arg)
+{
+    sigset_t *set = arg;
+    int sig = 0;
+    sigwait(set, &sig);
+    pthread_mutex_lock(&fields_lock);
+    fprintf(out, "bench-completion: interrupted (%s) during %s after %.1f s; the figures so far:\n",
+            sig == SIGINT ? "SIGINT" : "SIGTERM", atomic_load(&phase), now_s() - started);
+    json_t *f = json_fields ? json_fields : json_object();
+    const char *key;
+    json_t *v;
+    json_object_foreach(f, key, v) fprintf(out, "  %-44s %g\n", key, json_is_number(v) ? json_number_value(v) : NAN);
+    if (json_mode) {
+        json_object_set_new(f, "interrupted", json_true());
+        json_object_set_new(f, "interrupted_during", json_string(atomic_load(&phase)));
+        print_json_line(f);
+    }
+    fflush(NULL);
+    _exit(130);
+}
+
+/* Before any engine exists, so that every thread inherits the mask. */
+static void start_progress_and_signals(void)
+{
+    static sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    started = now_s();
+    pthread_t t;
+    pthread_create(&t, NULL, signal_main, &set);
+    pthread_detach(t);
+    if (interval_s > 0) {
+        pthread_create(&t, NULL, progress_main, NULL);
+        pthread_detach(t);
+    }
+}
+
+static void fail_exit(int code, const char *what);
 
 static ferry_engine_t *engine(int spin_us)
 {
@@ -52,19 +127,26 @@ static ferry_engine_t *engine(int spin_us)
     ferry_config_init(&cfg);
     cfg.spin_us = spin_us;
     ferry_engine_t *e = NULL;
-    if (ferry_engine_create(&cfg, &e) != 0) {
-        fprintf(stderr, "bench-completion: engine: %s\n", ferry_last_error_detail());
-        exit(1);
-    }
+    if (ferry_engine_create(&cfg, &e) != 0) fail_exit(ferry_last_error_code(), "engine");
     return e;
+}
+
+/* A failure: on stderr, and with --json as {"error": {...}} on stdout. */
+static void fail_exit(int code, const char *what)
+{
+    char detail[1200];
+    snprintf(detail, sizeof detail, "%s: %s", what, ferry_last_error_detail());
+    fprintf(stderr, "bench-completion: %s\n", detail);
+    if (json_mode) print_json_error(code, detail);
+    fflush(NULL);
+    _exit(1);
 }
 
 #define CHECK(call)                                                                                 \
     do {                                                                                            \
         int rc_ = (call);                                                                           \
         if (rc_ < 0) {                                                                              \
-            fprintf(stderr, "bench-completion: %s: %s\n", #call, ferry_last_error_detail());        \
-            exit(1);                                                                                \
+            fail_exit(rc_, #call);                                                                  \
         }                                                                                           \
     } while (0)
 
@@ -294,9 +376,12 @@ static void scale_and_short_lived(size_t regions)
 
 static int usage(FILE *f)
 {
-    fprintf(f, "usage: ferry bench-completion [--regions N] [--spin-us US] [--ops N] [--idle-s S] [--json]\n"
+    fprintf(f, "usage: ferry bench-completion [--regions N] [--spin-us US] [--ops N] [--idle-s S] [--interval S]\n"
+               "                              [--json]\n"
                "  idle CPU, blocking vs spinning waits, cancel latency, N-region scale,\n"
                "  short-lived registration vs a pre-registered pool (loopback);\n"
+               "  --interval S: a progress line (phase, time) every S seconds (1; 0 none);\n"
+               "  SIGINT/SIGTERM: the figures measured so far, exit 130;\n"
                "  --json: the figures as one JSON object on stdout, the text on stderr\n");
     return f == stdout ? 0 : 2;
 }
@@ -307,11 +392,12 @@ static int cmd_bench_completion(int argc, char **argv)
     int spin = 50, ops = 2000;
     double idle = 2.0;
     bool json = false;
-    enum { O_REGIONS = 256, O_SPIN_US, O_OPS, O_IDLE_S, O_JSON };
+    enum { O_REGIONS = 256, O_SPIN_US, O_OPS, O_IDLE_S, O_JSON, O_INTERVAL };
     static const struct option options[] = {
         {"regions", required_argument, NULL, O_REGIONS}, {"spin-us", required_argument, NULL, O_SPIN_US},
         {"ops", required_argument, NULL, O_OPS},         {"idle-s", required_argument, NULL, O_IDLE_S},
         {"json", no_argument, NULL, O_JSON},             {"help", no_argument, NULL, 'h'},
+        {"interval", required_argument, NULL, O_INTERVAL},
         {NULL, 0, NULL, 0},
     };
     const char *cmd = "bench-completion";
@@ -325,13 +411,18 @@ static int cmd_bench_completion(int argc, char **argv)
         case O_OPS: if (opt_long(cmd, "ops", optarg, 10, 100000000, &v)) return 2; ops = (int)v; break;
         case O_IDLE_S: if (opt_double(cmd, "idle-s", optarg, 0.001, 3600, &idle)) return 2; break;
         case O_JSON: json = true; break;
+        case O_INTERVAL: if (opt_double(cmd, "interval", optarg, 0, 3600, &interval_s)) return 2; break;
         case 'h': return usage(stdout);
         default: return usage(stderr); /* getopt_long named the problem */
         }
     }
     if (opt_none_left("bench-completion", argc, argv) != 0) return usage(stderr);
     out = json ? stderr : stdout;
+    json_mode = json;
+    start_progress_and_signals();
+    set_phase("idle CPU");
     idle_cpu(idle);
+    set_phase("wait modes");
     double b50, b99, bcpu, s50, s99, scpu;
     wait_mode(-1, ops, &b50, &b99, &bcpu);
     wait_mode(spin, ops, &s50, &s99, &scpu);
@@ -342,12 +433,16 @@ static int cmd_bench_completion(int argc, char **argv)
     fprintf(out, "wait modes, 4 KiB sync write round trip, %d ops: blocking p50 %.1f us p99 %.1f us, %.1f us CPU/op; "
            "spin_us=%d p50 %.1f us p99 %.1f us, %.1f us CPU/op (p50 ratio %.2f)\n",
            ops, b50, b99, bcpu, spin, s50, s99, scpu, s50 / b50);
+    set_phase("cancel latency");
     cancel_latency();
+    set_phase("N-region scale and short-lived buffers");
     scale_and_short_lived(regions);
+    pthread_mutex_lock(&fields_lock); /* a signal now finds the run complete */
     if (json) print_json_line(json_fields ? json_fields : json_object());
     else json_decref(json_fields);
     json_fields = NULL;
-    return 0;
+    fflush(NULL);
+    _exit(0); /* the signal thread still waits: no return through exit handlers racing it */
 }
 
 FERRY_COMMAND("bench-completion", cmd_bench_completion,

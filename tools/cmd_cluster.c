@@ -539,7 +539,8 @@ static int cmd_cluster(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "node") == 0) return node_main(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "report") == 0) return cluster_report_main(argc - 1, argv + 1);
-    return usage(argc >= 2 && strcmp(argv[1], "--help") == 0 ? stdout : stderr);
+    int help = argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0);
+    return usage(help ? stdout : stderr);
 }
 
 FERRY_COMMAND("cluster", cmd_cluster, "one engine of a namespaced cluster, or its report (scripts/cluster.sh)")

@@ -425,19 +425,24 @@ static void report_engines(void)
            mx[0], mx[1], (double)mx[2] / 1024.0, mx[3], mx[4], mx[5], sessions);
 }
 
-static int usage(void)
+static int usage_to(FILE *out, int rc)
 {
-    fprintf(stderr, "usage: ferry cluster report --dir DIR\n");
-    return 2;
+    fprintf(out, "usage: ferry cluster report --dir DIR\n"
+                 "Prints the report of a scripts/cluster.sh run from the nodes' files in DIR.\n");
+    return rc;
 }
+
+static int usage(void) { return usage_to(stderr, 2); }
 
 int cluster_report_main(int argc, char **argv)
 {
-    static const struct option options[] = {{"dir", required_argument, NULL, 'd'}, {NULL, 0, NULL, 0}};
+    static const struct option options[] = {
+        {"dir", required_argument, NULL, 'd'}, {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
     const char *dir = NULL;
     int opt;
     optind = 1;
-    while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "h", options, NULL)) != -1) {
+        if (opt == 'h') return usage_to(stdout, 0);
         if (opt != 'd') return usage(); /* getopt_long named the problem */
         dir = optarg;
     }

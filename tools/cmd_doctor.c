@@ -219,8 +219,12 @@ static void diagnose(struct report *r, ferry_engine_t *e, const char *peer, size
                   "protocol %u (ours %d), engine id %016llx, epoch %016llx, pid %d, %s", info.protocol_version,
                   FERRY_PROTOCOL_VERSION, (unsigned long long)info.engine_id, (unsigned long long)info.epoch,
                   info.pid, info.same_host ? "same host" : "another host");
-        report_ok(r, "transport", json_pack("{s:s,s:s}", "transport", info.transport, "reason", info.transport_reason),
-                  "transport: %s (%s)", info.transport, info.transport_reason);
+        char reason[400];
+        int cut = fmt_transport_reason(info.transport_reason, sizeof info.transport_reason, reason, sizeof reason);
+        report_ok(r, "transport",
+                  json_pack("{s:s,s:s,s:b}", "transport", info.transport, "reason", info.transport_reason, "reason_cut",
+                            cut),
+                  "transport: %s (%s)", info.transport, reason);
     }
     ferry_segment_t segs[16];
     long n = 0;
@@ -231,8 +235,9 @@ static void diagnose(struct report *r, ferry_engine_t *e, const char *peer, size
      * refused cross-memory attach): say so. */
     ferry_peer_info_t after;
     if (ferry_session_info(e, peer, &after) == 0 && strcmp(after.transport, info.transport) != 0) {
-        char text[256];
-        snprintf(text, sizeof text, "transport after the probe: %s (%s)", after.transport, after.transport_reason);
+        char text[512], reason[400];
+        fmt_transport_reason(after.transport_reason, sizeof after.transport_reason, reason, sizeof reason);
+        snprintf(text, sizeof text, "transport after the probe: %s (%s)", after.transport, reason);
         report_note(r, "transport_after", json_pack("{s:s,s:s}", "transport", after.transport, "reason",
                                                     after.transport_reason), text);
     }
@@ -261,7 +266,7 @@ static int cmd_doctor(int argc, char **argv)
     long timeout = 3000, probe_mib = 16;
     int json = 0, opt;
     optind = 1;
-    while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "h", options, NULL)) != -1) {
         switch (opt) {
         case 't': if (opt_long("doctor", "timeout", optarg, 1, 3600000, &timeout)) return 2; break;
         case 'p': if (opt_long("doctor", "probe-mib", optarg, 1, 1 << 20, &probe_mib)) return 2; break;

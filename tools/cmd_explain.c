@@ -8,7 +8,7 @@
 
 static int cmd_explain(int argc, char **argv)
 {
-    if (argc < 2 || strcmp(argv[1], "--help") == 0) {
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         fprintf(argc < 2 ? stderr : stdout,
                 "usage: ferry explain CODE   (a number like -3 or a name like TIMEOUT)\n"
                 "       ferry explain --all  (every code)\n");

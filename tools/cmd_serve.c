@@ -12,6 +12,7 @@
 
 #include <ferry/ferry.h>
 
+#include "bench.h"
 #include "cli.h"
 #include "opts.h"
 #include "util.h"
@@ -21,10 +22,19 @@ static void on_signal(int sig) { (void)sig; stop_requested = 1; }
 
 static int usage(FILE *out, int rc)
 {
-    fprintf(out, "usage: ferry serve [--host H] [--port P] [--size MiB] [--duration S]\n"
-                 "Registers a buffer of --size MiB (default 64) for remote read and write and serves\n"
-                 "until SIGINT/SIGTERM or --duration seconds. Prints {\"name\":..,\"addr\":..,\"len\":..}.\n"
-                 "Other settings come from FERRY_* environment variables (see README).\n");
+    fprintf(out,
+            "usage: ferry serve [--bind ADDR] [--port P] [--buffer-size S] [--duration SEC]\n"
+            "Registers a buffer for remote read and write and serves peers until SIGINT/SIGTERM\n"
+            "or --duration seconds, as `ferry bench target` does, with the same options and line:\n"
+            "  --bind ADDR        address to listen on (0.0.0.0: every interface; --host is the same)\n"
+            "  --port P           port (%d, as `ferry bench target`; 0: any free port)\n"
+            "  --buffer-size S    bytes, K/M/G suffixes (64M); --size MiB is the older spelling\n"
+            "  --duration SEC     serve this long (until stopped)\n"
+            "Prints one JSON line {\"name\",\"addr\",\"len\",\"pid\",\"epoch\",\"port\",\"metrics_port\"}\n"
+            "once it serves (metrics_port: the Prometheus port, FERRY_METRICS_PORT=-1 picks a free one;\n"
+            "null when off), and where it listens on stderr. Other settings come from FERRY_*\n"
+            "environment variables (see README).\n",
+            FERRY_BENCH_DEFAULT_PORT);
     return rc;
 }
 
@@ -37,31 +47,44 @@ static int cmd_serve(int argc, char **argv)
         return 1;
     }
     static const struct option options[] = {
-        {"host", required_argument, NULL, 'H'},     {"port", required_argument, NULL, 'p'},
-        {"size", required_argument, NULL, 's'},     {"duration", required_argument, NULL, 'd'},
+        {"host", required_argument, NULL, 'H'},     {"bind", required_argument, NULL, 'H'},
+        {"port", required_argument, NULL, 'p'},     {"size", required_argument, NULL, 's'},
+        {"buffer-size", required_argument, NULL, 'b'}, {"duration", required_argument, NULL, 'd'},
         {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
     };
-    long mib = 64, duration = -1, port = cfg.port;
+    long mib = 64, port = getenv("FERRY_PORT") ? cfg.port : FERRY_BENCH_DEFAULT_PORT;
+    size_t len = 0;
+    double duration = -1;
     int opt;
+    const char *host = NULL;
     optind = 1;
-    while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "h", options, NULL)) != -1) {
         switch (opt) {
-        case 'H': cfg.host = optarg; break;
+        case 'H': host = optarg; break;
         case 'p': if (opt_long("serve", "port", optarg, 0, 65535, &port)) return 2; break;
         case 's': if (opt_long("serve", "size", optarg, 1, 1L << 20, &mib)) return 2; break;
-        case 'd': if (opt_long("serve", "duration", optarg, 0, 86400L * 365, &duration)) return 2; break;
+        case 'b':
+            if (parse_size(optarg, &len) != 0 || len == 0) {
+                fprintf(stderr, "ferry serve: --buffer-size '%s' is not a size: a positive number of bytes, with an "
+                                "optional K, M or G suffix (64M)\n", optarg);
+                return 2;
+            }
+            break;
+        case 'd': if (opt_double("serve", "duration", optarg, 0, 86400.0 * 365, &duration)) return 2; break;
         case 'h': return usage(stdout, 0);
         default: return usage(stderr, 2);
         }
     }
     if (opt_none_left("serve", argc, argv) != 0) return usage(stderr, 2);
+    /* Every interface unless --bind or FERRY_HOST says otherwise. */
+    cfg.host = host ? host : getenv("FERRY_HOST") ? cfg.host : "0.0.0.0";
     cfg.port = (uint16_t)port;
+    if (!len) len = (size_t)mib << 20;
     ferry_engine_t *e;
     if (ferry_engine_create(&cfg, &e) != 0) {
         fprintf(stderr, "ferry serve: %s\n", ferry_last_error_detail());
         return 1;
     }
-    size_t len = (size_t)mib << 20;
     unsigned char *buf = calloc(1, len);
     if (!buf || ferry_register(e, buf, len, FERRY_MEM_REMOTE) != 0) {
         fprintf(stderr, "ferry serve: %s\n", buf ? ferry_last_error_detail() : "out of memory");
@@ -69,18 +92,20 @@ static int cmd_serve(int argc, char **argv)
         free(buf);
         return 1;
     }
-    char epoch[32];
-    snprintf(epoch, sizeof epoch, "%016llx", (unsigned long long)ferry_engine_epoch(e));
-    json_t *line = json_pack("{s:s,s:I,s:I,s:s}", "name", ferry_engine_name(e), "addr",
-                             (json_int_t)(uintptr_t)buf, "len", (json_int_t)len, "epoch", epoch);
-    print_json_line(line);
     fflush(stdout);
+    if (write_ready_line(STDOUT_FILENO, e, buf, len) != 0) {
+        ferry_engine_destroy(e);
+        free(buf);
+        return 1;
+    }
+    print_listening("serve", e, len);
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
-    for (long waited = 0; !stop_requested && (duration < 0 || waited < duration * 10); waited++) usleep(100000);
+    double end = duration >= 0 ? now_s() + duration : 0;
+    while (!stop_requested && (end == 0 || now_s() < end)) usleep(50000);
     ferry_engine_destroy(e);
     free(buf);
     return 0;
 }
 
-FERRY_COMMAND("serve", cmd_serve, "serve a registered buffer to peers (a target for tests and benchmarks)")
+FERRY_COMMAND("serve", cmd_serve, "serve a registered buffer to peers (as `bench target`, on every interface, port 7070)")

@@ -235,7 +235,7 @@ static json_t *requests_json(const struct demo *d)
             a, json_pack("{s:I,s:I,s:I,s:o,s:o,s:o,s:f,s:f,s:f,s:f,s:o}", "id", (json_int_t)r, "tokens",
                          (json_int_t)q->tokens, "pages", (json_int_t)q->npages, "bytes", json_u64(q->bytes),
                          "blocks", json_u64(q->before), "coalesced_blocks", json_u64(q->after), "latency_ms", ms,
-                         "gbps", ms > 0 ? (double)q->bytes / 1e6 / ms : 0.0, "fill_ms", (double)q->fill_ns / 1e6,
+                         "gb_per_s", ms > 0 ? (double)q->bytes / 1e6 / ms : 0.0, "fill_ms", (double)q->fill_ns / 1e6,
                          "verify_ms", (double)q->verify_ns / 1e6, "mismatches", json_u64(q->bad_bytes)));
     }
     return a;
@@ -244,7 +244,7 @@ static json_t *requests_json(const struct demo *d)
 static json_t *totals_json(const struct demo *d, const struct totals *t)
 {
     return json_pack("{s:I,s:o,s:f,s:f,s:f,s:f,s:f,s:o,s:o,s:o,s:o}", "requests_verified", (json_int_t)t->n,
-                     "bytes", json_u64(t->bytes), "transfer_s", t->busy_s, "aggregate_gbps", t->agg_gbps, "wall_s",
+                     "bytes", json_u64(t->bytes), "transfer_s", t->busy_s, "aggregate_gb_per_s", t->agg_gbps, "wall_s",
                      t->wall_s, "latency_p50_ms", t->p50, "latency_p99_ms", t->p99, "verified_bytes",
                      json_u64(d->verified), "mismatches", json_u64(d->mismatch_bytes), "rechecked_bytes",
                      json_u64(d->rechecked), "canary_bytes", json_u64(d->canary));

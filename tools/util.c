@@ -6,6 +6,10 @@
 #include <time.h>
 
 #include <jansson.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <ferry/ferry.h>
 
 #include "util.h"
 
@@ -21,7 +25,8 @@ int parse_size(const char *s, size_t *out)
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || v < 0) return -1;
+    /* !(v >= 0) also refuses nan; inf and overflow fail the cap below. */
+    if (errno || end == s || !(v >= 0)) return -1;
     double mul = 1;
     switch (*end) {
     case 'k': case 'K': mul = 1024.0; end++; break;
@@ -32,6 +37,9 @@ int parse_size(const char *s, size_t *out)
     if (*end == 'i' && end[1] == 'B') end += 2;
     else if (*end == 'B') end++;
     if (*end) return -1;
+    /* Up to 2^50 (1 PiB): larger is no buffer size but a typo, and keeps the
+     * conversion to size_t defined. */
+    if (!(v * mul <= (double)((size_t)1 << 50))) return -1;
     *out = (size_t)(v * mul);
     return 0;
 }
@@ -64,4 +72,56 @@ int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
+}
+
+void print_json_error(int code, const char *detail)
+{
+    print_json_line(json_pack("{s:{s:i,s:s,s:s}}", "error", "code", code, "name", ferry_error_name(code), "detail",
+                              detail ? detail : ""));
+}
+
+int write_ready_line(int fd, struct ferry_engine *e, const void *buf, size_t len)
+{
+    char epoch[32];
+    snprintf(epoch, sizeof epoch, "%016llx", (unsigned long long)ferry_engine_epoch(e));
+    uint16_t mport = ferry_metrics_port(e);
+    json_t *ready = json_pack("{s:s,s:I,s:I,s:i,s:s,s:i,s:o}", "name", ferry_engine_name(e), "addr",
+                              (json_int_t)(uintptr_t)buf, "len", (json_int_t)len, "pid", (int)getpid(), "epoch", epoch,
+                              "port", (int)ferry_engine_port(e), "metrics_port",
+                              mport ? json_integer(mport) : json_null());
+    char *line = json_dumps(ready, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(ready);
+    if (!line) return -1;
+    size_t n = strlen(line);
+    int ok = write(fd, line, n) == (ssize_t)n && write(fd, "\n", 1) == 1;
+    free(line);
+    return ok ? 0 : -1;
+}
+
+void print_listening(const char *cmd, struct ferry_engine *e, size_t len)
+{
+    char size[32];
+    fmt_size(len, size, sizeof size);
+    const char *name = ferry_engine_name(e);
+    fprintf(stderr, "ferry %s: serving %s on %s%s; initiators: ferry bench initiator --peer HOST:%u\n", cmd, size,
+            name, strncmp(name, "0.0.0.0:", 8) == 0 || strncmp(name, "[::]:", 5) == 0 ? " (all interfaces)" : "",
+            (unsigned)ferry_engine_port(e));
+    uint16_t mport = ferry_metrics_port(e);
+    if (mport) fprintf(stderr, "ferry %s: Prometheus metrics on port %u (GET /metrics)\n", cmd, (unsigned)mport);
+    fprintf(stderr, "ferry %s: Ctrl-C stops it\n", cmd);
+}
+
+int fmt_transport_reason(const char *reason, size_t field_size, char *out, size_t cap)
+{
+    size_t n = strlen(reason);
+    if (n + 1 < field_size) {
+        snprintf(out, cap, "%s", reason);
+        return 0;
+    }
+    size_t keep = n;
+    while (keep > 0 && reason[keep] != ' ') keep--; /* back to the last whole word */
+    while (keep > 0 && (reason[keep - 1] == ' ' || reason[keep - 1] == ';' || reason[keep - 1] == ',')) keep--;
+    snprintf(out, cap, "%.*s ... [cut at the %zu-byte peer-info field; `ferry info` shows each transport's whole "
+             "reason on this host, FERRY_LOG=2 logs it]", (int)keep, reason, field_size);
+    return 1;
 }

@@ -68,6 +68,27 @@ FERRY_API const char *ferry_version(void);
 /* The same as FERRY_VERSION_NUMBER computes it. */
 FERRY_API unsigned ferry_version_number(void);
 
+/* ------------------------------------------------------------- log handler
+ *
+ * Library messages (the FERRY_LOG / config.log_level levels: 0 error,
+ * 1 warn, 2 info, 3 debug, 4 trace) go to stderr as one line each, or to a
+ * handler the application sets, e.g. to reach its own logging (the Python
+ * binding routes them to `logging`, logger "ferry"). The level filter
+ * applies first: the handler sees only messages at or below the level.
+ * `component` names the part of the library ("tcp", "shm", "meta", ...);
+ * `message` has no trailing newline; both are valid during the call only.
+ * The handler may be called from any of the library's threads, several at a
+ * time; it must not call ferry_log_set_handler. ferry_log_set_handler(NULL,
+ * NULL) restores stderr. Thread-safe: once it returns, no thread is still in,
+ * or will enter, the previous handler, so its ctx may be freed. Returns 0. */
+#define FERRY_LOG_LEVEL_ERROR 0
+#define FERRY_LOG_LEVEL_WARN 1
+#define FERRY_LOG_LEVEL_INFO 2
+#define FERRY_LOG_LEVEL_DEBUG 3
+#define FERRY_LOG_LEVEL_TRACE 4
+typedef void (*ferry_log_handler_t)(int level, const char *component, const char *message, void *ctx);
+FERRY_API int ferry_log_set_handler(ferry_log_handler_t handler, void *ctx);
+
 typedef struct ferry_engine ferry_engine_t;
 typedef struct ferry_batch ferry_batch_t;
 

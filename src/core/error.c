@@ -1,5 +1,7 @@
 /* The error table: names, meanings, retry advice, and the per-thread detail. */
 #include <ferry/error.h>
+#include <errno.h>
+#include <limits.h>
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -183,9 +185,11 @@ int ferry_error_parse(const char *text, int *code)
 {
     if (!text || !*text || !code) return 0;
     char *end;
+    errno = 0;
     long v = strtol(text, &end, 10);
     if (*end == '\0') {
-        if (!find_entry((int)v)) return 0;
+        /* Out of int's range is no code: a cast would wrap 4294966894 to -402. */
+        if (errno == ERANGE || v < INT_MIN || v > INT_MAX || !find_entry((int)v)) return 0;
         *code = (int)v;
         return 1;
     }

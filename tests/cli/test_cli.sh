@@ -16,8 +16,14 @@ out=$("$FERRY" explain PEER_RESTARTED); check explain-name "Retryable: no"
 out=$("$FERRY" explain --all); check explain-all "TIMEOUT +the operation did not finish.*\[retryable\]"
 out=$("$FERRY" explain BOGUS 2>&1); rc=$?; check explain-unknown "unknown error code"
 [ $rc -ne 0 ] || { echo "FAIL explain BOGUS exited 0"; fails=$((fails + 1)); }
+# A number outside int's range is no code (4294966894 wrapped to -402, PEER_RESTARTED).
+for n in 4294966894 -4294967298 99999999999999999999; do
+  out=$("$FERRY" explain $n 2>&1); rc=$?; check "explain-range-$n" "unknown error code '$n'"
+  [ $rc -eq 1 ] || { echo "FAIL explain $n exited $rc"; fails=$((fails + 1)); }
+done
 out=$("$FERRY" nosuchcommand 2>&1); check unknown-command "unknown command"
 out=$("$FERRY" --help); check help "doctor"
+tmpd=$(mktemp -d)
 # `ferry help COMMAND` covers every command the list shows.
 cmds=$("$FERRY" help | sed -nE 's/^  ([a-z][a-z-]*) .*/\1/p')
 [ -n "$cmds" ] || { echo "FAIL help lists no command"; fails=$((fails + 1)); }
@@ -25,7 +31,51 @@ for c in $cmds; do
   out=$("$FERRY" help "$c" 2>&1); rc=$?
   check "help-$c" "usage: ferry $c"
   [ $rc -eq 0 ] || { echo "FAIL ferry help $c exited $rc"; fails=$((fails + 1)); }
+  # -h and --help: the help on stdout (nothing on stderr), exit 0, in every command.
+  for h in -h --help; do
+    out=$("$FERRY" "$c" $h 2>"$tmpd/err"); rc=$?
+    check "help-$c$h" "usage: ferry $c"
+    [ $rc -eq 0 ] && [ ! -s "$tmpd/err" ] || { echo "FAIL ferry $c $h exited $rc, stderr: $(cat "$tmpd/err")"; fails=$((fails + 1)); }
+  done
 done
+for sub in "cluster node" "cluster report" "bench target" "bench baseline" "plot bars"; do
+  out=$("$FERRY" $sub -h 2>/dev/null); rc=$?
+  check "help-$sub" "usage: ferry ${sub%% *}"
+  [ $rc -eq 0 ] || { echo "FAIL ferry $sub -h exited $rc"; fails=$((fails + 1)); }
+done
+# ferry info: version, build, transports (why not), devices, settings; --json.
+out=$("$FERRY" info); rc=$?
+check info-version "^ferry [0-9]+\.[0-9]+\.[0-9]+ \(library"
+check info-transports "^  tcp +yes +reaches every peer"
+check info-rdma "^  rdma +(yes|no) +[^ ]"
+check info-settings "^  timeout_ms +30000"
+[ $rc -eq 0 ] || { echo "FAIL ferry info exited $rc"; fails=$((fails + 1)); }
+out=$(FERRY_TIMEOUT_MS=1234 FERRY_SECRET=hunter2 "$FERRY" info --json); rc=$?
+if json_check "$out" 'd["version"]["protocol"] >= 1 and d["transports"]["tcp"]["usable"] and set(d["transports"]) == {"tcp", "shm", "rdma"} and d["settings"]["timeout_ms"] == 1234 and d["settings"]["secret"] and d["environment"]["FERRY_TIMEOUT_MS"] == "1234" and "hunter2" not in json.dumps(d) and "p2p" in d["build"]["metadata_backends"] and d["devices"]["cpus"] >= 1'; then
+  passes=$((passes + 1))
+else
+  echo "FAIL info-json: unexpected:"; echo "$out"; fails=$((fails + 1))
+fi
+out=$(FERRY_TIMEOUT_MS=soon "$FERRY" info 2>&1); rc=$?
+check info-bad-env "ERROR: .*FERRY_TIMEOUT_MS"
+[ $rc -eq 1 ] || { echo "FAIL ferry info with a bad FERRY_TIMEOUT_MS exited $rc"; fails=$((fails + 1)); }
+# ferry plot bars: an SVG with the labels, values and the reference line.
+printf 'a / b\t1.5\nc / d\t0.5\tlower\n' | "$FERRY" plot bars --out "$tmpd/bars.svg" --title T --x-label "ratio" --reference 1
+out=$(cat "$tmpd/bars.svg" 2>&1)
+check plot-bars-label ">a / b</text>"
+check plot-bars-value ">1.50</text>"
+check plot-bars-reference 'stroke-dasharray'
+# bench/compare --plot: the ratios of a saved run (old "gbps" keys read too) drawn by ferry plot bars.
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+printf '%s\n' '{"key":"tcp_w1m","r":{"gbps":2.0,"transport":"tcp"}}' '{"key":"iperf_1m","r":{"gb_per_s":2.5}}' \
+  '{"key":"_load","r":{"before":"1","after":"1","elapsed":1,"dur":1,"rounds":1,"round_dur":1}}' >"$tmpd/res.jsonl"
+out=$(BUILD=$(cd "$(dirname "$FERRY")" && pwd) "$ROOT/bench/compare" --from "$tmpd/res.jsonl" --plot "$tmpd/cmp.svg" 2>&1)
+check compare-ratio "TCP write 1 MiB, hot \(16/call, 2 conns\) +2\.00 GB/s +iperf3 1 stream -l 1M +2\.50 GB/s +0\.80"
+check compare-plotted "ratios drawn in $tmpd/cmp.svg"
+out=$(cat "$tmpd/cmp.svg" 2>&1); check compare-plot-bar ">0\.80</text>"
+out=$(printf 'no tab here\n' | "$FERRY" plot bars --out "$tmpd/x.svg" 2>&1); rc=$?
+check plot-bars-bad "line 1: no TAB"
+[ $rc -eq 1 ] || { echo "FAIL plot bars on a bad line exited $rc"; fails=$((fails + 1)); }
 out=$("$FERRY" help nosuchcommand 2>&1); rc=$?; check help-unknown "unknown command 'nosuchcommand'"
 [ $rc -eq 2 ] || { echo "FAIL ferry help nosuchcommand exited $rc"; fails=$((fails + 1)); }
 out=$("$FERRY" doctor 127.0.0.1:7 --probe-mib 4x 2>&1); rc=$?; check doctor-bad-number "--probe-mib '4x' is not a whole number"
@@ -47,13 +97,25 @@ fi
 out=$("$FERRY" serve --size 0 2>&1); rc=$?; check serve-bad-number "--size '0' is not a whole number"
 [ $rc -eq 2 ] || { echo "FAIL serve --size 0 exited $rc"; fails=$((fails + 1)); }
 
-tmp=$(mktemp -d); trap 'kill $serve 2>/dev/null; rm -rf "$tmp"' EXIT
-"$FERRY" serve --size 8 --duration 60 >"$tmp/serve.json" 2>"$tmp/serve.err" & serve=$!
+tmp=$(mktemp -d); trap 'kill $serve 2>/dev/null; rm -rf "$tmp" "$tmpd"' EXIT
+# serve: the ready line of `bench target`, the Prometheus port it got with FERRY_METRICS_PORT=-1.
+FERRY_METRICS_PORT=-1 "$FERRY" serve --port 0 --buffer-size 8M --duration 60 >"$tmp/serve.json" 2>"$tmp/serve.err" & serve=$!
 for _ in $(seq 50); do [ -s "$tmp/serve.json" ] && break; sleep 0.1; done
-name=$(sed -E 's/.*"name":"([^"]+)".*/\1/' "$tmp/serve.json")
+out=$(cat "$tmp/serve.json")
+check serve-ready '^\{"name":"0\.0\.0\.0:[0-9]+","addr":[0-9]+,"len":8388608,"pid":[0-9]+,"epoch":"[0-9a-f]{16}","port":[0-9]+,"metrics_port":[1-9][0-9]*\}$'
+mport=$(sed -E 's/.*"metrics_port":([0-9]+).*/\1/' "$tmp/serve.json")
+out=$(cat "$tmp/serve.err"); check serve-says-metrics "Prometheus metrics on port $mport"
+out=$(python3 -c 'import sys,urllib.request; print(urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=5).read().decode()[:2000])' "$mport" 2>&1)
+check serve-metrics-served "^# (HELP|TYPE) ferry_"
+port=$(sed -E 's/.*"port":([0-9]+),.*/\1/' "$tmp/serve.json")
+name="127.0.0.1:$port"
 out=$("$FERRY" doctor "$name" --probe-mib 4 2>&1); rc=$?
 check doctor-ok "all checks passed"
 check doctor-transport "transport: shm \\(.*cross-memory attach"
+# A reason that fills the 128-byte peer-info field is cut at a word, saying where the whole one is.
+if grep -q "transport: shm (.\{126\}" <<<"$out"; then
+  check doctor-reason-cut "[a-z)] \.\.\. \[cut at the 128-byte peer-info field; \`ferry info\` shows"
+fi
 check doctor-segments "segments: 1 remote-accessible region"
 check doctor-probe "bandwidth probe: read"
 [ $rc -eq 0 ] || { echo "FAIL doctor exited $rc"; fails=$((fails + 1)); }

@@ -14,6 +14,7 @@ loader, then the copy a wheel carries (ferry.library_path() says which).
 from . import errors
 from ._lib import LibraryNotFound
 from ._lib import path as library_path
+from ._logging import route_logging
 from .core import (CONFIG_FIELDS, MEM_LOCAL, MEM_REMOTE, MEM_REMOTE_READ, MEM_REMOTE_WRITE, READ,
                    STATUS_CANCELLED, STATUS_COMPLETED, STATUS_FAILED, STATUS_NAMES,
                    STATUS_PENDING, STATUS_TIMEOUT, STATUS_WAITING, WRITE, Batch, Engine,

@@ -106,6 +106,8 @@ def lib():
             _declare_error_api(handle)
             _path = cand
             _lib = handle
+            from . import _logging  # library messages to logging.getLogger("ferry")
+            _logging._set(handle, True)
             return _lib
         raise LibraryNotFound(
             "libferry.so not found or not loadable; install it (cmake --install, then ldconfig), "
