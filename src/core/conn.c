@@ -18,6 +18,8 @@ int ferry_conn_send_frame(ferry_conn_t *c, ferry_frame_t *f, const void *payload
     uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
     ferry_frame_encode(f, hdr);
     struct iovec iov[2] = {{hdr, sizeof hdr}, {(void *)payload, f->plen}};
+    /* The target's answers in the event loop never block a serving thread. */
+    if (c->served) return ferry_serve_sendv(c, iov, f->plen ? 2 : 1, deadline);
     return ferry_net_sendv(c->fd, iov, f->plen ? 2 : 1, deadline);
 }
 

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include <ferry/ferry.h>
 
@@ -95,6 +96,19 @@ int ferry_serve_payload_wait(ferry_conn_t *c, uint64_t deadline);
  * stopped reading): 1 room, 0 park it (with partial.wait_out), -1 the
  * deadline passed. */
 int ferry_serve_answer_wait(ferry_conn_t *c, uint64_t deadline);
+/* Target side, an answer (iov[0..cnt), cnt <= 8) to the frame being
+ * served: sent without blocking; what the socket has no room for is
+ * queued in the connection (after waiting for room up to deadline, but
+ * only while the frame holds a data slot nobody else wants), and the event
+ * loop parks the connection until it drains, within config.timeout_ms, or
+ * closes it. Served outside the event loop (or in the handshake): a
+ * blocking send up to deadline. 0 or a failure. */
+int ferry_serve_sendv(ferry_conn_t *c, const struct iovec *iov, int cnt, uint64_t deadline);
+/* Whether answers wait queued in c (ferry_serve_sendv). */
+bool ferry_serve_answer_pending(const ferry_conn_t *c);
+/* Sends what the socket takes of c's queued answers without waiting: 0
+ * all gone, FERRY_SERVE_PENDING some left, or a failure. */
+int ferry_serve_flush(ferry_conn_t *c);
 
 /* ferry_conn_t.state on the target side. Changes under the engine's
  * conns_lock, except IDLE <-> BUSY, which the serving thread makes alone

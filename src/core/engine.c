@@ -36,7 +36,10 @@
 void ferry_conn_set_idle(ferry_conn_t *c)
 {
     atomic_store(&c->idle_since_ns, ferry_now_ns());
-    atomic_store(&c->state, CONN_IDLE);
+    /* A busy connection may be closed to make room (a stalled one, under
+     * pressure): EVICTED stays, and its next turn ends it. */
+    int expect = CONN_BUSY;
+    atomic_compare_exchange_strong(&c->state, &expect, CONN_IDLE);
 }
 
 /* Serving thread: a request is arriving. False when the connection was

@@ -31,15 +31,19 @@
  *    until its payload is whole (payload_gate: the socket's SO_RCVLOWAT),
  *    then runs its handler unchanged; a READ's answer that the socket has
  *    no room for (a peer that stopped reading) is parked the same way,
- *    armed for EPOLLOUT (partial.wait_out). Uncontended, the thread waits
- *    on the connection as before (ferry_serve_payload_wait,
- *    ferry_serve_answer_wait). Limits: a frame whose
- *    payload is larger than the kernel will buffer for the low-water mark
- *    (half the receive buffer; the largest such frames are checksummed
- *    WRITEVs, 512 KiB from our initiators), a WRITEV into device memory, or
- *    one woken early under the kernel's memory pressure, is served as
- *    before, blocking up to its deadline; so are the other answers (acks,
- *    a READV's bytes) to a peer that stops reading.
+ *    armed for EPOLLOUT (partial.wait_out), and so is a READV's; every
+ *    other answer the socket has no room for is queued in the connection
+ *    (ferry_serve_sendv: one frame's answers at most, no frame is read
+ *    meanwhile) and the connection parked for room (answer_park), closed
+ *    when it does not drain within config.timeout_ms. A control frame's
+ *    answer never waits for room, so the control threads never block on a
+ *    send. Uncontended, a data frame's thread waits on the connection as
+ *    before (ferry_serve_payload_wait, ferry_serve_answer_wait). Limits:
+ *    a gated frame whose payload is larger than the kernel will buffer for
+ *    the low-water mark (half the largest receive buffer; WRITE and WRITEV
+ *    payloads, checksummed or not, are not gated), or one woken early under
+ *    the kernel's memory pressure, is served as before, blocking up to its
+ *    deadline.
  *
  * Cancels must be served even while every thread is busy with long or
  * stalled writes (a CANCEL comes on a spare connection and its initiator
@@ -116,6 +120,19 @@ typedef struct ferry_served {
     uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
     size_t hgot;
     _Atomic uint64_t header_due_ns;
+    /* Parked (no thread has it): with header_due_ns set, it is stalled in
+     * a frame or in its answers, and evictable under pressure (listener). */
+    atomic_bool parked;
+    /* Answers the socket had no room for (a peer that stopped reading):
+     * out[out_off, out_len) is still to go. While it is not empty no new
+     * frame is read; the connection waits parked for EPOLLOUT (answer_park)
+     * and is closed when it does not drain within config.timeout_ms. */
+    uint8_t *out;
+    size_t out_off, out_len, out_cap;
+    /* The frame being served holds a data slot: its answer may wait for
+     * room while no other data frame wants the slot. A control frame's
+     * answer never waits (the control threads must stay free). */
+    bool slot;
     /* Bumped (release) by each owner as it parks the connection and read
      * (acquire) by the next: epoll hands the connection over, but thread
      * sanitizers do not see an EPOLL_CTL_MOD as a release. */
@@ -169,10 +186,128 @@ static void park(ferry_engine_t *e, ferry_conn_t *c)
 {
     /* Read before the handoff: c may be another thread's once it is armed. */
     uint32_t dir = c->partial.resume && c->partial.wait_out ? EPOLLOUT : EPOLLIN;
+    atomic_store(&c->served->parked, true);
     atomic_fetch_add_explicit(&c->served->handoff, 1, memory_order_release);
     if (arm(e, c, EPOLL_CTL_MOD, dir) != 0)
         end_conn(e, c, ferry_fail(FERRY_ERR_SOCKET, "epoll: cannot watch the connection from %s: %s", c->remote,
                                   strerror(errno)));
+}
+
+/* ------------------------------------------------------------ answers */
+
+/* Queues iov[0..cnt) behind what c's outbox already holds. */
+static int outbox_append(ferry_conn_t *c, const struct iovec *iov, int cnt)
+{
+    ferry_served_t *s = c->served;
+    size_t need = 0;
+    for (int i = 0; i < cnt; i++) need += iov[i].iov_len;
+    if (s->out_off == s->out_len) s->out_off = s->out_len = 0;
+    if (s->out_len + need > s->out_cap) {
+        size_t cap = s->out_len + need < 4096 ? 4096 : s->out_len + need;
+        uint8_t *b = realloc(s->out, cap);
+        if (!b) return ferry_fail(FERRY_ERR_MEMORY, "answer of %zu bytes to %s: out of memory", need, c->peer.name);
+        s->out = b;
+        s->out_cap = cap;
+    }
+    for (int i = 0; i < cnt; i++) {
+        memcpy(s->out + s->out_len, iov[i].iov_base, iov[i].iov_len);
+        s->out_len += iov[i].iov_len;
+    }
+    return 0;
+}
+
+bool ferry_serve_answer_pending(const ferry_conn_t *c)
+{
+    return c->served && c->served->out_off < c->served->out_len;
+}
+
+/* Sends what it can of iov (advanced past what went): the bytes sent, or
+ * -1 with errno (EAGAIN when the socket is full). */
+static ssize_t send_some(int fd, struct iovec *iov, int *at, int cnt)
+{
+    struct msghdr mh = {.msg_iov = iov + *at, .msg_iovlen = (size_t)(cnt - *at)};
+    ssize_t n;
+    do n = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    size_t left = n > 0 ? (size_t)n : 0;
+    while (*at < cnt && left >= iov[*at].iov_len) left -= iov[(*at)++].iov_len;
+    if (*at < cnt && left) {
+        iov[*at].iov_base = (char *)iov[*at].iov_base + left;
+        iov[*at].iov_len -= left;
+    }
+    return n;
+}
+
+static int send_failed(ferry_conn_t *c, int err)
+{
+    return ferry_fail(err == EPIPE || err == ECONNRESET ? FERRY_ERR_PEER_CLOSED : FERRY_ERR_SOCKET,
+                      "answer to %s: send: %s", c->peer.name, strerror(err));
+}
+
+int ferry_serve_sendv(ferry_conn_t *c, const struct iovec *iov, int cnt, uint64_t deadline)
+{
+    ferry_served_t *s = c->served;
+    if (!s || s->phase != PHASE_FRAMES) return ferry_net_sendv(c->fd, (struct iovec *)iov, cnt, deadline);
+    if (cnt > 8) return ferry_fail(FERRY_ERR_INTERNAL, "an answer of %d parts", cnt);
+    struct iovec v[8];
+    memcpy(v, iov, (size_t)cnt * sizeof *iov);
+    int at = 0;
+    /* Behind answers already queued: after them, never before. */
+    while (!ferry_serve_answer_pending(c) && at < cnt) {
+        ssize_t n = send_some(c->fd, v, &at, cnt);
+        if (n >= 0) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) return send_failed(c, errno);
+        if (!s->slot) break; /* a control frame's answer: queued at once */
+        int w = ferry_serve_answer_wait(c, deadline);
+        if (w < 0)
+            return ferry_fail(FERRY_ERR_TIMEOUT, "the answer to %s stalled: it stopped reading for %d ms", c->peer.name,
+                              c->engine->cfg.timeout_ms);
+        if (w == 0) break; /* another data frame wants the thread */
+    }
+    return at < cnt ? outbox_append(c, v + at, cnt - at) : 0;
+}
+
+int ferry_serve_flush(ferry_conn_t *c)
+{
+    ferry_served_t *s = c->served;
+    if (!s) return 0;
+    while (ferry_serve_answer_pending(c)) {
+        ssize_t n = send(c->fd, s->out + s->out_off, s->out_len - s->out_off, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n > 0) {
+            s->out_off += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return send_failed(c, errno);
+        return FERRY_SERVE_PENDING;
+    }
+    s->out_off = s->out_len = 0;
+    /* A large answer's room is given back; a small one is kept for the next. */
+    if (s->out_cap > 65536) {
+        free(s->out);
+        s->out = NULL;
+        s->out_cap = 0;
+    }
+    return 0;
+}
+
+/* Continues a connection parked with queued answers (answer_park). */
+static int answer_resume(ferry_conn_t *c)
+{
+    int rc = ferry_serve_flush(c);
+    c->partial.resume = rc == FERRY_SERVE_PENDING ? answer_resume : NULL;
+    return rc;
+}
+
+/* c's frame f was served but its answers wait in the outbox: parks c for
+ * room (EPOLLOUT), busy, with config.timeout_ms for them to drain; past
+ * it the listener expires c and it is closed (payload_timeout). No frame
+ * is read meanwhile, so the outbox holds one frame's answers at most. */
+static int answer_park(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t *f)
+{
+    c->partial = (ferry_partial_t){.f = *f, .deadline = ferry_deadline_after_ms(e->cfg.timeout_ms), .wait_out = true,
+                                   .resume = answer_resume};
+    return answer_resume(c);
 }
 
 /* ------------------------------------------------------------ handshake */
@@ -378,12 +513,13 @@ static uint64_t bytes_waiting(const ferry_conn_t *c)
 
 /* How much of f's payload must have arrived before its handler runs
  * (payload_gate): all of it, but none of a WRITE's and only the
- * descriptors of an unchecksummed WRITEV, whose handlers place the rest as
- * it arrives and park between its parts on their own (transport/tcp.c). */
+ * descriptors of a WRITEV, whose handlers place (or stage, checksummed)
+ * the rest as it arrives and park between its parts on their own
+ * (transport/tcp.c). */
 static uint64_t gate_bytes(const ferry_frame_t *f)
 {
     if (f->type == FERRY_FRAME_WRITE) return 0;
-    if (f->type == FERRY_FRAME_WRITEV && !(f->flags & FERRY_FRAME_F_CRC)) {
+    if (f->type == FERRY_FRAME_WRITEV) {
         uint64_t d = ferry_vec_desc_bytes(f);
         return d < f->plen ? d : f->plen;
     }
@@ -520,12 +656,16 @@ static bool serve_turn(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t *
     if (queued) {
         f = *queued;
     } else if (resuming) {
-        if (atomic_load(&e->stopping)) {
+        /* The engine stops, or the connection was closed to make room. */
+        if (atomic_load(&e->stopping) || atomic_load(&c->state) == CONN_EVICTED) {
             end_conn(e, c, 0);
             return false;
         }
-        if (!data_slot_take(e->evloop, c, &c->partial.f)) return false;
-        slot = true;
+        /* Queued answers go out without waiting: no slot needed. */
+        if (c->partial.resume != answer_resume) {
+            if (!data_slot_take(e->evloop, c, &c->partial.f)) return false;
+            slot = true;
+        }
     } else if (s->hgot == 0) { /* it was idle */
         if (atomic_load(&e->stopping) || !ferry_conn_set_busy(c)) {
             end_conn(e, c, 0); /* closed to make room, or the engine stops */
@@ -550,6 +690,7 @@ static bool serve_turn(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t *
                 slot = true;
             }
         }
+        s->slot = slot;
         if (served == 0 && resuming) {
             rc = atomic_load(&s->expired) ? payload_timeout(e, c) : c->partial.resume(c);
             /* Cut by the listener at its deadline while we read it. */
@@ -559,6 +700,9 @@ static bool serve_turn(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t *
             rc = payload_gate(e, c, &f);
             if (rc == 0) rc = ferry_serve_frame(c, &f);
         }
+        /* Its answers found no room (a peer that stopped reading): they
+         * wait parked, holding no thread. */
+        if (rc == 0 && ferry_serve_answer_pending(c)) rc = answer_park(e, c, served == 0 && resuming ? &c->partial.f : &f);
         if (rc == FERRY_SERVE_PENDING) {
             park_mid_payload(e, c);
             return slot;
@@ -599,6 +743,7 @@ static bool serve_turn(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t *
 static void take_turn(ferry_engine_t *e, ferry_conn_t *c)
 {
     atomic_load_explicit(&c->served->handoff, memory_order_acquire);
+    atomic_store(&c->served->parked, false);
     if (c->served->phase != PHASE_FRAMES) {
         handshake_step(e, c);
         return;
@@ -715,6 +860,7 @@ int ferry_evloop_add(ferry_engine_t *e, ferry_conn_t *c)
 void ferry_evloop_conn_free(ferry_conn_t *c)
 {
     if (!c->served) return;
+    free(c->served->out);
     free(c->served->hs);
     free(c->served);
     c->served = NULL;
@@ -723,6 +869,13 @@ void ferry_evloop_conn_free(ferry_conn_t *c)
 uint64_t ferry_evloop_header_due(ferry_conn_t *c)
 {
     return c->served ? atomic_load(&c->served->header_due_ns) : 0;
+}
+
+uint64_t ferry_evloop_stalled_since(ferry_conn_t *c)
+{
+    if (!c->served || !atomic_load(&c->served->parked)) return 0;
+    uint64_t due = atomic_load(&c->served->header_due_ns), span = (uint64_t)c->engine->cfg.timeout_ms * 1000000u;
+    return due > span ? due - span : due ? 1 : 0;
 }
 
 void ferry_evloop_expire(ferry_conn_t *c)

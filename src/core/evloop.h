@@ -29,6 +29,9 @@ void ferry_evloop_expire(ferry_conn_t *c);
 /* When the rest of c's half-read frame header is due (0: none); past it the
  * listener expires c the same way. */
 uint64_t ferry_evloop_header_due(ferry_conn_t *c);
+/* Listener (conns_lock held): when c, parked, began to stall (its frame
+ * began, or its answers found no room), else 0 (idle, or a thread has it). */
+uint64_t ferry_evloop_stalled_since(ferry_conn_t *c);
 /* The serving threads the loop runs (fixed at start). */
 int ferry_evloop_threads(const ferry_engine_t *e);
 

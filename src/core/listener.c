@@ -39,14 +39,22 @@
  *    of a peer handshaking in earnest;
  *  - one source address holds at most max_handshaking_per_source of those
  *    (its own oldest silent or stalled one makes way) and max_per_source
- *    connections in all (more are refused at accept);
+ *    connections in all: at that limit its own connection idle the
+ *    longest, else its own stalled the longest, makes way for its
+ *    newcomer, so a source never locks itself out (a flood from one
+ *    address only pushes out that address's connections). Loopback
+ *    (127.0.0.0/8, ::1) is one source for every peer on the host: it may
+ *    hold max_established unless config.max_connections_per_source is set;
  *  - at most max_established connections are past the handshake; a peer
  *    completing its handshake when they are full takes the place of the
  *    one idle the longest (its initiator sees the close before its next use
- *    and connects again); with every one busy it is refused, TOO_MANY_REQUESTS;
+ *    and connects again), else of the one stalled the longest (parked in a
+ *    frame whose bytes stopped coming, or with answers its peer stopped
+ *    reading, for a tenth of config.timeout_ms or more); with every one
+ *    busy in earnest it is refused, TOO_MANY_REQUESTS;
  *  - with no file descriptor left, accept() fails at once, every time: the
  *    listener closes the oldest silent connection, else the one idle the
- *    longest, else the oldest handshaking, or with none sheds the waiting
+ *    longest, else the one stalled the longest, else the oldest handshaking, or with none sheds the waiting
  *    connection through a reserved descriptor; then it pauses instead of
  *    spinning.
  *  - a connection still handshaking config.connect_timeout_ms after it was
@@ -132,29 +140,76 @@ static ferry_conn_t *oldest_handshaking_locked(ferry_engine_t *e, const uint8_t 
     return NULL;
 }
 
-/* The connection idle the longest with nothing waiting to be read: bytes
- * there are a request on its way, which must not be cut off. */
-static ferry_conn_t *oldest_idle_locked(ferry_engine_t *e)
+/* The connection from source (NULL: any) idle the longest with nothing
+ * waiting to be read: bytes there are a request on its way, which must not
+ * be cut off. */
+static ferry_conn_t *oldest_idle_locked(ferry_engine_t *e, const uint8_t *source)
 {
     ferry_conn_t *best = NULL;
     for (ferry_conn_t *c = e->conns; c; c = c->next) {
-        if (atomic_load(&c->state) != CONN_IDLE) continue;
+        if (atomic_load(&c->state) != CONN_IDLE || (source && !same_source(c, source))) continue;
         if (best && atomic_load(&c->idle_since_ns) >= atomic_load(&best->idle_since_ns)) continue;
         if (!has_input(c->fd)) best = c;
     }
     return best;
 }
 
+/* The established connection from source (NULL: any) stalled the longest
+ * in a frame (its header or payload stopped coming) or in its answers (its
+ * peer stopped reading them), parked so for at least a tenth of
+ * config.timeout_ms: a request that merely pauses is not cut off, as
+ * oldest_handshaking_locked spares handshakes in earnest. */
+static ferry_conn_t *oldest_stalled_locked(ferry_engine_t *e, const uint8_t *source)
+{
+    uint64_t before = ferry_now_ns() - (uint64_t)e->cfg.timeout_ms * 100000u, best_since = 0;
+    ferry_conn_t *best = NULL;
+    for (ferry_conn_t *c = e->conns; c; c = c->next) {
+        if (atomic_load(&c->state) != CONN_BUSY || (source && !same_source(c, source))) continue;
+        uint64_t since = ferry_evloop_stalled_since(c);
+        if (since && since <= before && (!best || since < best_since)) {
+            best = c;
+            best_since = since;
+        }
+    }
+    return best;
+}
+
+/* Closes the one idle the longest, else the one stalled the longest, from
+ * source (NULL: any): true when one was. */
+static bool evict_established_locked(ferry_engine_t *e, const uint8_t *source)
+{
+    ferry_conn_t *c = oldest_idle_locked(e, source);
+    if (c && evict_locked(e, c, CONN_IDLE)) return true;
+    c = oldest_stalled_locked(e, source);
+    return c && evict_locked(e, c, CONN_BUSY);
+}
+
 /* Closes the oldest silent connection, else the one idle the longest, else
- * the oldest stalled in its handshake. */
+ * the one stalled the longest in a frame, else the oldest stalled in its
+ * handshake. */
 static bool make_room_locked(ferry_engine_t *e)
 {
     ferry_conn_t *c = oldest_handshaking_locked(e, NULL, true);
     if (c && evict_locked(e, c, CONN_HANDSHAKE)) return true;
-    c = oldest_idle_locked(e);
-    if (c && evict_locked(e, c, CONN_IDLE)) return true;
+    if (evict_established_locked(e, NULL)) return true;
     c = oldest_handshaking_locked(e, NULL, false);
     return c && evict_locked(e, c, CONN_HANDSHAKE);
+}
+
+/* Whether source is this host's loopback (127.0.0.0/8 as v4-mapped, ::1). */
+static bool is_loopback(const uint8_t *source)
+{
+    static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff}, v6[16] = {[15] = 1};
+    return (memcmp(source, v4mapped, 12) == 0 && source[12] == 127) || memcmp(source, v6, 16) == 0;
+}
+
+/* How many connections one source may hold: on one host every local peer
+ * is 127.0.0.1 (or ::1), one "source" for them all, so loopback may hold
+ * as many as the target serves unless config.max_connections_per_source
+ * says otherwise. */
+static int source_limit(const ferry_engine_t *e, const uint8_t *source)
+{
+    return e->cfg.max_connections_per_source == 0 && is_loopback(source) ? e->max_established : e->max_per_source;
 }
 
 /* Takes a new connection into the handshake budget, making way as the
@@ -169,10 +224,14 @@ static bool admit_new_locked(ferry_engine_t *e, const ferry_conn_t *c)
         from_source++;
         if (st == CONN_HANDSHAKE) handshaking_from_source++;
     }
-    if (from_source >= e->max_per_source || handshaking_from_source >= e->max_handshaking_per_source) {
-        /* A source at its limit competes with itself only. */
+    if (from_source >= source_limit(e, c->source) || handshaking_from_source >= e->max_handshaking_per_source) {
+        /* A source at its limit competes with itself only: its oldest
+         * silent or stalled handshake makes way, else (at its limit of
+         * connections) the one it left idle the longest, else the one
+         * stalled the longest, so that a source never locks itself out. */
         ferry_conn_t *old = handshaking_from_source ? oldest_handshaking_locked(e, c->source, false) : NULL;
-        return old && evict_locked(e, old, CONN_HANDSHAKE);
+        if (old && evict_locked(e, old, CONN_HANDSHAKE)) return true;
+        return handshaking_from_source < e->max_handshaking_per_source && evict_established_locked(e, c->source);
     }
     if (e->nhandshaking >= e->max_handshaking) {
         ferry_conn_t *old = oldest_handshaking_locked(e, NULL, false);
@@ -198,10 +257,7 @@ int ferry_listener_admit_established(ferry_conn_t *c)
         rc = ferry_fail(FERRY_ERR_PEER_CLOSED, "connection from %s was closed during its handshake to make room",
                         c->remote);
     } else {
-        if (e->nestablished >= e->max_established) {
-            ferry_conn_t *idle = oldest_idle_locked(e);
-            if (idle) evict_locked(e, idle, CONN_IDLE);
-        }
+        if (e->nestablished >= e->max_established) evict_established_locked(e, NULL);
         if (e->nestablished < e->max_established) {
             atomic_store(&c->state, CONN_BUSY);
             e->nhandshaking--;
@@ -278,6 +334,15 @@ static void expire_locked(ferry_engine_t *e, ferry_conn_t *c)
     ferry_evloop_expire(c);
 }
 
+/* How often the listener looks for stalls while connections are served:
+ * within a quarter of a frame's deadline (at most a second), so that none
+ * holds on much past it. */
+static uint64_t expiry_period(const ferry_engine_t *e)
+{
+    uint64_t period = (uint64_t)e->cfg.timeout_ms * 250000u;
+    return period > 1000000000ull ? 1000000000ull : period;
+}
+
 /* Ends the handshakes past their deadline (config.connect_timeout_ms after
  * the accept) and the frame headers stalled half-read past theirs. Returns
  * when to look again: the next deadline known, at most a second away while
@@ -300,7 +365,8 @@ static uint64_t expire_stalled(ferry_engine_t *e)
             ferry_evloop_expire(c);
         }
     }
-    if (e->conns && next > now + 1000000000ull) next = now + 1000000000ull;
+    uint64_t period = expiry_period(e);
+    if (e->conns && next > now + period) next = now + period;
     pthread_mutex_unlock(&e->conns_lock);
     return next;
 }
@@ -444,9 +510,12 @@ void *ferry_listener_thread(void *arg)
         if (p[1].revents) break;
         int pause_ms = n > 0 && (p[0].revents & POLLIN) ? accept_one(e) : 0;
         if (pause_ms) listener_pause(e, pause_ms);
-        /* A new handshake's deadline comes after every other's. */
-        if (next_expiry == UINT64_MAX && n > 0)
-            next_expiry = ferry_now_ns() + (uint64_t)e->cfg.connect_timeout_ms * 1000000u;
+        /* A new handshake's deadline comes after every other's; a frame
+         * of it may stall sooner. */
+        if (next_expiry == UINT64_MAX && n > 0) {
+            uint64_t hs = (uint64_t)e->cfg.connect_timeout_ms * 1000000u, period = expiry_period(e);
+            next_expiry = ferry_now_ns() + (hs < period ? hs : period);
+        }
     }
     return NULL;
 }

@@ -708,16 +708,39 @@ static int vec_place_direct(ferry_conn_t *c, ferry_partial_t *p, struct ferry_ve
 }
 
 /* With checksums, or when a piece lies in device memory: the payload is
- * staged whole, each piece verified against its CRC32C, and only verified
- * pieces placed, after checking them again under the read lock. */
-static int vec_place_staged(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_vec_scratch *v, uint64_t deadline)
+ * staged whole in the connection's staging buffer, as it arrives (from
+ * c->partial.done on), parked between its parts like vec_place_direct: 0
+ * whole, FERRY_SERVE_PENDING, or a failure. */
+static int vec_stage(ferry_conn_t *c, ferry_partial_t *p)
+{
+    const ferry_frame_t *f = &p->f;
+    unsigned char *b = ferry_conn_bounce(c, f->addr);
+    if (!b) return FERRY_ERR_MEMORY;
+    while (p->done < f->addr) {
+        long n = recv_ready(c->fd, b + p->done, f->addr - p->done);
+        if (n < 0) return (int)n;
+        p->done += (uint64_t)n;
+        if (n > 0 || p->done == f->addr) continue;
+        uint64_t left = f->addr - p->done;
+        ferry_conn_set_rcvlowat(c, left < VEC_RCVLOWAT ? (int)left : (int)VEC_RCVLOWAT);
+        int w = ferry_serve_payload_wait(c, p->deadline);
+        if (w < 0)
+            return ferry_fail(FERRY_ERR_TIMEOUT, "vector frame from %s stalled with %llu of %llu bytes to come",
+                              c->peer.name, (unsigned long long)left, (unsigned long long)f->addr);
+        if (w == 0) return FERRY_SERVE_PENDING;
+    }
+    ferry_conn_set_rcvlowat(c, 1);
+    return 0;
+}
+
+/* Then each piece is verified against its CRC32C, and only verified pieces
+ * placed, after checking them again under the read lock. */
+static void vec_place_staged(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_vec_scratch *v)
 {
     FERRY_TSAN_PAYLOAD_SCOPE();
     size_t n = (size_t)f->len;
-    unsigned char *b = ferry_conn_bounce(c, f->addr);
-    if (!b) return FERRY_ERR_MEMORY;
-    int rc = ferry_net_recv(c->fd, b, f->addr, deadline);
-    if (rc) return rc;
+    const unsigned char *b = c->bounce;
+    int rc;
     bool crc = (f->flags & FERRY_FRAME_F_CRC) != 0;
     uint64_t off = 0;
     for (size_t i = 0; i < n; off += v->d[i++].len) {
@@ -745,10 +768,10 @@ static int vec_place_staged(ferry_conn_t *c, const ferry_frame_t *f, struct ferr
         }
     }
     ferry_registry_unlock(r);
-    return 0;
 }
 
 static int writev_resume(ferry_conn_t *c);
+static int writev_staged_resume(ferry_conn_t *c);
 static int writev_answer(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_vec_scratch *v, uint64_t deadline);
 
 /* WRITEV: many small pieces, one answer (vec.h). */
@@ -765,13 +788,24 @@ static int serve_writev(ferry_conn_t *c, const ferry_frame_t *f)
     ferry_vec_validate_locked(c, v, 0, n, FERRY_MEM_REMOTE_WRITE, &device);
     uint64_t version = r->version;
     ferry_registry_unlock(r);
-    if ((f->flags & FERRY_FRAME_F_CRC) || device) {
-        rc = vec_place_staged(c, f, v, deadline);
-        return rc ? rc : writev_answer(c, f, v, deadline);
-    }
     ferry_partial_t *p = &c->partial;
     *p = (ferry_partial_t){.f = *f, .deadline = deadline, .version = version};
+    if ((f->flags & FERRY_FRAME_F_CRC) || device) return writev_staged_resume(c);
     return writev_resume(c);
+}
+
+/* Stages a checksummed (or device-memory) WRITEV's payload from where it
+ * stands (c->partial), then verifies, places and answers; parked between
+ * its parts like writev_resume, so that a peer stalling in it holds no
+ * thread whatever the frame's size. */
+static int writev_staged_resume(ferry_conn_t *c)
+{
+    ferry_partial_t *p = &c->partial;
+    int rc = vec_stage(c, p);
+    p->resume = rc == FERRY_SERVE_PENDING ? writev_staged_resume : NULL;
+    if (rc) return rc;
+    vec_place_staged(c, &p->f, c->vec);
+    return writev_answer(c, &p->f, c->vec, p->deadline);
 }
 
 /* Places a WRITEV's pieces as they arrive, from where they stand
@@ -803,28 +837,39 @@ static int writev_answer(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_v
     return ferry_vec_send_ack(c, f, v, n, deadline);
 }
 
-/* Sends the served pieces of a READV straight from target memory, one
- * gathered sendmsg per socketful, under the registry's read lock; the
- * pieces are checked again when the registry or the cancel set changed, and
- * one that vanished resets the connection (its answer already said
- * "served": the initiator must never take the rest for data). */
-static int vec_send_from_memory(ferry_conn_t *c, struct ferry_vec_scratch *v, size_t n, uint64_t version,
-                                uint64_t deadline)
+/* How a READV's bytes are sent (c->partial.mode, after the READ modes). */
+enum readv_mode { READV_MEMORY = READ_STAGED + 1, READV_STAGED };
+
+/* The socket had no room for a READV's bytes: 0 room now, else
+ * FERRY_SERVE_PENDING (parked until it has room: another data frame waits
+ * for the thread) or TIMEOUT. */
+static int readv_wait(ferry_conn_t *c, const ferry_partial_t *p)
+{
+    int w = ferry_serve_answer_wait(c, p->deadline);
+    if (w > 0) return 0;
+    if (w == 0) return FERRY_SERVE_PENDING;
+    return ferry_fail(FERRY_ERR_TIMEOUT, "read answer to %s stalled: it stopped reading", c->peer.name);
+}
+
+/* Sends the served pieces of a READV straight from target memory (their
+ * iovecs in c->vec, p->at the next), one gathered sendmsg per socketful,
+ * under the registry's read lock; the pieces are checked again when the
+ * registry or the cancel set changed, and one that vanished resets the
+ * connection (its answer already said "served": the initiator must never
+ * take the rest for data). Resumable from c->partial. */
+static int vec_send_from_memory(ferry_conn_t *c, ferry_partial_t *p)
 {
     FERRY_TSAN_PAYLOAD_SCOPE();
     ferry_engine_t *e = c->engine;
     ferry_registry_t *r = ferry_engine_registry(e);
-    size_t cnt = 0;
-    for (size_t i = 0; i < n; i++)
-        if (!v->st[i]) v->iov[cnt++] = (struct iovec){(void *)(uintptr_t)v->d[i].addr, v->d[i].len};
-    size_t at = 0;
+    struct ferry_vec_scratch *v = c->vec;
+    size_t n = (size_t)p->f.len, cnt = 0;
+    for (size_t i = 0; i < n; i++) cnt += v->st[i] == 0;
+    size_t at = p->at;
     while (at < cnt) {
-        struct pollfd p = {.fd = c->fd, .events = POLLOUT};
-        int w = poll(&p, 1, ferry_ms_left(deadline));
-        if (w <= 0) return ferry_fail(FERRY_ERR_TIMEOUT, "read answer to %s stalled", c->peer.name);
         ferry_registry_read_lock(r);
         size_t failed = 0;
-        if (r->version != version || ferry_vec_cancels_pending(c)) {
+        if (r->version != p->version || ferry_vec_cancels_pending(c)) {
             bool device = false;
             failed = ferry_vec_validate_locked(c, v, 0, n, FERRY_MEM_REMOTE_READ, &device);
         }
@@ -837,7 +882,8 @@ static int vec_send_from_memory(ferry_conn_t *c, struct ferry_vec_scratch *v, si
         }
         ferry_registry_unlock(r);
         if (failed) return ferry_fail_context("a region changed during a vector read; resetting the connection");
-        if (k < 0 && err != EAGAIN && err != EWOULDBLOCK && err != EINTR)
+        if (k < 0 && err == EINTR) continue;
+        if (k < 0 && err != EAGAIN && err != EWOULDBLOCK)
             return ferry_fail(FERRY_ERR_PEER_CLOSED, "sendmsg: %s", strerror(err));
         size_t left = k > 0 ? (size_t)k : 0;
         while (at < cnt && left >= v->iov[at].iov_len) left -= v->iov[at++].iov_len;
@@ -845,8 +891,48 @@ static int vec_send_from_memory(ferry_conn_t *c, struct ferry_vec_scratch *v, si
             v->iov[at].iov_base = (unsigned char *)v->iov[at].iov_base + left;
             v->iov[at].iov_len -= left;
         }
+        if (k < 0) {
+            p->at = at;
+            int rc = readv_wait(c, p);
+            if (rc) return rc;
+        }
     }
     return 0;
+}
+
+/* The same from the staging buffer (device memory): p->done of its
+ * p->f.addr bytes sent. */
+static int vec_send_staged(ferry_conn_t *c, ferry_partial_t *p)
+{
+    uint64_t total = p->f.addr;
+    while (p->done < total) {
+        ssize_t k = send(c->fd, c->bounce + p->done, total - p->done, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (k > 0) {
+            p->done += (uint64_t)k;
+            continue;
+        }
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+            return ferry_fail(FERRY_ERR_PEER_CLOSED, "send: %s", strerror(errno));
+        int rc = readv_wait(c, p);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* Sends a READV's bytes from where they stand (c->partial), after what is
+ * queued of its answer's head; parked (FERRY_SERVE_PENDING) when the peer
+ * stopped reading and another data frame wants the thread, as a READ's
+ * answer is. */
+static int readv_resume(ferry_conn_t *c)
+{
+    ferry_partial_t *p = &c->partial;
+    p->resume = NULL;
+    int rc = ferry_serve_flush(c);
+    if (rc == 0) rc = p->mode == READV_STAGED ? vec_send_staged(c, p) : vec_send_from_memory(c, p);
+    if (rc == FERRY_SERVE_PENDING) p->resume = readv_resume;
+    if (rc == 0) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, p->f.addr);
+    return rc;
 }
 
 /* READV: many small reads, one answer carrying their bytes (vec.h). */
@@ -908,11 +994,18 @@ static int serve_readv(ferry_conn_t *c, const ferry_frame_t *f)
         if (tlen) iov[cnt++] = (struct iovec){v->reason, tlen};
     }
     if (crc) iov[cnt++] = (struct iovec){v->crcs, 4 * n};
-    rc = ferry_net_sendv(c->fd, iov, cnt, deadline);
-    if (rc == 0 && data) rc = staged ? ferry_net_send(c->fd, staged, data, deadline)
-                                     : vec_send_from_memory(c, v, n, version, deadline);
-    if (rc == 0) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, data);
-    return rc;
+    rc = ferry_serve_sendv(c, iov, cnt, deadline);
+    if (rc || !data) return rc;
+    ferry_partial_t *p = &c->partial;
+    *p = (ferry_partial_t){.f = *f, .deadline = deadline, .version = version, .wait_out = true,
+                           .mode = staged ? READV_STAGED : READV_MEMORY};
+    p->f.addr = data; /* the bytes to send */
+    if (!staged) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+            if (!v->st[i]) v->iov[k++] = (struct iovec){(void *)(uintptr_t)v->d[i].addr, v->d[i].len};
+    }
+    return readv_resume(c);
 }
 
 static int tcp_serve(ferry_conn_t *c, const ferry_frame_t *f)

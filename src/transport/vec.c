@@ -496,5 +496,5 @@ int ferry_vec_send_ack(ferry_conn_t *c, const ferry_frame_t *req, struct ferry_v
         cnt = tlen ? 3 : 2;
     }
     ferry_frame_encode(&a, hdr);
-    return ferry_net_sendv(c->fd, iov, cnt, deadline);
+    return ferry_serve_sendv(c, iov, cnt, deadline);
 }
