@@ -66,6 +66,7 @@ struct ferry_conn {
      * Initiator side: cancel_key is the key the target gave. */
     _Atomic uint64_t cancel_key, cancel_peer;
     _Atomic(ferry_cancel_set_t *) cancels;
+    struct ferry_placed_log *placed; /* target side: what it placed (cancel.h), NULL = none */
     atomic_bool fenced;        /* target side: fenced whole (CANCEL with F_CONN): refuses every frame */
     int rcvlowat;              /* target side: the socket's SO_RCVLOWAT above 1, 0 = the default 1 */
     uint64_t pool_gen;         /* initiator side: the session's pool generation at connect */

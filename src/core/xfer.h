@@ -37,6 +37,11 @@ typedef struct ferry_xfer {
     void (*ended)(struct ferry_xfer *x, void *arg); /* called once when final */
     void *ended_arg;
     bool has_ended;
+    /* Exactly-once (cancel.h): the vector frame this piece last went in,
+     * named by its first id (0: none, the piece went in slices), and the
+     * piece's byte offset in that frame. */
+    uint64_t vec_first, vec_off;
+    uint32_t vec_index;        /* its index among that frame's pieces */
 } ferry_xfer_t;
 
 /* Records a piece's failure with the calling thread's current detail. */

@@ -181,6 +181,7 @@ static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t
         int rc = check_locked(c, f, need);
         uint32_t kind = rc ? FERRY_MEMKIND_HOST : kind_locked(r, f);
         if (rc == 0 && kind == FERRY_MEMKIND_HOST) got = cma_once(sc->pid, write, here, there, n);
+        if (write && got > 0) ferry_placed_progress(c, done + (uint64_t)got, NULL); /* under the lock (cancel.h) */
         ferry_registry_unlock(r);
         if (rc) {
             if (done && rc == FERRY_ERR_ADDRESS_NOT_REGISTERED)
@@ -196,6 +197,7 @@ static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t
                     ferry_registry_read_lock(r);
                     rc = check_locked(c, f, need);
                     if (rc == 0) rc = ferry_memkind_from_host(kind, here, b, (size_t)got);
+                    if (rc == 0) ferry_placed_progress(c, done + (uint64_t)got, NULL);
                     ferry_registry_unlock(r);
                 }
             } else {
@@ -401,6 +403,9 @@ static int serve_cma_vec(ferry_conn_t *c, const ferry_frame_t *f)
     struct shm_conn *sc = vec_trust(c, v->d[0].aux);
     if (!sc) return ferry_fail(FERRY_ERR_MEMORY, "shm: out of memory");
     bool device = false;
+    /* Pieces move in groups and out of order when one fails: the log says
+     * only how the frame ended (cancel.h). */
+    if (write) ferry_placed_untracked(c);
     if (sc->state >= 0) rc = vec_copy_host(c, sc, v, n, write, &device);
     if (rc) return rc; /* the initiator is gone */
     for (size_t i = 0; i < n; i++) {
@@ -418,6 +423,11 @@ static int serve_cma_vec(ferry_conn_t *c, const ferry_frame_t *f)
         if (!v->st[i]) moved += v->d[i].len;
     if (write) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, moved);
     else FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, moved);
+    if (write) {
+        int32_t status = 0;
+        for (size_t i = 0; i < n && !status; i++) status = v->st[i];
+        ferry_placed_end(c, status, f->addr, v->st);
+    }
     return ferry_vec_send_ack(c, f, v, n, deadline);
 }
 
@@ -453,6 +463,7 @@ static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
     else
         status = copy_chunks(c, sc, f, write);
     if (status == FERRY_ERR_PEER_CLOSED) return status;
+    if (write) ferry_placed_end(c, status, FERRY_PLACED_KEEP, NULL);
     if (status == 0) {
         if (write) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, f->len);
         else FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, f->len);
@@ -468,6 +479,7 @@ static int send_cma(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t n)
     ferry_frame_t f = {.type = x->opcode == FERRY_OP_WRITE ? FERRY_FRAME_CMA_WRITE : FERRY_FRAME_CMA_READ,
                        .req_id = x->req_id, .addr = x->remote + off, .len = n,
                        .aux = (uint64_t)(uintptr_t)(x->local + off), .crc = x->generation};
+    x->vec_first = 0; /* in slices (cancel.h) */
     return ferry_conn_send_frame(c, &f, NULL, x->deadline);
 }
 

@@ -94,6 +94,7 @@ static int send_slice(ferry_conn_t *c, ferry_xfer_t *x, const unsigned char *src
     FERRY_TSAN_PAYLOAD_SCOPE();
     ferry_engine_t *e = c->engine;
     ferry_frame_t f = {.type = type, .req_id = x->req_id, .addr = x->remote + off, .len = n, .aux = x->generation};
+    x->vec_first = 0; /* in slices (cancel.h) */
     if (type == FERRY_FRAME_WRITE) {
         f.plen = (uint32_t)n;
         if (ferry_engine_config(e)->checksum) {
@@ -410,6 +411,7 @@ static int place_direct(ferry_conn_t *c, ferry_partial_t *p)
         long n = 0;
         uint64_t left = f->len - p->done, want = left < CHUNK_BYTES ? left : CHUNK_BYTES;
         if (rc == 0) n = recv_ready(c->fd, (unsigned char *)(uintptr_t)(f->addr + p->done), want);
+        if (n > 0) ferry_placed_progress(c, p->done + (uint64_t)n, NULL); /* under the lock (cancel.h) */
         ferry_registry_unlock(r);
         if (rc == FERRY_ERR_ADDRESS_NOT_REGISTERED) ferry_fail_context("region deregistered during the write");
         if (rc == 0 && n == FERRY_ERR_ADDRESS_NOT_REGISTERED) rc = unmapped(c, f->addr + p->done, want);
@@ -461,6 +463,7 @@ static void place_staged(ferry_conn_t *c, const ferry_frame_t *f, int *status)
         } else if ((rc = ferry_memkind_from_host(kind, (void *)(uintptr_t)f->addr, b, f->len)) != 0)
             ferry_fail_context("placing [0x%llx+%llu) from %s into device memory", (unsigned long long)f->addr,
                                (unsigned long long)f->len, c->peer.name);
+        if (rc == 0) ferry_placed_progress(c, f->len, NULL);
     }
     ferry_registry_unlock(r);
     *status = rc;
@@ -479,6 +482,7 @@ static int write_resume(ferry_conn_t *c)
     p->resume = rc == FERRY_SERVE_PENDING ? write_resume : NULL;
     if (rc) return rc;
     if (p->mode == WRITE_STAGED) place_staged(c, &p->f, &p->status);
+    ferry_placed_end(c, p->status, FERRY_PLACED_KEEP, NULL);
     if (p->status == 0) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, p->f.len);
     return send_status(c, FERRY_FRAME_WRITE_ACK, &p->f, p->status, p->deadline);
 }
@@ -679,6 +683,7 @@ static int vec_place_direct(ferry_conn_t *c, ferry_partial_t *p, struct ferry_ve
         struct msghdr mh = {.msg_iov = v->iov + at, .msg_iovlen = cnt};
         ssize_t got = recvmsg(c->fd, &mh, MSG_DONTWAIT);
         int err = errno;
+        if (got > 0) ferry_placed_progress(c, f->addr - left + (uint64_t)got, v->st); /* under the lock */
         ferry_registry_unlock(r);
         if (got == 0) return ferry_fail(FERRY_ERR_PEER_CLOSED, "the initiator closed the connection mid-frame");
         if (got < 0) {
@@ -739,6 +744,7 @@ static int vec_place_staged(ferry_conn_t *c, const ferry_frame_t *f, struct ferr
             ferry_vec_fail_piece(v, i, rc);
         }
     }
+    ferry_placed_progress(c, f->addr, v->st);
     ferry_registry_unlock(r);
     return 0;
 }
@@ -792,6 +798,9 @@ static int writev_answer(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_v
     for (size_t i = 0; i < n; i++)
         if (!v->st[i]) placed += v->d[i].len;
     if (placed) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, placed);
+    int32_t status = 0;
+    for (size_t i = 0; i < n && !status; i++) status = v->st[i];
+    ferry_placed_end(c, status, FERRY_PLACED_KEEP, v->st);
     return ferry_vec_send_ack(c, f, v, n, deadline);
 }
 

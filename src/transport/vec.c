@@ -225,7 +225,13 @@ int ferry_vec_send(ferry_conn_t *c, uint8_t type, ferry_xfer_t *g, size_t n)
     ferry_frame_encode(&f, hdr);
     v->iov[0] = (struct iovec){hdr, sizeof hdr};
     v->iov[1] = (struct iovec){v->raw, dbytes};
-    for (size_t i = 0; i < n; i++) g[i].inflight++; /* before the first byte leaves (cancel.h) */
+    uint64_t off = 0;
+    for (size_t i = 0; i < n; off += g[i++].len) {
+        g[i].inflight++; /* before the first byte leaves (cancel.h) */
+        g[i].vec_first = g[0].req_id; /* where its bytes sit, for a placement report (cancel.h) */
+        g[i].vec_off = off;
+        g[i].vec_index = (uint32_t)i;
+    }
     return send_gathered(c->fd, v->iov, type == FERRY_FRAME_WRITEV ? niov : 2, earliest(g, n));
 }
 

@@ -60,6 +60,7 @@ uint32_t ferry_frame_max_payload(uint8_t type)
     case FERRY_FRAME_HELLO_ACK:
     case FERRY_FRAME_SEG_PAGE:
     case FERRY_FRAME_ERROR:
+    case FERRY_FRAME_CANCEL_ACK: /* a placement report (core/cancel.h) */
         return FERRY_WIRE_MAX_CONTROL;
     case FERRY_FRAME_NOTIFY:
         return FERRY_WIRE_MAX_NOTIFY;
@@ -107,7 +108,8 @@ int ferry_frame_decode(const uint8_t in[FERRY_FRAME_HEADER_SIZE], ferry_frame_t 
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "unknown frame type %u", f->type);
     bool vec = f->type == FERRY_FRAME_WRITEV || f->type == FERRY_FRAME_READV || f->type == FERRY_FRAME_CMA_VEC;
     uint8_t allowed = FERRY_FRAME_F_CRC | (vec ? FERRY_FRAME_F_COMPACT | FERRY_FRAME_F_GENS : 0) |
-                      (f->type == FERRY_FRAME_CANCEL ? FERRY_FRAME_F_CONN : 0);
+                      (f->type == FERRY_FRAME_CANCEL ? FERRY_FRAME_F_CONN | FERRY_FRAME_F_PLACED : 0) |
+                      (f->type == FERRY_FRAME_CANCEL_ACK ? FERRY_FRAME_F_PLACED : 0);
     if (f->flags & ~allowed)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "unknown frame flags 0x%02x", f->flags);
     if (get16(in + 6) != 0 || get32(in + 52) != 0)

@@ -127,6 +127,10 @@ void ferry_wire_set_frame_lookup(ferry_frame_lookup_fn lookup);
  * later frame of the whole data connection whose key is aux (req_id is only
  * echoed in the CANCEL_ACK); core/cancel.h. */
 #define FERRY_FRAME_F_CONN 0x08u
+/* CANCEL: report what the named connection placed; CANCEL_ACK: the payload
+ * is that report (to and from targets advertising FERRY_HELLO_F_PLACED;
+ * the layout is in core/cancel.h, "Placement reports"). */
+#define FERRY_FRAME_F_PLACED 0x10u
 
 typedef struct ferry_frame {
     uint8_t type;
@@ -162,6 +166,11 @@ const char *ferry_frame_type_name(uint8_t type);
 /* The sender serves CANCEL with FERRY_FRAME_F_CONN (a whole connection
  * fenced at once, core/cancel.h). */
 #define FERRY_HELLO_F_CONNFENCE 0x20u
+/* The sender keeps placement logs, drops duplicate write frames and answers
+ * CANCEL with FERRY_FRAME_F_PLACED by a placement report (exactly-once
+ * resends, core/cancel.h). Initiators resend a write whose answer was lost
+ * only to such targets. */
+#define FERRY_HELLO_F_PLACED 0x40u
 
 typedef struct ferry_hello {
     uint16_t proto_min, proto_max;

@@ -1,0 +1,282 @@
+/* Exactly-once placement (issue 20, item 1; core/cancel.h, "Placement
+ * reports"): a proxy drops the target's answer to a write and cuts the
+ * link, or repeats a write frame. The target must place every byte once:
+ * the initiator learns from the fence's placement report what landed and
+ * resends only the rest (nothing, here), and the call reports success,
+ * with the default resend and with retries=0. A duplicated frame is
+ * dropped by the target without an answer. A target that predates the
+ * reports gets no automatic resend of a write whose answer was lost.
+ *
+ * Placement is counted by the target's bytes_placed, and "reused at once"
+ * by a thread that, as a decode acting on the data does, overwrites the
+ * range as soon as the written bytes are all there: a second placement
+ * would show up as the old bytes coming back. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/testing.h"
+#include "fault.h"
+#include "harness.h"
+
+#define MIB (1u << 20)
+#define VEC_PIECES 32
+#define VEC_PIECE (4u << 10) /* 32 x 4 KiB = 128 KiB: one WRITEV */
+#define REUSED 0xEE
+
+typedef struct world {
+    ferry_engine_t *ini, *tgt;
+    proxy_t *px;
+    unsigned char *src, *dst;
+} world_t;
+
+static world_t *make(const char *transport, int retries, size_t slice, proxy_opts_t o, bool old_target)
+{
+    world_t *w = calloc(1, sizeof *w);
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.transport = transport;
+    cfg.timeout_ms = 10000;
+    cfg.retries = retries;
+    cfg.retry_backoff_ms = 10;
+    cfg.conns_per_peer = 1;
+    cfg.cancel_timeout_ms = 2000;
+    cfg.slice_size = slice;
+    w->ini = harness_engine_cfg(&cfg);
+    ferry_config_init(&cfg);
+    cfg.transport = transport;
+    w->tgt = harness_engine_cfg(&cfg);
+    if (old_target) ferry_test_set_no_placed(w->tgt, true);
+    w->px = proxy_start("127.0.0.1", ferry_engine_port(w->tgt), &o);
+    assert_non_null(w->px);
+    w->src = malloc(MIB);
+    w->dst = calloc(1, MIB);
+    assert_int_equal(ferry_register(w->ini, w->src, MIB, 0), 0);
+    assert_int_equal(ferry_register(w->tgt, w->dst, MIB, FERRY_MEM_REMOTE), 0);
+    /* The handshake and segment table first: the faults count data frames. */
+    assert_int_equal(ferry_session_open(w->ini, proxy_name(w->px)), 0);
+    return w;
+}
+
+static void done(world_t *w)
+{
+    ferry_engine_destroy(w->ini);
+    proxy_stop(w->px);
+    ferry_engine_destroy(w->tgt);
+    free(w->src);
+    free(w->dst);
+    free(w);
+}
+
+static uint64_t placed(world_t *w)
+{
+    ferry_stats_t st;
+    assert_int_equal(ferry_engine_stats(w->tgt, &st), 0);
+    return st.bytes_placed;
+}
+
+/* ---------------------------------------------------------- the reuser */
+
+typedef struct reuser {
+    world_t *w;
+    size_t len;
+    atomic_bool stop, reused;
+    pthread_t t;
+} reuser_t;
+
+/* Overwrites dst[0, len) once it equals src: the target acting on the
+ * data the moment it is complete. */
+static void *reuse(void *arg)
+{
+    reuser_t *r = arg;
+    while (!atomic_load(&r->stop)) {
+        if (memcmp(r->w->dst, r->w->src, r->len) == 0) {
+            memset(r->w->dst, REUSED, r->len);
+            atomic_store(&r->reused, true);
+            return NULL;
+        }
+        usleep(200);
+    }
+    return NULL;
+}
+
+static void reuser_start(reuser_t *r, world_t *w, size_t len)
+{
+    *r = (reuser_t){.w = w, .len = len};
+    assert_int_equal(pthread_create(&r->t, NULL, reuse, r), 0);
+}
+
+/* Waits out anything late, then checks that the reused range was never
+ * written again. */
+static void reuser_check(reuser_t *r)
+{
+    usleep(300 * 1000);
+    atomic_store(&r->stop, true);
+    pthread_join(r->t, NULL);
+    assert_true(atomic_load(&r->reused));
+    for (size_t i = 0; i < r->len; i++)
+        if (r->w->dst[i] != REUSED) fail_msg("byte %zu of the reused range was written again", i);
+}
+
+/* ------------------------------------------------------------ requests */
+
+static int write_one(world_t *w, size_t len, uint64_t seed)
+{
+    harness_fill(w->src, len, seed);
+    return ferry_transfer_sync(w->ini, proxy_name(w->px), FERRY_OP_WRITE, w->src, (uint64_t)(uintptr_t)w->dst, len);
+}
+
+/* VEC_PIECES pieces of VEC_PIECE bytes, scattered in reverse: one WRITEV. */
+static int write_vec(world_t *w, uint64_t seed)
+{
+    harness_fill(w->src, VEC_PIECES * VEC_PIECE, seed);
+    void *locals[VEC_PIECES];
+    uint64_t remotes[VEC_PIECES];
+    size_t lens[VEC_PIECES];
+    for (size_t i = 0; i < VEC_PIECES; i++) {
+        locals[i] = w->src + i * VEC_PIECE;
+        remotes[i] = (uint64_t)(uintptr_t)(w->dst + i * VEC_PIECE);
+        lens[i] = VEC_PIECE;
+    }
+    return ferry_batch_transfer_sync(w->ini, proxy_name(w->px), FERRY_OP_WRITE, locals, remotes, lens, VEC_PIECES);
+}
+
+static void report(int rc)
+{
+    if (rc) fprintf(stderr, "rc %d (%s): %s\n", rc, ferry_error_name(rc), ferry_last_error_detail());
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static void lost_answer_single(const char *transport, int retries)
+{
+    world_t *w = make(transport, retries, MIB, (proxy_opts_t){.drop_answer = 1}, false);
+    reuser_t r;
+    reuser_start(&r, w, MIB);
+    int rc = write_one(w, MIB, 1);
+    report(rc);
+    assert_int_equal(rc, 0);
+    assert_int_equal(proxy_dropped(w->px), 1);
+    reuser_check(&r);
+    assert_int_equal(placed(w), MIB);
+    done(w);
+}
+
+static void lost_answer_single_write(void **state)
+{
+    (void)state;
+    lost_answer_single("tcp", 1);
+}
+
+static void lost_answer_single_write_no_retries(void **state)
+{
+    (void)state;
+    lost_answer_single("tcp", 0);
+}
+
+static void lost_answer_vector(int retries)
+{
+    world_t *w = make("tcp", retries, MIB, (proxy_opts_t){.drop_answer = 1}, false);
+    reuser_t r;
+    reuser_start(&r, w, VEC_PIECES * VEC_PIECE);
+    int rc = write_vec(w, 2);
+    report(rc);
+    assert_int_equal(rc, 0);
+    assert_int_equal(proxy_dropped(w->px), 1);
+    reuser_check(&r);
+    assert_int_equal(placed(w), VEC_PIECES * VEC_PIECE);
+    done(w);
+}
+
+static void lost_answer_vector_write(void **state)
+{
+    (void)state;
+    lost_answer_vector(1);
+}
+
+static void lost_answer_vector_write_no_retries(void **state)
+{
+    (void)state;
+    lost_answer_vector(0);
+}
+
+/* 1 MiB in four slices; the second slice's answer is lost: the first was
+ * confirmed, the second landed, the others landed in part or not at all.
+ * Every byte arrives, none twice. */
+static void lost_answer_sliced_write(void **state)
+{
+    (void)state;
+    world_t *w = make("tcp", 1, MIB / 4, (proxy_opts_t){.drop_answer = 2}, false);
+    int rc = write_one(w, MIB, 3);
+    report(rc);
+    assert_int_equal(rc, 0);
+    assert_int_equal(proxy_dropped(w->px), 1);
+    assert_true(harness_check(w->dst, MIB, 3));
+    /* Bytes of a slice cut mid-way are not counted; none is counted twice. */
+    assert_true(placed(w) <= MIB);
+    assert_true(placed(w) >= MIB / 2);
+    done(w);
+}
+
+static void duplicated_frame(bool vec)
+{
+    world_t *w = make("tcp", 1, MIB, (proxy_opts_t){.dup_write = 1}, false);
+    size_t len = vec ? VEC_PIECES * VEC_PIECE : MIB;
+    reuser_t r;
+    reuser_start(&r, w, len);
+    int rc = vec ? write_vec(w, 4) : write_one(w, MIB, 4);
+    report(rc);
+    assert_int_equal(rc, 0);
+    assert_int_equal(proxy_duplicated(w->px), 1);
+    reuser_check(&r);
+    assert_int_equal(placed(w), len);
+    /* The connection goes on: the answer accounting was not confused. */
+    assert_int_equal(write_one(w, MIB, 5), 0);
+    assert_true(harness_check(w->dst, MIB, 5));
+    ferry_stats_t st;
+    assert_int_equal(ferry_engine_stats(w->ini, &st), 0);
+    assert_int_equal(st.reconnects, 0);
+    done(w);
+}
+
+static void duplicated_write_frame_is_dropped(void **state)
+{
+    (void)state;
+    duplicated_frame(false);
+}
+
+static void duplicated_vector_frame_is_dropped(void **state)
+{
+    (void)state;
+    duplicated_frame(true);
+}
+
+/* A target that predates placement reports: the write whose answer was
+ * lost is not resent (it landed once), and the call says so. */
+static void older_target_gets_no_resend(void **state)
+{
+    (void)state;
+    world_t *w = make("tcp", 1, MIB, (proxy_opts_t){.drop_answer = 1}, true);
+    int rc = write_one(w, MIB, 6);
+    assert_int_equal(rc, FERRY_ERR_PEER_CLOSED);
+    assert_int_equal(placed(w), MIB);
+    done(w);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(lost_answer_single_write),
+        cmocka_unit_test(lost_answer_single_write_no_retries),
+        cmocka_unit_test(lost_answer_vector_write),
+        cmocka_unit_test(lost_answer_vector_write_no_retries),
+        cmocka_unit_test(lost_answer_sliced_write),
+        cmocka_unit_test(duplicated_write_frame_is_dropped),
+        cmocka_unit_test(duplicated_vector_frame_is_dropped),
+        cmocka_unit_test(older_target_gets_no_resend),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
