@@ -10,8 +10,16 @@
  * Placement is counted by the target's bytes_placed, and "reused at once"
  * by a thread that, as a decode acting on the data does, overwrites the
  * range as soon as the written bytes are all there: a second placement
- * would show up as the old bytes coming back. */
+ * would show up as the old bytes coming back.
+ *
+ * Item 3: a batch to a SIGSTOPped target process fails after its deadline;
+ * after SIGCONT nothing of it lands (the target refuses payload past the
+ * deadline it carries, by its own clock: wire.h FERRY_FRAME_F_DEADLINE; the
+ * freeze here came before any copy began, so the bound of one interrupted
+ * chunk is 0), and the batch's code is CANCEL_UNCONFIRMED whenever a request
+ * ended so. */
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -266,6 +274,112 @@ static void older_target_gets_no_resend(void **state)
     done(w);
 }
 
+/* ------------------------------------------------------ frozen target */
+
+#define FROZEN_REQS 4
+#define FROZEN_PAGE 4096
+
+/* Pages of the peer's [0, n) that are not all zero. */
+static long landed_pages(peer_proc_t *p, uint64_t n)
+{
+    long pages = 0;
+    for (uint64_t off = 0; off < n; off += FROZEN_PAGE) {
+        int r = peer_cmd(p, "iszero %llu %u", (unsigned long long)off, FROZEN_PAGE);
+        assert_true(r >= 0);
+        pages += r == 1;
+    }
+    return pages;
+}
+
+static void frozen_target(const char *transport, bool async)
+{
+    const char *args[] = {"--len", "8388608", NULL};
+    peer_proc_t p;
+    assert_int_equal(peer_spawn(&p, NULL, NULL, args), 0);
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.transport = transport;
+    cfg.timeout_ms = 1500;
+    cfg.connect_timeout_ms = 1000;
+    cfg.cancel_timeout_ms = 500;
+    cfg.conns_per_peer = 2;
+    ferry_engine_t *e = harness_engine_cfg(&cfg);
+    size_t len = FROZEN_REQS * MIB;
+    unsigned char *src = malloc(len);
+    memset(src, 0x5a, len);
+    assert_int_equal(ferry_register(e, src, len, 0), 0);
+    /* Warm: both connections handshaken while the target runs. */
+    assert_int_equal(ferry_transfer_sync(e, p.name, FERRY_OP_WRITE, src, p.addr, len), 0);
+    assert_int_equal(peer_cmd(&p, "zero"), 0);
+    assert_int_equal(landed_pages(&p, len), 0);
+
+    harness_stop_process(p.pid);
+    void *locals[FROZEN_REQS];
+    uint64_t remotes[FROZEN_REQS];
+    size_t lens[FROZEN_REQS];
+    ferry_request_t reqs[FROZEN_REQS];
+    for (size_t i = 0; i < FROZEN_REQS; i++) {
+        locals[i] = src + i * MIB;
+        remotes[i] = p.addr + i * MIB;
+        lens[i] = MIB;
+        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, locals[i], remotes[i], MIB};
+    }
+    int rc;
+    bool any_unconfirmed = false;
+    if (async) {
+        ferry_batch_t *b;
+        assert_int_equal(ferry_batch_alloc(e, FROZEN_REQS, &b), 0);
+        assert_int_equal(ferry_batch_submit(b, p.name, reqs, FROZEN_REQS, 0), 0);
+        rc = ferry_batch_wait(b, 10000);
+        for (size_t i = 0; i < FROZEN_REQS; i++) {
+            ferry_status_t st;
+            assert_int_equal(ferry_batch_status(b, i, &st), 0);
+            assert_int_not_equal(st.state, FERRY_STATUS_COMPLETED);
+            any_unconfirmed |= st.code == FERRY_ERR_CANCEL_UNCONFIRMED;
+        }
+        ferry_batch_cancel(b);
+        assert_int_equal(ferry_batch_free(b), 0);
+    } else {
+        rc = ferry_batch_transfer_sync(e, p.name, FERRY_OP_WRITE, locals, remotes, lens, FROZEN_REQS);
+        any_unconfirmed = rc == FERRY_ERR_CANCEL_UNCONFIRMED;
+    }
+    fprintf(stderr, "%s %s batch to a frozen target: %s\n", transport, async ? "async" : "sync",
+            ferry_error_name(rc));
+    assert_true(rc == FERRY_ERR_TIMEOUT || rc == FERRY_ERR_CANCEL_UNCONFIRMED);
+    /* The batch's code never hides an unconfirmed request. */
+    if (any_unconfirmed) assert_int_equal(rc, FERRY_ERR_CANCEL_UNCONFIRMED);
+
+    kill(p.pid, SIGCONT);
+    /* What the target had queued (frames, CANCELs) is served now. */
+    usleep(700 * 1000);
+    long pages = landed_pages(&p, len);
+    fprintf(stderr, "  after SIGCONT: %ld of %zu pages landed\n", pages, len / FROZEN_PAGE);
+    assert_int_equal(pages, 0);
+    /* The session works again. */
+    assert_int_equal(ferry_transfer_sync(e, p.name, FERRY_OP_WRITE, src, p.addr, MIB), 0);
+    peer_end(&p, SIGKILL);
+    ferry_engine_destroy(e);
+    free(src);
+}
+
+static void frozen_target_sync_batch_lands_nothing_later(void **state)
+{
+    (void)state;
+    frozen_target("tcp", false);
+}
+
+static void frozen_target_async_batch_lands_nothing_later(void **state)
+{
+    (void)state;
+    frozen_target("tcp", true);
+}
+
+static void frozen_target_cma_batch_lands_nothing_later(void **state)
+{
+    (void)state;
+    frozen_target("shm", false);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -277,6 +391,9 @@ int main(void)
         cmocka_unit_test(duplicated_write_frame_is_dropped),
         cmocka_unit_test(duplicated_vector_frame_is_dropped),
         cmocka_unit_test(older_target_gets_no_resend),
+        cmocka_unit_test(frozen_target_sync_batch_lands_nothing_later),
+        cmocka_unit_test(frozen_target_async_batch_lands_nothing_later),
+        cmocka_unit_test(frozen_target_cma_batch_lands_nothing_later),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -58,11 +58,13 @@
  *    outlives its connection by 30 s (at most 256 closed connections' logs
  *    are kept, the oldest dropped first), so that the fence, which follows
  *    the abort, still finds it.
- *  - A write frame repeating one the same connection placed whole (same
- *    type, req_id, addr, len: a duplicating relay) is dropped unanswered,
- *    its payload read and discarded: the initiator sent it once and waits
- *    for one answer. A refused frame is not remembered as placed, so a
- *    checksum retry under the same id is served.
+ *  - From an initiator that advertises FERRY_HELLO_F_PLACED (it never sends
+ *    one id twice on a connection), a write frame repeating one the same
+ *    connection placed whole (same type, req_id, addr, len: a duplicating
+ *    relay) is dropped unanswered, its payload read and discarded: the
+ *    initiator sent it once and waits for one answer. A refused frame is
+ *    not remembered as placed, so a checksum retry under the same id is
+ *    served.
  *  - A CANCEL with FERRY_FRAME_F_PLACED (per id or F_CONN) asks for the log
  *    of the connection it names (aux). The CANCEL_ACK, sent after the
  *    barrier, then has F_PLACED when the target knows that log, len = the
@@ -90,7 +92,29 @@
  *  - Vector pieces: at send time each piece records its frame's first id
  *    and its byte offset in that frame (ferry_xfer_t.vec_first/vec_off).
  *
- * Deadlines the target enforces (FERRY_HELLO_F_DEADLINE): not yet.
+ * Deadlines the target enforces (targets advertising FERRY_HELLO_F_DEADLINE;
+ * the clock conversion and the header field are in wire.h,
+ * FERRY_FRAME_F_DEADLINE):
+ *  - Every data frame carries its request's deadline converted to the
+ *    target's CLOCK_MONOTONIC, never earlier than the initiator's own.
+ *  - The target checks it, by its own clock, where it checks the cancel set:
+ *    before each chunk it places or sends (WRITE, CMA_WRITE, READ answers
+ *    and CMA_READ per chunk; vector frames before each gathered receive or
+ *    copy). A chunk past the deadline is refused with TIMEOUT (the answer
+ *    says so: confirmed, nothing more placed); a READ answer past it is not
+ *    sent (the answer is the TIMEOUT status; a READ answer already under
+ *    way resets the connection); vector pieces not yet placed are refused.
+ *  - So a target frozen (SIGSTOP, a VM pause) that resumes after the
+ *    initiator gave up places nothing more of that request, with one bound:
+ *    the chunk whose copy the freeze interrupted completes (at most one
+ *    chunk per connection: 1 MiB for tcp WRITE, one gathered receive of a
+ *    WRITEV, i.e. what the socket held, at most the frame's 2 MiB; 4 MiB
+ *    (SHM_CHUNK) for CMA_WRITE and one gathered copy of a CMA_VEC). A freeze before a
+ *    copy began lands nothing. The CANCEL fence still runs as before; the
+ *    deadline closes the window where the fence is unconfirmed
+ *    (CANCEL_UNCONFIRMED) and the target resumes before reading it.
+ *  - Deadlines more than 2^30 ms away are not sent (the field is 32-bit,
+ *    compared wrap-aware); such frames are refused only by the fence.
  *
  * Not a public header. */
 #ifndef FERRY_CANCEL_H
@@ -240,6 +264,20 @@ void ferry_placed_end(struct ferry_conn *c, int status, uint64_t placed, const i
  * into *out (malloc'd, *len bytes, *count entries): 1 found, 0 unknown, or
  * MEMORY. */
 int ferry_placed_report(struct ferry_conn *via, uint64_t conn_key, uint8_t **out, size_t *len, uint32_t *count);
+/* ------------------------- deadlines the target enforces (wire.h, below) */
+
+/* Initiator, after HELLO_ACK (addr: the target's clock) on c: learns how
+ * far ahead the target's clock may be, when it advertises
+ * FERRY_HELLO_F_DEADLINE. */
+void ferry_deadline_learn(struct ferry_conn *c, uint64_t target_now_ns);
+/* Initiator: stamps data frame f with deadline (our clock) converted to
+ * the target's, when c's target enforces deadlines. */
+void ferry_deadline_stamp(const struct ferry_conn *c, struct ferry_frame *f, uint64_t deadline);
+/* Target: whether f carries a deadline that passed by this engine's clock;
+ * then ferry_frame_expired_fail gives the TIMEOUT refusal with its detail. */
+bool ferry_frame_expired(const struct ferry_frame *f);
+int ferry_frame_expired_fail(struct ferry_conn *c, const struct ferry_frame *f);
+
 /* Initiator: decodes a report of count entries; *out malloc'd. 0 or
  * MALFORMED_FRAME. */
 int ferry_placed_decode(const uint8_t *in, size_t len, uint32_t count, ferry_placed_t **out);

@@ -151,8 +151,9 @@ int ferry_answer_hello(ferry_conn_t *c, const ferry_frame_t *f, const uint8_t *b
         status = ferry_listener_admit_established(c); /* with a secret: once the peer proved it */
     }
     /* aux: the key CANCELs name this connection by (cancel.h). */
+    /* addr: this engine's clock, for deadlines in data frames (wire.h). */
     ferry_frame_t out = {.type = FERRY_FRAME_HELLO_ACK, .status = status, .plen = (uint32_t)alen,
-                         .aux = status ? 0 : ferry_cancel_conn_open(c)};
+                         .aux = status ? 0 : ferry_cancel_conn_open(c), .addr = status ? 0 : ferry_now_ns()};
     int src = ferry_conn_send_frame(c, &out, ack, deadline);
     if (status == FERRY_ERR_AUTH_FAILED || status == FERRY_ERR_TOO_MANY_REQUESTS)
         return status; /* keeps its detail for the log */

@@ -128,7 +128,10 @@ void ferry_placed_destroy_all(ferry_engine_t *e)
 }
 
 /* With l->lock held: whether f repeats a frame this connection placed
- * whole already (same type, request id, address and length). */
+ * whole already (same type, request id, address and length). Asked only of
+ * initiators that advertise FERRY_HELLO_F_PLACED: they never send one id
+ * twice on a connection (a retry takes a new id), so a repeat is a relay's
+ * duplicate; raw or older peers may reuse ids and are served as before. */
 static bool duplicate_locked(const struct ferry_placed_log *l, const ferry_frame_t *f)
 {
     for (unsigned k = 0; k < l->count; k++) {
@@ -148,7 +151,7 @@ bool ferry_placed_begin(ferry_conn_t *c, const ferry_frame_t *f)
     bool dup = false;
     if (!l->ring) {
         l->cur = -1;
-    } else if (!(dup = duplicate_locked(l, f))) {
+    } else if (!(dup = (c->peer.flags & FERRY_HELLO_F_PLACED) && duplicate_locked(l, f))) {
         placed_entry_t *p = &l->ring[l->head];
         free(p->refused);
         *p = (placed_entry_t){.req_id = f->req_id, .addr = f->addr, .len = f->len, .type = f->type,
@@ -313,4 +316,46 @@ bad:
     free(*out);
     *out = NULL;
     return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "CANCEL_ACK carries a malformed placement report");
+}
+
+/* ------------------------------------ deadlines the target enforces */
+
+void ferry_deadline_learn(ferry_conn_t *c, uint64_t target_now_ns)
+{
+    c->clock_known = false;
+    if (!(c->peer.flags & FERRY_HELLO_F_DEADLINE) || target_now_ns == 0 || c->hello_sent_ns == 0) return;
+    /* The target read its clock after our HELLO left: its clock is ahead
+     * of ours by at most T - t0 (wire.h, FERRY_FRAME_F_DEADLINE). */
+    c->clock_ahead_ns = (int64_t)(target_now_ns - c->hello_sent_ns);
+    c->clock_known = true;
+}
+
+/* Deadlines further than this are not sent (the 32-bit milliseconds are
+ * compared wrap-aware). */
+#define DEADLINE_MAX_MS (1ull << 30)
+
+void ferry_deadline_stamp(const ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline)
+{
+    if (!c->clock_known || deadline == UINT64_MAX) return;
+    uint64_t now = ferry_now_ns();
+    if (deadline > now && (deadline - now) / 1000000ull >= DEADLINE_MAX_MS) return;
+    uint64_t there = deadline + (uint64_t)c->clock_ahead_ns; /* mod 2^64, as the target's clock */
+    f->flags |= FERRY_FRAME_F_DEADLINE;
+    f->deadline_ms = (uint32_t)((there + 999999ull) / 1000000ull); /* rounded up: never early */
+}
+
+bool ferry_frame_expired(const ferry_frame_t *f)
+{
+    if (!(f->flags & FERRY_FRAME_F_DEADLINE)) return false;
+    uint32_t now_ms = (uint32_t)(ferry_now_ns() / 1000000ull);
+    return (int32_t)(now_ms - f->deadline_ms) > 0;
+}
+
+int ferry_frame_expired_fail(ferry_conn_t *c, const ferry_frame_t *f)
+{
+    uint32_t now_ms = (uint32_t)(ferry_now_ns() / 1000000ull);
+    return ferry_fail(FERRY_ERR_TIMEOUT,
+                      "request %llu from %s: its deadline passed %d ms ago by this target's clock; not %s",
+                      (unsigned long long)f->req_id, c->peer.name, (int32_t)(now_ms - f->deadline_ms),
+                      ferry_placed_is_write_frame(f) ? "placed" : "served");
 }

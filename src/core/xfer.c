@@ -279,7 +279,16 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
     for (size_t i = 0; i < n; i++) *(xs[i].opcode == FERRY_OP_WRITE ? &written : &read) += xs[i].done;
     if (written) FERRY_STAT_ADD(&e->stats, bytes_written, written);
     if (read) FERRY_STAT_ADD(&e->stats, bytes_read, read);
-    for (size_t i = 0; i < n; i++)
-        if (xs[i].rc) return xs[i].rc;
-    return 0;
+    size_t worst = ferry_xfer_worst(xs, n);
+    return worst < n ? xs[worst].rc : 0;
+}
+
+size_t ferry_xfer_worst(const ferry_xfer_t *xs, size_t n)
+{
+    size_t first = n;
+    for (size_t i = 0; i < n; i++) {
+        if (xs[i].rc == FERRY_ERR_CANCEL_UNCONFIRMED) return i;
+        if (xs[i].rc && first == n) first = i;
+    }
+    return first;
 }

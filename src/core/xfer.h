@@ -47,6 +47,11 @@ typedef struct ferry_xfer {
 /* Records a piece's failure with the calling thread's current detail. */
 void ferry_xfer_fail(ferry_xfer_t *x, int rc);
 
+/* The piece whose failure a call reports: the first CANCEL_UNCONFIRMED
+ * (its pages are not safe to reuse: that must never hide behind another
+ * request's code), else the first failed; n when none failed. */
+size_t ferry_xfer_worst(const ferry_xfer_t *xs, size_t n);
+
 /* xfer.c: running pieces on one connection with retries and re-resolution */
 int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);
 struct ferry_transport_ops;

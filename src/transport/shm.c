@@ -146,6 +146,7 @@ static int check_locked(ferry_conn_t *c, const ferry_frame_t *f, uint32_t need)
     ferry_engine_t *e = c->engine;
     if (ferry_conn_is_cancelled(c, f->req_id))
         return ferry_fail(FERRY_ERR_CANCELLED, "request %llu was cancelled", (unsigned long long)f->req_id);
+    if (ferry_frame_expired(f)) return ferry_frame_expired_fail(c, f); /* wire.h, cancel.h */
     /* The registry as it is now, whatever generation the initiator learned
      * (as tcp.c): a range registered again takes the access. */
     return ferry_registry_check_locked(ferry_engine_registry(e), f->addr, f->len, need, 0, "target");
@@ -324,8 +325,8 @@ static void count_vec_call(size_t lcnt, size_t rcnt)
  * read lock after the pieces were checked (again when the registry or the
  * cancel set changed). A call that stops short fails the piece it stopped
  * in (its own error) and goes on after it. */
-static int vec_copy_host(ferry_conn_t *c, struct shm_conn *sc, struct ferry_vec_scratch *v, size_t n, bool write,
-                         bool *device)
+static int vec_copy_host(ferry_conn_t *c, const ferry_frame_t *f, struct shm_conn *sc, struct ferry_vec_scratch *v,
+                         size_t n, bool write, bool *device)
 {
     FERRY_TSAN_PAYLOAD_SCOPE();
     ferry_engine_t *e = c->engine;
@@ -341,6 +342,7 @@ static int vec_copy_host(ferry_conn_t *c, struct shm_conn *sc, struct ferry_vec_
             version = r->version;
             checked = true;
         }
+        ferry_vec_expire(c, f, v, i, n); /* past its deadline: nothing more moves */
         if (*device) {
             ferry_registry_unlock(r);
             return 0; /* the caller copies piece by piece */
@@ -406,7 +408,7 @@ static int serve_cma_vec(ferry_conn_t *c, const ferry_frame_t *f)
     /* Pieces move in groups and out of order when one fails: the log says
      * only how the frame ended (cancel.h). */
     if (write) ferry_placed_untracked(c);
-    if (sc->state >= 0) rc = vec_copy_host(c, sc, v, n, write, &device);
+    if (sc->state >= 0) rc = vec_copy_host(c, f, sc, v, n, write, &device);
     if (rc) return rc; /* the initiator is gone */
     for (size_t i = 0; i < n; i++) {
         if (sc->state < 0 && !v->st[i]) {
@@ -438,8 +440,8 @@ static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
     bool write = f->type == FERRY_FRAME_CMA_WRITE;
     bool map = f->type == FERRY_FRAME_SHM_MAP_REQ;
     uint8_t answer = write ? FERRY_FRAME_WRITE_ACK : FERRY_FRAME_READ_RESP;
-    if (f->plen != 0 || f->flags != 0 || f->len == 0 || f->len > FERRY_WIRE_MAX_DATA || f->aux == 0 ||
-        f->aux + f->len < f->aux)
+    if (f->plen != 0 || (f->flags & ~FERRY_FRAME_F_DEADLINE) != 0 || f->len == 0 || f->len > FERRY_WIRE_MAX_DATA ||
+        f->aux == 0 || f->aux + f->len < f->aux)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s of %llu bytes from 0x%llx (payload %u, flags 0x%x)",
                           ferry_frame_type_name(f->type), (unsigned long long)f->len, (unsigned long long)f->aux,
                           f->plen, f->flags);
@@ -480,6 +482,7 @@ static int send_cma(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t n)
                        .req_id = x->req_id, .addr = x->remote + off, .len = n,
                        .aux = (uint64_t)(uintptr_t)(x->local + off), .crc = x->generation};
     x->vec_first = 0; /* in slices (cancel.h) */
+    ferry_deadline_stamp(c, &f, x->deadline);
     return ferry_conn_send_frame(c, &f, NULL, x->deadline);
 }
 

@@ -95,6 +95,7 @@ static int send_slice(ferry_conn_t *c, ferry_xfer_t *x, const unsigned char *src
     ferry_engine_t *e = c->engine;
     ferry_frame_t f = {.type = type, .req_id = x->req_id, .addr = x->remote + off, .len = n, .aux = x->generation};
     x->vec_first = 0; /* in slices (cancel.h) */
+    ferry_deadline_stamp(c, &f, x->deadline);
     if (type == FERRY_FRAME_WRITE) {
         f.plen = (uint32_t)n;
         if (ferry_engine_config(e)->checksum) {
@@ -298,6 +299,9 @@ static int check_locked(ferry_conn_t *c, const ferry_frame_t *f, uint32_t need)
     ferry_engine_t *e = c->engine;
     if (ferry_conn_is_cancelled(c, f->req_id))
         return ferry_fail(FERRY_ERR_CANCELLED, "request %llu was cancelled", (unsigned long long)f->req_id);
+    /* A deadline that passed by our clock (wire.h, cancel.h): the initiator
+     * has given up on it, nothing more of it may land or be sent. */
+    if (ferry_frame_expired(f)) return ferry_frame_expired_fail(c, f);
     /* Against the registry as it is now, whatever generation the initiator
      * learned: a range registered again at the same address takes the
      * write (as on Mooncake); one deregistered is refused. */
@@ -679,6 +683,9 @@ static int vec_place_direct(ferry_conn_t *c, ferry_partial_t *p, struct ferry_ve
                 if (v->st[i]) sink_piece(v, i);
             version = r->version;
         }
+        if (ferry_vec_expire(c, f, v, at, n)) /* its deadline passed: the rest goes to the sink */
+            for (size_t i = at; i < n; i++)
+                if (v->st[i]) sink_piece(v, i);
         size_t cnt = n - at < IOV_MAX ? n - at : IOV_MAX;
         struct msghdr mh = {.msg_iov = v->iov + at, .msg_iovlen = cnt};
         ssize_t got = recvmsg(c->fd, &mh, MSG_DONTWAIT);
@@ -731,6 +738,7 @@ static int vec_place_staged(ferry_conn_t *c, const ferry_frame_t *f, struct ferr
     bool device = false;
     ferry_registry_read_lock(r);
     ferry_vec_validate_locked(c, v, 0, n, FERRY_MEM_REMOTE_WRITE, &device);
+    ferry_vec_expire(c, f, v, 0, n);
     off = 0;
     for (size_t i = 0; i < n; off += v->d[i++].len) {
         if (v->st[i]) continue;
@@ -864,6 +872,7 @@ static int serve_readv(ferry_conn_t *c, const ferry_frame_t *f)
     unsigned char *staged = NULL;
     ferry_registry_read_lock(r);
     ferry_vec_validate_locked(c, v, 0, n, FERRY_MEM_REMOTE_READ, &device);
+    ferry_vec_expire(c, f, v, 0, n); /* past its deadline: not sent */
     if (device) {
         /* Device memory: every served piece is copied out while the
          * regions are held, and sent from the copy. */
