@@ -35,6 +35,11 @@
 #define VEC_PIECE (4u << 10) /* 32 x 4 KiB = 128 KiB: one WRITEV */
 #define REUSED 0xEE
 
+#define WORLD (8u << 20) /* the registered buffers: room for a striped write */
+
+/* Connections per peer for the next world (a striped write wants 2). */
+static int world_conns = 1;
+
 typedef struct world {
     ferry_engine_t *ini, *tgt;
     proxy_t *px;
@@ -50,7 +55,7 @@ static world_t *make(const char *transport, int retries, size_t slice, proxy_opt
     cfg.timeout_ms = 10000;
     cfg.retries = retries;
     cfg.retry_backoff_ms = 10;
-    cfg.conns_per_peer = 1;
+    cfg.conns_per_peer = world_conns;
     cfg.cancel_timeout_ms = 2000;
     cfg.slice_size = slice;
     w->ini = harness_engine_cfg(&cfg);
@@ -60,10 +65,10 @@ static world_t *make(const char *transport, int retries, size_t slice, proxy_opt
     if (old_target) ferry_test_set_no_placed(w->tgt, true);
     w->px = proxy_start("127.0.0.1", ferry_engine_port(w->tgt), &o);
     assert_non_null(w->px);
-    w->src = malloc(MIB);
-    w->dst = calloc(1, MIB);
-    assert_int_equal(ferry_register(w->ini, w->src, MIB, 0), 0);
-    assert_int_equal(ferry_register(w->tgt, w->dst, MIB, FERRY_MEM_REMOTE), 0);
+    w->src = malloc(WORLD);
+    w->dst = calloc(1, WORLD);
+    assert_int_equal(ferry_register(w->ini, w->src, WORLD, 0), 0);
+    assert_int_equal(ferry_register(w->tgt, w->dst, WORLD, FERRY_MEM_REMOTE), 0);
     /* The handshake and segment table first: the faults count data frames. */
     assert_int_equal(ferry_session_open(w->ini, proxy_name(w->px)), 0);
     return w;
@@ -229,6 +234,25 @@ static void lost_answer_sliced_write(void **state)
     done(w);
 }
 
+/* 8 MiB striped over two connections in 1 MiB slices; the third answer is
+ * lost and its connection cut: that stripe resends only what is missing,
+ * the other goes on. */
+static void lost_answer_striped_write(void **state)
+{
+    (void)state;
+    world_conns = 2;
+    world_t *w = make("tcp", 1, MIB, (proxy_opts_t){.drop_answer = 3}, false);
+    world_conns = 1;
+    int rc = write_one(w, WORLD, 7);
+    report(rc);
+    assert_int_equal(rc, 0);
+    assert_int_equal(proxy_dropped(w->px), 1);
+    assert_true(harness_check(w->dst, WORLD, 7));
+    assert_true(placed(w) <= WORLD);
+    assert_true(placed(w) >= WORLD - 4 * MIB);
+    done(w);
+}
+
 static void duplicated_frame(bool vec)
 {
     world_t *w = make("tcp", 1, MIB, (proxy_opts_t){.dup_write = 1}, false);
@@ -388,6 +412,7 @@ int main(void)
         cmocka_unit_test(lost_answer_vector_write),
         cmocka_unit_test(lost_answer_vector_write_no_retries),
         cmocka_unit_test(lost_answer_sliced_write),
+        cmocka_unit_test(lost_answer_striped_write),
         cmocka_unit_test(duplicated_write_frame_is_dropped),
         cmocka_unit_test(duplicated_vector_frame_is_dropped),
         cmocka_unit_test(older_target_gets_no_resend),
