@@ -79,20 +79,27 @@ static size_t fence_frames(ferry_conn_t *c, const ferry_fence_id_t *ids, size_t 
 {
     bool whole = (c->peer.flags & FERRY_HELLO_F_CONNFENCE) && !ferry_test_no_conn_fence(c->engine);
     bool placed = reports && ferry_fence_reports_placed(c);
-    size_t k = 0;
+    /* The connections whose placement report was asked for: one report
+     * each (cancel.h). Few in practice; past the cap no more are asked (their
+     * writes in doubt are then not resent). */
+    enum { MAX_ASKED = 64 };
+    uint64_t asked[MAX_ASKED];
+    size_t nasked = 0, k = 0;
     for (size_t i = 0; i < n; i++) {
         bool conn = whole && ids[i].conn_key != 0;
-        bool seen = false, asked = false;
+        bool seen = false;
         /* Few distinct connections in practice: the last one first. */
-        for (size_t j = k; j-- > 0 && !seen && !asked;) {
-            seen = conn && (out[j].flags & FERRY_FRAME_F_CONN) && out[j].aux == ids[i].conn_key;
-            asked = (out[j].flags & FERRY_FRAME_F_PLACED) && out[j].aux == ids[i].conn_key;
-        }
+        for (size_t j = k; conn && j-- > 0 && !seen;)
+            seen = (out[j].flags & FERRY_FRAME_F_CONN) && out[j].aux == ids[i].conn_key;
         if (seen) continue;
         out[k] = (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .flags = conn ? FERRY_FRAME_F_CONN : 0,
                                  .req_id = ids[i].req_id, .aux = ids[i].conn_key};
-        /* One placement report per connection (cancel.h). */
-        if (placed && ids[i].conn_key && !asked) out[k].flags |= FERRY_FRAME_F_PLACED;
+        bool known = false;
+        for (size_t j = nasked; j-- > 0 && !known;) known = asked[j] == ids[i].conn_key;
+        if (placed && ids[i].conn_key && !known && nasked < MAX_ASKED) {
+            out[k].flags |= FERRY_FRAME_F_PLACED;
+            asked[nasked++] = ids[i].conn_key;
+        }
         k++;
     }
     return k;
