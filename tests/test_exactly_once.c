@@ -26,7 +26,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/cancel.h"
+#include "core/clock.h"
 #include "core/testing.h"
+#include "wire/wire.h"
 #include "fault.h"
 #include "harness.h"
 
@@ -404,9 +407,58 @@ static void frozen_target_cma_batch_lands_nothing_later(void **state)
     frozen_target("shm", false);
 }
 
+/* ------------------------------------------------------- wire format */
+
+/* The deadline field (header bytes 52..55) travels only with its flag and
+ * only on data frames; expiry is compared wrap-aware. */
+static void deadline_field_on_the_wire(void **state)
+{
+    (void)state;
+    ferry_frame_t f = {.type = FERRY_FRAME_WRITE, .flags = FERRY_FRAME_F_DEADLINE, .deadline_ms = 0xfffffff0u,
+                       .plen = 8, .len = 8, .addr = 4096, .req_id = 5};
+    uint8_t h[FERRY_FRAME_HEADER_SIZE];
+    ferry_frame_t g;
+    ferry_frame_encode(&f, h);
+    assert_int_equal(ferry_frame_decode(h, &g), 0);
+    assert_int_equal(g.deadline_ms, 0xfffffff0u);
+    h[5] = 0; /* the bytes without the flag: reserved, refused */
+    assert_int_equal(ferry_frame_decode(h, &g), FERRY_ERR_MALFORMED_FRAME);
+    ferry_frame_t ping = {.type = FERRY_FRAME_PING, .flags = FERRY_FRAME_F_DEADLINE, .deadline_ms = 1};
+    ferry_frame_encode(&ping, h);
+    assert_int_equal(ferry_frame_decode(h, &g), FERRY_ERR_MALFORMED_FRAME);
+    uint32_t now_ms = (uint32_t)(ferry_now_ns() / 1000000u);
+    ferry_frame_t d = {.type = FERRY_FRAME_WRITE, .flags = FERRY_FRAME_F_DEADLINE, .deadline_ms = now_ms - 5};
+    assert_true(ferry_frame_expired(&d));
+    d.deadline_ms = now_ms + 60000; /* may wrap past 2^32: still ahead */
+    assert_false(ferry_frame_expired(&d));
+    d.flags = 0;
+    d.deadline_ms = now_ms - 5;
+    assert_false(ferry_frame_expired(&d));
+}
+
+/* A placement report must decode exactly: entries, bitmaps, no spare byte. */
+static void placement_report_is_checked(void **state)
+{
+    (void)state;
+    uint8_t buf[FERRY_PLACED_ENTRY_SIZE + 1] = {0};
+    buf[36] = FERRY_FRAME_WRITE;
+    ferry_placed_t *out = NULL;
+    assert_int_equal(ferry_placed_decode(buf, FERRY_PLACED_ENTRY_SIZE, 1, &out), 0);
+    free(out);
+    assert_int_equal(ferry_placed_decode(buf, FERRY_PLACED_ENTRY_SIZE + 1, 1, &out), FERRY_ERR_MALFORMED_FRAME);
+    assert_int_equal(ferry_placed_decode(buf, FERRY_PLACED_ENTRY_SIZE - 1, 1, &out), FERRY_ERR_MALFORMED_FRAME);
+    buf[38] = 1; /* a bitmap on a WRITE entry */
+    assert_int_equal(ferry_placed_decode(buf, FERRY_PLACED_ENTRY_SIZE + 1, 1, &out), FERRY_ERR_MALFORMED_FRAME);
+    buf[38] = 0;
+    buf[37] = 3; /* no such state */
+    assert_int_equal(ferry_placed_decode(buf, FERRY_PLACED_ENTRY_SIZE, 1, &out), FERRY_ERR_MALFORMED_FRAME);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(deadline_field_on_the_wire),
+        cmocka_unit_test(placement_report_is_checked),
         cmocka_unit_test(lost_answer_single_write),
         cmocka_unit_test(lost_answer_single_write_no_retries),
         cmocka_unit_test(lost_answer_vector_write),
