@@ -219,6 +219,23 @@ static void lost_answer_vector_write_no_retries(void **state)
     lost_answer_vector(0);
 }
 
+/* The same to an initiator that fences request by request (no whole
+ * connection fences): its first CANCEL of the connection asks for the
+ * report. */
+static void lost_answer_with_per_id_fences(void **state)
+{
+    (void)state;
+    world_t *w = make("tcp", 1, MIB, (proxy_opts_t){.drop_answer = 1}, false);
+    ferry_test_set_no_conn_fence(w->ini, true);
+    int rc = write_vec(w, 8);
+    report(rc);
+    assert_int_equal(rc, 0);
+    assert_int_equal(proxy_dropped(w->px), 1);
+    assert_true(harness_check(w->dst, VEC_PIECES * VEC_PIECE, 8));
+    assert_int_equal(placed(w), VEC_PIECES * VEC_PIECE);
+    done(w);
+}
+
 /* 1 MiB in four slices; the second slice's answer is lost: the first was
  * confirmed, the second landed, the others landed in part or not at all.
  * Every byte arrives, none twice. */
@@ -463,6 +480,7 @@ int main(void)
         cmocka_unit_test(lost_answer_single_write_no_retries),
         cmocka_unit_test(lost_answer_vector_write),
         cmocka_unit_test(lost_answer_vector_write_no_retries),
+        cmocka_unit_test(lost_answer_with_per_id_fences),
         cmocka_unit_test(lost_answer_sliced_write),
         cmocka_unit_test(lost_answer_striped_write),
         cmocka_unit_test(duplicated_write_frame_is_dropped),
