@@ -197,7 +197,9 @@ static void cancelled_small_pieces_land_nothing_later(void **state)
         assert_int_equal(ferry_batch_status(b, i, &st), 0);
         if (st.state == FERRY_STATUS_CANCELLED) {
             assert_int_equal(st.code, FERRY_ERR_CANCELLED);
-            assert_int_equal(st.bytes, 0);
+            /* The fence's placement report may confirm part of a piece
+             * that was landing when the cancel came (cancel.h). */
+            assert_true(st.bytes < PIECE);
             cancelled++;
         } else {
             assert_int_equal(st.state, FERRY_STATUS_COMPLETED);

@@ -419,13 +419,22 @@ int ferry_batch_wait(ferry_batch_t *b, int timeout_ms)
         pthread_mutex_unlock(&b->lock);
         return ferry_fail(FERRY_ERR_TIMEOUT, "batch wait: %zu task(s) still running after %d ms", left, timeout_ms);
     }
-    int rc = 0;
-    for (size_t i = 0; i < b->count && rc == 0; i++) {
-        struct batch_req *r = &b->reqs[i];
-        if (r->code) {
-            rc = r->code;
-            ferry_fail(rc, "request %zu of %zu: %s", i, b->count, r->detail ? r->detail : "failed");
+    /* The first CANCEL_UNCONFIRMED, else the first failure: a request
+     * whose pages are not safe to reuse must never hide behind another
+     * request's code. */
+    size_t worst = b->count;
+    for (size_t i = 0; i < b->count; i++) {
+        int code = b->reqs[i].code;
+        if (code == FERRY_ERR_CANCEL_UNCONFIRMED) {
+            worst = i;
+            break;
         }
+        if (code && worst == b->count) worst = i;
+    }
+    int rc = 0;
+    if (worst < b->count) {
+        struct batch_req *r = &b->reqs[worst];
+        rc = ferry_fail(r->code, "request %zu of %zu: %s", worst, b->count, r->detail ? r->detail : "failed");
     }
     pthread_mutex_unlock(&b->lock);
     return rc;

@@ -104,6 +104,7 @@ uint64_t ferry_cancel_conn_open(ferry_conn_t *c)
         if (getrandom(&key, sizeof key, 0) != sizeof key) key = ferry_now_ns() ^ ((uint64_t)(uintptr_t)c << 16);
     atomic_store(&c->cancel_peer, c->peer.engine_id);
     atomic_store(&c->cancel_key, key);
+    ferry_placed_open(c);
     return key;
 }
 
@@ -116,6 +117,7 @@ bool ferry_conn_is_cancelled(ferry_conn_t *c, uint64_t req_id)
 
 void ferry_cancel_conn_close(ferry_conn_t *c)
 {
+    ferry_placed_close(c);
     ferry_cancel_set_t *cs = atomic_exchange(&c->cancels, NULL);
     if (!cs) return;
     atomic_fetch_sub(&c->engine->cancels_held, ferry_cancel_set_count(cs));

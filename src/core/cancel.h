@@ -45,6 +45,77 @@
  *    same barrier comes before the ack; a key no live connection of that
  *    peer has is acked at once. Older targets get the per-id CANCELs.
  *
+ * Placement reports (exactly-once; targets advertising
+ * FERRY_HELLO_F_PLACED):
+ *  - Each served data connection keeps a placement log: for its last
+ *    FERRY_PLACED_LOG_MAX write frames (WRITE, WRITEV, CMA_WRITE, CMA_VEC
+ *    writes) the frame's req_id, addr, len and type, the bytes placed so
+ *    far (a prefix in the frame's byte order, updated under the registry's
+ *    read lock with each chunk, so it is exact after the fence's barrier),
+ *    the status, and for vector frames which pieces were refused. An
+ *    initiator never has more frames unanswered on one connection than
+ *    that, so the log holds every frame whose answer it may lack. The log
+ *    outlives its connection by 30 s (at most 256 closed connections' logs
+ *    are kept, the oldest dropped first), so that the fence, which follows
+ *    the abort, still finds it.
+ *  - From an initiator that advertises FERRY_HELLO_F_PLACED (it never sends
+ *    one id twice on a connection), a write frame repeating one the same
+ *    connection placed whole (same type, req_id, addr, len: a duplicating
+ *    relay) is dropped unanswered, its payload read and discarded: the
+ *    initiator sent it once and waits for one answer. A refused frame is
+ *    not remembered as placed, so a checksum retry under the same id is
+ *    served.
+ *  - A CANCEL with FERRY_FRAME_F_PLACED (per id or F_CONN) asks for the log
+ *    of the connection it names (aux). The CANCEL_ACK, sent after the
+ *    barrier, then has F_PLACED when the target knows that log, len = the
+ *    entry count and a payload of entries, newest first:
+ *      off size field
+ *        0    8 req_id (a vector frame's: its first piece's)
+ *        8    8 addr (WRITE, CMA_WRITE: the target address; vector frames:
+ *               their total bytes)      16  8 len (bytes; vector frames: pieces)
+ *       24    8 placed: bytes placed, a prefix in the frame's byte order
+ *               (a vector frame's pieces in descriptor order)
+ *       32    4 status (0 or the Ferry code the answer carried or would carry)
+ *       36    1 frame type             37  1 state: 0 in progress when the
+ *               fence came (placed is exact), 1 answered, 2 progress not
+ *               tracked (the initiator then takes the frame as unknown)
+ *       38    2 bytes of the refused-pieces bitmap that follows (vector
+ *               frames with refused pieces: bit i = piece i was refused)
+ *    Without F_PLACED in the ack (an evicted log) nothing is known.
+ *  - The initiator then settles each piece the broken connection left in
+ *    doubt: a write's confirmed prefix grows by what the log says landed;
+ *    a piece fully placed succeeds with no resend; the rest is resent under
+ *    a new id (it cannot land twice: the fence refuses the old frames). A
+ *    write in doubt whose placement is unknown (an older target, an evicted
+ *    log, an untracked frame) is not resent: it fails with the code that
+ *    broke the stream. Reads are resent as before.
+ *  - Vector pieces: at send time each piece records its frame's first id
+ *    and its byte offset in that frame (ferry_xfer_t.vec_first/vec_off).
+ *
+ * Deadlines the target enforces (targets advertising FERRY_HELLO_F_DEADLINE;
+ * the clock conversion and the header field are in wire.h,
+ * FERRY_FRAME_F_DEADLINE):
+ *  - Every data frame carries its request's deadline converted to the
+ *    target's CLOCK_MONOTONIC, never earlier than the initiator's own.
+ *  - The target checks it, by its own clock, where it checks the cancel set:
+ *    before each chunk it places or sends (WRITE, CMA_WRITE, READ answers
+ *    and CMA_READ per chunk; vector frames before each gathered receive or
+ *    copy). A chunk past the deadline is refused with TIMEOUT (the answer
+ *    says so: confirmed, nothing more placed); a READ answer past it is not
+ *    sent (the answer is the TIMEOUT status; a READ answer already under
+ *    way resets the connection); vector pieces not yet placed are refused.
+ *  - So a target frozen (SIGSTOP, a VM pause) that resumes after the
+ *    initiator gave up places nothing more of that request, with one bound:
+ *    the chunk whose copy the freeze interrupted completes (at most one
+ *    chunk per connection: 1 MiB for tcp WRITE, one gathered receive of a
+ *    WRITEV, i.e. what the socket held, at most the frame's 2 MiB; 4 MiB
+ *    (SHM_CHUNK) for CMA_WRITE and one gathered copy of a CMA_VEC). A freeze before a
+ *    copy began lands nothing. The CANCEL fence still runs as before; the
+ *    deadline closes the window where the fence is unconfirmed
+ *    (CANCEL_UNCONFIRMED) and the target resumes before reading it.
+ *  - Deadlines more than 2^30 ms away are not sent (the field is 32-bit,
+ *    compared wrap-aware); such frames are refused only by the fence.
+ *
  * Not a public header. */
 #ifndef FERRY_CANCEL_H
 #define FERRY_CANCEL_H
@@ -139,11 +210,76 @@ size_t ferry_fence_in_doubt(struct ferry_session *s, struct ferry_xfer *xs, size
  * deadline; the ids stay remembered while the peer cannot confirm. */
 void ferry_fence_pending(struct ferry_session *s, uint64_t deadline);
 
+/* Whether the target of initiator connection c answers placement reports. */
+bool ferry_fence_reports_placed(const struct ferry_conn *c);
+
 /* Fails pieces whose cancel flag is set and that have nothing in flight
  * with CANCELLED. */
 void ferry_settle_cancelled(struct ferry_xfer *xs, size_t n);
 /* Calls ->ended once for each piece that reached its final state (failed,
  * or every byte confirmed) with nothing in flight; all = every piece. */
 void ferry_settle_ended(struct ferry_xfer *xs, size_t n, bool all);
+
+/* ------------------------------------------- placement reports (above) */
+
+/* Write frames a served connection remembers (and the most an initiator
+ * keeps unanswered on one connection: tcp's ring). */
+#define FERRY_PLACED_LOG_MAX 256
+#define FERRY_PLACED_ENTRY_SIZE 40
+
+struct ferry_frame;
+struct ferry_placed_log;
+
+/* One decoded entry of a placement report; refused points into the
+ * report's bytes. */
+typedef struct ferry_placed {
+    uint64_t req_id, addr, len, placed;
+    int32_t status;
+    uint8_t type, state;
+    const uint8_t *refused;
+} ferry_placed_t;
+
+/* Target: whether f writes into this engine's memory (logged). */
+bool ferry_placed_is_write_frame(const struct ferry_frame *f);
+/* Target, at the handshake / at ferry_conn_free: makes c's log, retires it. */
+void ferry_placed_open(struct ferry_conn *c);
+void ferry_placed_close(struct ferry_conn *c);
+void ferry_placed_destroy_all(struct ferry_engine *e);
+/* Target, before serving write frame f: true when f repeats a frame placed
+ * whole already (then ferry_placed_drop_duplicate, no answer); else f's
+ * entry is begun. */
+bool ferry_placed_begin(struct ferry_conn *c, const struct ferry_frame *f);
+int ferry_placed_drop_duplicate(struct ferry_conn *c, const struct ferry_frame *f);
+/* Target, with the registry's read lock held, right after a chunk landed:
+ * the frame's placed prefix is now placed bytes; st: a vector frame's
+ * per-piece statuses (NULL: none refused). */
+void ferry_placed_progress(struct ferry_conn *c, uint64_t placed, const int32_t *st);
+/* Target: the current frame's progress cannot be told (its pieces move in
+ * an order the log does not follow). */
+void ferry_placed_untracked(struct ferry_conn *c);
+/* Target: the current frame was served: its status, bytes placed, st. */
+#define FERRY_PLACED_KEEP UINT64_MAX /* placed as the progress calls left it */
+void ferry_placed_end(struct ferry_conn *c, int status, uint64_t placed, const int32_t *st);
+/* Target: encodes the log of the connection with key conn_key of via's peer
+ * into *out (malloc'd, *len bytes, *count entries): 1 found, 0 unknown, or
+ * MEMORY. */
+int ferry_placed_report(struct ferry_conn *via, uint64_t conn_key, uint8_t **out, size_t *len, uint32_t *count);
+/* ------------------------- deadlines the target enforces (wire.h, below) */
+
+/* Initiator, after HELLO_ACK (addr: the target's clock) on c: learns how
+ * far ahead the target's clock may be, when it advertises
+ * FERRY_HELLO_F_DEADLINE. */
+void ferry_deadline_learn(struct ferry_conn *c, uint64_t target_now_ns);
+/* Initiator: stamps data frame f with deadline (our clock) converted to
+ * the target's, when c's target enforces deadlines. */
+void ferry_deadline_stamp(const struct ferry_conn *c, struct ferry_frame *f, uint64_t deadline);
+/* Target: whether f carries a deadline that passed by this engine's clock;
+ * then ferry_frame_expired_fail gives the TIMEOUT refusal with its detail. */
+bool ferry_frame_expired(const struct ferry_frame *f);
+int ferry_frame_expired_fail(struct ferry_conn *c, const struct ferry_frame *f);
+
+/* Initiator: decodes a report of count entries; *out malloc'd. 0 or
+ * MALFORMED_FRAME. */
+int ferry_placed_decode(const uint8_t *in, size_t len, uint32_t count, ferry_placed_t **out);
 
 #endif

@@ -33,6 +33,16 @@ void ferry_test_set_no_conn_fence(ferry_engine_t *e, bool off)
     __atomic_store_n(&e->test_no_conn_fence, off ? 1 : 0, __ATOMIC_RELAXED);
 }
 
+void ferry_test_set_no_placed(ferry_engine_t *e, bool off)
+{
+    __atomic_store_n(&e->test_no_placed, off ? 1 : 0, __ATOMIC_RELAXED);
+}
+
+bool ferry_test_no_placed(const ferry_engine_t *e)
+{
+    return __atomic_load_n(&e->test_no_placed, __ATOMIC_RELAXED) != 0;
+}
+
 bool ferry_test_no_conn_fence(const ferry_engine_t *e)
 {
     return __atomic_load_n(&e->test_no_conn_fence, __ATOMIC_RELAXED) != 0;

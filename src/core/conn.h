@@ -67,6 +67,13 @@ struct ferry_conn {
      * Initiator side: cancel_key is the key the target gave. */
     _Atomic uint64_t cancel_key, cancel_peer;
     _Atomic(ferry_cancel_set_t *) cancels;
+    struct ferry_placed_log *placed; /* target side: what it placed (cancel.h), NULL = none */
+    /* Initiator side, deadlines the target enforces (wire.h,
+     * FERRY_FRAME_F_DEADLINE): when the HELLO left, and the most the
+     * target's clock can be ahead of ours, once learned. */
+    uint64_t hello_sent_ns;
+    int64_t clock_ahead_ns;
+    bool clock_known;
     atomic_bool fenced;        /* target side: fenced whole (CANCEL with F_CONN): refuses every frame */
     int rcvlowat;              /* target side: the socket's SO_RCVLOWAT above 1, 0 = the default 1 */
     uint64_t pool_gen;         /* initiator side: the session's pool generation at connect */

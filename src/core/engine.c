@@ -154,8 +154,9 @@ int ferry_answer_hello(ferry_conn_t *c, const ferry_frame_t *f, const uint8_t *b
         status = ferry_listener_admit_established(c); /* with a secret: once the peer proved it */
     }
     /* aux: the key CANCELs name this connection by (cancel.h). */
+    /* addr: this engine's clock, for deadlines in data frames (wire.h). */
     ferry_frame_t out = {.type = FERRY_FRAME_HELLO_ACK, .status = status, .plen = (uint32_t)alen,
-                         .aux = status ? 0 : ferry_cancel_conn_open(c)};
+                         .aux = status ? 0 : ferry_cancel_conn_open(c), .addr = status ? 0 : ferry_now_ns()};
     int src = ferry_conn_send_frame(c, &out, ack, deadline);
     if (status == FERRY_ERR_AUTH_FAILED || status == FERRY_ERR_TOO_MANY_REQUESTS)
         return status; /* keeps its detail for the log */
@@ -239,7 +240,25 @@ static int serve_cancel(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadli
     }
     ferry_registry_barrier(&e->registry);
     ferry_frame_t ack = {.type = FERRY_FRAME_CANCEL_ACK, .req_id = f->req_id};
-    return ferry_conn_send_frame(c, &ack, NULL, deadline);
+    uint8_t *report = NULL;
+    if (f->flags & FERRY_FRAME_F_PLACED) {
+        /* After the barrier: the log is final for what was fenced. */
+        size_t len = 0;
+        uint32_t count = 0;
+        rc = ferry_placed_report(c, f->aux, &report, &len, &count);
+        if (rc < 0) {
+            send_error(c, rc);
+            return rc;
+        }
+        if (rc == 1 && len <= FERRY_WIRE_MAX_CONTROL) {
+            ack.flags = FERRY_FRAME_F_PLACED;
+            ack.len = count;
+            ack.plen = (uint32_t)len;
+        }
+    }
+    rc = ferry_conn_send_frame(c, &ack, ack.plen ? report : NULL, deadline);
+    free(report);
+    return rc;
 }
 
 int ferry_serve_frame(ferry_conn_t *c, const ferry_frame_t *f)
@@ -258,6 +277,10 @@ int ferry_serve_frame(ferry_conn_t *c, const ferry_frame_t *f)
         return serve_cancel(c, f, deadline);
     default: {
         const ferry_transport_ops_t *t = ferry_transport_for_frame(f->type);
+        /* Exactly-once (cancel.h): a write frame placed whole already is
+         * dropped unanswered; any other is logged as it is placed. */
+        if (t && ferry_placed_is_write_frame(f) && ferry_placed_begin(c, f))
+            return ferry_placed_drop_duplicate(c, f);
         if (t) return t->serve(c, f);
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "unexpected %s frame from an initiator",
                           ferry_frame_type_name(f->type));
@@ -374,6 +397,8 @@ static void engine_free(ferry_engine_t *e)
     if (e->wake_fd[1] >= 0) close(e->wake_fd[1]);
     if (e->reserve_fd >= 0) close(e->reserve_fd);
     pthread_mutex_destroy(&e->conns_lock);
+    ferry_placed_destroy_all(e);
+    pthread_mutex_destroy(&e->placed_lock);
     pthread_mutex_destroy(&e->queue_lock);
     pthread_cond_destroy(&e->queue_cond);
     pthread_mutex_destroy(&e->notify_lock);
@@ -390,6 +415,7 @@ static ferry_engine_t *engine_alloc(void)
     if (!e) return NULL;
     e->listen_fd = e->wake_fd[0] = e->wake_fd[1] = e->reserve_fd = -1;
     pthread_mutex_init(&e->conns_lock, NULL);
+    pthread_mutex_init(&e->placed_lock, NULL);
     pthread_mutex_init(&e->queue_lock, NULL);
     ferry_cond_init_monotonic(&e->queue_cond);
     pthread_mutex_init(&e->notify_lock, NULL);

@@ -34,6 +34,7 @@ struct ferry_engine {
     char *cfg_strings;         /* owned copies of the config's strings */
     int test_protocol_version; /* 0, or what tests make it advertise (testing.h) */
     int test_no_conn_fence;    /* tests: act as a peer that predates connection fences (testing.h) */
+    int test_no_placed;        /* tests: act as a peer that predates placement reports (testing.h) */
     char name[300];
     uint16_t port;
     int listen_fd;
@@ -98,6 +99,11 @@ struct ferry_engine {
      * per served connection, this many in all (cancel.h). */
     _Atomic uint64_t next_conn_serial;
     atomic_size_t cancels_held;
+    /* Placement logs of served connections, live and recently closed
+     * (placed.c, cancel.h). */
+    pthread_mutex_t placed_lock;
+    struct ferry_placed_log *placed_logs;
+    size_t placed_retired;
 
     /* The RDMA transport's state (src/transport/rdma.c): probe result and
      * device context, made at first use. */

@@ -15,6 +15,7 @@
 #include "engine.h"
 #include "fail.h"
 #include "log.h"
+#include "net.h"
 #include "testing.h"
 
 /* ------------------------------------------------------- stream control */
@@ -73,10 +74,17 @@ void ferry_stream_ctl_fire(ferry_stream_ctl_t *ctl)
  * whole connections, one naming each distinct connection (F_CONN, echoing
  * the first of its ids); else, and for ids naming no connection, one per
  * id. Fills out (n entries at most); returns how many. */
-static size_t fence_frames(ferry_conn_t *c, const ferry_fence_id_t *ids, size_t n, ferry_frame_t *out)
+static size_t fence_frames(ferry_conn_t *c, const ferry_fence_id_t *ids, size_t n, ferry_frame_t *out,
+                           bool reports)
 {
     bool whole = (c->peer.flags & FERRY_HELLO_F_CONNFENCE) && !ferry_test_no_conn_fence(c->engine);
-    size_t k = 0;
+    bool placed = reports && ferry_fence_reports_placed(c);
+    /* The connections whose placement report was asked for: one report
+     * each (cancel.h). Few in practice; past the cap no more are asked (their
+     * writes in doubt are then not resent). */
+    enum { MAX_ASKED = 64 };
+    uint64_t asked[MAX_ASKED];
+    size_t nasked = 0, k = 0;
     for (size_t i = 0; i < n; i++) {
         bool conn = whole && ids[i].conn_key != 0;
         bool seen = false;
@@ -84,19 +92,86 @@ static size_t fence_frames(ferry_conn_t *c, const ferry_fence_id_t *ids, size_t 
         for (size_t j = k; conn && j-- > 0 && !seen;)
             seen = (out[j].flags & FERRY_FRAME_F_CONN) && out[j].aux == ids[i].conn_key;
         if (seen) continue;
-        out[k++] = (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .flags = conn ? FERRY_FRAME_F_CONN : 0,
-                                   .req_id = ids[i].req_id, .aux = ids[i].conn_key};
+        out[k] = (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .flags = conn ? FERRY_FRAME_F_CONN : 0,
+                                 .req_id = ids[i].req_id, .aux = ids[i].conn_key};
+        bool known = false;
+        for (size_t j = nasked; j-- > 0 && !known;) known = asked[j] == ids[i].conn_key;
+        if (placed && ids[i].conn_key && !known && nasked < MAX_ASKED) {
+            out[k].flags |= FERRY_FRAME_F_PLACED;
+            asked[nasked++] = ids[i].conn_key;
+        }
+        k++;
     }
     return k;
 }
 
+bool ferry_fence_reports_placed(const ferry_conn_t *c)
+{
+    return (c->peer.flags & FERRY_HELLO_F_PLACED) && !ferry_test_no_placed(c->engine);
+}
+
+/* The placement reports one fence collected, one per connection key. */
+typedef struct fence_report {
+    uint64_t conn_key;
+    uint8_t *raw;
+    ferry_placed_t *entries;
+    uint32_t count;
+} fence_report_t;
+
+typedef struct fence_reports {
+    fence_report_t *r;
+    size_t n;
+} fence_reports_t;
+
+static void reports_clear(fence_reports_t *rs)
+{
+    for (size_t i = 0; i < rs->n; i++) {
+        free(rs->r[i].raw);
+        free(rs->r[i].entries);
+    }
+    free(rs->r);
+    rs->r = NULL;
+    rs->n = 0;
+}
+
+static const fence_report_t *report_of(const fence_reports_t *rs, uint64_t conn_key)
+{
+    for (size_t i = rs->n; conn_key && i-- > 0;)
+        if (rs->r[i].conn_key == conn_key) return &rs->r[i];
+    return NULL;
+}
+
+/* Reads the placement report of a CANCEL_ACK (f) for connection conn_key. */
+static int read_report(ferry_conn_t *c, const ferry_frame_t *f, uint64_t conn_key, uint64_t deadline,
+                       fence_reports_t *rs)
+{
+    uint8_t *raw = malloc(f->plen ? f->plen : 1);
+    if (!raw) return ferry_fail(FERRY_ERR_MEMORY, "placement report: out of memory");
+    int rc = ferry_net_recv(c->fd, raw, f->plen, deadline);
+    ferry_placed_t *entries = NULL;
+    if (rc == 0 && f->len > FERRY_PLACED_LOG_MAX)
+        rc = ferry_fail(FERRY_ERR_MALFORMED_FRAME, "CANCEL_ACK reports %llu entries", (unsigned long long)f->len);
+    if (rc == 0) rc = ferry_placed_decode(raw, f->plen, (uint32_t)f->len, &entries);
+    fence_report_t *grown = rc ? NULL : realloc(rs->r, (rs->n + 1) * sizeof *grown);
+    if (rc == 0 && !grown) rc = ferry_fail(FERRY_ERR_MEMORY, "placement report: out of memory");
+    if (rc) {
+        free(raw);
+        free(entries);
+        return rc;
+    }
+    rs->r = grown;
+    rs->r[rs->n++] = (fence_report_t){conn_key, raw, entries, (uint32_t)f->len};
+    return 0;
+}
+
 /* Sends the CANCELs fencing every id, each naming its data connection,
  * then reads every CANCEL_ACK. */
-static int fence_exchange(ferry_conn_t *c, const ferry_fence_id_t *ids, size_t n, uint64_t deadline)
+static int fence_exchange(ferry_conn_t *c, const ferry_fence_id_t *ids, size_t n, uint64_t deadline,
+                          fence_reports_t *rs)
 {
     ferry_frame_t *fs = malloc(n * sizeof *fs);
     if (!fs) return ferry_fail(FERRY_ERR_MEMORY, "fencing %zu request(s): out of memory", n);
-    size_t k = fence_frames(c, ids, n, fs);
+    size_t k = fence_frames(c, ids, n, fs, rs != NULL);
     int rc = 0;
     for (size_t i = 0; i < k && rc == 0; i++) rc = ferry_conn_send_frame(c, &fs[i], NULL, deadline);
     for (size_t i = 0; i < k && rc == 0; i++) {
@@ -111,6 +186,10 @@ static int fence_exchange(ferry_conn_t *c, const ferry_fence_id_t *ids, size_t n
                             (fs[i].flags & FERRY_FRAME_F_CONN) ? "the connection of request" : "request",
                             (unsigned long long)fs[i].req_id, ferry_frame_type_name(f.type),
                             (unsigned long long)f.req_id);
+        } else if ((f.flags & FERRY_FRAME_F_PLACED) && (fs[i].flags & FERRY_FRAME_F_PLACED)) {
+            rc = read_report(c, &f, fs[i].aux, deadline, rs);
+        } else if (f.plen) {
+            rc = ferry_fail(FERRY_ERR_MALFORMED_FRAME, "CANCEL_ACK with a payload of %u bytes unasked", f.plen);
         }
     }
     free(fs);
@@ -129,7 +208,8 @@ static bool target_gone(int rc)
     return rc == FERRY_ERR_SOCKET && strstr(ferry_last_error_detail(), strerror(ECONNREFUSED)) != NULL;
 }
 
-static int fence(ferry_session_t *s, const ferry_fence_id_t *ids, size_t n, uint64_t deadline, bool *gone)
+static int fence(ferry_session_t *s, const ferry_fence_id_t *ids, size_t n, uint64_t deadline, bool *gone,
+                 fence_reports_t *rs)
 {
     int rc = 0;
     *gone = false;
@@ -142,7 +222,8 @@ static int fence(ferry_session_t *s, const ferry_fence_id_t *ids, size_t n, uint
         ferry_conn_t *c;
         rc = ferry_session_checkout_spare(s, deadline, attempt > 0, &c);
         if (rc == 0) {
-            rc = fence_exchange(c, ids, n, deadline);
+            if (rs) reports_clear(rs); /* a new attempt asks again */
+            rc = fence_exchange(c, ids, n, deadline, rs);
             ferry_session_checkin(s, c, rc == 0);
         }
         if (rc == 0) return 0;
@@ -209,7 +290,7 @@ void ferry_fence_pending(ferry_session_t *s, uint64_t deadline)
     int saved_code = ferry_last_error_code();
     bool gone = false;
     uint64_t cap = ferry_deadline_after_ms(s->engine->cfg.cancel_timeout_ms);
-    int rc = fence(s, ids, n, cap < deadline ? cap : deadline, &gone);
+    int rc = fence(s, ids, n, cap < deadline ? cap : deadline, &gone, NULL);
     if (rc == 0 || gone) {
         /* Drop what we fenced; ids added meanwhile stay. */
         pthread_mutex_lock(&s->lock);
@@ -221,6 +302,69 @@ void ferry_fence_pending(ferry_session_t *s, uint64_t deadline)
     }
     free(ids);
     ferry_fail(saved_code, "%s", saved);
+}
+
+/* The entry of report r for write frame (type, req_id, addr), or NULL: the
+ * target never began that frame. */
+static const ferry_placed_t *entry_of(const fence_report_t *r, bool vec, uint64_t req_id, uint64_t addr)
+{
+    for (uint32_t i = 0; i < r->count; i++) {
+        const ferry_placed_t *p = &r->entries[i];
+        bool p_vec = p->type == FERRY_FRAME_WRITEV || p->type == FERRY_FRAME_CMA_VEC;
+        if (p->req_id == req_id && p_vec == vec && (vec || p->addr == addr)) return p;
+    }
+    return NULL;
+}
+
+/* Bytes of write piece x that landed beyond x->done by report r, or -1
+ * when the report cannot tell (cancel.h). */
+static int64_t landed_by_report(const ferry_xfer_t *x, const fence_report_t *r)
+{
+    if (x->vec_first) {
+        const ferry_placed_t *p = entry_of(r, true, x->vec_first, 0);
+        if (!p) return 0;
+        if (p->state == 2) return -1;
+        if (p->refused && x->vec_index < p->len && (p->refused[x->vec_index / 8] >> (x->vec_index % 8)) & 1)
+            return 0;
+        if (p->placed <= x->vec_off) return 0;
+        uint64_t in = p->placed - x->vec_off;
+        return (int64_t)(in < x->len ? in : x->len);
+    }
+    uint64_t done = x->done;
+    for (;;) {
+        const ferry_placed_t *p = entry_of(r, false, x->req_id, x->remote + done);
+        if (!p) break;
+        if (p->state == 2) return -1;
+        uint64_t add = p->placed < p->len ? p->placed : p->len;
+        if (add > x->len - done) add = x->len - done;
+        done += add;
+        if (add == 0 || add < p->len || done == x->len) break;
+    }
+    return (int64_t)(done - x->done);
+}
+
+/* Settles write piece x that the fence confirmed: its confirmed prefix
+ * grows by what the target's placement report says landed (cancel.h); a
+ * write whose placement cannot be told fails with cause, not resent. */
+static void settle_fenced(ferry_session_t *s, ferry_xfer_t *x, bool gone, const fence_report_t *r, int cause)
+{
+    if (x->opcode != FERRY_OP_WRITE || x->rc || gone) return; /* reads are resent; a gone target holds nothing */
+    int64_t landed = r ? landed_by_report(x, r) : -1;
+    if (landed < 0) {
+        ferry_xfer_fail(x, ferry_fail(cause ? cause : FERRY_ERR_PEER_CLOSED,
+                                      "write of [0x%llx+%llu) to %s: the stream broke (%s) with its answer "
+                                      "outstanding and the target cannot tell what landed; not resent, so "
+                                      "that nothing lands twice",
+                                      (unsigned long long)x->remote, (unsigned long long)x->len, s->name,
+                                      ferry_error_name(cause)));
+        return;
+    }
+    if (landed == 0) return;
+    x->done += (uint64_t)landed;
+    if (x->progress) atomic_fetch_add(x->progress, (uint64_t)landed);
+    FERRY_LOG(FERRY_LOG_DEBUG, "cancel", "%s: %lld byte(s) of [0x%llx+%llu) had landed before the break; %s",
+              s->name, (long long)landed, (unsigned long long)x->remote, (unsigned long long)x->len,
+              x->done == x->len ? "complete, not resent" : "resending the rest");
 }
 
 size_t ferry_fence_in_doubt(ferry_session_t *s, ferry_xfer_t *xs, size_t n, int cause, uint64_t conn_key)
@@ -235,11 +379,12 @@ size_t ferry_fence_in_doubt(ferry_session_t *s, ferry_xfer_t *xs, size_t n, int 
     uint64_t t0 = ferry_now_ns();
     bool gone = false;
     int rc = FERRY_ERR_MEMORY;
+    fence_reports_t reports = {NULL, 0};
     ferry_fence_id_t *ids = malloc(doubt * sizeof *ids);
     if (ids) {
         for (size_t i = 0, k = 0; i < n; i++)
             if (xs[i].inflight) ids[k++] = (ferry_fence_id_t){xs[i].req_id, conn_key};
-        rc = fence(s, ids, doubt, ferry_deadline_after_ms(e->cfg.cancel_timeout_ms), &gone);
+        rc = fence(s, ids, doubt, ferry_deadline_after_ms(e->cfg.cancel_timeout_ms), &gone, &reports);
         free(ids);
     } else {
         ferry_fail(rc, "fencing %zu request(s): out of memory", doubt);
@@ -249,8 +394,10 @@ size_t ferry_fence_in_doubt(ferry_session_t *s, ferry_xfer_t *xs, size_t n, int 
         FERRY_LOG(FERRY_LOG_DEBUG, "cancel", "%zu request(s) to %s fenced after %s in %.2f ms%s", doubt, s->name,
                   ferry_error_name(cause), (double)(ferry_now_ns() - t0) / 1e6,
                   gone ? " (the target is gone)" : "");
+        const fence_report_t *r = report_of(&reports, conn_key);
         for (size_t i = 0; i < n; i++) {
             if (!xs[i].inflight) continue;
+            settle_fenced(s, &xs[i], gone, r, cause);
             xs[i].inflight = 0;
             /* A retry must not be refused as the fenced id. */
             xs[i].req_id = atomic_fetch_add(&e->next_req_id, 1);
@@ -275,6 +422,7 @@ size_t ferry_fence_in_doubt(ferry_session_t *s, ferry_xfer_t *xs, size_t n, int 
         }
         FERRY_LOG(FERRY_LOG_WARN, "cancel", "%zu request(s) to %s could not be fenced: %s", unconfirmed, s->name, why);
     }
+    reports_clear(&reports);
     ferry_fail(saved_code, "%s", saved);
     return unconfirmed;
 }

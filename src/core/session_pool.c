@@ -53,6 +53,7 @@ static int recv_hello_ack(ferry_conn_t *c, ferry_session_t *s, uint8_t *ack, siz
     atomic_store(&c->cancel_key, f.aux); /* names this connection in CANCELs (cancel.h) */
     rc = ferry_hello_decode(ack, f.plen, &c->peer);
     if (rc) return rc;
+    ferry_deadline_learn(c, f.addr); /* the target's clock (wire.h, FERRY_FRAME_F_DEADLINE) */
     int ours = ferry_protocol_version_advertised(e);
     if (f.status == FERRY_ERR_VERSION_MISMATCH)
         return ferry_fail(FERRY_ERR_VERSION_MISMATCH, "peer %s speaks protocol %u..%u, this engine speaks %d..%d",
@@ -184,6 +185,7 @@ static int handshake(ferry_conn_t *c, ferry_session_t *s, uint64_t deadline)
     if (n < 0) return n;
     size_t alen = 0;
     ferry_frame_t f = {.type = FERRY_FRAME_HELLO, .plen = (uint32_t)n};
+    c->hello_sent_ns = ferry_now_ns();
     int rc = ferry_conn_send_frame(c, &f, hello, deadline);
     if (rc == 0) rc = recv_hello_ack(c, s, ack, sizeof ack, &alen, deadline);
     if (rc == FERRY_ERR_PEER_RESTARTED) {

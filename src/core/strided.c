@@ -252,11 +252,13 @@ static void expand_window(ferry_engine_t *e, const ferry_strided_t *d, size_t fr
 }
 
 /* Records the failure raised on this thread for piece `failed`, if it is
- * the lowest so far, and stops the lanes. */
+ * the lowest so far (a CANCEL_UNCONFIRMED before any other code: it must
+ * not hide behind another request's), and stops the lanes. */
 static void lanes_fail(struct lanes *l, int rc, size_t failed)
 {
     pthread_mutex_lock(&l->lock);
-    if (failed < l->failed) {
+    bool unconfirmed = rc == FERRY_ERR_CANCEL_UNCONFIRMED, had = l->rc == FERRY_ERR_CANCEL_UNCONFIRMED;
+    if (l->failed == SIZE_MAX || (unconfirmed && !had) || (failed < l->failed && unconfirmed == had)) {
         free(l->detail);
         l->detail = strdup(ferry_fail_message());
         l->failed = failed;

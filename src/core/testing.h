@@ -23,6 +23,10 @@ int ferry_protocol_version_advertised(const ferry_engine_t *e);
  * FERRY_FRAME_F_CONN; its fences name each request. */
 void ferry_test_set_no_conn_fence(ferry_engine_t *e, bool off);
 bool ferry_test_no_conn_fence(const ferry_engine_t *e);
+/* From now on e acts as a peer that predates placement reports (cancel.h):
+ * it does not advertise FERRY_HELLO_F_PLACED nor ask for reports. */
+void ferry_test_set_no_placed(ferry_engine_t *e, bool off);
+bool ferry_test_no_placed(const ferry_engine_t *e);
 
 /* Calls run in the caller's thread on one connection because their pieces
  * all go through shared-pool mappings (transfer.c), process-wide. */

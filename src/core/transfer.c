@@ -161,12 +161,10 @@ static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const
         FERRY_STAT_ADD(&e->stats, requests, n);
         rc = nx == 1 || run_inline(s, lens, n) ? ferry_xfer_run(e, s, xs, nx) : ferry_run_parallel(e, s, xs, nx);
         record_requests(s, xs, nx, ferry_now_ns() - t0);
-        for (size_t i = 0; rc && i < nx; i++) {
-            if (xs[i].rc) {
-                rc = report_piece(&xs[i], peer);
-                if (n > 1) ferry_fail_context("request %zu of %zu", xs[i].index, n);
-                break;
-            }
+        size_t i = ferry_xfer_worst(xs, nx); /* CANCEL_UNCONFIRMED first */
+        if (rc && i < nx) {
+            rc = report_piece(&xs[i], peer);
+            if (n > 1) ferry_fail_context("request %zu of %zu", xs[i].index, n);
         }
         free_details(xs, nx);
         free(xs);
@@ -185,13 +183,11 @@ int ferry_run_window(ferry_engine_t *e, ferry_session_t *s, const char *peer, fe
 {
     int rc = ferry_xfer_run(e, s, xs, n);
     record_requests(s, xs, n, ferry_now_ns() - t0);
-    for (size_t i = 0; rc && i < n; i++) {
-        if (xs[i].rc) {
-            rc = report_piece(&xs[i], peer);
-            ferry_fail_context("request %zu of %zu", xs[i].index, total);
-            *failed = xs[i].index;
-            break;
-        }
+    size_t i = ferry_xfer_worst(xs, n); /* CANCEL_UNCONFIRMED first */
+    if (rc && i < n) {
+        rc = report_piece(&xs[i], peer);
+        ferry_fail_context("request %zu of %zu", xs[i].index, total);
+        *failed = xs[i].index;
     }
     free_details(xs, n);
     return rc;

@@ -148,6 +148,14 @@ static bool any_pending(const ferry_xfer_t *xs, size_t n)
     return false;
 }
 
+/* Every piece done, none failed. */
+static bool all_complete(const ferry_xfer_t *xs, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (xs[i].rc || xs[i].done < xs[i].len) return false;
+    return true;
+}
+
 static void fail_pending(ferry_xfer_t *xs, size_t n, int rc)
 {
     for (size_t i = 0; i < n; i++)
@@ -214,6 +222,9 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
             /* No late write: what the aborted connection may still deliver
              * is fenced before anything is reported or retried (cancel.h). */
             if (broken) ferry_fence_in_doubt(s, xs, n, rc, conn_key);
+            /* The fence's placement report may have confirmed every byte
+             * whose answer was lost: nothing left to resend or report. */
+            if (broken && rc && all_complete(xs, n)) rc = 0;
         }
         if (interrupted) {
             /* A canceller broke the stream on purpose: not the peer's fault,
@@ -268,7 +279,16 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
     for (size_t i = 0; i < n; i++) *(xs[i].opcode == FERRY_OP_WRITE ? &written : &read) += xs[i].done;
     if (written) FERRY_STAT_ADD(&e->stats, bytes_written, written);
     if (read) FERRY_STAT_ADD(&e->stats, bytes_read, read);
-    for (size_t i = 0; i < n; i++)
-        if (xs[i].rc) return xs[i].rc;
-    return 0;
+    size_t worst = ferry_xfer_worst(xs, n);
+    return worst < n ? xs[worst].rc : 0;
+}
+
+size_t ferry_xfer_worst(const ferry_xfer_t *xs, size_t n)
+{
+    size_t first = n;
+    for (size_t i = 0; i < n; i++) {
+        if (xs[i].rc == FERRY_ERR_CANCEL_UNCONFIRMED) return i;
+        if (xs[i].rc && first == n) first = i;
+    }
+    return first;
 }

@@ -37,10 +37,20 @@ typedef struct ferry_xfer {
     void (*ended)(struct ferry_xfer *x, void *arg); /* called once when final */
     void *ended_arg;
     bool has_ended;
+    /* Exactly-once (cancel.h): the vector frame this piece last went in,
+     * named by its first id (0: none, the piece went in slices), and the
+     * piece's byte offset in that frame. */
+    uint64_t vec_first, vec_off;
+    uint32_t vec_index;        /* its index among that frame's pieces */
 } ferry_xfer_t;
 
 /* Records a piece's failure with the calling thread's current detail. */
 void ferry_xfer_fail(ferry_xfer_t *x, int rc);
+
+/* The piece whose failure a call reports: the first CANCEL_UNCONFIRMED
+ * (its pages are not safe to reuse: that must never hide behind another
+ * request's code), else the first failed; n when none failed. */
+size_t ferry_xfer_worst(const ferry_xfer_t *xs, size_t n);
 
 /* xfer.c: running pieces on one connection with retries and re-resolution */
 int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);

@@ -148,6 +148,7 @@ static int check_locked(ferry_conn_t *c, const ferry_frame_t *f, uint32_t need)
     ferry_engine_t *e = c->engine;
     if (ferry_conn_is_cancelled(c, f->req_id))
         return ferry_fail(FERRY_ERR_CANCELLED, "request %llu was cancelled", (unsigned long long)f->req_id);
+    if (ferry_frame_expired(f)) return ferry_frame_expired_fail(c, f); /* wire.h, cancel.h */
     /* The registry as it is now, whatever generation the initiator learned
      * (as tcp.c): a range registered again takes the access. */
     return ferry_registry_check_locked(ferry_engine_registry(e), f->addr, f->len, need, 0, "target");
@@ -183,6 +184,7 @@ static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t
         int rc = check_locked(c, f, need);
         uint32_t kind = rc ? FERRY_MEMKIND_HOST : kind_locked(r, f);
         if (rc == 0 && kind == FERRY_MEMKIND_HOST) got = cma_once(sc->pid, write, here, there, n);
+        if (write && got > 0) ferry_placed_progress(c, done + (uint64_t)got, NULL); /* under the lock (cancel.h) */
         ferry_registry_unlock(r);
         if (rc) {
             if (done && rc == FERRY_ERR_ADDRESS_NOT_REGISTERED)
@@ -198,6 +200,7 @@ static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t
                     ferry_registry_read_lock(r);
                     rc = check_locked(c, f, need);
                     if (rc == 0) rc = ferry_memkind_from_host(kind, here, b, (size_t)got);
+                    if (rc == 0) ferry_placed_progress(c, done + (uint64_t)got, NULL);
                     ferry_registry_unlock(r);
                 }
             } else {
@@ -324,8 +327,8 @@ static void count_vec_call(size_t lcnt, size_t rcnt)
  * read lock after the pieces were checked (again when the registry or the
  * cancel set changed). A call that stops short fails the piece it stopped
  * in (its own error) and goes on after it. */
-static int vec_copy_host(ferry_conn_t *c, struct shm_conn *sc, struct ferry_vec_scratch *v, size_t n, bool write,
-                         bool *device)
+static int vec_copy_host(ferry_conn_t *c, const ferry_frame_t *f, struct shm_conn *sc, struct ferry_vec_scratch *v,
+                         size_t n, bool write, bool *device)
 {
     FERRY_TSAN_PAYLOAD_SCOPE();
     ferry_engine_t *e = c->engine;
@@ -341,6 +344,7 @@ static int vec_copy_host(ferry_conn_t *c, struct shm_conn *sc, struct ferry_vec_
             version = r->version;
             checked = true;
         }
+        ferry_vec_expire(c, f, v, i, n); /* past its deadline: nothing more moves */
         if (*device) {
             ferry_registry_unlock(r);
             return 0; /* the caller copies piece by piece */
@@ -403,7 +407,10 @@ static int serve_cma_vec(ferry_conn_t *c, const ferry_frame_t *f)
     struct shm_conn *sc = vec_trust(c, v->d[0].aux);
     if (!sc) return ferry_fail(FERRY_ERR_MEMORY, "shm: out of memory");
     bool device = false;
-    if (sc->state >= 0) rc = vec_copy_host(c, sc, v, n, write, &device);
+    /* Pieces move in groups and out of order when one fails: the log says
+     * only how the frame ended (cancel.h). */
+    if (write) ferry_placed_untracked(c);
+    if (sc->state >= 0) rc = vec_copy_host(c, f, sc, v, n, write, &device);
     if (rc) return rc; /* the initiator is gone */
     for (size_t i = 0; i < n; i++) {
         if (sc->state < 0 && !v->st[i]) {
@@ -423,6 +430,11 @@ static int serve_cma_vec(ferry_conn_t *c, const ferry_frame_t *f)
         }
     if (write) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, moved);
     else FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, moved);
+    if (write) {
+        int32_t status = 0;
+        for (size_t i = 0; i < n && !status; i++) status = v->st[i];
+        ferry_placed_end(c, status, f->addr, v->st);
+    }
     return ferry_vec_send_ack(c, f, v, n, deadline);
 }
 
@@ -433,8 +445,8 @@ static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
     bool write = f->type == FERRY_FRAME_CMA_WRITE;
     bool map = f->type == FERRY_FRAME_SHM_MAP_REQ;
     uint8_t answer = write ? FERRY_FRAME_WRITE_ACK : FERRY_FRAME_READ_RESP;
-    if (f->plen != 0 || f->flags != 0 || f->len == 0 || f->len > FERRY_WIRE_MAX_DATA || f->aux == 0 ||
-        f->aux + f->len < f->aux)
+    if (f->plen != 0 || (f->flags & ~FERRY_FRAME_F_DEADLINE) != 0 || f->len == 0 || f->len > FERRY_WIRE_MAX_DATA ||
+        f->aux == 0 || f->aux + f->len < f->aux)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s of %llu bytes from 0x%llx (payload %u, flags 0x%x)",
                           ferry_frame_type_name(f->type), (unsigned long long)f->len, (unsigned long long)f->aux,
                           f->plen, f->flags);
@@ -458,6 +470,7 @@ static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
     else
         status = copy_chunks(c, sc, f, write);
     if (status == FERRY_ERR_PEER_CLOSED) return status;
+    if (write) ferry_placed_end(c, status, FERRY_PLACED_KEEP, NULL);
     if (status == 0) {
         if (write) {
             FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, f->len);
@@ -475,6 +488,8 @@ static int send_cma(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t n)
     ferry_frame_t f = {.type = x->opcode == FERRY_OP_WRITE ? FERRY_FRAME_CMA_WRITE : FERRY_FRAME_CMA_READ,
                        .req_id = x->req_id, .addr = x->remote + off, .len = n,
                        .aux = (uint64_t)(uintptr_t)(x->local + off), .crc = x->generation};
+    x->vec_first = 0; /* in slices (cancel.h) */
+    ferry_deadline_stamp(c, &f, x->deadline);
     return ferry_conn_send_frame(c, &f, NULL, x->deadline);
 }
 

@@ -95,6 +95,8 @@ static int send_slice(ferry_conn_t *c, ferry_xfer_t *x, const unsigned char *src
     FERRY_TSAN_PAYLOAD_SCOPE();
     ferry_engine_t *e = c->engine;
     ferry_frame_t f = {.type = type, .req_id = x->req_id, .addr = x->remote + off, .len = n, .aux = x->generation};
+    x->vec_first = 0; /* in slices (cancel.h) */
+    ferry_deadline_stamp(c, &f, x->deadline);
     if (type == FERRY_FRAME_WRITE) {
         f.plen = (uint32_t)n;
         if (ferry_engine_config(e)->checksum) {
@@ -299,6 +301,9 @@ static int check_locked(ferry_conn_t *c, const ferry_frame_t *f, uint32_t need)
     ferry_engine_t *e = c->engine;
     if (ferry_conn_is_cancelled(c, f->req_id))
         return ferry_fail(FERRY_ERR_CANCELLED, "request %llu was cancelled", (unsigned long long)f->req_id);
+    /* A deadline that passed by our clock (wire.h, cancel.h): the initiator
+     * has given up on it, nothing more of it may land or be sent. */
+    if (ferry_frame_expired(f)) return ferry_frame_expired_fail(c, f);
     /* Against the registry as it is now, whatever generation the initiator
      * learned: a range registered again at the same address takes the
      * write (as on Mooncake); one deregistered is refused. */
@@ -412,6 +417,7 @@ static int place_direct(ferry_conn_t *c, ferry_partial_t *p)
         long n = 0;
         uint64_t left = f->len - p->done, want = left < CHUNK_BYTES ? left : CHUNK_BYTES;
         if (rc == 0) n = recv_ready(c->fd, (unsigned char *)(uintptr_t)(f->addr + p->done), want);
+        if (n > 0) ferry_placed_progress(c, p->done + (uint64_t)n, NULL); /* under the lock (cancel.h) */
         ferry_registry_unlock(r);
         if (rc == FERRY_ERR_ADDRESS_NOT_REGISTERED) ferry_fail_context("region deregistered during the write");
         if (rc == 0 && n == FERRY_ERR_ADDRESS_NOT_REGISTERED) rc = unmapped(c, f->addr + p->done, want);
@@ -463,6 +469,7 @@ static void place_staged(ferry_conn_t *c, const ferry_frame_t *f, int *status)
         } else if ((rc = ferry_memkind_from_host(kind, (void *)(uintptr_t)f->addr, b, f->len)) != 0)
             ferry_fail_context("placing [0x%llx+%llu) from %s into device memory", (unsigned long long)f->addr,
                                (unsigned long long)f->len, c->peer.name);
+        if (rc == 0) ferry_placed_progress(c, f->len, NULL);
     }
     ferry_registry_unlock(r);
     *status = rc;
@@ -481,6 +488,7 @@ static int write_resume(ferry_conn_t *c)
     p->resume = rc == FERRY_SERVE_PENDING ? write_resume : NULL;
     if (rc) return rc;
     if (p->mode == WRITE_STAGED) place_staged(c, &p->f, &p->status);
+    ferry_placed_end(c, p->status, FERRY_PLACED_KEEP, NULL);
     if (p->status == 0) {
         FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, p->f.len);
         ferry_watch_placed(c, p->f.addr, p->f.len);
@@ -680,10 +688,14 @@ static int vec_place_direct(ferry_conn_t *c, ferry_partial_t *p, struct ferry_ve
                 if (v->st[i]) sink_piece(v, i);
             version = r->version;
         }
+        if (ferry_vec_expire(c, f, v, at, n)) /* its deadline passed: the rest goes to the sink */
+            for (size_t i = at; i < n; i++)
+                if (v->st[i]) sink_piece(v, i);
         size_t cnt = n - at < IOV_MAX ? n - at : IOV_MAX;
         struct msghdr mh = {.msg_iov = v->iov + at, .msg_iovlen = cnt};
         ssize_t got = recvmsg(c->fd, &mh, MSG_DONTWAIT);
         int err = errno;
+        if (got > 0) ferry_placed_progress(c, f->addr - left + (uint64_t)got, v->st); /* under the lock */
         ferry_registry_unlock(r);
         if (got == 0) return ferry_fail(FERRY_ERR_PEER_CLOSED, "the initiator closed the connection mid-frame");
         if (got < 0) {
@@ -754,6 +766,7 @@ static void vec_place_staged(ferry_conn_t *c, const ferry_frame_t *f, struct fer
     bool device = false;
     ferry_registry_read_lock(r);
     ferry_vec_validate_locked(c, v, 0, n, FERRY_MEM_REMOTE_WRITE, &device);
+    ferry_vec_expire(c, f, v, 0, n);
     off = 0;
     for (size_t i = 0; i < n; off += v->d[i++].len) {
         if (v->st[i]) continue;
@@ -767,6 +780,7 @@ static void vec_place_staged(ferry_conn_t *c, const ferry_frame_t *f, struct fer
             ferry_vec_fail_piece(v, i, rc);
         }
     }
+    ferry_placed_progress(c, f->addr, v->st);
     ferry_registry_unlock(r);
 }
 
@@ -834,6 +848,9 @@ static int writev_answer(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_v
             ferry_watch_placed(c, v->d[i].addr, v->d[i].len);
         }
     if (placed) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, placed);
+    int32_t status = 0;
+    for (size_t i = 0; i < n && !status; i++) status = v->st[i];
+    ferry_placed_end(c, status, FERRY_PLACED_KEEP, v->st);
     return ferry_vec_send_ack(c, f, v, n, deadline);
 }
 
@@ -949,6 +966,7 @@ static int serve_readv(ferry_conn_t *c, const ferry_frame_t *f)
     unsigned char *staged = NULL;
     ferry_registry_read_lock(r);
     ferry_vec_validate_locked(c, v, 0, n, FERRY_MEM_REMOTE_READ, &device);
+    ferry_vec_expire(c, f, v, 0, n); /* past its deadline: not sent */
     if (device) {
         /* Device memory: every served piece is copied out while the
          * regions are held, and sent from the copy. */

@@ -236,11 +236,18 @@ int ferry_vec_send(ferry_conn_t *c, uint8_t type, ferry_xfer_t *g, size_t n)
     else if (type == FERRY_FRAME_CMA_VEC) f.aux = (uint64_t)g[0].opcode;
     else if (ferry_engine_config(c->engine)->checksum)
         f.flags |= FERRY_FRAME_F_CRC; /* READV: asks for checksummed answers */
+    ferry_deadline_stamp(c, &f, earliest(g, n)); /* wire.h, FERRY_FRAME_F_DEADLINE */
     uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
     ferry_frame_encode(&f, hdr);
     v->iov[0] = (struct iovec){hdr, sizeof hdr};
     v->iov[1] = (struct iovec){v->raw, dbytes};
-    for (size_t i = 0; i < n; i++) g[i].inflight++; /* before the first byte leaves (cancel.h) */
+    uint64_t off = 0;
+    for (size_t i = 0; i < n; off += g[i++].len) {
+        g[i].inflight++; /* before the first byte leaves (cancel.h) */
+        g[i].vec_first = g[0].req_id; /* where its bytes sit, for a placement report (cancel.h) */
+        g[i].vec_off = off;
+        g[i].vec_index = (uint32_t)i;
+    }
     return send_gathered(c->fd, v->iov, type == FERRY_FRAME_WRITEV ? niov : 2, earliest(g, n));
 }
 
@@ -471,6 +478,18 @@ size_t ferry_vec_validate_locked(ferry_conn_t *c, struct ferry_vec_scratch *v, s
         }
     }
     return failed;
+}
+
+size_t ferry_vec_expire(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_vec_scratch *v, size_t from, size_t n)
+{
+    if (!ferry_frame_expired(f)) return 0;
+    size_t k = 0;
+    for (size_t i = from; i < n; i++) {
+        if (v->st[i]) continue;
+        ferry_vec_fail_piece(v, i, ferry_frame_expired_fail(c, f));
+        k++;
+    }
+    return k;
 }
 
 int ferry_vec_send_ack(ferry_conn_t *c, const ferry_frame_t *req, struct ferry_vec_scratch *v, size_t n,

@@ -60,6 +60,7 @@ uint32_t ferry_frame_max_payload(uint8_t type)
     case FERRY_FRAME_HELLO_ACK:
     case FERRY_FRAME_SEG_PAGE:
     case FERRY_FRAME_ERROR:
+    case FERRY_FRAME_CANCEL_ACK: /* a placement report (core/cancel.h) */
         return FERRY_WIRE_MAX_CONTROL;
     case FERRY_FRAME_NOTIFY:
         return FERRY_WIRE_MAX_NOTIFY;
@@ -93,7 +94,7 @@ void ferry_frame_encode(const ferry_frame_t *f, uint8_t out[FERRY_FRAME_HEADER_S
     put64(out + 32, f->len);
     put64(out + 40, f->aux);
     put32(out + 48, f->crc);
-    put32(out + 52, 0);
+    put32(out + 52, (f->flags & FERRY_FRAME_F_DEADLINE) ? f->deadline_ms : 0);
 }
 
 int ferry_frame_decode(const uint8_t in[FERRY_FRAME_HEADER_SIZE], ferry_frame_t *f)
@@ -106,11 +107,16 @@ int ferry_frame_decode(const uint8_t in[FERRY_FRAME_HEADER_SIZE], ferry_frame_t 
     if (!known_type(f->type))
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "unknown frame type %u", f->type);
     bool vec = f->type == FERRY_FRAME_WRITEV || f->type == FERRY_FRAME_READV || f->type == FERRY_FRAME_CMA_VEC;
+    bool data = vec || f->type == FERRY_FRAME_WRITE || f->type == FERRY_FRAME_READ_REQ ||
+                f->type == FERRY_FRAME_CMA_WRITE || f->type == FERRY_FRAME_CMA_READ;
     uint8_t allowed = FERRY_FRAME_F_CRC | (vec ? FERRY_FRAME_F_COMPACT | FERRY_FRAME_F_GENS : 0) |
-                      (f->type == FERRY_FRAME_CANCEL ? FERRY_FRAME_F_CONN : 0);
+                      (f->type == FERRY_FRAME_CANCEL ? FERRY_FRAME_F_CONN | FERRY_FRAME_F_PLACED : 0) |
+                      (f->type == FERRY_FRAME_CANCEL_ACK ? FERRY_FRAME_F_PLACED : 0) |
+                      (data ? FERRY_FRAME_F_DEADLINE : 0);
     if (f->flags & ~allowed)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "unknown frame flags 0x%02x", f->flags);
-    if (get16(in + 6) != 0 || get32(in + 52) != 0)
+    f->deadline_ms = (f->flags & FERRY_FRAME_F_DEADLINE) ? get32(in + 52) : 0;
+    if (get16(in + 6) != 0 || (!(f->flags & FERRY_FRAME_F_DEADLINE) && get32(in + 52) != 0))
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "reserved header bytes are not zero");
     f->status = (int32_t)get32(in + 8);
     f->plen = get32(in + 12);

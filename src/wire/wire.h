@@ -16,7 +16,10 @@
  *              connection key (HELLO_ACK, CANCEL)
  *    48     4  crc: CRC32C of the payload when FERRY_FRAME_F_CRC is set;
  *              CMA_WRITE / CMA_READ (no payload): the region generation
- *    52     4  reserved, must be 0
+ *    52     4  data frames with FERRY_FRAME_F_DEADLINE: the request's
+ *              deadline on the target's CLOCK_MONOTONIC, in milliseconds
+ *              modulo 2^32 (deadline_ms, see FERRY_FRAME_F_DEADLINE);
+ *              otherwise reserved, must be 0
  *
  * Every length and count read off the wire is checked against the limits
  * below before anything is allocated, so a hostile peer cannot make us
@@ -127,6 +130,23 @@ void ferry_wire_set_frame_lookup(ferry_frame_lookup_fn lookup);
  * later frame of the whole data connection whose key is aux (req_id is only
  * echoed in the CANCEL_ACK); core/cancel.h. */
 #define FERRY_FRAME_F_CONN 0x08u
+/* CANCEL: report what the named connection placed; CANCEL_ACK: the payload
+ * is that report (to and from targets advertising FERRY_HELLO_F_PLACED;
+ * the layout is in core/cancel.h, "Placement reports"). */
+#define FERRY_FRAME_F_PLACED 0x10u
+/* Data frames (WRITE, READ_REQ, WRITEV, READV, CMA_WRITE, CMA_READ,
+ * CMA_VEC), to targets advertising FERRY_HELLO_F_DEADLINE: header bytes
+ * 52..55 carry the request's deadline converted to the target's
+ * CLOCK_MONOTONIC milliseconds (mod 2^32; compared wrap-aware, so deadlines
+ * within 2^30 ms only). The initiator learns the conversion at the
+ * handshake: the HELLO_ACK's addr holds the target's CLOCK_MONOTONIC
+ * nanoseconds when it answered, T; with t0 when the initiator sent its HELLO,
+ * the target's clock reads at most (initiator clock) + (T - t0), so the
+ * initiator sends deadline + (T - t0), rounded up: the target's view of the
+ * deadline is never earlier than the initiator's (late by at most the
+ * handshake's round trip). The target refuses, by its own clock, each chunk
+ * of such a frame that it would place or send after that deadline (core/cancel.h). */
+#define FERRY_FRAME_F_DEADLINE 0x20u
 
 typedef struct ferry_frame {
     uint8_t type;
@@ -138,6 +158,7 @@ typedef struct ferry_frame {
     uint64_t len;
     uint64_t aux;
     uint32_t crc;
+    uint32_t deadline_ms;      /* with FERRY_FRAME_F_DEADLINE: bytes 52..55 */
 } ferry_frame_t;
 
 /* Encodes f into exactly FERRY_FRAME_HEADER_SIZE bytes. */
@@ -162,6 +183,14 @@ const char *ferry_frame_type_name(uint8_t type);
 /* The sender serves CANCEL with FERRY_FRAME_F_CONN (a whole connection
  * fenced at once, core/cancel.h). */
 #define FERRY_HELLO_F_CONNFENCE 0x20u
+/* The sender keeps placement logs, drops duplicate write frames and answers
+ * CANCEL with FERRY_FRAME_F_PLACED by a placement report (exactly-once
+ * resends, core/cancel.h). Initiators resend a write whose answer was lost
+ * only to such targets. */
+#define FERRY_HELLO_F_PLACED 0x40u
+/* The sender honours FERRY_FRAME_F_DEADLINE, and its HELLO_ACK's addr is its
+ * CLOCK_MONOTONIC in nanoseconds (FERRY_FRAME_F_DEADLINE above). */
+#define FERRY_HELLO_F_DEADLINE 0x80u
 
 typedef struct ferry_hello {
     uint16_t proto_min, proto_max;

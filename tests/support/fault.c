@@ -181,6 +181,14 @@ struct dir {
     bool corrupt_next;
     bool vector;            /* the current frame is a WRITEV */
     uint64_t rng;
+    /* Frame faults (proxy_opts_t.drop_answer, dup_write): what goes out of
+     * this chunk, the frame being copied for a repeat, and whether the
+     * current frame is dropped. */
+    uint8_t *out;
+    size_t olen, ocap;
+    uint8_t *dup;
+    size_t dlen, dcap;
+    bool duping, dropping;
 };
 
 struct pair {
@@ -203,7 +211,8 @@ struct proxy {
     pthread_t acceptor;
     atomic_bool stopping, stalled;
     atomic_int corrupt_writes, corrupt_reads, cut_writes;
-    _Atomic uint64_t corrupted, cuts;
+    atomic_int answers_seen, writes_seen;
+    _Atomic uint64_t corrupted, cuts, dropped, duplicated;
     pthread_mutex_t lock;
     struct pair *pairs;
 };
@@ -246,14 +255,57 @@ static bool take(atomic_int *budget)
     return false;
 }
 
+static void append(uint8_t **b, size_t *len, size_t *cap, const uint8_t *p, size_t n)
+{
+    if (*len + n > *cap) {
+        size_t c = *cap ? *cap : 65536;
+        while (c < *len + n) c *= 2;
+        uint8_t *g = realloc(*b, c);
+        if (!g) abort();
+        *b = g;
+        *cap = c;
+    }
+    memcpy(*b + *len, p, n);
+    *len += n;
+}
+
+/* Frame faults: passes n bytes of the current frame on (or drops them). */
+static void emit(struct dir *d, const uint8_t *p, size_t n)
+{
+    if (d->dropping) return;
+    append(&d->out, &d->olen, &d->ocap, p, n);
+    if (d->duping) append(&d->dup, &d->dlen, &d->dcap, p, n);
+}
+
+/* Frame faults: the current frame ended. True: cut the connection now. */
+static bool frame_end(struct dir *d)
+{
+    if (d->duping) {
+        append(&d->out, &d->olen, &d->ocap, d->dup, d->dlen);
+        d->duping = false;
+        d->dlen = 0;
+        atomic_fetch_add(&d->pair->px->duplicated, 1);
+    }
+    if (!d->dropping) return false;
+    d->dropping = false;
+    atomic_fetch_add(&d->pair->px->dropped, 1);
+    return true;
+}
+
+static bool frame_faults(const proxy_t *px) { return px->o.drop_answer > 0 || px->o.dup_write > 0; }
+
 /* Follows the frame stream and flips one payload byte of chosen frames.
- * Returns true when the connection is to be cut before forwarding. */
+ * Returns true when the connection is to be cut before forwarding. With
+ * frame faults (proxy_opts_t), what to forward is left in d->out, d->olen:
+ * cut after forwarding it. */
 static bool parse(struct dir *d, uint8_t *buf, size_t n)
 {
     bool cut = false;
     proxy_t *px = d->pair->px;
+    bool faults = frame_faults(px);
+    d->olen = 0;
     size_t i = 0;
-    while (i < n) {
+    while (i < n && !(faults && cut)) {
         if (d->payload_left > 0) {
             size_t k = n - i < d->payload_left ? n - i : (size_t)d->payload_left;
             /* A WRITEV's payload starts with its descriptors: corrupt the
@@ -263,8 +315,10 @@ static bool parse(struct dir *d, uint8_t *buf, size_t n)
                 d->corrupt_next = false;
                 atomic_fetch_add(&px->corrupted, 1);
             }
+            if (faults) emit(d, buf + i, k);
             i += k;
             d->payload_left -= k;
+            if (faults && d->payload_left == 0) cut = frame_end(d);
             continue;
         }
         size_t k = FERRY_FRAME_HEADER_SIZE - d->hlen;
@@ -282,6 +336,18 @@ static bool parse(struct dir *d, uint8_t *buf, size_t n)
         uint64_t data = 0; /* a VEC_ACK's bytes (the answer to a READV) */
         for (int b = 7; b >= 0; b--) data = data << 8 | d->hdr[24 + b];
         d->vector = type == FERRY_FRAME_WRITEV || (type == FERRY_FRAME_VEC_ACK && data > 0);
+        if (faults) {
+            /* A WRITEV's VEC_ACK says in addr how many bytes were placed
+             * and carries at most statuses; a READV's carries its bytes. */
+            bool answer = type == FERRY_FRAME_WRITE_ACK || (type == FERRY_FRAME_VEC_ACK && plen < data);
+            if (!d->i2t && answer && px->o.drop_answer > 0 && atomic_fetch_add(&px->answers_seen, 1) + 1 == px->o.drop_answer)
+                d->dropping = true;
+            bool write = type == FERRY_FRAME_WRITE || type == FERRY_FRAME_WRITEV;
+            if (d->i2t && write && px->o.dup_write > 0 && atomic_fetch_add(&px->writes_seen, 1) + 1 == px->o.dup_write)
+                d->duping = true;
+            emit(d, d->hdr, FERRY_FRAME_HEADER_SIZE);
+            if (plen == 0) cut = frame_end(d);
+        }
         if (plen == 0) continue;
         if (d->i2t && type == FERRY_FRAME_WRITE && take(&px->cut_writes)) cut = true;
         if (d->i2t && (type == FERRY_FRAME_WRITE || type == FERRY_FRAME_WRITEV))
@@ -325,6 +391,15 @@ static void *pump(void *arg)
         if (px->o.delay_ms) usleep((useconds_t)px->o.delay_ms * 1000);
         while ((atomic_load(&px->stalled) || atomic_load(&pr->held)) && !atomic_load(&px->stopping)) usleep(2000);
         bool cut = parse(d, buf, (size_t)n);
+        if (frame_faults(px)) {
+            /* What came before the fault goes on; then the cut. */
+            if (d->olen && send_all(d->to, d->out, d->olen) != 0) break;
+            if (cut) {
+                atomic_fetch_add(&px->cuts, 1);
+                break;
+            }
+            continue;
+        }
         if (cut || (px->o.cut_prob > 0 && rand01(&d->rng) < px->o.cut_prob)) {
             atomic_fetch_add(&px->cuts, 1);
             break;
@@ -332,6 +407,8 @@ static void *pump(void *arg)
         if (send_all(d->to, buf, (size_t)n) != 0) break;
     }
     free(buf);
+    free(d->out);
+    free(d->dup);
     cut_pair(pr);
     atomic_fetch_sub(&pr->running, 1);
     return NULL;
@@ -440,6 +517,8 @@ const char *proxy_name(const proxy_t *p) { return p->name; }
 void proxy_stall(proxy_t *p, bool on) { atomic_store(&p->stalled, on); }
 uint64_t proxy_corrupted(const proxy_t *p) { return atomic_load(&((proxy_t *)p)->corrupted); }
 uint64_t proxy_cuts(const proxy_t *p) { return atomic_load(&((proxy_t *)p)->cuts); }
+uint64_t proxy_dropped(const proxy_t *p) { return atomic_load(&((proxy_t *)p)->dropped); }
+uint64_t proxy_duplicated(const proxy_t *p) { return atomic_load(&((proxy_t *)p)->duplicated); }
 
 void proxy_hold(proxy_t *p, bool on)
 {

@@ -43,6 +43,13 @@ typedef struct proxy_opts {
     double cut_prob;        /* chance per forwarded chunk to cut the connection */
     double corrupt_prob;    /* chance per WRITE / READ_RESP frame to corrupt it */
     uint64_t seed;
+    /* Frame faults, counted over all connections from 1 (0: none). The
+     * drop_answer-th write answer (WRITE_ACK, or a WRITEV's VEC_ACK: one whose
+     * payload is smaller than the bytes it reports placed) is not forwarded and its connection is cut right after: a lost
+     * answer on a link that then broke. The dup_write-th write frame (WRITE,
+     * WRITEV) is forwarded twice in a row: a duplicating relay. */
+    int drop_answer;
+    int dup_write;
 } proxy_opts_t;
 
 /* Listens on 127.0.0.1 (any port) and forwards to host:port. */
@@ -59,6 +66,9 @@ void proxy_cut_all(proxy_t *p);
 /* Frames corrupted and connections cut so far. */
 uint64_t proxy_corrupted(const proxy_t *p);
 uint64_t proxy_cuts(const proxy_t *p);
+/* Write answers dropped and write frames duplicated so far. */
+uint64_t proxy_dropped(const proxy_t *p);
+uint64_t proxy_duplicated(const proxy_t *p);
 void proxy_stop(proxy_t *p);
 
 /* ------------------------------------------------------ misc */

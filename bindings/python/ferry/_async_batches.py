@@ -285,11 +285,19 @@ class AsyncBatches:
 
     def _status_outcome(self, batch_id, ent):
         """The outcome of ent's batch from its statuses: None while a request
-        runs, (0, None) when all completed, else the first failure's code and story."""
+        runs, (0, None) when all completed, else the code and story of the
+        first request that ended CANCEL_UNCONFIRMED (its pages are not safe to
+        reuse: never hidden behind another request's code) or else of the
+        first failure. A failed batch is reported once every request ended,
+        as ferry_batch_wait does: a caller that frees pages on failure must
+        not free those of a request still running."""
         sts = ent.batch.statuses()
-        bad = next((s for s in sts if s.done and not s.ok), None)
-        if bad is None and not all(s.ok for s in sts):
+        if not all(s.done for s in sts):
             return None
+        unconfirmed = _code("CANCEL_UNCONFIRMED")
+        bad = next((s for s in sts if not s.ok and s.code == unconfirmed), None)
+        if bad is None:
+            bad = next((s for s in sts if not s.ok), None)
         if bad is None:
             return 0, None
         code = bad.code or (_code("TIMEOUT") if bad.state == core.STATUS_TIMEOUT else

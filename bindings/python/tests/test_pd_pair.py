@@ -405,6 +405,36 @@ class TestPeerKilled(unittest.TestCase):
         finally:
             self.decode.proc.send_signal(signal.SIGCONT)
 
+    def test_stopped_peer_batch_surfaces_unconfirmed_and_lands_nothing(self):
+        # Issue 20, item 3: a batch to a SIGSTOPped decode fails by its deadline;
+        # its code is CANCEL_UNCONFIRMED whenever a request ended so (not the
+        # first request's TIMEOUT), in ferry.Engine and in the Mooncake API's
+        # last error; after SIGCONT nothing of it lands (the decode refuses
+        # payload past the deadline each frame carries).
+        sid, raddr = self.decode.session_id, self.decode.kv_addr
+        eng = self.te.engine
+        self.assertEqual(self.te.transfer_sync_write(sid, self.kv.addr, raddr, 4096), 0)
+        self.decode.ask(cmd="fill", seed=7)
+        before = self.decode.digests([(0, 4 * MiB)])
+        self.decode.proc.send_signal(signal.SIGSTOP)
+        try:
+            reqs = [(ferry.WRITE, self.kv.addr + i * MiB, raddr + i * MiB, MiB) for i in range(4)]
+            batch = eng.batch(4)
+            batch.submit(sid, reqs)
+            with self.assertRaises((ferry.CancelError, ferry.FerryTimeout)) as cm:
+                batch.wait()
+            codes = [s.code for s in batch.statuses()]
+            if errors.CANCEL_UNCONFIRMED in codes:
+                self.assertEqual(cm.exception.code, errors.CANCEL_UNCONFIRMED, codes)
+            batch.free()
+            rc = self.te.batch_transfer_sync_write(sid, [r[1] for r in reqs], [r[2] for r in reqs], [MiB] * 4)
+            self.assertLess(rc, 0)
+            self.assertIn(errors.last_error_code(), (errors.CANCEL_UNCONFIRMED, errors.TIMEOUT))
+        finally:
+            self.decode.proc.send_signal(signal.SIGCONT)
+        time.sleep(1.0)
+        self.assertEqual(self.decode.digests([(0, 4 * MiB)]), before)
+
     def test_close_while_a_transfer_is_blocked(self):
         sid, raddr = self.decode.session_id, self.decode.kv_addr
         self.assertEqual(self.te.transfer_sync_write(sid, self.kv.addr, raddr, 4096), 0)

@@ -1,0 +1,494 @@
+/* Exactly-once placement (issue 20, item 1; core/cancel.h, "Placement
+ * reports"): a proxy drops the target's answer to a write and cuts the
+ * link, or repeats a write frame. The target must place every byte once:
+ * the initiator learns from the fence's placement report what landed and
+ * resends only the rest (nothing, here), and the call reports success,
+ * with the default resend and with retries=0. A duplicated frame is
+ * dropped by the target without an answer. A target that predates the
+ * reports gets no automatic resend of a write whose answer was lost.
+ *
+ * Placement is counted by the target's bytes_placed, and "reused at once"
+ * by a thread that, as a decode acting on the data does, overwrites the
+ * range as soon as the written bytes are all there: a second placement
+ * would show up as the old bytes coming back.
+ *
+ * Item 3: a batch to a SIGSTOPped target process fails after its deadline;
+ * after SIGCONT nothing of it lands (the target refuses payload past the
+ * deadline it carries, by its own clock: wire.h FERRY_FRAME_F_DEADLINE; the
+ * freeze here came before any copy began, so the bound of one interrupted
+ * chunk is 0), and the batch's code is CANCEL_UNCONFIRMED whenever a request
+ * ended so. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/cancel.h"
+#include "core/clock.h"
+#include "core/testing.h"
+#include "wire/wire.h"
+#include "fault.h"
+#include "harness.h"
+
+#define MIB (1u << 20)
+#define VEC_PIECES 32
+#define VEC_PIECE (4u << 10) /* 32 x 4 KiB = 128 KiB: one WRITEV */
+#define REUSED 0xEE
+
+#define WORLD (8u << 20) /* the registered buffers: room for a striped write */
+
+/* Connections per peer for the next world (a striped write wants 2). */
+static int world_conns = 1;
+
+typedef struct world {
+    ferry_engine_t *ini, *tgt;
+    proxy_t *px;
+    unsigned char *src, *dst;
+} world_t;
+
+static world_t *make(const char *transport, int retries, size_t slice, proxy_opts_t o, bool old_target)
+{
+    world_t *w = calloc(1, sizeof *w);
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.transport = transport;
+    cfg.timeout_ms = 10000;
+    cfg.retries = retries;
+    cfg.retry_backoff_ms = 10;
+    cfg.conns_per_peer = world_conns;
+    cfg.cancel_timeout_ms = 2000;
+    cfg.slice_size = slice;
+    w->ini = harness_engine_cfg(&cfg);
+    ferry_config_init(&cfg);
+    cfg.transport = transport;
+    w->tgt = harness_engine_cfg(&cfg);
+    if (old_target) ferry_test_set_no_placed(w->tgt, true);
+    w->px = proxy_start("127.0.0.1", ferry_engine_port(w->tgt), &o);
+    assert_non_null(w->px);
+    w->src = malloc(WORLD);
+    w->dst = calloc(1, WORLD);
+    assert_int_equal(ferry_register(w->ini, w->src, WORLD, 0), 0);
+    assert_int_equal(ferry_register(w->tgt, w->dst, WORLD, FERRY_MEM_REMOTE), 0);
+    /* The handshake and segment table first: the faults count data frames. */
+    assert_int_equal(ferry_session_open(w->ini, proxy_name(w->px)), 0);
+    return w;
+}
+
+static void done(world_t *w)
+{
+    ferry_engine_destroy(w->ini);
+    proxy_stop(w->px);
+    ferry_engine_destroy(w->tgt);
+    free(w->src);
+    free(w->dst);
+    free(w);
+}
+
+static uint64_t placed(world_t *w)
+{
+    ferry_stats_t st;
+    assert_int_equal(ferry_engine_stats(w->tgt, &st), 0);
+    return st.bytes_placed;
+}
+
+/* ---------------------------------------------------------- the reuser */
+
+typedef struct reuser {
+    world_t *w;
+    size_t len;
+    atomic_bool stop, reused;
+    pthread_t t;
+} reuser_t;
+
+/* Overwrites dst[0, len) once it equals src: the target acting on the
+ * data the moment it is complete. */
+static void *reuse(void *arg)
+{
+    reuser_t *r = arg;
+    while (!atomic_load(&r->stop)) {
+        if (memcmp(r->w->dst, r->w->src, r->len) == 0) {
+            memset(r->w->dst, REUSED, r->len);
+            atomic_store(&r->reused, true);
+            return NULL;
+        }
+        usleep(200);
+    }
+    return NULL;
+}
+
+static void reuser_start(reuser_t *r, world_t *w, size_t len)
+{
+    *r = (reuser_t){.w = w, .len = len};
+    assert_int_equal(pthread_create(&r->t, NULL, reuse, r), 0);
+}
+
+/* Waits out anything late, then checks that the reused range was never
+ * written again. */
+static void reuser_check(reuser_t *r)
+{
+    usleep(300 * 1000);
+    atomic_store(&r->stop, true);
+    pthread_join(r->t, NULL);
+    assert_true(atomic_load(&r->reused));
+    for (size_t i = 0; i < r->len; i++)
+        if (r->w->dst[i] != REUSED) fail_msg("byte %zu of the reused range was written again", i);
+}
+
+/* ------------------------------------------------------------ requests */
+
+static int write_one(world_t *w, size_t len, uint64_t seed)
+{
+    harness_fill(w->src, len, seed);
+    return ferry_transfer_sync(w->ini, proxy_name(w->px), FERRY_OP_WRITE, w->src, (uint64_t)(uintptr_t)w->dst, len);
+}
+
+/* VEC_PIECES pieces of VEC_PIECE bytes, scattered in reverse: one WRITEV. */
+static int write_vec(world_t *w, uint64_t seed)
+{
+    harness_fill(w->src, VEC_PIECES * VEC_PIECE, seed);
+    void *locals[VEC_PIECES];
+    uint64_t remotes[VEC_PIECES];
+    size_t lens[VEC_PIECES];
+    for (size_t i = 0; i < VEC_PIECES; i++) {
+        locals[i] = w->src + i * VEC_PIECE;
+        remotes[i] = (uint64_t)(uintptr_t)(w->dst + i * VEC_PIECE);
+        lens[i] = VEC_PIECE;
+    }
+    return ferry_batch_transfer_sync(w->ini, proxy_name(w->px), FERRY_OP_WRITE, locals, remotes, lens, VEC_PIECES);
+}
+
+static void report(int rc)
+{
+    if (rc) fprintf(stderr, "rc %d (%s): %s\n", rc, ferry_error_name(rc), ferry_last_error_detail());
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static void lost_answer_single(const char *transport, int retries)
+{
+    world_t *w = make(transport, retries, MIB, (proxy_opts_t){.drop_answer = 1}, false);
+    reuser_t r;
+    reuser_start(&r, w, MIB);
+    int rc = write_one(w, MIB, 1);
+    report(rc);
+    assert_int_equal(rc, 0);
+    assert_int_equal(proxy_dropped(w->px), 1);
+    reuser_check(&r);
+    assert_int_equal(placed(w), MIB);
+    done(w);
+}
+
+static void lost_answer_single_write(void **state)
+{
+    (void)state;
+    lost_answer_single("tcp", 1);
+}
+
+static void lost_answer_single_write_no_retries(void **state)
+{
+    (void)state;
+    lost_answer_single("tcp", 0);
+}
+
+static void lost_answer_vector(int retries)
+{
+    world_t *w = make("tcp", retries, MIB, (proxy_opts_t){.drop_answer = 1}, false);
+    reuser_t r;
+    reuser_start(&r, w, VEC_PIECES * VEC_PIECE);
+    int rc = write_vec(w, 2);
+    report(rc);
+    assert_int_equal(rc, 0);
+    assert_int_equal(proxy_dropped(w->px), 1);
+    reuser_check(&r);
+    assert_int_equal(placed(w), VEC_PIECES * VEC_PIECE);
+    done(w);
+}
+
+static void lost_answer_vector_write(void **state)
+{
+    (void)state;
+    lost_answer_vector(1);
+}
+
+static void lost_answer_vector_write_no_retries(void **state)
+{
+    (void)state;
+    lost_answer_vector(0);
+}
+
+/* The same to an initiator that fences request by request (no whole
+ * connection fences): its first CANCEL of the connection asks for the
+ * report. */
+static void lost_answer_with_per_id_fences(void **state)
+{
+    (void)state;
+    world_t *w = make("tcp", 1, MIB, (proxy_opts_t){.drop_answer = 1}, false);
+    ferry_test_set_no_conn_fence(w->ini, true);
+    int rc = write_vec(w, 8);
+    report(rc);
+    assert_int_equal(rc, 0);
+    assert_int_equal(proxy_dropped(w->px), 1);
+    assert_true(harness_check(w->dst, VEC_PIECES * VEC_PIECE, 8));
+    assert_int_equal(placed(w), VEC_PIECES * VEC_PIECE);
+    done(w);
+}
+
+/* 1 MiB in four slices; the second slice's answer is lost: the first was
+ * confirmed, the second landed, the others landed in part or not at all.
+ * Every byte arrives, none twice. */
+static void lost_answer_sliced_write(void **state)
+{
+    (void)state;
+    world_t *w = make("tcp", 1, MIB / 4, (proxy_opts_t){.drop_answer = 2}, false);
+    int rc = write_one(w, MIB, 3);
+    report(rc);
+    assert_int_equal(rc, 0);
+    assert_int_equal(proxy_dropped(w->px), 1);
+    assert_true(harness_check(w->dst, MIB, 3));
+    /* Bytes of a slice cut mid-way are not counted; none is counted twice. */
+    assert_true(placed(w) <= MIB);
+    assert_true(placed(w) >= MIB / 2);
+    done(w);
+}
+
+/* 8 MiB striped over two connections in 1 MiB slices; the third answer is
+ * lost and its connection cut: that stripe resends only what is missing,
+ * the other goes on. */
+static void lost_answer_striped_write(void **state)
+{
+    (void)state;
+    world_conns = 2;
+    world_t *w = make("tcp", 1, MIB, (proxy_opts_t){.drop_answer = 3}, false);
+    world_conns = 1;
+    int rc = write_one(w, WORLD, 7);
+    report(rc);
+    assert_int_equal(rc, 0);
+    assert_int_equal(proxy_dropped(w->px), 1);
+    assert_true(harness_check(w->dst, WORLD, 7));
+    assert_true(placed(w) <= WORLD);
+    assert_true(placed(w) >= WORLD - 4 * MIB);
+    done(w);
+}
+
+static void duplicated_frame(bool vec)
+{
+    world_t *w = make("tcp", 1, MIB, (proxy_opts_t){.dup_write = 1}, false);
+    size_t len = vec ? VEC_PIECES * VEC_PIECE : MIB;
+    reuser_t r;
+    reuser_start(&r, w, len);
+    int rc = vec ? write_vec(w, 4) : write_one(w, MIB, 4);
+    report(rc);
+    assert_int_equal(rc, 0);
+    assert_int_equal(proxy_duplicated(w->px), 1);
+    reuser_check(&r);
+    assert_int_equal(placed(w), len);
+    /* The connection goes on: the answer accounting was not confused. */
+    assert_int_equal(write_one(w, MIB, 5), 0);
+    assert_true(harness_check(w->dst, MIB, 5));
+    ferry_stats_t st;
+    assert_int_equal(ferry_engine_stats(w->ini, &st), 0);
+    assert_int_equal(st.reconnects, 0);
+    done(w);
+}
+
+static void duplicated_write_frame_is_dropped(void **state)
+{
+    (void)state;
+    duplicated_frame(false);
+}
+
+static void duplicated_vector_frame_is_dropped(void **state)
+{
+    (void)state;
+    duplicated_frame(true);
+}
+
+/* A target that predates placement reports: the write whose answer was
+ * lost is not resent (it landed once), and the call says so. */
+static void older_target_gets_no_resend(void **state)
+{
+    (void)state;
+    world_t *w = make("tcp", 1, MIB, (proxy_opts_t){.drop_answer = 1}, true);
+    int rc = write_one(w, MIB, 6);
+    assert_int_equal(rc, FERRY_ERR_PEER_CLOSED);
+    assert_int_equal(placed(w), MIB);
+    done(w);
+}
+
+/* ------------------------------------------------------ frozen target */
+
+#define FROZEN_REQS 4
+#define FROZEN_PAGE 4096
+
+/* Pages of the peer's [0, n) that are not all zero. */
+static long landed_pages(peer_proc_t *p, uint64_t n)
+{
+    long pages = 0;
+    for (uint64_t off = 0; off < n; off += FROZEN_PAGE) {
+        int r = peer_cmd(p, "iszero %llu %u", (unsigned long long)off, FROZEN_PAGE);
+        assert_true(r >= 0);
+        pages += r == 1;
+    }
+    return pages;
+}
+
+static void frozen_target(const char *transport, bool async)
+{
+    const char *args[] = {"--len", "8388608", NULL};
+    peer_proc_t p;
+    assert_int_equal(peer_spawn(&p, NULL, NULL, args), 0);
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.transport = transport;
+    cfg.timeout_ms = 1500;
+    cfg.connect_timeout_ms = 1000;
+    cfg.cancel_timeout_ms = 500;
+    cfg.conns_per_peer = 2;
+    ferry_engine_t *e = harness_engine_cfg(&cfg);
+    size_t len = FROZEN_REQS * MIB;
+    unsigned char *src = malloc(len);
+    memset(src, 0x5a, len);
+    assert_int_equal(ferry_register(e, src, len, 0), 0);
+    /* Warm: both connections handshaken while the target runs. */
+    assert_int_equal(ferry_transfer_sync(e, p.name, FERRY_OP_WRITE, src, p.addr, len), 0);
+    assert_int_equal(peer_cmd(&p, "zero"), 0);
+    assert_int_equal(landed_pages(&p, len), 0);
+
+    harness_stop_process(p.pid);
+    void *locals[FROZEN_REQS];
+    uint64_t remotes[FROZEN_REQS];
+    size_t lens[FROZEN_REQS];
+    ferry_request_t reqs[FROZEN_REQS];
+    for (size_t i = 0; i < FROZEN_REQS; i++) {
+        locals[i] = src + i * MIB;
+        remotes[i] = p.addr + i * MIB;
+        lens[i] = MIB;
+        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, locals[i], remotes[i], MIB};
+    }
+    int rc;
+    bool any_unconfirmed = false;
+    if (async) {
+        ferry_batch_t *b;
+        assert_int_equal(ferry_batch_alloc(e, FROZEN_REQS, &b), 0);
+        assert_int_equal(ferry_batch_submit(b, p.name, reqs, FROZEN_REQS, 0), 0);
+        rc = ferry_batch_wait(b, 10000);
+        for (size_t i = 0; i < FROZEN_REQS; i++) {
+            ferry_status_t st;
+            assert_int_equal(ferry_batch_status(b, i, &st), 0);
+            assert_int_not_equal(st.state, FERRY_STATUS_COMPLETED);
+            any_unconfirmed |= st.code == FERRY_ERR_CANCEL_UNCONFIRMED;
+        }
+        ferry_batch_cancel(b);
+        assert_int_equal(ferry_batch_free(b), 0);
+    } else {
+        rc = ferry_batch_transfer_sync(e, p.name, FERRY_OP_WRITE, locals, remotes, lens, FROZEN_REQS);
+        any_unconfirmed = rc == FERRY_ERR_CANCEL_UNCONFIRMED;
+    }
+    fprintf(stderr, "%s %s batch to a frozen target: %s\n", transport, async ? "async" : "sync",
+            ferry_error_name(rc));
+    assert_true(rc == FERRY_ERR_TIMEOUT || rc == FERRY_ERR_CANCEL_UNCONFIRMED);
+    /* The batch's code never hides an unconfirmed request. */
+    if (any_unconfirmed) assert_int_equal(rc, FERRY_ERR_CANCEL_UNCONFIRMED);
+
+    kill(p.pid, SIGCONT);
+    /* What the target had queued (frames, CANCELs) is served now. */
+    usleep(700 * 1000);
+    long pages = landed_pages(&p, len);
+    fprintf(stderr, "  after SIGCONT: %ld of %zu pages landed\n", pages, len / FROZEN_PAGE);
+    assert_int_equal(pages, 0);
+    /* The session works again. */
+    assert_int_equal(ferry_transfer_sync(e, p.name, FERRY_OP_WRITE, src, p.addr, MIB), 0);
+    peer_end(&p, SIGKILL);
+    ferry_engine_destroy(e);
+    free(src);
+}
+
+static void frozen_target_sync_batch_lands_nothing_later(void **state)
+{
+    (void)state;
+    frozen_target("tcp", false);
+}
+
+static void frozen_target_async_batch_lands_nothing_later(void **state)
+{
+    (void)state;
+    frozen_target("tcp", true);
+}
+
+static void frozen_target_cma_batch_lands_nothing_later(void **state)
+{
+    (void)state;
+    frozen_target("shm", false);
+}
+
+/* ------------------------------------------------------- wire format */
+
+/* The deadline field (header bytes 52..55) travels only with its flag and
+ * only on data frames; expiry is compared wrap-aware. */
+static void deadline_field_on_the_wire(void **state)
+{
+    (void)state;
+    ferry_frame_t f = {.type = FERRY_FRAME_WRITE, .flags = FERRY_FRAME_F_DEADLINE, .deadline_ms = 0xfffffff0u,
+                       .plen = 8, .len = 8, .addr = 4096, .req_id = 5};
+    uint8_t h[FERRY_FRAME_HEADER_SIZE];
+    ferry_frame_t g;
+    ferry_frame_encode(&f, h);
+    assert_int_equal(ferry_frame_decode(h, &g), 0);
+    assert_int_equal(g.deadline_ms, 0xfffffff0u);
+    h[5] = 0; /* the bytes without the flag: reserved, refused */
+    assert_int_equal(ferry_frame_decode(h, &g), FERRY_ERR_MALFORMED_FRAME);
+    ferry_frame_t ping = {.type = FERRY_FRAME_PING, .flags = FERRY_FRAME_F_DEADLINE, .deadline_ms = 1};
+    ferry_frame_encode(&ping, h);
+    assert_int_equal(ferry_frame_decode(h, &g), FERRY_ERR_MALFORMED_FRAME);
+    uint32_t now_ms = (uint32_t)(ferry_now_ns() / 1000000u);
+    ferry_frame_t d = {.type = FERRY_FRAME_WRITE, .flags = FERRY_FRAME_F_DEADLINE, .deadline_ms = now_ms - 5};
+    assert_true(ferry_frame_expired(&d));
+    d.deadline_ms = now_ms + 60000; /* may wrap past 2^32: still ahead */
+    assert_false(ferry_frame_expired(&d));
+    d.flags = 0;
+    d.deadline_ms = now_ms - 5;
+    assert_false(ferry_frame_expired(&d));
+}
+
+/* A placement report must decode exactly: entries, bitmaps, no spare byte. */
+static void placement_report_is_checked(void **state)
+{
+    (void)state;
+    uint8_t buf[FERRY_PLACED_ENTRY_SIZE + 1] = {0};
+    buf[36] = FERRY_FRAME_WRITE;
+    ferry_placed_t *out = NULL;
+    assert_int_equal(ferry_placed_decode(buf, FERRY_PLACED_ENTRY_SIZE, 1, &out), 0);
+    free(out);
+    assert_int_equal(ferry_placed_decode(buf, FERRY_PLACED_ENTRY_SIZE + 1, 1, &out), FERRY_ERR_MALFORMED_FRAME);
+    assert_int_equal(ferry_placed_decode(buf, FERRY_PLACED_ENTRY_SIZE - 1, 1, &out), FERRY_ERR_MALFORMED_FRAME);
+    buf[38] = 1; /* a bitmap on a WRITE entry */
+    assert_int_equal(ferry_placed_decode(buf, FERRY_PLACED_ENTRY_SIZE + 1, 1, &out), FERRY_ERR_MALFORMED_FRAME);
+    buf[38] = 0;
+    buf[37] = 3; /* no such state */
+    assert_int_equal(ferry_placed_decode(buf, FERRY_PLACED_ENTRY_SIZE, 1, &out), FERRY_ERR_MALFORMED_FRAME);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(deadline_field_on_the_wire),
+        cmocka_unit_test(placement_report_is_checked),
+        cmocka_unit_test(lost_answer_single_write),
+        cmocka_unit_test(lost_answer_single_write_no_retries),
+        cmocka_unit_test(lost_answer_vector_write),
+        cmocka_unit_test(lost_answer_vector_write_no_retries),
+        cmocka_unit_test(lost_answer_with_per_id_fences),
+        cmocka_unit_test(lost_answer_sliced_write),
+        cmocka_unit_test(lost_answer_striped_write),
+        cmocka_unit_test(duplicated_write_frame_is_dropped),
+        cmocka_unit_test(duplicated_vector_frame_is_dropped),
+        cmocka_unit_test(older_target_gets_no_resend),
+        cmocka_unit_test(frozen_target_sync_batch_lands_nothing_later),
+        cmocka_unit_test(frozen_target_async_batch_lands_nothing_later),
+        cmocka_unit_test(frozen_target_cma_batch_lands_nothing_later),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
