@@ -918,6 +918,17 @@ static bool run_schedule_timed(int s, const fault_at_t *faults, int nf)
             if (s != S_READ && k) violation("restart", "%zu bytes of the call landed in the restarted target", k);
         }
         if (s == S_READ && o.rc == 0) violation("restart", "a read from a restarted target reported success");
+        if (s == S_NOTIFY || s == S_KV) {
+            /* Notifications of a call under a pinned old epoch must not
+             * reach the new process either. */
+            long notes = -1;
+            if (target_ask(line, sizeof line, "notes") == 0) notes = strtol(line + 2, NULL, 10);
+            if (have_pin && notes > 0)
+                violation("restart", "%ld notification(s) under the pinned old epoch reached the new process "
+                          "(the call returned %s)", notes / 1000, o.rc ? ferry_error_name(o.rc) : "0");
+            else if (!have_pin && notes > 0 && verbose)
+                printf("  unpinned: %ld notification(s) reached the restarted target\n", notes / 1000);
+        }
         check_stale_after_restart(have_pin ? old_pin : NULL);
         have_pin = false; /* pin the new epoch for the next schedules */
     } else if (s == S_READ) {
