@@ -1092,6 +1092,7 @@ int main(int argc, char **argv)
     cfg.slice_size = SLICE;
     cfg.conns_per_peer = 1;
     cfg.keepalive_ms = 0;
+    cfg.log_level = verbose ? 1 : 0; /* the faults make warnings by the hundred; -v shows them */
     if (ferry_engine_create(&cfg, &eng) != 0) {
         fprintf(stderr, "explore: engine: %s\n", ferry_last_error_detail());
         return 2;
