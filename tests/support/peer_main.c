@@ -2,13 +2,26 @@
  * stop or restart it, or run it in another network namespace.
  *
  *   ferry_test_peer [--host H] [--port P] [--len N] [--at ADDR] [--secret S]
- *                   [--timeout MS] [--keepalive MS]
+ *                   [--timeout MS] [--keepalive MS] [--guard G]
  *
  * Registers one remote-accessible buffer of N bytes (at ADDR if that address
  * is free, else anywhere), prints "READY port addr len epoch" and serves.
+ * --guard G: the buffer lies inside one mapping of N + 2G bytes whose G
+ * bytes on either side stay unregistered, filled with 0x5a (a write outside
+ * the registered range changes them).
  * Commands on stdin, one a line, each answered by a line starting OK or BAD:
  *   fill SEED | check SEED OFF LEN | zero | iszero OFF LEN | dereg | reg |
  *   threads | sockets (answer "OK n") | quit
+ * and, for the fault explorer (tests/explore):
+ *   watch SEED OFF LEN PARTS: a thread watches [OFF, OFF+LEN), cut in PARTS
+ *     equal parts; once a part holds harness_fill(SEED)'s bytes for the whole
+ *     range it is "placed", and the thread at once reuses it (overwrites it
+ *     with those bytes inverted), as a decode acting on its KV would, so a
+ *     later placement of the same bytes shows;
+ *   watchend: stops it; "OK n s:t:a ..." per part: s 0 never placed, 1 placed
+ *     once, 2 placed and written again after its reuse; t the CLOCK_MONOTONIC
+ *     millisecond it was placed, a when it was first seen written again;
+ *   notes: takes every queued notification; "OK total*1000 + kv_successes".
  * It exits when stdin closes or its parent dies. */
 #include <dirent.h>
 #include <inttypes.h>
@@ -22,6 +35,133 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include <ferry/kv.h>
+#include <pthread.h>
+#include <time.h>
+
+/* ------------------------------------------- placement watcher (explore) */
+
+#define WATCH_MAX_PARTS 64
+
+static struct watch {
+    pthread_t thread;
+    bool running;
+    volatile bool stop;
+    unsigned char *base;      /* the watched range in the buffer */
+    unsigned char *expected;  /* harness_fill(seed) over the whole range */
+    size_t len, parts, part_len;
+    unsigned char *reused;    /* the same inverted: what a placed part holds after its reuse */
+    int state[WATCH_MAX_PARTS];
+    unsigned long long placed_ms[WATCH_MAX_PARTS];
+    unsigned long long again_ms[WATCH_MAX_PARTS]; /* first seen written again after the reuse */
+} watch;
+
+static unsigned long long mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000 + (unsigned long long)ts.tv_nsec / 1000000;
+}
+
+static size_t part_size(size_t i)
+{
+    return i + 1 == watch.parts ? watch.len - i * watch.part_len : watch.part_len;
+}
+
+/* Polls the parts not yet placed; reuses each at once when its bytes are all
+ * there. Races with placement on purpose (volatile reads): it only looks. */
+static void *watch_main(void *arg)
+{
+    (void)arg;
+    while (!watch.stop) {
+        for (size_t i = 0; i < watch.parts; i++) {
+            unsigned char *at = watch.base + i * watch.part_len;
+            size_t n = part_size(i);
+            if (watch.state[i] == 1) {
+                if (memcmp(at, watch.reused + i * watch.part_len, n) != 0) {
+                    watch.again_ms[i] = mono_ms();
+                    watch.state[i] = 2;
+                }
+                continue;
+            }
+            if (watch.state[i] || memcmp(at, watch.expected + i * watch.part_len, n) != 0) continue;
+            watch.placed_ms[i] = mono_ms();
+            memcpy(at, watch.reused + i * watch.part_len, n);
+            watch.state[i] = 1;
+        }
+        usleep(200);
+    }
+    return NULL;
+}
+
+static bool watch_start(unsigned char *buf, size_t buflen, unsigned long long seed, size_t off, size_t n,
+                        size_t parts)
+{
+    if (watch.running || parts == 0 || parts > WATCH_MAX_PARTS || off > buflen || n > buflen - off || n < parts)
+        return false;
+    memset(&watch, 0, sizeof watch);
+    watch.expected = malloc(n);
+    watch.reused = malloc(n);
+    if (!watch.expected || !watch.reused) {
+        free(watch.expected);
+        free(watch.reused);
+        return false;
+    }
+    harness_fill(watch.expected, n, seed);
+    for (size_t k = 0; k < n; k++) watch.reused[k] = (unsigned char)~watch.expected[k];
+    watch.base = buf + off;
+    watch.len = n;
+    watch.parts = parts;
+    watch.part_len = n / parts;
+    if (pthread_create(&watch.thread, NULL, watch_main, NULL) != 0) {
+        free(watch.expected);
+        free(watch.reused);
+        return false;
+    }
+    watch.running = true;
+    return true;
+}
+
+static bool watch_end(void)
+{
+    if (!watch.running) return false;
+    watch.stop = true;
+    pthread_join(watch.thread, NULL);
+    watch.running = false;
+    printf("OK %zu", watch.parts);
+    for (size_t i = 0; i < watch.parts; i++) {
+        /* A last look: written again since the thread's last pass? */
+        if (watch.state[i] == 1 &&
+            memcmp(watch.base + i * watch.part_len, watch.reused + i * watch.part_len, part_size(i)) != 0) {
+            watch.again_ms[i] = mono_ms();
+            watch.state[i] = 2;
+        }
+        printf(" %d:%llu:%llu", watch.state[i], watch.placed_ms[i], watch.again_ms[i]);
+    }
+    printf("\n");
+    fflush(stdout);
+    free(watch.expected);
+    free(watch.reused);
+    watch.expected = watch.reused = NULL;
+    return true;
+}
+
+/* Drains the notification queue: total * 1000 + KV success notices. */
+static long drain_notes(ferry_engine_t *e)
+{
+    long total = 0, kv_ok = 0;
+    ferry_notification_t n[64];
+    long got;
+    while ((got = ferry_get_notifications(e, n, 64)) > 0) {
+        for (long i = 0; i < got; i++) {
+            ferry_kv_notice_t kn;
+            if (ferry_kv_notice_decode(n[i].msg, n[i].len, &kn) == 1 && kn.status == 0) kv_ok++;
+        }
+        total += got;
+        ferry_notifications_free(n, (size_t)got);
+    }
+    return total * 1000 + kv_ok;
+}
 
 #ifndef MAP_FIXED_NOREPLACE
 #define MAP_FIXED_NOREPLACE 0x100000
@@ -41,6 +181,7 @@ int main(int argc, char **argv)
     cfg.connect_timeout_ms = 5000;
     size_t len = 1u << 20;
     uintptr_t at = 0;
+    size_t guard = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
         if (!strcmp(k, "--host")) cfg.host = v;
@@ -50,6 +191,7 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--secret")) cfg.secret = v;
         else if (!strcmp(k, "--timeout")) cfg.timeout_ms = atoi(v);
         else if (!strcmp(k, "--keepalive")) cfg.keepalive_ms = atoi(v);
+        else if (!strcmp(k, "--guard")) guard = strtoull(v, NULL, 0);
         else {
             fprintf(stderr, "ferry_test_peer: unknown option %s\n", k);
             return 2;
@@ -67,11 +209,19 @@ int main(int argc, char **argv)
         fprintf(stderr, "ferry_test_peer: %s\n", ferry_last_error_detail());
         return 1;
     }
-    unsigned char *buf = mmap((void *)at, len, PROT_READ | PROT_WRITE,
-                              MAP_PRIVATE | MAP_ANONYMOUS | (at ? MAP_FIXED_NOREPLACE : 0), -1, 0);
-    if (buf == MAP_FAILED || (at && (uintptr_t)buf != at)) {
-        if (buf != MAP_FAILED) munmap(buf, len);
-        buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    /* With guards the mapping starts guard bytes before the buffer. */
+    uintptr_t map_at = at && at > guard ? at - guard : 0;
+    size_t map_len = len + 2 * guard;
+    unsigned char *map = mmap((void *)map_at, map_len, PROT_READ | PROT_WRITE,
+                              MAP_PRIVATE | MAP_ANONYMOUS | (map_at ? MAP_FIXED_NOREPLACE : 0), -1, 0);
+    if (map == MAP_FAILED || (map_at && (uintptr_t)map != map_at)) {
+        if (map != MAP_FAILED) munmap(map, map_len);
+        map = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    }
+    unsigned char *buf = map == MAP_FAILED ? MAP_FAILED : map + guard;
+    if (map != MAP_FAILED && guard) {
+        memset(map, 0x5a, guard);
+        memset(buf + len, 0x5a, guard);
     }
     if (buf == MAP_FAILED || ferry_register(e, buf, len, FERRY_MEM_REMOTE) != 0) {
         fprintf(stderr, "ferry_test_peer: buffer: %s\n", ferry_last_error_detail());
@@ -84,6 +234,7 @@ int main(int argc, char **argv)
     bool registered = true;
     while (fgets(line, sizeof line, stdin)) {
         unsigned long long seed = 0, off = 0, n = 0;
+        size_t parts = 0;
         bool ok = true;
         /* A failing registration of an overlapping byte takes and drops the
          * registry's write lock, which orders our access to the buffer after
@@ -130,6 +281,15 @@ int main(int argc, char **argv)
             }
             if (d) closedir(d);
             printf("OK %d\n", n);
+            fflush(stdout);
+            continue;
+        } else if (sscanf(line, "watch %llu %llu %llu %zu", &seed, &off, &n, &parts) == 4) {
+            ok = watch_start(buf, len, seed, (size_t)off, (size_t)n, parts);
+        } else if (!strncmp(line, "watchend", 8)) {
+            if (watch_end()) continue;
+            ok = false;
+        } else if (!strncmp(line, "notes", 5)) {
+            printf("OK %ld\n", drain_notes(e));
             fflush(stdout);
             continue;
         } else if (!strncmp(line, "quit", 4)) {
