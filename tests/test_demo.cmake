@@ -49,7 +49,7 @@ ferry_demo_test(demo_prefill_dies "${FERRY_DEMO_SMALL} --quiet --inject kill-pre
 # ...or stopping (SIGSTOP): the prefill's send times out, or, when the
 # prefill is the one stopped, the orchestrator's watchdog (timeout + 5 s)...
 ferry_demo_test(demo_decode_freezes "${FERRY_DEMO_SMALL} --quiet --timeout-ms 1000 --inject freeze-decode" nonzero
-                "prefill rank 0 \\(pid [0-9]+, 127.0.0.1:[0-9]+\\): (TIMEOUT \\(-400\\)|CANCEL_UNCONFIRMED \\(-412\\)): kv send request [0-9]+ to 127.0.0.1:[0-9]+: ")
+                "prefill rank 0 \\(pid [0-9]+, 127.0.0.1:[0-9]+\\): (TIMEOUT \\(-400\\)|CANCEL_UNCONFIRMED \\(-412\\)): kv send request [0-9]+ to 127.0.0.1:[0-9]+(#[0-9a-f]+)?: ")
 ferry_demo_test(demo_prefill_freezes "${FERRY_DEMO_SMALL} --quiet --timeout-ms 1000 --inject freeze-prefill" nonzero
                 "TIMEOUT \\(-400\\): no word from any rank for [0-9.]+ s while transferring.*prefill rank 0 \\(pid [0-9]+, [^)]*\\) is stopped")
 # ...and a rank that cannot start reports Ferry's code and detail.

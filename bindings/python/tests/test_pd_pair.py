@@ -35,6 +35,23 @@ TIMEOUT_MS = 3000  # the prefill's per-request deadline in these tests
 SLACK_S = 5.0      # scheduling slack on a loaded 2-core machine
 
 
+def wait_all_threads_stopped(pid, timeout_s=10.0):
+    """Waits until every thread of pid is in the stopped state (T)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                continue
+        if states and all(st in ("T", "t") for st in states):
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} did not stop within {timeout_s} s")
+
+
 def pattern(n, seed):
     return random.Random(seed).randbytes(n)
 
@@ -417,6 +434,12 @@ class TestPeerKilled(unittest.TestCase):
         self.decode.ask(cmd="fill", seed=7)
         before = self.decode.digests([(0, 4 * MiB)])
         self.decode.proc.send_signal(signal.SIGSTOP)
+        # kill() returns before every thread of the decode has stopped: on a
+        # loaded machine a serving thread could still place the first
+        # request before the stop takes hold (bytes placed before the
+        # failure, which CANCEL_UNCONFIRMED allows). This test is about bytes
+        # placed after the failure, so it starts once all threads stopped.
+        wait_all_threads_stopped(self.decode.proc.pid)
         try:
             reqs = [(ferry.WRITE, self.kv.addr + i * MiB, raddr + i * MiB, MiB) for i in range(4)]
             batch = eng.batch(4)
