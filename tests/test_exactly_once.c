@@ -318,6 +318,84 @@ static void older_target_gets_no_resend(void **state)
     done(w);
 }
 
+/* ------------------------------------------------------- notifications */
+
+/* Notifications the target has queued, after a pause for anything late. */
+static long notifications_queued(world_t *w)
+{
+    usleep(300 * 1000);
+    ferry_notification_t n[8];
+    long k = ferry_get_notifications(w->tgt, n, 8);
+    assert_true(k >= 0);
+    ferry_notifications_free(n, (size_t)k);
+    return k;
+}
+
+/* The NOTIFY_ACK is lost with its link: the fence's report says the
+ * notification was queued, so it is not resent (it was, twice). */
+static void lost_notify_answer(int retries)
+{
+    world_t *w = make("tcp", retries, MIB, (proxy_opts_t){.drop_notify_answer = 1}, false);
+    int rc = ferry_notify(w->ini, proxy_name(w->px), "once", 4);
+    report(rc);
+    assert_int_equal(rc, 0);
+    assert_int_equal(proxy_dropped(w->px), 1);
+    assert_int_equal(notifications_queued(w), 1);
+    done(w);
+}
+
+static void lost_notify_answer_delivered_once(void **state)
+{
+    (void)state;
+    lost_notify_answer(1);
+}
+
+static void lost_notify_answer_delivered_once_no_retries(void **state)
+{
+    (void)state;
+    lost_notify_answer(0);
+}
+
+/* A duplicating relay repeats the NOTIFY: the target drops the repeat
+ * (unanswered: the next call on that connection is not confused). */
+static void duplicated_notify_is_dropped(void **state)
+{
+    (void)state;
+    world_t *w = make("tcp", 1, MIB, (proxy_opts_t){.dup_notify = 1}, false);
+    assert_int_equal(ferry_notify(w->ini, proxy_name(w->px), "once", 4), 0);
+    assert_int_equal(ferry_notify(w->ini, proxy_name(w->px), "twice", 5), 0);
+    assert_int_equal(notifications_queued(w), 2);
+    done(w);
+}
+
+/* A target that predates NOTIFY reports: the notification whose answer
+ * was lost is not resent blindly; the link's code is reported. */
+static void older_target_gets_no_notify_resend(void **state)
+{
+    (void)state;
+    world_t *w = make("tcp", 1, MIB, (proxy_opts_t){.drop_notify_answer = 1}, true);
+    int rc = ferry_notify(w->ini, proxy_name(w->px), "once", 4);
+    assert_int_equal(rc, FERRY_ERR_PEER_CLOSED);
+    assert_int_equal(notifications_queued(w), 1);
+    done(w);
+}
+
+/* The NOTIFY is held in the network past its deadline: the call reports
+ * TIMEOUT (the fence, on a new connection, confirms it was not queued),
+ * and when the relay delivers it late the target refuses it. */
+static void late_notify_is_not_delivered(void **state)
+{
+    (void)state;
+    world_t *w = make("tcp", 1, MIB, (proxy_opts_t){0}, false);
+    proxy_hold(w->px, true);
+    int rc = ferry_notify_timeout(w->ini, proxy_name(w->px), "late", 4, 200);
+    report(rc);
+    assert_int_equal(rc, FERRY_ERR_TIMEOUT);
+    proxy_hold(w->px, false);
+    assert_int_equal(notifications_queued(w), 0);
+    done(w);
+}
+
 /* ------------------------------------------------------ frozen target */
 
 #define FROZEN_REQS 4
@@ -486,6 +564,11 @@ int main(void)
         cmocka_unit_test(duplicated_write_frame_is_dropped),
         cmocka_unit_test(duplicated_vector_frame_is_dropped),
         cmocka_unit_test(older_target_gets_no_resend),
+        cmocka_unit_test(lost_notify_answer_delivered_once),
+        cmocka_unit_test(lost_notify_answer_delivered_once_no_retries),
+        cmocka_unit_test(duplicated_notify_is_dropped),
+        cmocka_unit_test(older_target_gets_no_notify_resend),
+        cmocka_unit_test(late_notify_is_not_delivered),
         cmocka_unit_test(frozen_target_sync_batch_lands_nothing_later),
         cmocka_unit_test(frozen_target_async_batch_lands_nothing_later),
         cmocka_unit_test(frozen_target_cma_batch_lands_nothing_later),

@@ -42,6 +42,9 @@ static int connect_from(const char *src, uint16_t port)
     return fd;
 }
 
+/* The hello flags raw peers advertise. */
+static uint32_t raw_flags;
+
 /* A raw peer from src calling itself name, engine id id: the handshake's
  * status (0: the connection is served). */
 static int raw_peer(uint16_t port, const char *src, const char *name, uint64_t id, int *out)
@@ -50,6 +53,7 @@ static int raw_peer(uint16_t port, const char *src, const char *name, uint64_t i
     ferry_hello_t h;
     memset(&h, 0, sizeof h);
     h.proto_min = h.proto_max = FERRY_PROTOCOL_VERSION;
+    h.flags = raw_flags;
     h.engine_id = id;
     h.epoch = 1;
     h.pid = 1;
@@ -101,6 +105,34 @@ static void local_address(int fd, char *out, size_t cap)
 }
 
 /* ------------------------------------------------------------- tests */
+
+/* An initiator that keeps placement logs but predates NOTIFY ids
+ * (FERRY_HELLO_F_PLACED without F_NOTIFY_ONCE) sends every NOTIFY with id
+ * 0: each is queued and answered, none taken for a duplicate (they were
+ * dropped unanswered while repeats of NOTIFYs counted for such peers). */
+static void notifies_from_an_initiator_without_ids_all_queued(void **state)
+{
+    (void)state;
+    ferry_engine_t *decode = engine_with(NULL);
+    int fd;
+    raw_flags = FERRY_HELLO_F_PLACED | FERRY_HELLO_F_DEADLINE;
+    assert_int_equal(raw_peer(ferry_engine_port(decode), "127.0.0.1", "older", 7, &fd), 0);
+    raw_flags = 0;
+    for (int i = 0; i < 3; i++) {
+        ferry_frame_t f = {.type = FERRY_FRAME_NOTIFY, .plen = 5};
+        assert_int_equal(raw_send(fd, &f, "older"), 0);
+        ferry_frame_t a;
+        assert_int_equal(raw_recv(fd, &a, NULL, 0, 5000), 0);
+        assert_int_equal(a.type, FERRY_FRAME_NOTIFY_ACK);
+        assert_int_equal(a.status, 0);
+    }
+    ferry_notification_t got[4];
+    long k = ferry_get_notifications(decode, got, 4);
+    assert_int_equal(k, 3);
+    ferry_notifications_free(got, (size_t)k);
+    close(fd);
+    ferry_engine_destroy(decode);
+}
 
 /* Without a secret a raw peer may call itself "prefill" (the genuine
  * engine's name): its notification says so in peer, but addr is the
@@ -224,6 +256,7 @@ static void a_flooder_only_loses_its_own(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(notifies_from_an_initiator_without_ids_all_queued),
         cmocka_unit_test(impersonation_is_told_apart),
         cmocka_unit_test(impersonation_without_the_secret_is_refused),
         cmocka_unit_test(a_flooder_only_loses_its_own),

@@ -510,7 +510,18 @@ FERRY_API int ferry_batch_free(ferry_batch_t *b);
  * whole backlog of unread ones from this sender or its address (see
  * below). A failed notify is counted here in notifies_unsent. The writes
  * before it are not affected: a caller that sends a notify after a placed
- * write reports the write's outcome and the notify's apart. */
+ * write reports the write's outcome and the notify's apart.
+ * Exactly once, never late (toward peers of this version): 0 means the
+ * notification was queued at the receiver exactly once, even when its
+ * answer was lost (the sender then asks the receiver, through the cancel
+ * fence, whether it was queued, and resends only if it was not) or a relay
+ * duplicated it. A failure (TIMEOUT, PEER_CLOSED, ...) means it was not
+ * queued and never will be: it carries its deadline and the receiver
+ * refuses it once that passed or once the sender fenced it. The one
+ * exception is CANCEL_UNCONFIRMED: the receiver could not confirm within
+ * config.cancel_timeout_ms, so it may still arrive (at most once). Toward an
+ * older receiver a notification whose answer was lost is not resent: it
+ * fails with the link's code and may or may not have been queued. */
 FERRY_API int ferry_notify(ferry_engine_t *e, const char *peer, const void *msg, size_t len);
 /* The same, ending by timeout_ms (<= 0: config.timeout_ms) with TIMEOUT:
  * for a notice to a peer that may not answer (one whose transfer just

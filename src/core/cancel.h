@@ -116,6 +116,27 @@
  *  - Deadlines more than 2^30 ms away are not sent (the field is 32-bit,
  *    compared wrap-aware); such frames are refused only by the fence.
  *
+ * Notifications (exactly once, never late; targets advertising
+ * FERRY_HELLO_F_NOTIFY_ONCE):
+ *  - Each NOTIFY has its own request id (a resend takes a new one) and
+ *    carries its deadline (FERRY_FRAME_F_DEADLINE, as data frames do).
+ *  - The target logs it in the connection's placement log like a write
+ *    frame (type NOTIFY, placed 1 once queued, 0 otherwise), drops a
+ *    repeat of one queued already (a duplicating relay), and queues it only
+ *    under the registry's read lock after checking the connection's cancel
+ *    set and the deadline: a fenced or expired NOTIFY is refused (CANCELLED
+ *    or TIMEOUT in its NOTIFY_ACK), so the fence's barrier makes the report
+ *    final.
+ *  - When the initiator lacks the answer (the connection broke, or its
+ *    deadline passed), it aborts the connection and fences the id asking
+ *    for the placement report: queued = success, no resend; not begun or
+ *    not queued = not delivered (resent under a new id when the cause was a
+ *    broken connection and retries remain, else the cause is reported);
+ *    unknown (an evicted log, a gone target) = the cause, no resend; fence
+ *    unconfirmed = CANCEL_UNCONFIRMED (it may still be delivered). Toward
+ *    older targets nothing is fenced or resent after the NOTIFY went out:
+ *    the link's code is reported.
+ *
  * Not a public header. */
 #ifndef FERRY_CANCEL_H
 #define FERRY_CANCEL_H
@@ -209,6 +230,14 @@ size_t ferry_fence_in_doubt(struct ferry_session *s, struct ferry_xfer *xs, size
  * none of them can land after the new request. Best effort, bounded by
  * deadline; the ids stay remembered while the peer cannot confirm. */
 void ferry_fence_pending(struct ferry_session *s, uint64_t deadline);
+
+/* After a NOTIFY (req_id, on the connection with key conn_key, see
+ * ferry_conn_t) lost its answer to cause and its connection was aborted:
+ * fences it and reads the placement report ("Notifications" above). One of
+ * the FERRY_NOTIFY_* outcomes (the calling thread's error detail kept), or
+ * CANCEL_UNCONFIRMED with its detail. */
+enum { FERRY_NOTIFY_NOT_DELIVERED = 0, FERRY_NOTIFY_DELIVERED = 1, FERRY_NOTIFY_UNKNOWN = 2 };
+int ferry_fence_notify(struct ferry_session *s, uint64_t req_id, uint64_t conn_key, int cause);
 
 /* Whether the target of initiator connection c answers placement reports. */
 bool ferry_fence_reports_placed(const struct ferry_conn *c);

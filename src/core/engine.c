@@ -207,16 +207,41 @@ static int serve_seg_query(ferry_conn_t *c, const ferry_frame_t *f, uint64_t dea
     return rc;
 }
 
+/* Exactly once, never late (cancel.h, "Notifications"): a repeated NOTIFY
+ * is dropped unanswered; the queueing happens under the registry's read
+ * lock after the cancel and deadline checks, and is logged in the
+ * connection's placement log (placed 1 = queued), so that a fence's barrier
+ * makes the log's word on it final. */
 static int serve_notify(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline)
 {
+    if (ferry_placed_begin(c, f)) return ferry_placed_drop_duplicate(c, f);
     unsigned char *msg = malloc(f->plen ? f->plen : 1);
-    if (!msg) return ferry_fail(FERRY_ERR_MEMORY, "notify: out of memory");
+    if (!msg) {
+        int rc = ferry_fail(FERRY_ERR_MEMORY, "notify: out of memory");
+        ferry_placed_end(c, rc, 0, NULL);
+        return rc;
+    }
     int rc = ferry_net_recv(c->fd, msg, f->plen, deadline);
     if (rc) {
         free(msg);
+        ferry_placed_end(c, rc, 0, NULL);
         return rc;
     }
-    int status = ferry_notify_push(c, msg, f->plen);
+    ferry_registry_t *reg = &c->engine->registry;
+    int status;
+    ferry_registry_read_lock(reg);
+    if (ferry_conn_is_cancelled(c, f->req_id)) {
+        status = ferry_fail(FERRY_ERR_CANCELLED, "notification %llu from %s: fenced by its sender; not queued",
+                            (unsigned long long)f->req_id, c->peer.name);
+        free(msg);
+    } else if (ferry_frame_expired(f)) {
+        status = ferry_frame_expired_fail(c, f);
+        free(msg);
+    } else {
+        status = ferry_notify_push(c, msg, f->plen); /* frees msg when refused */
+    }
+    ferry_placed_end(c, status, status == 0 ? 1 : 0, NULL);
+    ferry_registry_unlock(reg);
     ferry_frame_t ack = {.type = FERRY_FRAME_NOTIFY_ACK, .req_id = f->req_id, .status = status};
     return ferry_conn_send_frame(c, &ack, NULL, deadline);
 }

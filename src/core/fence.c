@@ -427,6 +427,42 @@ size_t ferry_fence_in_doubt(ferry_session_t *s, ferry_xfer_t *xs, size_t n, int 
     return unconfirmed;
 }
 
+/* ----------------------------------------------------- notifications */
+
+int ferry_fence_notify(ferry_session_t *s, uint64_t req_id, uint64_t conn_key, int cause)
+{
+    ferry_engine_t *e = s->engine;
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", ferry_fail_message());
+    int saved_code = ferry_last_error_code();
+    ferry_fence_id_t id = {req_id, conn_key};
+    fence_reports_t reports = {NULL, 0};
+    bool gone = false;
+    int rc = fence(s, &id, 1, ferry_deadline_after_ms(e->cfg.cancel_timeout_ms), &gone, &reports);
+    int out = FERRY_NOTIFY_UNKNOWN;
+    if (rc == 0 && !gone) {
+        const fence_report_t *r = report_of(&reports, conn_key);
+        const ferry_placed_t *p = NULL;
+        for (uint32_t i = 0; r && i < r->count && !p; i++)
+            if (r->entries[i].type == FERRY_FRAME_NOTIFY && r->entries[i].req_id == req_id) p = &r->entries[i];
+        if (r && !p) out = FERRY_NOTIFY_NOT_DELIVERED; /* the target never began it: it never will */
+        else if (p && p->state != 2) out = p->placed ? FERRY_NOTIFY_DELIVERED : FERRY_NOTIFY_NOT_DELIVERED;
+    } else if (!gone) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", ferry_last_error_detail());
+        remember_unfenced(s, id);
+        FERRY_LOG(FERRY_LOG_WARN, "cancel", "a notification to %s could not be fenced: %s", s->name, why);
+        reports_clear(&reports);
+        return ferry_fail(FERRY_ERR_CANCEL_UNCONFIRMED,
+                          "notification to %s stopped by %s with its answer outstanding; the target did not "
+                          "confirm the cancel within %d ms (%s), so it may still be delivered",
+                          s->name, ferry_error_name(cause), e->cfg.cancel_timeout_ms, why);
+    }
+    reports_clear(&reports);
+    ferry_fail(saved_code, "%s", saved);
+    return out;
+}
+
 /* ------------------------------------------------------------ settling */
 
 void ferry_settle_cancelled(ferry_xfer_t *xs, size_t n)

@@ -20,7 +20,7 @@ void ferry_hello_fill(ferry_engine_t *e, ferry_hello_t *h)
     h->proto_max = v;
     h->flags = FERRY_HELLO_F_CMA | (e->cfg.secret ? FERRY_HELLO_F_AUTH : 0);
     if (!ferry_test_no_conn_fence(e)) h->flags |= FERRY_HELLO_F_CONNFENCE;
-    if (!ferry_test_no_placed(e)) h->flags |= FERRY_HELLO_F_PLACED | FERRY_HELLO_F_DEADLINE;
+    if (!ferry_test_no_placed(e)) h->flags |= FERRY_HELLO_F_PLACED | FERRY_HELLO_F_DEADLINE | FERRY_HELLO_F_NOTIFY_ONCE;
     for (int i = 0; ferry_transports[i]; i++)
         if (ferry_transports[i]->hello_flags) h->flags |= ferry_transports[i]->hello_flags(e);
     h->engine_id = e->engine_id;

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "cancel.h"
 #include "clock.h"
 #include "engine.h"
 #include "fail.h"
@@ -250,22 +251,59 @@ void ferry_notify_clear(ferry_engine_t *e)
     }
 }
 
-static int send_notify(ferry_conn_t *c, const void *msg, size_t len, uint64_t deadline)
+/* Whether c's target serves NOTIFY exactly once (cancel.h, "Notifications"). */
+static bool notify_once(const ferry_conn_t *c)
 {
-    ferry_frame_t f = {.type = FERRY_FRAME_NOTIFY, .plen = (uint32_t)len};
+    return (c->peer.flags & FERRY_HELLO_F_NOTIFY_ONCE) && ferry_fence_reports_placed(c);
+}
+
+/* One NOTIFY exchange under request id req_id. *answered: the target's
+ * NOTIFY_ACK for it arrived (else, once the frame began to go out, whether
+ * it was queued is in doubt). */
+static int send_notify(ferry_conn_t *c, uint64_t req_id, const void *msg, size_t len, uint64_t deadline,
+                       bool *answered)
+{
+    *answered = false;
+    ferry_frame_t f = {.type = FERRY_FRAME_NOTIFY, .req_id = req_id, .plen = (uint32_t)len};
+    if (notify_once(c)) ferry_deadline_stamp(c, &f, deadline);
     int rc = ferry_conn_send_frame(c, &f, msg, deadline);
     if (rc) return rc;
     ferry_frame_t ack;
     rc = ferry_conn_recv_frame(c, &ack, deadline);
     if (rc) return rc;
-    if (ack.type != FERRY_FRAME_NOTIFY_ACK || ack.plen != 0)
-        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected NOTIFY_ACK, got %s of %u bytes",
-                          ferry_frame_type_name(ack.type), ack.plen);
+    if (ack.type != FERRY_FRAME_NOTIFY_ACK || ack.plen != 0 || ack.req_id != req_id)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected NOTIFY_ACK for %llu, got %s for %llu of %u bytes",
+                          (unsigned long long)req_id, ferry_frame_type_name(ack.type),
+                          (unsigned long long)ack.req_id, ack.plen);
+    *answered = true;
     if (ack.status == FERRY_ERR_TOO_MANY_REQUESTS)
         return ferry_fail(ack.status, "%s's notification queue is full (it does not fetch its notifications?)",
                           c->peer.name);
+    if (ack.status == FERRY_ERR_TIMEOUT)
+        return ferry_fail(ack.status, "%s received the notification past its deadline; not queued", c->peer.name);
     if (ack.status) return ferry_fail(ack.status, "%s refused the notification", c->peer.name);
     return 0;
+}
+
+/* A NOTIFY whose answer was lost to rc, on a connection now aborted: what
+ * the fence says of it. 0 (delivered), rc again when it was not delivered
+ * (*resend: a broken connection may try again) or cannot be told, or
+ * CANCEL_UNCONFIRMED. */
+static int settle_in_doubt(ferry_session_t *s, uint64_t req_id, uint64_t conn_key, int rc, bool *resend)
+{
+    int out = ferry_fence_notify(s, req_id, conn_key, rc);
+    if (out < 0) return out;
+    if (out == FERRY_NOTIFY_DELIVERED) {
+        FERRY_LOG(FERRY_LOG_DEBUG, "notify", "%s: the notification was queued before %s; not resent", s->name,
+                  ferry_error_name(rc));
+        ferry_clear_last_error();
+        return 0;
+    }
+    if (out == FERRY_NOTIFY_NOT_DELIVERED) *resend = true;
+    else
+        ferry_fail_context("the target cannot tell whether it was queued; not resent, so that it is not "
+                           "delivered twice");
+    return rc;
 }
 
 static int notify(ferry_engine_t *e, const char *peer, const void *msg, size_t len, int timeout_ms)
@@ -281,12 +319,22 @@ static int notify(ferry_engine_t *e, const char *peer, const void *msg, size_t l
     uint64_t deadline = ferry_deadline_after_ms(timeout_ms > 0 ? timeout_ms : e->cfg.timeout_ms);
     for (int attempt = 0; attempt <= e->cfg.retries; attempt++) {
         ferry_conn_t *c;
+        bool resend = false;
         rc = ferry_session_checkout(s, deadline, &c);
         if (rc == 0) {
-            rc = send_notify(c, msg, len, deadline);
-            ferry_session_checkin(s, c, rc == 0 || rc == FERRY_ERR_TOO_MANY_REQUESTS);
+            /* Each attempt its own id: a fenced one is refused for good. */
+            uint64_t req_id = atomic_fetch_add(&e->next_req_id, 1);
+            bool answered = false, once = notify_once(c);
+            uint64_t conn_key = atomic_load(&c->cancel_key);
+            rc = send_notify(c, req_id, msg, len, deadline, &answered);
+            ferry_session_checkin(s, c, answered && (rc == 0 || rc == FERRY_ERR_TOO_MANY_REQUESTS));
+            if (!answered && once) rc = settle_in_doubt(s, req_id, conn_key, rc, &resend);
+            else if (!answered)
+                resend = false; /* an older target: the NOTIFY may have been queued; no blind resend */
+        } else {
+            resend = true; /* nothing went out */
         }
-        if (rc != FERRY_ERR_PEER_CLOSED && rc != FERRY_ERR_SOCKET) break;
+        if (!resend || (rc != FERRY_ERR_PEER_CLOSED && rc != FERRY_ERR_SOCKET)) break;
         if (attempt < e->cfg.retries) ferry_count_retry(e, NULL, rc);
     }
     ferry_session_put(s);

@@ -142,6 +142,17 @@ static bool duplicate_locked(const struct ferry_placed_log *l, const ferry_frame
     return false;
 }
 
+/* Whether c's initiator never sends one id twice for frames of f's type:
+ * write frames from initiators advertising FERRY_HELLO_F_PLACED; NOTIFYs
+ * only from those advertising FERRY_HELLO_F_NOTIFY_ONCE (older ones send
+ * every NOTIFY with id 0). */
+static bool repeats_are_duplicates(const ferry_conn_t *c, const ferry_frame_t *f)
+{
+    uint32_t need = f->type == FERRY_FRAME_NOTIFY ? FERRY_HELLO_F_PLACED | FERRY_HELLO_F_NOTIFY_ONCE
+                                                  : FERRY_HELLO_F_PLACED;
+    return (c->peer.flags & need) == need;
+}
+
 bool ferry_placed_begin(ferry_conn_t *c, const ferry_frame_t *f)
 {
     struct ferry_placed_log *l = c->placed;
@@ -151,7 +162,7 @@ bool ferry_placed_begin(ferry_conn_t *c, const ferry_frame_t *f)
     bool dup = false;
     if (!l->ring) {
         l->cur = -1;
-    } else if (!(dup = (c->peer.flags & FERRY_HELLO_F_PLACED) && duplicate_locked(l, f))) {
+    } else if (!(dup = repeats_are_duplicates(c, f) && duplicate_locked(l, f))) {
         placed_entry_t *p = &l->ring[l->head];
         free(p->refused);
         *p = (placed_entry_t){.req_id = f->req_id, .addr = f->addr, .len = f->len, .type = f->type,

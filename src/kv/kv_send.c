@@ -80,7 +80,9 @@ int kv_report_failure(ferry_engine_t *e, const char *peer, const ferry_kv_notice
     int notified = send_failure_notice(e, peer, base->request_id, base->prefill_rank, base->decode_rank,
                                        code, reason, stalled ? KV_NOTICE_TO_STALLED_PEER_MS : 0);
     if (notified != 0)
-        return ferry_fail(code, "%s (the failure notice was not delivered either: %s)", reason,
+        return ferry_fail(code, "%s (the failure notice %s: %s)", reason,
+                          notified == FERRY_ERR_CANCEL_UNCONFIRMED ? "may or may not have been delivered"
+                                                                   : "was not delivered either",
                           ferry_error_name(notified));
     return ferry_fail(code, "%s", reason);
 }

@@ -112,7 +112,7 @@ int ferry_frame_decode(const uint8_t in[FERRY_FRAME_HEADER_SIZE], ferry_frame_t 
     uint8_t allowed = FERRY_FRAME_F_CRC | (vec ? FERRY_FRAME_F_COMPACT | FERRY_FRAME_F_GENS : 0) |
                       (f->type == FERRY_FRAME_CANCEL ? FERRY_FRAME_F_CONN | FERRY_FRAME_F_PLACED : 0) |
                       (f->type == FERRY_FRAME_CANCEL_ACK ? FERRY_FRAME_F_PLACED : 0) |
-                      (data ? FERRY_FRAME_F_DEADLINE : 0);
+                      (data || f->type == FERRY_FRAME_NOTIFY ? FERRY_FRAME_F_DEADLINE : 0);
     if (f->flags & ~allowed)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "unknown frame flags 0x%02x", f->flags);
     f->deadline_ms = (f->flags & FERRY_FRAME_F_DEADLINE) ? get32(in + 52) : 0;

@@ -145,7 +145,9 @@ void ferry_wire_set_frame_lookup(ferry_frame_lookup_fn lookup);
  * initiator sends deadline + (T - t0), rounded up: the target's view of the
  * deadline is never earlier than the initiator's (late by at most the
  * handshake's round trip). The target refuses, by its own clock, each chunk
- * of such a frame that it would place or send after that deadline (core/cancel.h). */
+ * of such a frame that it would place or send after that deadline (core/cancel.h).
+ * NOTIFY frames carry it too, to targets advertising FERRY_HELLO_F_NOTIFY_ONCE:
+ * the target refuses (does not queue) a NOTIFY past it, answering TIMEOUT. */
 #define FERRY_FRAME_F_DEADLINE 0x20u
 
 typedef struct ferry_frame {
@@ -191,6 +193,13 @@ const char *ferry_frame_type_name(uint8_t type);
 /* The sender honours FERRY_FRAME_F_DEADLINE, and its HELLO_ACK's addr is its
  * CLOCK_MONOTONIC in nanoseconds (FERRY_FRAME_F_DEADLINE above). */
 #define FERRY_HELLO_F_DEADLINE 0x80u
+/* The sender serves NOTIFY exactly once and never late (core/cancel.h,
+ * "Notifications"): it logs each NOTIFY in the connection's placement log
+ * (reported to a CANCEL with FERRY_FRAME_F_PLACED), drops a repeated one,
+ * and refuses a NOTIFY whose FERRY_FRAME_F_DEADLINE passed or whose id was
+ * fenced. Initiators stamp NOTIFYs with deadlines, and resend a NOTIFY whose
+ * answer was lost, only to such targets. */
+#define FERRY_HELLO_F_NOTIFY_ONCE 0x100u
 
 typedef struct ferry_hello {
     uint16_t proto_min, proto_max;

@@ -211,7 +211,7 @@ struct proxy {
     pthread_t acceptor;
     atomic_bool stopping, stalled;
     atomic_int corrupt_writes, corrupt_reads, cut_writes;
-    atomic_int answers_seen, writes_seen;
+    atomic_int answers_seen, writes_seen, notify_answers_seen, notifies_seen;
     _Atomic uint64_t corrupted, cuts, dropped, duplicated;
     pthread_mutex_t lock;
     struct pair *pairs;
@@ -292,7 +292,10 @@ static bool frame_end(struct dir *d)
     return true;
 }
 
-static bool frame_faults(const proxy_t *px) { return px->o.drop_answer > 0 || px->o.dup_write > 0; }
+static bool frame_faults(const proxy_t *px)
+{
+    return px->o.drop_answer > 0 || px->o.dup_write > 0 || px->o.drop_notify_answer > 0 || px->o.dup_notify > 0;
+}
 
 /* Follows the frame stream and flips one payload byte of chosen frames.
  * Returns true when the connection is to be cut before forwarding. With
@@ -344,6 +347,12 @@ static bool parse(struct dir *d, uint8_t *buf, size_t n)
                 d->dropping = true;
             bool write = type == FERRY_FRAME_WRITE || type == FERRY_FRAME_WRITEV;
             if (d->i2t && write && px->o.dup_write > 0 && atomic_fetch_add(&px->writes_seen, 1) + 1 == px->o.dup_write)
+                d->duping = true;
+            if (!d->i2t && type == FERRY_FRAME_NOTIFY_ACK && px->o.drop_notify_answer > 0 &&
+                atomic_fetch_add(&px->notify_answers_seen, 1) + 1 == px->o.drop_notify_answer)
+                d->dropping = true;
+            if (d->i2t && type == FERRY_FRAME_NOTIFY && px->o.dup_notify > 0 &&
+                atomic_fetch_add(&px->notifies_seen, 1) + 1 == px->o.dup_notify)
                 d->duping = true;
             emit(d, d->hdr, FERRY_FRAME_HEADER_SIZE);
             if (plen == 0) cut = frame_end(d);

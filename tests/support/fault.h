@@ -50,6 +50,10 @@ typedef struct proxy_opts {
      * WRITEV) is forwarded twice in a row: a duplicating relay. */
     int drop_answer;
     int dup_write;
+    /* The same for notifications: the drop_notify_answer-th NOTIFY_ACK is
+     * lost with its link, the dup_notify-th NOTIFY is forwarded twice. */
+    int drop_notify_answer;
+    int dup_notify;
 } proxy_opts_t;
 
 /* Listens on 127.0.0.1 (any port) and forwards to host:port. */
