@@ -62,9 +62,10 @@
  *    one id twice on a connection), a write frame repeating one the same
  *    connection placed whole (same type, req_id, addr, len: a duplicating
  *    relay) is dropped unanswered, its payload read and discarded: the
- *    initiator sent it once and waits for one answer. A refused frame is
- *    not remembered as placed, so a checksum retry under the same id is
- *    served.
+ *    initiator sent it once and waits for one answer. A retry, also one
+ *    on the same connection after CHECKSUM_MISMATCH, resends its piece
+ *    under a new id: the slices sent after the refused one were placed
+ *    whole, and their repeats under the old id would go unanswered.
  *  - A CANCEL with FERRY_FRAME_F_PLACED (per id or F_CONN) asks for the log
  *    of the connection it names (aux). The CANCEL_ACK, sent after the
  *    barrier, then has F_PLACED when the target knows that log, len = the

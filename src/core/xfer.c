@@ -243,7 +243,15 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
                 relearned = true;
             if (xs[i].rc == FERRY_ERR_CHECKSUM_MISMATCH) {
                 FERRY_STAT_ADD(&e->stats, checksum_failures, 1);
-                if (attempt < e->cfg.retries) xs[i].rc = 0, corrupted = true;
+                if (attempt < e->cfg.retries) {
+                    xs[i].rc = 0;
+                    corrupted = true;
+                    /* Resent under a new id: the slices sent after the
+                     * refused one were placed whole, and the target drops
+                     * a repeat of those unanswered (cancel.h, "Placement
+                     * reports": a retry never reuses an id on a connection). */
+                    xs[i].req_id = atomic_fetch_add(&e->next_req_id, 1);
+                }
             }
         }
         if (relearned && rc == 0) {
