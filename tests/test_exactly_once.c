@@ -308,6 +308,60 @@ static void duplicated_vector_frame_is_dropped(void **state)
 
 /* A target that predates placement reports: the write whose answer was
  * lost is not resent (it landed once), and the call says so. */
+/* A relay repeats the target's first answer (issue 20's explorer: read
+ * [t->i READ_RESP dup], notify [t->i WRITE_ACK dup]). The copy is read and
+ * dropped by the initiator, never taken as the next slice's or request's
+ * answer: a 4-slice read holds the target's bytes (it took slice 0's bytes
+ * as slice 1's, and reported success), and a 2-slice write is answered
+ * slice by slice, so the NOTIFY after it gets its own answer (the write
+ * took the copy as slice 1's answer and returned; the NOTIFY then got
+ * slice 1's: MALFORMED_FRAME after the notification was delivered, or its
+ * connection was found out of step). The connection goes on. */
+static void duplicated_answer(bool read)
+{
+    world_t *w = make("tcp", 1, 256u << 10, (proxy_opts_t){.dup_answer = 1}, false);
+    int rc;
+    if (read) {
+        harness_fill(w->dst, MIB, 6);
+        memset(w->src, 0, MIB);
+        rc = ferry_transfer_sync(w->ini, proxy_name(w->px), FERRY_OP_READ, w->src, (uint64_t)(uintptr_t)w->dst, MIB);
+        report(rc);
+        assert_int_equal(rc, 0);
+        assert_true(harness_check(w->src, MIB, 6));
+    } else {
+        /* Two slices: the copy of the first's answer comes before the
+         * second's (an idle connection with bytes to read is dropped by
+         * the pool, so a copy after the last answer would not reach the
+         * NOTIFY). */
+        rc = write_one(w, 512u << 10, 6);
+        report(rc);
+        assert_int_equal(rc, 0);
+        rc = ferry_notify(w->ini, proxy_name(w->px), "done", 4);
+        report(rc);
+        assert_int_equal(rc, 0);
+    }
+    assert_int_equal(proxy_duplicated(w->px), 1);
+    assert_int_equal(write_one(w, MIB, 7), 0);
+    assert_true(harness_check(w->dst, MIB, 7));
+    ferry_stats_t st;
+    assert_int_equal(ferry_engine_stats(w->ini, &st), 0);
+    assert_int_equal(st.reconnects, 0);
+    assert_int_equal(st.connections_opened, 1); /* nothing was left unread on it */
+    done(w);
+}
+
+static void duplicated_read_answer_is_dropped(void **state)
+{
+    (void)state;
+    duplicated_answer(true);
+}
+
+static void duplicated_write_answer_is_dropped(void **state)
+{
+    (void)state;
+    duplicated_answer(false);
+}
+
 static void older_target_gets_no_resend(void **state)
 {
     (void)state;
@@ -563,6 +617,8 @@ int main(void)
         cmocka_unit_test(lost_answer_striped_write),
         cmocka_unit_test(duplicated_write_frame_is_dropped),
         cmocka_unit_test(duplicated_vector_frame_is_dropped),
+        cmocka_unit_test(duplicated_read_answer_is_dropped),
+        cmocka_unit_test(duplicated_write_answer_is_dropped),
         cmocka_unit_test(older_target_gets_no_resend),
         cmocka_unit_test(lost_notify_answer_delivered_once),
         cmocka_unit_test(lost_notify_answer_delivered_once_no_retries),

@@ -10,11 +10,75 @@
 #include "clock.h"
 #include "engine.h"
 #include "fail.h"
+#include "log.h"
 #include "net.h"
 #include "testing.h"
 
+/* The answers lately taken on an initiator's connection (conn.h): a ring;
+ * type 0 marks a free or forgotten entry. */
+struct ferry_answered {
+    struct answer_key {
+        uint8_t type;
+        int32_t status;
+        uint64_t req_id, addr, len;
+    } k[FERRY_CONN_ANSWERS_KEPT];
+    unsigned next;
+};
+
+static bool is_answer(uint8_t type)
+{
+    return type == FERRY_FRAME_READ_RESP || type == FERRY_FRAME_WRITE_ACK || type == FERRY_FRAME_VEC_ACK ||
+           type == FERRY_FRAME_NOTIFY_ACK;
+}
+
+static bool same_answer(const struct answer_key *k, const ferry_frame_t *f)
+{
+    return k->type == f->type && k->status == f->status && k->req_id == f->req_id && k->addr == f->addr &&
+           k->len == f->len;
+}
+
+void ferry_conn_answers_forget(ferry_conn_t *c, const ferry_frame_t *f)
+{
+    if (!c->answered) return;
+    bool whole = f->type == FERRY_FRAME_WRITEV || f->type == FERRY_FRAME_READV || f->type == FERRY_FRAME_CMA_VEC ||
+                 f->type == FERRY_FRAME_NOTIFY;
+    for (unsigned i = 0; i < FERRY_CONN_ANSWERS_KEPT; i++) {
+        struct answer_key *k = &c->answered->k[i];
+        if (k->type && k->req_id == f->req_id && (whole || k->addr == f->addr)) k->type = 0;
+    }
+}
+
+/* Whether answer f duplicates one taken on c; else it is kept as taken.
+ * Without memory for the ring, nothing is recognized (conn.h: the caller
+ * then finds a duplicate out of step). */
+static bool answer_duplicated(ferry_conn_t *c, const ferry_frame_t *f)
+{
+    if (!c->answered && !(c->answered = calloc(1, sizeof *c->answered))) return false;
+    struct ferry_answered *a = c->answered;
+    for (unsigned i = 0; i < FERRY_CONN_ANSWERS_KEPT; i++)
+        if (same_answer(&a->k[i], f)) return true;
+    a->k[a->next] = (struct answer_key){f->type, f->status, f->req_id, f->addr, f->len};
+    a->next = (a->next + 1) % FERRY_CONN_ANSWERS_KEPT;
+    return false;
+}
+
+/* A decoded header f on c: 1 when it is a duplicate answer, whose payload
+ * was then read and dropped (the caller receives the next frame); 0 to
+ * take it; or a failure reading the payload. */
+static int answer_dropped(ferry_conn_t *c, const ferry_frame_t *f, uint64_t deadline)
+{
+    if (!c->session || !is_answer(f->type) || !answer_duplicated(c, f)) return 0;
+    c->answers_duplicated++;
+    FERRY_LOG(FERRY_LOG_DEBUG, "conn", "%s: dropped a duplicate %s for request %llu [0x%llx+%llu) (%llu so far)",
+              c->peer.name, ferry_frame_type_name(f->type), (unsigned long long)f->req_id,
+              (unsigned long long)f->addr, (unsigned long long)f->len, (unsigned long long)c->answers_duplicated);
+    int rc = ferry_conn_discard(c, f->plen, deadline);
+    return rc ? rc : 1;
+}
+
 int ferry_conn_send_frame(ferry_conn_t *c, ferry_frame_t *f, const void *payload, uint64_t deadline)
 {
+    if (!c->served) ferry_conn_answers_forget(c, f);
     uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
     ferry_frame_encode(f, hdr);
     struct iovec iov[2] = {{hdr, sizeof hdr}, {(void *)payload, f->plen}};
@@ -25,10 +89,13 @@ int ferry_conn_send_frame(ferry_conn_t *c, ferry_frame_t *f, const void *payload
 
 int ferry_conn_recv_frame(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline)
 {
-    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
-    int rc = ferry_net_recv(c->fd, hdr, sizeof hdr, deadline);
-    if (rc) return rc;
-    return ferry_frame_decode(hdr, f);
+    for (;;) {
+        uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
+        int rc = ferry_net_recv(c->fd, hdr, sizeof hdr, deadline);
+        if (rc == 0) rc = ferry_frame_decode(hdr, f);
+        if (rc == 0) rc = answer_dropped(c, f, deadline);
+        if (rc != 1) return rc;
+    }
 }
 
 int ferry_conn_recv_frame_spin(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline, unsigned spin_us)
@@ -40,7 +107,9 @@ int ferry_conn_recv_frame_spin(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadl
     if (rc == 0 && got < sizeof hdr) rc = ferry_net_recv(c->fd, hdr + got, sizeof hdr - got, deadline);
     if (rc) return rc;
     ferry_spin_record(&c->spin, ferry_now_ns() - t0);
-    return ferry_frame_decode(hdr, f);
+    rc = ferry_frame_decode(hdr, f);
+    if (rc == 0) rc = answer_dropped(c, f, deadline);
+    return rc == 1 ? ferry_conn_recv_frame(c, f, deadline) : rc;
 }
 
 unsigned ferry_conn_spin_us(ferry_conn_t *c)
@@ -107,5 +176,6 @@ void ferry_conn_free(ferry_conn_t *c)
     if (c->xport_free) c->xport_free(c->xport);
     free(c->bounce);
     free(c->vec);
+    free(c->answered);
     free(c);
 }

@@ -91,6 +91,13 @@ struct ferry_conn {
     struct ferry_vec_scratch *vec; /* vector frames' per-connection buffers (transport/vec.h), lazily made */
     ferry_spin_t spin;         /* recent waits on it, for the adaptive spin (spin.h) */
     ferry_partial_t partial;   /* target side: a data frame parked mid-payload */
+    /* Initiator side: the answers lately taken on it (conn.c), so that a
+     * duplicate of one (a relay that repeated a frame, or a request that
+     * reached the target twice) is read and dropped, never taken as the
+     * answer of another request or slice; lazily made. And how many such
+     * duplicates were dropped. */
+    struct ferry_answered *answered;
+    uint64_t answers_duplicated;
 };
 
 /* Target side (evloop.c): a data frame's payload ran dry mid-way. 1: more
@@ -144,6 +151,20 @@ int ferry_conn_recv_frame(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline);
 int ferry_conn_recv_frame_spin(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline, unsigned spin_us);
 /* How long the next wait on c may spin (config.spin_us, else adaptive). */
 unsigned ferry_conn_spin_us(ferry_conn_t *c);
+/* Initiator side, both receives: an answer (READ_RESP, WRITE_ACK, VEC_ACK,
+ * NOTIFY_ACK) identical in type, status, req_id, addr and len to one of the
+ * last FERRY_CONN_ANSWERS_KEPT answers taken on c is a duplicate: its
+ * payload is read and dropped, it is counted (answers_duplicated), and the
+ * receive waits on for the next frame. Sending a request forgets the
+ * answers kept for it (its req_id and addr; for a vector frame or NOTIFY,
+ * its req_id), so that a request sent again on c may be answered again. A
+ * duplicate older than that is not recognized: the caller finds it out of
+ * step (MALFORMED_FRAME, the connection breaks), never takes it. */
+#define FERRY_CONN_ANSWERS_KEPT 64
+/* Initiator side: request f leaves on c (ferry_conn_send_frame does it; a
+ * sender that encodes its own header calls it): its earlier answers on c
+ * are no longer duplicates. */
+void ferry_conn_answers_forget(ferry_conn_t *c, const ferry_frame_t *f);
 /* Reads and discards n payload bytes. */
 int ferry_conn_discard(ferry_conn_t *c, uint64_t n, uint64_t deadline);
 void ferry_conn_free(ferry_conn_t *c);

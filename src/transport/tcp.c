@@ -115,6 +115,15 @@ static int recv_answer(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t 
     FERRY_TSAN_PAYLOAD_SCOPE();
     ferry_frame_t f;
     int rc = ferry_recv_answer(c, x, spin_us, &f, broken, NULL, 0);
+    if (*broken) return rc;
+    if (f.addr != x->remote + off) {
+        /* Answers come in order: another slice's (a duplicate is dropped
+         * on receipt, conn.c) means the stream is out of step. */
+        *broken = 1;
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "expected the answer for [0x%llx+%llu) of request %llu, got "
+                          "one for 0x%llx", (unsigned long long)(x->remote + off), (unsigned long long)n,
+                          (unsigned long long)x->req_id, (unsigned long long)f.addr);
+    }
     if (rc) return rc;
     if (x->opcode == FERRY_OP_READ) {
         if (f.plen != n) {

@@ -239,6 +239,7 @@ int ferry_vec_send(ferry_conn_t *c, uint8_t type, ferry_xfer_t *g, size_t n)
     ferry_deadline_stamp(c, &f, earliest(g, n)); /* wire.h, FERRY_FRAME_F_DEADLINE */
     uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
     ferry_frame_encode(&f, hdr);
+    ferry_conn_answers_forget(c, &f);
     v->iov[0] = (struct iovec){hdr, sizeof hdr};
     v->iov[1] = (struct iovec){v->raw, dbytes};
     uint64_t off = 0;

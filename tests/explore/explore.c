@@ -956,7 +956,9 @@ static bool run_schedule_timed(int s, const fault_at_t *faults, int nf)
                 if (state[i] == 0)
                     violation("once", "request %d reported complete, its bytes never all landed", i);
                 else if (state[i] == 2)
-                    violation("once", "request %d: its bytes landed again after the target reused them", i);
+                    violation("once", "request %d: its bytes landed again after the target reused them "
+                              "(placed %+lld ms, again %+lld ms from the report)", i,
+                              (long long)(placed[i] - o.reported), (long long)(again[i] - o.reported));
                 continue;
             }
             int code = o.part_code[i];

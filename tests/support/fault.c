@@ -181,7 +181,7 @@ struct dir {
     bool corrupt_next;
     bool vector;            /* the current frame is a WRITEV */
     uint64_t rng;
-    /* Frame faults (proxy_opts_t.drop_answer, dup_write): what goes out of
+    /* Frame faults (proxy_opts_t.drop_answer, dup_write, dup_answer): what goes out of
      * this chunk, the frame being copied for a repeat, and whether the
      * current frame is dropped. */
     uint8_t *out;
@@ -211,7 +211,7 @@ struct proxy {
     pthread_t acceptor;
     atomic_bool stopping, stalled;
     atomic_int corrupt_writes, corrupt_reads, cut_writes;
-    atomic_int answers_seen, writes_seen, notify_answers_seen, notifies_seen;
+    atomic_int answers_seen, writes_seen, notify_answers_seen, notifies_seen, any_answers_seen;
     _Atomic uint64_t corrupted, cuts, dropped, duplicated;
     pthread_mutex_t lock;
     struct pair *pairs;
@@ -294,7 +294,8 @@ static bool frame_end(struct dir *d)
 
 static bool frame_faults(const proxy_t *px)
 {
-    return px->o.drop_answer > 0 || px->o.dup_write > 0 || px->o.drop_notify_answer > 0 || px->o.dup_notify > 0;
+    return px->o.drop_answer > 0 || px->o.dup_write > 0 || px->o.drop_notify_answer > 0 || px->o.dup_notify > 0 ||
+           px->o.dup_answer > 0;
 }
 
 /* Follows the frame stream and flips one payload byte of chosen frames.
@@ -353,6 +354,11 @@ static bool parse(struct dir *d, uint8_t *buf, size_t n)
                 d->dropping = true;
             if (d->i2t && type == FERRY_FRAME_NOTIFY && px->o.dup_notify > 0 &&
                 atomic_fetch_add(&px->notifies_seen, 1) + 1 == px->o.dup_notify)
+                d->duping = true;
+            bool any_answer = type == FERRY_FRAME_READ_RESP || type == FERRY_FRAME_WRITE_ACK ||
+                              type == FERRY_FRAME_VEC_ACK || type == FERRY_FRAME_NOTIFY_ACK;
+            if (!d->i2t && any_answer && px->o.dup_answer > 0 &&
+                atomic_fetch_add(&px->any_answers_seen, 1) + 1 == px->o.dup_answer)
                 d->duping = true;
             emit(d, d->hdr, FERRY_FRAME_HEADER_SIZE);
             if (plen == 0) cut = frame_end(d);

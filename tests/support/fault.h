@@ -47,13 +47,16 @@ typedef struct proxy_opts {
      * drop_answer-th write answer (WRITE_ACK, or a WRITEV's VEC_ACK: one whose
      * payload is smaller than the bytes it reports placed) is not forwarded and its connection is cut right after: a lost
      * answer on a link that then broke. The dup_write-th write frame (WRITE,
-     * WRITEV) is forwarded twice in a row: a duplicating relay. */
+     * WRITEV) is forwarded twice in a row: a duplicating relay. The
+     * dup_answer-th answer (READ_RESP, WRITE_ACK, VEC_ACK, NOTIFY_ACK) is
+     * forwarded twice in a row. */
     int drop_answer;
     int dup_write;
     /* The same for notifications: the drop_notify_answer-th NOTIFY_ACK is
      * lost with its link, the dup_notify-th NOTIFY is forwarded twice. */
     int drop_notify_answer;
     int dup_notify;
+    int dup_answer;
 } proxy_opts_t;
 
 /* Listens on 127.0.0.1 (any port) and forwards to host:port. */
