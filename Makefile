@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Thin front of CMake. The two commands of the README:
 #   make demo   the main job: a verified transfer between two engines on loopback
 #   make test   the whole test suite (ASan+UBSan, TSan, Python), as CI runs it

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Installation: `cmake --install BUILD [--prefix P]` (or `make install PREFIX=P`).
 #   include/ferry/*.h                     the public headers
 #   lib/libferry.so.X.Y.Z, .so.X, .so     shared library, SONAME libferry.so.X

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Optional features of the `ferry` library, each in its own block below.
 # A feature is on when its FERRY_WITH_<X> option is ON and its libraries are
 # found; it then adds its src/**/*_opt_<x>.c files to `ferry_objects` (both libraries), links the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # CI step: CUDA support is in the default build (FERRY_WITH_CUDA=ON: the
 # driver API is dlopen'ed at run time, nothing from CUDA is needed to build),
 # where test_cuda runs it over a stub driver. This step checks the other

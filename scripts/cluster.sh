@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # A cluster of Ferry engines on one machine: each engine in its own network
 # namespace, all joined by a bridge, every link shaped with tc tbf, a real
 # etcd for discovery (FERRY_METADATA=etcd://...), prefill and decode roles

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs the Debian packages Ferry builds, tests and benchmarks with.
 # Idempotent and quick when everything is present; needs root (or sudo).
 set -euo pipefail

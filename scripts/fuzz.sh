@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds Ferry's libFuzzer targets with clang (ASan + UBSan) and runs each
 # for a bounded time, starting from the seed corpus the targets make.
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Man pages from what the CLI prints: ferry(1) from `ferry --help`, and
 # ferry-COMMAND(1) from `ferry COMMAND --help` for each command `ferry help`
 # lists, through help2man (Debian: help2man).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Optional builds that must keep compiling (scripts/test.sh, "optional builds"):
 #   1. -DFERRY_WITH_CUDA=OFF (scripts/ci_cuda.sh; CUDA support is in the
 #      default build, tested there over a stub driver), with its tests;

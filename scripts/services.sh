@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Starts and stops the private etcd and Redis servers that Ferry's metadata
 # tests talk to. Nothing is installed system-wide and nothing persists.
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The whole test suite, as `make test` and CI run it:
 #   1. ASan+UBSan build, every ctest test (etcd and Redis started for them)
 #   2. TSan build, the threaded tests

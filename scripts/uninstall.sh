@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Removes what the last `cmake --install BUILD` (or `make install`) put in
 # place: the files of BUILD/install_manifest.txt, then the folders that
 # install created (BUILD/install_dirs.txt, cmake/install.cmake), deepest

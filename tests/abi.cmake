@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The binary interface of libferry.so (docs/ABI.md): it exports exactly the
 # public API of tests/abi/exported.txt, and its SONAME carries the major version.
 find_program(FERRY_NM nm)

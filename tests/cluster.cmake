@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The cluster of issue 13, short: 8 engines (4 prefill, 4 decode) and a
 # probe, each in its own network namespace on a bridge, links shaped with
 # tbf, a private etcd; one decode engine killed (kill -9) and restarted on

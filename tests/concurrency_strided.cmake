@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Strided batches and the event loop under 8 threads: raw slow peers come
 # from the fault helpers (fault.cmake).
 if(TARGET test_concurrency_strided)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # CUDA tests: test_cuda is a skip unless built with FERRY_WITH_CUDA (the
 # default); it needs no GPU. Its driver is tests/support/cuda_stub.c, built
 # here as two shared libraries that the test dlopen()s as an application

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Exactly-once placement and target-enforced deadlines (issue 20): the
 # frame-fault proxy and peer processes come from the fault helpers. The
 # test's "reuser" thread reads target memory while the target writes it

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The fault explorer (issue 20, tests/explore/README.md): every scenario,
 # every frame in each direction, every fault, invariants checked on the
 # target's memory. ctest -R explore runs the exhaustive deterministic mode.

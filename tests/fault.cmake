@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Fault, security and fuzz tests (issue 4): helpers shared by them, the
 # target-in-a-child-process program, and per-test properties.
 add_library(ferry_fault_support STATIC ${CMAKE_CURRENT_SOURCE_DIR}/support/fault.c)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Hostile-input and concurrency tests (issue 15): the raw-peer helpers.
 foreach(t test_hostile)
   if(TARGET ${t})

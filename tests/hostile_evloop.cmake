@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Hostile input against the event loop's incremental parsing: the raw-peer
 # helpers (fault.cmake).
 if(TARGET test_hostile_evloop)

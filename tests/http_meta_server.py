@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """A stand-in for Mooncake's HTTP metadata server (mooncake-wheel's
 mooncake/http_metadata_server.py, `mooncake_http_metadata_server`), with its
 semantics and only the standard library (that one needs aiohttp):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # 10,000 idle connections into one engine (issue 13, item 1): raw
 # handshaken connections come from the fault helpers.
 if(TARGET test_idle_conns)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # `cmake --install` into a temporary prefix, then a user's program built
 # against it through pkg-config (shared and --static) and find_package(ferry),
 # each running a transfer between two engines on loopback.

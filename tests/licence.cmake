@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Every git-tracked source file carries its SPDX-License-Identifier line
 # (scripts/spdx.sh --check lists those that lack it; --fix adds it).
 add_test(NAME spdx_headers COMMAND ${CMAKE_SOURCE_DIR}/scripts/spdx.sh --check)

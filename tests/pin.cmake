@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Epoch pinning (issue 20): targets restarted in child processes, as the
 # fault tests do.
 if(TARGET test_pin)

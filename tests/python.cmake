@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The Python binding's tests (bindings/python/tests, stdlib unittest) against
 # this build's libferry.so, with Debian's /usr/bin/python3 when present (it
 # has python3-numpy; numpy-specific tests skip elsewhere).

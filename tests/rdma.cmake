@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # RDMA and CUDA tests (branch rdma).
 # test_rdma_fake and test_rdma_group run the transport on a software HCA
 # (support/rdma_fake.c); they need verbs.h and are reduced to a skip when the

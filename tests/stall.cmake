@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Peers that stall hold no serving thread past timeout_ms (issue 20, item
 # 7): raw non-reading and stalling peers from the fault helpers (fault.cmake).
 if(TARGET test_stall)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Strided descriptors run window by window: the slow-link proxy comes from
 # the fault helpers (fault.cmake); a million pieces take a while under the
 # sanitizers.

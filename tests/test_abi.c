@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The compatibility rules of docs/ABI.md: ferry_version(), and the structs
  * that begin with struct_size, seen from callers newer and older than the
  * library (a caller's struct is simulated by a larger buffer or a size

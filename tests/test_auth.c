@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared-secret authentication: a mutual HMAC-SHA256 challenge-response at
  * each connection's handshake. Matching secrets work; a wrong or missing
  * secret on either side fails with AUTH_FAILED and a detail saying which;

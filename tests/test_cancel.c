@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Cancel and expiry leave no late write: over a slow link (a delay proxy
  * that keeps delivering what it already took), after a cancel or a deadline
  * returns, the target memory does not change any more, although bytes of

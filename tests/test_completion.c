@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* "Completed" means visible at the target, and waiting costs no CPU:
  * target memory read the instant a write returns (many small writes, from
  * several threads, async requests read as soon as their status flips), the

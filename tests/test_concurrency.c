@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The concurrency layer (issue 15): every public object that threads may
  * share -- engine, session, pool, KV sender, receiver and embeddings
  * buffer -- hammered from 8 threads with mixed calls, under ASan and TSan

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* One batch shared by many threads: submits race for its slots, and
  * status, cancel and wait race with them. Run under ASan and TSan (the
  * suite's sanitizer stages); every bound below is an iteration count, not a

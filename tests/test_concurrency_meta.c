@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The metadata client shared by threads (issue 15's concurrency layer):
  * one etcd / Redis client state used by 8 threads at once (publish, lookup,
  * keepalive, remove, a lease keeper starting and stopping), and two engines

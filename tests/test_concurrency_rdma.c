@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Strided batches over the RDMA transport's group commit (protocol 3) from
  * 8 threads sharing one engine, on the software HCA of
  * tests/support/rdma_fake.c, under ASan and TSan: strided sync and async

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Strided batches and the event loop under 8 threads sharing one engine
  * (the promise of ferry.h: every call is thread-safe), under ASan and TSan:
  *  - strided sync and async (ferry_strided_transfer_sync,

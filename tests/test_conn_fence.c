@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Fencing a whole data connection (core/cancel.h): a stream whose
  * connection broke with many small pieces in flight is fenced by one
  * CANCEL naming the connection, so a plain batch of far more pieces than a

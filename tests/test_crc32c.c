@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* CRC32C: every implementation (bytewise, slicing-by-8, the CPU's
  * instruction, ISA-L) against the standard check values and against each
  * other on random lengths, alignments and chained pieces.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* CUDA device memory through the driver API loaded at run time (built with
  * FERRY_WITH_CUDA, the default; a skip otherwise). No GPU is needed:
  *

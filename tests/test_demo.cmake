@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # `ferry demo`, the README's first command, on small shapes: it must verify
 # every byte and exit 0; with a fault injected it must catch it, explain it
 # and exit non-zero. Each test checks the exit status and the output

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ferry_engine_destroy while other threads are blocked in calls to a peer
  * that stopped answering (issue 15, item 5): the calls are woken and fail
  * with CONTEXT, or CANCEL_UNCONFIRMED when bytes were on the wire and the

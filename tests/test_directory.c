@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Engines publishing themselves in etcd and Redis and finding each other:
  * publish/lookup, clean removal, a killed engine's lease expiring, the
  * service down at start (clear error) and during a run (sessions go on,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The error table: names, values kept from Mooncake, retry flags, details. */
 #include "harness.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Exactly-once placement (issue 20, item 1; core/cancel.h, "Placement
  * reports"): a proxy drops the target's answer to a write and cuts the
  * link, or repeats a write frame. The target must place every byte once:

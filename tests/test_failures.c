@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Every failure the core can report, provoked on purpose: each gets its code,
  * a detail naming what went wrong, and touches no memory it should not. */
 #include <arpa/inet.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A fence holds whatever else happens at the target (issue 15, items 2
  * and 3): the cancel of a write stays in force while its data connection
  * can still deliver, whichever connection the CANCEL came on, however old,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Hostile and careless input that test_rogue does not cover (issue 15):
  * a region its owner unmapped while still registered, every frame header
  * cut at each field boundary, lengths that overflow when added, valid

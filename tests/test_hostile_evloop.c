@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Hostile input against the event loop's incremental parsing (evloop.c):
  * the target reads handshakes and frame headers as their bytes arrive and
  * parks the connection in between, so a slow or stalling peer holds no

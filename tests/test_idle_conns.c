@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* 10,000 idle handshaken connections into one engine (issue 13, item 1):
  * the target serves them from its fixed set of serving threads (evloop.c),
  * so they cost no thread and no CPU; the engine still serves transfers with

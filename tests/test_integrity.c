@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* End-to-end CRC32C (config.checksum): a proxy flips bits in flight.
  * Corrupted writes are refused at the target before placement, corrupted
  * reads are caught at the initiator, either is retried, and a mismatch that

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Coalescing page copies into the fewest contiguous blocks, and the checks
  * on page indices. Pure arithmetic on made-up addresses: nothing is copied. */
 #include "harness.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* KV transfer over real engines in one process: a small but realistic paged
  * cache (4 layers, 8 KV heads of 64 fp16 elements, 16-token pages) moved
  * prefill -> decode and checked byte for byte, with matching and mismatched

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* KV cache descriptors, the TP head split, and what plans say about each
  * (prefill rank -> decode rank) pair: mode, staging sizes, bind checks. */
 #include "harness.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The completion notice's wire form: round trips, foreign messages, and
  * damaged ones. */
 #include "harness.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Byte-for-byte check of the TP mapping: a model-wide KV cache with known
  * values is split the way prefill ranks hold it; every decode rank runs
  * plan + gather + block copies (memcpy standing in for the network) +

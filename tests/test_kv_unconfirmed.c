@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ferry_kv_send must not report a plain TIMEOUT when the target could not
  * confirm that no more of the request can land: the decode side frees the
  * pages of a TIMEOUT failure, and late bytes then land in pages that belong

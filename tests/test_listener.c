@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The listener's limits (issue 15, item 6): silent connections, idle
  * handshaken ones and one busy source cannot lock new peers out. Each
  * case holds connections the way an attacker would, from loopback source

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Out of file descriptors (issue 15, item 6): with RLIMIT_NOFILE low and
  * more connections held than it allows, accept() failed with EMFILE at
  * once, every time, and the listener spun a core at 100%. The target runs

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Memory kinds and the TCP transport's host staging, exercised for real with
  * the test-only fake device kind: its "device" pages are mapped PROT_NONE
  * (the CPU cannot touch them, as with GPU memory), and the kind's copy

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Metadata backends: connection strings, p2p, the publisher, and etcd and
  * Redis against real servers.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The http metadata backend (Mooncake's HTTP metadata server) against
  * tests/http_meta_server.py, a stand-in with Mooncake's semantics that each
  * test starts itself (python3, on a free loopback port) and kills by pid:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Metrics: per-peer and per-transport counters and latency histograms, the
  * Prometheus text, and the HTTP endpoint. */
 #include <arpa/inet.h>

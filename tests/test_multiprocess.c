@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Two engines in two processes: the target is a forked child that owns its
  * memory; the parent writes, reads, and has the child verify what landed. */
 #include <signal.h>

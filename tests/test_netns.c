@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Two network namespaces joined by a veth pair, the target engine in one
  * (a child process), the initiator in the other (this process), and the link
  * made bad: random loss (nftables numgen drop), a rate limit (tc tbf), a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Notifications under a lazy receiver (issue 20, item 5): a receiver that
  * reads none of its notifications until the end loses nothing up to its
  * per-sender backlog (more than 100,000), the writes interleaved with them

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Notifications from peers that lie or flood (issue 15, item 8): a raw
  * connection claiming another engine's name is told apart by what the
  * receiver observed (its source address, its engine id; with a secret it

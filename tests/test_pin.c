@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Epoch pinning (issue 20, item 2): a target restarted at the same port,
  * with its buffer at the same address, so that a call carrying the old
  * process's addresses would land in the new one. Over tcp and shm:

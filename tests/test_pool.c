@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Pre-registered pools: the buddy allocator's rounding, alignment,
  * coalescing and errors, use from several threads, and transfers from and
  * into pool buffers with no registration of their own. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A hostile same-host peer against shared pools (ferry_pool_create_shared):
  * a program that speaks the map protocol itself (HELLO with its real pid,
  * SHM_MAP_REQ over a connection the target verifies) and then does with

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # A hostile same-host peer speaking the shared-pool map protocol: raw
 # frames from tests/support/fault.c.
 if(TARGET test_pool_hostile)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The RDMA transport end to end, on the software HCA of
  * tests/support/rdma_fake.c (no RDMA hardware or kernel support is
  * needed): two engines in one process, the verbs table replaced by

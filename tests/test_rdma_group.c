@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The RDMA transport's group commit (protocol 3; rdma_wire.h) on the
  * software HCA of tests/support/rdma_fake.c: negotiated with older peers,
  * per-piece failures in the one answer, cancel and fences, refusals by the

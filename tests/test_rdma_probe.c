@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The RDMA transport on a machine without an RDMA device (this one, and any
  * CI runner): device discovery through sysfs without loading libibverbs,
  * GID selection, settings, the probe's reasons, the choice of TCP with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The RDMA transport's wire payloads and frame types: round trips, and
  * every field the decoders must refuse. Runs in every build. */
 #include <stdio.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Peer death and restart, with the target in a child process:
  * - kill -9 mid-transfer: every pending request fails within its deadline,
  *   and no thread is left behind;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The retry policy: retryable link failures are retried with doubling
  * backoff up to config.retries times on fresh connections; non-retryable
  * codes and spent deadlines are not; when retries run out on a broken link

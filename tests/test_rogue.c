@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Rogue peers: crafted frames (out-of-range addresses, huge lengths and
  * counts, truncated frames, frames out of place, connection floods) are
  * refused, touch no memory outside remote-accessible registrations, and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Scale: a target with 100,000 registered regions. The handshake and the
  * segment table (paged, 4096 entries a page) carry all of them; transfers
  * land in the last and a middle one; a region registered afterwards is

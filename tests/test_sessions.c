@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The session table (issue 13, item 2): sessions by peer name in a hash
  * table with striped locks. Lookups find the same session, the
  * max_sessions cap holds, closing takes a session out; threads opening,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The shared-memory transport between two processes (fork): round trips,
  * target-side validation over cross-memory attach, the automatic fallback to
  * TCP when the target refuses, forcing by config, and a spoofed pid. */

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # test_shm forks target processes whose main thread checks memory that their
 # serving thread filled with process_vm_readv; TSan suppresses each such
 # (socket-ordered) report address by address, which takes minutes for the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared pools (ferry_pool_create_shared) between two processes (fork):
  * an initiator on the same host maps the target's pool and writes/reads it
  * with memcpy. Round trips verified by the target, bounds and flags refused

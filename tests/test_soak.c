@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Soak: thousands of async batches of mixed reads and writes through a proxy
  * that cuts connections and corrupts payloads at random (checksums on,
  * retries on). Every request ends; every failure has a link or integrity

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Peers that stall hold no serving thread past the target's timeout_ms
  * (issue 20, item 7). Each case runs on a target with the fewest serving
  * threads (FERRY_SERVE_THREADS=3: one for data frames, two kept for

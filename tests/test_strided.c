@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Strided batches (ferry_strided_transfer_sync, ferry_batch_submit_strided)
  * and the compact vector frames that carry them (protocol 3): placement
  * with and without index lists, both transports, reads and writes, async

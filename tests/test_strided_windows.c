@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Strided descriptors of many pieces run window by window (strided.c,
  * batch.c "strided lanes"): a million small pieces over tcp and shm land
  * verified while the process's heap grows by a bounded amount (counted by

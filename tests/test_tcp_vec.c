@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* TCP vector frames (WRITEV, tcp.c):
  *  - a paged-KV batch of 1,024 pieces leaves as one frame per connection,
  *    with per-piece errors in its one answer, and local pieces that lie end

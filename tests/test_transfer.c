@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Round trips between two engines in one process: sync, batch, async, from
  * 1 byte to 256 MiB, and from several threads at once. Runs once per
  * transport (ctest: test_transfer over shm, the auto choice here, and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A new transport is one new file and one table entry (README, "Adding a
  * transport"): this file is that file for a trivial transport, "extra",
  * which only this test's build has (test_transport_extra.cmake). It uses

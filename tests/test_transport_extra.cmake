@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # A transport only this test's build has, made the way README's "Adding a
 # transport" says: one new file (the test itself) and one table entry, which
 # transport.c compiles in under FERRY_TEST_TRANSPORT_EXTRA. The test links

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Each transport declares the frame types it serves (a list, where a
  * 32-bit mask used to stop at type 31): every type a target serves belongs
  * to exactly one transport, answers and core frames to none, and a

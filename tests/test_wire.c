@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The wire decoders refuse every out-of-range length, count and field. */
 #include "harness.h"
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The round trips and error cases of the core suite run over each transport:
 # the plain tests get auto (shm between engines of one host), these force TCP
 # (the harness applies FERRY_TRANSPORT).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* `ferry bench`: the options and the helpers its files share. cmd_bench.c
  * runs the target, the initiator and --local; bench_opts.c parses the
  * options and holds the helpers every mode uses; bench_baseline.c has the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* `ferry bench baseline` (memcpy, memfd, cma: what the transfers compare
  * with) and `ferry bench extras` (registration, sessions, idle CPU). */
 #include <errno.h>

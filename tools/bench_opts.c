@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* `ferry bench` options, and the helpers every mode uses (see cmd_bench.c). */
 #include <errno.h>
 #include <getopt.h>

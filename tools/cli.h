@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Subcommands of the `ferry` CLI register themselves: one file per command,
  * ending with FERRY_COMMAND(name, function, "one-line help"). No shared
  * table to edit. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* `ferry cluster`: one engine of a many-engine cluster (cmd_cluster.c) and
  * the report over the logs the engines wrote (cmd_cluster_report.c).
  * scripts/cluster.sh builds the namespaces, links and etcd, starts one

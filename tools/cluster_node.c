@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* `ferry cluster node`: plumbing (clocks, the log, signals, the engine), the
  * content pattern both sides derive, and the registered pools. */
 #include <errno.h>

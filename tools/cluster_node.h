@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* `ferry cluster node`: what its files share. cmd_cluster.c has the decode
  * and probe roles, the options and main; cluster_prefill.c the prefill role;
  * cluster_node.c the plumbing (clocks, the log, the engine), the content

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* `ferry cluster node --role prefill`: serves the decodes' asks, one queue
  * per decode peer, served in turn by a pool of --send-slots sender threads
  * (the KV sends at once), at most --streams of them on one peer's queue

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ferry bench: throughput and latency of Ferry transfers, in the manner of
  * Mooncake's transfer_engine_bench, plus the baselines and the
  * housekeeping figures bench/compare reports.

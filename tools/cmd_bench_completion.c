@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ferry bench-completion: the figures behind the completion guarantees.
  *
  *   idle CPU      two engines with a session, idle: % of one core, next to a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* `ferry cluster node`: one engine of the cluster that scripts/cluster.sh
  * builds, one per network namespace, in one of four roles.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* `ferry cluster report --dir DIR`: reads what the cluster's engines logged
  * (format in cluster.h) with the script's DIR/nodes, DIR/run and
  * DIR/faults, prints goodput against the links, latency, errors by code,

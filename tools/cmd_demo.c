@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ferry demo: Ferry's main job on an embedded default. Forks decode and
  * prefill rank processes, each with its own engine on 127.0.0.1, moves the
  * KV cache of a batch of requests of a realistic shape from prefill to

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ferry doctor host:port: connects to a peer and reports what a user needs
  * to know when transfers to it fail: reachability, protocol, epoch,
  * transport and why, segments, round trip, a small bandwidth probe. Every

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ferry explain CODE: what an error code means, its causes, what to do. */
 #include <stdio.h>
 #include <string.h>

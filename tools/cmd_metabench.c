@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* `ferry metabench`: what the metadata service must serve for a cluster of
  * N engines, against what this one serves.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ferry serve: an engine that registers one remote-accessible buffer and
  * serves peers until stopped; prints one JSON line with its name and buffer. */
 #include <getopt.h>

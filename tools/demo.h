@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* `ferry demo`: pieces shared by the orchestrator (cmd_demo.c) and the
  * prefill and decode rank processes it forks (demo_ranks.c).
  *

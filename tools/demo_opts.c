@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* `ferry demo` options: the usage text, parsing and the checks on the
  * shape they give (see cmd_demo.c). */
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* `ferry demo`, the orchestrator's side: its state and the functions its
  * files share. cmd_demo.c schedules the requests and talks to the rank
  * processes, demo_opts.c parses the options, demo_report.c prints the

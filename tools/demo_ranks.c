@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* `ferry demo`: the prefill and decode rank processes.
  *
  * Each rank owns a Ferry engine on 127.0.0.1 (port picked by the OS) and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* `ferry demo` output: the header before the run, the per-request table,
  * the JSON summary and the failures (see cmd_demo.c). */
 #include <math.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* `ferry demo`: shape, memory, the reference pattern and its checks, and
  * the line plumbing between the processes. */
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The ferry command line: dispatches to self-registered subcommands. */
 #include <stdio.h>
 #include <string.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Checked parsing of option values for the CLI's getopt_long loops:
  * a value that is not a whole number in range is an error naming the
  * option, never a silent 0 (what atoi gives). */

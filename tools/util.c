@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Helpers the ferry subcommands share: clocks, CPU time, sizes, JSON lines. */
 #include <errno.h>
 #include <stdio.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Helpers the ferry subcommands share (util.c). */
 #ifndef FERRY_TOOLS_UTIL_H
 #define FERRY_TOOLS_UTIL_H

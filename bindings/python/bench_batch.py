@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """How fast the Python binding turns batch arguments into C vectors.
 
     FERRY_LIBRARY=build/libferry.so PYTHONPATH=bindings/python \\

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Ferry error codes.
  *
  * Every Ferry call returns 0 (or a non-negative count) on success and one of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* FERRY_API marks the functions and objects libferry exports.
  *
  * The library is built with -fvisibility=hidden: a symbol is visible to

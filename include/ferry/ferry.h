@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Ferry: a data transfer engine for disaggregated LLM inference.
  *
  * One engine per process listens on host:port; peers are named by that

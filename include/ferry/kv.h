@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Ferry KV-cache transfer for prefill/decode disaggregation.
  *
  * A prefill rank holds the KV cache of a request in pages; the decode rank

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Pre-registered memory pools.
  *
  * Registering a buffer for one send and deregistering it after (the encoder

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Small integer helpers shared by the core, the transports and the KV layer. */
 #ifndef FERRY_ARITH_H
 #define FERRY_ARITH_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared-secret authentication (see auth.h): HMAC-SHA256 from libcrypto. */
 #include "auth.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared-secret authentication of the two engines of a connection.
  *
  * Mutual challenge-response with HMAC-SHA256 (OpenSSL's libcrypto). Both

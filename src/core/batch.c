@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The async batch API (batch.h): requests cut into pieces and queued as
  * tasks for the workers (workers.c), their states, waiting and cancelling. */
 #include <errno.h>

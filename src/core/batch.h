@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Batches: cutting requests into pieces, the worker pool that runs them on
  * several connections at once (workers.c), and the async batch API
  * (batch.c). Private to the library. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Public calls in progress (engine.h): a call that may block on a peer
  * enters and leaves, so that destroy can wake them and wait for them. */
 #include "engine.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Cancel and expiry without late writes, the target's side: the cancel
  * set each served connection keeps. The initiator's fence and the interrupt
  * that wakes a blocked stream are in fence.c. The protocol is described in

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Cancel and expiry that leave no late write behind.
  *
  * The problem: when a request is cancelled, expires, or its connection

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Monotonic time and deadlines, in nanoseconds. */
 #ifndef FERRY_CLOCK_H
 #define FERRY_CLOCK_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Configuration: defaults, FERRY_* environment variables, owned copies. */
 #include <errno.h>
 #include <stdlib.h>

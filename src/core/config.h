@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The engine's configuration (config.c). Private to the library. */
 #ifndef FERRY_CORE_CONFIG_H
 #define FERRY_CORE_CONFIG_H

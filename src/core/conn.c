@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* One connection, either side (conn.h): its framed I/O, the protocol
  * version it speaks, and freeing it. */
 #include "conn.h"

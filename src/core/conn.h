@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* One connection between two engines, either side, and the framed I/O
  * on it (engine.c). Private to the library. */
 #ifndef FERRY_CORE_CONN_H

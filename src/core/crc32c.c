@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* CRC32C (Castagnoli), on the data path of every checksummed slice.
  * Fastest first, chosen once per process:
  *   ISA-L's crc32_iscsi, where the build found libisal (Debian libisal-dev);

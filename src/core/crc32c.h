@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* CRC-32C (crc32c.c). Private to the library. */
 #ifndef FERRY_CORE_CRC32C_H
 #define FERRY_CORE_CRC32C_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The few CUDA driver API declarations Ferry uses, written out here instead
  * of including <cuda.h>.
  *

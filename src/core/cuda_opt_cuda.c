@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* CUDA device memory through the CUDA driver API, loaded at run time.
  *
  * Nothing from CUDA is linked: libcuda.so.1 (or the file FERRY_CUDA_DRIVER

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The CUDA memory kind's decisions, apart from the driver calls so that the
  * tests check them with any input (built with FERRY_WITH_CUDA only). */
 #ifndef FERRY_CUDA_OPT_CUDA_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Engine <-> metadata service. The descriptor is a small JSON object
  * (jansson builds and parses it):
  *   {"name":"10.0.0.7:7000","host":"10.0.0.7","port":7000,

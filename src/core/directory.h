@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The engine's use of the metadata service: publishing its own descriptor
  * under a lease, and looking peers up before the first handshake. With the
  * default p2p backend both are no-ops and peers are reached at their name. */

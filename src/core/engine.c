@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The engine: lifecycle and the target side of every connection
  * (handshake, segment queries, notifications, cancels); data frames are
  * handed to the transport that serves them. The listener, accepting

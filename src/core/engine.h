@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The engine struct, and the headers of every part of the core (conn.h,
  * session.h, xfer.h, batch.h, serve.h, hello.h, notify.h, config.h, ...),
  * for the core's files that need them all. A transport includes

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The error table: names, meanings, retry advice, and the per-thread detail. */
 #include <ferry/error.h>
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The target side on an event loop: a small fixed set of serving threads,
  * not one thread per connection.
  *

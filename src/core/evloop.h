@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The target side's event loop (evloop.c), and the pieces of serving in
  * engine.c it drives. Private to src/core. */
 #ifndef FERRY_CORE_EVLOOP_H

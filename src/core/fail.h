@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Recording a failure: the code is returned, the detail kept per thread. */
 #ifndef FERRY_FAIL_H
 #define FERRY_FAIL_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Cancel and expiry without late writes, the initiator's side: the
  * interrupt that wakes a blocked stream, the fence, and settling pieces.
  * The target's cancel set is in cancel.c. The protocol is described in

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The HELLO this engine sends, as initiator and as target (hello.h). */
 #include "hello.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The HELLO this engine sends, as initiator (session_pool.c) and as target
  * (engine.c). Private to the library. */
 #ifndef FERRY_CORE_HELLO_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The listener: accepts connections within the connection limits
  * (admission, eviction, the pause when out of file descriptors, the
  * handshake deadline) and hands each to the event loop's serving threads

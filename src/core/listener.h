@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The listener (listener.c): what the engine (engine.c) calls of it.
  * Private to src/core. */
 #ifndef FERRY_CORE_LISTENER_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Logging: levels, one stable line format, quiet by default.
  *   ferry <level> <unix-time.ms> <pid> <component>: message
  * The level comes from config.log_level or FERRY_LOG (0 error .. 4 trace). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Memory kinds: detection at registration and the staging copies. Host
  * memory needs neither; CUDA lives in cuda_opt_cuda.c; the fake kind exists
  * for the tests, so that the staging paths of the transports run for real

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Memory kinds: where a registered region's bytes live.
  *
  * Host memory is read and written in place by every transport. Device

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Counting (metrics.h): the engine-wide counters, the per-peer counters
  * and latency histograms, the events that feed them, and their Prometheus
  * text form. */

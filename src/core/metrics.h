@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Counting: every event is counted once here, into the engine-wide
  * counters (relaxed atomics bumped on the hot paths, read by the public
  * ferry_engine_stats) and, for transfers, into the peer's entry (counters

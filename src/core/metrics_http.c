@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Without libmicrohttpd the metrics endpoint cannot be served; the API
  * (ferry_metrics_prometheus) still works. Built when FERRY_HAVE_HTTP is off. */
 #ifndef FERRY_HAVE_HTTP

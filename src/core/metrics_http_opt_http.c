@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* GET /metrics over HTTP with libmicrohttpd (Debian's libmicrohttpd-dev):
  * its own thread, bound to the engine's host (or config.metrics_host),
  * answering from ferry_metrics_prometheus(). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Blocking socket I/O with deadlines.
  *
  * Sockets stay in blocking mode; each call first tries the operation with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Blocking socket I/O with deadlines. Every call ends by its deadline. */
 #ifndef FERRY_NET_H
 #define FERRY_NET_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Notifications: small messages delivered to the peer's queue through the
  * engine, after the writes that preceded them completed. */
 #include <arpa/inet.h>

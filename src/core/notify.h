@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Received notifications (notify.c). Private to the library. */
 #ifndef FERRY_CORE_NOTIFY_H
 #define FERRY_CORE_NOTIFY_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What a transport records on a piece (xfer.h). */
 #include <stdlib.h>
 #include <string.h>

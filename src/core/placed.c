@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Exactly-once placement, the target's side: what each served data
  * connection placed for its latest write frames (the placement log), the
  * duplicates it drops, and the report a CANCEL_ACK carries. The protocol

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Pre-registered pools: a binary buddy allocator over one registered
  * region (include/ferry/pool.h). Hand-written: it sits on the per-send path
  * that a pool exists to make cheap, and a general allocator cannot hand out

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Registered memory seen from the owner's side: which region holds an
  * address (ferry_region_query), and copies into or out of a region that
  * check the registration first (ferry_region_write / _read): what a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The region registry. glibc's tsearch family is a red-black tree; ordering
  * ranges by "a ends before b starts" makes any two overlapping ranges compare
  * equal, so tsearch itself refuses overlaps and tfind finds the region that

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The registry of memory regions: a balanced tree (glibc's tsearch, a
  * red-black tree) of non-overlapping [addr, addr+len) ranges under a
  * writer-preferring rwlock. Lookups are O(log n). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The target side's handshake and serving of one connection (engine.c).
  * Private to the library. */
 #ifndef FERRY_CORE_SERVE_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Sessions: the initiator's cached view of each peer, kept in the engine's
  * table by peer name, and the public session calls. The connection pool
  * and handshake are in session_pool.c, the peer's segment table in

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The initiator's sessions (session.c): one per peer, with its pool of
  * connections and its cache of the peer's segments. Private to the library. */
 #ifndef FERRY_CORE_SESSION_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Sessions' connection pools (session.h): the versioned handshake with
  * epoch checks, the engine's list of checked-out connections, and checking
  * connections out and in. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Sessions' copies of their peers' segment tables (session.h): fetched
  * page by page, refreshed on a miss, and resolving a remote range. */
 #include <stdlib.h>

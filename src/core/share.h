@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared pools (ferry_pool_create_shared): the control header, in a memfd
  * of its own, which an initiator on this host maps (read-only) together
  * with the pool's data memfd to write and read the pool with a plain

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Size-aware copies of the public structs that start with struct_size. */
 #include "sized.h"
 

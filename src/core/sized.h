@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The public structs that start with size_t struct_size (docs/ABI.md):
  * the caller's struct may be older (smaller) or newer (larger) than this
  * library's. The library works on a full copy of its own size and moves

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Adaptive spin-before-block (spin.h). */
 #include "spin.h"
 

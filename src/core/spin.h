@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Adaptive spin-before-block for waits on one connection (config.spin_us).
  *
  * A wait that ends within a few microseconds costs more in the wake-up of a

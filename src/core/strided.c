@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Strided batches (ferry.h, "strided batches"): one descriptor for n pieces
  * at base + index * stride on both sides. The bounds are checked once per
  * descriptor (its smallest and largest index), then the pieces are made a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Hooks for tests: internal (hidden) functions, which tests and tools reach
  * by linking the static library; libferry.so does not export them. Test
  * knobs live here, never in the public config. */

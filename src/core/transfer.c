@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Transfers as the public calls see them: the requests' arguments checked,
  * cut into pieces, run (xfer.c; several connections at once: workers.c)
  * and counted, and the synchronous public calls. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ThreadSanitizer and the bytes of a transfer.
  *
  * A transfer's payload lives in the application's registered memory. The

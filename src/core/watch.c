@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Placement watches (watch.h). Few and short-lived (one per KV pair in
  * flight on a decode rank), so they live in one process-wide list: the
  * transports' hook costs one relaxed atomic load while none exists. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Placement watches: the target side counts the bytes that one sender
  * (engine id and epoch from its handshake, optionally its source address)
  * placed into a set of address ranges of this engine, so that a layer

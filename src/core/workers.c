@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Cutting requests into pieces, the worker pool that runs them on several
  * connections at once, and the synchronous parallel run (batch.h). The
  * async batch API is in batch.c. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Running pieces on a session's connections: segment resolution, the
  * transport's run, retries with backoff, fences for what is in doubt. The
  * argument checks and the synchronous public calls are in transfer.c. */

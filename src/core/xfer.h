@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Pieces: one contiguous transfer for a transport to move (piece.c),
  * running them on a connection with retries and re-resolution (xfer.c),
  * and the checks and synchronous calls around them (transfer.c). Private

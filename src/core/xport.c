@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The engine-wide values a transport reads (xport.h), and the public
  * getters of the engine's port, name and epoch. */
 #include "xport.h"

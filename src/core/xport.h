@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What a transport (src/transport) may use of the core: the connection
  * and its framed I/O (conn.h), the piece (xfer.h), the registry's lookups
  * (registry.h), the cancel check (cancel.h), the counters (metrics.h), and

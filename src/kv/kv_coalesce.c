@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Page-index checks and coalescing of page copies into contiguous blocks. */
 #include <stdlib.h>
 #include <string.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Per-request embedding buffers: registered once, reused by every send. */
 #include <stdlib.h>
 

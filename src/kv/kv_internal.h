@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared pieces of the KV module: row geometry, checked arithmetic, and a
  * growable list of blocks that merges contiguous neighbours. */
 #ifndef FERRY_KV_INTERNAL_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* KV cache descriptors: validation, row geometry, and which heads each
  * tensor-parallel rank holds. */
 #include <stdlib.h>

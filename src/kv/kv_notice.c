@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The completion notice's wire form. Fixed little-endian header, then the
  * auxiliary bytes, then the reason (no NUL):
  *   0 magic "FKV" + version 1 | 4 request_id u64 | 12 status i32

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Transfer plans for one (prefill rank -> decode rank) pair: which heads,
  * whether either side stages, staging sizes, and the coalesced blocks. */
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The decode side: reading notices off the engine's queue and tracking one
  * request until every prefill source delivered. */
 #include <arpa/inet.h>

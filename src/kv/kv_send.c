@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Sending a request's KV over an engine: staging check, gather, one batch,
  * then a completion notice; any failure is notified to the peer too. */
 #include <stdio.h>

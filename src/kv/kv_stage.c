@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The staging copies: gather a head slice out of paged rows into a
  * contiguous buffer (sender), scatter it back into paged rows (receiver).
  * Both walk the same staging layout, [layer][buffer][token][part][heads]. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What the libcurl-based metadata backends (etcd, http) share: the one
  * process-wide curl_global_init, a handle with their settings, and the
  * collection of an answer. Not a public header. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The libcurl client the etcd and http metadata backends share (curl_client.h). */
 #include "curl_client.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The entries a backend state published with a lease, so that keepalive
  * can refresh each of them. A short array: an engine publishes a handful. */
 #ifndef FERRY_META_ENTRIES_H

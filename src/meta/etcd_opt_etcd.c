@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The etcd backend: etcd v3 through its HTTP/JSON gateway (libcurl +
  * jansson). Keys and values travel base64-encoded in that API; int64s
  * (lease ids, TTLs) come back as JSON strings.

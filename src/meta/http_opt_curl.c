@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The http backend: Mooncake's HTTP metadata server (mooncake-wheel's
  * mooncake_http_metadata_server, a plain key-value store), through libcurl.
  * The protocol, as Mooncake's own HttpMetadataPlugin speaks it:

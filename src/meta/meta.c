@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The backend table, connection strings, the p2p backend and the lease
  * keeper (publisher). */
 #include "meta.h"

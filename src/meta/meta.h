@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Metadata backends behind one vtable.
  *
  * A backend stores, per engine name, a small descriptor (JSON text) that

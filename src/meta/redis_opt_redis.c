@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The Redis backend (hiredis): SET key value EX ttl, EXPIRE to keep alive,
  * GET, DEL. One blocking connection per state, with connect and command
  * timeouts; a connection that failed is dropped and made again on the next

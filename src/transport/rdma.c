@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The RDMA transport, the part every build has: settings, finding devices
  * without loading libibverbs, the per-engine probe and usable() decision,
  * and what an engine without RDMA answers to RDMA frames.

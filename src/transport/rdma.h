@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The RDMA transport's internals, shared by rdma.c (always built: settings,
  * device discovery without loading libibverbs, the usable() decision, the
  * answers of an engine without RDMA) and the rdma*_opt_rdma.c files (built when

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The RDMA transport's commit protocol for writes, both sides: the
  * initiator's zero-length WRITE WITH IMMEDIATE and its commit frames, the
  * target's wait for the immediate and its check of the ranges. With a peer

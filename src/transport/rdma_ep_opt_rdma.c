@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The RDMA transport's endpoints: one reliable-connected queue pair per TCP
  * connection with its completion queue and channel, its set-up, the wait
  * for completions, the abort, and the initiator's cache of the target's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What the parts of the RDMA transport's verbs code share (built when
  * <infiniband/verbs.h> is found; see rdma_opt_rdma.c for the protocol):
  *

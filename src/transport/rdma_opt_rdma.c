@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The RDMA transport's verbs code (built when <infiniband/verbs.h> exists).
  *
  * Each TCP connection of a session gets one reliable-connected queue pair,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The RDMA transport's initiator: the queue pair's set-up (or the fall
  * back to TCP), the target's keys, and the data phase as chains of work
  * requests. The commit of writes is rdma_commit_opt_rdma.c. Part of the

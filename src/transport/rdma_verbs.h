@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The verbs the RDMA transport calls, as a table of function pointers.
  *
  * In production the table is filled by dlopen("libibverbs.so.1") and dlsym,

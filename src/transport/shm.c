@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The shared-memory transport: single-copy transfers between processes of
  * one host by cross-memory attach (process_vm_readv / process_vm_writev).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Private to the shared-memory transport: what shm.c (the transport and
  * its copies), shm_trust.c (verifying the same-host peer) and shm_pool.c
  * (shared-pool mappings) share. Not for other files. */

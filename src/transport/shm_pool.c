@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The shared-memory transport (shm.c): shared pools. The target serves
  * SHM_MAP_REQ (passing a pool's memfds with SCM_RIGHTS to the verified
  * initiator); the initiator maps them, copies with memcpy and counts the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The shared-memory transport (shm.c): trust in a same-host peer. Whether
  * a connection comes from this host and from the pid its HELLO claims (the
  * socket's inode, found with sock_diag or in /proc/net/tcp{,6}, among that

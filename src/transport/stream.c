@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared by the transports' run (transport.h): the verdicts (fall back to
  * tcp, or leave pieces to tcp), and the answer to a piece's slice. Apart from the transport table
  * (transport.c), so that a transport and the table do not depend on each

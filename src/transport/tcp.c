@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The TCP transport: bytes travel inline in WRITE / READ_RESP frames.
  *
  * Initiator: a transfer is cut into slices of config.slice_size, pipelined

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The transport table and the choice of a transport per peer. */
 #include "transport.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Transports behind one vtable.
  *
  * Every session has a TCP control connection pool (sessions, handshake,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Vector frames shared by tcp.c and shm.c: grouping, sending and settling
  * on the initiator, descriptor checks and the answer on the target. See
  * vec.h and wire/wire.h. */

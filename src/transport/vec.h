@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Vector frames (protocol 2): many small pieces in one frame and one answer
  * for them all, shared by the tcp (WRITEV) and shm (CMA_VEC) transports.
  * The format is in wire/wire.h ("Vector frames").

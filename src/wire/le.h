@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Little-endian field access for the wire encodings (wire.c, rdma_wire.c). */
 #ifndef FERRY_WIRE_LE_H
 #define FERRY_WIRE_LE_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Encoding and validation of the RDMA transport's payloads (layouts in
  * wire.h and rdma_wire.h). Always compiled: a peer without RDMA still decodes them, and the
  * tests exercise every rejection without a device. */

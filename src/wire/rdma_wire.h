@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The RDMA transport's own frames, with ids past wire.h's core range
  * (64..79), and their payloads (rdma_wire.c). The older RDMA frames (20..25)
  * keep their ids in wire.h's central enum (the wire format does not

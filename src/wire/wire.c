@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Encoding and validation of Ferry frames. Hand-written: it is the hot path
  * (one header per slice) and the format is a fixed little-endian struct. */
 #include "le.h"

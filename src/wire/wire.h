@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Ferry's wire protocol: fixed 56-byte frame headers, little-endian,
  * optionally followed by a payload of plen bytes.
  *

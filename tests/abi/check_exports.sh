@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # The dynamic symbols libferry.so defines must be exactly tests/abi/exported.txt:
 # the public API (FERRY_API in include/ferry/), no internal function. A new
 # public function is added to the list on purpose, in the same change

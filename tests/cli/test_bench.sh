@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # ferry bench end to end, briefly (a smoke test, not a measurement): every
 # mode runs, JSON comes out, the transport chosen is named, bad options fail.
 set -uo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The ferry CLI as a user runs it: explain, help, option checks, serve + doctor (text and --json), doctor on a dead peer.
 set -uo pipefail
 FERRY=$1

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Fault explorer (issue 20): runs Ferry's exchanges through a proxy that
  * parses its frames in both directions and, for every scenario, every frame
  * index of the exchange in each direction and every fault, injects that

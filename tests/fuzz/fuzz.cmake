@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Fuzz targets for the wire parser, the target's serve path (handshake
 # first), the initiator against a hostile target, a whole session as a
 # sequence of well-framed frames (stateful), metadata records read

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared by Ferry's fuzz targets and their replay driver. */
 #ifndef FERRY_FUZZ_H
 #define FERRY_FUZZ_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Fuzz target: the target side of a connection, handshake first. The
  * input is the byte stream an initiator sends (the first byte picks an
  * engine without or with a shared secret); the engine serves it over a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Fuzz target: the initiator side against a hostile target. The input is
  * the byte stream a "target" answers with (handshake, segment pages,
  * acks, read data); the initiator opens a session and moves a write and a

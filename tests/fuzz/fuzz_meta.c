@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Fuzz target: metadata records as read back from etcd or Redis. Whoever
  * can write the service's keys (another tenant, a corrupted store, a stale
  * format) controls these bytes; an engine must turn them into a clear

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Fuzz target: the RDMA group commit's parsers (rdma_wire.h), as the
  * target reads an RDMA_COMMIT_GROUP (header, then n descriptors) and the
  * initiator its RDMA_COMMIT_GROUP_ACK (header, then n statuses and the

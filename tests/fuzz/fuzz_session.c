@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Fuzz target: a whole session on one connection, as a sequence of frames.
  * Where fuzz_handshake mutates raw bytes (and so mostly breaks framing on
  * the first header), here the input is a list of 8-byte operations that

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Fuzz target: the wire decoders (frame header, hello, segment entry).
  * Whatever the bytes, decoding must not crash, read out of bounds or
  * allocate, and whatever decodes must re-encode to the same meaning. */

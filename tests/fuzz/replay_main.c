@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Replay driver for a fuzz target, built in every build and run by ctest:
  * runs the target on its seeds, on any files or directories given, and on
  * a bounded number of deterministic mutations of the seeds (bit flips,

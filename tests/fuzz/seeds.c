@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Building blocks for fuzz seeds: well-formed frames and hellos. */
 #include <string.h>
 

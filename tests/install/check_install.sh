@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Installs the build into a temporary prefix and builds a user's program
 # (consumer.c) against it three ways: pkg-config (shared), libferry.a with
 # ferry.pc's Libs.private, and CMake find_package(ferry)

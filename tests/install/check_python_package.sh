@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # The ferry-transfer distribution (bindings/python), as a user installs it:
 # `pip install --no-build-isolation --no-index` (no network, no setuptools or
 # `wheel` needed: bindings/python/_build/ferry_backend.py writes the wheel)

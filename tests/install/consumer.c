@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A program as a user writes it against an installed Ferry: only
  * <ferry/ferry.h>, linked through pkg-config or find_package(ferry). It
  * moves bytes between two engines in this process over loopback, checks

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A stand-in for libcuda.so.1, for tests without a GPU: the driver API
  * entry points Ferry calls (src/core/cuda_driver.h), over host memory.
  *

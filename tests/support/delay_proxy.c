@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The delay proxy of delay_proxy.h: one thread accepts, two threads pump
  * each connection (one a direction). A pump reads as fast as its source
  * gives (up to a cap), stamps each chunk with the time it may leave, and

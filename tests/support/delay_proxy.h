@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A TCP relay for tests of slow and broken links: it sits between an
  * initiator and a target on loopback, holds what it reads for latency_ms,
  * and forwards each direction of each connection at no more than

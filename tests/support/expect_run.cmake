@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Runs one command and checks both its exit status and its output, which a
 # plain add_test cannot do at once (PASS_REGULAR_EXPRESSION ignores the exit
 # status; WILL_FAIL ignores the output).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Fault-injection helpers for Ferry's tests: target engines in child
  * processes (to kill, stop, restart, or run in a network namespace), a TCP
  * proxy that delays, stalls, cuts and corrupts, and thread counting. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared helpers for Ferry's tests (cmocka). */
 #ifndef FERRY_TEST_HARNESS_H
 #define FERRY_TEST_HARNESS_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The engine-making half of the harness, kept apart so that tests of pure
  * modules link without the engine. */
 #include <stdio.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ferry_test_peer: a target engine in its own process, for tests that kill,
  * stop or restart it, or run it in another network namespace.
  *

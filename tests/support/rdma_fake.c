@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The software HCA and the tests' helpers (rdma_fake.h). */
 #include "rdma_fake.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A software HCA for the RDMA transport's tests, in the test process: the
  * verbs table that ferry_rdma_test_use_verbs() installs (no RDMA hardware
  * or kernel support is needed), its knobs and counters, and the engine

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The build backend of the ferry-transfer distribution (PEP 517), in the tree.
 
 It writes the wheel itself (a zip with the package, a .dist-info and its

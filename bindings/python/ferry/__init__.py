@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Ferry: a data transfer engine for disaggregated LLM inference (ctypes binding).
 
 Two APIs over the same libferry.so:

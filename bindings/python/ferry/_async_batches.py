@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """TransferEngine's async batches (Mooncake's batch_transfer_async,
 get_batch_transfer_status, transfer_check_status) and the scaled deadline
 its large calls carry: a mixin of ferry.engine.TransferEngine, which keeps

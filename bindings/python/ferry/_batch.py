@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ferry.Batch: an async batch of one Engine (see ferry.core)."""
 
 import ctypes

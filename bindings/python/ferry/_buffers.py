@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Turning what callers pass as a buffer into (address, length, pin).
 
 Accepted:

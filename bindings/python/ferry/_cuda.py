@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The CUDA driver and runtime as ferry.engine asks them, through ctypes: whether an
 address is device memory, and waiting on a stream. Nothing here loads or
 initializes CUDA in a process that has not."""

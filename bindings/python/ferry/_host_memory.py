@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Mooncake's module-level allocate_host_buffer / free_host_buffer (host
 memory for staging, e.g. registered afterwards with register_memory).
 

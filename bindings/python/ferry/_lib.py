@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Locating and loading libferry.so, and the ctypes view of <ferry/ferry.h>.
 
 Search order:

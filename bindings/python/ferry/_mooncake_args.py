@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Argument checks and conversions of the Mooncake-compatible API (ferry.engine):
 the types its pybind11 signatures demand, the batch lists, and the
 local_hostname, metadata server and protocol strings of initialize()."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Strided batches: the common paged-KV shape as one descriptor.
 
 n pieces of piece_len bytes; piece i moves

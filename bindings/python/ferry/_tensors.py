@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Mooncake's transfer_tensor_sync_write / transfer_tensor_sync_read: a tensor
 sent as a 24-byte header (int32 dtype code, int32 ndim, int32 shape[4], -1
 for unused dimensions; native byte order) followed by its elements, and read

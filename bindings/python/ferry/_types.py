@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The values and small records of the strict API (ferry.core): opcodes, memory
 flags, request states, the dataclasses its methods return, argument checks shared by
 Engine and Batch, and the framing of named notifications."""

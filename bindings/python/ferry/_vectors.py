@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Batch arguments (addresses, lengths) as C vectors of uint64, fast.
 
 A batch of 100,000 pieces must not cost 100,000 trips through Python: a list

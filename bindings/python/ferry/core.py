@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The strict, pythonic API: ferry.Engine raises FerryError subclasses.
 
     with ferry.Engine(host="127.0.0.1") as eng:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Mooncake-compatible API: ferry.engine mirrors mooncake.engine.
 
     from ferry.engine import TransferEngine      # instead of mooncake.engine

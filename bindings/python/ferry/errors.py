@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Ferry error codes and exceptions.
 
 The codes, their names, meanings and retry advice come from the C library's

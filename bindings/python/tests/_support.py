@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared helpers for the binding's tests (stdlib unittest only).
 
 Run: /usr/bin/python3 -m unittest discover -s bindings/python/tests -v

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The decode side of an SGLang prefill/decode pair, as a separate process.
 
 Imports Mooncake's API by name through ferry's shim (as SGLang does), starts

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """TransferEngine's async batch ids asked about from several threads at once:
 every thread gets the batch's real outcome, never -1 / NOT_FOUND because
 another thread consumed the batch a moment before (the auditor's report:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Batch arguments as lists, array.array and numpy arrays (the vector fast
 path of ferry/_vectors.py): the right bytes land, zero lengths complete, and
 wrong entries give the codes and TypeErrors they always gave. Speed is shown

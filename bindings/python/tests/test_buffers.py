@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Buffer objects -> (address, length, pin), without an engine."""
 
 import array

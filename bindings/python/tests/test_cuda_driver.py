@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CUDA device memory through libferry's driver-API path, with no GPU: the C
 tests' stub driver (tests/support/cuda_stub.c, built next to libferry.so as
 tests/libcuda_stub.so) loaded as an application loads libcuda.so.1. Runs in

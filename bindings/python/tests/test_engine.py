@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ferry.Engine and ferry.TransferEngine against a second engine in this process."""
 
 import ctypes

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ferry.errors: the code table comes from the C library; exceptions per code."""
 
 import ctypes

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Mooncake's HTTP metadata server as the metadata service:
 initialize(..., "http://127.0.0.1:PORT/metadata", "tcp", "") works with no
 code change, against tests/http_meta_server.py (Mooncake's protocol: PUT,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The ctypes structures match <ferry/ferry.h>: sizes and offsets, from a C compiler."""
 
 import ctypes

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ferry.TransferEngine offers Mooncake's Python API (names, parameters, defaults),
 and the parts of initialize() that need no engine behave."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Mooncake's own Python call sequences, unchanged, against ferry.TransferEngine
 (installed as mooncake.engine by the shim). Each test names the upstream file
 it reproduces (kvcache-ai/Mooncake, mooncake-wheel/tests/..., or the Python API

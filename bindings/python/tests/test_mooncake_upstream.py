@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """More of Mooncake's own Python call sequences against ferry.engine (installed
 as mooncake.engine by the shim): the ones test_mooncake_sequences.py does not
 already have. Each test names the upstream file (kvcache-ai/Mooncake,

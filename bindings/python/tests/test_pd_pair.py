@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What an SGLang prefill/decode pair does, across two processes.
 
 The decode process (pd_peer.py) starts an engine on 127.0.0.1, registers its

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ferry.Engine.pin: a call pinned to a decode's epoch never reaches the
 process restarted on its port (PeerRestarted every time, nothing lands),
 over tcp and shm; a re-pinned name works; malformed pins are argument

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """SGLang's own call sequences against a decode process (as test_pd_pair),
 in SGLang's order and with its handling of return codes (our code, written
 after SGLang's disaggregation/mooncake conn.py, conn_async.py, the encoder

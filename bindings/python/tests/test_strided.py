@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Strided batches from Python (TransferEngine.transfer_strided_sync,
 ferry/_strided.py): index lists and numpy arrays move the right bytes,
 bounds are refused with the piece named, and detect() recognizes

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """vLLM's own call sequences against the binding, in vLLM's order and with
 the return checks vLLM makes (our code, written after vLLM's v1 Mooncake KV
 connector, kv_connector/v1/mooncake/mooncake_connector.py, and its v0 pipe,
