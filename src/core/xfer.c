@@ -255,7 +255,12 @@ int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size
                 }
             }
         }
-        if (relearned && rc == 0) {
+        /* A stale key breaks an RDMA queue pair (a remote access error
+         * flushes the pieces behind it): the link broke for the range's
+         * re-registration, not for the peer, and what was in doubt is
+         * settled by the fence above. */
+        bool stale_break = relearned && broken && rc == FERRY_ERR_PEER_CLOSED;
+        if (relearned && (rc == 0 || stale_break)) {
             /* The range is registered now, under a newer generation: send
              * again at once, without using up a retry. */
             relearns--;
