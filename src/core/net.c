@@ -238,16 +238,20 @@ int ferry_net_send(int fd, const void *buf, size_t len, uint64_t deadline)
     return ferry_net_sendv(fd, &iov, 1, deadline);
 }
 
-int ferry_net_recv(int fd, void *buf, size_t len, uint64_t deadline)
+/* Receives until *left bytes arrived at p (advancing both) or the deadline.
+ * With stop_on_efault, a receive the kernel cannot write into the caller's
+ * memory (EFAULT) stops early with 0, *left > 0 and the bytes still in the
+ * socket; without it EFAULT is an I/O error like any other. */
+static int recv_loop(int fd, char **p, size_t *left, uint64_t deadline, bool stop_on_efault)
 {
-    char *p = buf;
-    while (len > 0) {
-        ssize_t n = recv(fd, p, len, MSG_DONTWAIT);
+    while (*left > 0) {
+        ssize_t n = recv(fd, *p, *left, MSG_DONTWAIT);
         if (n > 0) {
-            p += n;
-            len -= (size_t)n;
+            *p += n;
+            *left -= (size_t)n;
             continue;
         }
+        if (n < 0 && errno == EFAULT && stop_on_efault) return 0;
         if (n == 0) return ferry_fail(FERRY_ERR_PEER_CLOSED, "the peer closed the connection");
         if (errno == EINTR) continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK) return io_error(errno, "recv");
@@ -258,26 +262,19 @@ int ferry_net_recv(int fd, void *buf, size_t len, uint64_t deadline)
     return 0;
 }
 
+int ferry_net_recv(int fd, void *buf, size_t len, uint64_t deadline)
+{
+    char *p = buf;
+    return recv_loop(fd, &p, &len, deadline, false);
+}
+
 int ferry_net_recv_local(int fd, void *buf, size_t len, uint64_t deadline, bool *stream_ok)
 {
     char *p = buf;
     *stream_ok = false;
     size_t left = len;
-    while (left > 0) {
-        ssize_t n = recv(fd, p, left, MSG_DONTWAIT);
-        if (n > 0) {
-            p += n;
-            left -= (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno == EFAULT) break; /* the bytes stay in the socket */
-        if (n == 0) return ferry_fail(FERRY_ERR_PEER_CLOSED, "the peer closed the connection");
-        if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) return io_error(errno, "recv");
-        int w = wait_fd(fd, POLLIN, deadline);
-        if (w == 0) return ferry_fail(FERRY_ERR_TIMEOUT, "no answer from the peer before the deadline");
-        if (w < 0) return io_error(errno, "poll");
-    }
+    int rc = recv_loop(fd, &p, &left, deadline, true); /* EFAULT: the bytes stay in the socket */
+    if (rc) return rc;
     if (left == 0) {
         *stream_ok = true;
         return 0;
