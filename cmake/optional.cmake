@@ -66,7 +66,7 @@ option(FERRY_WITH_HTTP "metrics HTTP endpoint (libmicrohttpd)" ON)
 if(FERRY_WITH_HTTP)
   pkg_check_modules(FERRY_MHD IMPORTED_TARGET libmicrohttpd)
   if(FERRY_MHD_FOUND)
-    target_sources(ferry_objects PRIVATE ${CMAKE_SOURCE_DIR}/src/core/metrics_http_opt_http.c)
+    target_sources(ferry_objects PRIVATE ${CMAKE_SOURCE_DIR}/src/engine/metrics_http_opt_http.c)
     target_link_libraries(ferry_objects PRIVATE PkgConfig::FERRY_MHD)
     target_compile_definitions(ferry_objects PRIVATE FERRY_HAVE_HTTP)
     message(STATUS "ferry: metrics HTTP endpoint ON")
@@ -75,7 +75,7 @@ if(FERRY_WITH_HTTP)
   endif()
 endif()
 
-# ---- RDMA transport (branch rdma): src/transport/rdma*_opt_rdma.c ----------
+# ---- RDMA transport (branch rdma): src/transport/rdma/rdma*_opt_rdma.c ----------
 # Needs only <infiniband/verbs.h> at build time (Debian: libibverbs-dev).
 # libibverbs is NOT linked: the transport dlopen()s libibverbs.so.1 at an
 # engine's first probe, and only when sysfs lists an RDMA device, so the
@@ -85,7 +85,7 @@ if(FERRY_WITH_RDMA)
   find_path(FERRY_IBVERBS_INCLUDE_DIR infiniband/verbs.h)
   if(FERRY_IBVERBS_INCLUDE_DIR)
     set(FERRY_HAVE_RDMA ON)
-    file(GLOB FERRY_RDMA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/transport/*_opt_rdma.c)
+    file(GLOB FERRY_RDMA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/transport/rdma/*_opt_rdma.c)
     target_sources(ferry_objects PRIVATE ${FERRY_RDMA_SOURCES})
     target_include_directories(ferry_objects PRIVATE ${FERRY_IBVERBS_INCLUDE_DIR})
     target_compile_definitions(ferry_objects PRIVATE FERRY_HAVE_RDMA=1)
@@ -98,9 +98,9 @@ else()
   message(STATUS "ferry: RDMA transport OFF (FERRY_WITH_RDMA=OFF)")
 endif()
 
-# ---- CUDA device memory: src/core/cuda_opt_cuda.c -------------------------
+# ---- CUDA device memory: src/util/cuda_opt_cuda.c -------------------------
 # ON by default: it needs nothing at build time. The few CUDA driver API
-# declarations used are in src/core/cuda_driver.h (cuda.h comes only with the
+# declarations used are in src/util/cuda_driver.h (cuda.h comes only with the
 # whole toolkit), and nothing from CUDA is linked: libcuda.so.1 is dlopen'ed
 # at run time, and only in a process that has loaded it already. Without a
 # CUDA driver all memory is host memory (ferry_device_memory_supported says
@@ -108,7 +108,7 @@ endif()
 set(FERRY_HAVE_CUDA OFF)
 if(FERRY_WITH_CUDA)
   set(FERRY_HAVE_CUDA ON)
-  target_sources(ferry_objects PRIVATE ${CMAKE_SOURCE_DIR}/src/core/cuda_opt_cuda.c)
+  target_sources(ferry_objects PRIVATE ${CMAKE_SOURCE_DIR}/src/util/cuda_opt_cuda.c)
   target_compile_definitions(ferry_objects PRIVATE FERRY_HAVE_CUDA=1)
   target_link_libraries(ferry_objects PRIVATE ${CMAKE_DL_LIBS})
   message(STATUS "ferry: CUDA device memory ON (driver API, libcuda.so.1 dlopen'ed at run time)")
@@ -116,7 +116,7 @@ else()
   message(STATUS "ferry: CUDA device memory OFF (FERRY_WITH_CUDA=OFF)")
 endif()
 
-# ---- CRC32C through ISA-L (src/core/crc32c.c): libisal ---------------------
+# ---- CRC32C through ISA-L (src/util/crc32c.c): libisal ---------------------
 # ISA-L's crc32_iscsi folds several streams of the CPU's CRC instructions at
 # once, several times the speed of one stream. Without it crc32c.c uses the
 # CPU's CRC instructions (SSE4.2, ARMv8 CRC) or slicing-by-8.

@@ -19,7 +19,7 @@ if(FERRY_HAVE_CUDA)
   target_link_libraries(test_cuda PRIVATE ${CMAKE_DL_LIBS})
   add_dependencies(test_cuda cuda_stub cuda_stub_partial)
   # Where a toolkit's cuda.h is at hand, the test checks the driver API
-  # values Ferry declares itself (src/core/cuda_driver.h) against it.
+  # values Ferry declares itself (src/util/cuda_driver.h) against it.
   find_path(FERRY_CUDA_H_DIR cuda.h PATHS /usr/local/cuda/include ENV CUDA_HOME PATH_SUFFIXES include)
   if(FERRY_CUDA_H_DIR)
     target_compile_definitions(test_cuda PRIVATE FERRY_TEST_CUDA_H=1)

@@ -12,7 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "core/auth.h"
+#include "link/auth.h"
 #include "fault.h"
 #include "harness.h"
 

@@ -16,8 +16,8 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
-#include "core/cancel.h"
-#include "core/engine.h"
+#include "link/cancel.h"
+#include "engine/engine.h"
 #include "delay_proxy.h"
 #include "fault.h"
 #include "harness.h"

@@ -12,8 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/engine.h"
-#include "core/spin.h"
+#include "engine/engine.h"
+#include "util/spin.h"
 #include "harness.h"
 
 typedef struct pair {

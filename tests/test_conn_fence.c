@@ -21,9 +21,9 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
-#include "core/cancel.h"
-#include "core/engine.h"
-#include "core/testing.h"
+#include "link/cancel.h"
+#include "engine/engine.h"
+#include "engine/testing.h"
 #include "fault.h"
 #include "harness.h"
 #include "wire/wire.h"

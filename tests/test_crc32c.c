@@ -11,7 +11,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/crc32c.h"
+#include "util/crc32c.h"
 
 static void check_values_every_impl(void **state)
 {

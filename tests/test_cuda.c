@@ -37,14 +37,14 @@ int main(void)
 #include <cuda.h>
 #endif
 
-#include "core/cuda_driver.h"
-#include "core/cuda_opt_cuda.h"
-#include "core/engine.h"
-#include "core/memkind.h"
+#include "util/cuda_driver.h"
+#include "util/cuda_opt_cuda.h"
+#include "engine/engine.h"
+#include "util/memkind.h"
 #include "harness.h"
 
 #ifdef FERRY_TEST_CUDA_H
-/* Ferry declares the driver API itself (src/core/cuda_driver.h): the values
+/* Ferry declares the driver API itself (src/util/cuda_driver.h): the values
  * must be cuda.h's. Checked when this file compiles. */
 _Static_assert(FERRY_CUDA_SUCCESS == CUDA_SUCCESS, "CUresult");
 _Static_assert(FERRY_CUDA_ERROR_INVALID_VALUE == CUDA_ERROR_INVALID_VALUE, "CUresult");

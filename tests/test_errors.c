@@ -4,7 +4,7 @@
 
 #include <string.h>
 
-#include "core/fail.h"
+#include "util/fail.h"
 
 static void mooncake_values_kept(void **state)
 {

@@ -27,9 +27,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/cancel.h"
-#include "core/clock.h"
-#include "core/testing.h"
+#include "link/cancel.h"
+#include "util/clock.h"
+#include "engine/testing.h"
 #include "wire/wire.h"
 #include "fault.h"
 #include "harness.h"

@@ -13,7 +13,7 @@
 
 #include "delay_proxy.h"
 #include "harness.h"
-#include "core/testing.h"
+#include "engine/testing.h"
 
 #define GUARD 4096
 #define BODY 65536

@@ -25,7 +25,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
-#include "core/engine.h"
+#include "engine/engine.h"
 #include "delay_proxy.h"
 #include "fault.h"
 #include "harness.h"

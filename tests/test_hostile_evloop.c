@@ -46,9 +46,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/crc32c.h"
-#include "core/engine.h"
-#include "core/evloop.h"
+#include "util/crc32c.h"
+#include "engine/engine.h"
+#include "serve/evloop.h"
 #include "fault.h"
 #include "harness.h"
 

@@ -22,8 +22,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "core/engine.h"
-#include "core/evloop.h"
+#include "engine/engine.h"
+#include "serve/evloop.h"
 #include "fault.h"
 #include "harness.h"
 

@@ -9,7 +9,7 @@
 
 #include "fault.h"
 #include "harness.h"
-#include "transport/vec.h"
+#include "link/vec.h"
 
 #define LEN (4u << 20)
 

@@ -12,7 +12,7 @@
 #include <time.h>
 
 #include "harness.h"
-#include "transport/vec.h"
+#include "link/vec.h"
 
 #include <ferry/kv.h>
 

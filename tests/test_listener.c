@@ -17,8 +17,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "core/auth.h"
-#include "core/engine.h"
+#include "link/auth.h"
+#include "engine/engine.h"
 #include "fault.h"
 #include "harness.h"
 

@@ -19,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/engine.h"
+#include "engine/engine.h"
 #include "fault.h"
 #include "harness.h"
 

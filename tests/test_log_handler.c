@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/log.h"
+#include "util/log.h"
 
 struct seen {
     _Atomic int calls;

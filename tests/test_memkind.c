@@ -12,9 +12,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "core/engine.h"
-#include "core/memkind.h"
-#include "core/registry.h"
+#include "engine/engine.h"
+#include "util/memkind.h"
+#include "link/registry.h"
 #include "harness.h"
 
 typedef struct fake_dev {

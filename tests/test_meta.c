@@ -22,8 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/directory.h"
-#include "core/fail.h"
+#include "engine/directory.h"
+#include "util/fail.h"
 #include "meta/meta.h"
 
 extern char **environ;

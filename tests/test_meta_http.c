@@ -19,7 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "core/fail.h"
+#include "util/fail.h"
 #include "harness.h"
 #include "meta/meta.h"
 

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "harness.h"
-#include "core/testing.h"
+#include "engine/testing.h"
 
 #include <ferry/pool.h>
 

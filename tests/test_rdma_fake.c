@@ -30,13 +30,13 @@ int main(void)
 #include <time.h>
 #include <unistd.h>
 
-#include "core/clock.h"
-#include "core/engine.h"
-#include "core/memkind.h"
-#include "core/net.h"
-#include "core/testing.h"
+#include "util/clock.h"
+#include "engine/engine.h"
+#include "util/memkind.h"
+#include "util/net.h"
+#include "engine/testing.h"
 #include "harness.h"
-#include "transport/rdma.h"
+#include "transport/rdma/rdma.h"
 #include "rdma_fake.h"
 
 /* ============================================================ the tests */

@@ -25,10 +25,10 @@ int main(void)
 #include <string.h>
 #include <unistd.h>
 
-#include "core/clock.h"
-#include "core/engine.h"
-#include "core/net.h"
-#include "core/testing.h"
+#include "util/clock.h"
+#include "engine/engine.h"
+#include "util/net.h"
+#include "engine/testing.h"
 #include "harness.h"
 #include "rdma_fake.h"
 #include "wire/rdma_wire.h"

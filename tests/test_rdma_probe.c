@@ -13,11 +13,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/clock.h"
-#include "core/engine.h"
-#include "core/net.h"
+#include "util/clock.h"
+#include "engine/engine.h"
+#include "util/net.h"
 #include "harness.h"
-#include "transport/rdma.h"
+#include "transport/rdma/rdma.h"
 
 /* A scratch directory tree for fake sysfs contents. */
 static char root[256];

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/metrics.h"
+#include "link/metrics.h"
 #include "fault.h"
 #include "harness.h"
 

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/engine.h"
+#include "engine/engine.h"
 #include "harness.h"
 
 static void table_basics(void **state)

@@ -14,11 +14,11 @@
 
 #include "harness.h"
 
-#include "core/clock.h"
-#include "core/memkind.h"
+#include "util/clock.h"
+#include "util/memkind.h"
 #include "delay_proxy.h"
-#include "core/engine.h"
-#include "core/net.h"
+#include "engine/engine.h"
+#include "util/net.h"
 #include "wire/wire.h"
 
 /* ------------------------------------------------- a target in a child */

@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "core/testing.h"
+#include "engine/testing.h"
 
 #include <ferry/pool.h>
 

@@ -30,8 +30,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/crc32c.h"
-#include "core/engine.h"
+#include "util/crc32c.h"
+#include "engine/engine.h"
 #include "fault.h"
 #include "harness.h"
 

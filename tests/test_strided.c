@@ -12,10 +12,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/testing.h"
+#include "engine/testing.h"
 #include "fault.h"
 #include "harness.h"
-#include "transport/vec.h"
+#include "link/vec.h"
 #include "wire/le.h"
 
 #define PIECE 2048

@@ -18,7 +18,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/batch.h"
+#include "engine/batch.h"
 #ifndef FERRY_STRIDED_WINDOW /* the code before windows: to see these tests fail there */
 static inline size_t ferry_strided_window(size_t n, size_t lanes) { (void)lanes; return n < 4096 ? n : 4096; }
 #endif

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/testing.h"
+#include "engine/testing.h"
 #include "harness.h"
 
 typedef struct pair {

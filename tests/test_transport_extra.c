@@ -16,9 +16,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/clock.h"
+#include "util/clock.h"
 #include "harness.h"
-#include "transport/transport.h"
+#include "link/transport.h"
 
 /* Ids past RDMA's (rdma_wire.h), free in every transport of the table. */
 enum { FRAME_EXTRA_PING = 80, FRAME_EXTRA_PONG = 81 };

@@ -5,6 +5,6 @@
 # its own copy of transport.c (the archive's is then never pulled in), so the
 # library, libferry.so included, stays as it is and exports nothing more.
 if(TEST test_transport_extra)
-  target_sources(test_transport_extra PRIVATE ${CMAKE_SOURCE_DIR}/src/transport/transport.c)
+  target_sources(test_transport_extra PRIVATE ${CMAKE_SOURCE_DIR}/src/link/transport.c)
   target_compile_definitions(test_transport_extra PRIVATE FERRY_TEST_TRANSPORT_EXTRA=1)
 endif()

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "harness.h"
-#include "transport/transport.h"
+#include "link/transport.h"
 #include "wire/rdma_wire.h"
 #include "wire/wire.h"
 

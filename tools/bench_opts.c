@@ -22,7 +22,7 @@
 #include <ferry/pool.h>
 
 #include "bench.h"
-#include "core/testing.h"
+#include "engine/testing.h"
 #include "opts.h"
 #include "util.h"
 

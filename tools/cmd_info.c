@@ -18,7 +18,7 @@
 
 #include "cli.h"
 #include "meta/meta.h"
-#include "transport/rdma.h"
+#include "transport/rdma/rdma.h"
 #include "util.h"
 
 extern char **environ;

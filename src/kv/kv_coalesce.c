@@ -3,8 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/fail.h"
-#include "kv/kv_internal.h"
+#include "util/fail.h"
+#include "kv_internal.h"
 
 int kv_blocks_append(struct kv_block_list *l, uint64_t src, uint64_t dst, uint64_t len)
 {

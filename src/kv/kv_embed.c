@@ -4,8 +4,8 @@
 
 #include <ferry/ferry.h>
 
-#include "core/fail.h"
-#include "kv/kv_internal.h"
+#include "util/fail.h"
+#include "kv_internal.h"
 
 struct ferry_kv_embed {
     ferry_engine_t *engine;

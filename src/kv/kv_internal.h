@@ -10,7 +10,7 @@
 
 #include <ferry/kv.h>
 
-#include "core/arith.h"
+#include "util/arith.h"
 
 /* One rank's view of a token row. */
 struct kv_geometry {

@@ -3,8 +3,8 @@
  * tensor-parallel rank holds. */
 #include <stdlib.h>
 
-#include "core/fail.h"
-#include "kv/kv_internal.h"
+#include "util/fail.h"
+#include "kv_internal.h"
 
 static const char *kind_name(int kind)
 {

@@ -6,8 +6,8 @@
  *   32 aux_len u32 | 36 reason_len u32 | 40 aux | 40+aux_len reason */
 #include <string.h>
 
-#include "core/fail.h"
-#include "kv/kv_internal.h"
+#include "util/fail.h"
+#include "kv_internal.h"
 
 static const unsigned char notice_magic[4] = {'F', 'K', 'V', 1};
 

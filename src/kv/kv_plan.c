@@ -4,9 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/fail.h"
-#include "core/sized.h"
-#include "kv/kv_internal.h"
+#include "util/fail.h"
+#include "util/sized.h"
+#include "kv_internal.h"
 
 static int model_field_differs(const char *field, uint64_t prefill, uint64_t decode)
 {

@@ -9,9 +9,9 @@
 
 #include <ferry/ferry.h>
 
-#include "core/fail.h"
-#include "core/watch.h"
-#include "kv/kv_internal.h"
+#include "util/fail.h"
+#include "link/watch.h"
+#include "kv_internal.h"
 
 long ferry_kv_poll(ferry_engine_t *e, ferry_kv_event_t *out, size_t max)
 {

@@ -8,10 +8,10 @@
 
 #include <ferry/ferry.h>
 
-#include "core/arith.h"
-#include "core/fail.h"
-#include "core/session.h"
-#include "kv/kv_internal.h"
+#include "util/arith.h"
+#include "util/fail.h"
+#include "engine/session.h"
+#include "kv_internal.h"
 #include "wire/wire.h"
 
 /* The message part of a detail "NAME (code): message", for re-wrapping. */

@@ -4,8 +4,8 @@
  * Both walk the same staging layout, [layer][buffer][token][part][heads]. */
 #include <string.h>
 
-#include "core/fail.h"
-#include "kv/kv_internal.h"
+#include "util/fail.h"
+#include "kv_internal.h"
 
 enum copy_direction { PAGES_TO_STAGING, STAGING_TO_PAGES };
 

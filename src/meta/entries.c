@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/fail.h"
+#include "util/fail.h"
 
 static struct meta_entry *find(struct meta_entries *es, const char *key)
 {

@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/fail.h"
+#include "util/fail.h"
 #include "curl_client.h"
 #include "meta.h"
 

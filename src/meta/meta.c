@@ -17,8 +17,8 @@
 #include <curl/curl.h>
 #endif
 
-#include "core/fail.h"
-#include "core/log.h"
+#include "util/fail.h"
+#include "util/log.h"
 
 #define DEFAULT_TIMEOUT_MS 3000
 

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <sys/time.h>
 
-#include "core/fail.h"
+#include "util/fail.h"
 #include "entries.h"
 #include "meta.h"
 

@@ -4,7 +4,7 @@
  * tests exercise every rejection without a device. */
 #include <string.h>
 
-#include "core/fail.h"
+#include "util/fail.h"
 #include "le.h"
 #include "rdma_wire.h"
 #include "wire.h"

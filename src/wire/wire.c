@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "core/fail.h"
+#include "util/fail.h"
 #include <ferry/ferry.h>
 
 

@@ -14,7 +14,7 @@
 
 #include <ferry/ferry.h>
 
-#include "core/engine.h"
+#include "engine/engine.h"
 #include "fuzz.h"
 #include "wire/wire.h"
 

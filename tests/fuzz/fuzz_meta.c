@@ -16,8 +16,8 @@
 
 #include <ferry/ferry.h>
 
-#include "core/directory.h"
-#include "core/engine.h"
+#include "engine/directory.h"
+#include "engine/engine.h"
 #include "fuzz.h"
 #include "meta/entries.h"
 #include "meta/meta.h"

@@ -11,7 +11,7 @@
 #include <ferry/ferry.h>
 
 #include "fuzz.h"
-#include "transport/transport.h"
+#include "link/transport.h"
 #include "wire/rdma_wire.h"
 #include "wire/wire.h"
 

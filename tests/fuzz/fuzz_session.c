@@ -24,7 +24,7 @@
 
 #include <ferry/ferry.h>
 
-#include "core/engine.h"
+#include "engine/engine.h"
 #include "fuzz.h"
 #include "wire/wire.h"
 

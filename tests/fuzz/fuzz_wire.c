@@ -8,7 +8,7 @@
 #include <ferry/ferry.h>
 
 #include "fuzz.h"
-#include "transport/transport.h"
+#include "link/transport.h"
 #include "wire/wire.h"
 
 static void check(int ok)

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* A stand-in for libcuda.so.1, for tests without a GPU: the driver API
- * entry points Ferry calls (src/core/cuda_driver.h), over host memory.
+ * entry points Ferry calls (src/util/cuda_driver.h), over host memory.
  *
  * "Device memory" (cuda_stub_alloc) is a memfd mapped twice: the pointer
  * handed out is mapped PROT_NONE, so a CPU touch crashes the test, and the
@@ -22,7 +22,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "core/cuda_driver.h"
+#include "util/cuda_driver.h"
 
 #define STUB_API __attribute__((visibility("default")))
 #define MAX_ALLOCS 32

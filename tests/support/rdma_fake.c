@@ -10,8 +10,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "core/engine.h"
-#include "core/memkind.h"
+#include "engine/engine.h"
+#include "util/memkind.h"
 #include "harness.h"
 
 struct fake_hca H = {.lock = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER, .next_qpn = 0x100,

@@ -28,7 +28,7 @@
 
 #include <ferry/ferry.h>
 
-#include "transport/rdma_verbs.h"
+#include "transport/rdma/rdma_verbs.h"
 
 #define FAKE_LID 1
 #define FAKE_MAX_WR 48 /* below Ferry's own depth (128): its clamp is exercised */

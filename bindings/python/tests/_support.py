@@ -26,7 +26,7 @@ except ImportError:
 
 requires_numpy = unittest.skipUnless(HAVE_NUMPY, "numpy is not installed for this interpreter")
 
-ENGINE_SOURCE = os.path.join(REPO_ROOT, "src", "core", "engine.c")
+ENGINE_SOURCE = os.path.join(REPO_ROOT, "src", "serve", "engine.c")
 
 
 def engine_in_library():
@@ -34,7 +34,7 @@ def engine_in_library():
 
 
 def requires_engine(obj):
-    """Skips before the engine exists in the tree; once src/core/engine.c exists, a
+    """Skips before the engine exists in the tree; once src/serve/engine.c exists, a
     library without the engine is a stale build and the tests fail instead."""
     if engine_in_library():
         return obj

@@ -1,0 +1,753 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The shared-memory transport: single-copy transfers between processes of
+ * one host by cross-memory attach (process_vm_readv / process_vm_writev).
+ *
+ * The TCP connection stays the control channel; only the bytes take the
+ * short way. The initiator sends CMA_WRITE / CMA_READ frames naming the
+ * target range (addr, len), its own buffer (aux) and the region generation
+ * (crc field). The TARGET does every copy: for a write it pulls the bytes
+ * out of the initiator with process_vm_readv straight into its validated
+ * registered range, for a read it pushes them with process_vm_writev; then
+ * it answers WRITE_ACK / READ_RESP (no payload). So, as over TCP, a peer can
+ * only ever touch the target's registered remote-accessible memory, and the
+ * target re-validates under the registry's read lock before every chunk
+ * (the discipline of tcp.c's place_direct: a deregistration waits for the
+ * chunk in progress, later chunks see it; cancelled requests are refused).
+ *
+ * Trust: the pid in HELLO is only a claim. Before the first copy on a
+ * connection the target checks that the connection comes from an address of
+ * this host and that the claimed pid owns the peer's socket (its inode,
+ * found by the 4-tuple with sock_diag or in /proc/net/tcp{,6}, is among the
+ * links in /proc/<pid>/fd), and probes that the kernel lets it attach.
+ * Otherwise it refuses cross-memory attach on that connection: it answers
+ * NOT_IMPLEMENTED with the reason, having placed nothing, and the initiator
+ * moves the session to tcp and resends the same pieces there.
+ *
+ * FERRY_SHM_DISABLE=1 in a target's environment makes it refuse (to test or
+ * to force the fallback); config.transport = "tcp" keeps an initiator off
+ * shm altogether.
+ *
+ * Shared pools (ferry_pool_create_shared, core/share.h) take a shorter way
+ * still: the initiator asks once per connection and region (SHM_MAP_REQ,
+ * served only on verified connections, only for regions peers may access,
+ * and only by targets advertising FERRY_HELLO_F_SHMPOOL2), checks that the
+ * target's pid owns the other end of the connection, receives the pool's
+ * memfds with SCM_RIGHTS on a unix socket that only the verified pids on
+ * either end may use (the data read-only unless the pool is remote-writable,
+ * and sealed so; the control header read-only, sealed so for everyone but
+ * the owner), maps them and copies with memcpy itself. The copies count
+ * only once, after them and a fence, the pool's control header still says
+ * live at their generation (the owner marks it revoked, and fences, before
+ * it detaches the pool), the target's pidfd says it has not exited and
+ * the connection has not hung up (an exec leaves the pid): no frame, no
+ * round trip (shm_pool.c, "when mapped copies count", has the
+ * argument). Copies into a revoked pool go again by cross-memory attach,
+ * where the target's registry decides. Without pidfd_open, or with
+ * FERRY_SHM_CONFIRM=1 at the initiator, the target confirms instead, by
+ * answering the same request again (a killed target answers nothing).
+ * FERRY_SHM_NOMAP=1 at the initiator keeps such regions on cross-memory
+ * attach.
+ *
+ * Files: this one holds the transport's table, the copies and the vector
+ * frames; shm_trust.c verifies the same-host peer; shm_pool.c maps shared
+ * pools; shm_internal.h is what they share. */
+#include <errno.h>
+#include <stddef.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <limits.h>
+#include <sys/uio.h>
+#include <stdatomic.h>
+#include <unistd.h>
+
+#include "util/clock.h"
+#include "util/fail.h"
+#include "util/log.h"
+#include "util/memkind.h"
+#include "util/net.h"
+#include "engine/session.h" /* the session's port (via_intermediary) */
+#include "link/share.h"
+#include "util/tsan.h"
+#include "link/watch.h"
+#include "wire/le.h"
+#include "link/transport.h"
+#include "link/vec.h"
+
+/* Bytes copied per registry read-lock hold at the target: bounds how long
+ * a deregistration or cancel waits (well under a millisecond). */
+#define SHM_CHUNK (4u << 20)
+/* Frames in flight per connection: hides the control round trip. */
+#define SHM_WINDOW 64
+/* Waiting on at most this many bytes being copied, the answer is due within
+ * tens of microseconds: spin for it rather than sleep. */
+#define SHM_SPIN_INFLIGHT (256u << 10)
+
+#include "shm_internal.h"
+
+/* -------------------------------------------------------- target: copy */
+
+int shm_send_status(ferry_conn_t *c, uint8_t type, const ferry_frame_t *req, int status, uint64_t deadline)
+{
+    const char *why = status ? ferry_fail_message() : "";
+    size_t n = strlen(why);
+    if (n > FERRY_WIRE_MAX_REASON) n = FERRY_WIRE_MAX_REASON;
+    ferry_frame_t f = {.type = type, .status = status, .req_id = req->req_id, .addr = req->addr,
+                       .len = status ? 0 : req->len, .plen = (uint32_t)n};
+    return ferry_conn_send_frame(c, &f, why, deadline);
+}
+
+/* Maps a failed process_vm_* errno to the answer's status. */
+static int cma_error(struct shm_conn *sc, const ferry_frame_t *f, bool write, uint64_t done, size_t n, int err)
+{
+    switch (err) {
+    case EPERM:
+    case EACCES:
+        sc->state = -1;
+        snprintf(sc->reason, sizeof sc->reason, "the kernel stopped allowing cross-memory attach to pid %d: %s",
+                 (int)sc->pid, strerror(err));
+        return ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "%s", sc->reason);
+    case ESRCH:
+        return ferry_fail(FERRY_ERR_PEER_CLOSED, "initiator pid %d exited during a transfer", (int)sc->pid);
+    case ENOMEM:
+        return ferry_fail(FERRY_ERR_MEMORY, "cross-memory attach: out of memory");
+    default: /* the initiator's own memory: its caller's error, not retried */
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT,
+                          "%s initiator memory [0x%llx+%zu) by cross-memory attach failed after %llu of %llu "
+                          "bytes: %s (is the local buffer %s while registered?)",
+                          write ? "reading" : "writing", (unsigned long long)(f->aux + done), n,
+                          (unsigned long long)done, (unsigned long long)f->len, strerror(err),
+                          write ? "unmapped" : "unmapped or not writable");
+    }
+}
+
+/* Moves n bytes between the initiator (theirs) and here (mine) once,
+ * retrying EINTR; the count moved, or -errno (a fault at the very start
+ * reads as -EFAULT). */
+static ssize_t cma_once(pid_t pid, bool write, void *mine, uint64_t theirs, size_t n)
+{
+    struct iovec l = {mine, n}, r = {(void *)(uintptr_t)theirs, n};
+    for (;;) {
+        ssize_t got = write ? process_vm_readv(pid, &l, 1, &r, 1, 0) : process_vm_writev(pid, &l, 1, &r, 1, 0);
+        if (got > 0) return got;
+        if (got == 0) return -EFAULT;
+        if (errno != EINTR && errno != EAGAIN) return -errno;
+    }
+}
+
+/* Re-validation of the frame's range with the read lock held: the cancel
+ * set first (a CANCEL's barrier relies on it), then the registry. */
+static int check_locked(ferry_conn_t *c, const ferry_frame_t *f, uint32_t need)
+{
+    ferry_engine_t *e = c->engine;
+    if (ferry_conn_is_cancelled(c, f->req_id))
+        return ferry_fail(FERRY_ERR_CANCELLED, "request %llu was cancelled", (unsigned long long)f->req_id);
+    if (ferry_frame_expired(f)) return ferry_frame_expired_fail(c, f); /* wire.h, cancel.h */
+    /* The registry as it is now, whatever generation the initiator learned
+     * (as tcp.c): a range registered again takes the access. */
+    return ferry_registry_check_locked(ferry_engine_registry(e), f->addr, f->len, need, 0, "target");
+}
+
+/* The memory kind of the target range (host without a lookup when no
+ * device memory is registered), with the read lock held. */
+static uint32_t kind_locked(ferry_registry_t *r, const ferry_frame_t *f)
+{
+    if (ferry_registry_device_count(r) == 0) return FERRY_MEMKIND_HOST;
+    const ferry_region_t *reg = ferry_registry_lookup_locked(r, f->addr, f->len);
+    return reg ? reg->kind : FERRY_MEMKIND_HOST;
+}
+
+/* Copies the frame's range chunk by chunk, each under the registry's read
+ * lock after re-validating the range. Host memory moves in one copy, the
+ * kernel's; device memory (which the kernel cannot reach) is staged in the
+ * connection's bounce buffer, the attach outside the lock on the bounce
+ * side. Returns the answer's status. */
+static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, bool write)
+{
+    FERRY_TSAN_PAYLOAD_SCOPE();
+    ferry_registry_t *r = ferry_engine_registry(c->engine);
+    uint32_t need = write ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_REMOTE_READ;
+    uint64_t done = 0;
+    while (done < f->len) {
+        uint64_t left = f->len - done;
+        size_t n = left < SHM_CHUNK ? (size_t)left : SHM_CHUNK;
+        unsigned char *here = (unsigned char *)(uintptr_t)(f->addr + done);
+        uint64_t there = f->aux + done;
+        ssize_t got = 0;
+        ferry_registry_read_lock(r);
+        int rc = check_locked(c, f, need);
+        uint32_t kind = rc ? FERRY_MEMKIND_HOST : kind_locked(r, f);
+        if (rc == 0 && kind == FERRY_MEMKIND_HOST) got = cma_once(sc->pid, write, here, there, n);
+        if (write && got > 0) ferry_placed_progress(c, done + (uint64_t)got, NULL); /* under the lock (cancel.h) */
+        ferry_registry_unlock(r);
+        if (rc) {
+            if (done && rc == FERRY_ERR_ADDRESS_NOT_REGISTERED)
+                ferry_fail_context("region deregistered during the transfer");
+            return rc;
+        }
+        if (kind != FERRY_MEMKIND_HOST) {
+            unsigned char *b = ferry_conn_bounce(c, n);
+            if (!b) return ferry_fail(FERRY_ERR_MEMORY, "staging buffer of %zu bytes: out of memory", n);
+            if (write) {
+                got = cma_once(sc->pid, true, b, there, n);
+                if (got > 0) {
+                    ferry_registry_read_lock(r);
+                    rc = check_locked(c, f, need);
+                    if (rc == 0) rc = ferry_memkind_from_host(kind, here, b, (size_t)got);
+                    if (rc == 0) ferry_placed_progress(c, done + (uint64_t)got, NULL);
+                    ferry_registry_unlock(r);
+                }
+            } else {
+                ferry_registry_read_lock(r);
+                rc = check_locked(c, f, need);
+                if (rc == 0) rc = ferry_memkind_to_host(kind, b, here, n);
+                ferry_registry_unlock(r);
+                if (rc == 0) got = cma_once(sc->pid, false, b, there, n);
+            }
+            if (rc) return rc;
+        }
+        if (got < 0) return cma_error(sc, f, write, done, n, (int)-got);
+        done += (uint64_t)got;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------ target: vector frames */
+
+/* The connection's trust record, made and decided at first use (probe: an
+ * address the initiator named as its own); NULL when out of memory. */
+static struct shm_conn *vec_trust(ferry_conn_t *c, uint64_t probe)
+{
+    struct shm_conn *sc = c->xport;
+    if (!sc) {
+        sc = calloc(1, sizeof *sc);
+        if (!sc) return NULL;
+        sc->pidfd = -1;
+        c->xport = sc;
+        c->xport_free = shm_conn_free;
+    }
+    if (sc->state == 0) shm_verify_peer(c, sc, probe);
+    if (sc->state == 1 && shm_pidfd_exited(sc->pidfd)) {
+        sc->state = -1;
+        snprintf(sc->reason, sizeof sc->reason, "the verified initiator pid %d has exited", (int)sc->pid);
+    }
+    return sc;
+}
+
+/* Piece i as a one-piece frame, for the per-piece paths and messages. */
+static ferry_frame_t vec_piece_frame(const struct ferry_vec_scratch *v, size_t i)
+{
+    const ferry_vec_desc_t *d = &v->d[i];
+    return (ferry_frame_t){.req_id = d->req_id, .addr = d->addr, .len = d->len, .aux = d->aux,
+                           .crc = d->generation};
+}
+
+/* Moves piece i from byte q on, alone (after a gathered call stopped in
+ * it): its status, or PEER_CLOSED when the initiator is gone. */
+static int vec_piece_rest(struct shm_conn *sc, struct ferry_vec_scratch *v, size_t i, uint64_t q, bool write)
+{
+    FERRY_TSAN_PAYLOAD_SCOPE();
+    const ferry_vec_desc_t *d = &v->d[i];
+    while (q < d->len) {
+        ssize_t got = cma_once(sc->pid, write, (unsigned char *)(uintptr_t)d->addr + q, d->aux + q, d->len - q);
+        if (got < 0) {
+            ferry_frame_t pf = vec_piece_frame(v, i);
+            return cma_error(sc, &pf, write, q, d->len - q, (int)-got);
+        }
+        q += (uint64_t)got;
+    }
+    return 0;
+}
+
+/* Appends [base, base+len) to the iovec list iov[0..*cnt): extends the last
+ * entry when the range follows it. False when a new entry is due and the
+ * list holds IOV_MAX already. */
+static bool iov_append(struct iovec *iov, size_t *cnt, uint64_t base, uint64_t len)
+{
+    if (*cnt && (uint64_t)(uintptr_t)iov[*cnt - 1].iov_base + iov[*cnt - 1].iov_len == base) {
+        iov[*cnt - 1].iov_len += len;
+        return true;
+    }
+    if (*cnt == IOV_MAX) return false;
+    iov[(*cnt)++] = (struct iovec){(void *)(uintptr_t)base, len};
+    return true;
+}
+
+/* Gathers the pieces not yet failed from *j on into one call's lists, each
+ * side merged on its own (pieces adjacent here become one local entry even
+ * where the initiator's are not, and the other way round): the kernel pins
+ * and walks pages per entry, so fewer entries cost less. Stops when either
+ * list is full or SHM_CHUNK bytes are in; the bytes gathered (*j: the next
+ * piece). The bytes keep the pieces' order on both sides, so a short count
+ * still maps back to the piece it stopped in by the pieces' lengths. */
+static uint64_t vec_gather(struct ferry_vec_scratch *v, size_t *j, size_t n, size_t *lcnt, size_t *rcnt)
+{
+    uint64_t bytes = 0;
+    for (; *j < n && bytes < SHM_CHUNK; ++*j) {
+        const ferry_vec_desc_t *d = &v->d[*j];
+        if (v->st[*j]) continue;
+        size_t l = *lcnt;
+        if (!iov_append(v->iov, lcnt, d->addr, d->len)) break;
+        if (!iov_append(v->riov, rcnt, d->aux, d->len)) {
+            if (*lcnt > l) --*lcnt;               /* take back the local entry just added */
+            else v->iov[l - 1].iov_len -= d->len; /* or the extension */
+            break;
+        }
+        bytes += d->len;
+    }
+    return bytes;
+}
+
+/* Cross-memory attach calls of vector frames this process made, and their
+ * iovec entries on each side (for tests and benchmarks). */
+static _Atomic uint64_t vec_calls, vec_local_entries, vec_remote_entries;
+
+void ferry_shm_vec_entries(uint64_t *calls, uint64_t *local, uint64_t *remote)
+{
+    *calls = atomic_load_explicit(&vec_calls, memory_order_relaxed);
+    *local = atomic_load_explicit(&vec_local_entries, memory_order_relaxed);
+    *remote = atomic_load_explicit(&vec_remote_entries, memory_order_relaxed);
+}
+
+static void count_vec_call(size_t lcnt, size_t rcnt)
+{
+    atomic_fetch_add_explicit(&vec_calls, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&vec_local_entries, lcnt, memory_order_relaxed);
+    atomic_fetch_add_explicit(&vec_remote_entries, rcnt, memory_order_relaxed);
+}
+
+/* Copies the pieces of host memory with one process_vm_readv/writev per up to
+ * IOV_MAX merged entries a side (and SHM_CHUNK bytes), each call under the registry's
+ * read lock after the pieces were checked (again when the registry or the
+ * cancel set changed). A call that stops short fails the piece it stopped
+ * in (its own error) and goes on after it. */
+static int vec_copy_host(ferry_conn_t *c, const ferry_frame_t *f, struct shm_conn *sc, struct ferry_vec_scratch *v,
+                         size_t n, bool write, bool *device)
+{
+    FERRY_TSAN_PAYLOAD_SCOPE();
+    ferry_engine_t *e = c->engine;
+    ferry_registry_t *r = ferry_engine_registry(e);
+    uint32_t need = write ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_REMOTE_READ;
+    uint64_t version = 0;
+    bool checked = false;
+    size_t i = 0;
+    while (i < n && sc->state >= 0) { /* refused mid-way: the caller refuses the rest */
+        ferry_registry_read_lock(r);
+        if (!checked || r->version != version || ferry_vec_cancels_pending(c)) {
+            ferry_vec_validate_locked(c, v, i, n, need, device);
+            version = r->version;
+            checked = true;
+        }
+        ferry_vec_expire(c, f, v, i, n); /* past its deadline: nothing more moves */
+        if (*device) {
+            ferry_registry_unlock(r);
+            return 0; /* the caller copies piece by piece */
+        }
+        size_t lcnt = 0, rcnt = 0, j = i;
+        uint64_t bytes = vec_gather(v, &j, n, &lcnt, &rcnt);
+        ssize_t got = 0;
+        int err = 0;
+        if (bytes) {
+            count_vec_call(lcnt, rcnt);
+            do {
+                got = write ? process_vm_readv(sc->pid, v->iov, lcnt, v->riov, rcnt, 0)
+                            : process_vm_writev(sc->pid, v->iov, lcnt, v->riov, rcnt, 0);
+            } while (got < 0 && (errno == EINTR || errno == EAGAIN));
+            err = got < 0 ? errno : 0;
+        }
+        if (got >= 0 && (uint64_t)got < bytes) {
+            /* Stopped in some piece: find it, and move its rest alone to
+             * learn its own error. */
+            uint64_t k = (uint64_t)got;
+            size_t p = i;
+            for (;; p++) {
+                if (v->st[p]) continue;
+                if (k < v->d[p].len) break;
+                k -= v->d[p].len;
+            }
+            int st = vec_piece_rest(sc, v, p, k, write);
+            ferry_registry_unlock(r);
+            if (st == FERRY_ERR_PEER_CLOSED) return st;
+            if (st) ferry_vec_fail_piece(v, p, st);
+            i = p + 1;
+            continue;
+        }
+        ferry_registry_unlock(r);
+        if (got < 0) {
+            /* Nothing moved: the first piece names the error. */
+            size_t p = i;
+            while (v->st[p]) p++;
+            ferry_frame_t pf = vec_piece_frame(v, p);
+            int st = cma_error(sc, &pf, write, 0, v->d[p].len, err);
+            if (st == FERRY_ERR_PEER_CLOSED) return st;
+            ferry_vec_fail_piece(v, p, st);
+            i = p + 1;
+            continue;
+        }
+        i = j;
+    }
+    return 0;
+}
+
+/* CMA_VEC: many pieces by cross-memory attach, one answer (vec.h). */
+static int serve_cma_vec(ferry_conn_t *c, const ferry_frame_t *f)
+{
+    uint64_t deadline;
+    struct ferry_vec_scratch *v;
+    int rc = ferry_vec_recv_descs(c, f, &deadline, &v);
+    if (rc) return rc;
+    size_t n = (size_t)f->len;
+    bool write = f->aux == FERRY_OP_WRITE;
+    struct shm_conn *sc = vec_trust(c, v->d[0].aux);
+    if (!sc) return ferry_fail(FERRY_ERR_MEMORY, "shm: out of memory");
+    bool device = false;
+    /* Pieces move in groups and out of order when one fails: the log says
+     * only how the frame ended (cancel.h). */
+    if (write) ferry_placed_untracked(c);
+    if (sc->state >= 0) rc = vec_copy_host(c, f, sc, v, n, write, &device);
+    if (rc) return rc; /* the initiator is gone */
+    for (size_t i = 0; i < n; i++) {
+        if (sc->state < 0 && !v->st[i]) {
+            ferry_vec_fail_piece(v, i, ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "%s", sc->reason));
+        } else if (device && !v->st[i]) {
+            ferry_frame_t pf = vec_piece_frame(v, i);
+            int st = copy_chunks(c, sc, &pf, write);
+            if (st == FERRY_ERR_PEER_CLOSED) return st;
+            if (st) ferry_vec_fail_piece(v, i, st);
+        }
+    }
+    uint64_t moved = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!v->st[i]) {
+            moved += v->d[i].len;
+            if (write) ferry_watch_placed(c, v->d[i].addr, v->d[i].len);
+        }
+    if (write) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, moved);
+    else FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, moved);
+    if (write) {
+        int32_t status = 0;
+        for (size_t i = 0; i < n && !status; i++) status = v->st[i];
+        ferry_placed_end(c, status, f->addr, v->st);
+    }
+    return ferry_vec_send_ack(c, f, v, n, deadline);
+}
+
+static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
+{
+    if (f->type == FERRY_FRAME_CMA_VEC) return serve_cma_vec(c, f);
+    uint64_t deadline = ferry_deadline_after_ms(ferry_engine_config(c->engine)->timeout_ms);
+    bool write = f->type == FERRY_FRAME_CMA_WRITE;
+    bool map = f->type == FERRY_FRAME_SHM_MAP_REQ;
+    uint8_t answer = write ? FERRY_FRAME_WRITE_ACK : FERRY_FRAME_READ_RESP;
+    if (f->plen != 0 || (f->flags & ~FERRY_FRAME_F_DEADLINE) != 0 || f->len == 0 || f->len > FERRY_WIRE_MAX_DATA ||
+        f->aux == 0 || f->aux + f->len < f->aux)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s of %llu bytes from 0x%llx (payload %u, flags 0x%x)",
+                          ferry_frame_type_name(f->type), (unsigned long long)f->len, (unsigned long long)f->aux,
+                          f->plen, f->flags);
+    struct shm_conn *sc = c->xport;
+    if (!sc) {
+        sc = calloc(1, sizeof *sc);
+        if (!sc) return ferry_fail(FERRY_ERR_MEMORY, "shm: out of memory");
+        sc->pidfd = -1;
+        c->xport = sc;
+        c->xport_free = shm_conn_free;
+    }
+    if (sc->state == 0) shm_verify_peer(c, sc, f->aux);
+    if (sc->state == 1 && shm_pidfd_exited(sc->pidfd)) {
+        sc->state = -1;
+        snprintf(sc->reason, sizeof sc->reason, "the verified initiator pid %d has exited", (int)sc->pid);
+    }
+    if (map) return shm_serve_map(c, sc, f, deadline);
+    int status;
+    if (sc->state < 0)
+        status = ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "%s", sc->reason);
+    else
+        status = copy_chunks(c, sc, f, write);
+    if (status == FERRY_ERR_PEER_CLOSED) return status;
+    if (write) ferry_placed_end(c, status, FERRY_PLACED_KEEP, NULL);
+    if (status == 0) {
+        if (write) {
+            FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, f->len);
+            ferry_watch_placed(c, f->addr, f->len);
+        } else FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, f->len);
+    }
+    return shm_send_status(c, answer, f, status, deadline);
+}
+
+/* --------------------------------------------------- initiator side */
+
+
+static int send_cma(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t n)
+{
+    ferry_frame_t f = {.type = x->opcode == FERRY_OP_WRITE ? FERRY_FRAME_CMA_WRITE : FERRY_FRAME_CMA_READ,
+                       .req_id = x->req_id, .addr = x->remote + off, .len = n,
+                       .aux = (uint64_t)(uintptr_t)(x->local + off), .crc = x->generation};
+    x->vec_first = 0; /* in slices (cancel.h) */
+    ferry_deadline_stamp(c, &f, x->deadline);
+    return ferry_conn_send_frame(c, &f, NULL, x->deadline);
+}
+
+/* Receives one answer. 0, a piece failure, or (with *broken) a connection
+ * failure; *refused when the target declined cross-memory attach. */
+static int recv_answer(ferry_conn_t *c, const struct inflight *in, int *broken, bool *refused, char *reason,
+                       size_t cap, unsigned spin_us)
+{
+    FERRY_TSAN_PAYLOAD_SCOPE();
+    ferry_xfer_t *x = in->x;
+    ferry_frame_t f;
+    int rc = ferry_recv_answer(c, x, spin_us, &f, broken, reason, cap);
+    if (rc == FERRY_ERR_NOT_IMPLEMENTED && !*broken) *refused = true;
+    if (rc) return rc;
+    if (f.plen != 0 || f.len != in->n) {
+        *broken = 1;
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s for %llu bytes with %u payload bytes, slice was %llu",
+                          ferry_frame_type_name(f.type), (unsigned long long)f.len, f.plen,
+                          (unsigned long long)in->n);
+    }
+    return 0;
+}
+
+/* The target refused, or cannot be reached by attach: the verdict moves
+ * this session to tcp for good, and the pieces go again over TCP from their
+ * confirmed prefix (transport.h). */
+static int fall_back(ferry_verdict_t *verdict, const char *why)
+{
+    ferry_clear_last_error();
+    return ferry_verdict_fall_back(verdict, "%s; fell back to tcp", why);
+}
+
+/* Whether the connection goes through something (a proxy, a port
+ * forward): the port we dialed is not the one the peer listens on. Then
+ * the bytes stay on the connection, where that something wants them. */
+static bool via_intermediary(ferry_conn_t *c, char *why, size_t cap)
+{
+    char host[256];
+    uint16_t port = 0;
+    if (!c->session || ferry_parse_hostport(c->peer.name, host, sizeof host, &port) != 0) return false;
+    if (port == c->session->port) return false;
+    snprintf(why, cap, "shm not used: connected through an intermediary (dialed port %u, the peer listens on %u)",
+             (unsigned)c->session->port, (unsigned)port);
+    return true;
+}
+
+/* Whether a piece's local buffer is device memory: the target's attach
+ * cannot reach it, so such a stream goes over TCP, which stages it. */
+static bool any_device_local(ferry_engine_t *e, const ferry_xfer_t *xs, size_t nx)
+{
+    ferry_registry_t *r = ferry_engine_registry(e);
+    if (ferry_registry_device_count(r) == 0) return false;
+    bool found = false;
+    ferry_registry_read_lock(r);
+    for (size_t i = 0; i < nx && !found; i++) {
+        const ferry_region_t *reg = ferry_registry_lookup_locked(r, (uint64_t)(uintptr_t)xs[i].local, xs[i].len);
+        found = reg && reg->kind != FERRY_MEMKIND_HOST;
+    }
+    ferry_registry_unlock(r);
+    return found;
+}
+
+
+static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, ferry_verdict_t *verdict)
+{
+    if (any_device_local(c->engine, xs, nx))
+        return ferry_verdict_by_tcp(verdict, "a local buffer is device memory, which the target's attach cannot reach");
+    char why[200];
+    if (via_intermediary(c, why, sizeof why)) return fall_back(verdict, why);
+    *broken = 0;
+    int mrc = shm_map_pass(c, xs, nx, broken);
+    if (*broken) return mrc;
+    struct inflight ring[SHM_WINDOW];
+    unsigned head = 0, count = 0;
+    size_t cur = 0;
+    uint64_t cur_off = nx ? xs[0].done : 0;
+    bool refused = false;
+    char reason[200] = "";
+    /* Pieces with a refused slice: later acks must not extend their
+     * confirmed prefix. */
+    bool *tainted = NULL;
+    uint64_t inflight = 0;
+    unsigned spin_us = ferry_conn_spin_us(c);
+    *broken = 0;
+    for (;;) {
+        while (cur < nx && !ferry_piece_sendable(&xs[cur], cur_off)) {
+            if (++cur < nx) cur_off = xs[cur].done;
+        }
+        if (!refused && cur < nx && count < SHM_WINDOW && cur_off == 0 && cur + 1 < nx &&
+            xs[cur + 1].opcode == xs[cur].opcode && ferry_vec_eligible(c, &xs[cur]) &&
+            ferry_piece_sendable(&xs[cur + 1], xs[cur + 1].done) && ferry_vec_eligible(c, &xs[cur + 1])) {
+            /* Small pieces go together: one CMA_VEC, one answer. */
+            size_t g = ferry_vec_collect(c, xs + cur, nx - cur, SHM_CHUNK);
+            int rc = ferry_vec_send(c, FERRY_FRAME_CMA_VEC, xs + cur, g);
+            if (rc) {
+                *broken = 1;
+                free(tainted);
+                return rc;
+            }
+            uint64_t bytes = 0;
+            for (size_t i = 0; i < g; i++) bytes += xs[cur + i].len;
+            ring[(head + count++) % SHM_WINDOW] = (struct inflight){&xs[cur], 0, bytes, (uint32_t)g};
+            inflight += bytes;
+            cur += g;
+            cur_off = cur < nx ? xs[cur].done : 0;
+            continue;
+        }
+        if (!refused && cur < nx && count < SHM_WINDOW) {
+            ferry_xfer_t *x = &xs[cur];
+            uint64_t n = x->len - cur_off < SHM_SLICE ? x->len - cur_off : SHM_SLICE;
+            x->inflight++; /* before the first byte leaves (cancel.h) */
+            int rc = send_cma(c, x, cur_off, n);
+            if (rc) {
+                *broken = 1;
+                free(tainted);
+                return rc;
+            }
+            ring[(head + count++) % SHM_WINDOW] = (struct inflight){x, cur_off, n, 0};
+            cur_off += n;
+            inflight += n;
+            continue;
+        }
+        if (count == 0) break;
+        struct inflight in = ring[head];
+        head = (head + 1) % SHM_WINDOW;
+        count--;
+        unsigned spin = inflight <= SHM_SPIN_INFLIGHT ? spin_us : 0;
+        inflight -= in.n;
+        bool this_refused = false;
+        if (in.count) {
+            /* Refused pieces stay pending (done 0) for the fallback. */
+            int rc = ferry_vec_recv_ack(c, in.x, in.count, spin, broken, true, &this_refused, reason, sizeof reason);
+            if (*broken) {
+                free(tainted);
+                return rc;
+            }
+            refused |= this_refused;
+            continue;
+        }
+        int rc = recv_answer(c, &in, broken, &this_refused, reason, sizeof reason, spin);
+        if (*broken) {
+            free(tainted);
+            return rc;
+        }
+        in.x->inflight--;
+        size_t idx = (size_t)(in.x - xs);
+        if (this_refused) {
+            refused = true;
+            if (!tainted) tainted = calloc(nx, sizeof *tainted);
+            if (!tainted) {
+                *broken = 1; /* answers still in flight: the connection is out of step */
+                return ferry_fail(FERRY_ERR_MEMORY, "shm fallback: out of memory");
+            }
+            tainted[idx] = true;
+        } else if (rc) {
+            if (in.x->rc == 0) ferry_xfer_fail(in.x, rc);
+        } else if (in.x->rc == 0 && !(tainted && tainted[idx])) {
+            in.x->done += in.n;
+            if (in.x->progress) atomic_fetch_add(in.x->progress, in.n);
+        }
+    }
+    free(tainted);
+    if (refused) {
+        char why[256];
+        snprintf(why, sizeof why, "shm refused by the target: %s", reason);
+        return fall_back(verdict, why);
+    }
+    for (size_t i = 0; i < nx; i++) {
+        ferry_xfer_t *x = &xs[i];
+        if (x->rc == 0 && x->done < x->len)
+            ferry_xfer_fail(x, ferry_fail(FERRY_ERR_CANCELLED, "cancelled after %llu of %llu bytes",
+                                          (unsigned long long)x->done, (unsigned long long)x->len));
+    }
+    return 0;
+}
+
+/* Yama's ptrace_scope 1 lets only ancestors attach; the target must attach
+ * to us, so we name "any" as our ptracer, once, and only then. */
+static int yama_scope(void)
+{
+    FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "re");
+    if (!f) return 0;
+    int v = 0;
+    if (fscanf(f, "%d", &v) != 1) v = 0;
+    fclose(f);
+    return v;
+}
+
+static pthread_once_t yama_once = PTHREAD_ONCE_INIT;
+static int yama_level;
+
+static void yama_setup(void)
+{
+    yama_level = yama_scope();
+    if (yama_level == 1) {
+        if (prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) == 0)
+            FERRY_LOG(FERRY_LOG_INFO, "shm", "Yama ptrace_scope=1: allowed same-user peers to attach (PR_SET_PTRACER)");
+        else
+            yama_level = 2;
+    }
+}
+
+static int shm_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, size_t cap)
+{
+    static const uint8_t zero[16];
+    const char *t = ferry_engine_config(e)->transport;
+    if (t && strcmp(t, "auto") != 0 && strcmp(t, "shm") != 0) {
+        snprintf(why, cap, "transport forced to %s", t);
+        return 0;
+    }
+    if (!(peer->flags & FERRY_HELLO_F_CMA)) {
+        snprintf(why, cap, "the peer does not offer cross-memory attach");
+        return 0;
+    }
+    if (memcmp(ferry_engine_host_id(e), zero, sizeof zero) == 0 || memcmp(peer->host_id, ferry_engine_host_id(e), sizeof peer->host_id) != 0) {
+        snprintf(why, cap, "the peer is on another host");
+        return 0;
+    }
+    if (peer->pid <= 0) {
+        snprintf(why, cap, "the peer sent no pid");
+        return 0;
+    }
+    pthread_once(&yama_once, yama_setup);
+    if (yama_level >= 2) {
+        snprintf(why, cap, "Yama ptrace_scope=%d forbids cross-memory attach", yama_level);
+        return 0;
+    }
+    snprintf(why, cap, "peer on this host (pid %d): single-copy cross-memory attach", (int)peer->pid);
+    return 1;
+}
+
+static uint32_t shm_hello_flags(ferry_engine_t *e)
+{
+    (void)e;
+    return FERRY_HELLO_F_SHMPOOL2;
+}
+
+/* The frames shm declares (wire.h); CMA_VEC, a vector frame, is the core's
+ * (wire.c decodes its descriptors with WRITEV's), though shm serves it. */
+static const ferry_frame_def_t shm_frame_defs[] = {
+    {FERRY_FRAME_CMA_WRITE, "CMA_WRITE", 0},
+    {FERRY_FRAME_CMA_READ, "CMA_READ", 0},
+    {FERRY_FRAME_SHM_MAP_REQ, "SHM_MAP_REQ", 0},
+    {FERRY_FRAME_SHM_MAP_RESP, "SHM_MAP_RESP", FERRY_WIRE_MAX_REASON}, /* map info, or the reason text */
+};
+
+static const uint8_t shm_frames[] = {FERRY_FRAME_CMA_WRITE, FERRY_FRAME_CMA_READ, FERRY_FRAME_SHM_MAP_REQ,
+                                     FERRY_FRAME_CMA_VEC};
+
+const ferry_transport_ops_t ferry_transport_shm = {
+    .name = "shm",
+    .usable = shm_usable,
+    .run = shm_run,
+    .serve = shm_serve,
+    .serve_types = shm_frames,
+    .nserve_types = sizeof shm_frames,
+    .frames = shm_frame_defs,
+    .nframes = sizeof shm_frame_defs / sizeof shm_frame_defs[0],
+    .hello_flags = shm_hello_flags,
+};

@@ -1,0 +1,50 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Private to the shared-memory transport: what shm.c (the transport and
+ * its copies), shm_trust.c (verifying the same-host peer) and shm_pool.c
+ * (shared-pool mappings) share. Not for other files. */
+#ifndef FERRY_TRANSPORT_SHM_INTERNAL_H
+#define FERRY_TRANSPORT_SHM_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include "link/transport.h"
+
+/* Bytes per frame: large, since no socket buffer sits in between; one
+ * frame is one serving-thread turn at the target. */
+#define SHM_SLICE (16u << 20)
+
+struct shm_conn {
+    int state;          /* 0 unchecked, 1 verified, -1 refused */
+    pid_t pid;
+    int pidfd;          /* the verified initiator, -1 if pidfd_open is missing */
+    char reason[200];   /* why refused */
+    uint32_t passed_gen; /* the region (generation) whose memfds were last passed, 0 none */
+};
+
+/* Addresses in one form: IPv6, with IPv4 as ::ffff:a.b.c.d. */
+struct addr6 {
+    uint8_t a[16];
+    uint16_t port;
+};
+
+/* shm_trust.c */
+void shm_conn_free(void *p);
+int shm_to_addr6(const struct sockaddr_storage *ss, struct addr6 *out);
+bool shm_is_local_address(const struct addr6 *x);
+unsigned long shm_find_socket_inode(const struct addr6 *local, const struct addr6 *remote, uid_t *uid);
+int shm_pid_owns_socket(pid_t pid, unsigned long inode);
+int shm_open_pidfd(pid_t pid);
+bool shm_pidfd_exited(int pidfd);
+void shm_verify_peer(ferry_conn_t *c, struct shm_conn *sc, uint64_t probe);
+
+/* shm.c */
+int shm_send_status(ferry_conn_t *c, uint8_t type, const ferry_frame_t *req, int status, uint64_t deadline);
+
+/* shm_pool.c */
+int shm_serve_map(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, uint64_t deadline);
+int shm_map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken);
+
+#endif
