@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Strided descriptors of many pieces run window by window (strided.c,
- * batch.c "strided lanes"): a million small pieces over tcp and shm land
+ * batch_strided.c): a million small pieces over tcp and shm land
  * verified while the process's heap grows by a bounded amount (counted by
  * the malloc below, or the sanitizer's allocation hooks); a piece failing
  * in a later window is named by its index (sync and async); a cancel

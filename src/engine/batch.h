@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Batches: cutting requests into pieces, the worker pool that runs them on
  * several connections at once (workers.c), and the async batch API
- * (batch.c). Private to the library. */
+ * (batch.c, batch_live.c, batch_cancel.c, batch_strided.c; their shared
+ * state is in batch_internal.h). Private to the library. */
 #ifndef FERRY_CORE_BATCH_H
 #define FERRY_CORE_BATCH_H
 
@@ -79,7 +80,7 @@ size_t ferry_batch_room(ferry_batch_t *b);
 long ferry_batch_submit_checked(ferry_batch_t *b, const char *peer, const ferry_request_t *reqs, size_t n,
                                 int timeout_ms);
 
-/* Strided descriptors run window by window (strided.c, batch.c): each
+/* Strided descriptors run window by window (strided.c, batch_strided.c): each
  * lane (one connection) expands at most FERRY_STRIDED_WINDOW pieces at
  * once, so the memory a call holds does not grow with n. No more: when a
  * link goes silent under a window, its pieces are in doubt; a target that
@@ -102,7 +103,7 @@ static inline void ferry_strided_piece(const ferry_strided_t *d, size_t i, unsig
     *local = (unsigned char *)d->local_base + (d->local_idx ? d->local_idx[i] : i) * d->local_stride;
     *remote = d->remote_base + (d->remote_idx ? d->remote_idx[i] : i) * d->remote_stride;
 }
-/* batch.c: ferry_batch_submit of the n pieces of the checked descriptor d
+/* batch_strided.c: ferry_batch_submit of the n pieces of the checked descriptor d
  * as requests of b, expanded window by window by lanes on the workers.
  * The index lists are copied (the caller may free them on return). */
 long ferry_batch_submit_strided_checked(ferry_batch_t *b, const char *peer, const ferry_strided_t *d,

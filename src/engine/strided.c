@@ -2,7 +2,7 @@
 /* Strided batches (ferry.h, "strided batches"): one descriptor for n pieces
  * at base + index * stride on both sides. The bounds are checked once per
  * descriptor (its smallest and largest index), then the pieces are made a
- * window at a time and run (below; async: batch.c, "strided lanes"); the
+ * window at a time and run (below; async: batch_strided.c); the
  * vector frames describe them compactly again on the wire
  * (transport/vec.c). */
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Cutting requests into pieces, the worker pool that runs them on several
  * connections at once, and the synchronous parallel run (batch.h). The
- * async batch API is in batch.c. */
+ * async batch API is in batch*.c. */
 #include <errno.h>
 #include <sched.h>
 #include <stdlib.h>
