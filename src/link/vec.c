@@ -4,12 +4,10 @@
  * vec.h and wire/wire.h. */
 #include "vec.h"
 
-#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 
 #include "util/arith.h"
 #include "util/clock.h"
@@ -34,50 +32,13 @@ struct ferry_vec_scratch *ferry_vec_scratch(ferry_conn_t *c)
 
 /* ------------------------------------------------------------- initiator */
 
-/* Receives exactly the bytes of iov[0..cnt) with one recvmsg per
- * socketful (up to IOV_MAX entries), waiting for more until the deadline. */
-/* A READV answer's bytes into the pieces' local memory. A piece the
- * kernel cannot write (EFAULT: a read-only or unmapped local page) gets
- * its bytes read and dropped (ferry_net_recv_local) and its iov_base set
- * to NULL, the mark its caller fails it by; the others go on. */
+/* A READV answer's bytes into the pieces' local memory
+ * (ferry_net_recvv_local): a piece the kernel cannot write gets its
+ * iov_base set to NULL, the mark its caller fails it by. */
 static int recv_gathered(int fd, struct iovec *iov, size_t cnt, uint64_t deadline)
 {
     FERRY_TSAN_PAYLOAD_SCOPE();
-    while (cnt > 0) {
-        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = cnt < IOV_MAX ? cnt : IOV_MAX};
-        ssize_t k = recvmsg(fd, &mh, MSG_DONTWAIT);
-        if (k == 0) return ferry_fail(FERRY_ERR_PEER_CLOSED, "the target closed the connection mid-answer");
-        if (k < 0 && errno == EFAULT) {
-            /* The kernel consumed nothing; the piece it stopped at may be
-             * a good one before a bad one: each is received alone. */
-            bool stream_ok;
-            int rc = ferry_net_recv_local(fd, iov->iov_base, iov->iov_len, deadline, &stream_ok);
-            if (rc && !stream_ok) return rc;
-            if (rc) iov->iov_base = NULL;
-            iov++;
-            cnt--;
-            continue;
-        }
-        if (k < 0) {
-            if (errno == EINTR) continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK) return ferry_fail(FERRY_ERR_SOCKET, "recvmsg: %s", strerror(errno));
-            int w = ferry_net_wait_readable(fd, deadline);
-            if (w == 0) return ferry_fail(FERRY_ERR_TIMEOUT, "answer stalled: no bytes before the deadline");
-            if (w < 0) return ferry_fail(FERRY_ERR_SOCKET, "poll: %s", strerror(errno));
-            continue;
-        }
-        size_t left = (size_t)k;
-        while (cnt > 0 && left >= iov->iov_len) {
-            left -= iov->iov_len;
-            iov++;
-            cnt--;
-        }
-        if (cnt > 0) {
-            iov->iov_base = (char *)iov->iov_base + left;
-            iov->iov_len -= left;
-        }
-    }
-    return 0;
+    return ferry_net_recvv_local(fd, iov, cnt, deadline);
 }
 
 bool ferry_vec_eligible(ferry_conn_t *c, const ferry_xfer_t *x)
@@ -260,6 +221,39 @@ static void piece_placed(ferry_xfer_t *x)
     if (x->progress) atomic_fetch_add(x->progress, x->len);
 }
 
+/* Settles the n pieces of a frame by the VEC_ACK that answered it: each
+ * leaves the wire, then is placed (status 0; st NULL: all were) or fails
+ * with its status, the detail in v->reason belonging to the first refused
+ * piece; a piece failed already keeps its failure. refusable: a
+ * NOT_IMPLEMENTED refusal sets *refused (its reason copied to reason)
+ * instead, for the caller to send the pieces another way. */
+static void settle_ack(ferry_conn_t *c, struct ferry_vec_scratch *v, ferry_xfer_t *g, size_t n, const int *st,
+                       bool refusable, bool *refused, char *reason, size_t cap)
+{
+    bool first = true;
+    for (size_t i = 0; i < n; i++) {
+        ferry_xfer_t *x = &g[i];
+        x->inflight--;
+        int s = st ? st[i] : 0;
+        if (s == 0) {
+            piece_placed(x);
+        } else if (refusable && s == FERRY_ERR_NOT_IMPLEMENTED) {
+            *refused = true;
+            if (reason) snprintf(reason, cap, "%s", v->reason);
+        } else if (x->rc == 0) {
+            if (first)
+                ferry_fail(s, "target %s refused: %s", c->peer.name, v->reason[0] ? v->reason : "(no detail)");
+            else
+                ferry_fail(s, "target %s refused [0x%llx+%llu) with %s (one of %zu pieces in one frame; the first "
+                              "refused: %s)",
+                           c->peer.name, (unsigned long long)x->remote, (unsigned long long)x->len,
+                           ferry_error_name(s), n, v->reason[0] ? v->reason : "(no detail)");
+            ferry_xfer_fail(x, s);
+            first = false;
+        }
+    }
+}
+
 int ferry_vec_recv_ack(ferry_conn_t *c, ferry_xfer_t *g, size_t n, unsigned spin_us, int *broken, bool refusable,
                        bool *refused, char *reason, size_t cap)
 {
@@ -285,48 +279,8 @@ int ferry_vec_recv_ack(ferry_conn_t *c, ferry_xfer_t *g, size_t n, unsigned spin
         *broken = 1;
         return rc;
     }
-    bool first = true;
-    for (size_t i = 0; i < n; i++) {
-        ferry_xfer_t *x = &g[i];
-        x->inflight--;
-        int st = f.status < 0 ? v->st[i] : 0;
-        if (st == 0) {
-            piece_placed(x);
-        } else if (refusable && st == FERRY_ERR_NOT_IMPLEMENTED) {
-            *refused = true;
-            if (reason) snprintf(reason, cap, "%s", v->reason);
-        } else if (x->rc == 0) {
-            if (first)
-                ferry_fail(st, "target %s refused: %s", c->peer.name, v->reason[0] ? v->reason : "(no detail)");
-            else
-                ferry_fail(st, "target %s refused [0x%llx+%llu) with %s (one of %zu pieces in one frame; the first "
-                               "refused: %s)",
-                           c->peer.name, (unsigned long long)x->remote, (unsigned long long)x->len,
-                           ferry_error_name(st), n, v->reason[0] ? v->reason : "(no detail)");
-            ferry_xfer_fail(x, st);
-            first = false;
-        }
-    }
+    settle_ack(c, v, g, n, f.status < 0 ? v->st : NULL, refusable, refused, reason, cap);
     return 0;
-}
-
-/* Settles piece x of a frame of n by its status st (the detail in
- * v->reason belongs to the first refused piece). */
-static void settle_piece(ferry_conn_t *c, struct ferry_vec_scratch *v, ferry_xfer_t *x, int st, size_t n, bool *first)
-{
-    if (st == 0) {
-        piece_placed(x);
-        return;
-    }
-    if (x->rc) return;
-    if (*first)
-        ferry_fail(st, "target %s refused: %s", c->peer.name, v->reason[0] ? v->reason : "(no detail)");
-    else
-        ferry_fail(st, "target %s refused [0x%llx+%llu) with %s (one of %zu pieces in one frame; the first refused: %s)",
-                   c->peer.name, (unsigned long long)x->remote, (unsigned long long)x->len, ferry_error_name(st), n,
-                   v->reason[0] ? v->reason : "(no detail)");
-    ferry_xfer_fail(x, st);
-    *first = false;
 }
 
 int ferry_vec_recv_read(ferry_conn_t *c, ferry_xfer_t *g, size_t n, unsigned spin_us, int *broken)
@@ -369,29 +323,28 @@ int ferry_vec_recv_read(ferry_conn_t *c, ferry_xfer_t *g, size_t n, unsigned spi
         *broken = 1;
         return rc;
     }
-    bool first = true;
+    /* The pieces the target sent whose bytes did not land whole here fail
+     * with their own detail; settle_ack passes over them. */
     for (size_t i = 0, k = 0; i < n; i++) {
         ferry_xfer_t *x = &g[i];
-        x->inflight--;
-        int st = v->st[i];
-        if (st == 0 && !v->iov[k++].iov_base) { /* its local memory refused the bytes (recv_gathered) */
+        if (v->st[i]) continue;
+        if (!v->iov[k++].iov_base) { /* its local memory refused the bytes (recv_gathered) */
+            v->st[i] = FERRY_ERR_INVALID_ARGUMENT;
             if (x->rc == 0)
                 ferry_xfer_fail(x, ferry_fail(FERRY_ERR_INVALID_ARGUMENT,
                                               "local buffer [%p+%llu) is registered but not writable here (a "
                                               "read-only or unmapped page): the read's answer from %s was dropped",
                                               (void *)x->local, (unsigned long long)x->len, c->peer.name));
-            continue;
-        }
-        if (st == 0 && crc && ferry_crc32c(0, x->local, x->len) != get32(v->crcs + 4 * i)) {
-            st = FERRY_ERR_CHECKSUM_MISMATCH;
+        } else if (crc && ferry_crc32c(0, x->local, x->len) != get32(v->crcs + 4 * i)) {
+            v->st[i] = FERRY_ERR_CHECKSUM_MISMATCH;
             if (x->rc == 0)
-                ferry_xfer_fail(x, ferry_fail(st, "read piece [0x%llx+%llu) from %s arrived corrupted",
+                ferry_xfer_fail(x, ferry_fail(FERRY_ERR_CHECKSUM_MISMATCH,
+                                              "read piece [0x%llx+%llu) from %s arrived corrupted",
                                               (unsigned long long)x->remote, (unsigned long long)x->len,
                                               c->peer.name));
-            continue;
         }
-        settle_piece(c, v, x, st, n, &first);
     }
+    settle_ack(c, v, g, n, v->st, false, NULL, NULL, 0);
     return 0;
 }
 

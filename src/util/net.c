@@ -23,6 +23,10 @@
 #include "clock.h"
 #include "fail.h"
 
+#ifndef IOV_MAX
+#define IOV_MAX 1024
+#endif
+
 int ferry_parse_hostport(const char *name, char *host, size_t hostlen, uint16_t *port)
 {
     if (!name || !*name) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "peer name is empty (expected host:port)");
@@ -202,13 +206,29 @@ static int io_error(int err, const char *what)
     return ferry_fail(FERRY_ERR_SOCKET, "%s: %s", what, strerror(err));
 }
 
+/* Moves *iov and *cnt past the n bytes just sent or received: the entries
+ * they filled are skipped, the one they ended in starts where they stopped. */
+static void iov_advance(struct iovec **iov, size_t *cnt, size_t n)
+{
+    while (*cnt > 0 && n >= (*iov)->iov_len) {
+        n -= (*iov)->iov_len;
+        (*iov)++;
+        (*cnt)--;
+    }
+    if (*cnt > 0) {
+        (*iov)->iov_base = (char *)(*iov)->iov_base + n;
+        (*iov)->iov_len -= n;
+    }
+}
+
 int ferry_net_sendv(int fd, struct iovec *iov, int iovcnt, uint64_t deadline)
 {
     struct msghdr mh;
     memset(&mh, 0, sizeof mh);
-    while (iovcnt > 0) {
+    size_t cnt = iovcnt > 0 ? (size_t)iovcnt : 0;
+    while (cnt > 0) {
         mh.msg_iov = iov;
-        mh.msg_iovlen = (size_t)iovcnt;
+        mh.msg_iovlen = cnt;
         ssize_t n = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (n < 0) {
             if (errno == EINTR) continue;
@@ -218,16 +238,7 @@ int ferry_net_sendv(int fd, struct iovec *iov, int iovcnt, uint64_t deadline)
             if (w < 0) return io_error(errno, "poll");
             continue;
         }
-        size_t left = (size_t)n;
-        while (iovcnt > 0 && left >= iov->iov_len) {
-            left -= iov->iov_len;
-            iov++;
-            iovcnt--;
-        }
-        if (iovcnt > 0) {
-            iov->iov_base = (char *)iov->iov_base + left;
-            iov->iov_len -= left;
-        }
+        iov_advance(&iov, &cnt, (size_t)n);
     }
     return 0;
 }
@@ -294,6 +305,36 @@ int ferry_net_recv_local(int fd, void *buf, size_t len, uint64_t deadline, bool 
                       "unmapped page): the read's answer was %s",
                       (void *)((char *)buf + bad), bad, len,
                       *stream_ok ? "dropped, the connection kept" : "cut off, the connection dropped");
+}
+
+int ferry_net_recvv_local(int fd, struct iovec *iov, size_t cnt, uint64_t deadline)
+{
+    while (cnt > 0) {
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = cnt < IOV_MAX ? cnt : IOV_MAX};
+        ssize_t n = recvmsg(fd, &mh, MSG_DONTWAIT);
+        if (n > 0) {
+            iov_advance(&iov, &cnt, (size_t)n);
+            continue;
+        }
+        if (n < 0 && errno == EFAULT) {
+            /* The kernel consumed nothing; the entry it stopped at may be
+             * a good one before a bad one: each is received alone. */
+            bool stream_ok;
+            int rc = ferry_net_recv_local(fd, iov->iov_base, iov->iov_len, deadline, &stream_ok);
+            if (rc && !stream_ok) return rc;
+            if (rc) iov->iov_base = NULL;
+            iov++;
+            cnt--;
+            continue;
+        }
+        if (n == 0) return ferry_fail(FERRY_ERR_PEER_CLOSED, "the peer closed the connection mid-answer");
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) return io_error(errno, "recvmsg");
+        int w = wait_fd(fd, POLLIN, deadline);
+        if (w == 0) return ferry_fail(FERRY_ERR_TIMEOUT, "answer stalled: no bytes before the deadline");
+        if (w < 0) return io_error(errno, "poll");
+    }
+    return 0;
 }
 
 void ferry_net_tune(int fd, int keepalive_ms)

@@ -27,6 +27,14 @@ int ferry_net_recv(int fd, void *buf, size_t len, uint64_t deadline);
  * when the failure left the stream at a frame boundary (the connection
  * stays usable); false when it must be dropped. */
 int ferry_net_recv_local(int fd, void *buf, size_t len, uint64_t deadline, bool *stream_ok);
+/* Receives exactly the bytes of iov[0..cnt) into the caller's registered
+ * memory (a READV's answer), a socketful (up to IOV_MAX entries) a recvmsg,
+ * advancing iov's entries as bytes land. An entry the kernel cannot write
+ * (EFAULT: a read-only or unmapped page) has its bytes read and dropped
+ * (ferry_net_recv_local) and its iov_base set to NULL, the mark its caller
+ * fails it by; the others are received. Fails (PEER_CLOSED, SOCKET,
+ * TIMEOUT) only when the stream is lost. */
+int ferry_net_recvv_local(int fd, struct iovec *iov, size_t cnt, uint64_t deadline);
 /* Waits until fd is readable (1), deadline passed (0), or error (<0). */
 int ferry_net_wait_readable(int fd, uint64_t deadline);
 /* Polls fd without sleeping for up to spin_us microseconds: 1 as soon as it
