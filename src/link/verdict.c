@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Shared by the transports' run (transport.h): the verdicts (fall back to
- * tcp, or leave pieces to tcp), and the answer to a piece's slice. Apart from the transport table
- * (transport.c), so that a transport and the table do not depend on each
- * other. */
+/* The verdict helpers shared by the transports' run (transport.h): the
+ * verdicts (fall back to tcp, or leave pieces to tcp), and the answer to a
+ * piece's slice. Apart from the transport table (transport.c), so that a
+ * transport and the table do not depend on each other. */
 #include <stdarg.h>
 #include <stdio.h>
 
