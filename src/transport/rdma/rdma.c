@@ -26,7 +26,7 @@
 #include "util/log.h"
 #include "util/net.h"
 #include "link/transport.h"
-#include "wire/rdma_wire.h"
+#include "rdma_wire.h"
 
 struct ferry_rdma {
     int usable;
@@ -328,6 +328,10 @@ static int rdma_serve(ferry_conn_t *c, const ferry_frame_t *f)
 static const uint8_t rdma_frames[] = {FERRY_FRAME_RDMA_CONNECT, FERRY_FRAME_RDMA_MR_QUERY, FERRY_FRAME_RDMA_COMMIT,
                                       FERRY_FRAME_RDMA_COMMIT_GROUP};
 
+/* RDMA's frame ids: its first frames (of the core range) and its own. */
+static const ferry_frame_range_t rdma_frame_ranges[] = {{FERRY_FRAME_RDMA_CONNECT, FERRY_FRAME_RDMA_COMMIT_ACK},
+                                                       {FERRY_FRAME_RDMA_FIRST, FERRY_FRAME_RDMA_LAST}};
+
 const ferry_transport_ops_t ferry_transport_rdma = {
     .name = "rdma",
     .usable = rdma_usable,
@@ -339,6 +343,10 @@ const ferry_transport_ops_t ferry_transport_rdma = {
     .nframes = FERRY_RDMA_NFRAMES,
     .hello_flags = rdma_hello_flags,
     .engine_fini = rdma_engine_fini,
+    .version = FERRY_TRANSPORT_OPS_VERSION,
+    .frame_ranges = rdma_frame_ranges,
+    .nframe_ranges = sizeof rdma_frame_ranges / sizeof rdma_frame_ranges[0],
+    .hello_bits = FERRY_HELLO_F_RDMA,
 };
 
 /* ------------------------------------------------------------- helpers */

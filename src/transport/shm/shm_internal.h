@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include "link/transport.h"
+#include "shm_wire.h"
 
 /* Bytes per frame: large, since no socket buffer sits in between; one
  * frame is one serving-thread turn at the target. */
