@@ -196,6 +196,11 @@ static void table_check_refuses_what_it_must(void **state)
     t.nserve_types = 1;
     expect_refused(&t, "serves frame 64, neither its own nor the core's");
 
+    static const ferry_transport_key_t bad_default = {"FERRY_BAD", FERRY_KEY_LONG, 0, 1, "7", "help"};
+    t = good;
+    t.keys = &bad_default;
+    expect_refused(&t, "key FERRY_BAD has the default '7', not an integer in [0, 1]");
+
     /* Against the table's own transports: RDMA's range, shm's bits, the key. */
     const ferry_transport_ops_t *rdma = ferry_transport_find("rdma"), *shm = ferry_transport_find("shm");
     t = good;

@@ -128,8 +128,17 @@ static int check_one(const ferry_transport_ops_t *t)
     if (!t->name || !t->usable || !t->run || !t->serve) return REFUSE(t, "lacks %s", "a name, usable, run or serve");
     if (t->hello_bits & FERRY_HELLO_F_CORE)
         return REFUSE(t, "declares the core's HELLO bits 0x%x", t->hello_bits & FERRY_HELLO_F_CORE);
-    for (size_t k = 0; k < t->nkeys; k++)
-        if (!t->keys[k].name || !t->keys[k].help) return REFUSE(t, "has key %zu without a name or help", k);
+    for (size_t k = 0; k < t->nkeys; k++) {
+        const ferry_transport_key_t *key = &t->keys[k];
+        if (!key->name || !key->help) return REFUSE(t, "has key %zu without a name or help", k);
+        if (key->type != FERRY_KEY_STRING && key->def && *key->def) {
+            char *end;
+            long d = strtol(key->def, &end, 0);
+            if (*end || d < key->min || d > key->max)
+                return REFUSE(t, "key %s has the default '%s', not an integer in [%ld, %ld]", key->name, key->def,
+                              key->min, key->max);
+        }
+    }
     return check_frames(t);
 }
 
@@ -215,7 +224,16 @@ int ferry_transport_key(const ferry_transport_key_t *k, long *num, const char **
         return ferry_fail(FERRY_ERR_INTERNAL, "configuration key %s is in no transport's keys table",
                           k && k->name ? k->name : "(null)");
     const char *v = getenv(k->name);
-    if (!v || !*v) return 0;
+    if (!v || !*v) {
+        /* Unset: the default, when the key has one. */
+        if (!k->def || !*k->def) return 0;
+        if (k->type == FERRY_KEY_STRING) {
+            if (str) *str = k->def;
+        } else if (num) {
+            *num = strtol(k->def, NULL, 0);
+        }
+        return 0;
+    }
     switch (k->type) {
     case FERRY_KEY_STRING:
         if (str) *str = v;

@@ -189,10 +189,12 @@ int ferry_transports_engine_init(ferry_engine_t *e);
 void ferry_transports_engine_fini(ferry_engine_t *e);
 
 /* Reads configuration key k (a transport's keys table) from the
- * environment. 1 and the value (*num for FERRY_KEY_LONG and FERRY_KEY_FLAG,
- * *str for FERRY_KEY_STRING, either may be NULL) when it is set, 0 when it
- * is not (the values untouched), INVALID_ARGUMENT naming the key when its
- * text is no number of its range. */
+ * environment: *num for FERRY_KEY_LONG and FERRY_KEY_FLAG, *str for
+ * FERRY_KEY_STRING (either may be NULL). 1 when the variable is set (not
+ * empty), 0 when it is not (the values get the key's default; none: they
+ * are left as they are), INVALID_ARGUMENT naming the key when its text is
+ * no number of its range, INTERNAL for a key no transport of the table
+ * declares. */
 int ferry_transport_key(const ferry_transport_key_t *k, long *num, const char **str);
 
 const ferry_transport_ops_t *ferry_transport_find(const char *name);

@@ -759,4 +759,6 @@ const ferry_transport_ops_t ferry_transport_shm = {
     .frame_ranges = shm_frame_ranges,
     .nframe_ranges = sizeof shm_frame_ranges / sizeof shm_frame_ranges[0],
     .hello_bits = FERRY_SHM_HELLO_BITS,
+    .keys = shm_keys,
+    .nkeys = SHM_NKEYS,
 };
