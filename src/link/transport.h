@@ -54,14 +54,14 @@ typedef struct ferry_frame_range {
 typedef enum ferry_key_type {
     FERRY_KEY_LONG,   /* an integer in [min, max] */
     FERRY_KEY_STRING, /* any text */
-    FERRY_KEY_FLAG,   /* "1" sets it; unset or "0" does not */
+    FERRY_KEY_FLAG,   /* set to anything but "0": on (*num = 1) */
 } ferry_key_type_t;
 
 typedef struct ferry_transport_key {
     const char *name; /* FERRY_<TRANSPORT>_... */
     ferry_key_type_t type;
     long min, max;    /* FERRY_KEY_LONG: the accepted range */
-    const char *def;  /* the default, as text ("" or NULL: none; the transport decides) */
+    const char *def;  /* the default, as text ("" or NULL: none, the transport's code decides) */
     const char *help;
 } ferry_transport_key_t;
 
