@@ -75,28 +75,8 @@ if(FERRY_WITH_HTTP)
   endif()
 endif()
 
-# ---- RDMA transport (branch rdma): src/transport/rdma/rdma*_opt_rdma.c ----------
-# Needs only <infiniband/verbs.h> at build time (Debian: libibverbs-dev).
-# libibverbs is NOT linked: the transport dlopen()s libibverbs.so.1 at an
-# engine's first probe, and only when sysfs lists an RDMA device, so the
-# library runs on machines without rdma-core and never loads it there.
-set(FERRY_HAVE_RDMA OFF)
-if(FERRY_WITH_RDMA)
-  find_path(FERRY_IBVERBS_INCLUDE_DIR infiniband/verbs.h)
-  if(FERRY_IBVERBS_INCLUDE_DIR)
-    set(FERRY_HAVE_RDMA ON)
-    file(GLOB FERRY_RDMA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/transport/rdma/*_opt_rdma.c)
-    target_sources(ferry_objects PRIVATE ${FERRY_RDMA_SOURCES})
-    target_include_directories(ferry_objects PRIVATE ${FERRY_IBVERBS_INCLUDE_DIR})
-    target_compile_definitions(ferry_objects PRIVATE FERRY_HAVE_RDMA=1)
-    target_link_libraries(ferry_objects PRIVATE ${CMAKE_DL_LIBS})
-    message(STATUS "ferry: RDMA transport ON (verbs.h in ${FERRY_IBVERBS_INCLUDE_DIR}; libibverbs is dlopen'ed at run time)")
-  else()
-    message(STATUS "ferry: RDMA transport OFF: infiniband/verbs.h not found (apt-get install libibverbs-dev)")
-  endif()
-else()
-  message(STATUS "ferry: RDMA transport OFF (FERRY_WITH_RDMA=OFF)")
-endif()
+# The RDMA transport's verbs code is the transport's own affair:
+# src/transport/rdma/transport.cmake.
 
 # ---- CUDA device memory: src/util/cuda_opt_cuda.c -------------------------
 # ON by default: it needs nothing at build time. The few CUDA driver API

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "fault.h"
+#include "transport/rdma/rdma_wire.h"
 #include "harness.h"
 
 #define TIMEOUT_MS 2000

@@ -24,6 +24,7 @@
 #include "engine/engine.h"
 #include "fault.h"
 #include "harness.h"
+#include "transport/shm/shm_wire.h"
 #include "wire/le.h"
 
 #include <ferry/pool.h>

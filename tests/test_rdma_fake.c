@@ -30,6 +30,7 @@ int main(void)
 #include <time.h>
 #include <unistd.h>
 
+#include "transport/rdma/rdma_wire.h"
 #include "util/clock.h"
 #include "engine/engine.h"
 #include "util/memkind.h"

@@ -31,7 +31,7 @@ int main(void)
 #include "engine/testing.h"
 #include "harness.h"
 #include "rdma_fake.h"
-#include "wire/rdma_wire.h"
+#include "transport/rdma/rdma_wire.h"
 
 /* 1,024 RDMA-written pieces are committed with one immediate and one
  * RDMA_COMMIT_GROUP (the commit frames counted by their immediates, one

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "transport/rdma/rdma_wire.h"
 #include "util/clock.h"
 #include "engine/engine.h"
 #include "util/net.h"

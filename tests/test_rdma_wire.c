@@ -6,7 +6,7 @@
 
 #include "harness.h"
 #include "link/transport.h"
-#include "wire/rdma_wire.h"
+#include "transport/rdma/rdma_wire.h"
 #include "wire/wire.h"
 
 static ferry_rdma_qp_info_t good_qp(void)

@@ -17,6 +17,7 @@
 #include <ferry/ferry.h>
 
 #include "cli.h"
+#include "link/transport.h"
 #include "meta/meta.h"
 #include "transport/rdma/rdma.h"
 #include "util.h"
@@ -152,6 +153,32 @@ static json_t *settings_json(json_t **env_out, char *error, size_t cap)
                      c.cancel_timeout_ms, "spin_us", c.spin_us, "max_connections", c.max_connections);
 }
 
+/* Every configuration key the transports declare (their keys tables):
+ * its transport, the value this environment gives it (or its default;
+ * null: none), whether it is set, its help. A bad value sets error. */
+static json_t *transport_settings_json(char *error, size_t cap)
+{
+    json_t *out = json_object();
+    for (int i = 0; ferry_transports[i]; i++) {
+        const ferry_transport_ops_t *t = ferry_transports[i];
+        for (size_t k = 0; k < t->nkeys; k++) {
+            const ferry_transport_key_t *key = &t->keys[k];
+            long num = 0;
+            const char *str = NULL;
+            int rc = ferry_transport_key(key, &num, &str);
+            if (rc < 0 && !error[0]) snprintf(error, cap, "%s", ferry_last_error_detail());
+            json_t *value = rc < 0 ? json_null()
+                            : key->type == FERRY_KEY_STRING ? (str ? json_string(str) : json_null())
+                            : rc > 0 || (key->def && *key->def) ? json_integer(num)
+                                                                : json_null();
+            json_object_set_new(out, key->name,
+                                json_pack("{s:s,s:o,s:b,s:s}", "transport", t->name, "value", value, "set", rc > 0,
+                                          "help", key->help));
+        }
+    }
+    return out;
+}
+
 static void print_text(json_t *info)
 {
     json_t *v = json_object_get(info, "version"), *b = json_object_get(info, "build");
@@ -186,6 +213,13 @@ static void print_text(json_t *info)
         printf("  %-20s %s\n", name, s ? s : "?");
         free(s);
     }
+    printf("\ntransport settings (the keys each transport reads)\n");
+    json_object_foreach(json_object_get(info, "transport_settings"), name, x) {
+        char *s = json_dumps(json_object_get(x, "value"), JSON_ENCODE_ANY);
+        printf("  %-22s %-6s %-8s %s%s\n", name, json_string_value(json_object_get(x, "transport")), s ? s : "?",
+               json_string_value(json_object_get(x, "help")), json_is_true(json_object_get(x, "set")) ? "" : " (default)");
+        free(s);
+    }
     json_t *env = json_object_get(info, "environment");
     printf("\nFERRY_* variables set%s\n", json_object_size(env) ? "" : ": none");
     json_object_foreach(env, name, x) printf("  %s=%s\n", name, json_string_value(x));
@@ -214,6 +248,7 @@ static int cmd_info(int argc, char **argv)
     json_t *info = json_pack("{s:{s:s,s:s,s:i},s:o,s:o,s:o,s:o,s:o}", "version", "cli", FERRY_VERSION_STRING, "library",
                              ferry_version(), "protocol", FERRY_PROTOCOL_VERSION, "build", build_json(), "transports",
                              transports, "devices", devices, "settings", settings, "environment", env);
+    json_object_set_new(info, "transport_settings", transport_settings_json(err, sizeof err));
     if (err[0]) json_object_set_new(info, "settings_error", json_string(err));
     if (json) {
         json_incref(info);

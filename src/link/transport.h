@@ -5,14 +5,17 @@
  * acks); a transport decides how the bytes of a transfer move: inline in TCP
  * frames ("tcp"), or by cross-memory attach between processes of one host
  * ("shm"), or over RDMA. The target side serves the frame types a transport
- * declares. A new transport is one new file and one entry in transport.c
- * (README, "Adding a transport"): its ops below; its verdict, never session
- * state; its frames (ids past wire.h's core range, declared with their
- * names and payload limits in its frames table, listed in serve_types); its
- * per-region data, if any, in its slot of ferry_region_t
+ * declares. A transport is one folder, src/transport/<name>/, and one name
+ * in the list the table is generated from (FERRY_TRANSPORTS, CMakeLists.txt;
+ * README, "Adding a transport"): its CMake fragment (transport.cmake) adds
+ * its sources; its code defines ferry_transport_<name>, the ops below; its
+ * verdict, never session state; its frames (ids in the ranges it declares,
+ * with their names and payload limits in its frames table, listed in
+ * serve_types); its HELLO bits; its configuration keys; its per-region
+ * data, if any, in its slot of ferry_region_t
  * (ferry_transport_region_slot) with that slot's release hook
- * (ferry_registry_set_hook, registry.h). tests/test_transport_extra.c is
- * one. */
+ * (ferry_registry_set_hook, registry.h). tests/transport_extra/ is one,
+ * with a table of its own. This file names no transport. */
 #ifndef FERRY_TRANSPORT_H
 #define FERRY_TRANSPORT_H
 
@@ -38,6 +41,29 @@ typedef struct ferry_verdict {
     bool by_tcp;
     char reason[256];
 } ferry_verdict_t;
+
+/* Frame ids first..last, both included: a range a transport owns. */
+typedef struct ferry_frame_range {
+    uint8_t first, last;
+} ferry_frame_range_t;
+
+/* A configuration key a transport reads: an environment variable, with its
+ * type, default and help text, declared in the transport's keys table and
+ * read through ferry_transport_key (never getenv), so that `ferry info` and
+ * the README can list them. */
+typedef enum ferry_key_type {
+    FERRY_KEY_LONG,   /* an integer in [min, max] */
+    FERRY_KEY_STRING, /* any text */
+    FERRY_KEY_FLAG,   /* set to anything but "0": on (*num = 1) */
+} ferry_key_type_t;
+
+typedef struct ferry_transport_key {
+    const char *name; /* FERRY_<TRANSPORT>_... */
+    ferry_key_type_t type;
+    long min, max;    /* FERRY_KEY_LONG: the accepted range */
+    const char *def;  /* the default, as text ("" or NULL: none, the transport's code decides) */
+    const char *help;
+} ferry_transport_key_t;
 
 typedef struct ferry_transport_ops {
     const char *name;
@@ -73,9 +99,36 @@ typedef struct ferry_transport_ops {
      * handshake (what it can serve), e.g. FERRY_HELLO_F_RDMA. */
     uint32_t (*hello_flags)(ferry_engine_t *e);
     /* Optional: frees engine-wide state, at engine destruction, after every
-     * connection is gone and before the registry is destroyed. */
+     * connection is gone and before the registry is destroyed. Called for
+     * every engine that engine_init was called for, and for an engine whose
+     * creation failed before or in it too: it must handle state never set
+     * up. The fini hook of engine_init below. */
     void (*engine_fini)(ferry_engine_t *e);
+    /* ---- Fields below are appended in the order they came, never moved. */
+    /* FERRY_TRANSPORT_OPS_VERSION: the version of this struct the transport
+     * was written against; the table refuses another (ferry_transport_table_check). */
+    uint32_t version;
+    /* Optional: sets up engine-wide state at engine creation, before the
+     * engine listens or connects. 0, or a negative Ferry code (with a
+     * detail) that fails the creation. */
+    int (*engine_init)(ferry_engine_t *e);
+    /* The frame ids this transport owns, nframe_ranges ranges: every frame
+     * in its frames table lies in one of them, and no range meets another
+     * transport's nor the core's (ferry_transport_table_check). */
+    const ferry_frame_range_t *frame_ranges;
+    size_t nframe_ranges;
+    /* The FERRY_HELLO_F_* bits this transport owns (declared in its folder):
+     * what hello_flags may return, and what it reads of a peer's flags. No
+     * other transport's, none of the core's (FERRY_HELLO_F_CORE, wire.h). */
+    uint32_t hello_bits;
+    /* The configuration keys it reads (ferry_transport_key), nkeys of them;
+     * `ferry info` lists them. */
+    const ferry_transport_key_t *keys;
+    size_t nkeys;
 } ferry_transport_ops_t;
+
+/* The version of ferry_transport_ops_t; raised when a field is appended. */
+#define FERRY_TRANSPORT_OPS_VERSION 1
 
 /* Shared by the streaming transports (tcp.c, shm.c): one slice on the
  * wire, awaiting its answer; answers arrive in order. */
@@ -107,15 +160,42 @@ int ferry_verdict_by_tcp(ferry_verdict_t *v, const char *fmt, ...) __attribute__
 int ferry_recv_answer(ferry_conn_t *c, ferry_xfer_t *x, unsigned spin_us, ferry_frame_t *f, int *broken,
                       char *reason, size_t cap);
 
+/* The engine's last uses of two transports by name (xfer.c, transfer.c),
+ * until they go (issue 22); nothing below the engine names a transport. */
 extern const ferry_transport_ops_t ferry_transport_tcp;
-extern const ferry_transport_ops_t ferry_transport_rdma;
 extern const ferry_transport_ops_t ferry_transport_shm;
-#ifdef FERRY_TEST_TRANSPORT_EXTRA
-extern const ferry_transport_ops_t ferry_transport_extra;
-#endif
 
-/* NULL-terminated, in order of preference for "auto". */
+/* The table, generated from a list of transport folders into an object of
+ * its own (cmake/transports.cmake): NULL-terminated, in order of preference
+ * for "auto". A test may link a table of its own instead. */
 extern const ferry_transport_ops_t *const ferry_transports[];
+/* The table's transport of last resort, which every peer can be reached by:
+ * what a forced but unusable transport falls back to. */
+extern const ferry_transport_ops_t *const ferry_transport_fallback;
+
+/* Checks a table (NULL-terminated) and its fallback: every transport of
+ * this ops version, with a name, usable, run and serve, its frames (and
+ * the frames it serves that are not the core's) within its frame ranges,
+ * no range holding a core id (ferry_frame_is_core), no core HELLO bit; no
+ * name, frame id, HELLO bit or configuration key shared by two transports;
+ * the fallback in the table. 0 or INTERNAL naming what is wrong. */
+int ferry_transport_table_check(const ferry_transport_ops_t *const *table, const ferry_transport_ops_t *fallback);
+/* At engine creation: checks ferry_transports[] (the first time; its
+ * verdict is kept), then runs each transport's engine_init in table order.
+ * 0 or the first failure. */
+int ferry_transports_engine_init(ferry_engine_t *e);
+/* At engine destruction (and after a failed creation): every transport's
+ * engine_fini. */
+void ferry_transports_engine_fini(ferry_engine_t *e);
+
+/* Reads configuration key k (a transport's keys table) from the
+ * environment: *num for FERRY_KEY_LONG and FERRY_KEY_FLAG, *str for
+ * FERRY_KEY_STRING (either may be NULL). 1 when the variable is set (not
+ * empty), 0 when it is not (the values get the key's default; none: they
+ * are left as they are), INVALID_ARGUMENT naming the key when its text is
+ * no number of its range, INTERNAL for a key no transport of the table
+ * declares. */
+int ferry_transport_key(const ferry_transport_key_t *k, long *num, const char **str);
 
 const ferry_transport_ops_t *ferry_transport_find(const char *name);
 /* Picks the transport for a peer: forced by config, else the first usable. */

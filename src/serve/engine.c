@@ -413,8 +413,7 @@ static void engine_free(ferry_engine_t *e)
 {
     /* Transports release their per-region state (RDMA memory regions) and
      * device contexts while the registry still exists. */
-    for (int i = 0; ferry_transports[i]; i++)
-        if (ferry_transports[i]->engine_fini) ferry_transports[i]->engine_fini(e);
+    ferry_transports_engine_fini(e);
     ferry_registry_destroy(&e->registry);
     ferry_sessions_free(e);
     ferry_metrics_destroy(&e->metrics);
@@ -493,6 +492,8 @@ int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out)
         rc = ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: unknown transport '%s' (%s)", e->cfg.transport, names);
         goto fail;
     }
+    rc = ferry_transports_engine_init(e);
+    if (rc) goto fail;
     rc = ferry_net_listen(e->cfg.host, e->cfg.port, &e->listen_fd, &e->port);
     if (rc) goto fail;
     ferry_listener_limits_from_config(e);

@@ -29,6 +29,13 @@ void ferry_wire_set_frame_lookup(ferry_frame_lookup_fn lookup)
     atomic_store(&frame_lookup, lookup);
 }
 
+bool ferry_frame_is_core(uint8_t type)
+{
+    if (type == 0) return false;
+    if (type <= FERRY_FRAME_TYPE_MAX) return type_names[type] != NULL;
+    return type < FERRY_FRAME_TRANSPORT_FIRST;
+}
+
 /* A frame a transport declares, or NULL: a core frame or an unknown one. */
 static const ferry_frame_def_t *transport_frame(uint8_t type)
 {

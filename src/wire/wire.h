@@ -28,6 +28,7 @@
 #ifndef FERRY_WIRE_H
 #define FERRY_WIRE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -71,15 +72,7 @@ enum ferry_frame_type {
     FERRY_FRAME_AUTH = 17,      /* i->t: payload = MAC over the target's nonce */
     FERRY_FRAME_AUTH_ACK = 18,  /* t->i: status, payload = MAC over the initiator's nonce */
     FERRY_FRAME_ERROR = 19,     /* t->i: status, payload = text; the connection closes */
-    /* RDMA transport (src/transport/rdma*.c): the TCP connection stays the
-     * control channel; these frames set up its queue pair and confirm
-     * placement. Payloads are encoded by ferry_rdma_*_encode below. */
-    FERRY_FRAME_RDMA_CONNECT = 20,     /* i->t: payload = the initiator's QP info */
-    FERRY_FRAME_RDMA_CONNECT_ACK = 21, /* t->i: status; payload = the target's QP info, or the reason text */
-    FERRY_FRAME_RDMA_MR_QUERY = 22,    /* i->t: key for [addr, addr+len); aux = generation | access << 32 */
-    FERRY_FRAME_RDMA_MR_INFO = 23,     /* t->i: status; payload = ferry_rdma_mr_info, or the reason text */
-    FERRY_FRAME_RDMA_COMMIT = 24,      /* i->t: [addr, addr+len) was RDMA-written; aux = generation */
-    FERRY_FRAME_RDMA_COMMIT_ACK = 25,  /* t->i: status, len = bytes confirmed; payload = reason text */
+    /* 20..25: the RDMA transport's first frames (src/transport/rdma/rdma_wire.h). */
     /* Shared pools (transport/shm.c), only on connections whose pid the
      * target verified: */
     FERRY_FRAME_SHM_MAP_REQ = 26,      /* i->t: may I map [addr, addr+len)? crc = generation, aux = probe address */
@@ -119,6 +112,11 @@ typedef struct ferry_frame_def {
  * frame, refused. The wire layer so never depends on the transports. */
 typedef const ferry_frame_def_t *(*ferry_frame_lookup_fn)(uint8_t type);
 void ferry_wire_set_frame_lookup(ferry_frame_lookup_fn lookup);
+/* Whether id type is the core's: a frame wire.c defines itself, or an id
+ * of the core range kept for core frames to come (32..63). The ids of the
+ * core range that transports declare (CMA_*, RDMA_* 20..25, SHM_MAP_*) are
+ * not. No transport's frame range may hold a core id (transport.h). */
+bool ferry_frame_is_core(uint8_t type);
 
 #define FERRY_FRAME_F_CRC 0x01u
 /* Vector frames only (protocol 3): the pieces are described compactly
@@ -175,14 +173,9 @@ const char *ferry_frame_type_name(uint8_t type);
 
 /* Handshake payload, sent by both sides. */
 #define FERRY_HELLO_F_AUTH 0x01u   /* the sender requires shared-secret auth */
-#define FERRY_HELLO_F_CMA 0x02u    /* the sender permits cross-memory attach */
-#define FERRY_HELLO_F_RDMA 0x04u   /* the sender has a usable RDMA device and serves RDMA frames */
-#define FERRY_HELLO_F_SHMPOOL 0x08u /* the sender serves SHM_MAP_REQ (shared pools; no longer sent) */
-/* The sender serves SHM_MAP_REQ with the layout below (data and control
- * header in two memfds, the header writable by the owner only), seals
- * read-only pools and detaches pools at deregistration (core/share.h).
- * Initiators map only from such targets. */
-#define FERRY_HELLO_F_SHMPOOL2 0x10u
+/* 0x02, 0x08, 0x10: the shm transport's (src/transport/shm/shm_wire.h);
+ * 0x04: the RDMA transport's (src/transport/rdma/rdma_wire.h). Each
+ * transport declares the bits it owns (hello_bits, link/transport.h). */
 /* The sender serves CANCEL with FERRY_FRAME_F_CONN (a whole connection
  * fenced at once, core/cancel.h). */
 #define FERRY_HELLO_F_CONNFENCE 0x20u
@@ -201,6 +194,11 @@ const char *ferry_frame_type_name(uint8_t type);
  * fenced. Initiators stamp NOTIFYs with deadlines, and resend a NOTIFY whose
  * answer was lost, only to such targets. */
 #define FERRY_HELLO_F_NOTIFY_ONCE 0x100u
+
+/* The bits the core owns; every other bit is a transport's. */
+#define FERRY_HELLO_F_CORE                                                                                  \
+    (FERRY_HELLO_F_AUTH | FERRY_HELLO_F_CONNFENCE | FERRY_HELLO_F_PLACED | FERRY_HELLO_F_DEADLINE |         \
+     FERRY_HELLO_F_NOTIFY_ONCE)
 
 typedef struct ferry_hello {
     uint16_t proto_min, proto_max;
@@ -323,51 +321,5 @@ void ferry_segment_encode(const ferry_wire_segment_t *s, uint8_t out[FERRY_WIRE_
 /* Decodes; rejects zero length and address wrap-around. */
 int ferry_segment_decode(const uint8_t in[FERRY_WIRE_SEGMENT_SIZE], ferry_wire_segment_t *s);
 
-/* ---- RDMA transport payloads (rdma_wire.c) ----
- * QP info, 48 bytes, sent in RDMA_CONNECT and RDMA_CONNECT_ACK:
- *   off size field
- *     0    4 qpn (24 bits, not 0)         4    4 psn (24 bits)
- *     8    2 lid (InfiniBand)            10    1 port number (>= 1)
- *    11    1 link layer: 1 InfiniBand, 2 Ethernet (RoCE)
- *    12    1 active MTU as enum ibv_mtu (1..5 = 256..4096 bytes)
- *    13    1 GID index                   14    1 RDMA READs the sender accepts at once (1..16)
- *    15    1 reserved, 0                 16   16 GID (RoCE: required, not all zero)
- *    32    4 receive WRs the sender keeps posted (1..65536)
- *    36    4 reserved, 0                 40    8 node GUID (diagnostics only)
- * MR info, 32 bytes, sent in RDMA_MR_INFO:
- *     0    8 region address              8    8 region length
- *    16    4 rkey                       20    4 region generation
- *    24    4 region flags (FERRY_MEM_REMOTE_*)  28  4 reserved, 0 */
-/* SHM map info, 40 bytes, sent in SHM_MAP_RESP:
- *     0    8 region address              8    8 region length
- *    16    8 region offset in the data memfd (0)
- *    24    4 the data memfd's fd number in the target (-1: region not shareable)
- *    28    4 region generation          32    4 region flags
- *    36    4 the control header memfd's fd number in the target (-1: none) */
-#define FERRY_SHM_MAP_INFO_SIZE 40
-#define FERRY_RDMA_QP_INFO_SIZE 48
-#define FERRY_RDMA_MR_INFO_SIZE 32
-#define FERRY_RDMA_LINK_IB 1
-#define FERRY_RDMA_LINK_ETH 2
-
-typedef struct ferry_rdma_qp_info {
-    uint32_t qpn, psn;
-    uint16_t lid;
-    uint8_t port, link_layer, mtu, gid_index, rd_atom;
-    uint8_t gid[16];
-    uint32_t recv_depth;
-    uint64_t guid;
-} ferry_rdma_qp_info_t;
-
-typedef struct ferry_rdma_mr_info {
-    uint64_t addr, len;
-    uint32_t rkey, generation, flags;
-} ferry_rdma_mr_info_t;
-
-void ferry_rdma_qp_info_encode(const ferry_rdma_qp_info_t *q, uint8_t out[FERRY_RDMA_QP_INFO_SIZE]);
-/* Decodes len bytes and validates every field; MALFORMED_FRAME naming the field. */
-int ferry_rdma_qp_info_decode(const uint8_t *in, size_t len, ferry_rdma_qp_info_t *q);
-void ferry_rdma_mr_info_encode(const ferry_rdma_mr_info_t *m, uint8_t out[FERRY_RDMA_MR_INFO_SIZE]);
-int ferry_rdma_mr_info_decode(const uint8_t *in, size_t len, ferry_rdma_mr_info_t *m);
 
 #endif

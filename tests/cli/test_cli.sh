@@ -50,9 +50,16 @@ check info-version "^ferry [0-9]+\.[0-9]+\.[0-9]+ \(library"
 check info-transports "^  tcp +yes +reaches every peer"
 check info-rdma "^  rdma +(yes|no) +[^ ]"
 check info-settings "^  timeout_ms +30000"
+check info-transport-keys "^  FERRY_RDMA_PORT +rdma +1 +port number \(default\)"
 [ $rc -eq 0 ] || { echo "FAIL ferry info exited $rc"; fails=$((fails + 1)); }
 out=$(FERRY_TIMEOUT_MS=1234 FERRY_SECRET=hunter2 "$FERRY" info --json); rc=$?
 if json_check "$out" 'd["version"]["protocol"] >= 1 and d["transports"]["tcp"]["usable"] and set(d["transports"]) == {"tcp", "shm", "rdma"} and d["settings"]["timeout_ms"] == 1234 and d["settings"]["secret"] and d["environment"]["FERRY_TIMEOUT_MS"] == "1234" and "hunter2" not in json.dumps(d) and "p2p" in d["build"]["metadata_backends"] and d["devices"]["cpus"] >= 1'; then
+  passes=$((passes + 1))
+else
+  echo "FAIL info-json: unexpected:"; echo "$out"; fails=$((fails + 1))
+fi
+out=$(FERRY_SHM_NOMAP=1 FERRY_RDMA_DEVICE=mlx5_9 "$FERRY" info --json); rc=$?
+if json_check "$out" 'd["transport_settings"]["FERRY_SHM_NOMAP"] == {"transport": "shm", "value": 1, "set": True, "help": d["transport_settings"]["FERRY_SHM_NOMAP"]["help"]} and d["transport_settings"]["FERRY_RDMA_DEVICE"]["value"] == "mlx5_9" and d["transport_settings"]["FERRY_RDMA_PORT"]["value"] == 1 and not d["transport_settings"]["FERRY_RDMA_PORT"]["set"]'; then
   passes=$((passes + 1))
 else
   echo "FAIL info-json: unexpected:"; echo "$out"; fails=$((fails + 1))

@@ -12,7 +12,7 @@
 
 #include "fuzz.h"
 #include "link/transport.h"
-#include "wire/rdma_wire.h"
+#include "transport/rdma/rdma_wire.h"
 #include "wire/wire.h"
 
 static void check(int ok)

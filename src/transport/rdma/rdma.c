@@ -21,12 +21,11 @@
 #include <string.h>
 
 #include "util/clock.h"
-#include "engine/config.h"
 #include "util/fail.h"
 #include "util/log.h"
 #include "util/net.h"
 #include "link/transport.h"
-#include "wire/rdma_wire.h"
+#include "rdma_wire.h"
 
 struct ferry_rdma {
     int usable;
@@ -48,27 +47,41 @@ int ferry_rdma_built(void)
 
 /* -------------------------------------------------------------- settings */
 
-static int env_int(const char *name, long lo, long hi, int *out)
+/* The RDMA transport's configuration keys (docs/RDMA_AND_GPU.md), read
+ * through the link layer (ferry_transport_key); its ops list them. */
+enum { KEY_RDMA, KEY_RDMA_DEVICE, KEY_RDMA_PORT, KEY_RDMA_GID_INDEX, NKEYS };
+static const ferry_transport_key_t rdma_keys[NKEYS] = {
+    [KEY_RDMA] = {"FERRY_RDMA", FERRY_KEY_LONG, 0, 1, "1", "0 turns the RDMA transport off"},
+    [KEY_RDMA_DEVICE] = {"FERRY_RDMA_DEVICE", FERRY_KEY_STRING, 0, 0, "",
+                         "device name, e.g. mlx5_0; unset: the first with an active port"},
+    [KEY_RDMA_PORT] = {"FERRY_RDMA_PORT", FERRY_KEY_LONG, 1, 255, "1", "port number"},
+    [KEY_RDMA_GID_INDEX] = {"FERRY_RDMA_GID_INDEX", FERRY_KEY_LONG, -1, 255, "-1",
+                            "GID index; -1: 0 on InfiniBand, picked from sysfs on RoCE"},
+};
+
+static int key_int(int key, int *out)
 {
-    long v;
-    int rc = ferry_env_long(name, lo, hi, &v);
-    if (rc > 0) *out = (int)v;
-    return rc < 0 ? rc : 0;
+    long v = *out;
+    int rc = ferry_transport_key(&rdma_keys[key], &v, NULL); /* unset: the key's default */
+    if (rc < 0) return rc;
+    *out = (int)v;
+    return 0;
 }
 
 int ferry_rdma_env_load(ferry_rdma_env_t *env)
 {
-    memset(env, 0, sizeof *env);
-    env->enabled = 1;
-    env->port = 1;
-    env->gid_index = -1;
+    memset(env, 0, sizeof *env); /* enabled, port, gid_index: their keys' defaults below */
     env->sysfs_verbs = "/sys/class/infiniband_verbs";
     env->sysfs_ib = "/sys/class/infiniband";
     env->libname = "libibverbs.so.1";
-    int rc = env_int("FERRY_RDMA", 0, 1, &env->enabled);
-    if (rc == 0) rc = env_int("FERRY_RDMA_PORT", 1, 255, &env->port);
-    if (rc == 0) rc = env_int("FERRY_RDMA_GID_INDEX", -1, 255, &env->gid_index);
-    const char *dev = getenv("FERRY_RDMA_DEVICE");
+    int rc = key_int(KEY_RDMA, &env->enabled);
+    if (rc == 0) rc = key_int(KEY_RDMA_PORT, &env->port);
+    if (rc == 0) rc = key_int(KEY_RDMA_GID_INDEX, &env->gid_index);
+    const char *dev = NULL;
+    if (rc == 0) {
+        int got = ferry_transport_key(&rdma_keys[KEY_RDMA_DEVICE], NULL, &dev);
+        if (got < 0) rc = got;
+    }
     if (rc == 0 && dev && strlen(dev) >= sizeof env->device)
         rc = ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "environment FERRY_RDMA_DEVICE is longer than %zu bytes",
                         sizeof env->device - 1);
@@ -328,6 +341,10 @@ static int rdma_serve(ferry_conn_t *c, const ferry_frame_t *f)
 static const uint8_t rdma_frames[] = {FERRY_FRAME_RDMA_CONNECT, FERRY_FRAME_RDMA_MR_QUERY, FERRY_FRAME_RDMA_COMMIT,
                                       FERRY_FRAME_RDMA_COMMIT_GROUP};
 
+/* RDMA's frame ids: its first frames (of the core range) and its own. */
+static const ferry_frame_range_t rdma_frame_ranges[] = {{FERRY_FRAME_RDMA_CONNECT, FERRY_FRAME_RDMA_COMMIT_ACK},
+                                                       {FERRY_FRAME_RDMA_FIRST, FERRY_FRAME_RDMA_LAST}};
+
 const ferry_transport_ops_t ferry_transport_rdma = {
     .name = "rdma",
     .usable = rdma_usable,
@@ -339,6 +356,12 @@ const ferry_transport_ops_t ferry_transport_rdma = {
     .nframes = FERRY_RDMA_NFRAMES,
     .hello_flags = rdma_hello_flags,
     .engine_fini = rdma_engine_fini,
+    .version = FERRY_TRANSPORT_OPS_VERSION,
+    .frame_ranges = rdma_frame_ranges,
+    .nframe_ranges = sizeof rdma_frame_ranges / sizeof rdma_frame_ranges[0],
+    .hello_bits = FERRY_HELLO_F_RDMA,
+    .keys = rdma_keys,
+    .nkeys = NKEYS,
 };
 
 /* ------------------------------------------------------------- helpers */

@@ -9,7 +9,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "link/transport.h"
 #include "link/xport.h"
+
+/* The RDMA transport's ops (rdma.c), for its own files. */
+extern const ferry_transport_ops_t ferry_transport_rdma;
 
 /* Settings, from FERRY_RDMA* environment variables. */
 typedef struct ferry_rdma_env {

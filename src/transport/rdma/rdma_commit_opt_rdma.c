@@ -15,7 +15,7 @@
 #include "util/fail.h"
 #include "util/net.h"
 #include "rdma_int.h"
-#include "wire/rdma_wire.h"
+#include "rdma_wire.h"
 
 /* An endpoint's buffers for group commits, either side, made at first use
  * (struct rdma_ep.group; freed with the endpoint): nothing per piece or

@@ -18,6 +18,7 @@
 #include "rdma.h"
 #include "rdma_verbs.h"
 #include "link/transport.h"
+#include "rdma_wire.h"
 
 #define SEND_DEPTH 128
 #define RECV_DEPTH 128

@@ -9,7 +9,7 @@
 #include "util/fail.h"
 #include "util/net.h"
 #include "rdma_int.h"
-#include "wire/rdma_wire.h"
+#include "rdma_wire.h"
 
 /* -------------------------------------------------------------- target */
 

@@ -725,7 +725,7 @@ static int shm_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, s
 static uint32_t shm_hello_flags(ferry_engine_t *e)
 {
     (void)e;
-    return FERRY_HELLO_F_SHMPOOL2;
+    return FERRY_HELLO_F_CMA | FERRY_HELLO_F_SHMPOOL2;
 }
 
 /* The frames shm declares (wire.h); CMA_VEC, a vector frame, is the core's
@@ -736,6 +736,11 @@ static const ferry_frame_def_t shm_frame_defs[] = {
     {FERRY_FRAME_SHM_MAP_REQ, "SHM_MAP_REQ", 0},
     {FERRY_FRAME_SHM_MAP_RESP, "SHM_MAP_RESP", FERRY_WIRE_MAX_REASON}, /* map info, or the reason text */
 };
+
+/* shm's frame ids, all of the core range (the wire format predates the
+ * ranges): CMA_WRITE, CMA_READ; SHM_MAP_REQ, SHM_MAP_RESP. */
+static const ferry_frame_range_t shm_frame_ranges[] = {{FERRY_FRAME_CMA_WRITE, FERRY_FRAME_CMA_READ},
+                                                      {FERRY_FRAME_SHM_MAP_REQ, FERRY_FRAME_SHM_MAP_RESP}};
 
 static const uint8_t shm_frames[] = {FERRY_FRAME_CMA_WRITE, FERRY_FRAME_CMA_READ, FERRY_FRAME_SHM_MAP_REQ,
                                      FERRY_FRAME_CMA_VEC};
@@ -750,4 +755,10 @@ const ferry_transport_ops_t ferry_transport_shm = {
     .frames = shm_frame_defs,
     .nframes = sizeof shm_frame_defs / sizeof shm_frame_defs[0],
     .hello_flags = shm_hello_flags,
+    .version = FERRY_TRANSPORT_OPS_VERSION,
+    .frame_ranges = shm_frame_ranges,
+    .nframe_ranges = sizeof shm_frame_ranges / sizeof shm_frame_ranges[0],
+    .hello_bits = FERRY_SHM_HELLO_BITS,
+    .keys = shm_keys,
+    .nkeys = SHM_NKEYS,
 };

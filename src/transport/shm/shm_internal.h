@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include "link/transport.h"
+#include "shm_wire.h"
 
 /* Bytes per frame: large, since no socket buffer sits in between; one
  * frame is one serving-thread turn at the target. */
@@ -46,5 +47,11 @@ int shm_send_status(ferry_conn_t *c, uint8_t type, const ferry_frame_t *req, int
 /* shm_pool.c */
 int shm_serve_map(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, uint64_t deadline);
 int shm_map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken);
+
+/* The configuration keys (shm_keys.c). */
+enum { SHM_KEY_DISABLE, SHM_KEY_NOMAP, SHM_KEY_CONFIRM, SHM_KEY_PROC_LOOKUP, SHM_NKEYS };
+extern const ferry_transport_key_t shm_keys[SHM_NKEYS];
+/* Whether flag key `key` is set (FERRY_SHM_PROC_LOOKUP: to exactly "1"). */
+bool shm_key_set(int key);
 
 #endif

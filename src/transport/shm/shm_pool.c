@@ -230,15 +230,9 @@ static void icache_drop(struct shm_icache *ic, struct shm_map *m)
         }
 }
 
-static bool env_set(const char *name)
-{
-    const char *v = getenv(name);
-    return v && *v && strcmp(v, "0") != 0;
-}
-
 static bool map_disabled_here(void)
 {
-    return env_set("FERRY_SHM_NOMAP");
+    return shm_key_set(SHM_KEY_NOMAP);
 }
 
 /* Maps len bytes of a memfd the target passed (writable only with rw):
@@ -653,7 +647,7 @@ static int map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, b
         bool owns = offered && !map_disabled_here() && target_owns_conn(c);
         /* FERRY_SHM_CONFIRM=1: no pidfd, so copies are confirmed by the
          * owner, as on a kernel without pidfd_open (to compare, to test). */
-        if (owns && !env_set("FERRY_SHM_CONFIRM")) ic->pidfd = shm_open_pidfd(c->peer.pid);
+        if (owns && !shm_key_set(SHM_KEY_CONFIRM)) ic->pidfd = shm_open_pidfd(c->peer.pid);
         ic->state = owns ? 1 : -1;
         if (ic->state < 0) {
             FERRY_LOG(FERRY_LOG_INFO, "shm", "%s: shared-pool mapping off for this connection (%s)", c->peer.name,

@@ -182,9 +182,8 @@ unsigned long shm_find_socket_inode(const struct addr6 *local, const struct addr
 {
     bool v4 = is_v4mapped(local) && is_v4mapped(remote);
     /* FERRY_SHM_PROC_LOOKUP=1 skips netlink (tests the fallback). */
-    const char *proc_only = getenv("FERRY_SHM_PROC_LOOKUP");
     unsigned long ino = 0;
-    if (!proc_only || strcmp(proc_only, "1") != 0) {
+    if (!shm_key_set(SHM_KEY_PROC_LOOKUP)) {
         ino = diag_lookup(v4 ? AF_INET : AF_INET6, local, remote, uid);
         if (!ino && v4) ino = diag_lookup(AF_INET6, local, remote, uid);
     }
@@ -277,8 +276,7 @@ bool shm_pidfd_exited(int pidfd)
 
 static bool shm_disabled_here(void)
 {
-    const char *v = getenv("FERRY_SHM_DISABLE");
-    return v && *v && strcmp(v, "0") != 0;
+    return shm_key_set(SHM_KEY_DISABLE);
 }
 
 /* Decides once per connection whether the initiator's claimed pid may be

@@ -1060,4 +1060,5 @@ const ferry_transport_ops_t ferry_transport_tcp = {
     .serve = tcp_serve,
     .serve_types = tcp_frames,
     .nserve_types = sizeof tcp_frames,
+    .version = FERRY_TRANSPORT_OPS_VERSION,
 };

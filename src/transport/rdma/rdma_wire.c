@@ -5,9 +5,9 @@
 #include <string.h>
 
 #include "util/fail.h"
-#include "le.h"
+#include "wire/le.h"
 #include "rdma_wire.h"
-#include "wire.h"
+#include "wire/wire.h"
 #include <ferry/ferry.h>
 
 
