@@ -125,14 +125,26 @@ def object_findings(build):
     if not objs:
         return ["no objects under %s: build the library first" % objdir]
     defined, undefined = {}, {}
-    for src, obj in objs.items():
-        out = subprocess.run(["nm", "--defined-only", "-g", obj], capture_output=True, text=True).stdout
+    by_obj = {obj: src for src, obj in objs.items()}
+
+    def nm(*flags):
+        """{object: [lines]} from one nm run over every object."""
+        out = subprocess.run(["nm", *flags, *by_obj], capture_output=True, text=True).stdout
+        per, cur = {}, None
         for line in out.splitlines():
+            if line.endswith(":") and line[:-1] in by_obj:
+                cur = per.setdefault(line[:-1], [])
+            elif line.strip() and cur is not None:
+                cur.append(line)
+        return per
+
+    for obj, lines in nm("--defined-only", "-g").items():
+        for line in lines:
             parts = line.split()
-            if len(parts) == 3 and parts[1] in "TDBRVW" and parts[1] != "U":
-                defined.setdefault(parts[2], src)
-        out = subprocess.run(["nm", "-u", obj], capture_output=True, text=True).stdout
-        undefined[src] = [line.split()[-1] for line in out.splitlines() if line.strip()]
+            if len(parts) == 3 and parts[1] in "TDBRVW":
+                defined.setdefault(parts[2], by_obj[obj])
+    for obj, lines in nm("-u").items():
+        undefined[by_obj[obj]] = [line.split()[-1] for line in lines]
     findings = set()
     for src, syms in undefined.items():
         sf = folder_of(src)
