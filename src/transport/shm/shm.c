@@ -78,6 +78,7 @@
 #include "util/tsan.h"
 #include "link/watch.h"
 #include "wire/le.h"
+#include "link/target.h"
 #include "link/transport.h"
 #include "link/vec.h"
 
@@ -93,16 +94,6 @@
 #include "shm_internal.h"
 
 /* -------------------------------------------------------- target: copy */
-
-int shm_send_status(ferry_conn_t *c, uint8_t type, const ferry_frame_t *req, int status, uint64_t deadline)
-{
-    const char *why = status ? ferry_fail_message() : "";
-    size_t n = strlen(why);
-    if (n > FERRY_WIRE_MAX_REASON) n = FERRY_WIRE_MAX_REASON;
-    ferry_frame_t f = {.type = type, .status = status, .req_id = req->req_id, .addr = req->addr,
-                       .len = status ? 0 : req->len, .plen = (uint32_t)n};
-    return ferry_conn_send_frame(c, &f, why, deadline);
-}
 
 /* Maps a failed process_vm_* errno to the answer's status. */
 static int cma_error(struct shm_conn *sc, const ferry_frame_t *f, bool write, uint64_t done, size_t n, int err)
@@ -142,28 +133,6 @@ static ssize_t cma_once(pid_t pid, bool write, void *mine, uint64_t theirs, size
     }
 }
 
-/* Re-validation of the frame's range with the read lock held: the cancel
- * set first (a CANCEL's barrier relies on it), then the registry. */
-static int check_locked(ferry_conn_t *c, const ferry_frame_t *f, uint32_t need)
-{
-    ferry_engine_t *e = c->engine;
-    if (ferry_conn_is_cancelled(c, f->req_id))
-        return ferry_fail(FERRY_ERR_CANCELLED, "request %llu was cancelled", (unsigned long long)f->req_id);
-    if (ferry_frame_expired(f)) return ferry_frame_expired_fail(c, f); /* wire.h, cancel.h */
-    /* The registry as it is now, whatever generation the initiator learned
-     * (as tcp.c): a range registered again takes the access. */
-    return ferry_registry_check_locked(ferry_engine_registry(e), f->addr, f->len, need, 0, "target");
-}
-
-/* The memory kind of the target range (host without a lookup when no
- * device memory is registered), with the read lock held. */
-static uint32_t kind_locked(ferry_registry_t *r, const ferry_frame_t *f)
-{
-    if (ferry_registry_device_count(r) == 0) return FERRY_MEMKIND_HOST;
-    const ferry_region_t *reg = ferry_registry_lookup_locked(r, f->addr, f->len);
-    return reg ? reg->kind : FERRY_MEMKIND_HOST;
-}
-
 /* Copies the frame's range chunk by chunk, each under the registry's read
  * lock after re-validating the range. Host memory moves in one copy, the
  * kernel's; device memory (which the kernel cannot reach) is staged in the
@@ -182,8 +151,8 @@ static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t
         uint64_t there = f->aux + done;
         ssize_t got = 0;
         ferry_registry_read_lock(r);
-        int rc = check_locked(c, f, need);
-        uint32_t kind = rc ? FERRY_MEMKIND_HOST : kind_locked(r, f);
+        int rc = ferry_target_check_locked(c, r, f, need);
+        uint32_t kind = rc ? FERRY_MEMKIND_HOST : ferry_registry_kind_of(r, f->addr, f->len, true);
         if (rc == 0 && kind == FERRY_MEMKIND_HOST) got = cma_once(sc->pid, write, here, there, n);
         if (write && got > 0) ferry_placed_progress(c, done + (uint64_t)got, NULL); /* under the lock (cancel.h) */
         ferry_registry_unlock(r);
@@ -199,14 +168,14 @@ static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t
                 got = cma_once(sc->pid, true, b, there, n);
                 if (got > 0) {
                     ferry_registry_read_lock(r);
-                    rc = check_locked(c, f, need);
+                    rc = ferry_target_check_locked(c, r, f, need);
                     if (rc == 0) rc = ferry_memkind_from_host(kind, here, b, (size_t)got);
                     if (rc == 0) ferry_placed_progress(c, done + (uint64_t)got, NULL);
                     ferry_registry_unlock(r);
                 }
             } else {
                 ferry_registry_read_lock(r);
-                rc = check_locked(c, f, need);
+                rc = ferry_target_check_locked(c, r, f, need);
                 if (rc == 0) rc = ferry_memkind_to_host(kind, b, here, n);
                 ferry_registry_unlock(r);
                 if (rc == 0) got = cma_once(sc->pid, false, b, there, n);
@@ -478,7 +447,7 @@ static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
             ferry_watch_placed(c, f->addr, f->len);
         } else FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, f->len);
     }
-    return shm_send_status(c, answer, f, status, deadline);
+    return ferry_target_send_status(c, answer, f, status, deadline);
 }
 
 /* --------------------------------------------------- initiator side */

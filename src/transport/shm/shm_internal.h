@@ -40,9 +40,6 @@ int shm_open_pidfd(pid_t pid);
 bool shm_pidfd_exited(int pidfd);
 void shm_verify_peer(ferry_conn_t *c, struct shm_conn *sc, uint64_t probe);
 
-/* shm.c */
-int shm_send_status(ferry_conn_t *c, uint8_t type, const ferry_frame_t *req, int status, uint64_t deadline);
-
 /* shm_pool.c */
 int shm_serve_map(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, uint64_t deadline);
 int shm_map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken);

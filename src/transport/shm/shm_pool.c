@@ -27,6 +27,7 @@
 #include "util/net.h"
 #include "engine/session.h" /* the all_mapped hint */
 #include "link/share.h"
+#include "link/target.h"
 #include "wire/le.h"
 #include "shm_internal.h"
 
@@ -158,7 +159,7 @@ int shm_serve_map(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, 
      * says "passed", -1 "not shareable". */
     put32(info + 24, shared ? 0 : UINT32_MAX);
     put32(info + 36, shared ? 0 : UINT32_MAX);
-    if (status) return shm_send_status(c, FERRY_FRAME_SHM_MAP_RESP, f, status, deadline);
+    if (status) return ferry_target_send_status(c, FERRY_FRAME_SHM_MAP_RESP, f, status, deadline);
     ferry_frame_t a = {.type = FERRY_FRAME_SHM_MAP_RESP, .req_id = f->req_id, .addr = f->addr, .len = f->len,
                        .plen = FERRY_SHM_MAP_INFO_SIZE};
     return ferry_conn_send_frame(c, &a, info, deadline);
