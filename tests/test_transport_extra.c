@@ -40,9 +40,9 @@ static void extra_release(void *ctx, const ferry_region_t *reg, void *state)
     (*(int *)ctx)++;
 }
 
-static int extra_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, size_t cap)
+static int extra_usable(ferry_xport_ctx_t *ctx, const ferry_hello_t *peer, char *why, size_t cap)
 {
-    (void)e, (void)peer;
+    (void)ctx, (void)peer;
     snprintf(why, cap, "the test's extra transport");
     return 1;
 }
@@ -76,7 +76,7 @@ static void extra_ping(ferry_conn_t *c)
 static int extra_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken, ferry_verdict_t *verdict)
 {
     extra_ping(c);
-    ferry_registry_t *r = ferry_engine_registry(c->engine);
+    ferry_registry_t *r = c->ctx->registry;
     unsigned slot = ferry_transport_region_slot(&ferry_transport_extra);
     assert_true(slot < FERRY_REGION_SLOTS);
     ferry_registry_set_hook(r, slot, &(ferry_region_hook_t){.release = extra_release, .ctx = &states_released});

@@ -16,6 +16,8 @@ const ferry_transport_ops_t *const ferry_transports[] = {
 #endif
     NULL,
 };
+const ferry_transport_ops_t *const ferry_transport_fallback = &ferry_transport_tcp;
+
 /* Each transport has a per-region slot after the core's (registry.h). */
 _Static_assert(sizeof ferry_transports / sizeof ferry_transports[0] - 1 + 1 <= FERRY_REGION_SLOTS,
                "more transports than per-region slots: raise FERRY_REGION_SLOTS");
@@ -27,29 +29,30 @@ const ferry_transport_ops_t *ferry_transport_find(const char *name)
     return NULL;
 }
 
-const ferry_transport_ops_t *ferry_transport_choose(ferry_engine_t *e, const ferry_hello_t *peer, char *why,
+const ferry_transport_ops_t *ferry_transport_choose(ferry_xport_ctx_t *ctx, const ferry_hello_t *peer, char *why,
                                                      size_t cap)
 {
-    const char *forced = ferry_engine_config(e)->transport;
+    const char *forced = ctx->transport;
     if (forced && strcmp(forced, "auto") != 0) {
         const ferry_transport_ops_t *t = ferry_transport_find(forced);
-        if (t && t->usable(e, peer, why, cap)) {
+        if (t && t->usable(ctx, peer, why, cap)) {
             char reason[128];
             snprintf(reason, sizeof reason, "forced by config; %s", why);
             snprintf(why, cap, "%s", reason);
             return t;
         }
-        /* Forced but unusable: say so and fall back to TCP, which always works. */
+        /* Forced but unusable: say so and fall back to the transport that always works. */
         char reason[128];
-        snprintf(reason, sizeof reason, "%s forced but unusable (%s); fell back to tcp", forced, t ? why : "unknown");
+        snprintf(reason, sizeof reason, "%s forced but unusable (%s); fell back to %s", forced, t ? why : "unknown",
+                 ferry_transport_fallback->name);
         snprintf(why, cap, "%s", reason);
         FERRY_LOG(FERRY_LOG_WARN, "transport", "peer %s: %s", peer->name, why);
-        return &ferry_transport_tcp;
+        return ferry_transport_fallback;
     }
     /* Auto: the first usable; the reason names the first one passed over. */
     char skipped[128] = "";
     for (int i = 0; ferry_transports[i]; i++) {
-        if (ferry_transports[i]->usable(e, peer, why, cap)) {
+        if (ferry_transports[i]->usable(ctx, peer, why, cap)) {
             if (skipped[0]) {
                 char reason[128];
                 snprintf(reason, sizeof reason, "%s; %s", why, skipped);

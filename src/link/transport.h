@@ -36,13 +36,20 @@ typedef struct ferry_verdict {
      * transport went unusable). run returns 0 with it; reason says why
      * (logged at debug level). */
     bool by_tcp;
+    /* Set by run: it moved every piece by plain memory copies in the
+     * calling thread, answered by no round trip it had to wait for (shm's
+     * shared-pool mappings). A hint the core keeps per session: the
+     * session's next small call is best run in the caller's thread,
+     * unsplit (transfer.c). */
+    bool copied_inline;
     char reason[256];
 } ferry_verdict_t;
 
 typedef struct ferry_transport_ops {
     const char *name;
-    /* Whether this transport can reach the peer of c's session; fills why. */
-    int (*usable)(ferry_engine_t *e, const ferry_hello_t *peer, char *why, size_t cap);
+    /* Whether this transport can reach peer from the engine of ctx
+     * (xport.h); fills why. */
+    int (*usable)(ferry_xport_ctx_t *ctx, const ferry_hello_t *peer, char *why, size_t cap);
     /* Moves the n pieces over connection c as one pipelined stream
      * (initiator side), each from its ->done on, recording each piece's
      * outcome in ->rc. Returns 0 or the connection-level failure; when that
@@ -71,10 +78,11 @@ typedef struct ferry_transport_ops {
     size_t nframes;
     /* Optional: FERRY_HELLO_F_* bits this engine advertises in every
      * handshake (what it can serve), e.g. FERRY_HELLO_F_RDMA. */
-    uint32_t (*hello_flags)(ferry_engine_t *e);
-    /* Optional: frees engine-wide state, at engine destruction, after every
+    uint32_t (*hello_flags)(ferry_xport_ctx_t *ctx);
+    /* Optional: frees engine-wide state (its slot of ctx->state,
+     * ferry_transport_state), at engine destruction, after every
      * connection is gone and before the registry is destroyed. */
-    void (*engine_fini)(ferry_engine_t *e);
+    void (*engine_fini)(ferry_xport_ctx_t *ctx);
 } ferry_transport_ops_t;
 
 /* Shared by the streaming transports (tcp.c, shm.c): one slice on the
@@ -116,10 +124,14 @@ extern const ferry_transport_ops_t ferry_transport_extra;
 
 /* NULL-terminated, in order of preference for "auto". */
 extern const ferry_transport_ops_t *const ferry_transports[];
+/* The transport of the table that reaches every peer (tcp): where a
+ * forced transport that cannot be used, and the verdicts fall_back and
+ * by_tcp, send the pieces. It never falls back itself. */
+extern const ferry_transport_ops_t *const ferry_transport_fallback;
 
 const ferry_transport_ops_t *ferry_transport_find(const char *name);
 /* Picks the transport for a peer: forced by config, else the first usable. */
-const ferry_transport_ops_t *ferry_transport_choose(ferry_engine_t *e, const ferry_hello_t *peer, char *why,
+const ferry_transport_ops_t *ferry_transport_choose(ferry_xport_ctx_t *ctx, const ferry_hello_t *peer, char *why,
                                                      size_t cap);
 /* The frame of type t some transport declares (its frames table), or NULL.
  * transport.c installs it as the wire layer's lookup when the library
@@ -130,5 +142,11 @@ const ferry_transport_ops_t *ferry_transport_for_frame(uint8_t type);
 /* Transport t's per-region slot (ferry_region_t.slot, registry.h): 1 + its
  * index in the table. FERRY_REGION_SLOTS when t is not in the table. */
 unsigned ferry_transport_region_slot(const ferry_transport_ops_t *t);
+/* Transport t's engine-wide state slot in ctx (xport.h), by its index in
+ * the table; t must be in the table. */
+static inline _Atomic(void *) *ferry_transport_state(ferry_xport_ctx_t *ctx, const ferry_transport_ops_t *t)
+{
+    return &ctx->state[ferry_transport_region_slot(t) - 1];
+}
 
 #endif

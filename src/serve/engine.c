@@ -20,6 +20,7 @@
 #include "link/auth.h"
 #include "util/clock.h"
 #include "engine/directory.h"
+#include "engine/xport.h"
 #include "evloop.h"
 #include "util/fail.h"
 #include "listener.h"
@@ -414,7 +415,7 @@ static void engine_free(ferry_engine_t *e)
     /* Transports release their per-region state (RDMA memory regions) and
      * device contexts while the registry still exists. */
     for (int i = 0; ferry_transports[i]; i++)
-        if (ferry_transports[i]->engine_fini) ferry_transports[i]->engine_fini(e);
+        if (ferry_transports[i]->engine_fini) ferry_transports[i]->engine_fini(&e->xport);
     ferry_registry_destroy(&e->registry);
     ferry_sessions_free(e);
     ferry_metrics_destroy(&e->metrics);
@@ -483,6 +484,7 @@ int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out)
     if (!e) return ferry_fail(FERRY_ERR_MEMORY, "engine create: out of memory");
     int rc = ferry_config_copy(e, cfg);
     if (rc) goto fail;
+    ferry_engine_xport_init(e);
     ferry_log_level = e->cfg.log_level;
     rc = ferry_sessions_init(e);
     if (rc) goto fail;

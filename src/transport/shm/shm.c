@@ -73,7 +73,6 @@
 #include "util/log.h"
 #include "util/memkind.h"
 #include "util/net.h"
-#include "engine/session.h" /* the session's port (via_intermediary) */
 #include "link/share.h"
 #include "util/tsan.h"
 #include "link/watch.h"
@@ -141,7 +140,7 @@ static ssize_t cma_once(pid_t pid, bool write, void *mine, uint64_t theirs, size
 static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, bool write)
 {
     FERRY_TSAN_PAYLOAD_SCOPE();
-    ferry_registry_t *r = ferry_engine_registry(c->engine);
+    ferry_registry_t *r = c->ctx->registry;
     uint32_t need = write ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_REMOTE_READ;
     uint64_t done = 0;
     while (done < f->len) {
@@ -301,8 +300,7 @@ static int vec_copy_host(ferry_conn_t *c, const ferry_frame_t *f, struct shm_con
                          size_t n, bool write, bool *device)
 {
     FERRY_TSAN_PAYLOAD_SCOPE();
-    ferry_engine_t *e = c->engine;
-    ferry_registry_t *r = ferry_engine_registry(e);
+    ferry_registry_t *r = c->ctx->registry;
     uint32_t need = write ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_REMOTE_READ;
     uint64_t version = 0;
     bool checked = false;
@@ -398,8 +396,8 @@ static int serve_cma_vec(ferry_conn_t *c, const ferry_frame_t *f)
             moved += v->d[i].len;
             if (write) ferry_watch_placed(c, v->d[i].addr, v->d[i].len);
         }
-    if (write) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, moved);
-    else FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, moved);
+    if (write) FERRY_STAT_ADD(c->ctx->counters, bytes_placed, moved);
+    else FERRY_STAT_ADD(c->ctx->counters, bytes_served, moved);
     if (write) {
         int32_t status = 0;
         for (size_t i = 0; i < n && !status; i++) status = v->st[i];
@@ -411,7 +409,7 @@ static int serve_cma_vec(ferry_conn_t *c, const ferry_frame_t *f)
 static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
 {
     if (f->type == FERRY_FRAME_CMA_VEC) return serve_cma_vec(c, f);
-    uint64_t deadline = ferry_deadline_after_ms(ferry_engine_config(c->engine)->timeout_ms);
+    uint64_t deadline = ferry_deadline_after_ms(c->ctx->timeout_ms);
     bool write = f->type == FERRY_FRAME_CMA_WRITE;
     bool map = f->type == FERRY_FRAME_SHM_MAP_REQ;
     uint8_t answer = write ? FERRY_FRAME_WRITE_ACK : FERRY_FRAME_READ_RESP;
@@ -443,9 +441,9 @@ static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
     if (write) ferry_placed_end(c, status, FERRY_PLACED_KEEP, NULL);
     if (status == 0) {
         if (write) {
-            FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, f->len);
+            FERRY_STAT_ADD(c->ctx->counters, bytes_placed, f->len);
             ferry_watch_placed(c, f->addr, f->len);
-        } else FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, f->len);
+        } else FERRY_STAT_ADD(c->ctx->counters, bytes_served, f->len);
     }
     return ferry_target_send_status(c, answer, f, status, deadline);
 }
@@ -500,17 +498,17 @@ static bool via_intermediary(ferry_conn_t *c, char *why, size_t cap)
     char host[256];
     uint16_t port = 0;
     if (!c->session || ferry_parse_hostport(c->peer.name, host, sizeof host, &port) != 0) return false;
-    if (port == c->session->port) return false;
+    if (port == c->session_port) return false;
     snprintf(why, cap, "shm not used: connected through an intermediary (dialed port %u, the peer listens on %u)",
-             (unsigned)c->session->port, (unsigned)port);
+             (unsigned)c->session_port, (unsigned)port);
     return true;
 }
 
 /* Whether a piece's local buffer is device memory: the target's attach
  * cannot reach it, so such a stream goes over TCP, which stages it. */
-static bool any_device_local(ferry_engine_t *e, const ferry_xfer_t *xs, size_t nx)
+static bool any_device_local(ferry_xport_ctx_t *ctx, const ferry_xfer_t *xs, size_t nx)
 {
-    ferry_registry_t *r = ferry_engine_registry(e);
+    ferry_registry_t *r = ctx->registry;
     if (ferry_registry_device_count(r) == 0) return false;
     bool found = false;
     ferry_registry_read_lock(r);
@@ -525,12 +523,12 @@ static bool any_device_local(ferry_engine_t *e, const ferry_xfer_t *xs, size_t n
 
 static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, ferry_verdict_t *verdict)
 {
-    if (any_device_local(c->engine, xs, nx))
+    if (any_device_local(c->ctx, xs, nx))
         return ferry_verdict_by_tcp(verdict, "a local buffer is device memory, which the target's attach cannot reach");
     char why[200];
     if (via_intermediary(c, why, sizeof why)) return fall_back(verdict, why);
     *broken = 0;
-    int mrc = shm_map_pass(c, xs, nx, broken);
+    int mrc = shm_map_pass(c, xs, nx, broken, &verdict->copied_inline);
     if (*broken) return mrc;
     struct inflight ring[SHM_WINDOW];
     unsigned head = 0, count = 0;
@@ -662,10 +660,10 @@ static void yama_setup(void)
     }
 }
 
-static int shm_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, size_t cap)
+static int shm_usable(ferry_xport_ctx_t *ctx, const ferry_hello_t *peer, char *why, size_t cap)
 {
     static const uint8_t zero[16];
-    const char *t = ferry_engine_config(e)->transport;
+    const char *t = ctx->transport;
     if (t && strcmp(t, "auto") != 0 && strcmp(t, "shm") != 0) {
         snprintf(why, cap, "transport forced to %s", t);
         return 0;
@@ -674,7 +672,7 @@ static int shm_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, s
         snprintf(why, cap, "the peer does not offer cross-memory attach");
         return 0;
     }
-    if (memcmp(ferry_engine_host_id(e), zero, sizeof zero) == 0 || memcmp(peer->host_id, ferry_engine_host_id(e), sizeof peer->host_id) != 0) {
+    if (memcmp(ctx->host_id, zero, sizeof zero) == 0 || memcmp(peer->host_id, ctx->host_id, sizeof peer->host_id) != 0) {
         snprintf(why, cap, "the peer is on another host");
         return 0;
     }
@@ -691,9 +689,9 @@ static int shm_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, s
     return 1;
 }
 
-static uint32_t shm_hello_flags(ferry_engine_t *e)
+static uint32_t shm_hello_flags(ferry_xport_ctx_t *ctx)
 {
-    (void)e;
+    (void)ctx;
     return FERRY_HELLO_F_SHMPOOL2;
 }
 

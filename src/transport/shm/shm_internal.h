@@ -42,6 +42,8 @@ void shm_verify_peer(ferry_conn_t *c, struct shm_conn *sc, uint64_t probe);
 
 /* shm_pool.c */
 int shm_serve_map(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, uint64_t deadline);
-int shm_map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken);
+/* Copies what it can of the pieces through shared-pool mappings, settling
+ * them with the target; *whole: every piece went so, whole. */
+int shm_map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, bool *whole);
 
 #endif

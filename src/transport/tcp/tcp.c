@@ -21,9 +21,9 @@
 
 #include "tcp_internal.h"
 
-static int tcp_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, size_t cap)
+static int tcp_usable(ferry_xport_ctx_t *ctx, const ferry_hello_t *peer, char *why, size_t cap)
 {
-    (void)e;
+    (void)ctx;
     (void)peer;
     snprintf(why, cap, "tcp reaches every peer");
     return 1;

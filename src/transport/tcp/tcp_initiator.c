@@ -33,9 +33,9 @@ static unsigned window_slices(size_t slice)
 }
 
 
-static uint32_t crc_of(const ferry_engine_t *e, const void *p, size_t n)
+static uint32_t crc_of(const ferry_xport_ctx_t *ctx, const void *p, size_t n)
 {
-    return ferry_engine_config(e)->checksum ? ferry_crc32c(0, p, n) : 0;
+    return ctx->checksum ? ferry_crc32c(0, p, n) : 0;
 }
 /* Sends one slice; for writes its bytes are src (the local buffer, or
  * their staged copy). */
@@ -43,19 +43,19 @@ static int send_slice(ferry_conn_t *c, ferry_xfer_t *x, const unsigned char *src
                       uint8_t type)
 {
     FERRY_TSAN_PAYLOAD_SCOPE();
-    ferry_engine_t *e = c->engine;
+    const ferry_xport_ctx_t *ctx = c->ctx;
     ferry_frame_t f = {.type = type, .req_id = x->req_id, .addr = x->remote + off, .len = n, .aux = x->generation};
     x->vec_first = 0; /* in slices (cancel.h) */
     ferry_deadline_stamp(c, &f, x->deadline);
     if (type == FERRY_FRAME_WRITE) {
         f.plen = (uint32_t)n;
-        if (ferry_engine_config(e)->checksum) {
+        if (ctx->checksum) {
             f.flags = FERRY_FRAME_F_CRC;
-            f.crc = crc_of(e, src, n);
+            f.crc = crc_of(ctx, src, n);
         }
         return ferry_conn_send_frame(c, &f, src, x->deadline);
     }
-    if (ferry_engine_config(e)->checksum) f.flags = FERRY_FRAME_F_CRC; /* asks for a checksummed answer */
+    if (ctx->checksum) f.flags = FERRY_FRAME_F_CRC; /* asks for a checksummed answer */
     return ferry_conn_send_frame(c, &f, NULL, x->deadline);
 }
 
@@ -82,7 +82,7 @@ static int recv_answer(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t 
                               (unsigned long long)n);
         }
         /* Device memory: receive into the staging buffer, copy in after. */
-        uint32_t kind = ferry_registry_kind_of(ferry_engine_registry(c->engine), (uint64_t)(uintptr_t)(x->local + off), n, false);
+        uint32_t kind = ferry_registry_kind_of(c->ctx->registry, (uint64_t)(uintptr_t)(x->local + off), n, false);
         unsigned char *dst = kind == FERRY_MEMKIND_HOST ? x->local + off : ferry_conn_bounce(c, n);
         if (!dst) {
             *broken = 1;
@@ -128,7 +128,7 @@ static bool x_vec_ok(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, size_t cur, u
 /* The most bytes a vector frame carries. */
 static uint64_t vec_frame_bytes(ferry_conn_t *c)
 {
-    return ferry_engine_config(c->engine)->checksum ? VEC_FRAME_CRC_BYTES : VEC_FRAME_BYTES;
+    return c->ctx->checksum ? VEC_FRAME_CRC_BYTES : VEC_FRAME_BYTES;
 }
 
 /* Streams slices of every piece, from each piece's ->done on, keeping up
@@ -143,7 +143,7 @@ static uint64_t vec_frame_bytes(ferry_conn_t *c)
 int ferry_tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, ferry_verdict_t *verdict)
 {
     (void)verdict; /* tcp reaches every peer: it never falls back */
-    size_t slice = ferry_engine_config(c->engine)->slice_size;
+    size_t slice = c->ctx->slice_size;
     unsigned window = window_slices(slice);
     struct inflight ring[256];
     unsigned head = 0, count = 0;
@@ -181,7 +181,7 @@ int ferry_tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, fer
             uint64_t n = x->len - cur_off < slice ? x->len - cur_off : slice;
             const unsigned char *src = x->local + cur_off;
             uint32_t kind = x->opcode == FERRY_OP_WRITE
-                                ? ferry_registry_kind_of(ferry_engine_registry(c->engine), (uint64_t)(uintptr_t)src, n, false)
+                                ? ferry_registry_kind_of(c->ctx->registry, (uint64_t)(uintptr_t)src, n, false)
                                 : FERRY_MEMKIND_HOST;
             if (kind != FERRY_MEMKIND_HOST) {
                 /* Device memory: stage the slice; a failed copy fails the

@@ -123,7 +123,7 @@ static int place_direct(ferry_conn_t *c, ferry_partial_t *p)
 {
     FERRY_TSAN_PAYLOAD_SCOPE();
     const ferry_frame_t *f = &p->f;
-    ferry_registry_t *r = ferry_engine_registry(c->engine);
+    ferry_registry_t *r = c->ctx->registry;
     /* The payload usually follows its header at once: try before waiting,
      * and wait only once the socket ran dry. */
     while (p->done < f->len) {
@@ -169,12 +169,12 @@ static void place_staged(ferry_conn_t *c, const ferry_frame_t *f, int *status)
     FERRY_TSAN_PAYLOAD_SCOPE();
     const unsigned char *b = c->bounce;
     if ((f->flags & FERRY_FRAME_F_CRC) && ferry_crc32c(0, b, f->len) != f->crc) {
-        FERRY_STAT_ADD(ferry_engine_counters(c->engine), checksum_failures, 1);
+        FERRY_STAT_ADD(c->ctx->counters, checksum_failures, 1);
         *status = ferry_fail(FERRY_ERR_CHECKSUM_MISMATCH, "slice [0x%llx+%llu) from %s failed its CRC32C; not placed",
                              (unsigned long long)f->addr, (unsigned long long)f->len, c->peer.name);
         return;
     }
-    ferry_registry_t *r = ferry_engine_registry(c->engine);
+    ferry_registry_t *r = c->ctx->registry;
     ferry_registry_read_lock(r);
     int rc = ferry_target_check_locked(c, r, f, FERRY_MEM_REMOTE_WRITE);
     if (rc == 0) {
@@ -205,7 +205,7 @@ static int write_resume(ferry_conn_t *c)
     if (p->mode == WRITE_STAGED) place_staged(c, &p->f, &p->status);
     ferry_placed_end(c, p->status, FERRY_PLACED_KEEP, NULL);
     if (p->status == 0) {
-        FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, p->f.len);
+        FERRY_STAT_ADD(c->ctx->counters, bytes_placed, p->f.len);
         ferry_watch_placed(c, p->f.addr, p->f.len);
     }
     return ferry_target_send_status(c, FERRY_FRAME_WRITE_ACK, &p->f, p->status, p->deadline);
@@ -213,11 +213,11 @@ static int write_resume(ferry_conn_t *c)
 
 static int serve_write(ferry_conn_t *c, const ferry_frame_t *f)
 {
-    uint64_t deadline = ferry_deadline_after_ms(ferry_engine_config(c->engine)->timeout_ms);
+    uint64_t deadline = ferry_deadline_after_ms(c->ctx->timeout_ms);
     if (f->plen != f->len || f->len == 0)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "WRITE of %llu bytes carries %u", (unsigned long long)f->len,
                           f->plen);
-    ferry_registry_t *r = ferry_engine_registry(c->engine);
+    ferry_registry_t *r = c->ctx->registry;
     ferry_registry_read_lock(r);
     int status = ferry_target_check_locked(c, r, f, FERRY_MEM_REMOTE_WRITE);
     uint32_t kind = status ? FERRY_MEMKIND_HOST : ferry_registry_kind_of(r, f->addr, f->len, true);
@@ -249,7 +249,7 @@ static int read_resume(ferry_conn_t *c)
     FERRY_TSAN_PAYLOAD_SCOPE();
     ferry_partial_t *p = &c->partial;
     const ferry_frame_t *f = &p->f;
-    ferry_registry_t *r = ferry_engine_registry(c->engine);
+    ferry_registry_t *r = c->ctx->registry;
     uint64_t total = FERRY_FRAME_HEADER_SIZE + f->len;
     p->resume = NULL;
     while (p->done < total) {
@@ -292,17 +292,17 @@ static int read_resume(ferry_conn_t *c)
             return FERRY_SERVE_PENDING;
         }
     }
-    FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, f->len);
+    FERRY_STAT_ADD(c->ctx->counters, bytes_served, f->len);
     return 0;
 }
 
 static int serve_read(ferry_conn_t *c, const ferry_frame_t *f)
 {
-    uint64_t deadline = ferry_deadline_after_ms(ferry_engine_config(c->engine)->timeout_ms);
+    uint64_t deadline = ferry_deadline_after_ms(c->ctx->timeout_ms);
     if (f->plen != 0 || f->len == 0 || f->len > FERRY_WIRE_MAX_DATA)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "READ_REQ of %llu bytes (limit %u)", (unsigned long long)f->len,
                           FERRY_WIRE_MAX_DATA);
-    ferry_registry_t *r = ferry_engine_registry(c->engine);
+    ferry_registry_t *r = c->ctx->registry;
     ferry_registry_read_lock(r);
     int status = ferry_target_check_locked(c, r, f, FERRY_MEM_REMOTE_READ);
     const unsigned char *from = (const unsigned char *)(uintptr_t)f->addr, *staged = NULL;
@@ -371,8 +371,7 @@ static void sink_piece(struct ferry_vec_scratch *v, size_t i)
 static int vec_place_direct(ferry_conn_t *c, ferry_partial_t *p, struct ferry_vec_scratch *v)
 {
     FERRY_TSAN_PAYLOAD_SCOPE();
-    ferry_engine_t *e = c->engine;
-    ferry_registry_t *r = ferry_engine_registry(e);
+    ferry_registry_t *r = c->ctx->registry;
     const ferry_frame_t *f = &p->f;
     size_t n = (size_t)f->len, at = p->at;
     uint64_t version = p->version;
@@ -472,12 +471,12 @@ static void vec_place_staged(ferry_conn_t *c, const ferry_frame_t *f, struct fer
     uint64_t off = 0;
     for (size_t i = 0; i < n; off += v->d[i++].len) {
         if (!crc || v->st[i] || ferry_crc32c(0, b + off, v->d[i].len) == (uint32_t)v->d[i].aux) continue;
-        FERRY_STAT_ADD(ferry_engine_counters(c->engine), checksum_failures, 1);
+        FERRY_STAT_ADD(c->ctx->counters, checksum_failures, 1);
         ferry_vec_fail_piece(v, i, ferry_fail(FERRY_ERR_CHECKSUM_MISMATCH,
                                               "piece [0x%llx+%u) from %s failed its CRC32C; not placed",
                                               (unsigned long long)v->d[i].addr, v->d[i].len, c->peer.name));
     }
-    ferry_registry_t *r = ferry_engine_registry(c->engine);
+    ferry_registry_t *r = c->ctx->registry;
     bool device = false;
     ferry_registry_read_lock(r);
     ferry_vec_validate_locked(c, v, 0, n, FERRY_MEM_REMOTE_WRITE, &device);
@@ -511,7 +510,7 @@ static int serve_writev(ferry_conn_t *c, const ferry_frame_t *f)
     int rc = ferry_vec_recv_descs(c, f, &deadline, &v);
     if (rc) return rc;
     size_t n = (size_t)f->len;
-    ferry_registry_t *r = ferry_engine_registry(c->engine);
+    ferry_registry_t *r = c->ctx->registry;
     bool device = false;
     ferry_registry_read_lock(r);
     ferry_vec_validate_locked(c, v, 0, n, FERRY_MEM_REMOTE_WRITE, &device);
@@ -562,7 +561,7 @@ static int writev_answer(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_v
             placed += v->d[i].len;
             ferry_watch_placed(c, v->d[i].addr, v->d[i].len);
         }
-    if (placed) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, placed);
+    if (placed) FERRY_STAT_ADD(c->ctx->counters, bytes_placed, placed);
     int32_t status = 0;
     for (size_t i = 0; i < n && !status; i++) status = v->st[i];
     ferry_placed_end(c, status, FERRY_PLACED_KEEP, v->st);
@@ -592,8 +591,7 @@ static int readv_wait(ferry_conn_t *c, const ferry_partial_t *p)
 static int vec_send_from_memory(ferry_conn_t *c, ferry_partial_t *p)
 {
     FERRY_TSAN_PAYLOAD_SCOPE();
-    ferry_engine_t *e = c->engine;
-    ferry_registry_t *r = ferry_engine_registry(e);
+    ferry_registry_t *r = c->ctx->registry;
     struct ferry_vec_scratch *v = c->vec;
     size_t n = (size_t)p->f.len, cnt = 0;
     for (size_t i = 0; i < n; i++) cnt += v->st[i] == 0;
@@ -663,7 +661,7 @@ static int readv_resume(ferry_conn_t *c)
     int rc = ferry_serve_flush(c);
     if (rc == 0) rc = p->mode == READV_STAGED ? vec_send_staged(c, p) : vec_send_from_memory(c, p);
     if (rc == FERRY_SERVE_PENDING) p->resume = readv_resume;
-    if (rc == 0) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, p->f.addr);
+    if (rc == 0) FERRY_STAT_ADD(c->ctx->counters, bytes_served, p->f.addr);
     return rc;
 }
 
@@ -677,7 +675,7 @@ static int serve_readv(ferry_conn_t *c, const ferry_frame_t *f)
     if (rc) return rc;
     size_t n = (size_t)f->len;
     bool crc = (f->flags & FERRY_FRAME_F_CRC) != 0, device = false;
-    ferry_registry_t *r = ferry_engine_registry(c->engine);
+    ferry_registry_t *r = c->ctx->registry;
     unsigned char *staged = NULL;
     ferry_registry_read_lock(r);
     ferry_vec_validate_locked(c, v, 0, n, FERRY_MEM_REMOTE_READ, &device);
