@@ -173,7 +173,7 @@ int ferry_conn_discard(ferry_conn_t *c, uint64_t n, uint64_t deadline);
 void ferry_conn_free(ferry_conn_t *c);
 /* Target side: sets the socket's receive low-water mark to n bytes (1: the
  * default), skipping the call when it is set so already. The event loop
- * (payload gates) and tcp.c (WRITEV payloads) share the mark through it. */
+ * (payload gates) and tcp_target.c (WRITEV payloads) share the mark through it. */
 void ferry_conn_set_rcvlowat(ferry_conn_t *c, int n);
 /* Initiator side, for an answer with status < 0: reads the target's detail
  * text that follows it and raises it as the thread's failure (its code is

@@ -85,7 +85,7 @@ typedef struct ferry_transport_ops {
     void (*engine_fini)(ferry_xport_ctx_t *ctx);
 } ferry_transport_ops_t;
 
-/* Shared by the streaming transports (tcp.c, shm.c): one slice on the
+/* Shared by the streaming transports (tcp, shm): one slice on the
  * wire, awaiting its answer; answers arrive in order. */
 struct inflight {
     ferry_xfer_t *x;

@@ -11,7 +11,7 @@
  * it answers WRITE_ACK / READ_RESP (no payload). So, as over TCP, a peer can
  * only ever touch the target's registered remote-accessible memory, and the
  * target re-validates under the registry's read lock before every chunk
- * (the discipline of tcp.c's place_direct: a deregistration waits for the
+ * (the discipline of tcp_target.c's place_direct: a deregistration waits for the
  * chunk in progress, later chunks see it; cancelled requests are refused).
  *
  * Trust: the pid in HELLO is only a claim. Before the first copy on a
