@@ -33,6 +33,7 @@ int main(void)
 #include "transport/rdma/rdma_wire.h"
 #include "util/clock.h"
 #include "engine/engine.h"
+#include "engine/xport.h"
 #include "util/memkind.h"
 #include "util/net.h"
 #include "engine/testing.h"
@@ -48,7 +49,7 @@ static void auto_selects_rdma(void **state)
     (void)state;
     pair_t p = pair_make(10000);
     char why[128];
-    assert_int_equal(ferry_rdma_local(p.target, why, sizeof why), 1);
+    assert_int_equal(ferry_rdma_local(ferry_engine_xport(p.target), why, sizeof why), 1);
     assert_string_equal(why, "fakerdma0 port 1 (InfiniBand, lid 1)");
     assert_int_equal(ferry_session_open(p.initiator, p.peer), 0);
     ferry_peer_info_t info;
@@ -68,7 +69,7 @@ static void peer_without_rdma_gets_tcp(void **state)
     assert_int_equal(ferry_rdma_env_load(&env), 0);
     env.enabled = 0;
     char why[128];
-    assert_int_equal(ferry_rdma_reprobe(p.target, &env, why, sizeof why), 0);
+    assert_int_equal(ferry_rdma_reprobe(ferry_engine_xport(p.target), &env, why, sizeof why), 0);
     assert_int_equal(ferry_session_open(p.initiator, p.peer), 0);
     ferry_peer_info_t info;
     assert_int_equal(ferry_session_info(p.initiator, p.peer, &info), 0);

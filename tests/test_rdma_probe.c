@@ -16,6 +16,7 @@
 #include "transport/rdma/rdma_wire.h"
 #include "util/clock.h"
 #include "engine/engine.h"
+#include "engine/xport.h"
 #include "util/net.h"
 #include "harness.h"
 #include "transport/rdma/rdma.h"
@@ -183,7 +184,7 @@ static void settings_from_environment(void **state)
     setenv("FERRY_RDMA_PORT", "300", 1);
     ferry_engine_t *e = harness_engine(5000);
     char why[128];
-    assert_int_equal(ferry_rdma_local(e, why, sizeof why), 0);
+    assert_int_equal(ferry_rdma_local(ferry_engine_xport(e), why, sizeof why), 0);
     assert_non_null(strstr(why, "RDMA off: environment FERRY_RDMA_PORT='300'"));
     ferry_engine_destroy(e);
     unsetenv("FERRY_RDMA_PORT");
@@ -207,7 +208,7 @@ static void no_device_never_loads_libibverbs(void **state)
     ferry_rdma_env_t env;
     probe_env(&env, "verbs-none");
     char why[128];
-    assert_int_equal(ferry_rdma_reprobe(e, &env, why, sizeof why), 0);
+    assert_int_equal(ferry_rdma_reprobe(ferry_engine_xport(e), &env, why, sizeof why), 0);
     if (ferry_rdma_built()) {
         assert_non_null(strstr(why, "no RDMA device"));
         assert_non_null(strstr(why, "libibverbs not loaded"));
@@ -217,7 +218,7 @@ static void no_device_never_loads_libibverbs(void **state)
     assert_false(libibverbs_loaded());
     /* The default probe on this machine says the same (no sysfs list). */
     ferry_engine_t *e2 = harness_engine(5000);
-    assert_int_equal(ferry_rdma_local(e2, why, sizeof why), 0);
+    assert_int_equal(ferry_rdma_local(ferry_engine_xport(e2), why, sizeof why), 0);
     assert_false(libibverbs_loaded());
     ferry_engine_destroy(e2);
     ferry_engine_destroy(e);
@@ -231,7 +232,7 @@ static void turned_off(void **state)
     probe_env(&env, "verbs-two");
     env.enabled = 0;
     char why[128];
-    assert_int_equal(ferry_rdma_reprobe(e, &env, why, sizeof why), 0);
+    assert_int_equal(ferry_rdma_reprobe(ferry_engine_xport(e), &env, why, sizeof why), 0);
     assert_non_null(strstr(why, "turned off (FERRY_RDMA=0)"));
     ferry_engine_destroy(e);
 }
@@ -245,7 +246,7 @@ static void missing_library_is_a_reason(void **state)
     probe_env(&env, "verbs-two");
     env.libname = "libferry-test-no-such-verbs.so.1";
     char why[128];
-    assert_int_equal(ferry_rdma_reprobe(e, &env, why, sizeof why), 0);
+    assert_int_equal(ferry_rdma_reprobe(ferry_engine_xport(e), &env, why, sizeof why), 0);
     assert_non_null(strstr(why, "cannot load libferry-test-no-such-verbs.so.1"));
     assert_false(libibverbs_loaded());
     ferry_engine_destroy(e);
@@ -261,7 +262,7 @@ static void listed_device_but_libibverbs_finds_none(void **state)
     ferry_rdma_env_t env;
     probe_env(&env, "verbs-two");
     char why[128];
-    assert_int_equal(ferry_rdma_reprobe(e, &env, why, sizeof why), 0);
+    assert_int_equal(ferry_rdma_reprobe(ferry_engine_xport(e), &env, why, sizeof why), 0);
     assert_non_null(strstr(why, "libibverbs found no RDMA device"));
     assert_true(libibverbs_loaded());
     ferry_engine_destroy(e);

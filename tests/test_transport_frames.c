@@ -138,9 +138,9 @@ static void hello_bits_belong_to_one_transport(void **state)
 }
 
 /* Tables the check refuses, each for its own reason. */
-static int bad_usable(ferry_engine_t *e, const ferry_hello_t *p, char *why, size_t cap)
+static int bad_usable(ferry_xport_ctx_t *ctx, const ferry_hello_t *p, char *why, size_t cap)
 {
-    (void)e, (void)p, (void)why, (void)cap;
+    (void)ctx, (void)p, (void)why, (void)cap;
     return 0;
 }
 static int bad_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken, ferry_verdict_t *v)

@@ -18,6 +18,7 @@
 
 #include "cli.h"
 #include "link/transport.h"
+#include "engine/xport.h"
 #include "meta/meta.h"
 #include "transport/rdma/rdma.h"
 #include "util.h"
@@ -95,7 +96,7 @@ static json_t *transports_json(json_t **devices)
     char why[512] = "";
     int usable = 0;
     if (ferry_engine_create(&cfg, &e) == 0) {
-        usable = ferry_rdma_local(e, why, sizeof why);
+        usable = ferry_rdma_local(ferry_engine_xport(e), why, sizeof why);
         ferry_engine_destroy(e);
     } else {
         snprintf(why, sizeof why, "no engine to probe with: %s", ferry_last_error_detail());

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "util/env.h"
 #include "util/fail.h"
 #include "util/sized.h"
 #include "testing.h"
@@ -93,20 +94,6 @@ void (ferry_config_init)(ferry_config_t *cfg)
     ferry_config_t all;
     config_defaults(&all);
     ferry_sized_export(cfg, &all, sizeof all);
-}
-
-int ferry_env_long(const char *name, long lo, long hi, long *out)
-{
-    const char *v = getenv(name);
-    if (!v || !*v) return 0;
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 0);
-    if (errno || *end || x < lo || x > hi)
-        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "environment %s='%s' is not an integer in [%ld, %ld]", name, v,
-                          lo, hi);
-    *out = x;
-    return 1;
 }
 
 #define ENV_INT(var, field, lo, hi)                         \

@@ -5,10 +5,9 @@
 
 #include <ferry/ferry.h>
 
+#include "util/env.h" /* ferry_env_long */
+
 /* config.c */
-/* Reads integer environment variable name into *out when set: 1 set, 0
- * unset, INVALID_ARGUMENT (naming it) when not an integer in [lo, hi]. */
-int ferry_env_long(const char *name, long lo, long hi, long *out);
 int ferry_config_copy(ferry_engine_t *e, const ferry_config_t *cfg);
 
 /* Upper bound of config.max_connections. Each served connection costs a

@@ -29,6 +29,7 @@
 #include "util/spin.h"
 #include "wire/wire.h"
 #include "link/xfer.h"
+#include "link/xport.h"
 
 struct ferry_engine {
     ferry_config_t cfg;
@@ -106,9 +107,9 @@ struct ferry_engine {
     struct ferry_placed_log *placed_logs;
     size_t placed_retired;
 
-    /* The RDMA transport's state (src/transport/rdma/rdma.c): probe result and
-     * device context, made at first use. */
-    struct ferry_rdma *rdma;
+    /* What the transports see of this engine, their engine-wide state
+     * slots included (link/xport.h; filled at creation, xport.c). */
+    ferry_xport_ctx_t xport;
 };
 
 /* calls.c: a public call that may block on a peer enters first (CONTEXT

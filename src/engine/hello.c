@@ -24,7 +24,7 @@ void ferry_hello_fill(ferry_engine_t *e, ferry_hello_t *h)
     if (!ferry_test_no_placed(e)) h->flags |= FERRY_HELLO_F_PLACED | FERRY_HELLO_F_DEADLINE | FERRY_HELLO_F_NOTIFY_ONCE;
     for (int i = 0; ferry_transports[i]; i++)
         if (ferry_transports[i]->hello_flags) /* only the bits it declares as its own */
-            h->flags |= ferry_transports[i]->hello_flags(e) & ferry_transports[i]->hello_bits;
+            h->flags |= ferry_transports[i]->hello_flags(&e->xport) & ferry_transports[i]->hello_bits;
     h->engine_id = e->engine_id;
     h->epoch = e->epoch;
     h->pid = (int32_t)getpid();

@@ -14,7 +14,7 @@
 #include "util/fail.h"
 #include "util/log.h"
 #include "link/metrics.h"
-#include "link/xport.h"
+#include "xport.h"
 
 /* Unread notifications per sender and per source address, so that one
  * peer filling the queue loses only its own (ferry.h: backlog). A count

@@ -59,10 +59,11 @@ struct ferry_session {
     size_t nsegs;
     uint64_t seg_version;
     atomic_bool segs_stale;    /* refetch before the next resolve (after a teardown) */
-    /* The shm transport's last call on this session copied every piece
-     * through shared-pool mappings (shm_pool.c): a hint that the next call
-     * is one memcpy per piece, best run in the caller's thread (transfer.c). */
-    atomic_bool all_mapped;
+    /* The session transport's last run copied every piece inline (its
+     * verdict's copied_inline, transport.h; shm's shared-pool mappings): a
+     * hint that the next call is one memcpy per piece, best run in the
+     * caller's thread (transfer.c). Kept by xfer.c. */
+    atomic_bool inline_hint;
 
     ferry_session_t *next;     /* next in its bucket of the engine's session table */
 };

@@ -159,7 +159,7 @@ static int check_epoch(ferry_session_t *s, const ferry_hello_t *peer)
     } else if (!s->have_peer) {
         s->peer = *peer;
         s->have_peer = true;
-        s->transport = ferry_transport_choose(s->engine, peer, s->transport_reason, sizeof s->transport_reason);
+        s->transport = ferry_transport_choose(&s->engine->xport, peer, s->transport_reason, sizeof s->transport_reason);
         FERRY_LOG(FERRY_LOG_INFO, "session", "%s: transport %s (%s)", s->name,
                   s->transport ? s->transport->name : "none", s->transport_reason);
     }
@@ -246,7 +246,9 @@ static int connect_new(ferry_session_t *s, uint64_t deadline, bool spare, ferry_
     ferry_conn_t *c = calloc(1, sizeof *c);
     if (!c) return ferry_fail(FERRY_ERR_MEMORY, "connection to %s: out of memory", s->name);
     c->engine = e;
+    c->ctx = &e->xport;
     c->session = s;
+    c->session_port = s->port;
     bool known = ferry_session_known(s);
     int rc;
     if (!known && ferry_directory_enabled(e))

@@ -119,7 +119,7 @@ static void record_requests(ferry_session_t *s, const ferry_xfer_t *xs, size_t n
 }
 
 /* A call whose pieces all went through shared-pool mappings (the
- * session's hint, shm_pool.c) is one memcpy a piece. Split over
+ * session's hint: its transport's last verdict, xfer.c) is one memcpy a piece. Split over
  * connections, half of it waits for a worker thread: a hand-off that costs
  * about as much as copying 1,024 pieces of 1 KiB, and that gains only when
  * a core is free. Below this many bytes such a call runs in the caller's
@@ -136,10 +136,10 @@ uint64_t ferry_test_mapped_inline_calls(void) { return atomic_load(&mapped_inlin
 
 static bool run_inline(ferry_session_t *s, const size_t *lens, size_t n)
 {
-    if (!atomic_load_explicit(&s->all_mapped, memory_order_relaxed)) return false;
+    if (!atomic_load_explicit(&s->inline_hint, memory_order_relaxed)) return false;
     uint64_t bytes = 0;
     for (size_t i = 0; i < n && bytes < MAPPED_INLINE_MAX; i++) bytes += lens[i];
-    if (bytes >= MAPPED_INLINE_MAX || ferry_session_transport(s) != &ferry_transport_shm) return false;
+    if (bytes >= MAPPED_INLINE_MAX) return false;
     atomic_fetch_add_explicit(&mapped_inline_calls, 1, memory_order_relaxed);
     return true;
 }

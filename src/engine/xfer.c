@@ -168,31 +168,37 @@ const ferry_transport_ops_t *ferry_session_transport(ferry_session_t *s)
     pthread_mutex_lock(&s->lock);
     const ferry_transport_ops_t *t = s->transport;
     pthread_mutex_unlock(&s->lock);
-    return t ? t : &ferry_transport_tcp;
+    return t ? t : ferry_transport_fallback;
 }
 
 /* Runs the pieces over connection c with the session's transport. When
- * that transport's verdict is to fall back, moves the session to tcp for
- * good (recording why, for ferry_peer_info) and runs them again over tcp;
- * when it is to leave pieces to tcp, runs those over tcp, this time only. */
+ * that transport's verdict is to fall back, moves the session to the
+ * fallback transport (tcp) for good (recording why, for ferry_peer_info)
+ * and runs them again over it; when it is to leave pieces to the fallback,
+ * runs those over it, this time only. Keeps the verdict's copied_inline
+ * as the session's hint (transfer.c). */
 static int run_transport(ferry_session_t *s, ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken)
 {
     const ferry_transport_ops_t *t = ferry_session_transport(s);
+    const ferry_transport_ops_t *fallback = ferry_transport_fallback;
     ferry_verdict_t verdict = {.fall_back = false, .by_tcp = false};
     int rc = t->run(c, xs, n, broken, &verdict);
-    if (rc || t == &ferry_transport_tcp || !(verdict.fall_back || verdict.by_tcp)) return rc;
+    bool moved = verdict.fall_back || verdict.by_tcp;
+    atomic_store_explicit(&s->inline_hint, verdict.copied_inline && !moved, memory_order_relaxed);
+    if (rc || t == fallback || !moved) return rc;
     if (!verdict.fall_back) {
-        FERRY_LOG(FERRY_LOG_DEBUG, "transport", "%s: pieces by tcp this time: %s", s->name, verdict.reason);
-        return ferry_transport_tcp.run(c, xs, n, broken, &verdict);
+        FERRY_LOG(FERRY_LOG_DEBUG, "transport", "%s: pieces by %s this time: %s", s->name, fallback->name,
+                  verdict.reason);
+        return fallback->run(c, xs, n, broken, &verdict);
     }
     pthread_mutex_lock(&s->lock);
     if (s->transport == t) {
-        s->transport = &ferry_transport_tcp;
+        s->transport = fallback;
         snprintf(s->transport_reason, sizeof s->transport_reason, "%s", verdict.reason);
         FERRY_LOG(FERRY_LOG_WARN, "transport", "%s: %s", s->name, verdict.reason);
     }
     pthread_mutex_unlock(&s->lock);
-    return ferry_transport_tcp.run(c, xs, n, broken, &verdict);
+    return fallback->run(c, xs, n, broken, &verdict);
 }
 
 int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n)

@@ -50,6 +50,7 @@ typedef struct ferry_partial {
 struct ferry_conn {
     int fd;
     ferry_engine_t *engine;
+    struct ferry_xport_ctx *ctx; /* what a transport may use of the engine (xport.h), set with engine */
     ferry_session_t *session;  /* initiator side: its session; NULL on the target */
     ferry_hello_t peer;        /* what the other side said in the handshake */
     unsigned char *bounce;     /* checksum / device-memory staging, lazily made */
@@ -78,6 +79,7 @@ struct ferry_conn {
     atomic_bool fenced;        /* target side: fenced whole (CANCEL with F_CONN): refuses every frame */
     int rcvlowat;              /* target side: the socket's SO_RCVLOWAT above 1, 0 = the default 1 */
     uint64_t pool_gen;         /* initiator side: the session's pool generation at connect */
+    uint16_t session_port;     /* initiator side: the port its session names the peer by (as dialed) */
     char remote[64];           /* target side: the socket's peer address, for logs */
     /* Target side, for the listener's limits (listener.c): where the
      * connection stands (CONN_*), whether it is in the engine's list and
@@ -171,7 +173,7 @@ int ferry_conn_discard(ferry_conn_t *c, uint64_t n, uint64_t deadline);
 void ferry_conn_free(ferry_conn_t *c);
 /* Target side: sets the socket's receive low-water mark to n bytes (1: the
  * default), skipping the call when it is set so already. The event loop
- * (payload gates) and tcp.c (WRITEV payloads) share the mark through it. */
+ * (payload gates) and tcp_target.c (WRITEV payloads) share the mark through it. */
 void ferry_conn_set_rcvlowat(ferry_conn_t *c, int n);
 /* Initiator side, for an answer with status < 0: reads the target's detail
  * text that follows it and raises it as the thread's failure (its code is

@@ -21,13 +21,13 @@ const ferry_transport_ops_t *ferry_transport_find(const char *name)
     return NULL;
 }
 
-const ferry_transport_ops_t *ferry_transport_choose(ferry_engine_t *e, const ferry_hello_t *peer, char *why,
+const ferry_transport_ops_t *ferry_transport_choose(ferry_xport_ctx_t *ctx, const ferry_hello_t *peer, char *why,
                                                      size_t cap)
 {
-    const char *forced = ferry_engine_config(e)->transport;
+    const char *forced = ctx->transport;
     if (forced && strcmp(forced, "auto") != 0) {
         const ferry_transport_ops_t *t = ferry_transport_find(forced);
-        if (t && t->usable(e, peer, why, cap)) {
+        if (t && t->usable(ctx, peer, why, cap)) {
             char reason[128];
             snprintf(reason, sizeof reason, "forced by config; %s", why);
             snprintf(why, cap, "%s", reason);
@@ -45,7 +45,7 @@ const ferry_transport_ops_t *ferry_transport_choose(ferry_engine_t *e, const fer
     /* Auto: the first usable; the reason names the first one passed over. */
     char skipped[128] = "";
     for (int i = 0; ferry_transports[i]; i++) {
-        if (ferry_transports[i]->usable(e, peer, why, cap)) {
+        if (ferry_transports[i]->usable(ctx, peer, why, cap)) {
             if (skipped[0]) {
                 char reason[128];
                 snprintf(reason, sizeof reason, "%s; %s", why, skipped);
@@ -191,22 +191,22 @@ static void check_table(void)
     if (check_rc) snprintf(check_detail, sizeof check_detail, "%s", ferry_fail_message());
 }
 
-int ferry_transports_engine_init(ferry_engine_t *e)
+int ferry_transports_engine_init(ferry_xport_ctx_t *ctx)
 {
     pthread_once(&check_once, check_table);
     if (check_rc) return ferry_fail(check_rc, "%s", check_detail);
     for (int i = 0; ferry_transports[i]; i++) {
         if (!ferry_transports[i]->engine_init) continue;
-        int rc = ferry_transports[i]->engine_init(e);
+        int rc = ferry_transports[i]->engine_init(ctx);
         if (rc) return rc;
     }
     return 0;
 }
 
-void ferry_transports_engine_fini(ferry_engine_t *e)
+void ferry_transports_engine_fini(ferry_xport_ctx_t *ctx)
 {
     for (int i = 0; ferry_transports[i]; i++)
-        if (ferry_transports[i]->engine_fini) ferry_transports[i]->engine_fini(e);
+        if (ferry_transports[i]->engine_fini) ferry_transports[i]->engine_fini(ctx);
 }
 
 /* ---------------------------------------------------- configuration keys */

@@ -39,6 +39,12 @@ typedef struct ferry_verdict {
      * transport went unusable). run returns 0 with it; reason says why
      * (logged at debug level). */
     bool by_tcp;
+    /* Set by run: it moved every piece by plain memory copies in the
+     * calling thread, answered by no round trip it had to wait for (shm's
+     * shared-pool mappings). A hint the core keeps per session: the
+     * session's next small call is best run in the caller's thread,
+     * unsplit (transfer.c). */
+    bool copied_inline;
     char reason[256];
 } ferry_verdict_t;
 
@@ -67,8 +73,9 @@ typedef struct ferry_transport_key {
 
 typedef struct ferry_transport_ops {
     const char *name;
-    /* Whether this transport can reach the peer of c's session; fills why. */
-    int (*usable)(ferry_engine_t *e, const ferry_hello_t *peer, char *why, size_t cap);
+    /* Whether this transport can reach peer from the engine of ctx
+     * (xport.h); fills why. */
+    int (*usable)(ferry_xport_ctx_t *ctx, const ferry_hello_t *peer, char *why, size_t cap);
     /* Moves the n pieces over connection c as one pipelined stream
      * (initiator side), each from its ->done on, recording each piece's
      * outcome in ->rc. Returns 0 or the connection-level failure; when that
@@ -97,13 +104,13 @@ typedef struct ferry_transport_ops {
     size_t nframes;
     /* Optional: FERRY_HELLO_F_* bits this engine advertises in every
      * handshake (what it can serve), e.g. FERRY_HELLO_F_RDMA. */
-    uint32_t (*hello_flags)(ferry_engine_t *e);
+    uint32_t (*hello_flags)(ferry_xport_ctx_t *ctx);
     /* Optional: frees engine-wide state, at engine destruction, after every
      * connection is gone and before the registry is destroyed. Called for
      * every engine that engine_init was called for, and for an engine whose
      * creation failed before or in it too: it must handle state never set
      * up. The fini hook of engine_init below. */
-    void (*engine_fini)(ferry_engine_t *e);
+    void (*engine_fini)(ferry_xport_ctx_t *ctx);
     /* ---- Fields below are appended in the order they came, never moved. */
     /* FERRY_TRANSPORT_OPS_VERSION: the version of this struct the transport
      * was written against; the table refuses another (ferry_transport_table_check). */
@@ -111,7 +118,7 @@ typedef struct ferry_transport_ops {
     /* Optional: sets up engine-wide state at engine creation, before the
      * engine listens or connects. 0, or a negative Ferry code (with a
      * detail) that fails the creation. */
-    int (*engine_init)(ferry_engine_t *e);
+    int (*engine_init)(ferry_xport_ctx_t *ctx);
     /* The frame ids this transport owns, nframe_ranges ranges: every frame
      * in its frames table lies in one of them, and no range meets another
      * transport's nor the core's (ferry_transport_table_check). */
@@ -183,10 +190,10 @@ int ferry_transport_table_check(const ferry_transport_ops_t *const *table, const
 /* At engine creation: checks ferry_transports[] (the first time; its
  * verdict is kept), then runs each transport's engine_init in table order.
  * 0 or the first failure. */
-int ferry_transports_engine_init(ferry_engine_t *e);
+int ferry_transports_engine_init(ferry_xport_ctx_t *ctx);
 /* At engine destruction (and after a failed creation): every transport's
  * engine_fini. */
-void ferry_transports_engine_fini(ferry_engine_t *e);
+void ferry_transports_engine_fini(ferry_xport_ctx_t *ctx);
 
 /* Reads configuration key k (a transport's keys table) from the
  * environment: *num for FERRY_KEY_LONG and FERRY_KEY_FLAG, *str for
@@ -199,7 +206,7 @@ int ferry_transport_key(const ferry_transport_key_t *k, long *num, const char **
 
 const ferry_transport_ops_t *ferry_transport_find(const char *name);
 /* Picks the transport for a peer: forced by config, else the first usable. */
-const ferry_transport_ops_t *ferry_transport_choose(ferry_engine_t *e, const ferry_hello_t *peer, char *why,
+const ferry_transport_ops_t *ferry_transport_choose(ferry_xport_ctx_t *ctx, const ferry_hello_t *peer, char *why,
                                                      size_t cap);
 /* The frame of type t some transport declares (its frames table), or NULL.
  * transport.c installs it as the wire layer's lookup when the library
@@ -210,5 +217,11 @@ const ferry_transport_ops_t *ferry_transport_for_frame(uint8_t type);
 /* Transport t's per-region slot (ferry_region_t.slot, registry.h): 1 + its
  * index in the table. FERRY_REGION_SLOTS when t is not in the table. */
 unsigned ferry_transport_region_slot(const ferry_transport_ops_t *t);
+/* Transport t's engine-wide state slot in ctx (xport.h), by its index in
+ * the table; t must be in the table. */
+static inline _Atomic(void *) *ferry_transport_state(ferry_xport_ctx_t *ctx, const ferry_transport_ops_t *t)
+{
+    return &ctx->state[ferry_transport_region_slot(t) - 1];
+}
 
 #endif

@@ -43,10 +43,10 @@ static int recv_gathered(int fd, struct iovec *iov, size_t cnt, uint64_t deadlin
 
 bool ferry_vec_eligible(ferry_conn_t *c, const ferry_xfer_t *x)
 {
-    if (x->done != 0 || x->len > FERRY_WIRE_VEC_PIECE_MAX || x->len > ferry_engine_config(c->engine)->slice_size)
+    if (x->done != 0 || x->len > FERRY_WIRE_VEC_PIECE_MAX || x->len > c->ctx->slice_size)
         return false;
     if (ferry_conn_version(c) < FERRY_PROTOCOL_VEC) return false;
-    ferry_registry_t *r = ferry_engine_registry(c->engine);
+    ferry_registry_t *r = c->ctx->registry;
     if (ferry_registry_device_count(r) == 0) return true;
     ferry_registry_read_lock(r);
     const ferry_region_t *reg = ferry_registry_lookup_locked(r, (uint64_t)(uintptr_t)x->local, x->len);
@@ -168,7 +168,7 @@ int ferry_vec_send(ferry_conn_t *c, uint8_t type, ferry_xfer_t *g, size_t n)
     FERRY_TSAN_PAYLOAD_SCOPE();
     struct ferry_vec_scratch *v = ferry_vec_scratch(c);
     if (!v) return FERRY_ERR_MEMORY;
-    bool crc = type == FERRY_FRAME_WRITEV && ferry_engine_config(c->engine)->checksum;
+    bool crc = type == FERRY_FRAME_WRITEV && c->ctx->checksum;
     uint64_t total = 0;
     size_t niov = 2; /* a WRITEV's pieces that lie end to end locally leave as one iovec */
     for (size_t i = 0; i < n; i++) {
@@ -196,7 +196,7 @@ int ferry_vec_send(ferry_conn_t *c, uint8_t type, ferry_xfer_t *g, size_t n)
                        .addr = total, .len = n, .plen = (uint32_t)dbytes};
     if (type == FERRY_FRAME_WRITEV) f.plen += (uint32_t)total;
     else if (type == FERRY_FRAME_CMA_VEC) f.aux = (uint64_t)g[0].opcode;
-    else if (ferry_engine_config(c->engine)->checksum)
+    else if (c->ctx->checksum)
         f.flags |= FERRY_FRAME_F_CRC; /* READV: asks for checksummed answers */
     ferry_deadline_stamp(c, &f, earliest(g, n)); /* wire.h, FERRY_FRAME_F_DEADLINE */
     uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
@@ -356,7 +356,7 @@ uint64_t ferry_vec_compact_served(void) { return atomic_load_explicit(&compact_s
 
 int ferry_vec_recv_descs(ferry_conn_t *c, const ferry_frame_t *f, uint64_t *deadline, struct ferry_vec_scratch **out)
 {
-    *deadline = ferry_deadline_after_ms(ferry_engine_config(c->engine)->timeout_ms);
+    *deadline = ferry_deadline_after_ms(c->ctx->timeout_ms);
     struct ferry_vec_scratch *v = *out = ferry_vec_scratch(c);
     if (!v) return FERRY_ERR_MEMORY;
     if (ferry_conn_version(c) < FERRY_PROTOCOL_VEC)
@@ -399,8 +399,7 @@ static bool fits_region(const ferry_region_t *reg, const ferry_vec_desc_t *d, ui
 size_t ferry_vec_validate_locked(ferry_conn_t *c, struct ferry_vec_scratch *v, size_t from, size_t n, uint32_t need,
                                  bool *device)
 {
-    ferry_engine_t *e = c->engine;
-    ferry_registry_t *r = ferry_engine_registry(e);
+    ferry_registry_t *r = c->ctx->registry;
     const ferry_region_t *reg = NULL;
     if (v->compact && from == 0) {
         /* One lookup for the whole span of a compact frame: when it lies in

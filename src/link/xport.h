@@ -1,13 +1,18 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* What a transport (src/transport) may use of the core: the connection
+/* What a transport (src/transport) may use of the engine: the connection
  * and its framed I/O (conn.h), the piece (xfer.h), the registry's lookups
- * (registry.h), the cancel check (cancel.h), the counters (metrics.h), and
- * the few engine-wide values below (and the public
- * ferry_engine_name), read through functions so that a
- * transport needs not the engine struct (engine.h). Private to the library. */
+ * (registry.h), the cancel check (cancel.h: ferry_conn_is_cancelled, and
+ * target.h's ferry_target_check_locked), the counters (metrics.h), and the
+ * narrow context below, which the engine fills when it is created and
+ * every connection points to (ferry_conn_t.ctx). A transport never sees
+ * the engine struct (engine.h) nor calls the engine layer. Private to the
+ * library. */
 #ifndef FERRY_CORE_XPORT_H
 #define FERRY_CORE_XPORT_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <ferry/ferry.h>
@@ -19,16 +24,28 @@
 #include "metrics.h"
 #include "xfer.h"
 
-/* The engine's registry of memory regions. */
-ferry_registry_t *ferry_engine_registry(ferry_engine_t *e);
-/* The engine's configuration (its strings owned by the engine). */
-const ferry_config_t *ferry_engine_config(const ferry_engine_t *e);
-/* The engine-wide fault and traffic counters (metrics.h). */
-ferry_counters_t *ferry_engine_counters(ferry_engine_t *e);
-/* The engine's host identity, 16 bytes (same host: same id). */
-const uint8_t *ferry_engine_host_id(const ferry_engine_t *e);
-/* Where the RDMA transport keeps its engine-wide state (transport/rdma.c):
- * read and written with atomics. */
-struct ferry_rdma **ferry_engine_rdma_slot(ferry_engine_t *e);
+/* Engine-wide state slots, one per transport of the table, by its index
+ * (ferry_transport_state, transport.h): the per-region slots less the
+ * core's. */
+#define FERRY_XPORT_SLOTS (FERRY_REGION_SLOTS - 1)
+
+/* One engine as its transports see it. The pointers and values are set
+ * once, at engine creation, before any connection exists, and stay valid
+ * until the engine is freed (after every transport's engine_fini). */
+typedef struct ferry_xport_ctx {
+    ferry_registry_t *registry; /* the engine's memory regions */
+    ferry_counters_t *counters; /* its fault and traffic counters (metrics.h) */
+    const uint8_t *host_id;     /* its host identity, 16 bytes (same host: same id) */
+    const char *name;           /* its name, "host:port" (set once it listens) */
+    /* The configuration values transports read (ferry_config_t). */
+    const char *transport;      /* the forced transport's name, or "auto" */
+    int timeout_ms;             /* the per-request deadline */
+    size_t slice_size;          /* bytes per wire slice */
+    bool checksum;              /* CRC32C on every slice */
+    /* Each transport's engine-wide state (RDMA: its probe and device),
+     * made at first use, freed by its engine_fini; read and written with
+     * atomics. */
+    _Atomic(void *) state[FERRY_XPORT_SLOTS];
+} ferry_xport_ctx_t;
 
 #endif

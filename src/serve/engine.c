@@ -20,6 +20,7 @@
 #include "link/auth.h"
 #include "util/clock.h"
 #include "engine/directory.h"
+#include "engine/xport.h"
 #include "evloop.h"
 #include "util/fail.h"
 #include "listener.h"
@@ -413,7 +414,7 @@ static void engine_free(ferry_engine_t *e)
 {
     /* Transports release their per-region state (RDMA memory regions) and
      * device contexts while the registry still exists. */
-    ferry_transports_engine_fini(e);
+    ferry_transports_engine_fini(&e->xport);
     ferry_registry_destroy(&e->registry);
     ferry_sessions_free(e);
     ferry_metrics_destroy(&e->metrics);
@@ -482,6 +483,7 @@ int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out)
     if (!e) return ferry_fail(FERRY_ERR_MEMORY, "engine create: out of memory");
     int rc = ferry_config_copy(e, cfg);
     if (rc) goto fail;
+    ferry_engine_xport_init(e);
     ferry_log_level = e->cfg.log_level;
     rc = ferry_sessions_init(e);
     if (rc) goto fail;
@@ -492,7 +494,7 @@ int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out)
         rc = ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "config: unknown transport '%s' (%s)", e->cfg.transport, names);
         goto fail;
     }
-    rc = ferry_transports_engine_init(e);
+    rc = ferry_transports_engine_init(&e->xport);
     if (rc) goto fail;
     rc = ferry_net_listen(e->cfg.host, e->cfg.port, &e->listen_fd, &e->port);
     if (rc) goto fail;

@@ -183,6 +183,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ferry_conn_t *c = calloc(1, sizeof *c);
     c->fd = sv[1];
     c->engine = e;
+    c->ctx = &e->xport;
     strcpy(c->remote, "fuzz");
     ferry_serve_connection(c);
     shutdown(c->fd, SHUT_RDWR);

@@ -44,26 +44,26 @@ static void extra_release(void *ctx, const ferry_region_t *reg, void *state)
     (*(int *)ctx)++;
 }
 
-static int extra_init(ferry_engine_t *e)
+static int extra_init(ferry_xport_ctx_t *ctx)
 {
-    (void)e;
+    (void)ctx;
     pthread_mutex_lock(&extra_lock);
     extra_inits++;
     pthread_mutex_unlock(&extra_lock);
     return 0;
 }
 
-static void extra_fini(ferry_engine_t *e)
+static void extra_fini(ferry_xport_ctx_t *ctx)
 {
-    (void)e;
+    (void)ctx;
     pthread_mutex_lock(&extra_lock);
     extra_finis++;
     pthread_mutex_unlock(&extra_lock);
 }
 
-static int extra_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, size_t cap)
+static int extra_usable(ferry_xport_ctx_t *ctx, const ferry_hello_t *peer, char *why, size_t cap)
 {
-    (void)e;
+    (void)ctx;
     if (!(peer->flags & EXTRA_HELLO_F_PING)) {
         snprintf(why, cap, "the peer does not serve EXTRA_PING");
         return 0;
@@ -72,9 +72,9 @@ static int extra_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why,
     return 1;
 }
 
-static uint32_t extra_hello_flags(ferry_engine_t *e)
+static uint32_t extra_hello_flags(ferry_xport_ctx_t *ctx)
 {
-    (void)e;
+    (void)ctx;
     return EXTRA_HELLO_F_PING;
 }
 
@@ -110,7 +110,7 @@ static void extra_ping(ferry_conn_t *c)
 static int extra_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken, ferry_verdict_t *verdict)
 {
     extra_ping(c);
-    ferry_registry_t *r = ferry_engine_registry(c->engine);
+    ferry_registry_t *r = c->ctx->registry;
     unsigned slot = ferry_transport_region_slot(&ferry_transport_extra);
     assert_true(slot < FERRY_REGION_SLOTS);
     ferry_registry_set_hook(r, slot, &(ferry_region_hook_t){.release = extra_release, .ctx = &extra_states_released});

@@ -23,6 +23,7 @@
 #include "util/clock.h"
 #include "util/fail.h"
 #include "util/log.h"
+#include "util/env.h"
 #include "util/net.h"
 #include "link/transport.h"
 #include "rdma_wire.h"
@@ -167,25 +168,36 @@ int ferry_rdma_pick_gid(const char *sysfs_ib, const char *dev, int port, char *w
 
 /* ------------------------------------------------------------------ probe */
 
-static struct ferry_rdma *state_of(ferry_engine_t *e)
+/* The engine's state, in RDMA's slot of its transport context (xport.h). */
+static _Atomic(void *) *state_slot(ferry_xport_ctx_t *ctx)
 {
-    return __atomic_load_n(ferry_engine_rdma_slot(e), __ATOMIC_ACQUIRE);
+    return ferry_transport_state(ctx, &ferry_transport_rdma);
 }
 
-static void state_free(ferry_engine_t *e, struct ferry_rdma *st)
+static struct ferry_rdma *state_of(ferry_xport_ctx_t *ctx)
+{
+    return atomic_load_explicit(state_slot(ctx), memory_order_acquire);
+}
+
+static void state_set(ferry_xport_ctx_t *ctx, struct ferry_rdma *st)
+{
+    atomic_store_explicit(state_slot(ctx), st, memory_order_release);
+}
+
+static void state_free(ferry_xport_ctx_t *ctx, struct ferry_rdma *st)
 {
     if (!st) return;
 #ifdef FERRY_HAVE_RDMA
-    if (st->dev) ferry_rdma_dev_close(e, st->dev);
+    if (st->dev) ferry_rdma_dev_close(ctx, st->dev);
 #else
-    (void)e;
+    (void)ctx;
 #endif
     free(st);
 }
 
-static void probe(ferry_engine_t *e, const ferry_rdma_env_t *env, struct ferry_rdma *st)
+static void probe(ferry_xport_ctx_t *ctx, const ferry_rdma_env_t *env, struct ferry_rdma *st)
 {
-    (void)e;
+    (void)ctx;
     if (!env->enabled) {
         snprintf(st->why, sizeof st->why, "RDMA is turned off (FERRY_RDMA=0)");
         return;
@@ -198,7 +210,7 @@ static void probe(ferry_engine_t *e, const ferry_rdma_env_t *env, struct ferry_r
         return;
     }
     char why[128];
-    if (ferry_rdma_dev_open(e, env, &st->dev, why, sizeof why) == 0) {
+    if (ferry_rdma_dev_open(ctx, env, &st->dev, why, sizeof why) == 0) {
         st->usable = 1;
         snprintf(st->why, sizeof st->why, "%s", why);
     } else {
@@ -208,7 +220,7 @@ static void probe(ferry_engine_t *e, const ferry_rdma_env_t *env, struct ferry_r
 #endif
 }
 
-int ferry_rdma_reprobe(ferry_engine_t *e, const ferry_rdma_env_t *env, char *why, size_t cap)
+int ferry_rdma_reprobe(ferry_xport_ctx_t *ctx, const ferry_rdma_env_t *env, char *why, size_t cap)
 {
     struct ferry_rdma *st = calloc(1, sizeof *st);
     if (!st) {
@@ -216,23 +228,23 @@ int ferry_rdma_reprobe(ferry_engine_t *e, const ferry_rdma_env_t *env, char *why
         return 0;
     }
     pthread_mutex_lock(&probe_lock);
-    struct ferry_rdma *old = state_of(e);
-    __atomic_store_n(ferry_engine_rdma_slot(e), NULL, __ATOMIC_RELEASE);
-    state_free(e, old);
-    probe(e, env, st);
-    __atomic_store_n(ferry_engine_rdma_slot(e), st, __ATOMIC_RELEASE);
+    struct ferry_rdma *old = state_of(ctx);
+    state_set(ctx, NULL);
+    state_free(ctx, old);
+    probe(ctx, env, st);
+    state_set(ctx, st);
     pthread_mutex_unlock(&probe_lock);
     FERRY_LOG(FERRY_LOG_INFO, "rdma", "%s: %s", st->usable ? "usable" : "not usable", st->why);
     snprintf(why, cap, "%s", st->why);
     return st->usable;
 }
 
-static struct ferry_rdma *state_get(ferry_engine_t *e)
+static struct ferry_rdma *state_get(ferry_xport_ctx_t *ctx)
 {
-    struct ferry_rdma *st = state_of(e);
+    struct ferry_rdma *st = state_of(ctx);
     if (st) return st;
     pthread_mutex_lock(&probe_lock);
-    st = state_of(e);
+    st = state_of(ctx);
     if (!st) {
         st = calloc(1, sizeof *st);
         if (st) {
@@ -241,19 +253,19 @@ static struct ferry_rdma *state_get(ferry_engine_t *e)
                 /* A bad setting turns RDMA off, saying which. */
                 snprintf(st->why, sizeof st->why, "RDMA off: %s", ferry_fail_message());
             } else {
-                probe(e, &env, st);
+                probe(ctx, &env, st);
             }
             FERRY_LOG(FERRY_LOG_INFO, "rdma", "%s: %s", st->usable ? "usable" : "not usable", st->why);
-            __atomic_store_n(ferry_engine_rdma_slot(e), st, __ATOMIC_RELEASE);
+            state_set(ctx, st);
         }
     }
     pthread_mutex_unlock(&probe_lock);
     return st;
 }
 
-int ferry_rdma_local(ferry_engine_t *e, char *why, size_t cap)
+int ferry_rdma_local(ferry_xport_ctx_t *ctx, char *why, size_t cap)
 {
-    struct ferry_rdma *st = state_get(e);
+    struct ferry_rdma *st = state_get(ctx);
     if (!st) {
         snprintf(why, cap, "RDMA probe: out of memory");
         return 0;
@@ -264,10 +276,10 @@ int ferry_rdma_local(ferry_engine_t *e, char *why, size_t cap)
 
 /* ----------------------------------------------------------- the vtable */
 
-static int rdma_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, size_t cap)
+static int rdma_usable(ferry_xport_ctx_t *ctx, const ferry_hello_t *peer, char *why, size_t cap)
 {
     char local[128];
-    if (!ferry_rdma_local(e, local, sizeof local)) {
+    if (!ferry_rdma_local(ctx, local, sizeof local)) {
         snprintf(why, cap, "%s", local);
         return 0;
     }
@@ -279,23 +291,23 @@ static int rdma_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, 
     return 1;
 }
 
-static uint32_t rdma_hello_flags(ferry_engine_t *e)
+static uint32_t rdma_hello_flags(ferry_xport_ctx_t *ctx)
 {
     char why[128];
-    return ferry_rdma_local(e, why, sizeof why) ? FERRY_HELLO_F_RDMA : 0;
+    return ferry_rdma_local(ctx, why, sizeof why) ? FERRY_HELLO_F_RDMA : 0;
 }
 
-static void rdma_engine_fini(ferry_engine_t *e)
+static void rdma_engine_fini(ferry_xport_ctx_t *ctx)
 {
-    struct ferry_rdma *st = state_of(e);
-    __atomic_store_n(ferry_engine_rdma_slot(e), NULL, __ATOMIC_RELEASE);
-    state_free(e, st);
+    struct ferry_rdma *st = state_of(ctx);
+    state_set(ctx, NULL);
+    state_free(ctx, st);
 }
 
 static int rdma_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken, ferry_verdict_t *verdict)
 {
 #ifdef FERRY_HAVE_RDMA
-    struct ferry_rdma *st = state_get(c->engine);
+    struct ferry_rdma *st = state_get(c->ctx);
     if (st && st->usable) return ferry_rdma_verbs_run(c, st->dev, xs, n, broken, verdict);
 #endif
     /* Chosen for a session, then made unusable (a test's reprobe): TCP
@@ -309,16 +321,16 @@ static int rdma_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken, fe
  * falls back to TCP; RDMA_COMMIT cannot be valid without a queue pair. */
 static int serve_unavailable(ferry_conn_t *c, const ferry_frame_t *f, const char *why)
 {
-    uint64_t deadline = ferry_deadline_after_ms(ferry_engine_config(c->engine)->timeout_ms);
+    uint64_t deadline = ferry_deadline_after_ms(c->ctx->timeout_ms);
     int rc = ferry_conn_discard(c, f->plen, deadline);
     if (rc) return rc;
     switch (f->type) {
     case FERRY_FRAME_RDMA_CONNECT:
-        ferry_fail(FERRY_ERR_DEVICE_NOT_FOUND, "target %s cannot take an RDMA connection: %s", ferry_engine_name(c->engine),
+        ferry_fail(FERRY_ERR_DEVICE_NOT_FOUND, "target %s cannot take an RDMA connection: %s", c->ctx->name,
                    why);
         return ferry_rdma_reply(c, FERRY_FRAME_RDMA_CONNECT_ACK, f, FERRY_ERR_DEVICE_NOT_FOUND, NULL, 0, 0, deadline);
     case FERRY_FRAME_RDMA_MR_QUERY:
-        ferry_fail(FERRY_ERR_DEVICE_NOT_FOUND, "target %s has no RDMA keys: %s", ferry_engine_name(c->engine), why);
+        ferry_fail(FERRY_ERR_DEVICE_NOT_FOUND, "target %s has no RDMA keys: %s", c->ctx->name, why);
         return ferry_rdma_reply(c, FERRY_FRAME_RDMA_MR_INFO, f, FERRY_ERR_DEVICE_NOT_FOUND, NULL, 0, 0, deadline);
     default:
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s from %s on a connection without an RDMA queue pair (%s)",
@@ -329,9 +341,9 @@ static int serve_unavailable(ferry_conn_t *c, const ferry_frame_t *f, const char
 static int rdma_serve(ferry_conn_t *c, const ferry_frame_t *f)
 {
     char why[128];
-    int usable = ferry_rdma_local(c->engine, why, sizeof why);
+    int usable = ferry_rdma_local(c->ctx, why, sizeof why);
 #ifdef FERRY_HAVE_RDMA
-    if (usable) return ferry_rdma_verbs_serve(c, state_get(c->engine)->dev, f);
+    if (usable) return ferry_rdma_verbs_serve(c, state_get(c->ctx)->dev, f);
 #else
     (void)usable;
 #endif

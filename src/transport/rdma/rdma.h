@@ -37,10 +37,11 @@ int ferry_rdma_sysfs_devices(const char *dir, char *names, size_t cap);
 int ferry_rdma_pick_gid(const char *sysfs_ib, const char *dev, int port, char *why, size_t cap);
 
 /* 1 if this engine can use RDMA (why: the device), 0 if not (why: the
- * reason). Probes once, at first call. */
-int ferry_rdma_local(ferry_engine_t *e, char *why, size_t cap);
+ * reason). Probes once, at first call (the state lives in RDMA's slot
+ * of the engine's transport context, xport.h). */
+int ferry_rdma_local(ferry_xport_ctx_t *ctx, char *why, size_t cap);
 /* Probes again with env (tests): drops the previous state first. */
-int ferry_rdma_reprobe(ferry_engine_t *e, const ferry_rdma_env_t *env, char *why, size_t cap);
+int ferry_rdma_reprobe(ferry_xport_ctx_t *ctx, const ferry_rdma_env_t *env, char *why, size_t cap);
 /* 1 when this library was built with the verbs code. */
 int ferry_rdma_built(void);
 
@@ -53,8 +54,8 @@ int ferry_rdma_read_refusal(ferry_conn_t *c, const ferry_frame_t *f, const char 
 
 #ifdef FERRY_HAVE_RDMA
 /* The verbs code (rdma_int.h). Opens the device env names: 0 and *dev, or a code and why. */
-int ferry_rdma_dev_open(ferry_engine_t *e, const ferry_rdma_env_t *env, void **dev, char *why, size_t cap);
-void ferry_rdma_dev_close(ferry_engine_t *e, void *dev);
+int ferry_rdma_dev_open(ferry_xport_ctx_t *ctx, const ferry_rdma_env_t *env, void **dev, char *why, size_t cap);
+void ferry_rdma_dev_close(ferry_xport_ctx_t *ctx, void *dev);
 struct ferry_verdict;
 int ferry_rdma_verbs_run(ferry_conn_t *c, void *dev, ferry_xfer_t *xs, size_t n, int *broken,
                          struct ferry_verdict *verdict);

@@ -348,7 +348,7 @@ int ferry_rdma_serve_commit(ferry_conn_t *c, struct rdma_dev *d, const ferry_fra
              (unsigned long long)f->len);
     int rc = take_immediate(c, d, ep, what, deadline);
     if (rc) return rc;
-    ferry_registry_t *r = ferry_engine_registry(c->engine);
+    ferry_registry_t *r = c->ctx->registry;
     ferry_registry_read_lock(r);
     int status = ferry_conn_is_cancelled(c, f->req_id)
                      ? ferry_fail(FERRY_ERR_CANCELLED, "request %llu was cancelled", (unsigned long long)f->req_id)
@@ -382,7 +382,7 @@ int ferry_rdma_serve_commit_group(ferry_conn_t *c, struct rdma_dev *d, const fer
     snprintf(what, sizeof what, "the group commit of %u pieces (%llu bytes)", n, (unsigned long long)f->addr);
     rc = take_immediate(c, d, ep, what, deadline);
     if (rc) return rc;
-    ferry_registry_t *r = ferry_engine_registry(c->engine);
+    ferry_registry_t *r = c->ctx->registry;
     int first = 0;
     uint64_t confirmed = 0;
     g->reason[0] = '\0';

@@ -31,7 +31,7 @@
 
 struct rdma_dev {
     const ferry_verbs_t *v;
-    ferry_engine_t *engine;
+    ferry_xport_ctx_t *xctx;   /* the engine's transport context (xport.h) */
     struct ibv_context *ctx;
     struct ibv_pd *pd;
     struct ibv_port_attr pattr;

@@ -190,7 +190,7 @@ static void release_mr(void *ctx, const ferry_region_t *reg, void *state)
 
 static int min_int(int a, int b) { return a < b ? a : b; }
 
-int ferry_rdma_dev_open(ferry_engine_t *e, const ferry_rdma_env_t *env, void **out, char *why, size_t cap)
+int ferry_rdma_dev_open(ferry_xport_ctx_t *xctx, const ferry_rdma_env_t *env, void **out, char *why, size_t cap)
 {
     const ferry_verbs_t *v;
     int rc = verbs_load(env->libname, &v, why, cap);
@@ -213,7 +213,7 @@ int ferry_rdma_dev_open(ferry_engine_t *e, const ferry_rdma_env_t *env, void **o
         return FERRY_ERR_MEMORY;
     }
     d->v = v;
-    d->engine = e;
+    d->xctx = xctx;
     d->port = (uint8_t)env->port;
     char seen[128] = "";
     for (int i = 0; i < n && !d->ctx; i++) {
@@ -296,7 +296,7 @@ int ferry_rdma_dev_open(ferry_engine_t *e, const ferry_rdma_env_t *env, void **o
     d->max_sge_rd = min_int(d->max_sge, da.max_sge_rd > 0 ? da.max_sge_rd : 1); /* 0: unknown, be safe */
     pthread_mutex_init(&d->mr_lock, NULL);
     d->slot = ferry_transport_region_slot(&ferry_transport_rdma);
-    ferry_registry_set_hook(ferry_engine_registry(e), d->slot, &(ferry_region_hook_t){.release = release_mr, .ctx = d});
+    ferry_registry_set_hook(xctx->registry, d->slot, &(ferry_region_hook_t){.release = release_mr, .ctx = d});
     if (d->link == FERRY_RDMA_LINK_IB)
         snprintf(why, cap, "%s port %d (InfiniBand, lid %u)", d->name, d->port, d->pattr.lid);
     else
@@ -310,11 +310,11 @@ fail:
     return FERRY_ERR_DEVICE_NOT_FOUND;
 }
 
-void ferry_rdma_dev_close(ferry_engine_t *e, void *dev)
+void ferry_rdma_dev_close(ferry_xport_ctx_t *xctx, void *dev)
 {
     struct rdma_dev *d = dev;
     /* Every memory region goes before the protection domain. */
-    ferry_registry_release_slot(ferry_engine_registry(e), d->slot);
+    ferry_registry_release_slot(xctx->registry, d->slot);
     if (d->pd) d->v->dealloc_pd(d->pd);
     d->v->close_device(d->ctx);
     pthread_mutex_destroy(&d->mr_lock);

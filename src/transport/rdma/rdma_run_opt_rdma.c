@@ -151,7 +151,7 @@ static bool sendable(const ferry_xfer_t *x, const struct plan *p, uint64_t off)
  * a connection failure. */
 static int plan_pieces(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, size_t nx, struct plan *pl)
 {
-    ferry_registry_t *r = ferry_engine_registry(c->engine);
+    ferry_registry_t *r = c->ctx->registry;
     for (size_t i = 0; i < nx; i++) {
         ferry_xfer_t *x = &xs[i];
         pl[i] = (struct plan){.mode = PLAN_SKIP, .start = x->done};
@@ -305,7 +305,7 @@ static int move_data(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, size
                      struct first_err *fe, int *broken)
 {
     const ferry_verbs_t *v = ep->d->v;
-    uint64_t slice = ferry_engine_config(c->engine)->slice_size;
+    uint64_t slice = c->ctx->slice_size;
     if (slice > UINT32_MAX) slice = UINT32_MAX; /* a work request's length is 32 bits */
     unsigned window = (unsigned)ep->d->send_depth;
     unsigned sig_every = window / 2 ? window / 2 : 1;

@@ -55,7 +55,7 @@ static int serve_mr_query(ferry_conn_t *c, struct rdma_dev *d, const ferry_frame
     uint32_t need = (uint32_t)(f->aux >> 32), generation = (uint32_t)f->aux;
     if (need != FERRY_MEM_REMOTE_READ && need != FERRY_MEM_REMOTE_WRITE)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "RDMA_MR_QUERY asks for access 0x%x", need);
-    ferry_registry_t *r = ferry_engine_registry(c->engine);
+    ferry_registry_t *r = c->ctx->registry;
     ferry_rdma_mr_info_t m = {0};
     ferry_registry_read_lock(r);
     int status = ferry_registry_check_locked(r, f->addr, f->len, need, generation, "target");
@@ -75,7 +75,7 @@ static int serve_mr_query(ferry_conn_t *c, struct rdma_dev *d, const ferry_frame
 
 int ferry_rdma_verbs_serve(ferry_conn_t *c, void *dev, const ferry_frame_t *f)
 {
-    uint64_t deadline = ferry_deadline_after_ms(ferry_engine_config(c->engine)->timeout_ms);
+    uint64_t deadline = ferry_deadline_after_ms(c->ctx->timeout_ms);
     switch (f->type) {
     case FERRY_FRAME_RDMA_CONNECT: return serve_connect(c, dev, f, deadline);
     case FERRY_FRAME_RDMA_MR_QUERY: return serve_mr_query(c, dev, f, deadline);

@@ -11,7 +11,7 @@
  * it answers WRITE_ACK / READ_RESP (no payload). So, as over TCP, a peer can
  * only ever touch the target's registered remote-accessible memory, and the
  * target re-validates under the registry's read lock before every chunk
- * (the discipline of tcp.c's place_direct: a deregistration waits for the
+ * (the discipline of tcp_target.c's place_direct: a deregistration waits for the
  * chunk in progress, later chunks see it; cancelled requests are refused).
  *
  * Trust: the pid in HELLO is only a claim. Before the first copy on a
@@ -73,11 +73,11 @@
 #include "util/log.h"
 #include "util/memkind.h"
 #include "util/net.h"
-#include "engine/session.h" /* the session's port (via_intermediary) */
 #include "link/share.h"
 #include "util/tsan.h"
 #include "link/watch.h"
 #include "wire/le.h"
+#include "link/target.h"
 #include "link/transport.h"
 #include "link/vec.h"
 
@@ -93,16 +93,6 @@
 #include "shm_internal.h"
 
 /* -------------------------------------------------------- target: copy */
-
-int shm_send_status(ferry_conn_t *c, uint8_t type, const ferry_frame_t *req, int status, uint64_t deadline)
-{
-    const char *why = status ? ferry_fail_message() : "";
-    size_t n = strlen(why);
-    if (n > FERRY_WIRE_MAX_REASON) n = FERRY_WIRE_MAX_REASON;
-    ferry_frame_t f = {.type = type, .status = status, .req_id = req->req_id, .addr = req->addr,
-                       .len = status ? 0 : req->len, .plen = (uint32_t)n};
-    return ferry_conn_send_frame(c, &f, why, deadline);
-}
 
 /* Maps a failed process_vm_* errno to the answer's status. */
 static int cma_error(struct shm_conn *sc, const ferry_frame_t *f, bool write, uint64_t done, size_t n, int err)
@@ -142,28 +132,6 @@ static ssize_t cma_once(pid_t pid, bool write, void *mine, uint64_t theirs, size
     }
 }
 
-/* Re-validation of the frame's range with the read lock held: the cancel
- * set first (a CANCEL's barrier relies on it), then the registry. */
-static int check_locked(ferry_conn_t *c, const ferry_frame_t *f, uint32_t need)
-{
-    ferry_engine_t *e = c->engine;
-    if (ferry_conn_is_cancelled(c, f->req_id))
-        return ferry_fail(FERRY_ERR_CANCELLED, "request %llu was cancelled", (unsigned long long)f->req_id);
-    if (ferry_frame_expired(f)) return ferry_frame_expired_fail(c, f); /* wire.h, cancel.h */
-    /* The registry as it is now, whatever generation the initiator learned
-     * (as tcp.c): a range registered again takes the access. */
-    return ferry_registry_check_locked(ferry_engine_registry(e), f->addr, f->len, need, 0, "target");
-}
-
-/* The memory kind of the target range (host without a lookup when no
- * device memory is registered), with the read lock held. */
-static uint32_t kind_locked(ferry_registry_t *r, const ferry_frame_t *f)
-{
-    if (ferry_registry_device_count(r) == 0) return FERRY_MEMKIND_HOST;
-    const ferry_region_t *reg = ferry_registry_lookup_locked(r, f->addr, f->len);
-    return reg ? reg->kind : FERRY_MEMKIND_HOST;
-}
-
 /* Copies the frame's range chunk by chunk, each under the registry's read
  * lock after re-validating the range. Host memory moves in one copy, the
  * kernel's; device memory (which the kernel cannot reach) is staged in the
@@ -172,7 +140,7 @@ static uint32_t kind_locked(ferry_registry_t *r, const ferry_frame_t *f)
 static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, bool write)
 {
     FERRY_TSAN_PAYLOAD_SCOPE();
-    ferry_registry_t *r = ferry_engine_registry(c->engine);
+    ferry_registry_t *r = c->ctx->registry;
     uint32_t need = write ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_REMOTE_READ;
     uint64_t done = 0;
     while (done < f->len) {
@@ -182,8 +150,8 @@ static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t
         uint64_t there = f->aux + done;
         ssize_t got = 0;
         ferry_registry_read_lock(r);
-        int rc = check_locked(c, f, need);
-        uint32_t kind = rc ? FERRY_MEMKIND_HOST : kind_locked(r, f);
+        int rc = ferry_target_check_locked(c, r, f, need);
+        uint32_t kind = rc ? FERRY_MEMKIND_HOST : ferry_registry_kind_of(r, f->addr, f->len, true);
         if (rc == 0 && kind == FERRY_MEMKIND_HOST) got = cma_once(sc->pid, write, here, there, n);
         if (write && got > 0) ferry_placed_progress(c, done + (uint64_t)got, NULL); /* under the lock (cancel.h) */
         ferry_registry_unlock(r);
@@ -199,14 +167,14 @@ static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t
                 got = cma_once(sc->pid, true, b, there, n);
                 if (got > 0) {
                     ferry_registry_read_lock(r);
-                    rc = check_locked(c, f, need);
+                    rc = ferry_target_check_locked(c, r, f, need);
                     if (rc == 0) rc = ferry_memkind_from_host(kind, here, b, (size_t)got);
                     if (rc == 0) ferry_placed_progress(c, done + (uint64_t)got, NULL);
                     ferry_registry_unlock(r);
                 }
             } else {
                 ferry_registry_read_lock(r);
-                rc = check_locked(c, f, need);
+                rc = ferry_target_check_locked(c, r, f, need);
                 if (rc == 0) rc = ferry_memkind_to_host(kind, b, here, n);
                 ferry_registry_unlock(r);
                 if (rc == 0) got = cma_once(sc->pid, false, b, there, n);
@@ -332,8 +300,7 @@ static int vec_copy_host(ferry_conn_t *c, const ferry_frame_t *f, struct shm_con
                          size_t n, bool write, bool *device)
 {
     FERRY_TSAN_PAYLOAD_SCOPE();
-    ferry_engine_t *e = c->engine;
-    ferry_registry_t *r = ferry_engine_registry(e);
+    ferry_registry_t *r = c->ctx->registry;
     uint32_t need = write ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_REMOTE_READ;
     uint64_t version = 0;
     bool checked = false;
@@ -429,8 +396,8 @@ static int serve_cma_vec(ferry_conn_t *c, const ferry_frame_t *f)
             moved += v->d[i].len;
             if (write) ferry_watch_placed(c, v->d[i].addr, v->d[i].len);
         }
-    if (write) FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, moved);
-    else FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, moved);
+    if (write) FERRY_STAT_ADD(c->ctx->counters, bytes_placed, moved);
+    else FERRY_STAT_ADD(c->ctx->counters, bytes_served, moved);
     if (write) {
         int32_t status = 0;
         for (size_t i = 0; i < n && !status; i++) status = v->st[i];
@@ -442,7 +409,7 @@ static int serve_cma_vec(ferry_conn_t *c, const ferry_frame_t *f)
 static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
 {
     if (f->type == FERRY_FRAME_CMA_VEC) return serve_cma_vec(c, f);
-    uint64_t deadline = ferry_deadline_after_ms(ferry_engine_config(c->engine)->timeout_ms);
+    uint64_t deadline = ferry_deadline_after_ms(c->ctx->timeout_ms);
     bool write = f->type == FERRY_FRAME_CMA_WRITE;
     bool map = f->type == FERRY_FRAME_SHM_MAP_REQ;
     uint8_t answer = write ? FERRY_FRAME_WRITE_ACK : FERRY_FRAME_READ_RESP;
@@ -474,11 +441,11 @@ static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
     if (write) ferry_placed_end(c, status, FERRY_PLACED_KEEP, NULL);
     if (status == 0) {
         if (write) {
-            FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_placed, f->len);
+            FERRY_STAT_ADD(c->ctx->counters, bytes_placed, f->len);
             ferry_watch_placed(c, f->addr, f->len);
-        } else FERRY_STAT_ADD(ferry_engine_counters(c->engine), bytes_served, f->len);
+        } else FERRY_STAT_ADD(c->ctx->counters, bytes_served, f->len);
     }
-    return shm_send_status(c, answer, f, status, deadline);
+    return ferry_target_send_status(c, answer, f, status, deadline);
 }
 
 /* --------------------------------------------------- initiator side */
@@ -531,17 +498,17 @@ static bool via_intermediary(ferry_conn_t *c, char *why, size_t cap)
     char host[256];
     uint16_t port = 0;
     if (!c->session || ferry_parse_hostport(c->peer.name, host, sizeof host, &port) != 0) return false;
-    if (port == c->session->port) return false;
+    if (port == c->session_port) return false;
     snprintf(why, cap, "shm not used: connected through an intermediary (dialed port %u, the peer listens on %u)",
-             (unsigned)c->session->port, (unsigned)port);
+             (unsigned)c->session_port, (unsigned)port);
     return true;
 }
 
 /* Whether a piece's local buffer is device memory: the target's attach
  * cannot reach it, so such a stream goes over TCP, which stages it. */
-static bool any_device_local(ferry_engine_t *e, const ferry_xfer_t *xs, size_t nx)
+static bool any_device_local(ferry_xport_ctx_t *ctx, const ferry_xfer_t *xs, size_t nx)
 {
-    ferry_registry_t *r = ferry_engine_registry(e);
+    ferry_registry_t *r = ctx->registry;
     if (ferry_registry_device_count(r) == 0) return false;
     bool found = false;
     ferry_registry_read_lock(r);
@@ -556,12 +523,12 @@ static bool any_device_local(ferry_engine_t *e, const ferry_xfer_t *xs, size_t n
 
 static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, ferry_verdict_t *verdict)
 {
-    if (any_device_local(c->engine, xs, nx))
+    if (any_device_local(c->ctx, xs, nx))
         return ferry_verdict_by_tcp(verdict, "a local buffer is device memory, which the target's attach cannot reach");
     char why[200];
     if (via_intermediary(c, why, sizeof why)) return fall_back(verdict, why);
     *broken = 0;
-    int mrc = shm_map_pass(c, xs, nx, broken);
+    int mrc = shm_map_pass(c, xs, nx, broken, &verdict->copied_inline);
     if (*broken) return mrc;
     struct inflight ring[SHM_WINDOW];
     unsigned head = 0, count = 0;
@@ -693,10 +660,10 @@ static void yama_setup(void)
     }
 }
 
-static int shm_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, size_t cap)
+static int shm_usable(ferry_xport_ctx_t *ctx, const ferry_hello_t *peer, char *why, size_t cap)
 {
     static const uint8_t zero[16];
-    const char *t = ferry_engine_config(e)->transport;
+    const char *t = ctx->transport;
     if (t && strcmp(t, "auto") != 0 && strcmp(t, "shm") != 0) {
         snprintf(why, cap, "transport forced to %s", t);
         return 0;
@@ -705,7 +672,7 @@ static int shm_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, s
         snprintf(why, cap, "the peer does not offer cross-memory attach");
         return 0;
     }
-    if (memcmp(ferry_engine_host_id(e), zero, sizeof zero) == 0 || memcmp(peer->host_id, ferry_engine_host_id(e), sizeof peer->host_id) != 0) {
+    if (memcmp(ctx->host_id, zero, sizeof zero) == 0 || memcmp(peer->host_id, ctx->host_id, sizeof peer->host_id) != 0) {
         snprintf(why, cap, "the peer is on another host");
         return 0;
     }
@@ -722,9 +689,9 @@ static int shm_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, s
     return 1;
 }
 
-static uint32_t shm_hello_flags(ferry_engine_t *e)
+static uint32_t shm_hello_flags(ferry_xport_ctx_t *ctx)
 {
-    (void)e;
+    (void)ctx;
     return FERRY_HELLO_F_CMA | FERRY_HELLO_F_SHMPOOL2;
 }
 

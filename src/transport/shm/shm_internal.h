@@ -41,12 +41,11 @@ int shm_open_pidfd(pid_t pid);
 bool shm_pidfd_exited(int pidfd);
 void shm_verify_peer(ferry_conn_t *c, struct shm_conn *sc, uint64_t probe);
 
-/* shm.c */
-int shm_send_status(ferry_conn_t *c, uint8_t type, const ferry_frame_t *req, int status, uint64_t deadline);
-
 /* shm_pool.c */
 int shm_serve_map(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, uint64_t deadline);
-int shm_map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken);
+/* Copies what it can of the pieces through shared-pool mappings, settling
+ * them with the target; *whole: every piece went so, whole. */
+int shm_map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, bool *whole);
 
 /* The configuration keys (shm_keys.c). */
 enum { SHM_KEY_DISABLE, SHM_KEY_NOMAP, SHM_KEY_CONFIRM, SHM_KEY_PROC_LOOKUP, SHM_NKEYS };

@@ -25,8 +25,8 @@
 #include "util/log.h"
 #include "util/memkind.h"
 #include "util/net.h"
-#include "engine/session.h" /* the all_mapped hint */
 #include "link/share.h"
+#include "link/target.h"
 #include "wire/le.h"
 #include "shm_internal.h"
 
@@ -122,7 +122,7 @@ int shm_serve_map(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, 
     if (sc->state < 0) {
         status = ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "%s", sc->reason);
     } else {
-        ferry_registry_t *r = ferry_engine_registry(c->engine);
+        ferry_registry_t *r = c->ctx->registry;
         ferry_registry_read_lock(r);
         status = ferry_registry_check_locked(r, f->addr, f->len, 0, f->crc, "target");
         const ferry_region_t *reg = status ? NULL : ferry_registry_lookup_locked(r, f->addr, f->len);
@@ -158,7 +158,7 @@ int shm_serve_map(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, 
      * says "passed", -1 "not shareable". */
     put32(info + 24, shared ? 0 : UINT32_MAX);
     put32(info + 36, shared ? 0 : UINT32_MAX);
-    if (status) return shm_send_status(c, FERRY_FRAME_SHM_MAP_RESP, f, status, deadline);
+    if (status) return ferry_target_send_status(c, FERRY_FRAME_SHM_MAP_RESP, f, status, deadline);
     ferry_frame_t a = {.type = FERRY_FRAME_SHM_MAP_RESP, .req_id = f->req_id, .addr = f->addr, .len = f->len,
                        .plen = FERRY_SHM_MAP_INFO_SIZE};
     return ferry_conn_send_frame(c, &a, info, deadline);
@@ -722,10 +722,8 @@ static int map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, b
     return rc;
 }
 
-int shm_map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken)
+int shm_map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, bool *whole)
 {
-    bool whole = false;
-    int rc = map_pass(c, xs, nx, broken, &whole);
-    if (c->session) atomic_store_explicit(&c->session->all_mapped, whole, memory_order_relaxed);
-    return rc;
+    *whole = false;
+    return map_pass(c, xs, nx, broken, whole);
 }

@@ -290,7 +290,7 @@ void shm_verify_peer(ferry_conn_t *c, struct shm_conn *sc, uint64_t probe)
         snprintf(sc->reason, sizeof sc->reason, "cross-memory attach disabled at the target (FERRY_SHM_DISABLE)");
         return;
     }
-    if (memcmp(h->host_id, ferry_engine_host_id(c->engine), sizeof h->host_id) != 0 || h->pid <= 0) {
+    if (memcmp(h->host_id, c->ctx->host_id, sizeof h->host_id) != 0 || h->pid <= 0) {
         snprintf(sc->reason, sizeof sc->reason, "the initiator is not on this host (boot id or pid %d)", (int)h->pid);
         return;
     }

@@ -1,0 +1,42 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The TCP transport's two halves (tcp.c, README "Layout"): the initiator
+ * (tcp_initiator.c) and the target (tcp_target.c), and what they share. */
+#ifndef FERRY_TRANSPORT_TCP_INTERNAL_H
+#define FERRY_TRANSPORT_TCP_INTERNAL_H
+
+#include "link/transport.h"
+
+/* Slices in flight per connection: enough to keep loopback and a LAN busy,
+ * few enough that acks (56 bytes each) never fill a socket buffer. */
+#define WINDOW_BYTES (32u << 20)
+#define CHUNK_BYTES (1u << 20)
+/* Waiting on at most this many unanswered bytes, the answer is due within
+ * microseconds: spin for it rather than sleep (ferry_net_recv_spin). */
+#define SPIN_INFLIGHT_BYTES (64u << 10)
+
+/* Vector frames (vec.h): bytes per frame, and frames in flight. Without
+ * checksums a frame's bytes stream between the socket and the pieces'
+ * memory as they come (a WRITEV's are received straight into place, a
+ * READV's sent straight from the target's memory and received into the
+ * local buffers), so a frame may be large: a paged-KV call of 1,024 pieces
+ * of up to 4 KiB then goes as one frame per connection, one answer, one
+ * wake-up each side (512 KiB frames made 2-4 a connection and call, and
+ * ~1.5x the syscalls and context switches). With checksums a frame's bytes
+ * are staged or summed whole (a WRITEV's before any of it is placed, a
+ * READV's before its answer leaves): those frames stay at
+ * VEC_FRAME_CRC_BYTES, so that one side works on one while the next is on
+ * its way. */
+#define VEC_FRAME_BYTES (2u << 20)
+#define VEC_FRAME_CRC_BYTES (512u << 10)
+#define VEC_FRAMES_INFLIGHT 16
+/* While the payload of a vector frame is awaited, the target sleeps until
+ * this much of it (or all that is left, if less) is in the socket rather
+ * than waking at every segment (SO_RCVLOWAT; loopback's are 64 KiB). */
+#define VEC_RCVLOWAT (256u << 10)
+
+/* Initiator side: the transport's run (transport.h). */
+int ferry_tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, ferry_verdict_t *verdict);
+/* Target side: the transport's serve (transport.h). */
+int ferry_tcp_serve(ferry_conn_t *c, const ferry_frame_t *f);
+
+#endif
