@@ -201,6 +201,9 @@ const char *ferry_frame_type_name(uint8_t type);
  * fenced. Initiators stamp NOTIFYs with deadlines, and resend a NOTIFY whose
  * answer was lost, only to such targets. */
 #define FERRY_HELLO_F_NOTIFY_ONCE 0x100u
+/* The sender serves CMA_VEC pieces of up to FERRY_WIRE_CMA_PIECE_MAX bytes
+ * (Vector frames below); initiators send larger pieces only to such targets. */
+#define FERRY_HELLO_F_CMA_BIG 0x200u
 
 typedef struct ferry_hello {
     uint16_t proto_min, proto_max;
@@ -235,7 +238,8 @@ typedef struct ferry_wire_segment {
  * piece's id (the answer echoes it). Its payload starts with n descriptors
  * of 32 bytes:
  *   off size field
- *     0    8 target address          8    4 length (1..FERRY_WIRE_VEC_PIECE_MAX)
+ *     0    8 target address          8    4 length (1..FERRY_WIRE_VEC_PIECE_MAX;
+ *                                          CMA_VEC: FERRY_WIRE_CMA_PIECE_MAX)
  *    12    4 region generation      16    8 the piece's own request id (cancel.h)
  *    24    8 WRITEV: CRC32C of the piece in the low 32 bits when the frame
  *              has FERRY_FRAME_F_CRC, else 0; CMA_VEC: the initiator's address
@@ -252,6 +256,10 @@ typedef struct ferry_wire_segment {
 #define FERRY_WIRE_VEC_MAX 1024
 #define FERRY_WIRE_VEC_DESC_SIZE 32
 #define FERRY_WIRE_VEC_PIECE_MAX (64u << 10)
+/* A CMA_VEC piece (no bytes on the wire) may be up to this long when the
+ * target advertises FERRY_HELLO_F_CMA_BIG (1 MiB pieces then go many to a
+ * frame, one answer for them: shm.c); to others, FERRY_WIRE_VEC_PIECE_MAX. */
+#define FERRY_WIRE_CMA_PIECE_MAX (4u << 20)
 /* The protocol version that added vector frames. */
 #define FERRY_PROTOCOL_VEC 2
 

@@ -293,6 +293,7 @@ static uint64_t vec_gather(struct ferry_vec_scratch *v, size_t *j, size_t n, siz
     for (; *j < n && bytes < SHM_CHUNK; ++*j) {
         const ferry_vec_desc_t *d = &v->d[*j];
         if (v->st[*j]) continue;
+        if (bytes && bytes + d->len > SHM_CHUNK) break; /* large pieces: SHM_CHUNK a lock hold, as copy_chunks */
         size_t l = *lcnt;
         if (!iov_append(v->iov, lcnt, d->addr, d->len)) break;
         if (!iov_append(v->riov, rcnt, d->aux, d->len)) {
@@ -323,11 +324,21 @@ static void count_vec_call(size_t lcnt, size_t rcnt)
     atomic_fetch_add_explicit(&vec_remote_entries, rcnt, memory_order_relaxed);
 }
 
+/* The byte offset, in descriptor order, of the end of pieces [0, j) given
+ * that of [0, i) (at): the prefix a placement report names (cancel.h). */
+static uint64_t vec_prefix(const struct ferry_vec_scratch *v, size_t i, size_t j, uint64_t at)
+{
+    for (; i < j; i++) at += v->d[i].len;
+    return at;
+}
+
 /* Copies the pieces of host memory with one process_vm_readv/writev per up to
  * IOV_MAX merged entries a side (and SHM_CHUNK bytes), each call under the registry's
  * read lock after the pieces were checked (again when the registry or the
  * cancel set changed). A call that stops short fails the piece it stopped
- * in (its own error) and goes on after it. */
+ * in (its own error) and goes on after it. Pieces move in descriptor order,
+ * so a write's placement log follows them (cancel.h): after each call, under
+ * the lock, the prefix settled (placed, or refused in the bitmap). */
 static int vec_copy_host(ferry_conn_t *c, const ferry_frame_t *f, struct shm_conn *sc, struct ferry_vec_scratch *v,
                          size_t n, bool write, bool *device)
 {
@@ -338,6 +349,7 @@ static int vec_copy_host(ferry_conn_t *c, const ferry_frame_t *f, struct shm_con
     uint64_t version = 0;
     bool checked = false;
     size_t i = 0;
+    uint64_t at = 0; /* the byte offset of piece i in descriptor order */
     while (i < n && sc->state >= 0) { /* refused mid-way: the caller refuses the rest */
         ferry_registry_read_lock(r);
         if (!checked || r->version != version || ferry_vec_cancels_pending(c)) {
@@ -372,13 +384,21 @@ static int vec_copy_host(ferry_conn_t *c, const ferry_frame_t *f, struct shm_con
                 if (k < v->d[p].len) break;
                 k -= v->d[p].len;
             }
+            uint64_t p_at = vec_prefix(v, i, p, at);
+            if (write) ferry_placed_progress(c, p_at + k, v->st); /* what landed, under the lock */
             int st = vec_piece_rest(sc, v, p, k, write);
-            ferry_registry_unlock(r);
-            if (st == FERRY_ERR_PEER_CLOSED) return st;
+            if (st == FERRY_ERR_PEER_CLOSED) {
+                ferry_registry_unlock(r);
+                return st;
+            }
             if (st) ferry_vec_fail_piece(v, p, st);
+            if (write) ferry_placed_progress(c, p_at + v->d[p].len, v->st);
+            ferry_registry_unlock(r);
             i = p + 1;
+            at = p_at + v->d[p].len;
             continue;
         }
+        if (write && got > 0) ferry_placed_progress(c, vec_prefix(v, i, j, at), v->st); /* under the lock */
         ferry_registry_unlock(r);
         if (got < 0) {
             /* Nothing moved: the first piece names the error. */
@@ -388,9 +408,11 @@ static int vec_copy_host(ferry_conn_t *c, const ferry_frame_t *f, struct shm_con
             int st = cma_error(sc, &pf, write, 0, v->d[p].len, err);
             if (st == FERRY_ERR_PEER_CLOSED) return st;
             ferry_vec_fail_piece(v, p, st);
+            at = vec_prefix(v, i, p + 1, at);
             i = p + 1;
             continue;
         }
+        at = vec_prefix(v, i, j, at);
         i = j;
     }
     return 0;
@@ -408,11 +430,11 @@ static int serve_cma_vec(ferry_conn_t *c, const ferry_frame_t *f)
     struct shm_conn *sc = vec_trust(c, v->d[0].aux);
     if (!sc) return ferry_fail(FERRY_ERR_MEMORY, "shm: out of memory");
     bool device = false;
-    /* Pieces move in groups and out of order when one fails: the log says
-     * only how the frame ended (cancel.h). */
-    if (write) ferry_placed_untracked(c);
     if (sc->state >= 0) rc = vec_copy_host(c, f, sc, v, n, write, &device);
     if (rc) return rc; /* the initiator is gone */
+    /* Device pieces move one by one after the host ones, out of descriptor
+     * order: the log then says only how the frame ended (cancel.h). */
+    if (write && device) ferry_placed_untracked(c);
     for (size_t i = 0; i < n; i++) {
         if (sc->state < 0 && !v->st[i]) {
             ferry_vec_fail_piece(v, i, ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "%s", sc->reason));
@@ -554,6 +576,38 @@ static bool any_device_local(ferry_engine_t *e, const ferry_xfer_t *xs, size_t n
 }
 
 
+/* Whether piece x may travel in a CMA_VEC frame: a small one as over tcp
+ * (vec.h), or, to a target that takes them (FERRY_HELLO_F_CMA_BIG), a
+ * whole piece of up to FERRY_WIRE_CMA_PIECE_MAX bytes of host memory (the
+ * caller sends device memory by tcp). Large pieces then go many to a frame:
+ * one frame, one gathered copy per SHM_CHUNK and one answer for all of
+ * them, where one frame and one answer each cost a wake-up on either side. */
+static bool shm_vec_eligible(ferry_conn_t *c, const ferry_xfer_t *x)
+{
+    if (x->len <= FERRY_WIRE_VEC_PIECE_MAX) return ferry_vec_eligible(c, x);
+    return (c->peer.flags & FERRY_HELLO_F_CMA_BIG) && x->done == 0 && x->len <= FERRY_WIRE_CMA_PIECE_MAX &&
+           x->len <= ferry_engine_config(c->engine)->slice_size && ferry_conn_version(c) >= FERRY_PROTOCOL_VEC;
+}
+
+/* The count of consecutive pieces from xs[0] (at most n) that go in one
+ * CMA_VEC frame (ferry_vec_collect with shm_vec_eligible): at most
+ * FERRY_WIRE_VEC_MAX pieces and SHM_SLICE bytes; the target copies them
+ * SHM_CHUNK at a time under its registry's read lock (vec_gather). */
+static size_t shm_vec_collect(ferry_conn_t *c, ferry_xfer_t *xs, size_t n)
+{
+    uint64_t bytes = xs[0].len;
+    size_t k = 1;
+    while (k < n && k < FERRY_WIRE_VEC_MAX) {
+        const ferry_xfer_t *x = &xs[k];
+        if (x->opcode != xs[0].opcode || bytes + x->len > SHM_SLICE || !ferry_piece_sendable(x, x->done) ||
+            !shm_vec_eligible(c, x))
+            break;
+        bytes += x->len;
+        k++;
+    }
+    return k;
+}
+
 static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, ferry_verdict_t *verdict)
 {
     if (any_device_local(c->engine, xs, nx))
@@ -580,10 +634,10 @@ static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, fe
             if (++cur < nx) cur_off = xs[cur].done;
         }
         if (!refused && cur < nx && count < SHM_WINDOW && cur_off == 0 && cur + 1 < nx &&
-            xs[cur + 1].opcode == xs[cur].opcode && ferry_vec_eligible(c, &xs[cur]) &&
-            ferry_piece_sendable(&xs[cur + 1], xs[cur + 1].done) && ferry_vec_eligible(c, &xs[cur + 1])) {
-            /* Small pieces go together: one CMA_VEC, one answer. */
-            size_t g = ferry_vec_collect(c, xs + cur, nx - cur, SHM_CHUNK);
+            xs[cur + 1].opcode == xs[cur].opcode && shm_vec_eligible(c, &xs[cur]) &&
+            ferry_piece_sendable(&xs[cur + 1], xs[cur + 1].done) && shm_vec_eligible(c, &xs[cur + 1])) {
+            /* Pieces go together: one CMA_VEC, one answer. */
+            size_t g = shm_vec_collect(c, xs + cur, nx - cur);
             int rc = ferry_vec_send(c, FERRY_FRAME_CMA_VEC, xs + cur, g);
             if (rc) {
                 *broken = 1;
@@ -725,7 +779,7 @@ static int shm_usable(ferry_engine_t *e, const ferry_hello_t *peer, char *why, s
 static uint32_t shm_hello_flags(ferry_engine_t *e)
 {
     (void)e;
-    return FERRY_HELLO_F_SHMPOOL2;
+    return FERRY_HELLO_F_SHMPOOL2 | FERRY_HELLO_F_CMA_BIG;
 }
 
 /* The frames shm declares (wire.h); CMA_VEC, a vector frame, is the core's
