@@ -20,10 +20,11 @@
 #include "engine/engine.h"
 #include "util/net.h"
 #include "wire/wire.h"
+#include "link/vec.h"
 
 /* ------------------------------------------------- a target in a child */
 
-enum { CMD_QUIT = 0, CMD_CHECK, CMD_FILL, CMD_DEREGISTER, CMD_REREGISTER_RO };
+enum { CMD_QUIT = 0, CMD_CHECK, CMD_FILL, CMD_DEREGISTER, CMD_REREGISTER_RO, CMD_VEC_CALLS };
 
 struct cmd {
     int op;
@@ -71,6 +72,12 @@ static void child_main(int in, int out, size_t len, int disable_shm)
         case CMD_FILL: harness_fill(buf + c.off, c.len, c.seed); break;
         case CMD_DEREGISTER: a.rc = ferry_deregister(e, buf); break;
         case CMD_REREGISTER_RO: a.rc = ferry_register(e, buf, len, FERRY_MEM_REMOTE_READ); break;
+        case CMD_VEC_CALLS: { /* gathered copies of vector frames this target made */
+            uint64_t calls, l, r;
+            ferry_shm_vec_entries(&calls, &l, &r);
+            a.rc = (int)calls;
+            break;
+        }
         }
         if (write(out, &a, sizeof a) != sizeof a) break;
     }
@@ -661,6 +668,96 @@ static void small_pieces_over_shm(void **state)
     child_stop(c);
 }
 
+/* Runs a batch of n writes of `piece` bytes from local[i] to remote[i] and
+ * returns the batch's code; st[i] gets each piece's status code. */
+static int write_batch(ferry_engine_t *e, child_t *c, unsigned char *const *local, const uint64_t *remote, size_t n,
+                       size_t piece, int *st)
+{
+    ferry_request_t reqs[16];
+    assert_true(n <= 16);
+    for (size_t i = 0; i < n; i++) reqs[i] = (ferry_request_t){FERRY_OP_WRITE, local[i], remote[i], piece};
+    ferry_batch_t *b;
+    assert_int_equal(ferry_batch_alloc(e, n, &b), 0);
+    assert_int_equal(ferry_batch_submit(b, c->peer, reqs, n, 0), 0);
+    int rc = ferry_batch_wait(b, 10000);
+    for (size_t i = 0; i < n; i++) {
+        ferry_status_t s;
+        assert_int_equal(ferry_batch_status(b, i, &s), 0);
+        st[i] = s.code;
+        if (s.code == 0) assert_int_equal(s.state, FERRY_STATUS_COMPLETED);
+    }
+    assert_int_equal(ferry_batch_free(b), 0);
+    return rc;
+}
+
+/* Pieces of 1 MiB (over FERRY_WIRE_VEC_PIECE_MAX) go many to a CMA_VEC
+ * frame to targets advertising FERRY_HELLO_F_CMA_BIG: the target copies
+ * them with gathered calls of up to 4 MiB (before, each went as its own
+ * CMA_WRITE: no vector copy at all) and checks each piece as before: a
+ * piece whose local page is gone fails alone while the others of its frame
+ * are placed; deregistered or re-registered read-only, every piece is
+ * refused and nothing is placed. */
+static void large_pieces_in_vector_frames(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    size_t piece = 1u << 20, cap = N * piece;
+    child_t *c = child_start(cap, 0);
+    ferry_engine_t *e = initiator("shm", 1);
+    unsigned char *src = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(src != MAP_FAILED);
+    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    unsigned char *local[N];
+    uint64_t remote[N];
+    int st[N];
+    for (int i = 0; i < N; i++) { /* piece i into slot N-1-i */
+        local[i] = src + (size_t)i * piece;
+        remote[i] = c->addr + (uint64_t)(N - 1 - i) * piece;
+        harness_fill(local[i], piece, 100 + (uint64_t)i);
+    }
+    int calls0 = child_do(c, CMD_VEC_CALLS, 0, 0, 0);
+    assert_int_equal(write_batch(e, c, local, remote, N, piece, st), 0);
+    int calls = child_do(c, CMD_VEC_CALLS, 0, 0, 0) - calls0;
+    if (calls < 2 || calls > N / 2)
+        fail_msg("%d gathered copies for %d pieces of 1 MiB (2..%d expected: 4 MiB a copy)", calls, N, N / 2);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(child_do(c, CMD_CHECK, 100 + (uint64_t)i, (uint64_t)(N - 1 - i) * piece, piece), 0);
+
+    /* A page in the middle of piece 5 unmapped: piece 5 fails alone (the
+     * gathered copy stops in it), pieces 0-4 and 6-7 are placed. */
+    assert_int_equal(child_do(c, CMD_FILL, 7, 0, cap), 0);
+    for (int i = 0; i < N; i++) harness_fill(local[i], piece, 200 + (uint64_t)i);
+    munmap(local[5] + piece / 2, 4096);
+    assert_int_equal(write_batch(e, c, local, remote, N, piece, st), FERRY_ERR_INVALID_ARGUMENT);
+    for (int i = 0; i < N; i++) {
+        if (i == 5) {
+            assert_int_equal(st[i], FERRY_ERR_INVALID_ARGUMENT);
+            continue;
+        }
+        if (st[i]) fail_msg("piece %d: %s", i, ferry_error_name(st[i]));
+        assert_int_equal(child_do(c, CMD_CHECK, 200 + (uint64_t)i, (uint64_t)(N - 1 - i) * piece, piece), 0);
+    }
+
+    /* Deregistered behind the initiator's back, then registered again
+     * read-only: every piece refused by the target, nothing placed. */
+    local[5] = src; /* a mapped buffer again */
+    assert_int_equal(child_do(c, CMD_DEREGISTER, 0, 0, 0), 0);
+    assert_int_equal(child_do(c, CMD_FILL, 8, 0, cap), 0);
+    assert_int_equal(write_batch(e, c, local, remote, N, piece, st), FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    for (int i = 0; i < N; i++) assert_int_equal(st[i], FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    assert_int_equal(child_do(c, CMD_CHECK, 8, 0, cap), 0);
+    assert_int_equal(child_do(c, CMD_REREGISTER_RO, 0, 0, 0), 0);
+    assert_int_equal(write_batch(e, c, local, remote, N, piece, st), FERRY_ERR_ACCESS_DENIED);
+    for (int i = 0; i < N; i++) assert_int_equal(st[i], FERRY_ERR_ACCESS_DENIED);
+    assert_int_equal(child_do(c, CMD_CHECK, 8, 0, cap), 0);
+    ferry_peer_info_t info;
+    info_of(e, c->peer, &info);
+    assert_string_equal(info.transport, "shm");
+    ferry_engine_destroy(e);
+    munmap(src, cap);
+    child_stop(c);
+}
+
 /* A target that refuses cross-memory attach answers a frame of small
  * pieces with the refusal: the session moves to tcp and the same pieces
  * arrive. */
@@ -808,6 +905,7 @@ int main(void)
         cmocka_unit_test(unmapped_local_buffer),
         cmocka_unit_test(small_pieces_over_shm),
         cmocka_unit_test(small_pieces_fall_back),
+        cmocka_unit_test(large_pieces_in_vector_frames),
         cmocka_unit_test(device_memory_over_shm),
         cmocka_unit_test(relay_keeps_bytes_on_tcp),
     };

@@ -199,6 +199,22 @@ static void vector_limits(void **state)
     cd.aux = 0x5000;
     ferry_vec_desc_encode(&cd, one);
     assert_int_equal(ferry_vec_desc_decode(&c, one, out), 0);
+    /* A CMA_VEC piece (no bytes on the wire) may be up to
+     * FERRY_WIRE_CMA_PIECE_MAX (FERRY_HELLO_F_CMA_BIG); a WRITEV's may not. */
+    cd.len = FERRY_WIRE_CMA_PIECE_MAX;
+    ferry_vec_desc_encode(&cd, one);
+    c.addr = cd.len;
+    assert_int_equal(ferry_vec_desc_decode(&c, one, out), 0);
+    assert_int_equal(out[0].len, FERRY_WIRE_CMA_PIECE_MAX);
+    ferry_frame_t w = {.type = FERRY_FRAME_WRITEV, .len = 1, .addr = cd.len};
+    cd.aux = 0;
+    ferry_vec_desc_encode(&cd, one);
+    assert_int_equal(ferry_vec_desc_decode(&w, one, out), FERRY_ERR_MALFORMED_FRAME);
+    cd = (ferry_vec_desc_t){0x1000, FERRY_WIRE_CMA_PIECE_MAX + 1, 0, 1, 0x5000};
+    ferry_vec_desc_encode(&cd, one);
+    c.addr = cd.len;
+    assert_int_equal(ferry_vec_desc_decode(&c, one, out), FERRY_ERR_MALFORMED_FRAME);
+    assert_detail_contains("too long");
     /* The answer: counts, sizes, and statuses that are Ferry codes. */
     ferry_frame_t a = {.type = FERRY_FRAME_VEC_ACK, .len = 3};
     assert_int_equal(ferry_vec_ack_check(&a, 3), 0);

@@ -252,6 +252,12 @@ int ferry_vec_frame_check(const ferry_frame_t *f)
     return 0;
 }
 
+/* The longest piece a vector frame of f's type may carry (wire.h). */
+static uint32_t piece_max(const ferry_frame_t *f)
+{
+    return f->type == FERRY_FRAME_CMA_VEC ? FERRY_WIRE_CMA_PIECE_MAX : FERRY_WIRE_VEC_PIECE_MAX;
+}
+
 int ferry_vec_desc_decode(const ferry_frame_t *f, const uint8_t *in, ferry_vec_desc_t *out)
 {
     uint64_t total = 0;
@@ -263,7 +269,7 @@ int ferry_vec_desc_decode(const ferry_frame_t *f, const uint8_t *in, ferry_vec_d
         d->generation = get32(in + 12);
         d->req_id = get64(in + 16);
         d->aux = get64(in + 24);
-        if (d->len == 0 || d->len > FERRY_WIRE_VEC_PIECE_MAX || d->addr == 0 || d->addr + d->len < d->addr)
+        if (d->len == 0 || d->len > piece_max(f) || d->addr == 0 || d->addr + d->len < d->addr)
             return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s piece %llu: [0x%llx+%u) is empty, too long or wraps",
                               ferry_frame_type_name(f->type), (unsigned long long)i, (unsigned long long)d->addr,
                               d->len);
@@ -361,12 +367,12 @@ int ferry_vec_compact_decode(const ferry_frame_t *f, const uint8_t *in, ferry_ve
                              .lstride = get64(in + 24), .len = get32(in + 32), .generation = get32(in + 36)};
     uint64_t n = f->len;
     bool gens = (f->flags & FERRY_FRAME_F_GENS) != 0;
-    if (h.len == 0 || h.len > FERRY_WIRE_VEC_PIECE_MAX || h.base == 0 || (cma ? h.lbase == 0 : h.lbase || h.lstride) ||
+    if (h.len == 0 || h.len > piece_max(f) || h.base == 0 || (cma ? h.lbase == 0 : h.lbase || h.lstride) ||
         (gens && h.generation))
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME,
                           "compact %s: pieces of %u bytes (1..%u) at 0x%llx, initiator base 0x%llx stride %llu, "
                           "generation %u%s",
-                          name, h.len, FERRY_WIRE_VEC_PIECE_MAX, (unsigned long long)h.base,
+                          name, h.len, piece_max(f), (unsigned long long)h.base,
                           (unsigned long long)h.lbase, (unsigned long long)h.lstride, h.generation,
                           gens ? " (listed per piece: must be 0)" : "");
     if (n * h.len != f->addr)

@@ -233,7 +233,8 @@ typedef struct ferry_wire_segment {
  * piece's id (the answer echoes it). Its payload starts with n descriptors
  * of 32 bytes:
  *   off size field
- *     0    8 target address          8    4 length (1..FERRY_WIRE_VEC_PIECE_MAX)
+ *     0    8 target address          8    4 length (1..FERRY_WIRE_VEC_PIECE_MAX;
+ *                                          CMA_VEC: FERRY_WIRE_CMA_PIECE_MAX)
  *    12    4 region generation      16    8 the piece's own request id (cancel.h)
  *    24    8 WRITEV: CRC32C of the piece in the low 32 bits when the frame
  *              has FERRY_FRAME_F_CRC, else 0; CMA_VEC: the initiator's address
@@ -250,6 +251,10 @@ typedef struct ferry_wire_segment {
 #define FERRY_WIRE_VEC_MAX 1024
 #define FERRY_WIRE_VEC_DESC_SIZE 32
 #define FERRY_WIRE_VEC_PIECE_MAX (64u << 10)
+/* A CMA_VEC piece (no bytes on the wire) may be up to this long when the
+ * target advertises FERRY_HELLO_F_CMA_BIG (1 MiB pieces then go many to a
+ * frame, one answer for them: shm.c); to others, FERRY_WIRE_VEC_PIECE_MAX. */
+#define FERRY_WIRE_CMA_PIECE_MAX (4u << 20)
 /* The protocol version that added vector frames. */
 #define FERRY_PROTOCOL_VEC 2
 

@@ -10,7 +10,7 @@
 /* Its frames: ids of the range it declares (80..95, past RDMA's). */
 enum { FRAME_EXTRA_PING = 80, FRAME_EXTRA_PONG = 81, FRAME_EXTRA_LAST = 95 };
 /* Its HELLO bit: this engine serves EXTRA_PING. */
-#define EXTRA_HELLO_F_PING 0x200u
+#define EXTRA_HELLO_F_PING 0x80000000u /* the top bit: a test's, never a real transport's */
 
 extern const ferry_transport_ops_t ferry_transport_extra;
 /* Its configuration key: the number each EXTRA_PING carries. */

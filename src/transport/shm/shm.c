@@ -48,9 +48,10 @@
  * FERRY_SHM_NOMAP=1 at the initiator keeps such regions on cross-memory
  * attach.
  *
- * Files: this one holds the transport's table, the copies and the vector
- * frames; shm_trust.c verifies the same-host peer; shm_pool.c maps shared
- * pools; shm_internal.h is what they share. */
+ * Files: this one holds the transport's table and the copies of single
+ * frames; shm_vec.c the vector frames (CMA_VEC); shm_trust.c verifies the
+ * same-host peer; shm_pool.c maps shared pools; shm_internal.h is what they
+ * share. */
 #include <errno.h>
 #include <stddef.h>
 #include <fcntl.h>
@@ -81,9 +82,6 @@
 #include "link/transport.h"
 #include "link/vec.h"
 
-/* Bytes copied per registry read-lock hold at the target: bounds how long
- * a deregistration or cancel waits (well under a millisecond). */
-#define SHM_CHUNK (4u << 20)
 /* Frames in flight per connection: hides the control round trip. */
 #define SHM_WINDOW 64
 /* Waiting on at most this many bytes being copied, the answer is due within
@@ -95,7 +93,7 @@
 /* -------------------------------------------------------- target: copy */
 
 /* Maps a failed process_vm_* errno to the answer's status. */
-static int cma_error(struct shm_conn *sc, const ferry_frame_t *f, bool write, uint64_t done, size_t n, int err)
+int shm_cma_error(struct shm_conn *sc, const ferry_frame_t *f, bool write, uint64_t done, size_t n, int err)
 {
     switch (err) {
     case EPERM:
@@ -121,7 +119,7 @@ static int cma_error(struct shm_conn *sc, const ferry_frame_t *f, bool write, ui
 /* Moves n bytes between the initiator (theirs) and here (mine) once,
  * retrying EINTR; the count moved, or -errno (a fault at the very start
  * reads as -EFAULT). */
-static ssize_t cma_once(pid_t pid, bool write, void *mine, uint64_t theirs, size_t n)
+ssize_t shm_cma_once(pid_t pid, bool write, void *mine, uint64_t theirs, size_t n)
 {
     struct iovec l = {mine, n}, r = {(void *)(uintptr_t)theirs, n};
     for (;;) {
@@ -137,7 +135,7 @@ static ssize_t cma_once(pid_t pid, bool write, void *mine, uint64_t theirs, size
  * kernel's; device memory (which the kernel cannot reach) is staged in the
  * connection's bounce buffer, the attach outside the lock on the bounce
  * side. Returns the answer's status. */
-static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, bool write)
+int shm_copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, bool write)
 {
     FERRY_TSAN_PAYLOAD_SCOPE();
     ferry_registry_t *r = c->ctx->registry;
@@ -152,7 +150,7 @@ static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t
         ferry_registry_read_lock(r);
         int rc = ferry_target_check_locked(c, r, f, need);
         uint32_t kind = rc ? FERRY_MEMKIND_HOST : ferry_registry_kind_of(r, f->addr, f->len, true);
-        if (rc == 0 && kind == FERRY_MEMKIND_HOST) got = cma_once(sc->pid, write, here, there, n);
+        if (rc == 0 && kind == FERRY_MEMKIND_HOST) got = shm_cma_once(sc->pid, write, here, there, n);
         if (write && got > 0) ferry_placed_progress(c, done + (uint64_t)got, NULL); /* under the lock (cancel.h) */
         ferry_registry_unlock(r);
         if (rc) {
@@ -164,7 +162,7 @@ static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t
             unsigned char *b = ferry_conn_bounce(c, n);
             if (!b) return ferry_fail(FERRY_ERR_MEMORY, "staging buffer of %zu bytes: out of memory", n);
             if (write) {
-                got = cma_once(sc->pid, true, b, there, n);
+                got = shm_cma_once(sc->pid, true, b, there, n);
                 if (got > 0) {
                     ferry_registry_read_lock(r);
                     rc = ferry_target_check_locked(c, r, f, need);
@@ -177,238 +175,20 @@ static int copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t
                 rc = ferry_target_check_locked(c, r, f, need);
                 if (rc == 0) rc = ferry_memkind_to_host(kind, b, here, n);
                 ferry_registry_unlock(r);
-                if (rc == 0) got = cma_once(sc->pid, false, b, there, n);
+                if (rc == 0) got = shm_cma_once(sc->pid, false, b, there, n);
             }
             if (rc) return rc;
         }
-        if (got < 0) return cma_error(sc, f, write, done, n, (int)-got);
+        if (got < 0) return shm_cma_error(sc, f, write, done, n, (int)-got);
         done += (uint64_t)got;
     }
     return 0;
 }
 
-/* ------------------------------------------------ target: vector frames */
-
-/* The connection's trust record, made and decided at first use (probe: an
- * address the initiator named as its own); NULL when out of memory. */
-static struct shm_conn *vec_trust(ferry_conn_t *c, uint64_t probe)
-{
-    struct shm_conn *sc = c->xport;
-    if (!sc) {
-        sc = calloc(1, sizeof *sc);
-        if (!sc) return NULL;
-        sc->pidfd = -1;
-        c->xport = sc;
-        c->xport_free = shm_conn_free;
-    }
-    if (sc->state == 0) shm_verify_peer(c, sc, probe);
-    if (sc->state == 1 && shm_pidfd_exited(sc->pidfd)) {
-        sc->state = -1;
-        snprintf(sc->reason, sizeof sc->reason, "the verified initiator pid %d has exited", (int)sc->pid);
-    }
-    return sc;
-}
-
-/* Piece i as a one-piece frame, for the per-piece paths and messages. */
-static ferry_frame_t vec_piece_frame(const struct ferry_vec_scratch *v, size_t i)
-{
-    const ferry_vec_desc_t *d = &v->d[i];
-    return (ferry_frame_t){.req_id = d->req_id, .addr = d->addr, .len = d->len, .aux = d->aux,
-                           .crc = d->generation};
-}
-
-/* Moves piece i from byte q on, alone (after a gathered call stopped in
- * it): its status, or PEER_CLOSED when the initiator is gone. */
-static int vec_piece_rest(struct shm_conn *sc, struct ferry_vec_scratch *v, size_t i, uint64_t q, bool write)
-{
-    FERRY_TSAN_PAYLOAD_SCOPE();
-    const ferry_vec_desc_t *d = &v->d[i];
-    while (q < d->len) {
-        ssize_t got = cma_once(sc->pid, write, (unsigned char *)(uintptr_t)d->addr + q, d->aux + q, d->len - q);
-        if (got < 0) {
-            ferry_frame_t pf = vec_piece_frame(v, i);
-            return cma_error(sc, &pf, write, q, d->len - q, (int)-got);
-        }
-        q += (uint64_t)got;
-    }
-    return 0;
-}
-
-/* Appends [base, base+len) to the iovec list iov[0..*cnt): extends the last
- * entry when the range follows it. False when a new entry is due and the
- * list holds IOV_MAX already. */
-static bool iov_append(struct iovec *iov, size_t *cnt, uint64_t base, uint64_t len)
-{
-    if (*cnt && (uint64_t)(uintptr_t)iov[*cnt - 1].iov_base + iov[*cnt - 1].iov_len == base) {
-        iov[*cnt - 1].iov_len += len;
-        return true;
-    }
-    if (*cnt == IOV_MAX) return false;
-    iov[(*cnt)++] = (struct iovec){(void *)(uintptr_t)base, len};
-    return true;
-}
-
-/* Gathers the pieces not yet failed from *j on into one call's lists, each
- * side merged on its own (pieces adjacent here become one local entry even
- * where the initiator's are not, and the other way round): the kernel pins
- * and walks pages per entry, so fewer entries cost less. Stops when either
- * list is full or SHM_CHUNK bytes are in; the bytes gathered (*j: the next
- * piece). The bytes keep the pieces' order on both sides, so a short count
- * still maps back to the piece it stopped in by the pieces' lengths. */
-static uint64_t vec_gather(struct ferry_vec_scratch *v, size_t *j, size_t n, size_t *lcnt, size_t *rcnt)
-{
-    uint64_t bytes = 0;
-    for (; *j < n && bytes < SHM_CHUNK; ++*j) {
-        const ferry_vec_desc_t *d = &v->d[*j];
-        if (v->st[*j]) continue;
-        size_t l = *lcnt;
-        if (!iov_append(v->iov, lcnt, d->addr, d->len)) break;
-        if (!iov_append(v->riov, rcnt, d->aux, d->len)) {
-            if (*lcnt > l) --*lcnt;               /* take back the local entry just added */
-            else v->iov[l - 1].iov_len -= d->len; /* or the extension */
-            break;
-        }
-        bytes += d->len;
-    }
-    return bytes;
-}
-
-/* Cross-memory attach calls of vector frames this process made, and their
- * iovec entries on each side (for tests and benchmarks). */
-static _Atomic uint64_t vec_calls, vec_local_entries, vec_remote_entries;
-
-void ferry_shm_vec_entries(uint64_t *calls, uint64_t *local, uint64_t *remote)
-{
-    *calls = atomic_load_explicit(&vec_calls, memory_order_relaxed);
-    *local = atomic_load_explicit(&vec_local_entries, memory_order_relaxed);
-    *remote = atomic_load_explicit(&vec_remote_entries, memory_order_relaxed);
-}
-
-static void count_vec_call(size_t lcnt, size_t rcnt)
-{
-    atomic_fetch_add_explicit(&vec_calls, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&vec_local_entries, lcnt, memory_order_relaxed);
-    atomic_fetch_add_explicit(&vec_remote_entries, rcnt, memory_order_relaxed);
-}
-
-/* Copies the pieces of host memory with one process_vm_readv/writev per up to
- * IOV_MAX merged entries a side (and SHM_CHUNK bytes), each call under the registry's
- * read lock after the pieces were checked (again when the registry or the
- * cancel set changed). A call that stops short fails the piece it stopped
- * in (its own error) and goes on after it. */
-static int vec_copy_host(ferry_conn_t *c, const ferry_frame_t *f, struct shm_conn *sc, struct ferry_vec_scratch *v,
-                         size_t n, bool write, bool *device)
-{
-    FERRY_TSAN_PAYLOAD_SCOPE();
-    ferry_registry_t *r = c->ctx->registry;
-    uint32_t need = write ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_REMOTE_READ;
-    uint64_t version = 0;
-    bool checked = false;
-    size_t i = 0;
-    while (i < n && sc->state >= 0) { /* refused mid-way: the caller refuses the rest */
-        ferry_registry_read_lock(r);
-        if (!checked || r->version != version || ferry_vec_cancels_pending(c)) {
-            ferry_vec_validate_locked(c, v, i, n, need, device);
-            version = r->version;
-            checked = true;
-        }
-        ferry_vec_expire(c, f, v, i, n); /* past its deadline: nothing more moves */
-        if (*device) {
-            ferry_registry_unlock(r);
-            return 0; /* the caller copies piece by piece */
-        }
-        size_t lcnt = 0, rcnt = 0, j = i;
-        uint64_t bytes = vec_gather(v, &j, n, &lcnt, &rcnt);
-        ssize_t got = 0;
-        int err = 0;
-        if (bytes) {
-            count_vec_call(lcnt, rcnt);
-            do {
-                got = write ? process_vm_readv(sc->pid, v->iov, lcnt, v->riov, rcnt, 0)
-                            : process_vm_writev(sc->pid, v->iov, lcnt, v->riov, rcnt, 0);
-            } while (got < 0 && (errno == EINTR || errno == EAGAIN));
-            err = got < 0 ? errno : 0;
-        }
-        if (got >= 0 && (uint64_t)got < bytes) {
-            /* Stopped in some piece: find it, and move its rest alone to
-             * learn its own error. */
-            uint64_t k = (uint64_t)got;
-            size_t p = i;
-            for (;; p++) {
-                if (v->st[p]) continue;
-                if (k < v->d[p].len) break;
-                k -= v->d[p].len;
-            }
-            int st = vec_piece_rest(sc, v, p, k, write);
-            ferry_registry_unlock(r);
-            if (st == FERRY_ERR_PEER_CLOSED) return st;
-            if (st) ferry_vec_fail_piece(v, p, st);
-            i = p + 1;
-            continue;
-        }
-        ferry_registry_unlock(r);
-        if (got < 0) {
-            /* Nothing moved: the first piece names the error. */
-            size_t p = i;
-            while (v->st[p]) p++;
-            ferry_frame_t pf = vec_piece_frame(v, p);
-            int st = cma_error(sc, &pf, write, 0, v->d[p].len, err);
-            if (st == FERRY_ERR_PEER_CLOSED) return st;
-            ferry_vec_fail_piece(v, p, st);
-            i = p + 1;
-            continue;
-        }
-        i = j;
-    }
-    return 0;
-}
-
-/* CMA_VEC: many pieces by cross-memory attach, one answer (vec.h). */
-static int serve_cma_vec(ferry_conn_t *c, const ferry_frame_t *f)
-{
-    uint64_t deadline;
-    struct ferry_vec_scratch *v;
-    int rc = ferry_vec_recv_descs(c, f, &deadline, &v);
-    if (rc) return rc;
-    size_t n = (size_t)f->len;
-    bool write = f->aux == FERRY_OP_WRITE;
-    struct shm_conn *sc = vec_trust(c, v->d[0].aux);
-    if (!sc) return ferry_fail(FERRY_ERR_MEMORY, "shm: out of memory");
-    bool device = false;
-    /* Pieces move in groups and out of order when one fails: the log says
-     * only how the frame ended (cancel.h). */
-    if (write) ferry_placed_untracked(c);
-    if (sc->state >= 0) rc = vec_copy_host(c, f, sc, v, n, write, &device);
-    if (rc) return rc; /* the initiator is gone */
-    for (size_t i = 0; i < n; i++) {
-        if (sc->state < 0 && !v->st[i]) {
-            ferry_vec_fail_piece(v, i, ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "%s", sc->reason));
-        } else if (device && !v->st[i]) {
-            ferry_frame_t pf = vec_piece_frame(v, i);
-            int st = copy_chunks(c, sc, &pf, write);
-            if (st == FERRY_ERR_PEER_CLOSED) return st;
-            if (st) ferry_vec_fail_piece(v, i, st);
-        }
-    }
-    uint64_t moved = 0;
-    for (size_t i = 0; i < n; i++)
-        if (!v->st[i]) {
-            moved += v->d[i].len;
-            if (write) ferry_watch_placed(c, v->d[i].addr, v->d[i].len);
-        }
-    if (write) FERRY_STAT_ADD(c->ctx->counters, bytes_placed, moved);
-    else FERRY_STAT_ADD(c->ctx->counters, bytes_served, moved);
-    if (write) {
-        int32_t status = 0;
-        for (size_t i = 0; i < n && !status; i++) status = v->st[i];
-        ferry_placed_end(c, status, f->addr, v->st);
-    }
-    return ferry_vec_send_ack(c, f, v, n, deadline);
-}
-
 static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
 {
-    if (f->type == FERRY_FRAME_CMA_VEC) return serve_cma_vec(c, f);
+    if (f->type == FERRY_FRAME_CMA_VEC)
+        return shm_serve_vec(c, f, c->ctx->registry, c->ctx->counters);
     uint64_t deadline = ferry_deadline_after_ms(c->ctx->timeout_ms);
     bool write = f->type == FERRY_FRAME_CMA_WRITE;
     bool map = f->type == FERRY_FRAME_SHM_MAP_REQ;
@@ -436,7 +216,7 @@ static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
     if (sc->state < 0)
         status = ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "%s", sc->reason);
     else
-        status = copy_chunks(c, sc, f, write);
+        status = shm_copy_chunks(c, sc, f, write);
     if (status == FERRY_ERR_PEER_CLOSED) return status;
     if (write) ferry_placed_end(c, status, FERRY_PLACED_KEEP, NULL);
     if (status == 0) {
@@ -541,16 +321,17 @@ static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, fe
     bool *tainted = NULL;
     uint64_t inflight = 0;
     unsigned spin_us = ferry_conn_spin_us(c);
+    size_t slice = c->ctx->slice_size;
     *broken = 0;
     for (;;) {
         while (cur < nx && !ferry_piece_sendable(&xs[cur], cur_off)) {
             if (++cur < nx) cur_off = xs[cur].done;
         }
         if (!refused && cur < nx && count < SHM_WINDOW && cur_off == 0 && cur + 1 < nx &&
-            xs[cur + 1].opcode == xs[cur].opcode && ferry_vec_eligible(c, &xs[cur]) &&
-            ferry_piece_sendable(&xs[cur + 1], xs[cur + 1].done) && ferry_vec_eligible(c, &xs[cur + 1])) {
-            /* Small pieces go together: one CMA_VEC, one answer. */
-            size_t g = ferry_vec_collect(c, xs + cur, nx - cur, SHM_CHUNK);
+            xs[cur + 1].opcode == xs[cur].opcode && shm_vec_eligible(c, &xs[cur], slice) &&
+            ferry_piece_sendable(&xs[cur + 1], xs[cur + 1].done) && shm_vec_eligible(c, &xs[cur + 1], slice)) {
+            /* Pieces go together: one CMA_VEC, one answer. */
+            size_t g = shm_vec_collect(c, xs + cur, nx - cur, slice);
             int rc = ferry_vec_send(c, FERRY_FRAME_CMA_VEC, xs + cur, g);
             if (rc) {
                 *broken = 1;
@@ -692,7 +473,7 @@ static int shm_usable(ferry_xport_ctx_t *ctx, const ferry_hello_t *peer, char *w
 static uint32_t shm_hello_flags(ferry_xport_ctx_t *ctx)
 {
     (void)ctx;
-    return FERRY_HELLO_F_CMA | FERRY_HELLO_F_SHMPOOL2;
+    return FERRY_HELLO_F_CMA | FERRY_HELLO_F_SHMPOOL2 | FERRY_HELLO_F_CMA_BIG;
 }
 
 /* The frames shm declares (wire.h); CMA_VEC, a vector frame, is the core's

@@ -16,6 +16,9 @@
 /* Bytes per frame: large, since no socket buffer sits in between; one
  * frame is one serving-thread turn at the target. */
 #define SHM_SLICE (16u << 20)
+/* Bytes copied per registry read-lock hold at the target: bounds how long
+ * a deregistration or cancel waits (well under a millisecond). */
+#define SHM_CHUNK (4u << 20)
 
 struct shm_conn {
     int state;          /* 0 unchecked, 1 verified, -1 refused */
@@ -40,6 +43,20 @@ int shm_pid_owns_socket(pid_t pid, unsigned long inode);
 int shm_open_pidfd(pid_t pid);
 bool shm_pidfd_exited(int pidfd);
 void shm_verify_peer(ferry_conn_t *c, struct shm_conn *sc, uint64_t probe);
+
+/* shm.c */
+/* Moves n bytes between the initiator (theirs) and here (mine) once: the
+ * count moved, or -errno. */
+ssize_t shm_cma_once(pid_t pid, bool write, void *mine, uint64_t theirs, size_t n);
+/* A failed process_vm_* errno as the answer's status (refusal recorded in sc). */
+int shm_cma_error(struct shm_conn *sc, const ferry_frame_t *f, bool write, uint64_t done, size_t n, int err);
+/* Copies frame f's range chunk by chunk under the registry's read lock: its status. */
+int shm_copy_chunks(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, bool write);
+
+/* shm_vec.c (the registry, counters and slice size come from shm.c) */
+bool shm_vec_eligible(ferry_conn_t *c, const ferry_xfer_t *x, size_t slice);
+size_t shm_vec_collect(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, size_t slice);
+int shm_serve_vec(ferry_conn_t *c, const ferry_frame_t *f, ferry_registry_t *r, ferry_counters_t *counters);
 
 /* shm_pool.c */
 int shm_serve_map(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, uint64_t deadline);

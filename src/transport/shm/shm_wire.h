@@ -17,6 +17,10 @@
  * read-only pools and detaches pools at deregistration (core/share.h).
  * Initiators map only from such targets. */
 #define FERRY_HELLO_F_SHMPOOL2 0x10u
+/* The sender serves CMA_VEC pieces of up to FERRY_WIRE_CMA_PIECE_MAX bytes
+ * (wire.h, "Vector frames"); initiators send larger pieces only to such
+ * targets. */
+#define FERRY_HELLO_F_CMA_BIG 0x200u
 
 /* SHM map info, 40 bytes, sent in SHM_MAP_RESP:
  *     0    8 region address              8    8 region length
@@ -27,6 +31,6 @@
 #define FERRY_SHM_MAP_INFO_SIZE 40
 
 /* Every HELLO bit shm owns. */
-#define FERRY_SHM_HELLO_BITS (FERRY_HELLO_F_CMA | FERRY_HELLO_F_SHMPOOL | FERRY_HELLO_F_SHMPOOL2)
+#define FERRY_SHM_HELLO_BITS (FERRY_HELLO_F_CMA | FERRY_HELLO_F_SHMPOOL | FERRY_HELLO_F_SHMPOOL2 | FERRY_HELLO_F_CMA_BIG)
 
 #endif

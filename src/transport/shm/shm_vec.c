@@ -1,0 +1,300 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The shared-memory transport's vector frames (CMA_VEC, vec.h): many pieces
+ * in one frame and one answer. The initiator groups a stream's consecutive
+ * pieces (small ones as over tcp; to targets advertising
+ * FERRY_HELLO_F_CMA_BIG also whole pieces of up to FERRY_WIRE_CMA_PIECE_MAX,
+ * so a call of 16 x 1 MiB costs a frame, an answer and the wake-ups they
+ * bring per connection, not per piece); the target checks the pieces under
+ * its registry's read lock and copies them with one process_vm_readv/writev
+ * per SHM_CHUNK bytes (and IOV_MAX entries a side), logging a write's
+ * progress in descriptor order (cancel.h). See shm.c for the transport. */
+#include <errno.h>
+#include <limits.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+
+#include "util/fail.h"
+#include "util/tsan.h"
+#include "link/watch.h"
+#include "link/transport.h"
+#include "link/vec.h"
+
+#include "shm_internal.h"
+
+/* --------------------------------------------------------- initiator */
+
+/* Whether piece x may travel in a CMA_VEC frame: a small one as over tcp
+ * (vec.h), or, to a target that takes them (FERRY_HELLO_F_CMA_BIG), a
+ * whole piece of up to FERRY_WIRE_CMA_PIECE_MAX bytes of host memory (the
+ * caller sends device memory by tcp). Large pieces then go many to a frame:
+ * one frame, one gathered copy per SHM_CHUNK and one answer for all of
+ * them, where one frame and one answer each cost a wake-up on either side. */
+bool shm_vec_eligible(ferry_conn_t *c, const ferry_xfer_t *x, size_t slice)
+{
+    if (x->len <= FERRY_WIRE_VEC_PIECE_MAX) return ferry_vec_eligible(c, x);
+    return (c->peer.flags & FERRY_HELLO_F_CMA_BIG) && x->done == 0 && x->len <= FERRY_WIRE_CMA_PIECE_MAX &&
+           x->len <= slice && ferry_conn_version(c) >= FERRY_PROTOCOL_VEC;
+}
+
+/* The count of consecutive pieces from xs[0] (at most n) that go in one
+ * CMA_VEC frame (ferry_vec_collect with shm_vec_eligible): at most
+ * FERRY_WIRE_VEC_MAX pieces and SHM_SLICE bytes; the target copies them
+ * SHM_CHUNK at a time under its registry's read lock (vec_gather). */
+size_t shm_vec_collect(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, size_t slice)
+{
+    uint64_t bytes = xs[0].len;
+    size_t k = 1;
+    while (k < n && k < FERRY_WIRE_VEC_MAX) {
+        const ferry_xfer_t *x = &xs[k];
+        if (x->opcode != xs[0].opcode || bytes + x->len > SHM_SLICE || !ferry_piece_sendable(x, x->done) ||
+            !shm_vec_eligible(c, x, slice))
+            break;
+        bytes += x->len;
+        k++;
+    }
+    return k;
+}
+
+/* ------------------------------------------------ target: vector frames */
+
+/* The connection's trust record, made and decided at first use (probe: an
+ * address the initiator named as its own); NULL when out of memory. */
+static struct shm_conn *vec_trust(ferry_conn_t *c, uint64_t probe)
+{
+    struct shm_conn *sc = c->xport;
+    if (!sc) {
+        sc = calloc(1, sizeof *sc);
+        if (!sc) return NULL;
+        sc->pidfd = -1;
+        c->xport = sc;
+        c->xport_free = shm_conn_free;
+    }
+    if (sc->state == 0) shm_verify_peer(c, sc, probe);
+    if (sc->state == 1 && shm_pidfd_exited(sc->pidfd)) {
+        sc->state = -1;
+        snprintf(sc->reason, sizeof sc->reason, "the verified initiator pid %d has exited", (int)sc->pid);
+    }
+    return sc;
+}
+
+/* Piece i as a one-piece frame, for the per-piece paths and messages. */
+static ferry_frame_t vec_piece_frame(const struct ferry_vec_scratch *v, size_t i)
+{
+    const ferry_vec_desc_t *d = &v->d[i];
+    return (ferry_frame_t){.req_id = d->req_id, .addr = d->addr, .len = d->len, .aux = d->aux,
+                           .crc = d->generation};
+}
+
+/* Moves piece i from byte q on, alone (after a gathered call stopped in
+ * it): its status, or PEER_CLOSED when the initiator is gone. */
+static int vec_piece_rest(struct shm_conn *sc, struct ferry_vec_scratch *v, size_t i, uint64_t q, bool write)
+{
+    FERRY_TSAN_PAYLOAD_SCOPE();
+    const ferry_vec_desc_t *d = &v->d[i];
+    while (q < d->len) {
+        ssize_t got = shm_cma_once(sc->pid, write, (unsigned char *)(uintptr_t)d->addr + q, d->aux + q, d->len - q);
+        if (got < 0) {
+            ferry_frame_t pf = vec_piece_frame(v, i);
+            return shm_cma_error(sc, &pf, write, q, d->len - q, (int)-got);
+        }
+        q += (uint64_t)got;
+    }
+    return 0;
+}
+
+/* Appends [base, base+len) to the iovec list iov[0..*cnt): extends the last
+ * entry when the range follows it. False when a new entry is due and the
+ * list holds IOV_MAX already. */
+static bool iov_append(struct iovec *iov, size_t *cnt, uint64_t base, uint64_t len)
+{
+    if (*cnt && (uint64_t)(uintptr_t)iov[*cnt - 1].iov_base + iov[*cnt - 1].iov_len == base) {
+        iov[*cnt - 1].iov_len += len;
+        return true;
+    }
+    if (*cnt == IOV_MAX) return false;
+    iov[(*cnt)++] = (struct iovec){(void *)(uintptr_t)base, len};
+    return true;
+}
+
+/* Gathers the pieces not yet failed from *j on into one call's lists, each
+ * side merged on its own (pieces adjacent here become one local entry even
+ * where the initiator's are not, and the other way round): the kernel pins
+ * and walks pages per entry, so fewer entries cost less. Stops when either
+ * list is full or SHM_CHUNK bytes are in; the bytes gathered (*j: the next
+ * piece). The bytes keep the pieces' order on both sides, so a short count
+ * still maps back to the piece it stopped in by the pieces' lengths. */
+static uint64_t vec_gather(struct ferry_vec_scratch *v, size_t *j, size_t n, size_t *lcnt, size_t *rcnt)
+{
+    uint64_t bytes = 0;
+    for (; *j < n && bytes < SHM_CHUNK; ++*j) {
+        const ferry_vec_desc_t *d = &v->d[*j];
+        if (v->st[*j]) continue;
+        if (bytes && bytes + d->len > SHM_CHUNK) break; /* large pieces: SHM_CHUNK a lock hold, as copy_chunks */
+        size_t l = *lcnt;
+        if (!iov_append(v->iov, lcnt, d->addr, d->len)) break;
+        if (!iov_append(v->riov, rcnt, d->aux, d->len)) {
+            if (*lcnt > l) --*lcnt;               /* take back the local entry just added */
+            else v->iov[l - 1].iov_len -= d->len; /* or the extension */
+            break;
+        }
+        bytes += d->len;
+    }
+    return bytes;
+}
+
+/* Cross-memory attach calls of vector frames this process made, and their
+ * iovec entries on each side (for tests and benchmarks). */
+static _Atomic uint64_t vec_calls, vec_local_entries, vec_remote_entries;
+
+void ferry_shm_vec_entries(uint64_t *calls, uint64_t *local, uint64_t *remote)
+{
+    *calls = atomic_load_explicit(&vec_calls, memory_order_relaxed);
+    *local = atomic_load_explicit(&vec_local_entries, memory_order_relaxed);
+    *remote = atomic_load_explicit(&vec_remote_entries, memory_order_relaxed);
+}
+
+static void count_vec_call(size_t lcnt, size_t rcnt)
+{
+    atomic_fetch_add_explicit(&vec_calls, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&vec_local_entries, lcnt, memory_order_relaxed);
+    atomic_fetch_add_explicit(&vec_remote_entries, rcnt, memory_order_relaxed);
+}
+
+/* The byte offset, in descriptor order, of the end of pieces [0, j) given
+ * that of [0, i) (at): the prefix a placement report names (cancel.h). */
+static uint64_t vec_prefix(const struct ferry_vec_scratch *v, size_t i, size_t j, uint64_t at)
+{
+    for (; i < j; i++) at += v->d[i].len;
+    return at;
+}
+
+/* Copies the pieces of host memory with one process_vm_readv/writev per up to
+ * IOV_MAX merged entries a side (and SHM_CHUNK bytes), each call under the registry's
+ * read lock after the pieces were checked (again when the registry or the
+ * cancel set changed). A call that stops short fails the piece it stopped
+ * in (its own error) and goes on after it. Pieces move in descriptor order,
+ * so a write's placement log follows them (cancel.h): after each call, under
+ * the lock, the prefix settled (placed, or refused in the bitmap). */
+static int vec_copy_host(ferry_conn_t *c, ferry_registry_t *r, const ferry_frame_t *f, struct shm_conn *sc,
+                         struct ferry_vec_scratch *v, size_t n, bool write, bool *device)
+{
+    FERRY_TSAN_PAYLOAD_SCOPE();
+    uint32_t need = write ? FERRY_MEM_REMOTE_WRITE : FERRY_MEM_REMOTE_READ;
+    uint64_t version = 0;
+    bool checked = false;
+    size_t i = 0;
+    uint64_t at = 0; /* the byte offset of piece i in descriptor order */
+    while (i < n && sc->state >= 0) { /* refused mid-way: the caller refuses the rest */
+        ferry_registry_read_lock(r);
+        if (!checked || r->version != version || ferry_vec_cancels_pending(c)) {
+            ferry_vec_validate_locked(c, v, i, n, need, device);
+            version = r->version;
+            checked = true;
+        }
+        ferry_vec_expire(c, f, v, i, n); /* past its deadline: nothing more moves */
+        if (*device) {
+            ferry_registry_unlock(r);
+            return 0; /* the caller copies piece by piece */
+        }
+        size_t lcnt = 0, rcnt = 0, j = i;
+        uint64_t bytes = vec_gather(v, &j, n, &lcnt, &rcnt);
+        ssize_t got = 0;
+        int err = 0;
+        if (bytes) {
+            count_vec_call(lcnt, rcnt);
+            do {
+                got = write ? process_vm_readv(sc->pid, v->iov, lcnt, v->riov, rcnt, 0)
+                            : process_vm_writev(sc->pid, v->iov, lcnt, v->riov, rcnt, 0);
+            } while (got < 0 && (errno == EINTR || errno == EAGAIN));
+            err = got < 0 ? errno : 0;
+        }
+        if (got >= 0 && (uint64_t)got < bytes) {
+            /* Stopped in some piece: find it, and move its rest alone to
+             * learn its own error. */
+            uint64_t k = (uint64_t)got;
+            size_t p = i;
+            for (;; p++) {
+                if (v->st[p]) continue;
+                if (k < v->d[p].len) break;
+                k -= v->d[p].len;
+            }
+            uint64_t p_at = vec_prefix(v, i, p, at);
+            if (write) ferry_placed_progress(c, p_at + k, v->st); /* what landed, under the lock */
+            int st = vec_piece_rest(sc, v, p, k, write);
+            if (st == FERRY_ERR_PEER_CLOSED) {
+                ferry_registry_unlock(r);
+                return st;
+            }
+            if (st) ferry_vec_fail_piece(v, p, st);
+            if (write) ferry_placed_progress(c, p_at + v->d[p].len, v->st);
+            ferry_registry_unlock(r);
+            i = p + 1;
+            at = p_at + v->d[p].len;
+            continue;
+        }
+        if (write && got > 0) ferry_placed_progress(c, vec_prefix(v, i, j, at), v->st); /* under the lock */
+        ferry_registry_unlock(r);
+        if (got < 0) {
+            /* Nothing moved: the first piece names the error. */
+            size_t p = i;
+            while (v->st[p]) p++;
+            ferry_frame_t pf = vec_piece_frame(v, p);
+            int st = shm_cma_error(sc, &pf, write, 0, v->d[p].len, err);
+            if (st == FERRY_ERR_PEER_CLOSED) return st;
+            ferry_vec_fail_piece(v, p, st);
+            at = vec_prefix(v, i, p + 1, at);
+            i = p + 1;
+            continue;
+        }
+        at = vec_prefix(v, i, j, at);
+        i = j;
+    }
+    return 0;
+}
+
+/* CMA_VEC: many pieces by cross-memory attach, one answer (vec.h). */
+int shm_serve_vec(ferry_conn_t *c, const ferry_frame_t *f, ferry_registry_t *r, ferry_counters_t *counters)
+{
+    uint64_t deadline;
+    struct ferry_vec_scratch *v;
+    int rc = ferry_vec_recv_descs(c, f, &deadline, &v);
+    if (rc) return rc;
+    size_t n = (size_t)f->len;
+    bool write = f->aux == FERRY_OP_WRITE;
+    struct shm_conn *sc = vec_trust(c, v->d[0].aux);
+    if (!sc) return ferry_fail(FERRY_ERR_MEMORY, "shm: out of memory");
+    bool device = false;
+    if (sc->state >= 0) rc = vec_copy_host(c, r, f, sc, v, n, write, &device);
+    if (rc) return rc; /* the initiator is gone */
+    /* Device pieces move one by one after the host ones, out of descriptor
+     * order: the log then says only how the frame ended (cancel.h). */
+    if (write && device) ferry_placed_untracked(c);
+    for (size_t i = 0; i < n; i++) {
+        if (sc->state < 0 && !v->st[i]) {
+            ferry_vec_fail_piece(v, i, ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "%s", sc->reason));
+        } else if (device && !v->st[i]) {
+            ferry_frame_t pf = vec_piece_frame(v, i);
+            int st = shm_copy_chunks(c, sc, &pf, write);
+            if (st == FERRY_ERR_PEER_CLOSED) return st;
+            if (st) ferry_vec_fail_piece(v, i, st);
+        }
+    }
+    uint64_t moved = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!v->st[i]) {
+            moved += v->d[i].len;
+            if (write) ferry_watch_placed(c, v->d[i].addr, v->d[i].len);
+        }
+    if (write) FERRY_STAT_ADD(counters, bytes_placed, moved);
+    else FERRY_STAT_ADD(counters, bytes_served, moved);
+    if (write) {
+        int32_t status = 0;
+        for (size_t i = 0; i < n && !status; i++) status = v->st[i];
+        ferry_placed_end(c, status, f->addr, v->st);
+    }
+    return ferry_vec_send_ack(c, f, v, n, deadline);
+}
+
