@@ -25,7 +25,7 @@ x block size / its measured duration), not from its print rounded to 0.01
 GB/s. Its CPU is the initiator's (its whole process, from getrusage) plus
 the target's during the run (/proc), less the same for a --duration=0 run of
 the same shape (start, handshake, buffer set-up, and the one batch a thread
-may still move), measured once per shape: (C - C0) / (B - B0) per byte.
+may still move there, which errs in Mooncake's favour), measured once per shape.
 Mooncake's bench places a call's blocks next to each other (it has no
 option to scatter them); Ferry's small-piece runs scatter them (--scatter),
 the harder case for Ferry, whose TCP path then cannot merge neighbours.
@@ -124,25 +124,26 @@ class Target:
         self.proc = subprocess.Popen(
             [self.binary, "--mode=target", "--protocol=tcp", "--metadata_server=P2PHANDSHAKE",
              "--local_server_name=127.0.0.1:12345", "--buffer_size=%d" % TARGET_BUFFER],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         end = time.monotonic() + 60
-        seen = []
+        text = b""
+        fd = self.proc.stderr.fileno()
         while time.monotonic() < end:
-            r, _, _ = select.select([self.proc.stderr], [], [], 1)
+            r, _, _ = select.select([fd], [], [], 1)
             if r:
-                line = self.proc.stderr.readline()
-                if not line:
+                chunk = os.read(fd, 65536)
+                if not chunk:
                     break
-                seen.append(line)
-                m = re.search(r"listening on [^:\s]+:(\d+)", line)
+                text += chunk
+                m = re.search(rb"listening on [^:\s]+:(\d+)", text)
                 if m:
                     self.port = int(m.group(1))
-            # the buffer is registered a moment after the listener: wait for the log to go quiet
+            # its buffer is registered a moment after the listener: wait until the log goes quiet
             elif self.port is not None:
                 break
         if self.port is None:
             self.stop()
-            raise RuntimeError("mooncake target did not start: %s" % "".join(seen[-5:]))
+            raise RuntimeError("mooncake target did not start: %s" % text[-500:].decode(errors="replace"))
         # Keep draining its log so that it never blocks on a full pipe.
         self.drain = subprocess.Popen(["cat"], stdin=self.proc.stderr, stdout=subprocess.DEVNULL)
 
@@ -227,8 +228,8 @@ def rounds(a):
                 continue
             for threads in THREADS:
                 # Start-up cost of Mooncake's initiator for this shape (no transfer time).
-                # A --duration=0 run may still move a batch per thread (B0 bytes for C0
-                # CPU-seconds): a run's CPU per byte is (C - C0) / (B - B0).
+                # A --duration=0 run: start-up, handshake, buffer set-up (and the batch a
+                # thread may still move there), subtracted from each run's CPU.
                 calib = mooncake_run(binary, target, "write", block, batch, threads, 0)
                 if "error" in calib:
                     calib = {"cpu_s": 0.0, "bytes": 0}
@@ -245,9 +246,9 @@ def rounds(a):
                             else:
                                 res = mooncake_run(binary, target, op, block, batch, threads, a.dur)
                                 if "error" not in res:
-                                    moved = max(res["bytes"] - calib["bytes"], 1)
-                                    per_byte = max(res["cpu_s"] - calib["cpu_s"], 0.0) / moved
-                                    res["cores"] = per_byte * res["bytes"] / res["seconds"]
+                                    # less the start-up run's CPU, its batches' included: errs in
+                                    # Mooncake's favour (bench/compare recomputes it the same way)
+                                    res["cores"] = max(res["cpu_s"] - calib["cpu_s"], 0.0) / res["seconds"]
                                     res["startup_cpu_s"] = calib["cpu_s"]
                                     res["startup_bytes"] = calib["bytes"]
                                     res["transport"] = "tcp"

@@ -129,16 +129,66 @@ def _wrap(name, fn):
     return call
 
 
-def recorded_class(base):
-    """A subclass of base whose public methods record each call."""
+def _host_of(local_hostname):
+    """The host part of initialize's local_hostname, as SGLang's wrapper
+    names the engine: "[v6]" for an IPv6 address (Mooncake's maybeWrapIpV6)."""
+    h = local_hostname
+    if h.startswith("["):
+        return h[:h.index("]") + 1]
+    if h.count(":") == 1 or (h.count(":") == 2 and ":npu_" in h):
+        h = h.split(":", 1)[0]
+    elif h.count(":") > 1:
+        return "[%s]" % h
+    return h
+
+
+class _Polyfills:
+    """What the tests call on an engine that Mooncake's class lacks, done as
+    Mooncake's callers do it: get_session_id as SGLang's MooncakeTransferEngine
+    wrapper ("host:get_rpc_port()"); close() as nothing (Mooncake's engine ends
+    when the object is collected; the tests hold theirs until their end)."""
+
+    def initialize(self, local_hostname, *a, **kw):
+        self._diff_host = _host_of(local_hostname)
+        return super().initialize(local_hostname, *a, **kw)
+
+    def initialize_ext(self, local_hostname, *a, **kw):
+        self._diff_host = _host_of(local_hostname)
+        return super().initialize_ext(local_hostname, *a, **kw)
+
+    def get_session_id(self):
+        return "%s:%d" % (getattr(self, "_diff_host", "127.0.0.1"), self.get_rpc_port())
+
+    def close(self):
+        return None
+
+
+def recorded_class(base, polyfill=False):
+    """A subclass of base whose public methods record each call (where
+    FERRY_DIFF_LOG is set); with polyfill, _Polyfills' methods added."""
+    bases = (_Polyfills, base) if polyfill else (base,)
+    if not LOG_PATH:
+        return type(base.__name__, bases, {})
     attrs = {}
-    for name in dir(base):
+    probe = type("probe", bases, {})
+    for name in dir(probe):
         if name.startswith("_") or name in ("engine",):
             continue
-        fn = getattr(base, name, None)
+        fn = getattr(probe, name, None)
         if callable(fn) and not isinstance(fn, type):
             attrs[name] = _wrap(name, fn)
-    return type(base.__name__, (base,), attrs)
+    return type(base.__name__, bases, attrs)
+
+
+def mooncake_class():
+    """The real mooncake.engine, its TransferEngine replaced by a recorded one
+    with the polyfills (the same class for this process's tests and its peers)."""
+    real = import_real_mooncake()
+    if not getattr(real.TransferEngine, "_diff_wrapped", False):
+        te = recorded_class(real.TransferEngine, polyfill=True)
+        te._diff_wrapped = True
+        real.TransferEngine = te
+    return real
 
 
 def install():
@@ -148,14 +198,13 @@ def install():
     import ferry
     import ferry.engine as fe
     if ENGINE == "mooncake":
-        real = import_real_mooncake()
+        real = mooncake_class()
         sys.modules["mooncake.engine"] = real
-        te = recorded_class(real.TransferEngine) if LOG_PATH else real.TransferEngine
+        te = real.TransferEngine
         for mod in (fe, ferry):
             mod.TransferEngine = te
             mod.TransferNotify = real.TransferNotify
             mod.TransferOpcode = real.TransferOpcode
-        real.TransferEngine = te
         ferry.install_mooncake_shim = lambda: real
         return real
     if ENGINE == "ferry":
