@@ -212,5 +212,6 @@ def install():
             te = recorded_class(fe.TransferEngine)
             fe.TransferEngine = te
             ferry.TransferEngine = te
+            fe.mooncake_vllm_adaptor = te  # the old name stays the same class
         return fe
     raise RuntimeError("FERRY_DIFF_ENGINE=%r: ferry or mooncake" % ENGINE)

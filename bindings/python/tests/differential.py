@@ -287,6 +287,8 @@ def compare(rf, rm):
     cm, km, em = index(rm)
     rows = []
     for key in sorted(set(cf) | set(cm), key=lambda k: (k[0], k[1], k[2], k[3])):
+        if key[2] == "close":  # a no-op under Mooncake; Ferry's __del__ calls it again
+            continue
         f, m = cf.get(key), cm.get(key)
         if f is None or m is None:
             rows.append((key, "only", f, m))
