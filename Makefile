@@ -12,11 +12,15 @@
 #               GNUInstallDirs' (lib/<multiarch> under /usr on Debian).
 #   make uninstall [DESTDIR=staging]   removes what the last install put there,
 #               the folders it created included
+# and for comparing (not part of make test):
+#   make bench-mooncake   Ferry against Mooncake's Transfer Engine on the same shapes
+#               (bench/compare --only mooncake; builds Mooncake once into
+#               .baseline/mooncake, about 10 minutes, or MOONCAKE_BUILD=DIR)
 BUILD ?= build
 JOBS ?= $(shell nproc)
 PREFIX ?= /usr/local
 
-.PHONY: all deps build demo test install uninstall clean
+.PHONY: all deps build demo test install uninstall clean bench-mooncake
 
 all: build
 
@@ -37,6 +41,9 @@ install:
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DCMAKE_INSTALL_PREFIX="$(PREFIX)" >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS) --target ferry ferry_shared ferry_cli
 	@DESTDIR="$(DESTDIR)" cmake --install $(BUILD)
+
+bench-mooncake:
+	@bench/compare --only mooncake
 
 uninstall:
 	@DESTDIR="$(DESTDIR)" scripts/uninstall.sh $(BUILD)

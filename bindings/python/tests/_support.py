@@ -18,6 +18,10 @@ if PY_DIR not in sys.path:
 import ferry  # noqa: E402
 from ferry import _lib  # noqa: E402
 
+import _engine_switch  # noqa: E402  (FERRY_DIFF_ENGINE: the differential run's engine switch)
+
+_engine_switch.install()
+
 try:
     import numpy  # noqa: F401
     HAVE_NUMPY = True

@@ -22,12 +22,18 @@ import ctypes
 import hashlib
 import json
 import mmap
+import os
 import random
 import sys
 
 import ferry
 
-ferry.install_mooncake_shim()
+if os.environ.get("FERRY_DIFF_ENGINE") == "mooncake":  # differential.py: the real Mooncake
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import _engine_switch
+    _engine_switch.mooncake_class()  # with get_session_id as SGLang's wrapper has it
+else:
+    ferry.install_mooncake_shim()
 from mooncake.engine import TransferEngine  # noqa: E402  (SGLang's import)
 
 

@@ -60,7 +60,8 @@ class TestProtocolRejected(unittest.TestCase):
     def test_initialize_rejects_unsupported_protocol(self):
         # mooncake-wheel/tests/test_transfer_engine_protocol.py: an unsupported
         # protocol makes initialize return exactly -1 (the Ferry code stays in
-        # errors.last_error_code()).
+        # errors.last_error_code()). (Upstream after 3b5a594: the 3b5a594 build
+        # returns 0 for these, differential.py shows; Ferry follows the later test.)
         for protocol, supported in (("nvlink", engine.SUPPORT_MNNVL), ("hip", engine.SUPPORT_HIP),
                                     ("nvlink_intra", engine.SUPPORT_INTRA_NVLINK)):
             self.assertFalse(supported)
@@ -249,7 +250,8 @@ class TestInitiatorTarget(unittest.TestCase):
 
     def test_transfer_with_notification_like_the_api_reference(self):
         # docs/source/python-api-reference/transfer-engine.md, "Transfer with
-        # Notification": TransferOpcode.WRITE (the reference's spelling).
+        # Notification": TransferOpcode.WRITE (the reference's spelling; Mooncake's
+        # module itself has only .Write at 3b5a594, differential.py shows).
         local_addr = self._ensure_buffer_available()
         remote_addr = self.adaptor.get_first_buffer_address(self.target_server_name)
         self.target.get_notifies()

@@ -65,11 +65,18 @@ class Decode:
     """A pd_peer.py process and its pipe."""
 
     def __init__(self, protocol="tcp", buffer="mmap", hostname="127.0.0.1", size=KV):
+        extra = {}
+        if hostname.rsplit(":", 1)[-1].isdigit() and hostname.count(":") == 1:
+            # A restart on a given port: Mooncake (P2PHANDSHAKE) ignores the port of its
+            # local_hostname and draws one from [MC_MIN_RPC_PORT, MC_MAX_RPC_PORT]; pinning
+            # that range to the port restarts it there too (differential.py). Ferry ignores them.
+            port = hostname.rsplit(":", 1)[1]
+            extra = {"MC_MIN_RPC_PORT": port, "MC_MAX_RPC_PORT": port}
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(TESTS_DIR, "pd_peer.py"), "--protocol", protocol,
              "--buffer", buffer, "--hostname", hostname, "--size", str(size)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=peer_env(FERRY_TIMEOUT_MS=TIMEOUT_MS, FERRY_LOG=os.environ.get("FERRY_LOG", "0")))
+            env=peer_env(FERRY_TIMEOUT_MS=TIMEOUT_MS, FERRY_LOG=os.environ.get("FERRY_LOG", "0"), **extra))
         self.info = self.recv(30)
         if "error" in self.info:
             raise RuntimeError("decode failed to start: %r" % (self.info,))
