@@ -32,13 +32,6 @@ static int write_all(world_t *w) { return proxied_pair_transfer(w, FERRY_OP_WRIT
 
 static int read_all(world_t *w) { return proxied_pair_transfer(w, FERRY_OP_READ); }
 
-static bool all_zero(const unsigned char *p, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (p[i]) return false;
-    return true;
-}
-
 static void corrupted_write_is_retried(void **state)
 {
     (void)state;
@@ -83,7 +76,7 @@ static void corrupted_write_never_placed(void **state)
     assert_detail_contains("CRC32C");
     assert_detail_contains("not placed");
     /* Every slice was corrupted, so not a byte may have landed. */
-    assert_true(all_zero(w->dst, LEN));
+    assert_true(harness_all_equal(w->dst, LEN, 0));
     ferry_stats_t si;
     ferry_engine_stats(w->ini, &si);
     assert_int_equal(si.retries, 2);
@@ -221,7 +214,7 @@ static void corrupted_small_pieces_never_placed(void **state)
     assert_detail_contains("CRC32C");
     int refused = 0;
     for (int i = 0; i < PIECES; i++) {
-        if (all_zero(piece_dst(w, i), PIECE))
+        if (harness_all_equal(piece_dst(w, i), PIECE, 0))
             refused++;
         else
             assert_memory_equal(piece_dst(w, i), w->src + (size_t)i * PIECE, PIECE);
