@@ -149,9 +149,7 @@ static void pinned_calls_into_a_restart(const char *transport)
     harness_fill(buf, len, 400);
     assert_int_equal(ferry_transfer_sync(e, p1.name, FERRY_OP_WRITE, buf, p1.addr, len), 0);
     assert_int_equal(peer_cmd(&p2, "check 400 0 %zu", len), 0);
-    peer_end(&p2, 0);
-    registered_buffer_free(e, buf);
-    ferry_engine_destroy(e);
+    peer_session_end(e, &p2, buf);
 }
 
 static void pinned_calls_into_a_restart_tcp(void **state)
@@ -214,9 +212,7 @@ static void pinned_batch_runs_after_restart(const char *transport)
     assert_int_equal(peer_cmd(&p2, "check 300 0 %zu", len), 0);
     kill(p0.pid, SIGCONT);
     peer_end(&p0, SIGKILL);
-    peer_end(&p2, 0);
-    registered_buffer_free(e, buf);
-    ferry_engine_destroy(e);
+    peer_session_end(e, &p2, buf);
 }
 
 static void pinned_batch_runs_after_restart_tcp(void **state)
@@ -289,9 +285,7 @@ static void pinned_call_reconnects_into_restart(void **state)
     for (int i = 0; i < TRIES; i++)
         expect_restarted(ferry_transfer_sync(e, pin1, FERRY_OP_WRITE, buf, p1.addr, len), "write after", i, &p1, &p2);
     assert_int_equal(peer_cmd(&p2, "check 300 0 %zu", len), 0);
-    peer_end(&p2, 0);
-    registered_buffer_free(e, buf);
-    ferry_engine_destroy(e);
+    peer_session_end(e, &p2, buf);
 }
 
 /* The peer restarted and no call met it yet, but the caller learned the
@@ -312,9 +306,7 @@ static void newer_pin_reopens_the_session(void **state)
     pinned_name(pin2, sizeof pin2, &p2);
     assert_int_equal(ferry_transfer_sync(e, pin2, FERRY_OP_WRITE, buf, p2.addr, len), 0);
     assert_int_equal(peer_cmd(&p2, "check 100 0 %zu", len), 0);
-    peer_end(&p2, 0);
-    registered_buffer_free(e, buf);
-    ferry_engine_destroy(e);
+    peer_session_end(e, &p2, buf);
 }
 
 /* A pin that never was the peer's: refused every time, with one probe
@@ -358,9 +350,7 @@ static void wrong_and_malformed_pins(void **state)
     assert_int_equal(ferry_session_pin(e, p.name, pin, sizeof pin), 0);
     assert_int_equal(ferry_session_close(e, pin), 0);
     assert_int_equal(ferry_session_close(e, p.name), FERRY_ERR_NOT_FOUND);
-    peer_end(&p, 0);
-    registered_buffer_free(e, buf);
-    ferry_engine_destroy(e);
+    peer_session_end(e, &p, buf);
 }
 
 /* The decode's layout: an MLA cache of one layer in the peer's buffer,
@@ -421,9 +411,7 @@ static void kv_restarted_decode_gets_nothing(void **state)
     ferry_kv_plan_destroy(plan);
     ferry_kv_plan_destroy(plan2);
     ferry_kv_plan_destroy(plan3);
-    peer_end(&p2, 0);
-    registered_buffer_free(e, buf);
-    ferry_engine_destroy(e);
+    peer_session_end(e, &p2, buf);
 }
 
 int main(void)

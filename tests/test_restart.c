@@ -277,9 +277,7 @@ static void restart_same_port(void **state)
     /* ferry_session_open, as before, is harmless. */
     assert_int_equal(ferry_session_open(e, p2.name), 0);
     assert_int_equal(ferry_transfer_sync(e, p2.name, FERRY_OP_READ, buf, p2.addr, len), 0);
-    peer_end(&p2, 0);
-    registered_buffer_free(e, buf);
-    ferry_engine_destroy(e);
+    peer_session_end(e, &p2, buf);
 }
 
 /* ------------------------------------------------ (de)registration */
@@ -323,9 +321,7 @@ static void deregistration_is_seen(void **state)
     rc = ferry_transfer_sync(e, p.name, FERRY_OP_WRITE, buf, p.addr, 4096);
     if (rc) fail_msg("write after re-registration: %s", ferry_last_error_detail());
     assert_int_equal(peer_cmd(&p, "check 1 0 4096"), 0);
-    peer_end(&p, 0);
-    registered_buffer_free(e, buf);
-    ferry_engine_destroy(e);
+    peer_session_end(e, &p, buf);
 }
 
 int main(void)

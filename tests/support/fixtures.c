@@ -86,3 +86,10 @@ void peer_restart_in_place(peer_proc_t *old, peer_proc_t *next)
     assert_string_equal(next->name, old->name);
     assert_true(next->epoch != old->epoch);
 }
+
+void peer_session_end(ferry_engine_t *e, peer_proc_t *p, void *buf)
+{
+    peer_end(p, 0);
+    registered_buffer_free(e, buf);
+    ferry_engine_destroy(e);
+}

@@ -45,6 +45,10 @@ unsigned char *registered_buffer(ferry_engine_t *e, size_t len, unsigned flags);
 /* Deregisters buf at e and frees it. */
 void registered_buffer_free(ferry_engine_t *e, void *buf);
 
+/* The end of a test against a peer process: p asked to quit, buf
+ * deregistered at e and freed, e destroyed. */
+void peer_session_end(ferry_engine_t *e, peer_proc_t *p, void *buf);
+
 /* Kills old (SIGKILL) and starts next at its port, its buffer asked for at
  * old's address (the kernel may place it elsewhere: check next->addr where
  * that matters). next has old's name and a new epoch. */
