@@ -16,29 +16,15 @@
 #include "util/spin.h"
 #include "harness.h"
 
-typedef struct pair {
-    ferry_engine_t *initiator, *target;
-    char peer[300];
-} pair_t;
+typedef harness_pair_t pair_t;
 
 static pair_t *pair_new(int spin_us)
 {
-    pair_t *p = calloc(1, sizeof *p);
     ferry_config_t cfg;
     ferry_config_init(&cfg);
     cfg.timeout_ms = 20000;
     cfg.spin_us = spin_us;
-    p->initiator = harness_engine_cfg(&cfg);
-    p->target = harness_engine(20000);
-    snprintf(p->peer, sizeof p->peer, "%s", ferry_engine_name(p->target));
-    return p;
-}
-
-static void pair_free(pair_t *p)
-{
-    ferry_engine_destroy(p->initiator);
-    ferry_engine_destroy(p->target);
-    free(p);
+    return harness_pair_new(&cfg, 20000);
 }
 
 static int setup(void **state)
@@ -49,7 +35,7 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-    pair_free(*state);
+    harness_pair_free(*state);
     return 0;
 }
 
@@ -261,7 +247,7 @@ static void bounded_spin_wait(void **state)
     ferry_deregister(p->target, dst);
     free(src);
     free(dst);
-    pair_free(p);
+    harness_pair_free(p);
 }
 
 /* The adaptive spin's budget (spin.h): twice the median of the recent
@@ -379,7 +365,7 @@ static void batch_waits_spin_adaptively_and_idle_burns_no_cpu(void **state)
     ferry_deregister(p->target, dst);
     free(src);
     free(dst);
-    pair_free(p);
+    harness_pair_free(p);
 }
 
 static void completion_config_fields(void **state)

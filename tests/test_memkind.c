@@ -15,34 +15,8 @@
 #include "engine/engine.h"
 #include "util/memkind.h"
 #include "link/registry.h"
+#include "fake_dev.h"
 #include "harness.h"
-
-typedef struct fake_dev {
-    unsigned char *base;  /* PROT_NONE: what Ferry is given */
-    unsigned char *alias; /* read-write view of the same pages, for the test */
-    size_t len;
-} fake_dev_t;
-
-static fake_dev_t fake_new(size_t len)
-{
-    fake_dev_t d = {.len = len};
-    int fd = memfd_create("ferry-fake-device", MFD_CLOEXEC);
-    assert_true(fd >= 0);
-    assert_int_equal(ftruncate(fd, (off_t)len), 0);
-    d.base = mmap(NULL, len, PROT_NONE, MAP_SHARED, fd, 0);
-    d.alias = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    assert_true(d.base != MAP_FAILED && d.alias != MAP_FAILED);
-    assert_int_equal(ferry_memkind_fake_add(d.base, len, d.alias), 0);
-    return d;
-}
-
-static void fake_free(fake_dev_t *d)
-{
-    ferry_memkind_fake_remove(d->base);
-    munmap(d->base, d->len);
-    munmap(d->alias, d->len);
-}
 
 static int teardown_fakes(void **state)
 {
@@ -65,7 +39,7 @@ static uint32_t kind_at(ferry_engine_t *e, const void *p)
 static void fake_memory_is_unreachable(void **state)
 {
     (void)state;
-    fake_dev_t d = fake_new(4096);
+    fake_dev_t d = fake_dev_new(4096);
     int p[2];
     assert_int_equal(pipe(p), 0);
     errno = 0;
@@ -73,14 +47,14 @@ static void fake_memory_is_unreachable(void **state)
     assert_int_equal(errno, EFAULT);
     close(p[0]);
     close(p[1]);
-    fake_free(&d);
+    fake_dev_free(&d);
 }
 
 static void registration_detects_kinds(void **state)
 {
     (void)state;
     ferry_engine_t *e = harness_engine(5000);
-    fake_dev_t d = fake_new(1u << 20);
+    fake_dev_t d = fake_dev_new(1u << 20);
     unsigned char *host = malloc(4096);
     assert_int_equal(ferry_register(e, d.base, d.len, FERRY_MEM_REMOTE), 0);
     assert_int_equal(ferry_register(e, host, 4096, FERRY_MEM_LOCAL), 0);
@@ -116,7 +90,7 @@ static void registration_detects_kinds(void **state)
     assert_true(strstr(status, "CUDA not built in") || strstr(status, "CUDA built in"));
     ferry_engine_destroy(e);
     free(host);
-    fake_free(&d);
+    fake_dev_free(&d);
 }
 
 /* --------------------------------------------------- staging over TCP */
@@ -160,7 +134,7 @@ static buf_t buf_new(size_t len, int is_dev)
 {
     buf_t b = {.is_dev = is_dev};
     if (is_dev)
-        b.dev = fake_new(len);
+        b.dev = fake_dev_new(len);
     else
         b.host = malloc(len);
     return b;
@@ -170,7 +144,7 @@ static unsigned char *buf_bytes(buf_t *b) { return b->is_dev ? b->dev.alias : b-
 static void buf_free(buf_t *b)
 {
     if (b->is_dev)
-        fake_free(&b->dev);
+        fake_dev_free(&b->dev);
     else
         free(b->host);
 }
@@ -295,7 +269,7 @@ static void region_access_checks_and_reaches_device_memory(void **state)
 {
     (void)state;
     ferry_engine_t *e = harness_engine(2000);
-    fake_dev_t d = fake_new(8192);
+    fake_dev_t d = fake_dev_new(8192);
     unsigned char *host = calloc(1, 4096), out[64];
     assert_int_equal(ferry_register(e, d.base, d.len, FERRY_MEM_REMOTE), 0);
     assert_int_equal(ferry_register(e, host, 4096, FERRY_MEM_LOCAL), 0);
@@ -345,7 +319,7 @@ static void region_access_checks_and_reaches_device_memory(void **state)
     assert_non_null(strstr(why, "CUDA"));
 
     ferry_deregister(e, d.base);
-    fake_free(&d);
+    fake_dev_free(&d);
     free(host);
     ferry_engine_destroy(e);
 }

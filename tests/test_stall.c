@@ -323,34 +323,6 @@ static void checksummed_writev_stall_holds_no_thread(void **state)
 
 #define CAP 16
 
-/* A raw connection from 127.0.0.<last>, or -1. */
-static int connect_from(int last, uint16_t port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    struct sockaddr_in me = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000000u | (uint32_t)last)};
-    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (bind(fd, (struct sockaddr *)&me, sizeof me) != 0 || connect(fd, (struct sockaddr *)&to, sizeof to) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-static int handshaken_from(int last, uint16_t port)
-{
-    int fd = connect_from(last, port);
-    if (fd < 0) return -1;
-    uint8_t hello[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME], ack[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
-    size_t hlen, alen;
-    int status = -1;
-    if (raw_hello(fd, 0, NULL, hello, &hlen, ack, &alen, &status) != 0 || status != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
 static int established(ferry_engine_t *e)
 {
     pthread_mutex_lock(&e->conns_lock);
@@ -378,7 +350,7 @@ static void stalled_mid_frame_make_way(void **state)
     uint16_t port = ferry_engine_port(t.e);
     int fd[CAP];
     for (int i = 0; i < CAP; i++) {
-        assert_true((fd[i] = handshaken_from(2 + i % 4, port)) >= 0);
+        assert_true((fd[i] = raw_handshaken_from(2 + i % 4, port)) >= 0);
         uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
         if (i % 2) {
             ferry_frame_t f = {.type = FERRY_FRAME_PING, .req_id = 1};
@@ -437,7 +409,7 @@ static void one_address_never_locked_out(void **state)
     target_open(&t, 5000, MEM_BYTES, 0, 0);
     uint16_t port = ferry_engine_port(t.e);
     static int fd[IDLE_CONNS];
-    for (int i = 0; i < IDLE_CONNS; i++) assert_true((fd[i] = handshaken_from(1, port)) >= 0);
+    for (int i = 0; i < IDLE_CONNS; i++) assert_true((fd[i] = raw_handshaken_from(1, port)) >= 0);
     wait_established(t.e, IDLE_CONNS);
     assert_true(honest_write_ms(&t, 4) < 5000);
     for (int i = 0; i < IDLE_CONNS; i++) close(fd[i]);
@@ -448,7 +420,7 @@ static void one_address_never_locked_out(void **state)
     target_open(&t, 5000, MEM_BYTES, 0, LIMIT);
     port = ferry_engine_port(t.e);
     for (int i = 0; i < LIMIT; i++) {
-        assert_true((fd[i] = handshaken_from(1, port)) >= 0);
+        assert_true((fd[i] = raw_handshaken_from(1, port)) >= 0);
         pause_ms(1);
     }
     wait_established(t.e, LIMIT);
