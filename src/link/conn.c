@@ -178,5 +178,6 @@ void ferry_conn_free(ferry_conn_t *c)
     free(c->bounce);
     free(c->vec);
     free(c->answered);
+    free(c->outbox.out);
     free(c);
 }

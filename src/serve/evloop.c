@@ -124,16 +124,10 @@ typedef struct ferry_served {
     /* Parked (no thread has it): with header_due_ns set, it is stalled in
      * a frame or in its answers, and evictable under pressure (listener). */
     atomic_bool parked;
-    /* Answers the socket had no room for (a peer that stopped reading):
-     * out[out_off, out_len) is still to go. While it is not empty no new
-     * frame is read; the connection waits parked for EPOLLOUT (answer_park)
-     * and is closed when it does not drain within config.timeout_ms. */
-    uint8_t *out;
-    size_t out_off, out_len, out_cap;
-    /* The frame being served holds a data slot: its answer may wait for
-     * room while no other data frame wants the slot. A control frame's
-     * answer never waits (the control threads must stay free). */
-    bool slot;
+    /* Answers the socket had no room for wait in c->outbox (link/conn.h):
+     * while it is not empty no new frame is read; the connection waits
+     * parked for EPOLLOUT (answer_park) and is closed when it does not
+     * drain within config.timeout_ms. */
     /* Bumped (release) by each owner as it parks the connection and read
      * (acquire) by the next: epoll hands the connection over, but thread
      * sanitizers do not see an EPOLL_CTL_MOD as a release. */
@@ -195,102 +189,6 @@ static void park(ferry_engine_t *e, ferry_conn_t *c)
 }
 
 /* ------------------------------------------------------------ answers */
-
-/* Queues iov[0..cnt) behind what c's outbox already holds. */
-static int outbox_append(ferry_conn_t *c, const struct iovec *iov, int cnt)
-{
-    ferry_served_t *s = c->served;
-    size_t need = 0;
-    for (int i = 0; i < cnt; i++) need += iov[i].iov_len;
-    if (s->out_off == s->out_len) s->out_off = s->out_len = 0;
-    if (s->out_len + need > s->out_cap) {
-        size_t cap = s->out_len + need < 4096 ? 4096 : s->out_len + need;
-        uint8_t *b = realloc(s->out, cap);
-        if (!b) return ferry_fail(FERRY_ERR_MEMORY, "answer of %zu bytes to %s: out of memory", need, c->peer.name);
-        s->out = b;
-        s->out_cap = cap;
-    }
-    for (int i = 0; i < cnt; i++) {
-        memcpy(s->out + s->out_len, iov[i].iov_base, iov[i].iov_len);
-        s->out_len += iov[i].iov_len;
-    }
-    return 0;
-}
-
-bool ferry_serve_answer_pending(const ferry_conn_t *c)
-{
-    return c->served && c->served->out_off < c->served->out_len;
-}
-
-/* Sends what it can of iov (advanced past what went): the bytes sent, or
- * -1 with errno (EAGAIN when the socket is full). */
-static ssize_t send_some(int fd, struct iovec *iov, int *at, int cnt)
-{
-    struct msghdr mh = {.msg_iov = iov + *at, .msg_iovlen = (size_t)(cnt - *at)};
-    ssize_t n;
-    do n = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
-    size_t left = n > 0 ? (size_t)n : 0;
-    while (*at < cnt && left >= iov[*at].iov_len) left -= iov[(*at)++].iov_len;
-    if (*at < cnt && left) {
-        iov[*at].iov_base = (char *)iov[*at].iov_base + left;
-        iov[*at].iov_len -= left;
-    }
-    return n;
-}
-
-static int send_failed(ferry_conn_t *c, int err)
-{
-    return ferry_fail(err == EPIPE || err == ECONNRESET ? FERRY_ERR_PEER_CLOSED : FERRY_ERR_SOCKET,
-                      "answer to %s: send: %s", c->peer.name, strerror(err));
-}
-
-int ferry_serve_sendv(ferry_conn_t *c, const struct iovec *iov, int cnt, uint64_t deadline)
-{
-    ferry_served_t *s = c->served;
-    if (!s || s->phase != PHASE_FRAMES) return ferry_net_sendv(c->fd, (struct iovec *)iov, cnt, deadline);
-    if (cnt > 8) return ferry_fail(FERRY_ERR_INTERNAL, "an answer of %d parts", cnt);
-    struct iovec v[8];
-    memcpy(v, iov, (size_t)cnt * sizeof *iov);
-    int at = 0;
-    /* Behind answers already queued: after them, never before. */
-    while (!ferry_serve_answer_pending(c) && at < cnt) {
-        ssize_t n = send_some(c->fd, v, &at, cnt);
-        if (n >= 0) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) return send_failed(c, errno);
-        if (!s->slot) break; /* a control frame's answer: queued at once */
-        int w = ferry_serve_answer_wait(c, deadline);
-        if (w < 0)
-            return ferry_fail(FERRY_ERR_TIMEOUT, "the answer to %s stalled: it stopped reading for %d ms", c->peer.name,
-                              c->engine->cfg.timeout_ms);
-        if (w == 0) break; /* another data frame wants the thread */
-    }
-    return at < cnt ? outbox_append(c, v + at, cnt - at) : 0;
-}
-
-int ferry_serve_flush(ferry_conn_t *c)
-{
-    ferry_served_t *s = c->served;
-    if (!s) return 0;
-    while (ferry_serve_answer_pending(c)) {
-        ssize_t n = send(c->fd, s->out + s->out_off, s->out_len - s->out_off, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (n > 0) {
-            s->out_off += (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return send_failed(c, errno);
-        return FERRY_SERVE_PENDING;
-    }
-    s->out_off = s->out_len = 0;
-    /* A large answer's room is given back; a small one is kept for the next. */
-    if (s->out_cap > 65536) {
-        free(s->out);
-        s->out = NULL;
-        s->out_cap = 0;
-    }
-    return 0;
-}
 
 /* Continues a connection parked with queued answers (answer_park). */
 static int answer_resume(ferry_conn_t *c)
@@ -392,6 +290,7 @@ static void handshake_step(ferry_engine_t *e, ferry_conn_t *c)
     } else {
         /* Established: admitted (BUSY) by the handshake, now idle. */
         s->phase = PHASE_FRAMES;
+        c->outbox.framed = true;
         free(hs);
         s->hs = NULL;
         ferry_conn_set_idle(c);
@@ -595,37 +494,6 @@ static int payload_timeout(ferry_engine_t *e, ferry_conn_t *c)
                       e->cfg.timeout_ms);
 }
 
-/* The thread keeps its data slot and waits on the connection, as a thread
- * per connection did, for as long as no other data frame needs a slot:
- * then the frame is parked at once. So a well-behaved peer's pauses (a
- * descheduled sender, a slow link) cost nothing more than before, and
- * stalled or trickling peers hold threads only while nobody else wants
- * them. */
-static int serve_wait(ferry_conn_t *c, short events, uint64_t deadline)
-{
-    for (;;) {
-        int ms = ferry_ms_left(deadline);
-        if (ms == 0) return -1;
-        struct pollfd p[2] = {{.fd = c->fd, .events = events}, {.fd = -1, .events = POLLIN}};
-        /* Served by a thread of its own (ferry_serve_connection): it waits. */
-        if (c->served) p[1].fd = c->engine->evloop->contended_fd;
-        int n = poll(p, 2, ms);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 || p[0].revents) return 1; /* an error: the next receive reports it */
-        if (p[1].revents) return 0;
-    }
-}
-
-int ferry_serve_payload_wait(ferry_conn_t *c, uint64_t deadline)
-{
-    return serve_wait(c, POLLIN, deadline);
-}
-
-int ferry_serve_answer_wait(ferry_conn_t *c, uint64_t deadline)
-{
-    return serve_wait(c, POLLOUT, deadline);
-}
-
 /* Between two requests on c: waits for the next one on c itself, a short
  * while, when other threads are free to take everything else (and no data
  * frame waits for our slot). The thread that served the last request, its
@@ -691,7 +559,7 @@ static bool serve_turn(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t *
                 slot = true;
             }
         }
-        s->slot = slot;
+        c->outbox.slot = slot;
         if (served == 0 && resuming) {
             rc = atomic_load(&s->expired) ? payload_timeout(e, c) : c->partial.resume(c);
             /* Cut by the listener at its deadline while we read it. */
@@ -849,6 +717,8 @@ void ferry_evloop_stop(ferry_engine_t *e)
 int ferry_evloop_add(ferry_engine_t *e, ferry_conn_t *c)
 {
     c->served_free = ferry_evloop_conn_free;
+    c->outbox.contended_fd = e->evloop->contended_fd;
+    c->outbox.timeout_ms = e->cfg.timeout_ms;
     c->served = calloc(1, sizeof *c->served);
     if (c->served) c->served->hs = calloc(1, sizeof *c->served->hs);
     if (!c->served || !c->served->hs) {
@@ -861,7 +731,6 @@ int ferry_evloop_add(ferry_engine_t *e, ferry_conn_t *c)
 void ferry_evloop_conn_free(ferry_conn_t *c)
 {
     if (!c->served) return;
-    free(c->served->out);
     free(c->served->hs);
     free(c->served);
     c->served = NULL;
