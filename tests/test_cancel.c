@@ -18,6 +18,7 @@
 
 #include "link/cancel.h"
 #include "engine/engine.h"
+#include "engine/testing.h"
 #include "delay_proxy.h"
 #include "fault.h"
 #include "harness.h"

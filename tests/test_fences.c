@@ -26,6 +26,7 @@
 #include <sys/socket.h>
 
 #include "engine/engine.h"
+#include "engine/testing.h"
 #include "delay_proxy.h"
 #include "fault.h"
 #include "harness.h"

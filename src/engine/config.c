@@ -22,6 +22,7 @@ unsigned ferry_version_number(void)
 void ferry_test_set_protocol_version(ferry_engine_t *e, int version)
 {
     __atomic_store_n(&e->test_protocol_version, version, __ATOMIC_RELAXED);
+    atomic_store_explicit(&e->link.proto_max, version ? version : FERRY_PROTOCOL_VERSION, memory_order_relaxed);
 }
 
 int ferry_test_protocol_version(const ferry_engine_t *e)
@@ -36,13 +37,15 @@ void ferry_test_set_no_conn_fence(ferry_engine_t *e, bool off)
 
 void ferry_test_set_no_placed(ferry_engine_t *e, bool off)
 {
-    __atomic_store_n(&e->test_no_placed, off ? 1 : 0, __ATOMIC_RELAXED);
+    atomic_store_explicit(&e->link.no_placed, off, memory_order_relaxed);
 }
 
 bool ferry_test_no_placed(const ferry_engine_t *e)
 {
-    return __atomic_load_n(&e->test_no_placed, __ATOMIC_RELAXED) != 0;
+    return atomic_load_explicit(&e->link.no_placed, memory_order_relaxed);
 }
+
+size_t ferry_cancel_engine_count(ferry_engine_t *e) { return atomic_load(&e->link.cancels_held); }
 
 bool ferry_test_no_conn_fence(const ferry_engine_t *e)
 {
@@ -53,6 +56,11 @@ int ferry_protocol_version_advertised(const ferry_engine_t *e)
 {
     int v = ferry_test_protocol_version(e);
     return v ? v : FERRY_PROTOCOL_VERSION;
+}
+
+unsigned ferry_engine_proto_max(const ferry_engine_t *e)
+{
+    return (unsigned)ferry_protocol_version_advertised(e);
 }
 
 /* The defaults, in this library's full struct. */

@@ -18,14 +18,15 @@
 #include "link/cancel.h"
 #include "config.h"
 #include "link/conn.h"
+#include "link/link.h"
 #include "util/crc32c.h"
 #include "hello.h"
 #include "meta/meta.h"
 #include "link/metrics.h"
 #include "notify.h"
 #include "link/registry.h"
-#include "serve/serve.h"
 #include "session.h"
+#include "stats.h"
 #include "util/spin.h"
 #include "wire/wire.h"
 #include "link/xfer.h"
@@ -35,7 +36,6 @@ struct ferry_engine {
     char *cfg_strings;         /* owned copies of the config's strings */
     int test_protocol_version; /* 0, or what tests make it advertise (testing.h) */
     int test_no_conn_fence;    /* tests: act as a peer that predates connection fences (testing.h) */
-    int test_no_placed;        /* tests: act as a peer that predates placement reports (testing.h) */
     char name[300];
     uint16_t port;
     int listen_fd;
@@ -96,15 +96,12 @@ struct ferry_engine {
     size_t notify_bytes;
     struct ferry_notify_tables *notify_tables; /* queued per sender and per address (notify.c) */
 
-    /* Connections get serials in accept order; cancelled requests are kept
-     * per served connection, this many in all (cancel.h). */
+    /* Connections get serials in accept order. */
     _Atomic uint64_t next_conn_serial;
-    atomic_size_t cancels_held;
-    /* Placement logs of served connections, live and recently closed
-     * (placed.c, cancel.h). */
-    pthread_mutex_t placed_lock;
-    struct ferry_placed_log *placed_logs;
-    size_t placed_retired;
+    /* What the link layer needs of the engine (link/link.h): cancels kept
+     * and placement logs of served connections, a few config values; every
+     * connection points to it. */
+    ferry_link_t link;
 
     /* The RDMA transport's state (src/transport/rdma/rdma.c): probe result and
      * device context, made at first use. */

@@ -246,6 +246,7 @@ static int connect_new(ferry_session_t *s, uint64_t deadline, bool spare, ferry_
     ferry_conn_t *c = calloc(1, sizeof *c);
     if (!c) return ferry_fail(FERRY_ERR_MEMORY, "connection to %s: out of memory", s->name);
     c->engine = e;
+    c->link = &e->link;
     c->session = s;
     bool known = ferry_session_known(s);
     int rc;

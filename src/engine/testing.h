@@ -6,6 +6,7 @@
 #define FERRY_CORE_TESTING_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <ferry/ferry.h>
@@ -28,6 +29,10 @@ bool ferry_test_no_conn_fence(const ferry_engine_t *e);
  * it does not advertise FERRY_HELLO_F_PLACED nor ask for reports. */
 void ferry_test_set_no_placed(ferry_engine_t *e, bool off);
 bool ferry_test_no_placed(const ferry_engine_t *e);
+
+/* Cancelled request ids remembered by all of e's served connections
+ * together (link/cancel.h). */
+size_t ferry_cancel_engine_count(ferry_engine_t *e);
 
 /* Calls run in the caller's thread on one connection because their pieces
  * all go through shared-pool mappings (transfer.c), process-wide. */

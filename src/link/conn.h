@@ -63,6 +63,7 @@ typedef struct ferry_outbox {
 struct ferry_conn {
     int fd;
     ferry_engine_t *engine;
+    struct ferry_link *link;   /* what the link layer needs of the engine (link.h), set with engine */
     ferry_session_t *session;  /* initiator side: its session; NULL on the target */
     ferry_hello_t peer;        /* what the other side said in the handshake */
     unsigned char *bounce;     /* checksum / device-memory staging, lazily made */
@@ -151,11 +152,9 @@ enum ferry_conn_state {
     CONN_ENDED          /* its serving is over, it is being freed; counted nowhere */
 };
 
-/* The newest protocol version this engine speaks (a test may pin it:
- * ferry_test_set_protocol_version, core/testing.h), and the one both ends
- * of a handshaken connection speak: the highest in common. Vector frames
- * need FERRY_PROTOCOL_VEC. */
-unsigned ferry_engine_proto_max(const ferry_engine_t *e);
+/* The protocol version both ends of a handshaken connection speak: the
+ * highest in common (ours: link.h's proto_max). Vector frames need
+ * FERRY_PROTOCOL_VEC. */
 unsigned ferry_conn_version(const ferry_conn_t *c);
 
 /* frame I/O shared by both sides */

@@ -443,6 +443,7 @@ static int accept_one(ferry_engine_t *e)
     }
     c->fd = fd;
     c->engine = e;
+    c->link = &e->link;
     describe_remote(fd, c->remote, sizeof c->remote, c->source);
     pthread_mutex_lock(&e->conns_lock);
     if (!admit_new_locked(e, c)) {

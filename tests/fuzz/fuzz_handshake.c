@@ -16,6 +16,7 @@
 
 #include "engine/engine.h"
 #include "fuzz.h"
+#include "serve/serve.h"
 #include "wire/wire.h"
 
 static ferry_engine_t *engines[2];
@@ -83,6 +84,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ferry_conn_t *c = calloc(1, sizeof *c);
     c->fd = sv[1];
     c->engine = e;
+    c->link = &e->link;
     strcpy(c->remote, "fuzz");
     ferry_serve_connection(c);
     shutdown(c->fd, SHUT_RDWR);

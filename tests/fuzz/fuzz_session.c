@@ -26,6 +26,7 @@
 
 #include "engine/engine.h"
 #include "fuzz.h"
+#include "serve/serve.h"
 #include "wire/wire.h"
 
 #define MAX_OPS 64
@@ -183,6 +184,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ferry_conn_t *c = calloc(1, sizeof *c);
     c->fd = sv[1];
     c->engine = e;
+    c->link = &e->link;
     strcpy(c->remote, "fuzz");
     ferry_serve_connection(c);
     shutdown(c->fd, SHUT_RDWR);
