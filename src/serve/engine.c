@@ -462,6 +462,46 @@ static ferry_engine_t *engine_alloc(void)
     return e;
 }
 
+/* ------------------------------------------------------------ serving */
+
+static void listener_shutdown_all(void *e) { ferry_listener_shutdown_conns(e); }
+static void listener_free_all(void *e) { ferry_listener_free_conns(e); }
+
+/* What the event loop calls: this file's handshake and frame handlers and
+ * the listener's list of connections. */
+static const ferry_evloop_handlers_t serve_handlers = {
+    .hello_check = ferry_hello_frame_check,
+    .hello_answer = ferry_answer_hello,
+    .auth_check = ferry_auth_frame_check,
+    .auth_mac = ferry_serve_auth_mac,
+    .frame = ferry_serve_frame,
+    .ended = ferry_serve_ended,
+    .done = ferry_listener_conn_done,
+    .set_idle = ferry_conn_set_idle,
+    .set_busy = ferry_conn_set_busy,
+    .shutdown_all = listener_shutdown_all,
+    .free_all = listener_free_all,
+};
+
+static int serve_start(ferry_engine_t *e)
+{
+    ferry_evloop_config_t cfg = {.on = &serve_handlers,
+                                 .ctx = e,
+                                 .name = e->name,
+                                 .timeout_ms = e->cfg.timeout_ms,
+                                 .connect_timeout_ms = e->cfg.connect_timeout_ms,
+                                 .stopping = &e->stopping};
+    return ferry_evloop_start(&cfg, &e->evloop);
+}
+
+static void serve_stop(ferry_engine_t *e)
+{
+    ferry_evloop_stop(e->evloop);
+    e->evloop = NULL;
+}
+
+int ferry_evloop_threads(const ferry_engine_t *e) { return e->evloop ? ferry_evloop_nthreads(e->evloop) : 0; }
+
 static void make_name(ferry_engine_t *e)
 {
     const char *h = e->cfg.host;
@@ -522,14 +562,14 @@ int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out)
         ferry_directory_stop(e);
         goto fail;
     }
-    rc = ferry_evloop_start(e);
+    rc = serve_start(e);
     if (rc) {
         ferry_workers_stop(e);
         ferry_directory_stop(e);
         goto fail;
     }
     if (pthread_create(&e->listener, NULL, ferry_listener_thread, e) != 0) {
-        ferry_evloop_stop(e);
+        serve_stop(e);
         ferry_workers_stop(e);
         ferry_directory_stop(e);
         rc = ferry_fail(FERRY_ERR_INTERNAL, "engine create: cannot start the listener thread");
@@ -562,7 +602,7 @@ void ferry_engine_destroy(ferry_engine_t *e)
     ferry_sessions_interrupt(e);
     if (write(e->wake_fd[1], "x", 1) < 0) { /* the listener also polls with a timeout */ }
     pthread_join(e->listener, NULL);
-    ferry_evloop_stop(e);
+    serve_stop(e);
     /* Calls in progress may hand pieces to the workers: they go first. */
     wait_for_calls(e);
     ferry_workers_stop(e);

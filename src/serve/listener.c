@@ -468,7 +468,7 @@ static int accept_one(ferry_engine_t *e)
     e->conns = c;
     e->nconns_served++;
     e->nhandshaking++;
-    int err = ferry_evloop_add(e, c) == 0 ? 0 : errno;
+    int err = ferry_evloop_add(e->evloop, c) == 0 ? 0 : errno;
     if (err) {
         e->conns = c->next;
         e->nconns_served--;
