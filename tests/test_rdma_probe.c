@@ -14,7 +14,8 @@
 #include <unistd.h>
 
 #include "util/clock.h"
-#include "engine/engine.h"
+#include "engine/session.h"
+#include "link/conn.h"
 #include "util/net.h"
 #include "harness.h"
 #include "transport/rdma/rdma.h"

@@ -9,7 +9,7 @@
 /* Reads integer environment variable name into *out when set: 1 set, 0
  * unset, INVALID_ARGUMENT (naming it) when not an integer in [lo, hi]. */
 int ferry_env_long(const char *name, long lo, long hi, long *out);
-int ferry_config_copy(ferry_engine_t *e, const ferry_config_t *cfg);
+int ferry_config_copy(ferry_config_t *out, char **strings, const ferry_config_t *cfg);
 /* The newest protocol version e speaks: FERRY_PROTOCOL_VERSION, or what a
  * test pinned (ferry_test_set_protocol_version, testing.h). */
 unsigned ferry_engine_proto_max(const ferry_engine_t *e);

@@ -24,6 +24,7 @@
 #include "meta/meta.h"
 #include "link/metrics.h"
 #include "notify.h"
+#include "parts.h"
 #include "link/registry.h"
 #include "session.h"
 #include "stats.h"
@@ -108,12 +109,5 @@ struct ferry_engine {
     struct ferry_rdma *rdma;
 };
 
-/* calls.c: a public call that may block on a peer enters first (CONTEXT
- * once destroy began) and leaves when done; destroy wakes the calls in
- * progress and waits until they all left before freeing anything. */
-int ferry_engine_enter(ferry_engine_t *e);
-/* Returns rc, except that a link failure (PEER_CLOSED, SOCKET, TIMEOUT)
- * while destroy runs, which destroy caused, becomes CONTEXT. */
-int ferry_engine_leave(ferry_engine_t *e, int rc);
 
 #endif

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "engine.h"
+#include "parts.h"
 #include "util/fail.h"
 #include "util/memkind.h"
 
@@ -25,14 +25,14 @@ int ferry_register(ferry_engine_t *e, void *addr, size_t len, unsigned flags)
     uint32_t kind = FERRY_MEMKIND_HOST;
     if (addr && len) rc = ferry_memkind_detect(addr, len, &kind);
     if (rc) return rc;
-    return ferry_registry_add_kind(&e->registry, (uint64_t)(uintptr_t)addr, len, flags, kind);
+    return ferry_registry_add_kind(ferry_engine_part_registry(e), (uint64_t)(uintptr_t)addr, len, flags, kind);
 }
 
 int ferry_deregister(ferry_engine_t *e, void *addr)
 {
     ferry_clear_last_error();
     if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "deregister: engine is NULL");
-    return ferry_registry_remove(&e->registry, (uint64_t)(uintptr_t)addr);
+    return ferry_registry_remove(ferry_engine_part_registry(e), (uint64_t)(uintptr_t)addr);
 }
 
 int ferry_register_batch(ferry_engine_t *e, void *const *addrs, const size_t *lens, size_t n, unsigned flags)
@@ -49,7 +49,7 @@ int ferry_register_batch(ferry_engine_t *e, void *const *addrs, const size_t *le
         if (addrs[i] && lens[i]) rc = ferry_memkind_detect(addrs[i], lens[i], &kinds[i]);
         if (rc) ferry_fail_context("region %zu of %zu (none registered)", i, n);
     }
-    if (rc == 0) rc = ferry_registry_add_many_kinds(&e->registry, addrs, lens, n, flags, kinds);
+    if (rc == 0) rc = ferry_registry_add_many_kinds(ferry_engine_part_registry(e), addrs, lens, n, flags, kinds);
     if (kinds != &one) free(kinds);
     return rc;
 }
@@ -61,7 +61,7 @@ int ferry_deregister_batch(ferry_engine_t *e, void *const *addrs, size_t n)
     int first = 0;
     char detail[1024] = "";
     for (size_t i = 0; i < n; i++) {
-        int rc = ferry_registry_remove(&e->registry, (uint64_t)(uintptr_t)addrs[i]);
+        int rc = ferry_registry_remove(ferry_engine_part_registry(e), (uint64_t)(uintptr_t)addrs[i]);
         if (rc && !first) {
             first = rc;
             snprintf(detail, sizeof detail, "region %zu of %zu: %s", i, n, ferry_fail_message());
@@ -71,4 +71,4 @@ int ferry_deregister_batch(ferry_engine_t *e, void *const *addrs, size_t n)
     return first;
 }
 
-size_t ferry_region_count(ferry_engine_t *e) { return e ? ferry_registry_count(&e->registry) : 0; }
+size_t ferry_region_count(ferry_engine_t *e) { return e ? ferry_registry_count(ferry_engine_part_registry(e)) : 0; }

@@ -525,7 +525,7 @@ int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out)
     }
     ferry_engine_t *e = engine_alloc();
     if (!e) return ferry_fail(FERRY_ERR_MEMORY, "engine create: out of memory");
-    int rc = ferry_config_copy(e, cfg);
+    int rc = ferry_config_copy(&e->cfg, &e->cfg_strings, cfg);
     if (rc) goto fail;
     ferry_log_level = e->cfg.log_level;
     e->link.spin_us = e->cfg.spin_us;

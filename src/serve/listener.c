@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "engine/engine.h"
 #include "util/clock.h"
 #include "evloop.h"
 #include "util/fail.h"
