@@ -466,9 +466,9 @@ static void cancel_locked(ferry_batch_t *b, size_t first, size_t n)
     for (size_t i = first; i < first + n; i++)
         if (!is_final(b->reqs[i].state)) atomic_store(&b->reqs[i].cancel, true);
     struct task_ext *dropped = NULL;
-    pthread_mutex_lock(&e->queue_lock);
+    pthread_mutex_lock(&e->work.lock);
     ferry_task_t *prev = NULL;
-    for (ferry_task_t *t = e->queue_head, *next; t; t = next) {
+    for (ferry_task_t *t = e->work.head, *next; t; t = next) {
         next = t->next;
         if (t->batch != b) {
             prev = t;
@@ -495,14 +495,14 @@ static void cancel_locked(ferry_batch_t *b, size_t first, size_t n)
         if (prev)
             prev->next = next;
         else
-            e->queue_head = next;
-        if (e->queue_tail == t) e->queue_tail = prev;
+            e->work.head = next;
+        if (e->work.tail == t) e->work.tail = prev;
         struct task_ext *te = (struct task_ext *)t;
         finish_task_locked(b, te);
         te->bnext = dropped; /* unlinked from the batch: reuse the link */
         dropped = te;
     }
-    pthread_mutex_unlock(&e->queue_lock);
+    pthread_mutex_unlock(&e->work.lock);
     /* Requests of strided windows no lane took have no piece yet: settled
      * here, so that a cancel does not wait for a lane to reach them. */
     for (size_t i = first; i < first + n; i++) {

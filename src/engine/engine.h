@@ -20,6 +20,7 @@
 #include "link/conn.h"
 #include "link/link.h"
 #include "util/crc32c.h"
+#include "directory.h"
 #include "hello.h"
 #include "meta/meta.h"
 #include "link/metrics.h"
@@ -27,6 +28,7 @@
 #include "parts.h"
 #include "link/registry.h"
 #include "session.h"
+#include "workers.h"
 #include "stats.h"
 #include "util/spin.h"
 #include "wire/wire.h"
@@ -52,10 +54,7 @@ struct ferry_engine {
     ferry_counters_t stats;    /* engine-wide counters (metrics.h) */
 
     /* Metadata service (directory.c). */
-    ferry_meta_t meta;
-    bool meta_open;
-    struct ferry_meta_publisher *publisher;
-    struct ferry_directory_cache *dir_cache; /* peers looked up (directory.c) */
+    ferry_directory_t dir;
 
     pthread_t listener;
     struct ferry_evloop *evloop; /* the serving threads (evloop.c) */
@@ -84,18 +83,10 @@ struct ferry_engine {
     pthread_cond_t calls_cond;
 
     /* Async batch workers. */
-    pthread_mutex_t queue_lock;
-    pthread_cond_t queue_cond;
-    ferry_task_t *queue_head, *queue_tail;
-    pthread_t *workers;
-    int nworkers;
+    ferry_workers_t work;
 
     /* Received notifications. */
-    pthread_mutex_t notify_lock;
-    ferry_notify_node_t *notify_head, *notify_tail;
-    size_t notify_count;
-    size_t notify_bytes;
-    struct ferry_notify_tables *notify_tables; /* queued per sender and per address (notify.c) */
+    ferry_notify_queue_t notify;
 
     /* Connections get serials in accept order. */
     _Atomic uint64_t next_conn_serial;

@@ -17,7 +17,12 @@ uint16_t ferry_metrics_port(const ferry_engine_t *e) { return e ? e->metrics.htt
 uint64_t ferry_engine_part_id(const ferry_engine_t *e) { return e->engine_id; }
 const uint8_t *ferry_engine_part_host_id(const ferry_engine_t *e) { return e->host_id; }
 
+ferry_notify_queue_t *ferry_engine_part_notify(ferry_engine_t *e) { return &e->notify; }
+ferry_workers_t *ferry_engine_part_work(ferry_engine_t *e) { return &e->work; }
+ferry_spin_t *ferry_engine_part_batch_spin(ferry_engine_t *e) { return &e->batch_spin; }
+ferry_directory_t *ferry_engine_part_dir(ferry_engine_t *e) { return &e->dir; }
 bool ferry_engine_part_stopping(const ferry_engine_t *e) { return atomic_load(&e->stopping); }
+void ferry_engine_part_set_stopping(ferry_engine_t *e) { atomic_store(&e->stopping, true); }
 uint64_t ferry_engine_part_req_ids(ferry_engine_t *e, uint64_t n) { return atomic_fetch_add(&e->next_req_id, n); }
 
 /* -------------------------------------------------- calls in progress */
@@ -116,6 +121,6 @@ void ferry_test_conn_bind(ferry_conn_t *c, ferry_engine_t *e)
 ferry_registry_t *ferry_test_registry(ferry_engine_t *e) { return &e->registry; }
 const uint8_t *ferry_test_host_id(const ferry_engine_t *e) { return e->host_id; }
 ferry_spin_t *ferry_test_batch_spin(ferry_engine_t *e) { return &e->batch_spin; }
-ferry_meta_t *ferry_test_meta(ferry_engine_t *e) { return &e->meta; }
+ferry_meta_t *ferry_test_meta(ferry_engine_t *e) { return &e->dir.meta; }
 int ferry_test_calls(ferry_engine_t *e) { return atomic_load(&e->calls); }
 int ferry_test_sessions(ferry_engine_t *e) { return atomic_load(&e->nsessions); }

@@ -20,8 +20,14 @@ ferry_counters_t *ferry_engine_part_stats(ferry_engine_t *e);
 /* The engine's identity, as its HELLO tells it (hello.c). */
 uint64_t ferry_engine_part_id(const ferry_engine_t *e);
 const uint8_t *ferry_engine_part_host_id(const ferry_engine_t *e);
-/* Whether destroy began; n fresh request ids (the first returned). */
+struct ferry_notify_queue *ferry_engine_part_notify(ferry_engine_t *e);
+struct ferry_workers *ferry_engine_part_work(ferry_engine_t *e);
+struct ferry_spin *ferry_engine_part_batch_spin(ferry_engine_t *e);
+struct ferry_directory *ferry_engine_part_dir(ferry_engine_t *e);
+/* Whether destroy began (set: it has, or the workers stop); n fresh
+ * request ids (the first returned). */
 bool ferry_engine_part_stopping(const ferry_engine_t *e);
+void ferry_engine_part_set_stopping(ferry_engine_t *e);
 uint64_t ferry_engine_part_req_ids(ferry_engine_t *e, uint64_t n);
 
 /* A public call that may block on a peer enters first (CONTEXT once

@@ -426,9 +426,9 @@ static void engine_free(ferry_engine_t *e)
     pthread_mutex_destroy(&e->conns_lock);
     ferry_placed_destroy_all(&e->link);
     pthread_mutex_destroy(&e->link.placed_lock);
-    pthread_mutex_destroy(&e->queue_lock);
-    pthread_cond_destroy(&e->queue_cond);
-    pthread_mutex_destroy(&e->notify_lock);
+    pthread_mutex_destroy(&e->work.lock);
+    pthread_cond_destroy(&e->work.cond);
+    pthread_mutex_destroy(&e->notify.lock);
     pthread_mutex_destroy(&e->busy_lock);
     pthread_mutex_destroy(&e->calls_lock);
     pthread_cond_destroy(&e->calls_cond);
@@ -446,9 +446,9 @@ static ferry_engine_t *engine_alloc(void)
     e->link.conns_lock = &e->conns_lock;
     e->link.conns = &e->conns;
     atomic_store(&e->link.proto_max, FERRY_PROTOCOL_VERSION);
-    pthread_mutex_init(&e->queue_lock, NULL);
-    ferry_cond_init_monotonic(&e->queue_cond);
-    pthread_mutex_init(&e->notify_lock, NULL);
+    pthread_mutex_init(&e->work.lock, NULL);
+    ferry_cond_init_monotonic(&e->work.cond);
+    pthread_mutex_init(&e->notify.lock, NULL);
     pthread_mutex_init(&e->busy_lock, NULL);
     pthread_mutex_init(&e->calls_lock, NULL);
     pthread_cond_init(&e->calls_cond, NULL);
