@@ -17,7 +17,7 @@
 #include <sys/socket.h>
 
 #include "link/cancel.h"
-#include "engine/engine.h"
+#include "engine/testing.h"
 #include "delay_proxy.h"
 #include "fault.h"
 #include "harness.h"

@@ -22,7 +22,8 @@
 #include <sys/socket.h>
 
 #include "link/cancel.h"
-#include "engine/engine.h"
+#include "engine/session.h"
+#include "link/conn.h"
 #include "engine/testing.h"
 #include "fault.h"
 #include "harness.h"

@@ -25,7 +25,8 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
-#include "engine/engine.h"
+#include "link/cancel.h"
+#include "engine/testing.h"
 #include "delay_proxy.h"
 #include "fault.h"
 #include "harness.h"
@@ -49,10 +50,7 @@ static void stray_connect_close(uint16_t port)
 
 static int served_connections(ferry_engine_t *t)
 {
-    pthread_mutex_lock(&t->conns_lock);
-    int n = t->nconns_served;
-    pthread_mutex_unlock(&t->conns_lock);
-    return n;
+    return ferry_test_conns(t).served;
 }
 
 /* Waits until the target serves exactly n connections (the listener reaps

@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "link/auth.h"
-#include "engine/engine.h"
+#include "engine/testing.h"
 #include "fault.h"
 #include "harness.h"
 
@@ -140,9 +140,8 @@ static int wait_established(ferry_engine_t *tgt, int n)
 {
     int got = -1;
     for (int i = 0; i < 1000; i++) {
-        pthread_mutex_lock(&tgt->conns_lock);
-        got = tgt->nhandshaking == 0 ? tgt->nestablished : -1;
-        pthread_mutex_unlock(&tgt->conns_lock);
+        ferry_test_conns_t k = ferry_test_conns(tgt);
+        got = k.handshaking == 0 ? k.established : -1;
         if (got == n) break;
         usleep(10000);
     }
@@ -311,9 +310,7 @@ static void stalled_handshakes(void **state)
         make_busy(stalled[i]); /* half a header: it spoke */
     }
     for (int i = 0; i < 500; i++) {
-        pthread_mutex_lock(&tgt->conns_lock);
-        int n = tgt->nhandshaking;
-        pthread_mutex_unlock(&tgt->conns_lock);
+        int n = ferry_test_conns(tgt).handshaking;
         if (n == 8) break;
         usleep(10000);
     }

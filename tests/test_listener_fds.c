@@ -19,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/engine.h"
+#include "engine/testing.h"
 #include "fault.h"
 #include "harness.h"
 
@@ -52,10 +52,7 @@ static double wall_seconds(void)
 /* Connections the engine still holds (until reaped: their descriptors too). */
 static int served(ferry_engine_t *e)
 {
-    pthread_mutex_lock(&e->conns_lock);
-    int n = e->nconns_served;
-    pthread_mutex_unlock(&e->conns_lock);
-    return n;
+    return ferry_test_conns(e).served;
 }
 
 /* Connections waiting in the kernel's accept queue of the listener on

@@ -12,7 +12,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "engine/engine.h"
+#include "engine/testing.h"
 #include "util/memkind.h"
 #include "link/registry.h"
 #include "fake_dev.h"
@@ -27,10 +27,10 @@ static int teardown_fakes(void **state)
 
 static uint32_t kind_at(ferry_engine_t *e, const void *p)
 {
-    ferry_registry_read_lock(&e->registry);
-    ferry_region_t *r = ferry_registry_lookup_locked(&e->registry, (uint64_t)(uintptr_t)p, 1);
+    ferry_registry_read_lock(ferry_test_registry(e));
+    ferry_region_t *r = ferry_registry_lookup_locked(ferry_test_registry(e), (uint64_t)(uintptr_t)p, 1);
     uint32_t k = r ? r->kind : 0xffffffffu;
-    ferry_registry_unlock(&e->registry);
+    ferry_registry_unlock(ferry_test_registry(e));
     return k;
 }
 
@@ -60,13 +60,13 @@ static void registration_detects_kinds(void **state)
     assert_int_equal(ferry_register(e, host, 4096, FERRY_MEM_LOCAL), 0);
     assert_int_equal(FERRY_MEMKIND_TYPE(kind_at(e, d.base)), FERRY_MEMKIND_FAKE);
     assert_int_equal(kind_at(e, host), FERRY_MEMKIND_HOST);
-    assert_int_equal(ferry_registry_device_count(&e->registry), 1);
+    assert_int_equal(ferry_registry_device_count(ferry_test_registry(e)), 1);
     char name[32];
     assert_string_equal(ferry_memkind_name(kind_at(e, d.base), name, sizeof name), "fake:0");
     assert_string_equal(ferry_memkind_name(FERRY_MEMKIND_MAKE(FERRY_MEMKIND_CUDA, 3), name, sizeof name), "cuda:3");
     assert_string_equal(ferry_memkind_name(FERRY_MEMKIND_HOST, name, sizeof name), "host");
     assert_int_equal(ferry_deregister(e, d.base), 0);
-    assert_int_equal(ferry_registry_device_count(&e->registry), 0);
+    assert_int_equal(ferry_registry_device_count(ferry_test_registry(e)), 0);
 
     /* A range starting in device memory and running past it is refused. */
     assert_int_equal(ferry_register(e, d.base + 4096, d.len, FERRY_MEM_REMOTE), FERRY_ERR_INVALID_ARGUMENT);
@@ -80,9 +80,9 @@ static void registration_detects_kinds(void **state)
     assert_int_equal(ferry_region_count(e), 1);
     lens[1] = 4096;
     assert_int_equal(ferry_register_batch(e, addrs, lens, 2, FERRY_MEM_REMOTE), 0);
-    assert_int_equal(ferry_registry_device_count(&e->registry), 2);
+    assert_int_equal(ferry_registry_device_count(ferry_test_registry(e)), 2);
     assert_int_equal(ferry_deregister_batch(e, addrs, 2), 0);
-    assert_int_equal(ferry_registry_device_count(&e->registry), 0);
+    assert_int_equal(ferry_registry_device_count(ferry_test_registry(e)), 0);
 
     /* Without CUDA in the build, or without a driver, host memory stays
      * host memory and the status says why. */

@@ -15,8 +15,9 @@
 
 #include "transport/rdma/rdma_wire.h"
 #include "util/clock.h"
-#include "engine/engine.h"
 #include "engine/xport.h"
+#include "engine/session.h"
+#include "link/conn.h"
 #include "util/net.h"
 #include "harness.h"
 #include "transport/rdma/rdma.h"

@@ -18,7 +18,7 @@
 #include "util/clock.h"
 #include "util/memkind.h"
 #include "delay_proxy.h"
-#include "engine/engine.h"
+#include "engine/hello.h"
 #include "util/net.h"
 #include "wire/wire.h"
 #include "link/vec.h"

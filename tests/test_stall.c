@@ -31,7 +31,8 @@
 #include <unistd.h>
 
 #include "util/crc32c.h"
-#include "engine/engine.h"
+#include "engine/testing.h"
+#include "link/conn.h"
 #include "fault.h"
 #include "harness.h"
 
@@ -166,12 +167,16 @@ static uint64_t honest_write_ms(const target_t *t, uint64_t seed)
 #define FLOODERS (SEG_FLOODERS + PING_FLOODERS + WRITE_FLOODERS + READV_FLOODERS)
 #define SEGMENTS 4096 /* a segment page of 96 KiB */
 
+static void small_sndbuf(ferry_conn_t *c, void *arg)
+{
+    (void)arg;
+    int small = 4096;
+    setsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+}
+
 static int served_conns(ferry_engine_t *e)
 {
-    pthread_mutex_lock(&e->conns_lock);
-    int n = e->nconns_served;
-    pthread_mutex_unlock(&e->conns_lock);
-    return n;
+    return ferry_test_conns(e).served;
 }
 
 /* Non-reading peers: SEG_QUERYs and PINGs (control frames: their answers
@@ -219,12 +224,7 @@ static void non_readers_hold_no_thread(void **state)
     }
     /* The target's end of each takes little (the kernel grants 4 MiB and
      * more otherwise): PONGs and acks fill it soon too. */
-    pthread_mutex_lock(&t.e->conns_lock);
-    for (ferry_conn_t *c = t.e->conns; c; c = c->next) {
-        int small = 4096;
-        setsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
-    }
-    pthread_mutex_unlock(&t.e->conns_lock);
+    ferry_test_each_conn(t.e, small_sndbuf, NULL);
     uint64_t t0 = harness_now_ms();
     flood(fd, m, count, FLOODERS);
     uint64_t flooded = harness_now_ms() - t0;
@@ -325,10 +325,7 @@ static void checksummed_writev_stall_holds_no_thread(void **state)
 
 static int established(ferry_engine_t *e)
 {
-    pthread_mutex_lock(&e->conns_lock);
-    int n = e->nestablished;
-    pthread_mutex_unlock(&e->conns_lock);
-    return n;
+    return ferry_test_conns(e).established;
 }
 
 static void wait_established(ferry_engine_t *e, int n)
