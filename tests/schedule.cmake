@@ -14,3 +14,11 @@ while(_ferry_test_costs)
     set_tests_properties(${_name} PROPERTIES COST ${_cost})
   endif()
 endwhile()
+
+# Needs its delay proxy's link to still hold over 1 MiB of a write when the
+# write returns (the case under test), and its first write to keep its one
+# connection busy: with a TSan neighbour on 2 cores neither held (ctest -j2,
+# load 15: 2 of its tests failed their precondition).
+if(TEST test_fences)
+  set_tests_properties(test_fences PROPERTIES RUN_SERIAL TRUE)
+endif()
