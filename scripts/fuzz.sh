@@ -5,7 +5,9 @@
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]
 # Defaults: $FUZZ_SECONDS or 30 s each; targets wire, handshake, initiator, session, meta, rdma_group.
 # Environment:
-#   FUZZ_BUILD (build-fuzz), FUZZ_JOBS (2), FUZZ_CORPUS (build dir/corpus).
+#   FUZZ_BUILD (build-fuzz), FUZZ_JOBS (2: the build's jobs, and how many
+#   targets fuzz at once), FUZZ_CORPUS (build dir/corpus), FUZZ_BUILD_ONLY
+#   (1: build the targets, fuzz nothing; scripts/test.sh builds ahead so).
 # Exit status: 0 when no target found a crash, leak or timeout; else 1, and
 # the reproducer lies in $FUZZ_BUILD/artifacts/<target>/.
 set -euo pipefail
@@ -27,14 +29,16 @@ CC="$CC_BIN" cmake -S . -B "$BUILD" -DFERRY_FUZZ=ON -DFERRY_SANITIZE=address -DC
 build_targets=()
 for t in "${TARGETS[@]}"; do build_targets+=("fuzz_$t" "fuzz_${t}_replay"); done
 cmake --build "$BUILD" -j "$JOBS" --target "${build_targets[@]}" >/dev/null
+[ "${FUZZ_BUILD_ONLY:-0}" = 1 ] && exit 0
 
 # Leaks are checked per input by libFuzzer; UBSan findings abort.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
-status=0
-for t in "${TARGETS[@]}"; do
-  corpus=${FUZZ_CORPUS:-$BUILD/corpus}/$t
-  artifacts=$BUILD/artifacts/$t
+# Each target fuzzes on one core: FUZZ_JOBS of them at once, each its full
+# SECS (the same executions per target as one at a time), its result printed
+# when it ends.
+fuzz_one() { # TARGET
+  local t=$1 corpus=${FUZZ_CORPUS:-$BUILD/corpus}/$1 artifacts=$BUILD/artifacts/$1
   mkdir -p "$corpus" "$artifacts"
   "$BUILD/tests/fuzz_${t}_replay" --write-seeds "$corpus"
   echo "fuzz: $t for ${SECS}s (corpus $corpus)"
@@ -45,9 +49,22 @@ for t in "${TARGETS[@]}"; do
        >"$BUILD/fuzz_$t.log" 2>&1; then
     echo "fuzz: $t FAILED; see $BUILD/fuzz_$t.log and $artifacts/"
     tail -n 40 "$BUILD/fuzz_$t.log"
-    status=1
-  else
-    grep -E "stat::number_of_executed_units|cov:" "$BUILD/fuzz_$t.log" | tail -n 2 | sed "s/^/fuzz: $t: /"
+    return 1
   fi
+  grep -E "stat::number_of_executed_units|cov:" "$BUILD/fuzz_$t.log" | tail -n 2 | sed "s/^/fuzz: $t: /" || true
+}
+status=0
+running=0
+for t in "${TARGETS[@]}"; do
+  if [ "$running" -ge "$JOBS" ]; then
+    wait -n || status=1
+    running=$((running - 1))
+  fi
+  fuzz_one "$t" &
+  running=$((running + 1))
+done
+while [ "$running" -gt 0 ]; do
+  wait -n || status=1
+  running=$((running - 1))
 done
 exit $status

@@ -54,7 +54,7 @@
  *             reported failed was not delivered
  *
  * Usage: ferry_explore [--random SEED --count N] [--scenario NAME]
- *                      [--fault NAME] [--all] [-v]
+ *                      [--fault NAME] [--all|--ends] [-v]
  * Without --random: the exhaustive deterministic run (ctest). Exit 1 on any
  * violation. */
 #ifndef _GNU_SOURCE
@@ -1057,11 +1057,20 @@ static uint32_t rnd(uint32_t n)
     return (uint32_t)(rng_state >> 33) % n;
 }
 
+/* Whether the deterministic run applies a slow fault at frame k of a
+ * direction of n frames: at its first frame when pick is even, else at its
+ * last; with both_ends at both. */
+static bool slow_frame(int k, int n, int pick, bool both_ends)
+{
+    if (both_ends) return k == 0 || k == n - 1;
+    return k == (pick % 2 == 0 ? 0 : n - 1);
+}
+
 int main(int argc, char **argv)
 {
     long random_seed = -1, count = 100;
     int only_scen = -1, only_fault = -1;
-    bool all_frames = false;
+    bool all_frames = false, both_ends = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--random") && i + 1 < argc) random_seed = atol(argv[++i]);
         else if (!strcmp(argv[i], "--count") && i + 1 < argc) count = atol(argv[++i]);
@@ -1071,8 +1080,10 @@ int main(int argc, char **argv)
             only_fault = find_name(fault_names, F_COUNT, argv[++i]);
         else if (!strcmp(argv[i], "-v")) verbose++;
         else if (!strcmp(argv[i], "--all")) all_frames = true;
+        else if (!strcmp(argv[i], "--ends")) both_ends = true;
         else {
-            fprintf(stderr, "usage: %s [--random SEED --count N] [--scenario NAME] [--fault NAME] [--all] [-v]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--random SEED --count N] [--scenario NAME] [--fault NAME] [--all|--ends] [-v]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -1138,11 +1149,15 @@ int main(int argc, char **argv)
                 for (int d = 0; d < 2; d++)
                     for (int k = 0; k < frames[s][d]; k++) {
                         /* The slow faults (each holds the call past its
-                         * deadline, or respawns the target) at the first
-                         * and the last frame of each direction only: the
-                         * middle slices behave as these do, and the run
-                         * stays within a few minutes (--all: every one). */
-                        if (!all_frames && slow_fault(fault) && k != 0 && k != frames[s][d] - 1) continue;
+                         * deadline, or respawns the target, about 1 s a
+                         * schedule) at one end frame of each direction:
+                         * the first where s + d is even, else the last, so
+                         * each fault meets both ends of both directions
+                         * across the scenarios; the middle slices behave
+                         * as these do (--ends: both ends of every
+                         * direction, twice the time; --all: every frame). */
+                        if (!all_frames && slow_fault(fault) && !slow_frame(k, frames[s][d], s + d, both_ends))
+                            continue;
                         fault_at_t f = {d, k, fault};
                         run_schedule(s, &f, 1);
                     }
