@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Optional features of the `ferry` library, each in its own block below.
 # A feature is on when its FERRY_WITH_<X> option is ON and its libraries are
-# found; it then adds its src/**/*_opt_<x>.c files to `ferry_objects` (both libraries), links the
+# found; it then adds its sources (FERRY_OPTIONAL_SOURCES, CMakeLists.txt) to `ferry_objects` (both libraries), links the
 # libraries and defines FERRY_HAVE_<X>. A feature whose libraries are
 # missing is skipped with a message, never a failed configure.
 
@@ -12,7 +12,7 @@ if(FERRY_WITH_ETCD)
     pkg_check_modules(FERRY_JANSSON IMPORTED_TARGET jansson)
   endif()
   if(FERRY_CURL_FOUND AND FERRY_JANSSON_FOUND)
-    target_sources(ferry_objects PRIVATE ${CMAKE_SOURCE_DIR}/src/meta/etcd_opt_etcd.c)
+    target_sources(ferry_objects PRIVATE ${CMAKE_SOURCE_DIR}/src/meta/etcd.c)
     set(FERRY_META_CURL ON)
     target_link_libraries(ferry_objects PRIVATE PkgConfig::FERRY_CURL PkgConfig::FERRY_JANSSON)
     target_compile_definitions(ferry_objects PRIVATE FERRY_HAVE_ETCD)
@@ -29,7 +29,7 @@ if(FERRY_WITH_HTTP_META)
     pkg_check_modules(FERRY_CURL IMPORTED_TARGET libcurl)
   endif()
   if(FERRY_CURL_FOUND)
-    target_sources(ferry_objects PRIVATE ${CMAKE_SOURCE_DIR}/src/meta/http_opt_curl.c)
+    target_sources(ferry_objects PRIVATE ${CMAKE_SOURCE_DIR}/src/meta/http_meta.c)
     set(FERRY_META_CURL ON)
     target_link_libraries(ferry_objects PRIVATE PkgConfig::FERRY_CURL)
     target_compile_definitions(ferry_objects PRIVATE FERRY_HAVE_HTTP_META)
@@ -42,7 +42,7 @@ endif()
 # The libcurl client both backends above share (src/meta/curl_client.h), and
 # its URL parser for http:// metadata strings (src/meta/meta.c).
 if(FERRY_META_CURL)
-  target_sources(ferry_objects PRIVATE ${CMAKE_SOURCE_DIR}/src/meta/curl_client_opt_curl.c)
+  target_sources(ferry_objects PRIVATE ${CMAKE_SOURCE_DIR}/src/meta/curl_client.c)
   target_compile_definitions(ferry_objects PRIVATE FERRY_HAVE_CURL_URL)
 endif()
 
@@ -52,7 +52,7 @@ if(FERRY_WITH_REDIS)
     pkg_check_modules(FERRY_HIREDIS IMPORTED_TARGET hiredis)
   endif()
   if(FERRY_HIREDIS_FOUND)
-    target_sources(ferry_objects PRIVATE ${CMAKE_SOURCE_DIR}/src/meta/redis_opt_redis.c)
+    target_sources(ferry_objects PRIVATE ${CMAKE_SOURCE_DIR}/src/meta/redis.c)
     target_link_libraries(ferry_objects PRIVATE PkgConfig::FERRY_HIREDIS)
     target_compile_definitions(ferry_objects PRIVATE FERRY_HAVE_REDIS)
     message(STATUS "ferry: Redis metadata backend ON")
@@ -66,7 +66,7 @@ option(FERRY_WITH_HTTP "metrics HTTP endpoint (libmicrohttpd)" ON)
 if(FERRY_WITH_HTTP)
   pkg_check_modules(FERRY_MHD IMPORTED_TARGET libmicrohttpd)
   if(FERRY_MHD_FOUND)
-    target_sources(ferry_objects PRIVATE ${CMAKE_SOURCE_DIR}/src/engine/metrics_http_opt_http.c)
+    target_sources(ferry_objects PRIVATE ${CMAKE_SOURCE_DIR}/src/engine/metrics_http_server.c)
     target_link_libraries(ferry_objects PRIVATE PkgConfig::FERRY_MHD)
     target_compile_definitions(ferry_objects PRIVATE FERRY_HAVE_HTTP)
     message(STATUS "ferry: metrics HTTP endpoint ON")
@@ -78,7 +78,7 @@ endif()
 # The RDMA transport's verbs code is the transport's own affair:
 # src/transport/rdma/transport.cmake.
 
-# ---- CUDA device memory: src/util/cuda_opt_cuda.c -------------------------
+# ---- CUDA device memory: src/util/cuda_memory.c -------------------------
 # ON by default: it needs nothing at build time. The few CUDA driver API
 # declarations used are in src/util/cuda_driver.h (cuda.h comes only with the
 # whole toolkit), and nothing from CUDA is linked: libcuda.so.1 is dlopen'ed
@@ -88,7 +88,7 @@ endif()
 set(FERRY_HAVE_CUDA OFF)
 if(FERRY_WITH_CUDA)
   set(FERRY_HAVE_CUDA ON)
-  target_sources(ferry_objects PRIVATE ${CMAKE_SOURCE_DIR}/src/util/cuda_opt_cuda.c)
+  target_sources(ferry_objects PRIVATE ${CMAKE_SOURCE_DIR}/src/util/cuda_memory.c)
   target_compile_definitions(ferry_objects PRIVATE FERRY_HAVE_CUDA=1)
   target_link_libraries(ferry_objects PRIVATE ${CMAKE_DL_LIBS})
   message(STATUS "ferry: CUDA device memory ON (driver API, libcuda.so.1 dlopen'ed at run time)")

@@ -38,7 +38,7 @@ int main(void)
 #endif
 
 #include "util/cuda_driver.h"
-#include "util/cuda_opt_cuda.h"
+#include "util/cuda_memory.h"
 #include "engine/testing.h"
 #include "link/registry.h"
 #include "util/memkind.h"

@@ -50,7 +50,7 @@ void ferry_batch_settle_unsent_locked(ferry_batch_t *b, size_t idx, int rc, cons
     ferry_batch_settle_piece_locked(b, &x);
 }
 
-/* A piece reached its final state while its task goes on (xfer.c). */
+/* A piece reached its final state while its task goes on (piece_run.c). */
 void ferry_batch_piece_ended(ferry_xfer_t *x, void *arg)
 {
     ferry_batch_t *b = arg;

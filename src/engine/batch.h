@@ -12,7 +12,7 @@
 #include <ferry/ferry.h>
 
 #include "link/cancel.h"
-#include "link/xfer.h"
+#include "link/piece.h"
 
 typedef struct ferry_session ferry_session_t;
 

@@ -110,7 +110,7 @@ static void strided_lane(struct task_ext *t, void *arg)
             xs[i].detail = NULL;
         }
         t->task.nxfers = 0;
-        /* Retries ran out on a broken link (xfer.c tore the pool down), or
+        /* Retries ran out on a broken link (piece_run.c tore the pool down), or
          * the deadline passed: the windows not taken would each wait out
          * the same retries, or time out. */
         bool spent = rc == FERRY_ERR_TIMEOUT && ferry_now_ns() >= j->deadline; /* the deadline all share */

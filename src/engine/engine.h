@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The engine struct, and the headers of every part of the core (conn.h,
- * session.h, xfer.h, batch.h, serve.h, hello.h, notify.h, config.h, ...),
+ * session.h, piece.h, batch.h, serve.h, hello.h, notify.h, config.h, ...),
  * for the core's files that need them all. A transport includes
  * transport/transport.h (core/xport.h) instead. Not a public header. */
 #ifndef FERRY_ENGINE_H
@@ -32,7 +32,7 @@
 #include "stats.h"
 #include "util/spin.h"
 #include "wire/wire.h"
-#include "link/xfer.h"
+#include "link/piece.h"
 #include "link/xport.h"
 
 struct ferry_engine {

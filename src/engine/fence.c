@@ -16,7 +16,7 @@
 #include "parts.h"
 #include "session.h"
 #include "link/conn.h"
-#include "link/xfer.h"
+#include "link/piece.h"
 #include "util/fail.h"
 #include "util/log.h"
 #include "util/net.h"

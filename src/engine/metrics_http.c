@@ -13,5 +13,5 @@ int ferry_metrics_http_start(ferry_engine_t *e, int port)
 
 void ferry_metrics_http_stop(ferry_engine_t *e) { (void)e; }
 #else
-typedef int ferry_metrics_http_is_in_the_opt_file;
+typedef int ferry_metrics_http_is_in_the_server_file;
 #endif

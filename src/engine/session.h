@@ -62,7 +62,7 @@ struct ferry_session {
     /* The session transport's last run copied every piece inline (its
      * verdict's copied_inline, transport.h; shm's shared-pool mappings): a
      * hint that the next call is one memcpy per piece, best run in the
-     * caller's thread (transfer.c). Kept by xfer.c. */
+     * caller's thread (transfer.c). Kept by piece_run.c. */
     atomic_bool inline_hint;
 
     ferry_session_t *next;     /* next in its bucket of the engine's session table */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Transfers as the public calls see them: the requests' arguments checked,
- * cut into pieces, run (xfer.c; several connections at once: workers.c)
+ * cut into pieces, run (piece_run.c; several connections at once: workers.c)
  * and counted, and the synchronous public calls. */
 #include <stdlib.h>
 
@@ -122,7 +122,7 @@ static void record_requests(ferry_session_t *s, const ferry_xfer_t *xs, size_t n
 }
 
 /* A call whose pieces all went through shared-pool mappings (the
- * session's hint: its transport's last verdict, xfer.c) is one memcpy a piece. Split over
+ * session's hint: its transport's last verdict, piece_run.c) is one memcpy a piece. Split over
  * connections, half of it waits for a worker thread: a hand-off that costs
  * about as much as copying 1,024 pieces of 1 KiB, and that gains only when
  * a core is free. Below this many bytes such a call runs in the caller's

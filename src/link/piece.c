@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* What a transport records on a piece (xfer.h). */
+/* What a transport records on a piece (piece.h). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "util/fail.h"
-#include "xfer.h"
+#include "piece.h"
 
 void ferry_xfer_fail(ferry_xfer_t *x, int rc)
 {

@@ -167,7 +167,7 @@ int ferry_verdict_by_tcp(ferry_verdict_t *v, const char *fmt, ...) __attribute__
 int ferry_recv_answer(ferry_conn_t *c, ferry_xfer_t *x, unsigned spin_us, ferry_frame_t *f, int *broken,
                       char *reason, size_t cap);
 
-/* The engine's last uses of two transports by name (xfer.c, transfer.c),
+/* The engine's last uses of two transports by name (piece_run.c, transfer.c),
  * until they go (issue 22); nothing below the engine names a transport. */
 extern const ferry_transport_ops_t ferry_transport_tcp;
 extern const ferry_transport_ops_t ferry_transport_shm;

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* What a transport (src/transport) may use of the engine: the connection
- * and its framed I/O (conn.h), the piece (xfer.h), the registry's lookups
+ * and its framed I/O (conn.h), the piece (piece.h), the registry's lookups
  * (registry.h), the cancel check (cancel.h: ferry_conn_is_cancelled, and
  * target.h's ferry_target_check_locked), the counters (metrics.h), and the
  * narrow context below, which the engine fills when it is created and
@@ -22,7 +22,7 @@
 #include "util/crc32c.h"
 #include "registry.h"
 #include "metrics.h"
-#include "xfer.h"
+#include "piece.h"
 
 /* Engine-wide state slots, one per transport of the table, by its index
  * (ferry_transport_state, transport.h): the per-region slots less the

@@ -4,7 +4,7 @@
  *
  * Why: cuda.h comes only with the whole CUDA toolkit (Debian has no package
  * with the header alone), and Ferry needs nothing else from it: libcuda is
- * dlopen()ed at run time (cuda_opt_cuda.c), so no CUDA library is linked
+ * dlopen()ed at run time (cuda_memory.c), so no CUDA library is linked
  * and every build can carry CUDA support. The driver API is a stable C ABI:
  * these names, values and signatures are those of cuda.h since CUDA 9.2
  * (CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) and have not changed since. Where a

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Memory kinds: detection at registration and the staging copies. Host
- * memory needs neither; CUDA lives in cuda_opt_cuda.c; the fake kind exists
+ * memory needs neither; CUDA lives in cuda_memory.c; the fake kind exists
  * for the tests, so that the staging paths of the transports run for real
  * in every build, GPU or not. */
 #include "memkind.h"

@@ -56,7 +56,7 @@ void ferry_memkind_fake_clear(void);
 /* Staging copies done through fake kinds so far (to_host, from_host). */
 void ferry_memkind_fake_counts(unsigned long *to_host, unsigned long *from_host);
 
-/* cuda_opt_cuda.c, when built with FERRY_WITH_CUDA. */
+/* cuda_memory.c, when built with FERRY_WITH_CUDA. */
 #ifdef FERRY_HAVE_CUDA
 int ferry_cuda_detect(const void *addr, size_t len, uint32_t *kind);
 int ferry_cuda_copy(uint32_t kind, void *dst, const void *src, size_t n, int to_host);

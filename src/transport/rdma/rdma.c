@@ -3,7 +3,7 @@
  * without loading libibverbs, the per-engine probe and usable() decision,
  * and what an engine without RDMA answers to RDMA frames.
  *
- * The verbs code is in rdma*_opt_rdma.c (rdma_int.h), built when <infiniband/verbs.h> is
+ * The verbs code is in rdma_verbs.c, rdma_ep.c, rdma_run.c, rdma_commit.c and rdma_serve.c (rdma_int.h), built when <infiniband/verbs.h> is
  * found (FERRY_HAVE_RDMA). Even then libibverbs is not linked: it is
  * dlopen'ed at an engine's first probe, and only when sysfs lists an RDMA
  * device, so a process on a machine without one never loads it.
@@ -31,7 +31,7 @@
 struct ferry_rdma {
     int usable;
     char why[128];
-    void *dev; /* rdma_opt_rdma.c's device context when usable */
+    void *dev; /* rdma_verbs.c's device context when usable */
 };
 
 /* Guards the creation of an engine's state; reads after it go lock-free. */

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The RDMA transport's internals, shared by rdma.c (always built: settings,
  * device discovery without loading libibverbs, the usable() decision, the
- * answers of an engine without RDMA) and the rdma*_opt_rdma.c files (built when
+ * answers of an engine without RDMA) and the verbs files (rdma_verbs.c, rdma_ep.c, rdma_run.c, rdma_commit.c, rdma_serve.c) (built when
  * <infiniband/verbs.h> is found: the verbs themselves). Not a public header. */
 #ifndef FERRY_RDMA_H
 #define FERRY_RDMA_H

@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* What the parts of the RDMA transport's verbs code share (built when
- * <infiniband/verbs.h> is found; see rdma_opt_rdma.c for the protocol):
+ * <infiniband/verbs.h> is found; see rdma_verbs.c for the protocol):
  *
- *   rdma_opt_rdma.c         loading libibverbs, the device, memory regions
- *   rdma_ep_opt_rdma.c      queue pairs (endpoints), completions, the key cache
- *   rdma_run_opt_rdma.c     the initiator: set-up, key queries, the data phase
- *   rdma_commit_opt_rdma.c  the commit protocol, both sides
- *   rdma_serve_opt_rdma.c   the target: set-up and key queries
+ *   rdma_verbs.c         loading libibverbs, the device, memory regions
+ *   rdma_ep.c      queue pairs (endpoints), completions, the key cache
+ *   rdma_run.c     the initiator: set-up, key queries, the data phase
+ *   rdma_commit.c  the commit protocol, both sides
+ *   rdma_serve.c   the target: set-up and key queries
  *
  * Not a public header. */
 #ifndef FERRY_RDMA_INT_H
@@ -82,10 +82,10 @@ struct plan {
     uint64_t completed; /* bytes from start whose work requests completed */
 };
 
-/* rdma_opt_rdma.c */
+/* rdma_verbs.c */
 int ferry_rdma_region_mr(struct rdma_dev *d, ferry_region_t *reg, struct ibv_mr **out);
 
-/* rdma_ep_opt_rdma.c */
+/* rdma_ep.c */
 int ferry_rdma_verbs_fail(int code, const char *what, struct rdma_dev *d, int err);
 int ferry_rdma_ep_create(struct rdma_dev *d, struct rdma_ep **out);
 void ferry_rdma_ep_destroy(struct rdma_ep *ep);
@@ -100,12 +100,12 @@ void ferry_rdma_ep_abort_until(struct rdma_ep *ep, uint64_t last_id, bool signal
 const struct rkey_ent *ferry_rdma_rkey_find(const struct rdma_ep *ep, uint64_t addr, uint64_t len, uint32_t gen);
 int ferry_rdma_rkey_put(struct rdma_ep *ep, const ferry_rdma_mr_info_t *m);
 
-/* rdma_run_opt_rdma.c */
+/* rdma_run.c */
 void ferry_rdma_keep_err(struct first_err *fe, int rc);
 int ferry_rdma_wc_failure(const ferry_verbs_t *v, const struct ibv_wc *wc, const ferry_xfer_t *x, uint64_t off,
                           uint64_t n, const char *peer);
 
-/* rdma_commit_opt_rdma.c */
+/* rdma_commit.c */
 int ferry_rdma_commit_writes(ferry_conn_t *c, struct rdma_ep *ep, ferry_xfer_t *xs, size_t nx, struct plan *pl,
                   struct first_err *fe, int *broken);
 int ferry_rdma_serve_commit(ferry_conn_t *c, struct rdma_dev *d, const ferry_frame_t *f, uint64_t deadline);

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The RDMA transport's target: the queue pair's set-up on RDMA_CONNECT
  * and the keys of RDMA_MR_QUERY, and the dispatch of RDMA frames (the
- * commit is rdma_commit_opt_rdma.c). Part of the verbs code (rdma_int.h). */
+ * commit is rdma_commit.c). Part of the verbs code (rdma_int.h). */
 #include <stdio.h>
 #include <string.h>
 

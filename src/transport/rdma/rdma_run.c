@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The RDMA transport's initiator: the queue pair's set-up (or the fall
  * back to TCP), the target's keys, and the data phase as chains of work
- * requests. The commit of writes is rdma_commit_opt_rdma.c. Part of the
+ * requests. The commit of writes is rdma_commit.c. Part of the
  * verbs code (rdma_int.h). */
 #include <errno.h>
 #include <stdio.h>

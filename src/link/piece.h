@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Pieces: one contiguous transfer for a transport to move (piece.c),
- * running them on a connection with retries and re-resolution (xfer.c),
+ * running them on a connection with retries and re-resolution (piece_run.c),
  * and the checks and synchronous calls around them (transfer.c). Private
  * to the library. */
 #ifndef FERRY_CORE_XFER_H
@@ -53,7 +53,7 @@ void ferry_xfer_fail(ferry_xfer_t *x, int rc);
  * request's code), else the first failed; n when none failed. */
 size_t ferry_xfer_worst(const ferry_xfer_t *xs, size_t n);
 
-/* xfer.c: running pieces on one connection with retries and re-resolution */
+/* piece_run.c: running pieces on one connection with retries and re-resolution */
 int ferry_xfer_run(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);
 struct ferry_transport_ops;
 /* The transport s moves its bytes with: tcp until a handshake chose one. */

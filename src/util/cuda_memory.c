@@ -36,7 +36,7 @@
 #include <string.h>
 
 #include "cuda_driver.h"
-#include "cuda_opt_cuda.h"
+#include "cuda_memory.h"
 #include "fail.h"
 #include "memkind.h"
 
