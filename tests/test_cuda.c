@@ -68,6 +68,28 @@ _Static_assert(FERRY_CU_MEMORYTYPE_UNIFIED == CU_MEMORYTYPE_UNIFIED, "memory typ
 _Static_assert(sizeof(FERRY_CUdeviceptr) == sizeof(CUdeviceptr), "CUdeviceptr");
 _Static_assert(sizeof(FERRY_CUdevice) == sizeof(CUdevice), "CUdevice");
 _Static_assert(sizeof(CUpointer_attribute) == sizeof(int), "enum passed as int");
+_Static_assert(FERRY_CUDA_ERROR_MAP_FAILED == CUDA_ERROR_MAP_FAILED, "CUresult");
+_Static_assert(FERRY_CUDA_ERROR_ALREADY_MAPPED == CUDA_ERROR_ALREADY_MAPPED, "CUresult");
+_Static_assert(FERRY_CUDA_ERROR_PEER_ACCESS_UNSUPPORTED == CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "CUresult");
+_Static_assert(FERRY_CUDA_ERROR_INVALID_HANDLE == CUDA_ERROR_INVALID_HANDLE, "CUresult");
+_Static_assert(FERRY_CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+               "CUresult");
+_Static_assert(FERRY_CUDA_ERROR_NOT_SUPPORTED == CUDA_ERROR_NOT_SUPPORTED, "CUresult");
+_Static_assert(FERRY_CU_IPC_HANDLE_SIZE == CU_IPC_HANDLE_SIZE, "IPC handle");
+_Static_assert(sizeof(FERRY_CUipcMemHandle) == sizeof(CUipcMemHandle), "IPC handle");
+_Static_assert(FERRY_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS == CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, "IPC flag");
+_Static_assert(FERRY_CU_STREAM_NON_BLOCKING == CU_STREAM_NON_BLOCKING, "stream flag");
+_Static_assert(FERRY_CU_MEMHOSTREGISTER_PORTABLE == CU_MEMHOSTREGISTER_PORTABLE, "host register flag");
+/* The entry points' types, by the names libcuda exports (cuda.h's macros
+ * map the plain names to them). */
+_Static_assert(__builtin_types_compatible_p(__typeof__(&cuIpcOpenMemHandle_v2),
+                                            CUresult (*)(CUdeviceptr *, CUipcMemHandle, unsigned int)),
+               "cuIpcOpenMemHandle_v2");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&cuIpcGetMemHandle), CUresult (*)(CUipcMemHandle *, CUdeviceptr)),
+               "cuIpcGetMemHandle");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&cuMemGetAddressRange_v2),
+                                            CUresult (*)(CUdeviceptr *, size_t *, CUdeviceptr)),
+               "cuMemGetAddressRange_v2");
 #endif
 
 #define STUB_MANAGED 1
