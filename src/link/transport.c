@@ -8,6 +8,7 @@
 #include "util/log.h"
 
 const ferry_transport_ops_t *const ferry_transports[] = {
+    &ferry_transport_cuda_ipc, /* usable between processes of one host with device memory (transport/cuda_ipc) */
     &ferry_transport_rdma, /* usable only when both ends have an RDMA device */
     &ferry_transport_shm,  /* usable between processes of one host */
     &ferry_transport_tcp,

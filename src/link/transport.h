@@ -110,6 +110,7 @@ int ferry_recv_answer(ferry_conn_t *c, ferry_xfer_t *x, unsigned spin_us, ferry_
 extern const ferry_transport_ops_t ferry_transport_tcp;
 extern const ferry_transport_ops_t ferry_transport_rdma;
 extern const ferry_transport_ops_t ferry_transport_shm;
+extern const ferry_transport_ops_t ferry_transport_cuda_ipc;
 #ifdef FERRY_TEST_TRANSPORT_EXTRA
 extern const ferry_transport_ops_t ferry_transport_extra;
 #endif

@@ -90,6 +90,7 @@ typedef FERRY_CUresult (*ferry_cuIpcGetMemHandle_fn)(FERRY_CUipcMemHandle *handl
 typedef FERRY_CUresult (*ferry_cuIpcOpenMemHandle_fn)(FERRY_CUdeviceptr *p, FERRY_CUipcMemHandle handle,
                                                       unsigned int flags);                     /* _v2 */
 typedef FERRY_CUresult (*ferry_cuIpcCloseMemHandle_fn)(FERRY_CUdeviceptr p);
+typedef FERRY_CUresult (*ferry_cuCtxGetCurrent_fn)(FERRY_CUcontext *ctx);
 typedef FERRY_CUresult (*ferry_cuStreamCreate_fn)(FERRY_CUstream *stream, unsigned int flags);
 typedef FERRY_CUresult (*ferry_cuStreamDestroy_fn)(FERRY_CUstream stream);                     /* _v2 */
 typedef FERRY_CUresult (*ferry_cuStreamQuery_fn)(FERRY_CUstream stream);

@@ -60,6 +60,7 @@ static struct {
 enum { DRIVER_NOT_LOADED, DRIVER_USABLE, DRIVER_UNUSABLE };
 static pthread_mutex_t driver_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int driver_state = DRIVER_NOT_LOADED;
+static void *_Atomic driver_handle; /* the usable driver's dlopen handle, for ferry_cuda_symbol */
 static char status_text[384];
 
 static const char *driver_path(void)
@@ -217,6 +218,7 @@ static void driver_try_load(void)
             state = DRIVER_USABLE;
         }
     }
+    if (state == DRIVER_USABLE) atomic_store(&driver_handle, h);
     set_status(why);
     /* An unusable driver stays loaded (it was before us; dlclose would only
      * drop our reference) and is not asked again. */
@@ -245,6 +247,7 @@ void ferry_cuda_forget_driver(void)
 {
     pthread_mutex_lock(&driver_lock);
     memset(&cu, 0, sizeof cu);
+    atomic_store(&driver_handle, NULL);
     status_text[0] = '\0';
     loader_seen = false;
     atomic_store(&driver_state, DRIVER_NOT_LOADED);
@@ -348,6 +351,23 @@ static void copy_leave(FERRY_CUdevice primary)
     cu.ctx_pop(&popped);
     if (primary >= 0) cu.primary_release(primary);
 }
+
+void *ferry_cuda_symbol(const char *name)
+{
+    void *h = driver_usable() ? atomic_load(&driver_handle) : NULL;
+    return h ? dlsym(h, name) : NULL;
+}
+
+int ferry_cuda_context_enter(const void *device_ptr, int ordinal, int *primary)
+{
+    *primary = -1;
+    if (!driver_usable()) return FERRY_CUDA_ERROR_NOT_INITIALIZED;
+    return copy_enter(device_ptr, ordinal, primary);
+}
+
+void ferry_cuda_context_leave(int primary) { copy_leave(primary); }
+
+const char *ferry_cuda_error_text(int err, char *buf, size_t cap) { return error_text(err, buf, cap); }
 
 int ferry_cuda_copy(uint32_t kind, void *dst, const void *src, size_t n, int to_host)
 {

@@ -10,8 +10,9 @@
  * by tests/cuda.cmake: libcuda_stub.so, and libcuda_stub_partial.so without
  * cuMemcpyHtoD_v2 (a driver that lacks an entry point). Knobs, read at
  * cuInit: FERRY_CUDA_STUB_INIT_ERROR (cuInit's result), FERRY_CUDA_STUB_DEVICES
- * (the device count, default 2), FERRY_CUDA_STUB_COPY_DELAY_US (each
- * stream copy takes that long, to hold a transfer in flight).
+ * (the device count, default 2); and FERRY_CUDA_STUB_COPY_DELAY_US, read
+ * at each stream synchronize (each stream copy takes that long, to hold a
+ * transfer in flight).
  *
  * IPC between processes (cuIpcGetMemHandle / cuIpcOpenMemHandle): the
  * allocation's memfd stays open in the exporter, and the handle names it by
@@ -71,7 +72,6 @@ static _Thread_local int depth;
 static _Atomic unsigned long counts[7]; /* dtoh, htod, syncs, pushes, pops, retains, releases */
 /* ipc_get, ipc_open, ipc_close, async copies, host registers, host unregisters, host allocs, host frees */
 static _Atomic unsigned long more_counts[8];
-static unsigned copy_delay_us;
 
 /* The handle's bytes (64): who exported which memfd. */
 struct stub_ipc_handle {
@@ -91,7 +91,15 @@ static struct alloc *free_slot(void)
     return NULL;
 }
 
-STUB_API void *cuda_stub_alloc(size_t len, int device, int flags)
+static void *alloc_at(void *want, size_t len, int device, int flags);
+
+STUB_API void *cuda_stub_alloc(size_t len, int device, int flags) { return alloc_at(NULL, len, device, flags); }
+
+/* The same at the address want (free there): memory allocated again where
+ * freed memory was, as a real allocator may. */
+STUB_API void *cuda_stub_alloc_at(void *want, size_t len, int device) { return alloc_at(want, len, device, 0); }
+
+static void *alloc_at(void *want, size_t len, int device, int flags)
 {
     int fd = memfd_create("cuda_stub", MFD_CLOEXEC);
     struct stat st;
@@ -99,9 +107,12 @@ STUB_API void *cuda_stub_alloc(size_t len, int device, int flags)
         if (fd >= 0) close(fd);
         return NULL;
     }
-    void *dev = mmap(NULL, len, (flags & STUB_MANAGED) ? PROT_READ | PROT_WRITE : PROT_NONE, MAP_SHARED, fd, 0);
+    void *dev = mmap(want, len, (flags & STUB_MANAGED) ? PROT_READ | PROT_WRITE : PROT_NONE,
+                     MAP_SHARED | (want ? MAP_FIXED_NOREPLACE : 0), fd, 0);
     void *alias = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (dev == MAP_FAILED || alias == MAP_FAILED) {
+    if (dev == MAP_FAILED || alias == MAP_FAILED || (want && dev != want)) {
+        if (dev != MAP_FAILED) munmap(dev, len);
+        if (alias != MAP_FAILED) munmap(alias, len);
         close(fd);
         return NULL;
     }
@@ -177,8 +188,6 @@ STUB_API FERRY_CUresult cuInit(unsigned int flags)
     const char *n = getenv("FERRY_CUDA_STUB_DEVICES");
     devices = n ? atoi(n) : 2;
     if (devices > MAX_DEVICES) devices = MAX_DEVICES;
-    const char *d = getenv("FERRY_CUDA_STUB_COPY_DELAY_US");
-    copy_delay_us = d ? (unsigned)atoi(d) : 0;
     const char *e = getenv("FERRY_CUDA_STUB_INIT_ERROR");
     return e ? atoi(e) : FERRY_CUDA_SUCCESS;
 }
@@ -299,6 +308,12 @@ STUB_API FERRY_CUresult cuCtxPopCurrent_v2(FERRY_CUcontext *ctx)
     return FERRY_CUDA_SUCCESS;
 }
 
+STUB_API FERRY_CUresult cuCtxGetCurrent(FERRY_CUcontext *ctx)
+{
+    *ctx = depth ? stack[depth - 1] : NULL;
+    return FERRY_CUDA_SUCCESS;
+}
+
 /* The device side of a copy: in one allocation of the current context's
  * device, or the error a real driver gives. */
 static FERRY_CUresult device_bytes(FERRY_CUdeviceptr p, size_t n, unsigned char **bytes)
@@ -336,10 +351,14 @@ STUB_API FERRY_CUresult cuMemcpyHtoD_v2(FERRY_CUdeviceptr dst, const void *src, 
 }
 #endif
 
+static void stream_drain(struct CUstream_st *s);
+
+/* NULL: the legacy stream (the synchronous copies above are done); a
+ * stream of cuStreamCreate: its queued copies are done now. */
 STUB_API FERRY_CUresult cuStreamSynchronize(void *stream)
 {
-    (void)stream;
     if (depth == 0) return FERRY_CUDA_ERROR_INVALID_CONTEXT;
+    if (stream) stream_drain(stream);
     atomic_fetch_add(&counts[2], 1);
     return FERRY_CUDA_SUCCESS;
 }
@@ -460,6 +479,8 @@ STUB_API FERRY_CUresult cuStreamCreate(FERRY_CUstream *stream, unsigned int flag
 
 static void stream_drain(struct CUstream_st *s)
 {
+    const char *d = getenv("FERRY_CUDA_STUB_COPY_DELAY_US"); /* read each time: a test sets it in a child */
+    unsigned copy_delay_us = d ? (unsigned)atoi(d) : 0;
     for (int i = 0; i < s->n; i++) {
         if (copy_delay_us) usleep(copy_delay_us);
         memmove(s->queued[i].dst, s->queued[i].src, s->queued[i].len);
