@@ -291,10 +291,18 @@ static void stub_driver_moves_device_memory(void **state)
     assert_int_equal(ferry_memkind_detect(gsrc, len, &kind), 0);
     assert_int_equal(kind, FERRY_MEMKIND_MAKE(FERRY_MEMKIND_CUDA, 1));
 
-    unsigned long before[7];
+    unsigned long before[7], more_before[8], more_after[8];
+    void (*more)(unsigned long[8]) = (void (*)(unsigned long[8]))dlsym(stub, "cuda_stub_more_counts");
+    assert_non_null(more);
+    more(more_before);
     stub_counts(before);
     assert_int_equal(ferry_transfer_sync(a, ferry_engine_name(b), FERRY_OP_WRITE, gsrc, (uint64_t)(uintptr_t)gdst, len),
                      0);
+    /* The initiator staged through pinned buffers, each slice after the
+     * first copied while the one before it was sent (4 slices of 1 MiB). */
+    more(more_after);
+    assert_int_equal(more_after[3] - more_before[3], 3);
+    assert_int_equal(more_after[6] - more_before[6], 2);
     assert_true(harness_check(stub_alias(gdst), len, 12));
     unsigned long after_write[7];
     stub_counts(after_write);

@@ -455,8 +455,9 @@ int ferry_cuda_host_alloc(int ordinal, size_t n, void **out, void **ctx)
         FERRY_CUcontext popped;
         cu.ctx_pop(&popped);
     }
-    /* The primary context stays retained while the buffer lives. */
-    if (err != FERRY_CUDA_SUCCESS && primary >= 0) cu.primary_release(primary);
+    /* Not kept retained: the application's use of the device keeps its
+     * primary context (and so the buffer) alive; the free retains it again. */
+    if (primary >= 0) cu.primary_release(primary);
     if (err != FERRY_CUDA_SUCCESS) return stage_fail(err, "cuMemAllocHost", n);
     *ctx = (void *)(intptr_t)(dev + 1);
     return 0;
@@ -472,7 +473,6 @@ void ferry_cuda_host_free(void *p, void *ctx)
         cu.ctx_pop(&popped);
     }
     cu.primary_release(dev);
-    cu.primary_release(dev); /* the allocation's */
 }
 
 int ferry_cuda_copy_async(uint32_t kind, void *dst, const void *src, size_t n, void **stream, void **stream_ctx)

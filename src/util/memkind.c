@@ -224,6 +224,11 @@ static int stage_settle(ferry_stage_t *s)
 #endif
 }
 
+void ferry_stage_settle(ferry_stage_t *s)
+{
+    if (stage_settle(s)) ferry_clear_last_error(); /* its bytes are not wanted */
+}
+
 void ferry_stage_free(ferry_stage_t *s)
 {
     if (!s) return;

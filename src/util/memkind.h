@@ -64,6 +64,9 @@ int ferry_stage_take(ferry_stage_t *s, uint32_t kind, const void *src, size_t n,
  * (the one the last take gave stays untouched). Best effort: a prefetch
  * that cannot start leaves the copy to the take. */
 void ferry_stage_prefetch(ferry_stage_t *s, uint32_t kind, const void *src, size_t n);
+/* Waits for a prefetch in flight, whose bytes are then dropped: before the
+ * memory it reads may be freed (a sender's call ends). */
+void ferry_stage_settle(ferry_stage_t *s);
 /* Takes that found their bytes prefetched, and those that copied. */
 void ferry_stage_counts(const ferry_stage_t *s, unsigned long *prefetched, unsigned long *copied);
 
