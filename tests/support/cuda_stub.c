@@ -172,6 +172,12 @@ STUB_API void cuda_stub_more_counts(unsigned long out[8])
     for (int i = 0; i < 8; i++) out[i] = atomic_load(&more_counts[i]);
 }
 
+/* A test's own accesses to device bytes (through cuda_stub_alias) in step
+ * with the stub's stream copies: TSan then sees the order that the
+ * transfer's answer, over a socket from another process, gave them. */
+STUB_API void cuda_stub_lock(void) { pthread_mutex_lock(&lock); }
+STUB_API void cuda_stub_unlock(void) { pthread_mutex_unlock(&lock); }
+
 /* Handles of other processes mapped here now. */
 STUB_API int cuda_stub_imported(void)
 {
@@ -483,7 +489,9 @@ static void stream_drain(struct CUstream_st *s)
     unsigned copy_delay_us = d ? (unsigned)atoi(d) : 0;
     for (int i = 0; i < s->n; i++) {
         if (copy_delay_us) usleep(copy_delay_us);
+        pthread_mutex_lock(&lock); /* "the device" writes in order with cuda_stub_lock's holders */
         memmove(s->queued[i].dst, s->queued[i].src, s->queued[i].len);
+        pthread_mutex_unlock(&lock);
     }
     s->n = 0;
 }
