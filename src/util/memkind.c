@@ -181,6 +181,7 @@ struct ferry_stage {
     unsigned char *buf[2];
     void *pin_ctx[2];      /* CUDA: the buffer is page-locked (its device + 1), else NULL: malloc'd */
     size_t cap;            /* each buffer's size */
+    bool pin_refused;      /* the driver gave no page-locked buffer: pageable from then on */
     int last;              /* the buffer the last take gave, -1 none */
     /* the prefetch in flight, into buf[1 - last] */
     bool pending;
@@ -244,7 +245,7 @@ void ferry_stage_free(ferry_stage_t *s)
  * the driver gives them (else malloc'd). Nothing in flight. */
 static int stage_reserve(ferry_stage_t *s, uint32_t kind, size_t n)
 {
-    bool want_pinned = FERRY_MEMKIND_TYPE(kind) == FERRY_MEMKIND_CUDA;
+    bool want_pinned = FERRY_MEMKIND_TYPE(kind) == FERRY_MEMKIND_CUDA && !s->pin_refused;
     if (s->cap >= n && (!want_pinned || s->pin_ctx[0])) return 0;
     size_t cap = n > s->cap ? n : s->cap;
     stage_release_buffers(s);
@@ -253,7 +254,11 @@ static int stage_reserve(ferry_stage_t *s, uint32_t kind, size_t n)
         if (want_pinned && ferry_cuda_host_alloc(FERRY_MEMKIND_DEVICE(kind), cap, (void **)&s->buf[i],
                                                  &s->pin_ctx[i]) == 0)
             continue;
-        ferry_clear_last_error();
+        if (want_pinned) {
+            s->pin_refused = true; /* not asked again at every take */
+            want_pinned = false;
+            ferry_clear_last_error();
+        }
 #endif
         s->buf[i] = malloc(cap);
         if (!s->buf[i]) {
