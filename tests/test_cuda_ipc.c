@@ -418,6 +418,39 @@ static void deregistration_invalidates_the_handle(void **state)
     child_stop(c);
 }
 
+/* Imports are bounded (32 per process): the least recently used one no
+ * copy uses is closed, and opened again when named again. */
+static void imports_are_bounded(void **state)
+{
+    (void)state;
+    enum { N = 40, LEN = 4096 };
+    child_t *c = child_start((size_t)N * LEN, false);
+    ferry_engine_t *e = initiator();
+    unsigned char *bufs[N];
+    for (int i = 0; i < N; i++) {
+        bufs[i] = stub_alloc(LEN, 1, 0);
+        assert_non_null(bufs[i]);
+        harness_fill(stub_alias(bufs[i]), LEN, 70 + (uint64_t)i);
+        assert_int_equal(ferry_register(e, bufs[i], LEN, FERRY_MEM_LOCAL), 0);
+    }
+    for (int i = 0; i < N; i++)
+        assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, bufs[i], c->addr + (uint64_t)i * LEN, LEN), 0);
+    expect_transport(e, c->peer, "cuda_ipc");
+    for (int i = 0; i < N; i++) assert_int_equal(child_do(c, CMD_CHECK, 70 + (uint64_t)i, (uint64_t)i * LEN, LEN), 0);
+    uint64_t opened = 0;
+    assert_int_equal(child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), 32);
+    assert_int_equal(opened, N);
+    /* The first one was closed; named again, it is opened again. */
+    assert_int_equal(child_do(c, CMD_ZERO, 0, 0, LEN), 0);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, bufs[0], c->addr, LEN), 0);
+    assert_int_equal(child_do(c, CMD_CHECK, 70, 0, LEN), 0);
+    assert_int_equal(child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), 32);
+    assert_int_equal(opened, N + 1);
+    ferry_engine_destroy(e);
+    for (int i = 0; i < N; i++) stub_free(bufs[i]);
+    child_stop(c);
+}
+
 /* A target restarted on the same port with its buffer at the same address:
  * the call that meets the new engine gets PEER_RESTARTED and writes
  * nothing; the next one goes by CUDA IPC again. */
@@ -555,6 +588,7 @@ int main(void)
         cmocka_unit_test(write_and_read_device_to_device),
         cmocka_unit_test(target_refuses_by_its_registry),
         cmocka_unit_test(deregistration_invalidates_the_handle),
+        cmocka_unit_test(imports_are_bounded),
         cmocka_unit_test(restarted_peer_gets_nothing),
         cmocka_unit_test(cancel_leaves_no_late_write),
         cmocka_unit_test(target_without_ipc),

@@ -15,7 +15,9 @@
  * again): it is closed (at once, or by its last copy) and never used
  * again. The driver cannot say when an exporter freed an allocation, so an
  * import of memory the initiator freed and did not reuse stays mapped
- * until then, or until its connection closes. */
+ * until then, until its connection closes, or until it is the least
+ * recently used of more than IMPORTS_MAX (a mapping keeps the exporter's
+ * memory allocated: this bounds what stale ones hold). */
 #include "cuda_ipc.h"
 
 #include <pthread.h>
@@ -180,7 +182,9 @@ struct import {
 };
 
 static pthread_mutex_t imports_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct import *imports;
+static struct import *imports; /* most recently used first */
+static unsigned nimports;
+#define IMPORTS_MAX 32
 
 #define EXPORTS 8
 #define STREAMS 8
@@ -216,10 +220,13 @@ static void import_close(struct import *im)
 static void import_retire_locked(struct import **link, struct import *im)
 {
     *link = im->next;
+    nimports--;
     im->stale = true;
     im->owner = NULL;
     if (im->refs == 0) import_close(im);
 }
+
+static void retire_least_used_locked(void);
 
 /* The import of x from pid, referenced (opened if need be, in the current
  * context). NOT_IMPLEMENTED when the driver cannot open it. */
@@ -233,6 +240,9 @@ static int import_get(struct cuda_ipc_conn *ic, int32_t pid, const struct cuda_i
         if (im->pid == pid && memcmp(im->handle, x->handle, sizeof im->handle) == 0) {
             im->refs++;
             if (!im->owner) im->owner = ic;
+            *link = im->next; /* to the front: most recently used */
+            im->next = imports;
+            imports = im;
             pthread_mutex_unlock(&imports_lock);
             *out = im;
             return 0;
@@ -270,11 +280,21 @@ static int import_get(struct cuda_ipc_conn *ic, int32_t pid, const struct cuda_i
     im->owner = ic;
     im->next = imports;
     imports = im;
+    if (++nimports > IMPORTS_MAX) retire_least_used_locked();
     atomic_fetch_add(&imports_open, 1);
     atomic_fetch_add(&imports_opened, 1);
     pthread_mutex_unlock(&imports_lock);
     *out = im;
     return 0;
+}
+
+/* Under imports_lock: closes the least recently used import no copy uses. */
+static void retire_least_used_locked(void)
+{
+    struct import **victim = NULL;
+    for (struct import **link = &imports; *link; link = &(*link)->next)
+        if ((*link)->refs == 0) victim = link;
+    if (victim) import_retire_locked(victim, *victim);
 }
 
 static void import_put(struct import *im)
