@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 #include "util/fail.h"
 #include "util/log.h"
+#include "util/memkind.h"
 #include "util/net.h"
 #include "engine/testing.h"
 
@@ -176,6 +177,7 @@ void ferry_conn_free(ferry_conn_t *c)
     ferry_cancel_conn_close(c);
     if (c->xport_free) c->xport_free(c->xport);
     free(c->bounce);
+    ferry_stage_free(c->stage);
     free(c->vec);
     free(c->answered);
     free(c);
