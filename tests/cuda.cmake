@@ -38,7 +38,7 @@ endif()
 # The CUDA IPC transport between two processes, over the same stub driver.
 if(FERRY_HAVE_CUDA)
   target_compile_definitions(test_cuda_ipc PRIVATE FERRY_HAVE_CUDA=1)
-  target_link_libraries(test_cuda_ipc PRIVATE ${CMAKE_DL_LIBS})
+  target_link_libraries(test_cuda_ipc PRIVATE ${CMAKE_DL_LIBS} ferry_fault_support) # raw peers (fault.h)
   add_dependencies(test_cuda_ipc cuda_stub)
   set_property(TEST test_cuda_ipc APPEND PROPERTY ENVIRONMENT "FERRY_CUDA_STUB=$<TARGET_FILE:cuda_stub>")
 endif()

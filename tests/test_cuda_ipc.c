@@ -17,7 +17,9 @@
  *  - cancel while copies run at the target: every request COMPLETED or
  *    CANCELLED, and nothing lands afterwards;
  *  - a target with FERRY_CUDA_IPC=0 does not offer it: the session takes
- *    another transport and the device memory is staged.
+ *    another transport and the device memory is staged;
+ *  - a hostile initiator's CUDA_IPC frame then CMA frame on one connection:
+ *    shm does not take cuda_ipc's state for its own, the target closes it.
  * Skipped without CUDA in the build. */
 #ifndef FERRY_HAVE_CUDA
 #include "harness.h"
@@ -42,6 +44,7 @@ int main(void)
 #include <unistd.h>
 
 #include "harness.h"
+#include "fault.h"
 
 #include "engine/engine.h"
 #include "transport/cuda_ipc/cuda_ipc.h"
@@ -556,6 +559,34 @@ static void target_without_ipc(void **state)
     child_stop(c);
 }
 
+/* A raw initiator sends a CUDA_IPC_WRITE (the target makes cuda_ipc's
+ * state for the connection, and refuses the unregistered range), then a
+ * CMA_WRITE on the same connection: shm must not read cuda_ipc's state as
+ * its own (it did: it took the state for an unchecked trust record and
+ * wrote its verdict into it, then answered). The target closes the
+ * connection. */
+static void other_transports_frames_on_one_connection(void **state)
+{
+    (void)state;
+    ferry_engine_t *t = initiator();
+    int fd = raw_handshaken(ferry_engine_port(t));
+    assert_true(fd >= 0);
+    struct cuda_ipc_export x = {.base = 0x7f0000000000ull, .size = 1u << 20, .device = 0};
+    uint8_t payload[CUDA_IPC_EXPORT_SIZE];
+    cuda_ipc_export_encode(&x, 0, payload);
+    ferry_frame_t f = {.type = FERRY_FRAME_CUDA_IPC_WRITE, .req_id = 1, .addr = 0x10000, .len = 4096,
+                       .aux = x.base, .plen = CUDA_IPC_EXPORT_SIZE};
+    assert_int_equal(raw_send(fd, &f, payload), 0);
+    ferry_frame_t a = raw_recv_frame(fd, NULL, 0);
+    assert_int_equal(a.type, FERRY_FRAME_WRITE_ACK);
+    assert_int_equal(a.status, FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    ferry_frame_t g = {.type = FERRY_FRAME_CMA_WRITE, .req_id = 2, .addr = 0x10000, .len = 4096, .aux = x.base};
+    assert_int_equal(raw_send(fd, &g, NULL), 0);
+    assert_true(raw_closed_within(fd, 5000));
+    close(fd);
+    ferry_engine_destroy(t);
+}
+
 /* The export's wire form: round trip and every refusal. */
 static void export_codec(void **state)
 {
@@ -592,6 +623,7 @@ int main(void)
         cmocka_unit_test(restarted_peer_gets_nothing),
         cmocka_unit_test(cancel_leaves_no_late_write),
         cmocka_unit_test(target_without_ipc),
+        cmocka_unit_test(other_transports_frames_on_one_connection),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
