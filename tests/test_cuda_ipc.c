@@ -46,7 +46,6 @@ int main(void)
 #include "harness.h"
 #include "fault.h"
 
-#include "engine/engine.h"
 #include "transport/cuda_ipc/cuda_ipc.h"
 
 static void *(*stub_alloc)(size_t, int, int);
