@@ -5,6 +5,10 @@ add_library(ferry_fault_support STATIC ${CMAKE_CURRENT_SOURCE_DIR}/support/fault
 target_include_directories(ferry_fault_support PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/support
                                                PRIVATE ${CMAKE_SOURCE_DIR}/src)
 target_link_libraries(ferry_fault_support PUBLIC ferry Threads::Threads)
+# The set-ups those tests share (fixtures.h), on top of fault.c and the harness.
+add_library(ferry_fault_fixtures STATIC ${CMAKE_CURRENT_SOURCE_DIR}/support/fixtures.c)
+target_include_directories(ferry_fault_fixtures PRIVATE ${CMAKE_SOURCE_DIR}/src)
+target_link_libraries(ferry_fault_fixtures PUBLIC ferry_fault_support ferry_harness)
 
 add_executable(ferry_test_peer ${CMAKE_CURRENT_SOURCE_DIR}/support/peer_main.c)
 target_link_libraries(ferry_test_peer PRIVATE ferry_harness ferry)
@@ -18,6 +22,11 @@ foreach(t test_restart test_rogue test_auth test_integrity test_retry test_netns
     target_link_libraries(${t} PRIVATE ferry_fault_support)
     add_dependencies(${t} ferry_test_peer)
     set_property(TEST ${t} APPEND PROPERTY LABELS fault)
+  endif()
+endforeach()
+foreach(t test_restart test_integrity test_retry)
+  if(TARGET ${t})
+    target_link_libraries(${t} PRIVATE ferry_fault_fixtures)
   endif()
 endforeach()
 # Slow ones: bounded well under a minute each on 2 cores.

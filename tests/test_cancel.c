@@ -17,7 +17,7 @@
 #include <sys/socket.h>
 
 #include "link/cancel.h"
-#include "engine/engine.h"
+#include "engine/testing.h"
 #include "delay_proxy.h"
 #include "fault.h"
 #include "harness.h"
@@ -384,18 +384,6 @@ static int hello_as(uint16_t port, uint64_t engine_id, uint64_t *key)
     return fd;
 }
 
-static bool wait_placed(const unsigned char *dst, size_t n, unsigned char v, int ms)
-{
-    uint64_t until = harness_now_ms() + (uint64_t)ms;
-    while (harness_now_ms() < until) {
-        bool all = true;
-        for (size_t i = 0; i < n && all; i++) all = dst[i] == v;
-        if (all) return true;
-        sleep_ms(5);
-    }
-    return false;
-}
-
 /* A WRITE whose first part is already placed when the CANCEL comes: once
  * CANCEL_ACK is back, not one more byte of it lands, its ack says
  * CANCELLED, and other ids and other engines' same ids are unaffected. */
@@ -417,7 +405,7 @@ static void target_refuses_rest_of_a_write_in_progress(void **state)
     ferry_frame_encode(&w, hdr);
     assert_int_equal(raw_send_bytes(data, hdr, sizeof hdr), 0);
     assert_int_equal(raw_send_bytes(data, src, first), 0);
-    assert_true(wait_placed(dst, first, 0xab, 10000));
+    assert_true(harness_wait_filled(dst, first, 0xab, 10000));
     raw_send_frame(ctl, (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .req_id = 7, .aux = key}, NULL);
     ferry_frame_t ca = recv_frame(ctl);
     assert_int_equal(ca.type, FERRY_FRAME_CANCEL_ACK);

@@ -12,33 +12,19 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/engine.h"
+#include "engine/testing.h"
 #include "util/spin.h"
 #include "harness.h"
 
-typedef struct pair {
-    ferry_engine_t *initiator, *target;
-    char peer[300];
-} pair_t;
+typedef harness_pair_t pair_t;
 
 static pair_t *pair_new(int spin_us)
 {
-    pair_t *p = calloc(1, sizeof *p);
     ferry_config_t cfg;
     ferry_config_init(&cfg);
     cfg.timeout_ms = 20000;
     cfg.spin_us = spin_us;
-    p->initiator = harness_engine_cfg(&cfg);
-    p->target = harness_engine(20000);
-    snprintf(p->peer, sizeof p->peer, "%s", ferry_engine_name(p->target));
-    return p;
-}
-
-static void pair_free(pair_t *p)
-{
-    ferry_engine_destroy(p->initiator);
-    ferry_engine_destroy(p->target);
-    free(p);
+    return harness_pair_new(&cfg, 20000);
 }
 
 static int setup(void **state)
@@ -49,7 +35,7 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-    pair_free(*state);
+    harness_pair_free(*state);
     return 0;
 }
 
@@ -261,7 +247,7 @@ static void bounded_spin_wait(void **state)
     ferry_deregister(p->target, dst);
     free(src);
     free(dst);
-    pair_free(p);
+    harness_pair_free(p);
 }
 
 /* The adaptive spin's budget (spin.h): twice the median of the recent
@@ -349,7 +335,7 @@ static void batch_waits_spin_adaptively_and_idle_burns_no_cpu(void **state)
     unsigned char *src = malloc(len), *dst = calloc(1, len);
     assert_int_equal(ferry_register(p->initiator, src, len, 0), 0);
     assert_int_equal(ferry_register(p->target, dst, len, FERRY_MEM_REMOTE), 0);
-    assert_int_equal(ferry_spin_us(&p->initiator->batch_spin, 0), 0); /* nothing waited yet */
+    assert_int_equal(ferry_spin_us(ferry_test_batch_spin(p->initiator), 0), 0); /* nothing waited yet */
     ferry_batch_t *b;
     assert_int_equal(ferry_batch_alloc(p->initiator, 200, &b), 0);
     for (int i = 0; i < 200; i++) {
@@ -359,13 +345,13 @@ static void batch_waits_spin_adaptively_and_idle_burns_no_cpu(void **state)
         assert_int_equal(ferry_batch_wait(b, 20000), 0);
         assert_true(harness_check(dst, len, (uint64_t)i));
     }
-    unsigned spin = ferry_spin_us(&p->initiator->batch_spin, 0);
+    unsigned spin = ferry_spin_us(ferry_test_batch_spin(p->initiator), 0);
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     printf("after 200 small batch waits: the next spins %u us (%ld CPUs)\n", spin, cpus);
     /* The waits that found work still running were recorded; a slow
      * machine may leave their median above the cap (then 0), never the
      * budget above it. */
-    assert_true(atomic_load(&p->initiator->batch_spin.count) > 0);
+    assert_true(atomic_load(&ferry_test_batch_spin(p->initiator)->count) > 0);
     assert_true(spin <= FERRY_SPIN_CAP_US);
     double c0 = cpu_seconds();
     uint64_t t0 = harness_now_ms();
@@ -379,7 +365,7 @@ static void batch_waits_spin_adaptively_and_idle_burns_no_cpu(void **state)
     ferry_deregister(p->target, dst);
     free(src);
     free(dst);
-    pair_free(p);
+    harness_pair_free(p);
 }
 
 static void completion_config_fields(void **state)

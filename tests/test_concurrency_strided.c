@@ -28,7 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/engine.h"
+#include "engine/testing.h"
 #include "fault.h"
 #include "harness.h"
 
@@ -486,7 +486,7 @@ static void destroy_during_a_blocked_strided_call(bool async)
     pause_us(300 * 1000); /* blocked by now; if not yet, it starts against a stopping engine */
     assert_false(atomic_load(&c.returned));
     /* Counted among the engine's calls, so that destroy wakes it and waits. */
-    assert_int_equal(atomic_load(&c.e->calls), 1);
+    assert_int_equal(ferry_test_calls(c.e), 1);
     uint64_t t0 = harness_now_ms();
     ferry_engine_destroy(c.e);
     bool returned_before_destroy_did = atomic_load(&c.returned);
@@ -538,9 +538,9 @@ static void destroy_under_many_blocked_strided_calls(void **state)
         assert_int_equal(pthread_create(&t[i], NULL, blocked_strided_main, &c[i]), 0);
     }
     /* Up to half the handshake's deadline (they block for all of it). */
-    for (uint64_t until = harness_now_ms() + 10000; atomic_load(&e->calls) < THREADS && harness_now_ms() < until;)
+    for (uint64_t until = harness_now_ms() + 10000; ferry_test_calls(e) < THREADS && harness_now_ms() < until;)
         pause_us(1000);
-    assert_int_equal(atomic_load(&e->calls), THREADS);
+    assert_int_equal(ferry_test_calls(e), THREADS);
     ferry_engine_destroy(e);
     for (int i = 0; i < THREADS; i++) assert_true(atomic_load(&c[i].returned)); /* destroy waited for them */
     for (int i = 0; i < THREADS; i++) {

@@ -22,7 +22,8 @@
 #include <sys/socket.h>
 
 #include "link/cancel.h"
-#include "engine/engine.h"
+#include "engine/session.h"
+#include "link/conn.h"
 #include "engine/testing.h"
 #include "fault.h"
 #include "harness.h"
@@ -35,13 +36,6 @@ static void sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
-}
-
-static bool is_zero(const unsigned char *b, size_t len)
-{
-    for (size_t i = 0; i < len; i++)
-        if (b[i]) return false;
-    return true;
 }
 
 /* ---------------------------------------------------------- end to end */
@@ -142,7 +136,7 @@ static void assert_nothing_lands_late(pair_t *p, size_t n)
     assert_int_equal(ferry_transfer_sync(p->initiator, proxy_name(p->px), FERRY_OP_WRITE, p->src,
                                          (uint64_t)(uintptr_t)p->dst, LEN),
                      0);
-    if (!is_zero(p->dst + RSTRIDE, (n - 1) * RSTRIDE))
+    if (!harness_all_equal(p->dst + RSTRIDE, (n - 1) * RSTRIDE, 0))
         fail_msg("bytes of the timed-out batch landed after it returned");
 }
 
@@ -300,7 +294,7 @@ static void conn_fence_scope(void **state)
         raw_send_frame(data, w, src);
         assert_int_equal(raw_recv_frame(data, NULL, 0).status, FERRY_ERR_CANCELLED);
     }
-    assert_true(is_zero(dst + 2 * 4096, 3 * 4096));
+    assert_true(harness_all_equal(dst + 2 * 4096, 3 * 4096, 0));
     w.req_id = 200;
     w.addr = (uint64_t)(uintptr_t)dst + 8 * 4096;
     raw_send_frame(ctl, w, src);

@@ -39,7 +39,8 @@ int main(void)
 
 #include "util/cuda_driver.h"
 #include "util/cuda_opt_cuda.h"
-#include "engine/engine.h"
+#include "engine/testing.h"
+#include "link/registry.h"
 #include "util/memkind.h"
 #include "harness.h"
 
@@ -177,7 +178,7 @@ static void host_transfer(void)
     assert_int_equal(kind, FERRY_MEMKIND_HOST);
     assert_int_equal(ferry_register(a, src, len, FERRY_MEM_LOCAL), 0);
     assert_int_equal(ferry_register(b, dst, len, FERRY_MEM_REMOTE), 0);
-    assert_int_equal(ferry_registry_device_count(&a->registry), 0);
+    assert_int_equal(ferry_registry_device_count(ferry_test_registry(a)), 0);
     harness_fill(src, len, 11);
     assert_int_equal(ferry_transfer_sync(a, ferry_engine_name(b), FERRY_OP_WRITE, src, (uint64_t)(uintptr_t)dst, len), 0);
     assert_true(harness_check(dst, len, 11));
@@ -242,7 +243,7 @@ static void registration_probes_only_when_the_loader_changes(void **state)
     unsigned char *dev = stub_alloc(len, 1, 0);
     assert_non_null(dev);
     assert_int_equal(ferry_register(e, dev, len, FERRY_MEM_LOCAL), 0);
-    assert_int_equal(ferry_registry_device_count(&e->registry), 1);
+    assert_int_equal(ferry_registry_device_count(ferry_test_registry(e)), 1);
     const char *why = NULL;
     assert_int_equal(ferry_device_memory_supported(&why), 1);
     assert_non_null(strstr(why, "libcuda.so.1, driver version 13000"));
@@ -286,7 +287,7 @@ static void stub_driver_moves_device_memory(void **state)
     ferry_engine_t *a = harness_engine(20000), *b = harness_engine(20000);
     assert_int_equal(ferry_register(a, gsrc, len, FERRY_MEM_LOCAL), 0);
     assert_int_equal(ferry_register(b, gdst, len, FERRY_MEM_REMOTE), 0);
-    assert_int_equal(ferry_registry_device_count(&a->registry), 1);
+    assert_int_equal(ferry_registry_device_count(ferry_test_registry(a)), 1);
     uint32_t kind = 0;
     assert_int_equal(ferry_memkind_detect(gsrc, len, &kind), 0);
     assert_int_equal(kind, FERRY_MEMKIND_MAKE(FERRY_MEMKIND_CUDA, 1));

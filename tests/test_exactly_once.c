@@ -32,6 +32,7 @@
 #include "engine/testing.h"
 #include "wire/wire.h"
 #include "fault.h"
+#include "fixtures.h"
 #include "harness.h"
 
 #define MIB (1u << 20)
@@ -44,16 +45,11 @@
 /* Connections per peer for the next world (a striped write wants 2). */
 static int world_conns = 1;
 
-typedef struct world {
-    ferry_engine_t *ini, *tgt;
-    proxy_t *px;
-    unsigned char *src, *dst;
-} world_t;
+typedef proxied_pair_t world_t;
 
 static world_t *make(const char *transport, int retries, size_t slice, proxy_opts_t o, bool old_target)
 {
-    world_t *w = calloc(1, sizeof *w);
-    ferry_config_t cfg;
+    ferry_config_t cfg, tcfg;
     ferry_config_init(&cfg);
     cfg.transport = transport;
     cfg.timeout_ms = 10000;
@@ -62,30 +58,13 @@ static world_t *make(const char *transport, int retries, size_t slice, proxy_opt
     cfg.conns_per_peer = world_conns;
     cfg.cancel_timeout_ms = 2000;
     cfg.slice_size = slice;
-    w->ini = harness_engine_cfg(&cfg);
-    ferry_config_init(&cfg);
-    cfg.transport = transport;
-    w->tgt = harness_engine_cfg(&cfg);
+    ferry_config_init(&tcfg);
+    tcfg.transport = transport;
+    world_t *w = proxied_pair_make(&cfg, &tcfg, WORLD, o);
     if (old_target) ferry_test_set_no_placed(w->tgt, true);
-    w->px = proxy_start("127.0.0.1", ferry_engine_port(w->tgt), &o);
-    assert_non_null(w->px);
-    w->src = malloc(WORLD);
-    w->dst = calloc(1, WORLD);
-    assert_int_equal(ferry_register(w->ini, w->src, WORLD, 0), 0);
-    assert_int_equal(ferry_register(w->tgt, w->dst, WORLD, FERRY_MEM_REMOTE), 0);
     /* The handshake and segment table first: the faults count data frames. */
     assert_int_equal(ferry_session_open(w->ini, proxy_name(w->px)), 0);
     return w;
-}
-
-static void done(world_t *w)
-{
-    ferry_engine_destroy(w->ini);
-    proxy_stop(w->px);
-    ferry_engine_destroy(w->tgt);
-    free(w->src);
-    free(w->dst);
-    free(w);
 }
 
 static uint64_t placed(world_t *w)
@@ -179,7 +158,7 @@ static void lost_answer_single(const char *transport, int retries)
     assert_int_equal(proxy_dropped(w->px), 1);
     reuser_check(&r);
     assert_int_equal(placed(w), MIB);
-    done(w);
+    proxied_pair_done(w);
 }
 
 static void lost_answer_single_write(void **state)
@@ -205,7 +184,7 @@ static void lost_answer_vector(int retries)
     assert_int_equal(proxy_dropped(w->px), 1);
     reuser_check(&r);
     assert_int_equal(placed(w), VEC_PIECES * VEC_PIECE);
-    done(w);
+    proxied_pair_done(w);
 }
 
 static void lost_answer_vector_write(void **state)
@@ -234,7 +213,7 @@ static void lost_answer_with_per_id_fences(void **state)
     assert_int_equal(proxy_dropped(w->px), 1);
     assert_true(harness_check(w->dst, VEC_PIECES * VEC_PIECE, 8));
     assert_int_equal(placed(w), VEC_PIECES * VEC_PIECE);
-    done(w);
+    proxied_pair_done(w);
 }
 
 /* 1 MiB in four slices; the second slice's answer is lost: the first was
@@ -252,7 +231,7 @@ static void lost_answer_sliced_write(void **state)
     /* Bytes of a slice cut mid-way are not counted; none is counted twice. */
     assert_true(placed(w) <= MIB);
     assert_true(placed(w) >= MIB / 2);
-    done(w);
+    proxied_pair_done(w);
 }
 
 /* 8 MiB striped over two connections in 1 MiB slices; the third answer is
@@ -271,7 +250,7 @@ static void lost_answer_striped_write(void **state)
     assert_true(harness_check(w->dst, WORLD, 7));
     assert_true(placed(w) <= WORLD);
     assert_true(placed(w) >= WORLD - 4 * MIB);
-    done(w);
+    proxied_pair_done(w);
 }
 
 static void duplicated_frame(bool vec)
@@ -292,7 +271,7 @@ static void duplicated_frame(bool vec)
     ferry_stats_t st;
     assert_int_equal(ferry_engine_stats(w->ini, &st), 0);
     assert_int_equal(st.reconnects, 0);
-    done(w);
+    proxied_pair_done(w);
 }
 
 static void duplicated_write_frame_is_dropped(void **state)
@@ -348,7 +327,7 @@ static void duplicated_answer(bool read)
     assert_int_equal(ferry_engine_stats(w->ini, &st), 0);
     assert_int_equal(st.reconnects, 0);
     assert_int_equal(st.connections_opened, 1); /* nothing was left unread on it */
-    done(w);
+    proxied_pair_done(w);
 }
 
 static void duplicated_read_answer_is_dropped(void **state)
@@ -370,7 +349,7 @@ static void older_target_gets_no_resend(void **state)
     int rc = write_one(w, MIB, 6);
     assert_int_equal(rc, FERRY_ERR_PEER_CLOSED);
     assert_int_equal(placed(w), MIB);
-    done(w);
+    proxied_pair_done(w);
 }
 
 /* ------------------------------------------------------- notifications */
@@ -396,7 +375,7 @@ static void lost_notify_answer(int retries)
     assert_int_equal(rc, 0);
     assert_int_equal(proxy_dropped(w->px), 1);
     assert_int_equal(notifications_queued(w), 1);
-    done(w);
+    proxied_pair_done(w);
 }
 
 static void lost_notify_answer_delivered_once(void **state)
@@ -420,7 +399,7 @@ static void duplicated_notify_is_dropped(void **state)
     assert_int_equal(ferry_notify(w->ini, proxy_name(w->px), "once", 4), 0);
     assert_int_equal(ferry_notify(w->ini, proxy_name(w->px), "twice", 5), 0);
     assert_int_equal(notifications_queued(w), 2);
-    done(w);
+    proxied_pair_done(w);
 }
 
 /* A target that predates NOTIFY reports: the notification whose answer
@@ -432,7 +411,7 @@ static void older_target_gets_no_notify_resend(void **state)
     int rc = ferry_notify(w->ini, proxy_name(w->px), "once", 4);
     assert_int_equal(rc, FERRY_ERR_PEER_CLOSED);
     assert_int_equal(notifications_queued(w), 1);
-    done(w);
+    proxied_pair_done(w);
 }
 
 /* The NOTIFY is held in the network past its deadline: the call reports
@@ -448,7 +427,7 @@ static void late_notify_is_not_delivered(void **state)
     assert_int_equal(rc, FERRY_ERR_TIMEOUT);
     proxy_hold(w->px, false);
     assert_int_equal(notifications_queued(w), 0);
-    done(w);
+    proxied_pair_done(w);
 }
 
 /* ------------------------------------------------------ frozen target */

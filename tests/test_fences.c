@@ -25,7 +25,8 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
-#include "engine/engine.h"
+#include "link/cancel.h"
+#include "engine/testing.h"
 #include "delay_proxy.h"
 #include "fault.h"
 #include "harness.h"
@@ -49,10 +50,7 @@ static void stray_connect_close(uint16_t port)
 
 static int served_connections(ferry_engine_t *t)
 {
-    pthread_mutex_lock(&t->conns_lock);
-    int n = t->nconns_served;
-    pthread_mutex_unlock(&t->conns_lock);
-    return n;
+    return ferry_test_conns(t).served;
 }
 
 /* Waits until the target serves exactly n connections (the listener reaps
@@ -233,18 +231,6 @@ static int hello_as(uint16_t port, uint64_t engine_id, uint64_t *key)
     return fd;
 }
 
-static bool wait_placed(const unsigned char *dst, size_t n, unsigned char v, int ms)
-{
-    uint64_t until = harness_now_ms() + (uint64_t)ms;
-    while (harness_now_ms() < until) {
-        bool all = true;
-        for (size_t i = 0; i < n && all; i++) all = dst[i] == v;
-        if (all) return true;
-        sleep_ms(5);
-    }
-    return false;
-}
-
 typedef struct raw_rig {
     ferry_engine_t *t;
     unsigned char *dst, *src;
@@ -276,7 +262,7 @@ static void raw_write_cancelled_midway(raw_rig_t *r)
     ferry_frame_encode(&w, hdr);
     assert_int_equal(raw_send_bytes(r->data, hdr, sizeof hdr), 0);
     assert_int_equal(raw_send_bytes(r->data, r->src, r->first), 0);
-    assert_true(wait_placed(r->dst, r->first, 0xab, 10000));
+    assert_true(harness_wait_filled(r->dst, r->first, 0xab, 10000));
     raw_send_frame(r->fence, (ferry_frame_t){.type = FERRY_FRAME_CANCEL, .req_id = 7, .aux = r->data_key}, NULL);
     ferry_frame_t ca = raw_recv_frame(r->fence, NULL, 0);
     assert_int_equal(ca.type, FERRY_FRAME_CANCEL_ACK);

@@ -47,7 +47,7 @@
 #include <unistd.h>
 
 #include "util/crc32c.h"
-#include "engine/engine.h"
+#include "engine/testing.h"
 #include "serve/evloop.h"
 #include "fault.h"
 #include "harness.h"
@@ -248,10 +248,7 @@ static void byte_by_byte_interleaved(void **state)
 /* The target's connections still in their handshake (listener.c). */
 static int handshaking(const target_t *t)
 {
-    pthread_mutex_lock(&t->e->conns_lock);
-    int n = t->e->nhandshaking;
-    pthread_mutex_unlock(&t->e->conns_lock);
-    return n;
+    return ferry_test_conns(t->e).handshaking;
 }
 
 /* Waits until the target ended every connection that hung up in its

@@ -22,7 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "engine/engine.h"
+#include "engine/testing.h"
 #include "serve/evloop.h"
 #include "fault.h"
 #include "harness.h"
@@ -74,10 +74,8 @@ static void opener(int port_in, int done_out, int n)
 
 static int established(ferry_engine_t *t)
 {
-    pthread_mutex_lock(&t->conns_lock);
-    int n = t->nhandshaking == 0 ? t->nestablished : -1;
-    pthread_mutex_unlock(&t->conns_lock);
-    return n;
+    ferry_test_conns_t n = ferry_test_conns(t);
+    return n.handshaking == 0 ? n.established : -1;
 }
 
 static int write_round_trip(ferry_engine_t *ini, ferry_engine_t *tgt, unsigned char *src, unsigned char *dst,

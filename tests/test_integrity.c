@@ -8,20 +8,16 @@
 #include <string.h>
 
 #include "fault.h"
+#include "fixtures.h"
 #include "harness.h"
 #include "link/vec.h"
 
 #define LEN (4u << 20)
 
-typedef struct world {
-    ferry_engine_t *ini, *tgt;
-    proxy_t *px;
-    unsigned char *src, *dst;
-} world_t;
+typedef proxied_pair_t world_t;
 
 static world_t *make(int checksum, int retries, proxy_opts_t o)
 {
-    world_t *w = calloc(1, sizeof *w);
     ferry_config_t cfg;
     ferry_config_init(&cfg);
     cfg.timeout_ms = 5000;
@@ -29,44 +25,12 @@ static world_t *make(int checksum, int retries, proxy_opts_t o)
     cfg.retries = retries;
     cfg.slice_size = 1u << 20;
     cfg.conns_per_peer = 1;
-    w->ini = harness_engine_cfg(&cfg);
-    ferry_config_init(&cfg);
-    w->tgt = harness_engine_cfg(&cfg);
-    w->px = proxy_start("127.0.0.1", ferry_engine_port(w->tgt), &o);
-    assert_non_null(w->px);
-    w->src = malloc(LEN);
-    w->dst = calloc(1, LEN);
-    assert_int_equal(ferry_register(w->ini, w->src, LEN, 0), 0);
-    assert_int_equal(ferry_register(w->tgt, w->dst, LEN, FERRY_MEM_REMOTE), 0);
-    return w;
+    return proxied_pair_make(&cfg, NULL, LEN, o);
 }
 
-static void done(world_t *w)
-{
-    ferry_engine_destroy(w->ini);
-    proxy_stop(w->px);
-    ferry_engine_destroy(w->tgt);
-    free(w->src);
-    free(w->dst);
-    free(w);
-}
+static int write_all(world_t *w) { return proxied_pair_transfer(w, FERRY_OP_WRITE); }
 
-static int write_all(world_t *w)
-{
-    return ferry_transfer_sync(w->ini, proxy_name(w->px), FERRY_OP_WRITE, w->src, (uint64_t)(uintptr_t)w->dst, LEN);
-}
-
-static int read_all(world_t *w)
-{
-    return ferry_transfer_sync(w->ini, proxy_name(w->px), FERRY_OP_READ, w->src, (uint64_t)(uintptr_t)w->dst, LEN);
-}
-
-static bool all_zero(const unsigned char *p, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (p[i]) return false;
-    return true;
-}
+static int read_all(world_t *w) { return proxied_pair_transfer(w, FERRY_OP_READ); }
 
 static void corrupted_write_is_retried(void **state)
 {
@@ -99,7 +63,7 @@ static void corrupted_write_is_retried(void **state)
     assert_int_equal(si.requests_completed, 1);
     for (size_t i = 0; i < si.ncodes; i++)
         if (si.codes[i].code == FERRY_ERR_CHECKSUM_MISMATCH) assert_int_equal(si.codes[i].retries, 1);
-    done(w);
+    proxied_pair_done(w);
 }
 
 static void corrupted_write_never_placed(void **state)
@@ -112,12 +76,12 @@ static void corrupted_write_never_placed(void **state)
     assert_detail_contains("CRC32C");
     assert_detail_contains("not placed");
     /* Every slice was corrupted, so not a byte may have landed. */
-    assert_true(all_zero(w->dst, LEN));
+    assert_true(harness_all_equal(w->dst, LEN, 0));
     ferry_stats_t si;
     ferry_engine_stats(w->ini, &si);
     assert_int_equal(si.retries, 2);
     assert_int_equal(si.requests_failed, 1);
-    done(w);
+    proxied_pair_done(w);
 }
 
 static void corrupted_read_detected(void **state)
@@ -128,12 +92,12 @@ static void corrupted_read_detected(void **state)
     assert_int_equal(read_all(w), 0);
     assert_int_equal(proxy_corrupted(w->px), 1);
     assert_true(harness_check(w->src, LEN, 3));
-    done(w);
+    proxied_pair_done(w);
     w = make(1, 0, (proxy_opts_t){.corrupt_reads = -1});
     harness_fill(w->dst, LEN, 4);
     assert_int_equal(read_all(w), FERRY_ERR_CHECKSUM_MISMATCH);
     assert_detail_contains("arrived corrupted");
-    done(w);
+    proxied_pair_done(w);
 }
 
 static void no_retries_fails_at_once(void **state)
@@ -148,7 +112,7 @@ static void no_retries_fails_at_once(void **state)
     /* The connection is fine: the next write goes through. */
     assert_int_equal(write_all(w), 0);
     assert_true(harness_check(w->dst, LEN, 5));
-    done(w);
+    proxied_pair_done(w);
 }
 
 /* Without checksums the same fault goes unnoticed: what the option is for
@@ -161,7 +125,7 @@ static void without_checksum_corruption_is_silent(void **state)
     assert_int_equal(write_all(w), 0);
     assert_int_equal(proxy_corrupted(w->px), 1);
     assert_false(harness_check(w->dst, LEN, 6));
-    done(w);
+    proxied_pair_done(w);
 }
 
 
@@ -207,7 +171,7 @@ static void corrupted_small_piece_is_retried(void **state)
     assert_int_equal(si.checksum_failures, 1);
     assert_int_equal(st.checksum_failures, 1);
     assert_int_equal(si.requests_completed, PIECES);
-    done(w);
+    proxied_pair_done(w);
 }
 
 /* A vector read's answer arrives corrupted: the piece hit is caught by its
@@ -235,7 +199,7 @@ static void corrupted_small_piece_read_is_retried(void **state)
     ferry_engine_stats(w->ini, &si);
     assert_int_equal(si.retries, 1);
     assert_int_equal(si.checksum_failures, 1);
-    done(w);
+    proxied_pair_done(w);
 }
 
 /* Every frame corrupted: the pieces hit fail with CHECKSUM_MISMATCH and
@@ -250,7 +214,7 @@ static void corrupted_small_pieces_never_placed(void **state)
     assert_detail_contains("CRC32C");
     int refused = 0;
     for (int i = 0; i < PIECES; i++) {
-        if (all_zero(piece_dst(w, i), PIECE))
+        if (harness_all_equal(piece_dst(w, i), PIECE, 0))
             refused++;
         else
             assert_memory_equal(piece_dst(w, i), w->src + (size_t)i * PIECE, PIECE);
@@ -260,7 +224,7 @@ static void corrupted_small_pieces_never_placed(void **state)
     ferry_engine_stats(w->ini, &si);
     assert_int_equal(si.retries, 2);
     assert_int_equal(si.requests_failed, (uint64_t)refused);
-    done(w);
+    proxied_pair_done(w);
 }
 
 int main(void)

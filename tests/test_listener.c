@@ -18,41 +18,11 @@
 #include <unistd.h>
 
 #include "link/auth.h"
-#include "engine/engine.h"
+#include "engine/testing.h"
 #include "fault.h"
 #include "harness.h"
 
 #define BUF (64u << 10)
-
-/* A TCP connection to 127.0.0.1:port from 127.0.0.<last> (or -1). */
-static int connect_from(int last, uint16_t port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    struct sockaddr_in me = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000000u | (uint32_t)last)};
-    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (bind(fd, (struct sockaddr *)&me, sizeof me) != 0 || connect(fd, (struct sockaddr *)&to, sizeof to) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-/* A connection from 127.0.0.<last> that completed its handshake (no
- * secret), or -1. */
-static int handshaken_from(int last, uint16_t port)
-{
-    int fd = connect_from(last, port);
-    if (fd < 0) return -1;
-    uint8_t hello[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME], ack[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
-    size_t hlen, alen;
-    int status = -1;
-    if (raw_hello(fd, 0, NULL, hello, &hlen, ack, &alen, &status) != 0 || status != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
 
 /* Makes a handshaken connection busy: half a frame header, the rest never
  * comes. The target waits for it (config.timeout_ms): a request in flight. */
@@ -124,7 +94,7 @@ static void *flooder(void *arg)
     for (int i = 0; i < HELD; i++) fds[i] = -1;
     for (int i = 0; !atomic_load(&f->stop); i++) {
         if (fds[i % HELD] >= 0) close(fds[i % HELD]);
-        fds[i % HELD] = connect_from(1 + i % 8, f->port);
+        fds[i % HELD] = raw_connect_from(1 + i % 8, f->port);
         atomic_fetch_add(&f->opened, 1);
         usleep(1000);
     }
@@ -145,7 +115,7 @@ static void silent_flood(void **state)
     uint16_t port = ferry_engine_port(tgt);
     enum { SILENT = 300 };
     int fds[SILENT];
-    for (int i = 0; i < SILENT; i++) assert_true((fds[i] = connect_from(1 + i % 8, port)) >= 0);
+    for (int i = 0; i < SILENT; i++) assert_true((fds[i] = raw_connect_from(1 + i % 8, port)) >= 0);
     struct flood f = {.port = port};
     pthread_t t;
     pthread_create(&t, NULL, flooder, &f);
@@ -170,9 +140,8 @@ static int wait_established(ferry_engine_t *tgt, int n)
 {
     int got = -1;
     for (int i = 0; i < 1000; i++) {
-        pthread_mutex_lock(&tgt->conns_lock);
-        got = tgt->nhandshaking == 0 ? tgt->nestablished : -1;
-        pthread_mutex_unlock(&tgt->conns_lock);
+        ferry_test_conns_t k = ferry_test_conns(tgt);
+        got = k.handshaking == 0 ? k.established : -1;
         if (got == n) break;
         usleep(10000);
     }
@@ -192,7 +161,7 @@ static void idle_connections_make_way(void **state)
     uint16_t port = ferry_engine_port(tgt);
     int fds[CAP];
     for (int i = 0; i < CAP; i++) {
-        assert_true((fds[i] = handshaken_from(2, port)) >= 0);
+        assert_true((fds[i] = raw_handshaken_from(2, port)) >= 0);
         usleep(2000); /* distinct idle times */
     }
     assert_int_equal(wait_established(tgt, CAP), CAP);
@@ -211,7 +180,7 @@ static void idle_connections_make_way(void **state)
     for (int i = 0; i < CAP; i++) {
         if (raw_closed_within(fds[i], 0)) {
             close(fds[i]);
-            assert_true((fds[i] = handshaken_from(2, port)) >= 0);
+            assert_true((fds[i] = raw_handshaken_from(2, port)) >= 0);
         }
     }
     assert_int_equal(wait_established(tgt, CAP), CAP);
@@ -241,7 +210,7 @@ static void busy_cap_with_secret(void **state)
     ferry_engine_t *tgt = target(1, 8, secret);
     unsigned char *remote = calloc(1, BUF);
     assert_int_equal(ferry_register(tgt, remote, BUF, FERRY_MEM_REMOTE), 0);
-    int fd = connect_from(2, ferry_engine_port(tgt));
+    int fd = raw_connect_from(2, ferry_engine_port(tgt));
     assert_true(fd >= 0);
     uint8_t nonce[32], hello[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME],
         ack[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME + 1], mac[32];
@@ -277,7 +246,7 @@ static void per_source_limit(void **state)
     uint16_t port = ferry_engine_port(tgt);
     int fds[4];
     for (int i = 0; i < 4; i++) {
-        assert_true((fds[i] = handshaken_from(2, port)) >= 0);
+        assert_true((fds[i] = raw_handshaken_from(2, port)) >= 0);
         usleep(2000); /* distinct idle times */
     }
     assert_int_equal(wait_established(tgt, 4), 4);
@@ -285,7 +254,7 @@ static void per_source_limit(void **state)
     /* A fifth from the same address takes the place of that address's
      * connection idle the longest (issue 20: 512 idle ones locked their
      * address out for good; on one host every peer is 127.0.0.1)... */
-    int fd = handshaken_from(2, port);
+    int fd = raw_handshaken_from(2, port);
     assert_true(fd >= 0);
     assert_true(raw_closed_within(fds[0], 2000));
     assert_true(stats_of(tgt).connections_evicted > evicted);
@@ -295,20 +264,20 @@ static void per_source_limit(void **state)
     /* ...but with all of them busy, it is refused at accept. */
     for (int i = 0; i < 4; i++) make_busy(fds[i]);
     uint64_t refused = stats_of(tgt).connections_refused;
-    fd = connect_from(2, port);
+    fd = raw_connect_from(2, port);
     assert_true(fd >= 0);
     assert_true(raw_closed_within(fd, 2000));
     close(fd);
     assert_true(stats_of(tgt).connections_refused > refused);
     for (int i = 0; i < 4; i++) assert_false(raw_closed_within(fds[i], 0));
     /* Other sources are served. */
-    fd = handshaken_from(3, port);
+    fd = raw_handshaken_from(3, port);
     assert_true(fd >= 0);
     close(fd);
     assert_int_equal(fresh_round_trip(tgt, remote, NULL, 1), 0);
     /* Silent ones from one source give way to that source's newer ones. */
     int silent[8];
-    for (int i = 0; i < 8; i++) assert_true((silent[i] = connect_from(4, port)) >= 0);
+    for (int i = 0; i < 8; i++) assert_true((silent[i] = raw_connect_from(4, port)) >= 0);
     assert_true(raw_closed_within(silent[0], 2000));
     assert_false(raw_closed_within(silent[7], 100));
     for (int i = 0; i < 8; i++) close(silent[i]);
@@ -337,18 +306,16 @@ static void stalled_handshakes(void **state)
     uint64_t t0 = harness_now_ms();
     int stalled[8];
     for (int i = 0; i < 8; i++) {
-        assert_true((stalled[i] = connect_from(2 + i % 2, port)) >= 0);
+        assert_true((stalled[i] = raw_connect_from(2 + i % 2, port)) >= 0);
         make_busy(stalled[i]); /* half a header: it spoke */
     }
     for (int i = 0; i < 500; i++) {
-        pthread_mutex_lock(&tgt->conns_lock);
-        int n = tgt->nhandshaking;
-        pthread_mutex_unlock(&tgt->conns_lock);
+        int n = ferry_test_conns(tgt).handshaking;
         if (n == 8) break;
         usleep(10000);
     }
     uint64_t refused = stats_of(tgt).connections_refused;
-    int fd = connect_from(4, port);
+    int fd = raw_connect_from(4, port);
     assert_true(fd >= 0);
     bool turned_away = raw_closed_within(fd, 2000);
     close(fd);
@@ -362,7 +329,7 @@ static void stalled_handshakes(void **state)
     /* Older than 3 s: the oldest stalled one makes way. */
     while (harness_now_ms() - t0 < 3300) usleep(50000);
     uint64_t evicted = stats_of(tgt).handshakes_evicted;
-    assert_true((fd = handshaken_from(4, port)) >= 0);
+    assert_true((fd = raw_handshaken_from(4, port)) >= 0);
     assert_true(stats_of(tgt).handshakes_evicted > evicted);
     assert_true(raw_closed_within(stalled[0], 2000));
     close(fd);

@@ -19,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/engine.h"
+#include "engine/testing.h"
 #include "fault.h"
 #include "harness.h"
 
@@ -52,10 +52,7 @@ static double wall_seconds(void)
 /* Connections the engine still holds (until reaped: their descriptors too). */
 static int served(ferry_engine_t *e)
 {
-    pthread_mutex_lock(&e->conns_lock);
-    int n = e->nconns_served;
-    pthread_mutex_unlock(&e->conns_lock);
-    return n;
+    return ferry_test_conns(e).served;
 }
 
 /* Connections waiting in the kernel's accept queue of the listener on
@@ -143,19 +140,6 @@ static struct report ask(world_t *w, char c)
     return r;
 }
 
-static int connect_from(int last, uint16_t port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    struct sockaddr_in me = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000000u | (uint32_t)last)};
-    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (bind(fd, (struct sockaddr *)&me, sizeof me) != 0 || connect(fd, (struct sockaddr *)&to, sizeof to) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
 /* Sends a HELLO without waiting for the answer: the connection is taken
  * as far as the target lets it. */
 static void send_hello(int fd)
@@ -205,10 +189,10 @@ static void descriptors_run_out(void **state)
     static int held[HELD_HELLO + HELD_SILENT];
     int n = 0;
     for (int i = 0; i < HELD_HELLO; i++) {
-        assert_true((held[n] = connect_from(2 + i % 3, w->r.port)) >= 0);
+        assert_true((held[n] = raw_connect_from(2 + i % 3, w->r.port)) >= 0);
         send_hello(held[n++]);
     }
-    for (int i = 0; i < HELD_SILENT; i++) assert_true((held[n++] = connect_from(5 + i % 8, w->r.port)) >= 0);
+    for (int i = 0; i < HELD_SILENT; i++) assert_true((held[n++] = raw_connect_from(5 + i % 8, w->r.port)) >= 0);
     /* The listener works through what waits, then rests: measured over a
      * fixed window after a settling second. */
     sleep(1);

@@ -12,37 +12,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "engine/engine.h"
+#include "engine/testing.h"
 #include "util/memkind.h"
 #include "link/registry.h"
+#include "fake_dev.h"
 #include "harness.h"
-
-typedef struct fake_dev {
-    unsigned char *base;  /* PROT_NONE: what Ferry is given */
-    unsigned char *alias; /* read-write view of the same pages, for the test */
-    size_t len;
-} fake_dev_t;
-
-static fake_dev_t fake_new(size_t len)
-{
-    fake_dev_t d = {.len = len};
-    int fd = memfd_create("ferry-fake-device", MFD_CLOEXEC);
-    assert_true(fd >= 0);
-    assert_int_equal(ftruncate(fd, (off_t)len), 0);
-    d.base = mmap(NULL, len, PROT_NONE, MAP_SHARED, fd, 0);
-    d.alias = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    assert_true(d.base != MAP_FAILED && d.alias != MAP_FAILED);
-    assert_int_equal(ferry_memkind_fake_add(d.base, len, d.alias), 0);
-    return d;
-}
-
-static void fake_free(fake_dev_t *d)
-{
-    ferry_memkind_fake_remove(d->base);
-    munmap(d->base, d->len);
-    munmap(d->alias, d->len);
-}
 
 static int teardown_fakes(void **state)
 {
@@ -53,10 +27,10 @@ static int teardown_fakes(void **state)
 
 static uint32_t kind_at(ferry_engine_t *e, const void *p)
 {
-    ferry_registry_read_lock(&e->registry);
-    ferry_region_t *r = ferry_registry_lookup_locked(&e->registry, (uint64_t)(uintptr_t)p, 1);
+    ferry_registry_read_lock(ferry_test_registry(e));
+    ferry_region_t *r = ferry_registry_lookup_locked(ferry_test_registry(e), (uint64_t)(uintptr_t)p, 1);
     uint32_t k = r ? r->kind : 0xffffffffu;
-    ferry_registry_unlock(&e->registry);
+    ferry_registry_unlock(ferry_test_registry(e));
     return k;
 }
 
@@ -65,7 +39,7 @@ static uint32_t kind_at(ferry_engine_t *e, const void *p)
 static void fake_memory_is_unreachable(void **state)
 {
     (void)state;
-    fake_dev_t d = fake_new(4096);
+    fake_dev_t d = fake_dev_new(4096);
     int p[2];
     assert_int_equal(pipe(p), 0);
     errno = 0;
@@ -73,26 +47,26 @@ static void fake_memory_is_unreachable(void **state)
     assert_int_equal(errno, EFAULT);
     close(p[0]);
     close(p[1]);
-    fake_free(&d);
+    fake_dev_free(&d);
 }
 
 static void registration_detects_kinds(void **state)
 {
     (void)state;
     ferry_engine_t *e = harness_engine(5000);
-    fake_dev_t d = fake_new(1u << 20);
+    fake_dev_t d = fake_dev_new(1u << 20);
     unsigned char *host = malloc(4096);
     assert_int_equal(ferry_register(e, d.base, d.len, FERRY_MEM_REMOTE), 0);
     assert_int_equal(ferry_register(e, host, 4096, FERRY_MEM_LOCAL), 0);
     assert_int_equal(FERRY_MEMKIND_TYPE(kind_at(e, d.base)), FERRY_MEMKIND_FAKE);
     assert_int_equal(kind_at(e, host), FERRY_MEMKIND_HOST);
-    assert_int_equal(ferry_registry_device_count(&e->registry), 1);
+    assert_int_equal(ferry_registry_device_count(ferry_test_registry(e)), 1);
     char name[32];
     assert_string_equal(ferry_memkind_name(kind_at(e, d.base), name, sizeof name), "fake:0");
     assert_string_equal(ferry_memkind_name(FERRY_MEMKIND_MAKE(FERRY_MEMKIND_CUDA, 3), name, sizeof name), "cuda:3");
     assert_string_equal(ferry_memkind_name(FERRY_MEMKIND_HOST, name, sizeof name), "host");
     assert_int_equal(ferry_deregister(e, d.base), 0);
-    assert_int_equal(ferry_registry_device_count(&e->registry), 0);
+    assert_int_equal(ferry_registry_device_count(ferry_test_registry(e)), 0);
 
     /* A range starting in device memory and running past it is refused. */
     assert_int_equal(ferry_register(e, d.base + 4096, d.len, FERRY_MEM_REMOTE), FERRY_ERR_INVALID_ARGUMENT);
@@ -106,9 +80,9 @@ static void registration_detects_kinds(void **state)
     assert_int_equal(ferry_region_count(e), 1);
     lens[1] = 4096;
     assert_int_equal(ferry_register_batch(e, addrs, lens, 2, FERRY_MEM_REMOTE), 0);
-    assert_int_equal(ferry_registry_device_count(&e->registry), 2);
+    assert_int_equal(ferry_registry_device_count(ferry_test_registry(e)), 2);
     assert_int_equal(ferry_deregister_batch(e, addrs, 2), 0);
-    assert_int_equal(ferry_registry_device_count(&e->registry), 0);
+    assert_int_equal(ferry_registry_device_count(ferry_test_registry(e)), 0);
 
     /* Without CUDA in the build, or without a driver, host memory stays
      * host memory and the status says why. */
@@ -116,7 +90,7 @@ static void registration_detects_kinds(void **state)
     assert_true(strstr(status, "CUDA not built in") || strstr(status, "CUDA built in"));
     ferry_engine_destroy(e);
     free(host);
-    fake_free(&d);
+    fake_dev_free(&d);
 }
 
 /* --------------------------------------------------- staging over TCP */
@@ -160,7 +134,7 @@ static buf_t buf_new(size_t len, int is_dev)
 {
     buf_t b = {.is_dev = is_dev};
     if (is_dev)
-        b.dev = fake_new(len);
+        b.dev = fake_dev_new(len);
     else
         b.host = malloc(len);
     return b;
@@ -170,7 +144,7 @@ static unsigned char *buf_bytes(buf_t *b) { return b->is_dev ? b->dev.alias : b-
 static void buf_free(buf_t *b)
 {
     if (b->is_dev)
-        fake_free(&b->dev);
+        fake_dev_free(&b->dev);
     else
         free(b->host);
 }
@@ -295,7 +269,7 @@ static void region_access_checks_and_reaches_device_memory(void **state)
 {
     (void)state;
     ferry_engine_t *e = harness_engine(2000);
-    fake_dev_t d = fake_new(8192);
+    fake_dev_t d = fake_dev_new(8192);
     unsigned char *host = calloc(1, 4096), out[64];
     assert_int_equal(ferry_register(e, d.base, d.len, FERRY_MEM_REMOTE), 0);
     assert_int_equal(ferry_register(e, host, 4096, FERRY_MEM_LOCAL), 0);
@@ -345,7 +319,7 @@ static void region_access_checks_and_reaches_device_memory(void **state)
     assert_non_null(strstr(why, "CUDA"));
 
     ferry_deregister(e, d.base);
-    fake_free(&d);
+    fake_dev_free(&d);
     free(host);
     ferry_engine_destroy(e);
 }

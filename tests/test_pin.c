@@ -25,21 +25,15 @@
 #include <ferry/kv.h>
 
 #include "fault.h"
+#include "fixtures.h"
 #include "harness.h"
 
 #define TRIES 5
 
+/* This suite runs each case over both transports. */
 static ferry_engine_t *initiator(const char *transport, int workers)
 {
-    ferry_config_t cfg;
-    ferry_config_init(&cfg);
-    cfg.timeout_ms = 3000;
-    cfg.connect_timeout_ms = 3000;
-    cfg.retries = 1;
-    cfg.cancel_timeout_ms = 300;
-    if (workers) cfg.workers = workers;
-    cfg.transport = transport; /* this suite runs each case over both */
-    return harness_engine_cfg(&cfg);
+    return fault_initiator(transport, 3000, workers);
 }
 
 static void pinned_name(char *out, size_t cap, const peer_proc_t *p)
@@ -52,15 +46,8 @@ static void pinned_name(char *out, size_t cap, const peer_proc_t *p)
  * and a read taking from there would show). */
 static void restart(peer_proc_t *p1, peer_proc_t *p2)
 {
-    peer_end(p1, SIGKILL);
-    char port[16], at[32];
-    snprintf(port, sizeof port, "%u", p1->port);
-    snprintf(at, sizeof at, "0x%llx", (unsigned long long)p1->addr);
-    const char *args[] = {"--port", port, "--at", at, NULL};
-    assert_int_equal(peer_spawn(p2, NULL, NULL, args), 0);
-    assert_string_equal(p2->name, p1->name);
+    peer_restart_in_place(p1, p2);
     assert_int_equal(p2->addr, p1->addr); /* else old addresses could not land anyway */
-    assert_true(p2->epoch != p1->epoch);
     assert_int_equal(peer_cmd(p2, "fill 300"), 0);
 }
 
@@ -87,8 +74,7 @@ static void pinned_calls_into_a_restart(const char *transport)
     peer_proc_t p1, p2;
     assert_int_equal(peer_spawn(&p1, NULL, NULL, NULL), 0);
     size_t len = p1.len, half = len / 2;
-    unsigned char *buf = malloc(len);
-    assert_int_equal(ferry_register(e, buf, len, 0), 0);
+    unsigned char *buf = registered_buffer(e, len, 0);
 
     /* The pin: what ferry_session_pin writes is the documented form. */
     char pin1[128], want[128];
@@ -163,10 +149,7 @@ static void pinned_calls_into_a_restart(const char *transport)
     harness_fill(buf, len, 400);
     assert_int_equal(ferry_transfer_sync(e, p1.name, FERRY_OP_WRITE, buf, p1.addr, len), 0);
     assert_int_equal(peer_cmd(&p2, "check 400 0 %zu", len), 0);
-    peer_end(&p2, 0);
-    ferry_deregister(e, buf);
-    ferry_engine_destroy(e);
-    free(buf);
+    peer_session_end(e, &p2, buf);
 }
 
 static void pinned_calls_into_a_restart_tcp(void **state)
@@ -190,8 +173,7 @@ static void pinned_batch_runs_after_restart(const char *transport)
     assert_int_equal(peer_spawn(&p0, NULL, NULL, NULL), 0);
     assert_int_equal(peer_spawn(&p1, NULL, NULL, NULL), 0);
     size_t len = p1.len;
-    unsigned char *buf = malloc(len);
-    assert_int_equal(ferry_register(e, buf, len, 0), 0);
+    unsigned char *buf = registered_buffer(e, len, 0);
     harness_fill(buf, len, 100);
     assert_int_equal(ferry_transfer_sync(e, p0.name, FERRY_OP_WRITE, buf, p0.addr, 4096), 0);
     char pin1[128];
@@ -230,10 +212,7 @@ static void pinned_batch_runs_after_restart(const char *transport)
     assert_int_equal(peer_cmd(&p2, "check 300 0 %zu", len), 0);
     kill(p0.pid, SIGCONT);
     peer_end(&p0, SIGKILL);
-    peer_end(&p2, 0);
-    ferry_deregister(e, buf);
-    ferry_engine_destroy(e);
-    free(buf);
+    peer_session_end(e, &p2, buf);
 }
 
 static void pinned_batch_runs_after_restart_tcp(void **state)
@@ -285,8 +264,7 @@ static void pinned_call_reconnects_into_restart(void **state)
     peer_proc_t p1, p2;
     assert_int_equal(peer_spawn(&p1, NULL, NULL, NULL), 0);
     size_t len = p1.len;
-    unsigned char *buf = malloc(len);
-    assert_int_equal(ferry_register(e, buf, len, 0), 0);
+    unsigned char *buf = registered_buffer(e, len, 0);
     harness_fill(buf, len, 100);
     char pin1[128];
     assert_int_equal(ferry_session_pin(e, p1.name, pin1, sizeof pin1), 0);
@@ -307,10 +285,7 @@ static void pinned_call_reconnects_into_restart(void **state)
     for (int i = 0; i < TRIES; i++)
         expect_restarted(ferry_transfer_sync(e, pin1, FERRY_OP_WRITE, buf, p1.addr, len), "write after", i, &p1, &p2);
     assert_int_equal(peer_cmd(&p2, "check 300 0 %zu", len), 0);
-    peer_end(&p2, 0);
-    ferry_deregister(e, buf);
-    ferry_engine_destroy(e);
-    free(buf);
+    peer_session_end(e, &p2, buf);
 }
 
 /* The peer restarted and no call met it yet, but the caller learned the
@@ -323,8 +298,7 @@ static void newer_pin_reopens_the_session(void **state)
     peer_proc_t p1, p2;
     assert_int_equal(peer_spawn(&p1, NULL, NULL, NULL), 0);
     size_t len = p1.len;
-    unsigned char *buf = malloc(len);
-    assert_int_equal(ferry_register(e, buf, len, 0), 0);
+    unsigned char *buf = registered_buffer(e, len, 0);
     harness_fill(buf, len, 100);
     assert_int_equal(ferry_transfer_sync(e, p1.name, FERRY_OP_WRITE, buf, p1.addr, len), 0);
     restart(&p1, &p2);
@@ -332,10 +306,7 @@ static void newer_pin_reopens_the_session(void **state)
     pinned_name(pin2, sizeof pin2, &p2);
     assert_int_equal(ferry_transfer_sync(e, pin2, FERRY_OP_WRITE, buf, p2.addr, len), 0);
     assert_int_equal(peer_cmd(&p2, "check 100 0 %zu", len), 0);
-    peer_end(&p2, 0);
-    ferry_deregister(e, buf);
-    ferry_engine_destroy(e);
-    free(buf);
+    peer_session_end(e, &p2, buf);
 }
 
 /* A pin that never was the peer's: refused every time, with one probe
@@ -347,8 +318,7 @@ static void wrong_and_malformed_pins(void **state)
     ferry_engine_t *e = initiator("tcp", 0);
     peer_proc_t p;
     assert_int_equal(peer_spawn(&p, NULL, NULL, NULL), 0);
-    unsigned char *buf = malloc(4096);
-    assert_int_equal(ferry_register(e, buf, 4096, 0), 0);
+    unsigned char *buf = registered_buffer(e, 4096, 0);
     char wrong[128];
     snprintf(wrong, sizeof wrong, "%s#%llx", p.name, (unsigned long long)(p.epoch ^ 0x5a5a));
     for (int i = 0; i < TRIES; i++) {
@@ -380,10 +350,7 @@ static void wrong_and_malformed_pins(void **state)
     assert_int_equal(ferry_session_pin(e, p.name, pin, sizeof pin), 0);
     assert_int_equal(ferry_session_close(e, pin), 0);
     assert_int_equal(ferry_session_close(e, p.name), FERRY_ERR_NOT_FOUND);
-    peer_end(&p, 0);
-    ferry_deregister(e, buf);
-    ferry_engine_destroy(e);
-    free(buf);
+    peer_session_end(e, &p, buf);
 }
 
 /* The decode's layout: an MLA cache of one layer in the peer's buffer,
@@ -413,8 +380,7 @@ static void kv_restarted_decode_gets_nothing(void **state)
     assert_int_equal(peer_spawn(&p1, NULL, NULL, NULL), 0);
     size_t len = (size_t)KV_PAGES * KV_ROW;
     assert_true(p1.len >= len);
-    unsigned char *buf = malloc(len);
-    assert_int_equal(ferry_register(e, buf, len, 0), 0);
+    unsigned char *buf = registered_buffer(e, len, 0);
     harness_fill(buf, len, 100);
     uint64_t src_addr = (uint64_t)(uintptr_t)buf, dst_addr = p1.addr;
     ferry_kv_send_args_t args = {.request_id = 7, .timeout_ms = 3000};
@@ -445,10 +411,7 @@ static void kv_restarted_decode_gets_nothing(void **state)
     ferry_kv_plan_destroy(plan);
     ferry_kv_plan_destroy(plan2);
     ferry_kv_plan_destroy(plan3);
-    peer_end(&p2, 0);
-    ferry_deregister(e, buf);
-    ferry_engine_destroy(e);
-    free(buf);
+    peer_session_end(e, &p2, buf);
 }
 
 int main(void)

@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/engine.h"
+#include "engine/testing.h"
 #include "fault.h"
 #include "harness.h"
 #include "transport/shm/shm_wire.h"
@@ -52,7 +52,7 @@ static int hostile_connect(ferry_engine_t *tgt)
     h.engine_id = 0x6ad6ad;
     h.epoch = 7;
     h.pid = (int32_t)getpid();
-    memcpy(h.host_id, tgt->host_id, sizeof h.host_id);
+    memcpy(h.host_id, ferry_test_host_id(tgt), sizeof h.host_id);
     snprintf(h.name, sizeof h.name, "hostile:1");
     uint8_t buf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME + 1];
     int n = ferry_hello_encode(&h, buf, sizeof buf);

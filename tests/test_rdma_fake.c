@@ -32,8 +32,9 @@ int main(void)
 
 #include "transport/rdma/rdma_wire.h"
 #include "util/clock.h"
-#include "engine/engine.h"
 #include "engine/xport.h"
+#include "engine/session.h"
+#include "link/conn.h"
 #include "util/memkind.h"
 #include "util/net.h"
 #include "engine/testing.h"

@@ -26,7 +26,8 @@ int main(void)
 #include <unistd.h>
 
 #include "util/clock.h"
-#include "engine/engine.h"
+#include "engine/session.h"
+#include "link/conn.h"
 #include "util/net.h"
 #include "engine/testing.h"
 #include "harness.h"

@@ -15,8 +15,9 @@
 
 #include "transport/rdma/rdma_wire.h"
 #include "util/clock.h"
-#include "engine/engine.h"
 #include "engine/xport.h"
+#include "engine/session.h"
+#include "link/conn.h"
 #include "util/net.h"
 #include "harness.h"
 #include "transport/rdma/rdma.h"
@@ -270,29 +271,15 @@ static void listed_device_but_libibverbs_finds_none(void **state)
 
 /* ------------------------------------------------------------ selection */
 
-typedef struct pair {
-    ferry_engine_t *initiator, *target;
-    char peer[300];
-} pair_t;
+typedef harness_pair_t pair_t;
 
 static pair_t *pair_new(const char *transport)
 {
-    pair_t *p = calloc(1, sizeof *p);
     ferry_config_t cfg;
     ferry_config_init(&cfg);
     cfg.timeout_ms = 5000;
     cfg.transport = transport;
-    p->initiator = harness_engine_cfg(&cfg);
-    p->target = harness_engine(5000);
-    snprintf(p->peer, sizeof p->peer, "%s", ferry_engine_name(p->target));
-    return p;
-}
-
-static void pair_free(pair_t *p)
-{
-    ferry_engine_destroy(p->initiator);
-    ferry_engine_destroy(p->target);
-    free(p);
+    return harness_pair_new(&cfg, 5000);
 }
 
 static void round_trip(pair_t *p)
@@ -327,7 +314,7 @@ static void auto_picks_tcp_and_says_why(void **state)
     assert_int_equal(s->peer.flags & FERRY_HELLO_F_RDMA, 0);
     ferry_session_put(s);
     round_trip(p);
-    pair_free(p);
+    harness_pair_free(p);
 }
 
 static void forced_rdma_falls_back_with_the_reason(void **state)
@@ -342,7 +329,7 @@ static void forced_rdma_falls_back_with_the_reason(void **state)
     assert_non_null(strstr(info.transport_reason, "no RDMA"));
     assert_non_null(strstr(info.transport_reason, "fell back to tcp"));
     round_trip(p);
-    pair_free(p);
+    harness_pair_free(p);
 }
 
 static void unknown_transport_lists_rdma(void **state)
@@ -417,7 +404,7 @@ static void target_answers_rdma_frames(void **state)
     assert_int_equal(ferry_conn_recv_frame(c, &f, dl), FERRY_ERR_PEER_CLOSED);
     ferry_session_checkin(s, c, false);
     ferry_session_put(s);
-    pair_free(p);
+    harness_pair_free(p);
 }
 
 int main(void)

@@ -18,21 +18,13 @@
 #include <unistd.h>
 
 #include "fault.h"
+#include "fixtures.h"
 #include "harness.h"
 
 /* How long a fence of bytes in flight may wait for the target (cancel.h). */
 #define CANCEL_MS 300
 
-static ferry_engine_t *initiator(int timeout_ms)
-{
-    ferry_config_t cfg;
-    ferry_config_init(&cfg);
-    cfg.timeout_ms = timeout_ms;
-    cfg.connect_timeout_ms = timeout_ms;
-    cfg.retries = 1;
-    cfg.cancel_timeout_ms = CANCEL_MS;
-    return harness_engine_cfg(&cfg);
-}
+static ferry_engine_t *initiator(int timeout_ms) { return fault_initiator(NULL, timeout_ms, 0); }
 
 static bool is_link_error(int code)
 {
@@ -164,8 +156,7 @@ static void stopped_peer_times_out(void **state)
     ferry_engine_t *e = initiator(timeout_ms);
     peer_proc_t p;
     assert_int_equal(peer_spawn(&p, NULL, NULL, NULL), 0);
-    unsigned char *buf = malloc(p.len);
-    assert_int_equal(ferry_register(e, buf, p.len, 0), 0);
+    unsigned char *buf = registered_buffer(e, p.len, 0);
     assert_int_equal(ferry_transfer_sync(e, p.name, FERRY_OP_WRITE, buf, p.addr, p.len), 0);
     harness_stop_process(p.pid);
     /* A sync write and an async batch, both on a link that went silent. */
@@ -201,9 +192,8 @@ static void stopped_peer_times_out(void **state)
     /* Once it answers again, so does the session. */
     assert_int_equal(ferry_transfer_sync(e, p.name, FERRY_OP_WRITE, buf, p.addr, p.len), 0);
     peer_end(&p, SIGKILL);
-    ferry_deregister(e, buf);
+    registered_buffer_free(e, buf);
     ferry_engine_destroy(e);
-    free(buf);
     assert_int_equal(wait_thread_count(base_threads, 3000), base_threads);
 }
 
@@ -242,23 +232,14 @@ static void restart_same_port(void **state)
     peer_proc_t p1, p2;
     assert_int_equal(peer_spawn(&p1, NULL, NULL, NULL), 0);
     size_t len = p1.len;
-    unsigned char *buf = malloc(len);
-    assert_int_equal(ferry_register(e, buf, len, 0), 0);
+    unsigned char *buf = registered_buffer(e, len, 0);
     harness_fill(buf, len, 100);
     assert_int_equal(ferry_transfer_sync(e, p1.name, FERRY_OP_WRITE, buf, p1.addr, len), 0);
     assert_int_equal(peer_cmd(&p1, "check 100 0 %zu", len), 0);
-    peer_end(&p1, SIGKILL);
 
     /* The new process: same port, and its buffer at the old address if the
      * kernel lets it, so a write with the old address would land. */
-    char port[16], at[32];
-    snprintf(port, sizeof port, "%u", p1.port);
-    snprintf(at, sizeof at, "0x%llx", (unsigned long long)p1.addr);
-    const char *args[] = {"--port", port, "--at", at, NULL};
-    assert_int_equal(peer_spawn(&p2, NULL, NULL, args), 0);
-    assert_int_equal(p2.port, p1.port);
-    assert_string_equal(p2.name, p1.name);
-    assert_true(p2.epoch != p1.epoch);
+    peer_restart_in_place(&p1, &p2);
     fprintf(stderr, "restarted peer: buffer %s address\n", p2.addr == p1.addr ? "at the same" : "at another");
 
     /* The call that finds the new epoch fails, with the epochs in the
@@ -296,10 +277,7 @@ static void restart_same_port(void **state)
     /* ferry_session_open, as before, is harmless. */
     assert_int_equal(ferry_session_open(e, p2.name), 0);
     assert_int_equal(ferry_transfer_sync(e, p2.name, FERRY_OP_READ, buf, p2.addr, len), 0);
-    peer_end(&p2, 0);
-    ferry_deregister(e, buf);
-    ferry_engine_destroy(e);
-    free(buf);
+    peer_session_end(e, &p2, buf);
 }
 
 /* ------------------------------------------------ (de)registration */
@@ -310,8 +288,7 @@ static void deregistration_is_seen(void **state)
     ferry_engine_t *e = initiator(3000);
     peer_proc_t p;
     assert_int_equal(peer_spawn(&p, NULL, NULL, NULL), 0);
-    unsigned char *buf = malloc(4096);
-    assert_int_equal(ferry_register(e, buf, 4096, 0), 0);
+    unsigned char *buf = registered_buffer(e, 4096, 0);
     harness_fill(buf, 4096, 1);
     assert_int_equal(ferry_transfer_sync(e, p.name, FERRY_OP_WRITE, buf, p.addr, 4096), 0);
     ferry_peer_info_t before, after;
@@ -344,10 +321,7 @@ static void deregistration_is_seen(void **state)
     rc = ferry_transfer_sync(e, p.name, FERRY_OP_WRITE, buf, p.addr, 4096);
     if (rc) fail_msg("write after re-registration: %s", ferry_last_error_detail());
     assert_int_equal(peer_cmd(&p, "check 1 0 4096"), 0);
-    peer_end(&p, 0);
-    ferry_deregister(e, buf);
-    ferry_engine_destroy(e);
-    free(buf);
+    peer_session_end(e, &p, buf);
 }
 
 int main(void)

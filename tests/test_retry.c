@@ -11,19 +11,15 @@
 
 #include "link/metrics.h"
 #include "fault.h"
+#include "fixtures.h"
 #include "harness.h"
 
 #define LEN (2u << 20)
 
-typedef struct world {
-    ferry_engine_t *ini, *tgt;
-    proxy_t *px;
-    unsigned char *src, *dst;
-} world_t;
+typedef proxied_pair_t world_t;
 
 static world_t *make(int retries, int backoff_ms, int timeout_ms, proxy_opts_t o)
 {
-    world_t *w = calloc(1, sizeof *w);
     ferry_config_t cfg;
     ferry_config_init(&cfg);
     cfg.timeout_ms = timeout_ms;
@@ -31,31 +27,13 @@ static world_t *make(int retries, int backoff_ms, int timeout_ms, proxy_opts_t o
     cfg.retry_backoff_ms = backoff_ms;
     cfg.conns_per_peer = 1;
     cfg.cancel_timeout_ms = 300;
-    w->ini = harness_engine_cfg(&cfg);
-    ferry_config_init(&cfg);
-    w->tgt = harness_engine_cfg(&cfg);
-    w->px = proxy_start("127.0.0.1", ferry_engine_port(w->tgt), &o);
-    w->src = malloc(LEN);
-    w->dst = calloc(1, LEN);
-    assert_int_equal(ferry_register(w->ini, w->src, LEN, 0), 0);
-    assert_int_equal(ferry_register(w->tgt, w->dst, LEN, FERRY_MEM_REMOTE), 0);
-    return w;
-}
-
-static void done(world_t *w)
-{
-    ferry_engine_destroy(w->ini);
-    proxy_stop(w->px);
-    ferry_engine_destroy(w->tgt);
-    free(w->src);
-    free(w->dst);
-    free(w);
+    return proxied_pair_make(&cfg, NULL, LEN, o);
 }
 
 static int write_all(world_t *w, uint64_t seed)
 {
     harness_fill(w->src, LEN, seed);
-    return ferry_transfer_sync(w->ini, proxy_name(w->px), FERRY_OP_WRITE, w->src, (uint64_t)(uintptr_t)w->dst, LEN);
+    return proxied_pair_transfer(w, FERRY_OP_WRITE);
 }
 
 static ferry_stats_t stats(world_t *w)
@@ -95,7 +73,7 @@ static void retried_until_it_works(void **state)
     assert_int_equal(st.requests, 1);
     assert_int_equal(st.requests_completed, 1);
     assert_int_equal(st.bytes_written, LEN);
-    done(w);
+    proxied_pair_done(w);
 }
 
 static void teardown_when_retries_run_out(void **state)
@@ -119,7 +97,7 @@ static void teardown_when_retries_run_out(void **state)
     st = stats(w);
     assert_int_equal(st.connections_opened, opened + 1);
     assert_int_equal(st.peer_restarts, 0);
-    done(w);
+    proxied_pair_done(w);
 }
 
 static void no_retries_configured(void **state)
@@ -131,7 +109,7 @@ static void no_retries_configured(void **state)
     assert_int_equal(st.retries, 0);
     assert_int_equal(st.session_teardowns, 1);
     assert_int_equal(write_all(w, 5), 0);
-    done(w);
+    proxied_pair_done(w);
 }
 
 static void nonretryable_codes_are_not_retried(void **state)
@@ -147,7 +125,7 @@ static void nonretryable_codes_are_not_retried(void **state)
     assert_int_equal(st.retries, 0);
     assert_int_equal(st.session_teardowns, 0);
     assert_int_equal(code_of(&st, FERRY_ERR_OUT_OF_BOUNDS)->failures, 1);
-    done(w);
+    proxied_pair_done(w);
 }
 
 static void spent_deadline_is_not_retried(void **state)
@@ -171,7 +149,7 @@ static void spent_deadline_is_not_retried(void **state)
     if (rc) fprintf(stderr, "write after the stall: %s\n", ferry_last_error_detail());
     assert_int_equal(rc, 0);
     assert_true(harness_check(w->dst, LEN, 8));
-    done(w);
+    proxied_pair_done(w);
 }
 
 /* A write cut off by a dead link, whose bytes a router delivers late, after
@@ -189,7 +167,7 @@ static void late_bytes_of_a_failed_write_never_land(void **state)
     proxy_hold(w->px, false); /* the stale seed-10 bytes arrive now */
     usleep(300 * 1000);
     assert_true(harness_check(w->dst, LEN, 11));
-    done(w);
+    proxied_pair_done(w);
 }
 
 static void stats_cover_the_error_table(void **state)

@@ -12,12 +12,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fake_dev.h"
 #include "harness.h"
 
 #include "util/clock.h"
 #include "util/memkind.h"
 #include "delay_proxy.h"
-#include "engine/engine.h"
+#include "engine/hello.h"
 #include "util/net.h"
 #include "wire/wire.h"
 #include "link/vec.h"
@@ -786,32 +787,6 @@ static void small_pieces_fall_back(void **state)
 /* "Device" memory the CPU cannot touch (PROT_NONE; the fake kind's copy
  * functions reach it through a second mapping): the kernel's attach cannot
  * either, so only staging gets the bytes there. */
-typedef struct fake_dev {
-    unsigned char *base, *alias;
-    size_t len;
-} fake_dev_t;
-
-static fake_dev_t fake_new(size_t len)
-{
-    fake_dev_t d = {.len = len};
-    int fd = memfd_create("ferry-fake-device", MFD_CLOEXEC);
-    assert_true(fd >= 0);
-    assert_int_equal(ftruncate(fd, (off_t)len), 0);
-    d.base = mmap(NULL, len, PROT_NONE, MAP_SHARED, fd, 0);
-    d.alias = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    assert_true(d.base != MAP_FAILED && d.alias != MAP_FAILED);
-    assert_int_equal(ferry_memkind_fake_add(d.base, len, d.alias), 0);
-    return d;
-}
-
-static void fake_free(fake_dev_t *d)
-{
-    ferry_memkind_fake_remove(d->base);
-    munmap(d->base, d->len);
-    munmap(d->alias, d->len);
-}
-
 /* Target device memory: the target stages each chunk (attach into its
  * bounce buffer, then the kind's copy); the session stays on shm. Initiator
  * device memory: those pieces go over TCP, which stages them. */
@@ -822,7 +797,7 @@ static void device_memory_over_shm(void **state)
     char peer[300];
     snprintf(peer, sizeof peer, "%s", ferry_engine_name(t));
     size_t len = (9u << 20) + 5;
-    fake_dev_t dev = fake_new(len);
+    fake_dev_t dev = fake_dev_new(len);
     unsigned char *host = malloc(len);
     assert_int_equal(ferry_register(t, dev.base, len, FERRY_MEM_REMOTE), 0);
     assert_int_equal(ferry_register(e, host, len, FERRY_MEM_LOCAL), 0);
@@ -859,7 +834,7 @@ static void device_memory_over_shm(void **state)
     assert_true(harness_check(dev.alias, len, 7));
     ferry_engine_destroy(e);
     ferry_engine_destroy(t);
-    fake_free(&dev);
+    fake_dev_free(&dev);
     free(host);
     free(dst);
 }

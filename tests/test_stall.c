@@ -31,7 +31,8 @@
 #include <unistd.h>
 
 #include "util/crc32c.h"
-#include "engine/engine.h"
+#include "engine/testing.h"
+#include "link/conn.h"
 #include "fault.h"
 #include "harness.h"
 
@@ -166,12 +167,16 @@ static uint64_t honest_write_ms(const target_t *t, uint64_t seed)
 #define FLOODERS (SEG_FLOODERS + PING_FLOODERS + WRITE_FLOODERS + READV_FLOODERS)
 #define SEGMENTS 4096 /* a segment page of 96 KiB */
 
+static void small_sndbuf(ferry_conn_t *c, void *arg)
+{
+    (void)arg;
+    int small = 4096;
+    setsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+}
+
 static int served_conns(ferry_engine_t *e)
 {
-    pthread_mutex_lock(&e->conns_lock);
-    int n = e->nconns_served;
-    pthread_mutex_unlock(&e->conns_lock);
-    return n;
+    return ferry_test_conns(e).served;
 }
 
 /* Non-reading peers: SEG_QUERYs and PINGs (control frames: their answers
@@ -219,12 +224,7 @@ static void non_readers_hold_no_thread(void **state)
     }
     /* The target's end of each takes little (the kernel grants 4 MiB and
      * more otherwise): PONGs and acks fill it soon too. */
-    pthread_mutex_lock(&t.e->conns_lock);
-    for (ferry_conn_t *c = t.e->conns; c; c = c->next) {
-        int small = 4096;
-        setsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
-    }
-    pthread_mutex_unlock(&t.e->conns_lock);
+    ferry_test_each_conn(t.e, small_sndbuf, NULL);
     uint64_t t0 = harness_now_ms();
     flood(fd, m, count, FLOODERS);
     uint64_t flooded = harness_now_ms() - t0;
@@ -323,40 +323,9 @@ static void checksummed_writev_stall_holds_no_thread(void **state)
 
 #define CAP 16
 
-/* A raw connection from 127.0.0.<last>, or -1. */
-static int connect_from(int last, uint16_t port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    struct sockaddr_in me = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000000u | (uint32_t)last)};
-    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (bind(fd, (struct sockaddr *)&me, sizeof me) != 0 || connect(fd, (struct sockaddr *)&to, sizeof to) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-static int handshaken_from(int last, uint16_t port)
-{
-    int fd = connect_from(last, port);
-    if (fd < 0) return -1;
-    uint8_t hello[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME], ack[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
-    size_t hlen, alen;
-    int status = -1;
-    if (raw_hello(fd, 0, NULL, hello, &hlen, ack, &alen, &status) != 0 || status != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
 static int established(ferry_engine_t *e)
 {
-    pthread_mutex_lock(&e->conns_lock);
-    int n = e->nestablished;
-    pthread_mutex_unlock(&e->conns_lock);
-    return n;
+    return ferry_test_conns(e).established;
 }
 
 static void wait_established(ferry_engine_t *e, int n)
@@ -378,7 +347,7 @@ static void stalled_mid_frame_make_way(void **state)
     uint16_t port = ferry_engine_port(t.e);
     int fd[CAP];
     for (int i = 0; i < CAP; i++) {
-        assert_true((fd[i] = handshaken_from(2 + i % 4, port)) >= 0);
+        assert_true((fd[i] = raw_handshaken_from(2 + i % 4, port)) >= 0);
         uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
         if (i % 2) {
             ferry_frame_t f = {.type = FERRY_FRAME_PING, .req_id = 1};
@@ -437,7 +406,7 @@ static void one_address_never_locked_out(void **state)
     target_open(&t, 5000, MEM_BYTES, 0, 0);
     uint16_t port = ferry_engine_port(t.e);
     static int fd[IDLE_CONNS];
-    for (int i = 0; i < IDLE_CONNS; i++) assert_true((fd[i] = handshaken_from(1, port)) >= 0);
+    for (int i = 0; i < IDLE_CONNS; i++) assert_true((fd[i] = raw_handshaken_from(1, port)) >= 0);
     wait_established(t.e, IDLE_CONNS);
     assert_true(honest_write_ms(&t, 4) < 5000);
     for (int i = 0; i < IDLE_CONNS; i++) close(fd[i]);
@@ -448,7 +417,7 @@ static void one_address_never_locked_out(void **state)
     target_open(&t, 5000, MEM_BYTES, 0, LIMIT);
     port = ferry_engine_port(t.e);
     for (int i = 0; i < LIMIT; i++) {
-        assert_true((fd[i] = handshaken_from(1, port)) >= 0);
+        assert_true((fd[i] = raw_handshaken_from(1, port)) >= 0);
         pause_ms(1);
     }
     wait_established(t.e, LIMIT);

@@ -210,19 +210,12 @@ static ferry_strided_t strided(pair_t *p, int opcode, const uint64_t *ridx, size
                              .piece_len = LEN, .remote_idx = ridx, .n = n};
 }
 
-static bool is_zero(const unsigned char *b, size_t len)
-{
-    for (size_t i = 0; i < len; i++)
-        if (b[i]) return false;
-    return true;
-}
-
 /* Every piece i is at slot ridx[i], the second half of every slot clear. */
 static void assert_placed(pair_t *p, const uint64_t *ridx, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         const unsigned char *slot = p->dst + ridx[i] * RSTRIDE;
-        if (memcmp(slot, p->src + i * LEN, LEN) != 0 || !is_zero(slot + LEN, RSTRIDE - LEN))
+        if (memcmp(slot, p->src + i * LEN, LEN) != 0 || !harness_all_equal(slot + LEN, RSTRIDE - LEN, 0))
             fail_msg("piece %zu not in slot %llu", i, (unsigned long long)ridx[i]);
     }
 }
@@ -401,7 +394,7 @@ static void cancel_across_windows(void **state)
     assert_int_equal(ferry_strided_transfer_sync(p->initiator, proxy_name(px), &probe), 0);
     for (size_t i = 0; i < CANCEL_N; i++) {
         assert_int_equal(ferry_batch_status(b, i, &st), 0);
-        if (st.state == FERRY_STATUS_CANCELLED && ridx[i] != 0 && !is_zero(p->dst + ridx[i] * RSTRIDE, LEN))
+        if (st.state == FERRY_STATUS_CANCELLED && ridx[i] != 0 && !harness_all_equal(p->dst + ridx[i] * RSTRIDE, LEN, 0))
             fail_msg("cancelled piece %zu landed in slot %llu after the cancel", i, (unsigned long long)ridx[i]);
     }
     print_message("cancelled %zu of %d pieces\n", cancelled, CANCEL_N);
@@ -434,7 +427,7 @@ static void assert_nothing_lands_late(pair_t *p, proxy_t *px, const char *what)
     nanosleep(&pause, NULL);
     ferry_strided_t probe = strided(p, FERRY_OP_WRITE, NULL, 1);
     assert_int_equal(ferry_strided_transfer_sync(p->initiator, proxy_name(px), &probe), 0);
-    if (!is_zero(p->dst + RSTRIDE, (size_t)(CANCEL_N - 1) * RSTRIDE))
+    if (!harness_all_equal(p->dst + RSTRIDE, (size_t)(CANCEL_N - 1) * RSTRIDE, 0))
         fail_msg("%s: bytes of the timed-out call landed after it returned", what);
 }
 
@@ -626,7 +619,7 @@ static void big_pieces(void **state)
                          .remote_idx = ridx, .n = NBIG};
     assert_int_equal(ferry_strided_transfer_sync(p->initiator, p->peer, &d), 0);
     for (size_t i = 0; i < NBIG; i++) assert_memory_equal(p->dst + ridx[i] * BIG, p->src + i * BIG, BIG);
-    assert_true(is_zero(p->dst, BIG));
+    assert_true(harness_all_equal(p->dst, BIG, 0));
     unsigned char *copy = malloc((size_t)NBIG * BIG);
     memcpy(copy, p->src, (size_t)NBIG * BIG);
     memset(p->src, 0, (size_t)NBIG * BIG);

@@ -299,14 +299,11 @@ static double gb_per_s(const struct result *r) { return r->wall > 0 ? (double)r-
 static int bench_fail(const struct opts *o, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int bench_fail(const struct opts *o, int code, const char *fmt, ...)
 {
-    char detail[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(detail, sizeof detail, fmt, ap);
+    int status = cli_vfail("bench", o->json, 1, code, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "ferry bench: %s\n", detail);
-    if (o->json) print_json_error(code, detail);
-    return 1;
+    return status;
 }
 
 /* The target's buffer: --remote-addr/--remote-len when given (overrides),
@@ -773,30 +770,13 @@ static const char *peer_with_port(const char *peer, char *buf, size_t cap)
     return buf;
 }
 
+static int parse_bench(int argc, char **argv, int first, void *o) { return bench_parse_opts(argc, argv, first, o); }
+
 /* bench_parse_opts, and with --json among the words a failure also as the
- * {"error"} object: what the parser said on stderr is caught (glibc's
- * stderr may be assigned) and its first line becomes the detail. */
+ * {"error"} object (parse_json_aware). */
 static int parse_opts_json_aware(int argc, char **argv, int first, struct opts *o)
 {
-    int json = 0;
-    for (int i = first; i < argc; i++) json |= strcmp(argv[i], "--json") == 0;
-    if (!json) return bench_parse_opts(argc, argv, first, o);
-    char *said = NULL;
-    size_t n = 0;
-    FILE *real = stderr, *mem = open_memstream(&said, &n);
-    if (mem) stderr = mem;
-    int rc = bench_parse_opts(argc, argv, first, o);
-    if (mem) {
-        fclose(mem);
-        stderr = real;
-        fputs(said ? said : "", stderr);
-    }
-    if (rc) {
-        char *line = said ? strtok(said, "\n") : NULL;
-        print_json_error(FERRY_ERR_INVALID_ARGUMENT, line ? line : "bad options");
-    }
-    free(said);
-    return rc;
+    return parse_json_aware(args_have(argc, argv, first, "--json"), parse_bench, argc, argv, first, o);
 }
 
 static int cmd_bench(int argc, char **argv)

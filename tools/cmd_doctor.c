@@ -84,6 +84,10 @@ static int report_fail(struct report *r, const char *name, const char *step, int
         json_object_set_new(c, "meaning", json_string(ferry_strerror(rc)));
         json_object_set_new(c, "retryable", json_boolean(ferry_error_retryable(rc)));
         json_object_set_new(c, "advice", json_string(advice));
+        /* The first failure is also the report's "error", the object
+         * `ferry bench --json` prints on failure. */
+        if (!json_object_get(r->root, "error"))
+            json_object_set_new(r->root, "error", json_error_value(rc, ferry_last_error_detail()));
         report_add(r, name, "fail", c, ferry_last_error_detail());
         return 1;
     }
@@ -253,31 +257,55 @@ static int usage(FILE *out, int rc)
                  "  --probe-mib N   bytes the bandwidth probe reads, in MiB (default 16)\n"
                  "  --json          one JSON object on stdout: {\"local\", \"peer\", \"ok\", \"checks\": [\n"
                  "                  {\"check\", \"status\": ok|fail|skip|note, \"message\", ...}]}; a failed\n"
-                 "                  check adds step, code, error, meaning, retryable and advice\n");
+                 "                  check adds step, code, error, meaning, retryable and advice, and the report\n"
+                 "                  \"error\": {\"code\", \"name\", \"detail\"} of the first; bad usage prints that\n"
+                 "                  {\"error\"} object alone\n");
     return rc;
 }
 
-static int cmd_doctor(int argc, char **argv)
+struct doctor_opts {
+    long timeout, probe_mib;
+    int json, help;
+    const char *peer;
+};
+
+static int parse_doctor(int argc, char **argv, int first, void *opts)
 {
+    struct doctor_opts *o = opts;
     static const struct option options[] = {
         {"timeout", required_argument, NULL, 't'}, {"probe-mib", required_argument, NULL, 'p'},
         {"json", no_argument, NULL, 'j'},          {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    long timeout = 3000, probe_mib = 16;
-    int json = 0, opt;
-    optind = 1;
+    int opt;
+    optind = first;
     while ((opt = getopt_long(argc, argv, "h", options, NULL)) != -1) {
         switch (opt) {
-        case 't': if (opt_long("doctor", "timeout", optarg, 1, 3600000, &timeout)) return 2; break;
-        case 'p': if (opt_long("doctor", "probe-mib", optarg, 1, 1 << 20, &probe_mib)) return 2; break;
-        case 'j': json = 1; break;
-        case 'h': return usage(stdout, 0);
+        case 't': if (opt_long("doctor", "timeout", optarg, 1, 3600000, &o->timeout)) return 2; break;
+        case 'p': if (opt_long("doctor", "probe-mib", optarg, 1, 1 << 20, &o->probe_mib)) return 2; break;
+        case 'j': o->json = 1; break;
+        case 'h': o->help = 1; return 0;
         default: return usage(stderr, 2);
         }
     }
-    if (optind != argc - 1) return usage(stderr, 2);
-    const char *peer = argv[optind];
+    if (optind != argc - 1) {
+        fprintf(stderr, "ferry doctor: give one peer, HOST:PORT\n");
+        return usage(stderr, 2);
+    }
+    o->peer = argv[optind];
+    return 0;
+}
+
+static int cmd_doctor(int argc, char **argv)
+{
+    struct doctor_opts o = {.timeout = 3000, .probe_mib = 16};
+    /* With --json, bad usage is the {"error"} object too. */
+    int rc = parse_json_aware(args_have(argc, argv, 1, "--json"), parse_doctor, argc, argv, 1, &o);
+    if (rc) return rc;
+    if (o.help) return usage(stdout, 0);
+    long timeout = o.timeout, probe_mib = o.probe_mib;
+    int json = o.json;
+    const char *peer = o.peer;
 
     struct report r = {0};
     if (json) {
@@ -291,7 +319,7 @@ static int cmd_doctor(int argc, char **argv)
     ferry_config_t cfg;
     ferry_config_init(&cfg);
     ferry_engine_t *e = NULL;
-    int rc = ferry_config_from_env(&cfg);
+    rc = ferry_config_from_env(&cfg);
     if (rc) {
         report_fail(&r, "local", "configuration from FERRY_* variables", rc);
     } else {

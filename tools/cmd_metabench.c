@@ -43,6 +43,7 @@ struct bench {
     int keepalive; /* 0: lookups, 1: keepalives */
     atomic_uint_fast64_t ops, failures;
     char first_error[512];
+    int first_code; /* its Ferry code */
     pthread_mutex_t error_mu;
 };
 
@@ -50,7 +51,10 @@ static void note_error(struct bench *b)
 {
     atomic_fetch_add(&b->failures, 1);
     pthread_mutex_lock(&b->error_mu);
-    if (!b->first_error[0]) snprintf(b->first_error, sizeof b->first_error, "%s", ferry_last_error_detail());
+    if (!b->first_error[0]) {
+        snprintf(b->first_error, sizeof b->first_error, "%s", ferry_last_error_detail());
+        b->first_code = ferry_last_error_code();
+    }
     pthread_mutex_unlock(&b->error_mu);
 }
 
@@ -105,10 +109,13 @@ static int usage(FILE *out)
 {
     fprintf(out,
             "usage: ferry metabench --metadata etcd://HOST:PORT|redis://HOST:PORT|http://HOST:PORT/PATH [--engines 8,16,64]\n"
-            "                       [--ttl S (10)] [--seconds S (3)] [--clients K (4)]\n"
+            "                       [--ttl S (10)] [--seconds S (3)] [--clients K (4)] [--json]\n"
             "Measures lookups and lease keepalives per second the service serves (K client\n"
             "connections in a tight loop) and prints the operations per second a cluster of N\n"
-            "engines needs (lease refreshes, cached lookups, restarts), with the headroom.\n");
+            "engines needs (lease refreshes, cached lookups, restarts), with the headroom.\n"
+            "--json: one line {\"metadata\",\"clients\",\"seconds\",\"lookups_per_s\",\"keepalives_per_s\"}\n"
+            "(the measured rates; no table) or, on failure (bad usage included), the {\"error\":\n"
+            "{\"code\",\"name\",\"detail\"}} object `ferry bench --json` prints.\n");
     return out == stderr ? 2 : 0;
 }
 
@@ -152,59 +159,79 @@ static int check_engines(const char *list)
     return 0;
 }
 
-int cmd_metabench(int argc, char **argv)
+struct metabench_opts {
+    struct bench *b;
+    const char *engines;
+    int ttl, json, help;
+};
+
+static int parse_metabench(int argc, char **argv, int first, void *opts)
 {
-    struct bench b = {.seconds = 3, .clients = 4};
-    pthread_mutex_init(&b.error_mu, NULL);
-    const char *engines = "8,16,64";
-    int ttl = 10;
-    enum { O_METADATA = 256, O_ENGINES, O_TTL, O_SECONDS, O_CLIENTS };
+    struct metabench_opts *o = opts;
+    struct bench *b = o->b;
+    enum { O_METADATA = 256, O_ENGINES, O_TTL, O_SECONDS, O_CLIENTS, O_JSON };
     static const struct option options[] = {
         {"metadata", required_argument, NULL, O_METADATA}, {"engines", required_argument, NULL, O_ENGINES},
         {"ttl", required_argument, NULL, O_TTL},           {"seconds", required_argument, NULL, O_SECONDS},
-        {"clients", required_argument, NULL, O_CLIENTS},   {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+        {"clients", required_argument, NULL, O_CLIENTS},   {"json", no_argument, NULL, O_JSON},
+        {"help", no_argument, NULL, 'h'},                  {NULL, 0, NULL, 0},
     };
     long v;
     int opt;
-    optind = 1;
+    optind = first;
     while ((opt = getopt_long(argc, argv, "h", options, NULL)) != -1) {
         switch (opt) {
-        case O_METADATA: b.conn = optarg; break;
+        case O_METADATA: b->conn = optarg; break;
         case O_ENGINES:
             if (check_engines(optarg) != 0) return 2;
-            engines = optarg;
+            o->engines = optarg;
             break;
-        case O_TTL: if (opt_long("metabench", "ttl", optarg, 1, 86400, &v)) return 2; ttl = (int)v; break;
-        case O_SECONDS: if (opt_double("metabench", "seconds", optarg, 0.001, 86400, &b.seconds)) return 2; break;
+        case O_TTL: if (opt_long("metabench", "ttl", optarg, 1, 86400, &v)) return 2; o->ttl = (int)v; break;
+        case O_SECONDS: if (opt_double("metabench", "seconds", optarg, 0.001, 86400, &b->seconds)) return 2; break;
         case O_CLIENTS:
             if (opt_long("metabench", "clients", optarg, 1, MAX_CLIENTS, &v)) return 2;
-            b.clients = (int)v;
+            b->clients = (int)v;
             break;
-        case 'h': return usage(stdout);
+        case O_JSON: o->json = 1; break;
+        case 'h': o->help = 1; return 0;
         default: return usage(stderr); /* getopt_long named the problem */
         }
     }
     if (opt_none_left("metabench", argc, argv) != 0) return usage(stderr);
-    if (!b.conn || ttl < 1 || b.seconds <= 0 || b.clients < 1 || b.clients > MAX_CLIENTS) return usage(stderr);
-    ferry_meta_t m;
-    if (ferry_meta_open(b.conn, 3000, &m) != 0) {
-        fprintf(stderr, "metabench: %s\n", ferry_last_error_detail());
-        return 1;
+    if (!b->conn) {
+        fprintf(stderr, "ferry metabench: --metadata is missing\n");
+        return usage(stderr);
     }
+    if (o->ttl < 1 || b->seconds <= 0 || b->clients < 1 || b->clients > MAX_CLIENTS) return usage(stderr);
+    return 0;
+}
+
+int cmd_metabench(int argc, char **argv)
+{
+    struct bench b = {.seconds = 3, .clients = 4};
+    struct metabench_opts o = {.b = &b, .engines = "8,16,64", .ttl = 10};
+    int rc = parse_json_aware(args_have(argc, argv, 1, "--json"), parse_metabench, argc, argv, 1, &o);
+    if (rc) return rc;
+    if (o.help) return usage(stdout);
+    pthread_mutex_init(&b.error_mu, NULL);
+    const char *engines = o.engines;
+    int ttl = o.ttl;
+    ferry_meta_t m;
+    if (ferry_meta_open(b.conn, 3000, &m) != 0)
+        return cli_fail("metabench", o.json, 1, ferry_last_error_code(), "%s", ferry_last_error_detail());
     if (!strcmp(m.ops->scheme, "p2p")) {
-        fprintf(stderr, "metabench: p2p stores nothing; give etcd://, redis:// or http://\n");
         ferry_meta_close(&m);
-        return 2;
+        return cli_fail("metabench", o.json, 2, FERRY_ERR_INVALID_ARGUMENT,
+                        "p2p stores nothing; give etcd://, redis:// or http://");
     }
     /* A descriptor as an engine publishes it (directory.c), same size. */
     snprintf(b.key, sizeof b.key, "%smetabench-%d", FERRY_META_KEY_PREFIX, (int)getpid());
     const char *desc = "{\"name\":\"10.77.0.12:7400\",\"host\":\"10.77.0.12\",\"port\":7400,"
                        "\"epoch\":\"3f2a9c01d2e4b5a6\",\"engine_id\":\"9b1c2d3e4f506172\",\"protocol\":1,\"pid\":12345}";
     if (m.ops->publish(m.state, b.key, desc, 60) != 0) {
-        fprintf(stderr, "metabench: %s\n", ferry_last_error_detail());
+        rc = cli_fail("metabench", o.json, 1, ferry_last_error_code(), "%s", ferry_last_error_detail());
         ferry_meta_close(&m);
-        return 1;
+        return rc;
     }
     double lookups_s = measure(&b, 0);
     uint64_t lookup_failures = atomic_load(&b.failures);
@@ -212,6 +239,16 @@ int cmd_metabench(int argc, char **argv)
     uint64_t ka_failures = atomic_load(&b.failures);
     m.ops->remove(m.state, b.key);
     ferry_meta_close(&m);
+    if (o.json) {
+        pthread_mutex_destroy(&b.error_mu);
+        if (lookup_failures || ka_failures)
+            return cli_fail("metabench", 1, 1, b.first_code,
+                            "%" PRIu64 " lookups and %" PRIu64 " keepalives failed; the first: %s", lookup_failures,
+                            ka_failures, b.first_error);
+        print_json_line(json_pack("{s:s,s:i,s:f,s:f,s:f}", "metadata", b.conn, "clients", b.clients, "seconds",
+                                  b.seconds, "lookups_per_s", lookups_s, "keepalives_per_s", keepalives_s));
+        return 0;
+    }
     printf("metabench: %s, %d client connection%s, %.1f s each\n", b.conn, b.clients, b.clients == 1 ? "" : "s",
            b.seconds);
     printf("  served: %.0f lookups/s (%" PRIu64 " failed), %.0f lease keepalives/s (%" PRIu64 " failed)\n",

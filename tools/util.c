@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Helpers the ferry subcommands share: clocks, CPU time, sizes, JSON lines. */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -75,10 +76,60 @@ int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+json_t *json_error_value(int code, const char *detail)
+{
+    return json_pack("{s:i,s:s,s:s}", "code", code, "name", ferry_error_name(code), "detail", detail ? detail : "");
+}
+
 void print_json_error(int code, const char *detail)
 {
-    print_json_line(json_pack("{s:{s:i,s:s,s:s}}", "error", "code", code, "name", ferry_error_name(code), "detail",
-                              detail ? detail : ""));
+    print_json_line(json_pack("{s:o}", "error", json_error_value(code, detail)));
+}
+
+int cli_vfail(const char *cmd, int json, int status, int code, const char *fmt, va_list ap)
+{
+    char detail[1024];
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    fprintf(stderr, "ferry %s: %s\n", cmd, detail);
+    if (json) print_json_error(code, detail);
+    return status;
+}
+
+int cli_fail(const char *cmd, int json, int status, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    status = cli_vfail(cmd, json, status, code, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+int args_have(int argc, char **argv, int first, const char *word)
+{
+    for (int i = first; i < argc; i++)
+        if (strcmp(argv[i], word) == 0) return 1;
+    return 0;
+}
+
+int parse_json_aware(int json, cli_parse_fn parse, int argc, char **argv, int first, void *opts)
+{
+    if (!json) return parse(argc, argv, first, opts);
+    char *said = NULL;
+    size_t n = 0;
+    FILE *real = stderr, *mem = open_memstream(&said, &n);
+    if (mem) stderr = mem;
+    int rc = parse(argc, argv, first, opts);
+    if (mem) {
+        fclose(mem);
+        stderr = real;
+        fputs(said ? said : "", stderr);
+    }
+    if (rc) {
+        char *line = said ? strtok(said, "\n") : NULL;
+        print_json_error(FERRY_ERR_INVALID_ARGUMENT, line ? line : "bad options");
+    }
+    free(said);
+    return rc;
 }
 
 int write_ready_line(int fd, struct ferry_engine *e, const void *buf, size_t len)

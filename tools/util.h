@@ -3,6 +3,7 @@
 #ifndef FERRY_TOOLS_UTIL_H
 #define FERRY_TOOLS_UTIL_H
 
+#include <stdarg.h>
 #include <stddef.h>
 
 #include <jansson.h>
@@ -23,6 +24,26 @@ void print_json_line(json_t *obj);
 /* A failure under --json: {"error": {"code": -400, "name": "TIMEOUT",
  * "detail": "..."}} as one line on stdout (iperf3 prints {"error": ...}). */
 void print_json_error(int code, const char *detail);
+/* The same object, {"code", "name", "detail"}, as a JSON value (for a
+ * report that carries it as its "error" member). */
+json_t *json_error_value(int code, const char *detail);
+/* A subcommand's failure: "ferry CMD: detail" on stderr and, with json,
+ * print_json_error(code, detail) on stdout. Returns status (the exit
+ * status to give). */
+int cli_fail(const char *cmd, int json, int status, int code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+int cli_vfail(const char *cmd, int json, int status, int code, const char *fmt, va_list ap);
+/* Whether word is one of argv[first], ..., argv[argc - 1]. */
+int args_have(int argc, char **argv, int first, const char *word);
+/* An option parser: 0, or non-zero (the exit status) after saying on
+ * stderr what is wrong. */
+typedef int (*cli_parse_fn)(int argc, char **argv, int first, void *opts);
+/* parse(argc, argv, first, opts); with json, what it says on stderr is
+ * held (stderr may be assigned in glibc: getopt's own messages are caught
+ * too), passed on to stderr, and on failure its first line becomes the
+ * detail of an INVALID_ARGUMENT {"error"} object on stdout. Returns what
+ * parse returned. */
+int parse_json_aware(int json, cli_parse_fn parse, int argc, char **argv, int first, void *opts);
 
 /* A session's transport reason for people: the peer-info field holds 127
  * bytes, so a reason that fills it was cut; such a one is cut back to a

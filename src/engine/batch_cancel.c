@@ -4,7 +4,8 @@
  * interrupted and fence what they had on the wire. */
 #include <string.h>
 
-#include "engine.h"
+#include "parts.h"
+#include "workers.h"
 #include "util/fail.h"
 #include "batch_internal.h"
 
@@ -27,13 +28,13 @@ static bool task_carries(ferry_batch_t *b, const struct task_ext *t, size_t firs
  * empty), and interrupts the running tasks that carry them. */
 static void cancel_locked(ferry_batch_t *b, size_t first, size_t n)
 {
-    ferry_engine_t *e = b->engine;
+    ferry_workers_t *w = ferry_engine_part_work(b->engine);
     for (size_t i = first; i < first + n; i++)
         if (!ferry_batch_is_final(b->reqs[i].state)) atomic_store(&b->reqs[i].cancel, true);
     struct task_ext *dropped = NULL;
-    pthread_mutex_lock(&e->queue_lock);
+    pthread_mutex_lock(&w->lock);
     ferry_task_t *prev = NULL;
-    for (ferry_task_t *t = e->queue_head, *next; t; t = next) {
+    for (ferry_task_t *t = w->head, *next; t; t = next) {
         next = t->next;
         if (t->batch != b) {
             prev = t;
@@ -60,14 +61,14 @@ static void cancel_locked(ferry_batch_t *b, size_t first, size_t n)
         if (prev)
             prev->next = next;
         else
-            e->queue_head = next;
-        if (e->queue_tail == t) e->queue_tail = prev;
+            w->head = next;
+        if (w->tail == t) w->tail = prev;
         struct task_ext *te = (struct task_ext *)t;
         ferry_batch_finish_task_locked(b, te);
         te->bnext = dropped; /* unlinked from the batch: reuse the link */
         dropped = te;
     }
-    pthread_mutex_unlock(&e->queue_lock);
+    pthread_mutex_unlock(&w->lock);
     /* Requests of strided windows no lane took have no piece yet: settled
      * here, so that a cancel does not wait for a lane to reach them. */
     for (size_t i = first; i < first + n; i++) {

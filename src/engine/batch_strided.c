@@ -5,7 +5,8 @@
 #include <string.h>
 
 #include "util/clock.h"
-#include "engine.h"
+#include "parts.h"
+#include "session.h"
 #include "util/fail.h"
 #include "batch_internal.h"
 
@@ -53,7 +54,7 @@ static bool take_window_locked(ferry_batch_t *b, struct task_ext *t, struct stri
     j->next += n;
     ferry_xfer_t *xs = t->task.xfers;
     size_t k = 0;
-    uint64_t id = atomic_fetch_add(&b->engine->next_req_id, n);
+    uint64_t id = ferry_engine_part_req_ids(b->engine, n);
     for (size_t i = from; i < from + n; i++) {
         size_t idx = j->first + i;
         struct batch_req *r = &b->reqs[idx];
@@ -93,7 +94,7 @@ static void strided_lane(struct task_ext *t, void *arg)
         ferry_xfer_t *xs = t->task.xfers;
         size_t n = t->task.nxfers; /* only this lane changes it */
         int rc = 0;
-        if (atomic_load(&e->stopping)) {
+        if (ferry_engine_part_stopping(e)) {
             rc = ferry_fail(FERRY_ERR_CONTEXT, "the engine shut down before the request ran");
             for (size_t i = 0; i < n; i++) ferry_xfer_fail(&xs[i], rc);
         } else if (n) {
@@ -130,7 +131,7 @@ static size_t new_lanes(ferry_session_t *s, ferry_batch_t *b, struct strided_job
 {
     ferry_engine_t *e = b->engine;
     size_t n = j->d.n;
-    size_t count = (size_t)(e->cfg.conns_per_peer < e->cfg.workers ? e->cfg.conns_per_peer : e->cfg.workers);
+    size_t count = (size_t)(ferry_engine_part_config(e)->conns_per_peer < ferry_engine_part_config(e)->workers ? ferry_engine_part_config(e)->conns_per_peer : ferry_engine_part_config(e)->workers);
     if (count > 64) count = 64;
     size_t w = j->window = ferry_strided_window(n, count);
     size_t windows = (n - 1) / w + 1;
@@ -170,7 +171,7 @@ long ferry_batch_submit_strided_checked(ferry_batch_t *b, const char *peer, cons
         uint64_t *idx = (uint64_t *)(j + 1);
         if (d->local_idx) j->d.local_idx = memcpy(idx, d->local_idx, d->n * sizeof *idx), idx += d->n;
         if (d->remote_idx) j->d.remote_idx = memcpy(idx, d->remote_idx, d->n * sizeof *idx);
-        j->deadline = ferry_deadline_after_ms(timeout_ms > 0 ? timeout_ms : e->cfg.timeout_ms);
+        j->deadline = ferry_deadline_after_ms(timeout_ms > 0 ? timeout_ms : ferry_engine_part_config(e)->timeout_ms);
         nlanes = new_lanes(s, b, j, lanes);
     }
     long reserved = nlanes ? ferry_batch_reserve_slots(b, d->n, true)
@@ -184,7 +185,7 @@ long ferry_batch_submit_strided_checked(ferry_batch_t *b, const char *peer, cons
     pthread_mutex_init(&j->refs_lock, NULL);
     j->refs = (int)nlanes;
     j->first = (size_t)reserved;
-    FERRY_STAT_ADD(&e->stats, requests, d->n);
+    FERRY_STAT_ADD(ferry_engine_part_stats(e), requests, d->n);
     uint64_t now = ferry_now_ns();
     pthread_mutex_lock(&b->lock);
     for (size_t i = j->first; i < j->first + d->n; i++) {

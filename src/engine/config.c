@@ -4,11 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
+#include "config.h"
 #include "util/env.h"
+#include "wire/wire.h"
 #include "util/fail.h"
 #include "util/sized.h"
-#include "testing.h"
 
 const char *ferry_version(void)
 {
@@ -18,42 +18,6 @@ const char *ferry_version(void)
 unsigned ferry_version_number(void)
 {
     return FERRY_VERSION_NUMBER;
-}
-
-void ferry_test_set_protocol_version(ferry_engine_t *e, int version)
-{
-    __atomic_store_n(&e->test_protocol_version, version, __ATOMIC_RELAXED);
-}
-
-int ferry_test_protocol_version(const ferry_engine_t *e)
-{
-    return __atomic_load_n(&e->test_protocol_version, __ATOMIC_RELAXED);
-}
-
-void ferry_test_set_no_conn_fence(ferry_engine_t *e, bool off)
-{
-    __atomic_store_n(&e->test_no_conn_fence, off ? 1 : 0, __ATOMIC_RELAXED);
-}
-
-void ferry_test_set_no_placed(ferry_engine_t *e, bool off)
-{
-    __atomic_store_n(&e->test_no_placed, off ? 1 : 0, __ATOMIC_RELAXED);
-}
-
-bool ferry_test_no_placed(const ferry_engine_t *e)
-{
-    return __atomic_load_n(&e->test_no_placed, __ATOMIC_RELAXED) != 0;
-}
-
-bool ferry_test_no_conn_fence(const ferry_engine_t *e)
-{
-    return __atomic_load_n(&e->test_no_conn_fence, __ATOMIC_RELAXED) != 0;
-}
-
-int ferry_protocol_version_advertised(const ferry_engine_t *e)
-{
-    int v = ferry_test_protocol_version(e);
-    return v ? v : FERRY_PROTOCOL_VERSION;
 }
 
 /* The defaults, in this library's full struct. */
@@ -182,9 +146,10 @@ static int check_config(const ferry_config_t *c)
     return 0;
 }
 
-/* Copies cfg into e->cfg, duplicating its strings so callers may free
- * theirs; fields beyond the caller's struct_size take their defaults. */
-int ferry_config_copy(ferry_engine_t *e, const ferry_config_t *theirs)
+/* Copies cfg into *out, duplicating its strings (into *strings, which
+ * the caller frees) so callers may free theirs; fields beyond the caller's
+ * struct_size take their defaults. */
+int ferry_config_copy(ferry_config_t *out, char **strings, const ferry_config_t *theirs)
 {
     ferry_config_t all;
     config_defaults(&all);
@@ -193,22 +158,22 @@ int ferry_config_copy(ferry_engine_t *e, const ferry_config_t *theirs)
     const ferry_config_t *cfg = &all;
     rc = check_config(cfg);
     if (rc) return rc;
-    e->cfg = *cfg;
+    *out = *cfg;
     const char *strs[5] = {cfg->host, cfg->metadata ? cfg->metadata : "p2p",
                            cfg->transport ? cfg->transport : "auto", cfg->secret ? cfg->secret : "",
                            cfg->metrics_host && *cfg->metrics_host ? cfg->metrics_host : cfg->host};
     size_t total = 0;
     for (int i = 0; i < 5; i++) total += strlen(strs[i]) + 1;
-    e->cfg_strings = malloc(total);
-    if (!e->cfg_strings) return ferry_fail(FERRY_ERR_MEMORY, "config: out of memory");
-    char *p = e->cfg_strings;
-    const char **dst[5] = {&e->cfg.host, &e->cfg.metadata, &e->cfg.transport, &e->cfg.secret, &e->cfg.metrics_host};
+    *strings = malloc(total);
+    if (!*strings) return ferry_fail(FERRY_ERR_MEMORY, "config: out of memory");
+    char *p = *strings;
+    const char **dst[5] = {&out->host, &out->metadata, &out->transport, &out->secret, &out->metrics_host};
     for (int i = 0; i < 5; i++) {
         size_t n = strlen(strs[i]) + 1;
         memcpy(p, strs[i], n);
         *dst[i] = p;
         p += n;
     }
-    if (!*e->cfg.secret) e->cfg.secret = NULL;
+    if (!*out->secret) out->secret = NULL;
     return 0;
 }

@@ -14,22 +14,27 @@
 #include <unistd.h>
 
 #include "util/clock.h"
-#include "engine.h"
+#include "parts.h"
 #include "util/fail.h"
 #include "util/net.h"
 #include "util/log.h"
 #include "meta/meta.h"
 
-int ferry_directory_enabled(const ferry_engine_t *e) { return e->meta_open && strcmp(e->meta.ops->scheme, "p2p") != 0; }
+int ferry_directory_enabled(ferry_engine_t *e)
+{
+    const ferry_directory_t *d = ferry_engine_part_dir(e);
+    return d->meta_open && strcmp(d->meta.ops->scheme, "p2p") != 0;
+}
 
 static char *describe(ferry_engine_t *e)
 {
+    const ferry_config_t *cfg = ferry_engine_part_config(e);
     char epoch[17], id[17];
-    snprintf(epoch, sizeof epoch, "%016llx", (unsigned long long)e->epoch);
-    snprintf(id, sizeof id, "%016llx", (unsigned long long)e->engine_id);
-    json_t *o = json_pack("{s:s, s:s, s:i, s:s, s:s, s:i, s:i}", "name", e->name, "host", e->cfg.host, "port",
-                          (int)e->port, "epoch", epoch, "engine_id", id, "protocol", FERRY_PROTOCOL_VERSION, "pid",
-                          (int)getpid());
+    snprintf(epoch, sizeof epoch, "%016llx", (unsigned long long)ferry_engine_epoch(e));
+    snprintf(id, sizeof id, "%016llx", (unsigned long long)ferry_engine_part_id(e));
+    json_t *o = json_pack("{s:s, s:s, s:i, s:s, s:s, s:i, s:i}", "name", ferry_engine_name(e), "host", cfg->host,
+                          "port", (int)ferry_engine_port(e), "epoch", epoch, "engine_id", id, "protocol",
+                          FERRY_PROTOCOL_VERSION, "pid", (int)getpid());
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     return text;
@@ -64,7 +69,7 @@ static struct ferry_directory_cache *cache_new(const ferry_engine_t *e)
         return NULL;
     }
     if (!c) return NULL;
-    long s = e->cfg.metadata_ttl_s;
+    long s = ferry_engine_part_config(e)->metadata_ttl_s;
     const char *env = getenv("FERRY_METADATA_CACHE_S");
     if (env && *env) {
         char *end;
@@ -98,7 +103,8 @@ static struct cached_peer *cache_find_locked(struct ferry_directory_cache *c, co
  * for use while the service is down), -1 absent. */
 static int cache_get(ferry_engine_t *e, const char *peer, ferry_directory_entry_t *out)
 {
-    struct ferry_directory_cache *c = e->dir_cache;
+    ferry_directory_t *d = ferry_engine_part_dir(e);
+    struct ferry_directory_cache *c = d->cache;
     if (!c || c->max_age_ns == 0) return -1;
     pthread_mutex_lock(&c->mu);
     struct cached_peer *p = cache_find_locked(c, peer);
@@ -114,7 +120,8 @@ static int cache_get(ferry_engine_t *e, const char *peer, ferry_directory_entry_
 /* Stores peer's entry; a full cache (no memory) just stays as it was. */
 static void cache_put(ferry_engine_t *e, const char *peer, const ferry_directory_entry_t *entry)
 {
-    struct ferry_directory_cache *c = e->dir_cache;
+    ferry_directory_t *d = ferry_engine_part_dir(e);
+    struct ferry_directory_cache *c = d->cache;
     if (!c || c->max_age_ns == 0) return;
     pthread_mutex_lock(&c->mu);
     struct cached_peer *p = cache_find_locked(c, peer);
@@ -143,7 +150,8 @@ static void cache_put(ferry_engine_t *e, const char *peer, const ferry_directory
 /* Removes peer's entry; 1 when there was one. */
 static int cache_drop(ferry_engine_t *e, const char *peer)
 {
-    struct ferry_directory_cache *c = e->dir_cache;
+    ferry_directory_t *d = ferry_engine_part_dir(e);
+    struct ferry_directory_cache *c = d->cache;
     if (!c) return 0;
     pthread_mutex_lock(&c->mu);
     struct cached_peer *p = cache_find_locked(c, peer);
@@ -159,43 +167,48 @@ static int cache_drop(ferry_engine_t *e, const char *peer)
 
 int ferry_directory_start(ferry_engine_t *e)
 {
-    int rc = ferry_meta_open(e->cfg.metadata, e->cfg.connect_timeout_ms, &e->meta);
-    if (rc) return ferry_fail_context("metadata service '%s'", e->cfg.metadata);
-    e->meta_open = true;
+    const ferry_config_t *cfg = ferry_engine_part_config(e);
+    ferry_directory_t *d = ferry_engine_part_dir(e);
+    int rc = ferry_meta_open(cfg->metadata, cfg->connect_timeout_ms, &d->meta);
+    if (rc) return ferry_fail_context("metadata service '%s'", cfg->metadata);
+    d->meta_open = true;
     if (!ferry_directory_enabled(e)) return 0;
-    e->dir_cache = cache_new(e);
-    if (!e->dir_cache) return ferry_fail(FERRY_ERR_MEMORY, "metadata cache: out of memory");
+    d->cache = cache_new(e);
+    if (!d->cache) return ferry_fail(FERRY_ERR_MEMORY, "metadata cache: out of memory");
     char *value = describe(e);
     if (!value) return ferry_fail(FERRY_ERR_MEMORY, "metadata descriptor: out of memory");
     char key[400];
-    snprintf(key, sizeof key, "%s%s", FERRY_META_KEY_PREFIX, e->name);
-    rc = ferry_meta_publisher_start_counted(&e->meta, key, value, e->cfg.metadata_ttl_s,
-                                            &e->stats.metadata_lease_refreshes, &e->stats.metadata_republishes,
-                                            &e->publisher);
+    snprintf(key, sizeof key, "%s%s", FERRY_META_KEY_PREFIX, ferry_engine_name(e));
+    ferry_counters_t *st = ferry_engine_part_stats(e);
+    rc = ferry_meta_publisher_start_counted(&d->meta, key, value, cfg->metadata_ttl_s,
+                                            &st->metadata_lease_refreshes, &st->metadata_republishes, &d->publisher);
     free(value);
-    if (rc) return ferry_fail_context("publishing %s in %s", e->name, e->cfg.metadata);
-    FERRY_LOG(FERRY_LOG_INFO, "directory", "published %s in %s (lease %d s)", e->name, e->cfg.metadata,
-              e->cfg.metadata_ttl_s);
+    if (rc) return ferry_fail_context("publishing %s in %s", ferry_engine_name(e), cfg->metadata);
+    FERRY_LOG(FERRY_LOG_INFO, "directory", "published %s in %s (lease %d s)", ferry_engine_name(e), cfg->metadata,
+              cfg->metadata_ttl_s);
     return 0;
 }
 
 void ferry_directory_unpublish(ferry_engine_t *e)
 {
-    if (e->publisher) {
-        if (ferry_meta_publisher_stop(e->publisher) != 0)
-            FERRY_LOG(FERRY_LOG_WARN, "directory", "removing %s from %s: %s", e->name, e->cfg.metadata,
+    const ferry_config_t *cfg = ferry_engine_part_config(e);
+    ferry_directory_t *d = ferry_engine_part_dir(e);
+    if (d->publisher) {
+        if (ferry_meta_publisher_stop(d->publisher) != 0)
+            FERRY_LOG(FERRY_LOG_WARN, "directory", "removing %s from %s: %s", ferry_engine_name(e), cfg->metadata,
                       ferry_last_error_detail());
-        e->publisher = NULL;
+        d->publisher = NULL;
     }
 }
 
 void ferry_directory_stop(ferry_engine_t *e)
 {
+    ferry_directory_t *d = ferry_engine_part_dir(e);
     ferry_directory_unpublish(e);
-    if (e->meta_open) ferry_meta_close(&e->meta);
-    e->meta_open = false;
-    cache_free(e->dir_cache);
-    e->dir_cache = NULL;
+    if (d->meta_open) ferry_meta_close(&d->meta);
+    d->meta_open = false;
+    cache_free(d->cache);
+    d->cache = NULL;
 }
 
 /* A JSON integer field of o in [lo, hi]: jansson's "i" would convert a
@@ -248,19 +261,21 @@ int ferry_directory_parse_entry(const char *peer, const char *text, ferry_direct
  * answered that it holds none (as opposed to not answering). */
 static int fetch(ferry_engine_t *e, const char *peer, ferry_directory_entry_t *out, int *gone)
 {
+    const ferry_config_t *cfg = ferry_engine_part_config(e);
+    ferry_directory_t *d = ferry_engine_part_dir(e);
     *gone = 0;
     char key[400];
     snprintf(key, sizeof key, "%s%s", FERRY_META_KEY_PREFIX, peer);
     char *value = NULL;
-    FERRY_STAT_ADD(&e->stats, metadata_fetches, 1);
-    int rc = e->meta.ops->lookup(e->meta.state, key, &value);
+    FERRY_STAT_ADD(ferry_engine_part_stats(e), metadata_fetches, 1);
+    int rc = d->meta.ops->lookup(d->meta.state, key, &value);
     if (rc == FERRY_ERR_NOT_FOUND) {
         *gone = 1;
         return ferry_fail(FERRY_ERR_METADATA,
                           "%s holds no entry for %s: the peer never started, or it died and its lease expired",
-                          e->cfg.metadata, peer);
+                          cfg->metadata, peer);
     }
-    if (rc) return ferry_fail_context("looking up %s in %s", peer, e->cfg.metadata);
+    if (rc) return ferry_fail_context("looking up %s in %s", peer, cfg->metadata);
     rc = ferry_directory_parse_entry(peer, value, out);
     free(value);
     return rc;
@@ -270,11 +285,11 @@ static int lookup(ferry_engine_t *e, const char *peer, ferry_directory_entry_t *
 {
     *cached = 0;
     *gone = 0;
-    FERRY_STAT_ADD(&e->stats, metadata_lookups, 1);
+    FERRY_STAT_ADD(ferry_engine_part_stats(e), metadata_lookups, 1);
     ferry_directory_entry_t old;
     int found = cache_get(e, peer, &old);
     if (found == 1) {
-        FERRY_STAT_ADD(&e->stats, metadata_cache_hits, 1);
+        FERRY_STAT_ADD(ferry_engine_part_stats(e), metadata_cache_hits, 1);
         *out = old;
         *cached = 1;
         return 0;
@@ -288,7 +303,7 @@ static int lookup(ferry_engine_t *e, const char *peer, ferry_directory_entry_t *
      * entry the service says is gone is dropped. */
     if (found == 0 && !*gone) {
         FERRY_LOG(FERRY_LOG_WARN, "directory", "using the expired entry of %s: %s", peer, ferry_last_error_detail());
-        FERRY_STAT_ADD(&e->stats, metadata_stale_served, 1);
+        FERRY_STAT_ADD(ferry_engine_part_stats(e), metadata_stale_served, 1);
         *out = old;
         *cached = 1;
         return 0;
@@ -307,7 +322,7 @@ void ferry_directory_forget(ferry_engine_t *e, const char *peer)
 {
     if (!ferry_directory_enabled(e)) return;
     if (cache_drop(e, peer)) {
-        FERRY_STAT_ADD(&e->stats, metadata_invalidations, 1);
+        FERRY_STAT_ADD(ferry_engine_part_stats(e), metadata_invalidations, 1);
         FERRY_LOG(FERRY_LOG_DEBUG, "directory", "forgot the cached entry of %s", peer);
     }
 }

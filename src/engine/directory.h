@@ -5,9 +5,21 @@
 #ifndef FERRY_DIRECTORY_H
 #define FERRY_DIRECTORY_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include <ferry/ferry.h>
+
+#include "meta/meta.h"
+
+/* The engine's metadata service (directory.c): a part of the engine
+ * (engine.h: e->dir) reached through ferry_engine_part_dir (parts.h). */
+typedef struct ferry_directory {
+    ferry_meta_t meta;
+    bool meta_open;
+    struct ferry_meta_publisher *publisher;
+    struct ferry_directory_cache *cache; /* peers looked up */
+} ferry_directory_t;
 
 typedef struct ferry_directory_entry {
     char host[256];
@@ -28,7 +40,7 @@ void ferry_directory_unpublish(ferry_engine_t *e);
 /* Unpublishes and closes the service: only once no thread looks peers up. */
 void ferry_directory_stop(ferry_engine_t *e);
 /* 1 when a metadata service (not p2p) is configured. */
-int ferry_directory_enabled(const ferry_engine_t *e);
+int ferry_directory_enabled(ferry_engine_t *e);
 /* Looks peer up, through the engine's cache of peer entries: 0 and *out,
  * or FERRY_ERR_METADATA with detail. A cached entry serves for
  * metadata_ttl_s (a peer's entry outlives it by its lease at most); an

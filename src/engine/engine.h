@@ -18,14 +18,18 @@
 #include "link/cancel.h"
 #include "config.h"
 #include "link/conn.h"
+#include "link/link.h"
 #include "util/crc32c.h"
+#include "directory.h"
 #include "hello.h"
 #include "meta/meta.h"
 #include "link/metrics.h"
 #include "notify.h"
+#include "parts.h"
 #include "link/registry.h"
-#include "serve/serve.h"
 #include "session.h"
+#include "workers.h"
+#include "stats.h"
 #include "util/spin.h"
 #include "wire/wire.h"
 #include "link/xfer.h"
@@ -36,7 +40,6 @@ struct ferry_engine {
     char *cfg_strings;         /* owned copies of the config's strings */
     int test_protocol_version; /* 0, or what tests make it advertise (testing.h) */
     int test_no_conn_fence;    /* tests: act as a peer that predates connection fences (testing.h) */
-    int test_no_placed;        /* tests: act as a peer that predates placement reports (testing.h) */
     char name[300];
     uint16_t port;
     int listen_fd;
@@ -52,10 +55,7 @@ struct ferry_engine {
     ferry_counters_t stats;    /* engine-wide counters (metrics.h) */
 
     /* Metadata service (directory.c). */
-    ferry_meta_t meta;
-    bool meta_open;
-    struct ferry_meta_publisher *publisher;
-    struct ferry_directory_cache *dir_cache; /* peers looked up (directory.c) */
+    ferry_directory_t dir;
 
     pthread_t listener;
     struct ferry_evloop *evloop; /* the serving threads (evloop.c) */
@@ -84,40 +84,22 @@ struct ferry_engine {
     pthread_cond_t calls_cond;
 
     /* Async batch workers. */
-    pthread_mutex_t queue_lock;
-    pthread_cond_t queue_cond;
-    ferry_task_t *queue_head, *queue_tail;
-    pthread_t *workers;
-    int nworkers;
+    ferry_workers_t work;
 
     /* Received notifications. */
-    pthread_mutex_t notify_lock;
-    ferry_notify_node_t *notify_head, *notify_tail;
-    size_t notify_count;
-    size_t notify_bytes;
-    struct ferry_notify_tables *notify_tables; /* queued per sender and per address (notify.c) */
+    ferry_notify_queue_t notify;
 
-    /* Connections get serials in accept order; cancelled requests are kept
-     * per served connection, this many in all (cancel.h). */
+    /* Connections get serials in accept order. */
     _Atomic uint64_t next_conn_serial;
-    atomic_size_t cancels_held;
-    /* Placement logs of served connections, live and recently closed
-     * (placed.c, cancel.h). */
-    pthread_mutex_t placed_lock;
-    struct ferry_placed_log *placed_logs;
-    size_t placed_retired;
+    /* What the link layer needs of the engine (link/link.h): cancels kept
+     * and placement logs of served connections, a few config values; every
+     * connection points to it. */
+    ferry_link_t link;
 
     /* What the transports see of this engine, their engine-wide state
      * slots included (link/xport.h; filled at creation, xport.c). */
     ferry_xport_ctx_t xport;
 };
 
-/* calls.c: a public call that may block on a peer enters first (CONTEXT
- * once destroy began) and leaves when done; destroy wakes the calls in
- * progress and waits until they all left before freeing anything. */
-int ferry_engine_enter(ferry_engine_t *e);
-/* Returns rc, except that a link failure (PEER_CLOSED, SOCKET, TIMEOUT)
- * while destroy runs, which destroy caused, becomes CONTEXT. */
-int ferry_engine_leave(ferry_engine_t *e, int rc);
 
 #endif

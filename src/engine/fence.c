@@ -13,7 +13,10 @@
 #include <time.h>
 
 #include "util/clock.h"
-#include "engine.h"
+#include "parts.h"
+#include "session.h"
+#include "link/conn.h"
+#include "link/xfer.h"
 #include "util/fail.h"
 #include "util/log.h"
 #include "util/net.h"
@@ -290,7 +293,7 @@ void ferry_fence_pending(ferry_session_t *s, uint64_t deadline)
     snprintf(saved, sizeof saved, "%s", ferry_fail_message());
     int saved_code = ferry_last_error_code();
     bool gone = false;
-    uint64_t cap = ferry_deadline_after_ms(s->engine->cfg.cancel_timeout_ms);
+    uint64_t cap = ferry_deadline_after_ms(ferry_engine_part_config(s->engine)->cancel_timeout_ms);
     int rc = fence(s, ids, n, cap < deadline ? cap : deadline, &gone, NULL);
     if (rc == 0 || gone) {
         /* Drop what we fenced; ids added meanwhile stay. */
@@ -374,6 +377,7 @@ size_t ferry_fence_in_doubt(ferry_session_t *s, ferry_xfer_t *xs, size_t n, int 
     for (size_t i = 0; i < n; i++) doubt += xs[i].inflight ? 1 : 0;
     if (doubt == 0) return 0;
     ferry_engine_t *e = s->engine;
+    const ferry_config_t *cfg = ferry_engine_part_config(e);
     char saved[1024];
     snprintf(saved, sizeof saved, "%s", ferry_fail_message());
     int saved_code = ferry_last_error_code();
@@ -385,7 +389,7 @@ size_t ferry_fence_in_doubt(ferry_session_t *s, ferry_xfer_t *xs, size_t n, int 
     if (ids) {
         for (size_t i = 0, k = 0; i < n; i++)
             if (xs[i].inflight) ids[k++] = (ferry_fence_id_t){xs[i].req_id, conn_key};
-        rc = fence(s, ids, doubt, ferry_deadline_after_ms(e->cfg.cancel_timeout_ms), &gone, &reports);
+        rc = fence(s, ids, doubt, ferry_deadline_after_ms(cfg->cancel_timeout_ms), &gone, &reports);
         free(ids);
     } else {
         ferry_fail(rc, "fencing %zu request(s): out of memory", doubt);
@@ -401,7 +405,7 @@ size_t ferry_fence_in_doubt(ferry_session_t *s, ferry_xfer_t *xs, size_t n, int 
             settle_fenced(s, &xs[i], gone, r, cause);
             xs[i].inflight = 0;
             /* A retry must not be refused as the fenced id. */
-            xs[i].req_id = atomic_fetch_add(&e->next_req_id, 1);
+            xs[i].req_id = ferry_engine_part_req_ids(e, 1);
         }
     } else {
         char why[512];
@@ -418,7 +422,7 @@ size_t ferry_fence_in_doubt(ferry_session_t *s, ferry_xfer_t *xs, size_t n, int 
                                           "still land: do not reuse the pages yet",
                                           x->opcode == FERRY_OP_WRITE ? "write" : "read",
                                           (unsigned long long)x->remote, (unsigned long long)x->len, s->name,
-                                          ferry_error_name(cause), slices, e->cfg.cancel_timeout_ms, why));
+                                          ferry_error_name(cause), slices, cfg->cancel_timeout_ms, why));
             remember_unfenced(s, (ferry_fence_id_t){x->req_id, conn_key});
         }
         FERRY_LOG(FERRY_LOG_WARN, "cancel", "%zu request(s) to %s could not be fenced: %s", unconfirmed, s->name, why);
@@ -433,13 +437,14 @@ size_t ferry_fence_in_doubt(ferry_session_t *s, ferry_xfer_t *xs, size_t n, int 
 int ferry_fence_notify(ferry_session_t *s, uint64_t req_id, uint64_t conn_key, int cause)
 {
     ferry_engine_t *e = s->engine;
+    const ferry_config_t *cfg = ferry_engine_part_config(e);
     char saved[1024];
     snprintf(saved, sizeof saved, "%s", ferry_fail_message());
     int saved_code = ferry_last_error_code();
     ferry_fence_id_t id = {req_id, conn_key};
     fence_reports_t reports = {NULL, 0};
     bool gone = false;
-    int rc = fence(s, &id, 1, ferry_deadline_after_ms(e->cfg.cancel_timeout_ms), &gone, &reports);
+    int rc = fence(s, &id, 1, ferry_deadline_after_ms(cfg->cancel_timeout_ms), &gone, &reports);
     int out = FERRY_NOTIFY_UNKNOWN;
     if (rc == 0 && !gone) {
         const fence_report_t *r = report_of(&reports, conn_key);
@@ -457,7 +462,7 @@ int ferry_fence_notify(ferry_session_t *s, uint64_t req_id, uint64_t conn_key, i
         return ferry_fail(FERRY_ERR_CANCEL_UNCONFIRMED,
                           "notification to %s stopped by %s with its answer outstanding; the target did not "
                           "confirm the cancel within %d ms (%s), so it may still be delivered",
-                          s->name, ferry_error_name(cause), e->cfg.cancel_timeout_ms, why);
+                          s->name, ferry_error_name(cause), cfg->cancel_timeout_ms, why);
     }
     reports_clear(&reports);
     ferry_fail(saved_code, "%s", saved);

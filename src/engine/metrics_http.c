@@ -2,7 +2,6 @@
 /* Without libmicrohttpd the metrics endpoint cannot be served; the API
  * (ferry_metrics_prometheus) still works. Built when FERRY_HAVE_HTTP is off. */
 #ifndef FERRY_HAVE_HTTP
-#include "engine.h"
 #include "util/fail.h"
 #include "link/metrics.h"
 

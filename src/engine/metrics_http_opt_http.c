@@ -10,7 +10,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "engine.h"
+#include "parts.h"
 #include "util/fail.h"
 #include "util/log.h"
 #include "link/metrics.h"
@@ -61,7 +61,8 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 
 int ferry_metrics_http_start(ferry_engine_t *e, int port)
 {
-    const char *host = e->cfg.metrics_host ? e->cfg.metrics_host : e->cfg.host;
+    const ferry_config_t *cfg = ferry_engine_part_config(e);
+    const char *host = cfg->metrics_host ? cfg->metrics_host : cfg->host;
     char service[16];
     snprintf(service, sizeof service, "%d", port < 0 ? 0 : port);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *res;
@@ -81,14 +82,16 @@ int ferry_metrics_http_start(ferry_engine_t *e, int port)
     freeaddrinfo(res);
     if (!d) return ferry_fail(FERRY_ERR_SOCKET, "metrics endpoint: cannot listen on %s port %d", host, port);
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-    e->metrics.http = d;
-    e->metrics.http_port = info ? info->port : (uint16_t)port;
+    ferry_metrics_t *m = ferry_engine_part_metrics(e);
+    m->http = d;
+    m->http_port = info ? info->port : (uint16_t)port;
     return 0;
 }
 
 void ferry_metrics_http_stop(ferry_engine_t *e)
 {
-    if (e->metrics.http) MHD_stop_daemon(e->metrics.http);
-    e->metrics.http = NULL;
-    e->metrics.http_port = 0;
+    ferry_metrics_t *m = ferry_engine_part_metrics(e);
+    if (m->http) MHD_stop_daemon(m->http);
+    m->http = NULL;
+    m->http_port = 0;
 }

@@ -10,7 +10,10 @@
 
 #include "link/cancel.h"
 #include "util/clock.h"
-#include "engine.h"
+#include "notify.h"
+#include "parts.h"
+#include "session.h"
+#include "stats.h"
 #include "util/fail.h"
 #include "util/log.h"
 #include "link/metrics.h"
@@ -111,9 +114,10 @@ static void source_of(int fd, uint8_t ip[16], char *host, size_t cap, uint16_t *
 }
 
 /* Which share, if any, one more notification of len bytes would overflow. */
-static const char *over_share(const ferry_engine_t *e, const ferry_notify_count_t *snd,
+static const char *over_share(ferry_engine_t *e, const ferry_notify_count_t *snd,
                               const ferry_notify_count_t *src, size_t len, size_t *count)
 {
+    ferry_notify_queue_t *q = ferry_engine_part_notify(e);
     size_t charge = charge_of(len);
     if (snd->n >= FERRY_NOTIFY_PEER_BACKLOG || snd->charged + charge > FERRY_NOTIFY_PEER_BYTES) {
         *count = snd->n;
@@ -123,8 +127,8 @@ static const char *over_share(const ferry_engine_t *e, const ferry_notify_count_
         *count = src->n;
         return "address";
     }
-    if (e->notify_count >= FERRY_MAX_QUEUED_NOTIFY || e->notify_bytes + charge > FERRY_MAX_QUEUED_NOTIFY_BYTES) {
-        *count = e->notify_count;
+    if (q->count >= FERRY_MAX_QUEUED_NOTIFY || q->bytes + charge > FERRY_MAX_QUEUED_NOTIFY_BYTES) {
+        *count = q->count;
         return "engine";
     }
     return NULL;
@@ -135,8 +139,9 @@ static const char *over_share(const ferry_engine_t *e, const ferry_notify_count_
 static void note_drop_locked(ferry_engine_t *e, const ferry_conn_t *c, const char *host, const char *over,
                              size_t count)
 {
+    ferry_notify_queue_t *q = ferry_engine_part_notify(e);
     FERRY_STAT_ADD(ferry_engine_counters(e), notifies_dropped, 1);
-    struct ferry_notify_tables *t = e->notify_tables;
+    struct ferry_notify_tables *t = q->tables;
     uint64_t now = ferry_now_ns();
     if (t && t->last_drop_log_ns && now - t->last_drop_log_ns < 1000000000ull) {
         t->drops_unlogged++;
@@ -156,6 +161,7 @@ static void note_drop_locked(ferry_engine_t *e, const ferry_conn_t *c, const cha
 int ferry_notify_push(ferry_conn_t *c, unsigned char *msg, size_t len)
 {
     ferry_engine_t *e = c->engine;
+    ferry_notify_queue_t *q = ferry_engine_part_notify(e);
     ferry_notify_node_t *n = calloc(1, sizeof *n);
     uint8_t ip[16], sender_key[NOTIFY_KEY] = {0}, source_key[NOTIFY_KEY] = {0};
     char host[INET6_ADDRSTRLEN + 2];
@@ -168,10 +174,10 @@ int ferry_notify_push(ferry_conn_t *c, unsigned char *msg, size_t len)
 
     const char *over = NULL;
     size_t count = 0;
-    pthread_mutex_lock(&e->notify_lock);
-    if (!e->notify_tables) e->notify_tables = calloc(1, sizeof *e->notify_tables);
-    ferry_notify_count_t *snd = n && e->notify_tables ? count_get(e->notify_tables->sender, sender_key) : NULL;
-    ferry_notify_count_t *src = snd ? count_get(e->notify_tables->source, source_key) : NULL;
+    pthread_mutex_lock(&q->lock);
+    if (!q->tables) q->tables = calloc(1, sizeof *q->tables);
+    ferry_notify_count_t *snd = n && q->tables ? count_get(q->tables->sender, sender_key) : NULL;
+    ferry_notify_count_t *src = snd ? count_get(q->tables->source, source_key) : NULL;
     if (!src)
         over = "memory";
     else
@@ -179,9 +185,9 @@ int ferry_notify_push(ferry_conn_t *c, unsigned char *msg, size_t len)
     if (over) {
         note_drop_locked(e, c, host, over, count);
         /* A count made just now for this refused one holds nothing. */
-        if (e->notify_tables) {
-            count_forget_empty(e->notify_tables->sender, snd);
-            count_forget_empty(e->notify_tables->source, src);
+        if (q->tables) {
+            count_forget_empty(q->tables->sender, snd);
+            count_forget_empty(q->tables->source, src);
         }
     } else {
         if (snd->n == 0) { /* a new sender entry: what its notifications say of it */
@@ -191,7 +197,7 @@ int ferry_notify_push(ferry_conn_t *c, unsigned char *msg, size_t len)
             snd->from.epoch = c->peer.epoch;
             /* Served connections exist only after the handshake; with a
              * secret, only after the initiator proved it holds it (engine.c). */
-            snd->from.authenticated = e->cfg.secret != NULL;
+            snd->from.authenticated = ferry_engine_part_config(e)->secret != NULL;
         }
         snd->n++;
         snd->charged += charge_of(len);
@@ -202,15 +208,15 @@ int ferry_notify_push(ferry_conn_t *c, unsigned char *msg, size_t len)
         n->msg = msg;
         n->len = (uint32_t)len;
         n->port = port;
-        if (e->notify_tail)
-            e->notify_tail->next = n;
+        if (q->tail)
+            q->tail->next = n;
         else
-            e->notify_head = n;
-        e->notify_tail = n;
-        e->notify_count++;
-        e->notify_bytes += charge_of(len);
+            q->head = n;
+        q->tail = n;
+        q->count++;
+        q->bytes += charge_of(len);
     }
-    pthread_mutex_unlock(&e->notify_lock);
+    pthread_mutex_unlock(&q->lock);
     if (!over) return 0;
     int rc = strcmp(over, "memory") == 0
                  ? ferry_fail(FERRY_ERR_MEMORY, "notification from %s: out of memory", c->peer.name)
@@ -234,21 +240,22 @@ static void tables_free(ferry_notify_count_t **table)
 
 void ferry_notify_clear(ferry_engine_t *e)
 {
-    ferry_notify_node_t *n = e->notify_head;
+    ferry_notify_queue_t *q = ferry_engine_part_notify(e);
+    ferry_notify_node_t *n = q->head;
     while (n) {
         ferry_notify_node_t *next = n->next;
         free(n->msg);
         free(n);
         n = next;
     }
-    e->notify_head = e->notify_tail = NULL;
-    e->notify_count = 0;
-    e->notify_bytes = 0;
-    if (e->notify_tables) {
-        tables_free(e->notify_tables->sender);
-        tables_free(e->notify_tables->source);
-        free(e->notify_tables);
-        e->notify_tables = NULL;
+    q->head = q->tail = NULL;
+    q->count = 0;
+    q->bytes = 0;
+    if (q->tables) {
+        tables_free(q->tables->sender);
+        tables_free(q->tables->source);
+        free(q->tables);
+        q->tables = NULL;
     }
 }
 
@@ -309,6 +316,7 @@ static int settle_in_doubt(ferry_session_t *s, uint64_t req_id, uint64_t conn_ke
 
 static int notify(ferry_engine_t *e, const char *peer, const void *msg, size_t len, int timeout_ms)
 {
+    const ferry_config_t *cfg = ferry_engine_part_config(e);
     ferry_clear_last_error();
     if (!e || !peer || (!msg && len)) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "notify: NULL argument");
     if (len > FERRY_WIRE_MAX_NOTIFY)
@@ -317,14 +325,14 @@ static int notify(ferry_engine_t *e, const char *peer, const void *msg, size_t l
     ferry_session_t *s;
     int rc = ferry_session_get(e, peer, &s);
     if (rc) return rc;
-    uint64_t deadline = ferry_deadline_after_ms(timeout_ms > 0 ? timeout_ms : e->cfg.timeout_ms);
-    for (int attempt = 0; attempt <= e->cfg.retries; attempt++) {
+    uint64_t deadline = ferry_deadline_after_ms(timeout_ms > 0 ? timeout_ms : cfg->timeout_ms);
+    for (int attempt = 0; attempt <= cfg->retries; attempt++) {
         ferry_conn_t *c;
         bool resend = false;
         rc = ferry_session_checkout(s, deadline, &c);
         if (rc == 0) {
             /* Each attempt its own id: a fenced one is refused for good. */
-            uint64_t req_id = atomic_fetch_add(&e->next_req_id, 1);
+            uint64_t req_id = ferry_engine_part_req_ids(e, 1);
             bool answered = false, once = notify_once(c);
             uint64_t conn_key = atomic_load(&c->cancel_key);
             rc = send_notify(c, req_id, msg, len, deadline, &answered);
@@ -336,7 +344,7 @@ static int notify(ferry_engine_t *e, const char *peer, const void *msg, size_t l
             resend = true; /* nothing went out */
         }
         if (!resend || (rc != FERRY_ERR_PEER_CLOSED && rc != FERRY_ERR_SOCKET)) break;
-        if (attempt < e->cfg.retries) ferry_count_retry(e, NULL, rc);
+        if (attempt < cfg->retries) ferry_count_retry(e, NULL, rc);
     }
     ferry_session_put(s);
     if (rc) {
@@ -368,15 +376,16 @@ long ferry_get_notifications(ferry_engine_t *e, ferry_notification_t *out, size_
 long ferry_get_notifications_from(ferry_engine_t *e, ferry_notification_t *out, ferry_notification_sender_t *from,
                                   size_t max)
 {
+    ferry_notify_queue_t *q = ferry_engine_part_notify(e);
     if (!e || (!out && max)) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "get notifications: NULL argument");
     size_t k = 0;
-    pthread_mutex_lock(&e->notify_lock);
-    while (k < max && e->notify_head) {
-        ferry_notify_node_t *n = e->notify_head;
-        e->notify_head = n->next;
-        if (!e->notify_head) e->notify_tail = NULL;
-        e->notify_count--;
-        e->notify_bytes -= charge_of(n->len);
+    pthread_mutex_lock(&q->lock);
+    while (k < max && q->head) {
+        ferry_notify_node_t *n = q->head;
+        q->head = n->next;
+        if (!q->head) q->tail = NULL;
+        q->count--;
+        q->bytes -= charge_of(n->len);
         ferry_notify_count_t *snd = n->sender;
         memset(&out[k], 0, sizeof out[k]);
         snprintf(out[k].peer, sizeof out[k].peer, "%s", snd->name);
@@ -386,12 +395,12 @@ long ferry_get_notifications_from(ferry_engine_t *e, ferry_notification_t *out, 
             from[k] = snd->from;
             snprintf(from[k].addr, sizeof from[k].addr, "%s:%u", snd->host, (unsigned)n->port);
         }
-        count_put(e->notify_tables->sender, snd, n->len);
-        count_put(e->notify_tables->source, n->source, n->len);
+        count_put(q->tables->sender, snd, n->len);
+        count_put(q->tables->source, n->source, n->len);
         k++;
         free(n);
     }
-    pthread_mutex_unlock(&e->notify_lock);
+    pthread_mutex_unlock(&q->lock);
     return (long)k;
 }
 

@@ -3,6 +3,7 @@
 #ifndef FERRY_CORE_NOTIFY_H
 #define FERRY_CORE_NOTIFY_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -21,6 +22,16 @@ typedef struct ferry_notify_node {
     uint32_t len;
     uint16_t port; /* the connection's source port, for from.addr */
 } ferry_notify_node_t;
+
+/* The engine's received notifications, in arrival order, and their counts
+ * per sender and per address (notify.c); e->notify (engine.h). */
+typedef struct ferry_notify_queue {
+    pthread_mutex_t lock;
+    ferry_notify_node_t *head, *tail;
+    size_t count;
+    size_t bytes;
+    struct ferry_notify_tables *tables; /* queued per sender and per address (notify.c) */
+} ferry_notify_queue_t;
 
 /* Notifications queued and not yet fetched, in all (ferry.h's
  * FERRY_NOTIFY_BACKLOG_*); per sender and source address: FERRY_NOTIFY_PEER_*

@@ -20,7 +20,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "engine.h"
+#include "parts.h"
 #include "link/share.h"
 #include "util/sized.h"
 
@@ -224,8 +224,8 @@ static int share_region(ferry_engine_t *e, ferry_pool_t *p)
     ferry_share_t *sh = malloc(sizeof *sh);
     if (!sh) return ferry_fail(FERRY_ERR_MEMORY, "share: out of memory");
     *sh = (ferry_share_t){.fd = p->memfd, .off = 0, .ctl = (ferry_share_ctl_t *)p->map, .ctl_fd = p->ctlfd};
-    ferry_registry_set_hook(&e->registry, FERRY_REGION_SLOT_SHARE, &share_hook);
-    int rc = ferry_registry_update(&e->registry, (uint64_t)(uintptr_t)p->base, share_locked, sh, "share");
+    ferry_registry_set_hook(ferry_engine_part_registry(e), FERRY_REGION_SLOT_SHARE, &share_hook);
+    int rc = ferry_registry_update(ferry_engine_part_registry(e), (uint64_t)(uintptr_t)p->base, share_locked, sh, "share");
     if (rc) free(sh);
     return rc;
 }
@@ -233,7 +233,7 @@ static int share_region(ferry_engine_t *e, ferry_pool_t *p)
 static void unshare_region(ferry_pool_t *p)
 {
     ferry_share_t *sh = NULL;
-    ferry_registry_update(&p->engine->registry, (uint64_t)(uintptr_t)p->base, unshare_locked, &sh, "unshare");
+    ferry_registry_update(ferry_engine_part_registry(p->engine), (uint64_t)(uintptr_t)p->base, unshare_locked, &sh, "unshare");
     free(sh);
 }
 

@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine.h"
+#include "parts.h"
 #include "util/fail.h"
 #include "util/memkind.h"
 #include "util/sized.h"
@@ -31,10 +31,10 @@ int (ferry_region_query)(ferry_engine_t *e, const void *addr, size_t len, ferry_
     if (rc) return rc;
     uint64_t a = (uint64_t)(uintptr_t)addr, n = len ? len : 1;
     ferry_region_info_t all;
-    ferry_registry_read_lock(&e->registry);
-    rc = ferry_registry_check_locked(&e->registry, a, n, 0, 0, "local");
-    if (rc == 0) fill_info(ferry_registry_lookup_locked(&e->registry, a, n), &all);
-    ferry_registry_unlock(&e->registry);
+    ferry_registry_read_lock(ferry_engine_part_registry(e));
+    rc = ferry_registry_check_locked(ferry_engine_part_registry(e), a, n, 0, 0, "local");
+    if (rc == 0) fill_info(ferry_registry_lookup_locked(ferry_engine_part_registry(e), a, n), &all);
+    ferry_registry_unlock(ferry_engine_part_registry(e));
     if (rc == 0) ferry_sized_export(out, &all, sizeof all);
     return rc;
 }
@@ -49,13 +49,13 @@ static int copy_checked(ferry_engine_t *e, void *dst, const void *src, size_t le
     const void *region_side = into_region ? dst : src, *host_side = into_region ? src : dst;
     if (!host_side) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "region copy: the host buffer is NULL");
     uint64_t a = (uint64_t)(uintptr_t)region_side;
-    ferry_registry_read_lock(&e->registry);
-    int rc = ferry_registry_check_locked(&e->registry, a, len, 0, 0, "local");
+    ferry_registry_read_lock(ferry_engine_part_registry(e));
+    int rc = ferry_registry_check_locked(ferry_engine_part_registry(e), a, len, 0, 0, "local");
     if (rc == 0) {
-        uint32_t kind = ferry_registry_lookup_locked(&e->registry, a, len)->kind;
+        uint32_t kind = ferry_registry_lookup_locked(ferry_engine_part_registry(e), a, len)->kind;
         rc = into_region ? ferry_memkind_from_host(kind, dst, src, len) : ferry_memkind_to_host(kind, dst, src, len);
     }
-    ferry_registry_unlock(&e->registry);
+    ferry_registry_unlock(ferry_engine_part_registry(e));
     if (rc) ferry_fail_context("%s %zu bytes %s registered memory at %p", into_region ? "writing" : "reading", len,
                                into_region ? "into" : "from", region_side);
     return rc;

@@ -247,6 +247,7 @@ static int connect_new(ferry_session_t *s, uint64_t deadline, bool spare, ferry_
     if (!c) return ferry_fail(FERRY_ERR_MEMORY, "connection to %s: out of memory", s->name);
     c->engine = e;
     c->ctx = &e->xport;
+    c->link = &e->link;
     c->session = s;
     c->session_port = s->port;
     bool known = ferry_session_known(s);

@@ -3,7 +3,8 @@
  * page by page, refreshed on a miss, and resolving a remote range. */
 #include <stdlib.h>
 
-#include "engine.h"
+#include "session.h"
+#include "link/conn.h"
 #include "util/fail.h"
 #include "util/net.h"
 

@@ -11,7 +11,7 @@
 #include "util/arith.h"
 #include "batch.h"
 #include "util/clock.h"
-#include "engine.h"
+#include "parts.h"
 #include "util/fail.h"
 #include "link/registry.h"
 #include "session.h"
@@ -61,7 +61,7 @@ static int check_span(const char *side, uint64_t base, uint64_t stride, uint64_t
  * same region. The refused piece is named by number, index and address. */
 static int check_local(ferry_engine_t *e, const ferry_strided_t *d, uint64_t lo, uint64_t hi)
 {
-    ferry_registry_t *r = &e->registry;
+    ferry_registry_t *r = ferry_engine_part_registry(e);
     uint64_t base = (uint64_t)(uintptr_t)d->local_base, first = base + lo * d->local_stride;
     uint64_t end = base + hi * d->local_stride + d->piece_len;
     int rc = 0;
@@ -95,7 +95,7 @@ static int check_remote(ferry_engine_t *e, const char *peer, const ferry_strided
     ferry_session_t *s;
     int rc = ferry_session_get(e, peer, &s);
     if (rc) return rc;
-    uint64_t deadline = ferry_deadline_after_ms(e->cfg.timeout_ms);
+    uint64_t deadline = ferry_deadline_after_ms(ferry_engine_part_config(e)->timeout_ms);
     uint64_t first = d->remote_base + lo * d->remote_stride, end = d->remote_base + hi * d->remote_stride + d->piece_len;
     uint32_t gen;
     ferry_segment_t run = {0};
@@ -240,7 +240,7 @@ static void expand_window(ferry_engine_t *e, const ferry_strided_t *d, size_t fr
                           ferry_xfer_t *xs)
 {
     memset(xs, 0, n * sizeof *xs);
-    uint64_t id = atomic_fetch_add(&e->next_req_id, n); /* one id a piece, so one can be fenced alone */
+    uint64_t id = ferry_engine_part_req_ids(e, n); /* one id a piece, so one can be fenced alone */
     for (size_t i = 0; i < n; i++) {
         ferry_xfer_t *x = &xs[i];
         ferry_strided_piece(d, from + i, &x->local, &x->remote);
@@ -287,7 +287,7 @@ static void lane_run(struct lanes *l)
         l->next += done ? 0 : n;
         pthread_mutex_unlock(&l->lock);
         if (done) break;
-        if (atomic_load(&l->e->stopping)) {
+        if (ferry_engine_part_stopping(l->e)) {
             lanes_fail(l, ferry_fail(FERRY_ERR_CONTEXT, "the engine was destroyed while the strided transfer to %s ran "
                                      "(piece %zu of %zu not sent)", l->peer, from, d->n), from);
             break;
@@ -315,15 +315,16 @@ static void worker_lane_done(ferry_task_t *t, void *owner)
 /* Runs the checked descriptor d (n > 0) to peer in windows. */
 static int run_windows(ferry_engine_t *e, const char *peer, const ferry_strided_t *d)
 {
+    const ferry_config_t *cfg = ferry_engine_part_config(e);
     struct lanes l = {.e = e, .peer = peer, .d = d, .failed = SIZE_MAX, .t0 = ferry_now_ns(),
-                      .deadline = ferry_deadline_after_ms(e->cfg.timeout_ms)};
+                      .deadline = ferry_deadline_after_ms(cfg->timeout_ms)};
     int rc = ferry_session_get(e, peer, &l.s);
     if (rc) return rc;
-    FERRY_STAT_ADD(&e->stats, requests, d->n);
+    FERRY_STAT_ADD(ferry_engine_part_stats(e), requests, d->n);
     pthread_mutex_init(&l.lock, NULL);
     pthread_cond_init(&l.cond, NULL);
-    size_t lanes = (size_t)e->cfg.conns_per_peer;
-    if (lanes > (size_t)e->cfg.workers + 1) lanes = (size_t)e->cfg.workers + 1;
+    size_t lanes = (size_t)cfg->conns_per_peer;
+    if (lanes > (size_t)cfg->workers + 1) lanes = (size_t)cfg->workers + 1;
     l.window = ferry_strided_window(d->n, lanes);
     size_t windows = (d->n - 1) / l.window + 1;
     if (lanes > windows) lanes = windows;

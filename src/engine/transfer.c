@@ -5,7 +5,10 @@
 #include <stdlib.h>
 
 #include "util/clock.h"
-#include "engine.h"
+#include "batch.h"
+#include "parts.h"
+#include "session.h"
+#include "stats.h"
 #include "util/fail.h"
 #include "testing.h"
 #include "link/transport.h"
@@ -14,7 +17,7 @@ static const char *op_name(int opcode) { return opcode == FERRY_OP_WRITE ? "writ
 
 int ferry_check_local(ferry_engine_t *e, const void *local, uint64_t len)
 {
-    int rc = ferry_registry_check(&e->registry, (uint64_t)(uintptr_t)local, len, 0, "local");
+    int rc = ferry_registry_check(ferry_engine_part_registry(e), (uint64_t)(uintptr_t)local, len, 0, "local");
     if (rc) ferry_fail_context("the local buffer must be registered with this engine");
     return rc;
 }
@@ -34,7 +37,7 @@ int ferry_check_request(ferry_engine_t *e, int opcode, const void *local, uint64
 static int check_requests(ferry_engine_t *e, int opcode, void *const *locals, const uint64_t *remotes,
                           const size_t *lens, size_t n)
 {
-    ferry_registry_t *r = &e->registry;
+    ferry_registry_t *r = ferry_engine_part_registry(e);
     const ferry_region_t *reg = NULL;
     int rc = 0;
     ferry_registry_read_lock(r);
@@ -157,9 +160,9 @@ static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const
     ferry_xfer_t *xs;
     size_t nx;
     uint64_t t0 = ferry_now_ns();
-    rc = ferry_make_pieces(e, opcode, locals, remotes, lens, n, ferry_deadline_after_ms(e->cfg.timeout_ms), &xs, &nx);
+    rc = ferry_make_pieces(e, opcode, locals, remotes, lens, n, ferry_deadline_after_ms(ferry_engine_part_config(e)->timeout_ms), &xs, &nx);
     if (rc == 0) {
-        FERRY_STAT_ADD(&e->stats, requests, n);
+        FERRY_STAT_ADD(ferry_engine_part_stats(e), requests, n);
         rc = nx == 1 || run_inline(s, lens, n) ? ferry_xfer_run(e, s, xs, nx) : ferry_run_parallel(e, s, xs, nx);
         record_requests(s, xs, nx, ferry_now_ns() - t0);
         size_t i = ferry_xfer_worst(xs, nx); /* CANCEL_UNCONFIRMED first */

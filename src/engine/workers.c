@@ -7,7 +7,10 @@
 #include <stdlib.h>
 
 #include "util/clock.h"
-#include "engine.h"
+#include "parts.h"
+#include "session.h"
+#include "util/spin.h"
+#include "workers.h"
 #include "util/fail.h"
 
 /* Requests at least this big are striped over the peer's connections. */
@@ -15,7 +18,7 @@
 
 static int stripes_for(const ferry_engine_t *e, uint64_t len)
 {
-    int k = e->cfg.conns_per_peer;
+    int k = ferry_engine_part_config(e)->conns_per_peer;
     if (len < STRIPE_MIN || k < 2) return 1;
     uint64_t max_k = len / (STRIPE_MIN / 2);
     return (uint64_t)k > max_k ? (int)max_k : k;
@@ -31,10 +34,10 @@ int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const 
     ferry_xfer_t *xs = calloc(total, sizeof *xs);
     if (!xs) return ferry_fail(FERRY_ERR_MEMORY, "%zu transfer pieces: out of memory", total);
     size_t k = 0;
-    uint64_t slice = e->cfg.slice_size;
+    uint64_t slice = ferry_engine_part_config(e)->slice_size;
     /* One id per piece, so that one piece can be fenced alone (cancel.h);
      * taken as one block. */
-    uint64_t next_id = atomic_fetch_add(&e->next_req_id, total);
+    uint64_t next_id = ferry_engine_part_req_ids(e, total);
     for (size_t i = 0; i < n; i++) {
         if (lens[i] < STRIPE_MIN) { /* one piece: the common case, kept cheap */
             ferry_xfer_t *x = &xs[k++];
@@ -69,30 +72,32 @@ int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const 
 
 void ferry_task_enqueue(ferry_engine_t *e, ferry_task_t *t)
 {
-    pthread_mutex_lock(&e->queue_lock);
+    ferry_workers_t *w = ferry_engine_part_work(e);
+    pthread_mutex_lock(&w->lock);
     t->next = NULL;
-    if (e->queue_tail)
-        e->queue_tail->next = t;
+    if (w->tail)
+        w->tail->next = t;
     else
-        e->queue_head = t;
-    e->queue_tail = t;
-    pthread_mutex_unlock(&e->queue_lock);
+        w->head = t;
+    w->tail = t;
+    pthread_mutex_unlock(&w->lock);
     /* After the unlock: a worker woken while we still held the lock would
      * only block on it again (two wake-ups for one task). The condition
      * lives as long as the engine, which outlives every caller. */
-    pthread_cond_signal(&e->queue_cond);
+    pthread_cond_signal(&w->cond);
 }
 
 static ferry_task_t *dequeue(ferry_engine_t *e)
 {
-    pthread_mutex_lock(&e->queue_lock);
-    while (!e->queue_head && !atomic_load(&e->stopping)) pthread_cond_wait(&e->queue_cond, &e->queue_lock);
-    ferry_task_t *t = e->queue_head;
+    ferry_workers_t *w = ferry_engine_part_work(e);
+    pthread_mutex_lock(&w->lock);
+    while (!w->head && !ferry_engine_part_stopping(e)) pthread_cond_wait(&w->cond, &w->lock);
+    ferry_task_t *t = w->head;
     if (t) {
-        e->queue_head = t->next;
-        if (!e->queue_head) e->queue_tail = NULL;
+        w->head = t->next;
+        if (!w->head) w->tail = NULL;
     }
-    pthread_mutex_unlock(&e->queue_lock);
+    pthread_mutex_unlock(&w->lock);
     return t;
 }
 
@@ -101,7 +106,7 @@ static void run_task(ferry_engine_t *e, ferry_task_t *t)
     struct task_ext *x = (struct task_ext *)t;
     if (x->run) {
         x->run(x, x->run_arg); /* a lane: fails its own pieces once the engine stops */
-    } else if (atomic_load(&e->stopping)) {
+    } else if (ferry_engine_part_stopping(e)) {
         int rc = ferry_fail(FERRY_ERR_CONTEXT, "the engine shut down before the request ran");
         for (size_t i = 0; i < t->nxfers; i++)
             if (t->xfers[i].rc == 0) ferry_xfer_fail(&t->xfers[i], rc);
@@ -122,14 +127,16 @@ static void *worker_main(void *arg)
 
 int ferry_workers_start(ferry_engine_t *e)
 {
-    e->workers = calloc((size_t)e->cfg.workers, sizeof *e->workers);
-    if (!e->workers) return ferry_fail(FERRY_ERR_MEMORY, "workers: out of memory");
-    for (int i = 0; i < e->cfg.workers; i++) {
-        if (pthread_create(&e->workers[i], NULL, worker_main, e) != 0) {
+    const ferry_config_t *cfg = ferry_engine_part_config(e);
+    ferry_workers_t *w = ferry_engine_part_work(e);
+    w->threads = calloc((size_t)cfg->workers, sizeof *w->threads);
+    if (!w->threads) return ferry_fail(FERRY_ERR_MEMORY, "workers: out of memory");
+    for (int i = 0; i < cfg->workers; i++) {
+        if (pthread_create(&w->threads[i], NULL, worker_main, e) != 0) {
             ferry_workers_stop(e);
             return ferry_fail(FERRY_ERR_INTERNAL, "cannot start worker thread %d", i);
         }
-        e->nworkers++;
+        w->n++;
     }
     return 0;
 }
@@ -137,14 +144,15 @@ int ferry_workers_start(ferry_engine_t *e)
 /* Stops the workers; tasks still queued are failed with CONTEXT. */
 void ferry_workers_stop(ferry_engine_t *e)
 {
-    pthread_mutex_lock(&e->queue_lock);
-    atomic_store(&e->stopping, true);
-    pthread_cond_broadcast(&e->queue_cond);
-    pthread_mutex_unlock(&e->queue_lock);
-    for (int i = 0; i < e->nworkers; i++) pthread_join(e->workers[i], NULL);
-    free(e->workers);
-    e->workers = NULL;
-    e->nworkers = 0;
+    ferry_workers_t *w = ferry_engine_part_work(e);
+    pthread_mutex_lock(&w->lock);
+    ferry_engine_part_set_stopping(e);
+    pthread_cond_broadcast(&w->cond);
+    pthread_mutex_unlock(&w->lock);
+    for (int i = 0; i < w->n; i++) pthread_join(w->threads[i], NULL);
+    free(w->threads);
+    w->threads = NULL;
+    w->n = 0;
     ferry_task_t *t;
     while ((t = dequeue(e)) != NULL) run_task(e, t);
 }
@@ -190,11 +198,12 @@ size_t ferry_task_partition(const ferry_xfer_t *xs, size_t n, size_t groups, siz
 static bool spin_until_zero_locked(ferry_engine_t *e, pthread_mutex_t *lock, const size_t *pending,
                                    uint64_t deadline, int others)
 {
-    unsigned spin_us = *pending ? ferry_spin_us(&e->batch_spin, e->cfg.spin_us) : 0;
+    const ferry_config_t *cfg = ferry_engine_part_config(e);
+    unsigned spin_us = *pending ? ferry_spin_us(ferry_engine_part_batch_spin(e), cfg->spin_us) : 0;
     /* Adaptive: only with a CPU to spare besides the threads the wait is
      * for; on fewer the spin takes the CPU they need (a 1-piece batch on
      * 2 CPUs waited 30 us p50 blocking, 36 us spinning). */
-    if (e->cfg.spin_us == 0 && ferry_spin_cpus() <= others) spin_us = 0;
+    if (cfg->spin_us == 0 && ferry_spin_cpus() <= others) spin_us = 0;
     if (spin_us == 0) return *pending == 0;
     uint64_t until = ferry_now_ns() + (uint64_t)spin_us * 1000u;
     if (until > deadline) until = deadline;
@@ -218,7 +227,7 @@ int ferry_wait_zero_locked(ferry_engine_t *e, pthread_mutex_t *lock, pthread_con
             else if (pthread_cond_timedwait(cond, lock, &ts) == ETIMEDOUT && *pending > 0) return ETIMEDOUT;
         }
     }
-    ferry_spin_record(&e->batch_spin, ferry_now_ns() - t0);
+    ferry_spin_record(ferry_engine_part_batch_spin(e), ferry_now_ns() - t0);
     return 0;
 }
 
@@ -254,8 +263,9 @@ static void join_done(ferry_task_t *t, void *owner)
  * takes the first group, workers the others. Returns the first failure. */
 int ferry_run_parallel(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n)
 {
-    size_t groups = (size_t)e->cfg.conns_per_peer;
-    if (groups > (size_t)e->cfg.workers + 1) groups = (size_t)e->cfg.workers + 1;
+    const ferry_config_t *cfg = ferry_engine_part_config(e);
+    size_t groups = (size_t)cfg->conns_per_peer;
+    if (groups > (size_t)cfg->workers + 1) groups = (size_t)cfg->workers + 1;
     size_t starts[66];
     size_t g = ferry_task_partition(xs, n, groups > 64 ? 64 : groups, starts);
     struct join j = {.left = 0};

@@ -12,8 +12,9 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "conn.h"
+#include "link.h"
 #include "util/clock.h"
-#include "engine/engine.h"
 #include "util/fail.h"
 #include "util/log.h"
 
@@ -121,15 +122,13 @@ void ferry_cancel_conn_close(ferry_conn_t *c)
     ferry_placed_close(c);
     ferry_cancel_set_t *cs = atomic_exchange(&c->cancels, NULL);
     if (!cs) return;
-    atomic_fetch_sub(&c->engine->cancels_held, ferry_cancel_set_count(cs));
+    atomic_fetch_sub(&c->link->cancels_held, ferry_cancel_set_count(cs));
     ferry_cancel_set_destroy(cs);
     free(cs);
 }
 
-size_t ferry_cancel_engine_count(ferry_engine_t *e) { return atomic_load(&e->cancels_held); }
-
-/* With e->conns_lock held: refuses frames of req_id on data connection c. */
-static int record_on(ferry_engine_t *e, ferry_conn_t *c, uint64_t req_id)
+/* With the served connections' lock held: refuses frames of req_id on data connection c. */
+static int record_on(ferry_link_t *e, ferry_conn_t *c, uint64_t req_id)
 {
     ferry_cancel_set_t *cs = atomic_load(&c->cancels);
     if (!cs) {
@@ -161,18 +160,18 @@ static int record_on(ferry_engine_t *e, ferry_conn_t *c, uint64_t req_id)
 
 int ferry_cancel_record(ferry_conn_t *via, uint64_t req_id, uint64_t conn_key)
 {
-    ferry_engine_t *e = via->engine;
+    ferry_link_t *e = via->link;
     uint64_t peer = via->peer.engine_id;
     int rc = 0;
-    pthread_mutex_lock(&e->conns_lock);
-    for (ferry_conn_t *c = e->conns; c && rc == 0; c = c->next) {
+    pthread_mutex_lock(e->conns_lock);
+    for (ferry_conn_t *c = *e->conns; c && rc == 0; c = c->next) {
         /* Another engine's connection is never touched, whatever it names. */
         if (atomic_load(&c->cancel_peer) != peer || atomic_load(&c->done)) continue;
         uint64_t key = atomic_load(&c->cancel_key);
         if (key == 0 || (conn_key && key != conn_key)) continue;
         rc = record_on(e, c, req_id);
     }
-    pthread_mutex_unlock(&e->conns_lock);
+    pthread_mutex_unlock(e->conns_lock);
     return rc;
 }
 
@@ -182,16 +181,16 @@ int ferry_cancel_fence_conn(ferry_conn_t *via, uint64_t conn_key)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME,
                           "CANCEL of a whole connection from %s (calling itself %s) names no connection (key 0)",
                           via->remote, via->peer.name);
-    ferry_engine_t *e = via->engine;
+    ferry_link_t *e = via->link;
     uint64_t peer = via->peer.engine_id;
-    pthread_mutex_lock(&e->conns_lock);
-    for (ferry_conn_t *c = e->conns; c; c = c->next) {
+    pthread_mutex_lock(e->conns_lock);
+    for (ferry_conn_t *c = *e->conns; c; c = c->next) {
         /* Another engine's connection is never touched, whatever it names. */
         if (atomic_load(&c->cancel_peer) != peer || atomic_load(&c->done)) continue;
         if (atomic_load(&c->cancel_key) != conn_key) continue;
         atomic_store_explicit(&c->fenced, true, memory_order_release);
         break;
     }
-    pthread_mutex_unlock(&e->conns_lock);
+    pthread_mutex_unlock(e->conns_lock);
     return 0;
 }

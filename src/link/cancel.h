@@ -150,7 +150,7 @@
 #include <stdint.h>
 
 struct ferry_conn;
-struct ferry_engine;
+struct ferry_link;
 struct ferry_session;
 struct ferry_xfer;
 
@@ -196,8 +196,8 @@ uint64_t ferry_cancel_conn_open(struct ferry_conn *c);
 bool ferry_conn_is_cancelled(struct ferry_conn *c, uint64_t req_id);
 /* Frees c's cancel set, when it has one (ferry_conn_free). */
 void ferry_cancel_conn_close(struct ferry_conn *c);
-/* Ids remembered by all of e's connections together. */
-size_t ferry_cancel_engine_count(struct ferry_engine *e);
+/* Ids remembered by all of an engine's connections together: link.h's
+ * cancels_held (tests: ferry_cancel_engine_count, engine/testing.h). */
 
 /* ---------------------------------------------------- initiator side */
 
@@ -275,7 +275,7 @@ bool ferry_placed_is_write_frame(const struct ferry_frame *f);
 /* Target, at the handshake / at ferry_conn_free: makes c's log, retires it. */
 void ferry_placed_open(struct ferry_conn *c);
 void ferry_placed_close(struct ferry_conn *c);
-void ferry_placed_destroy_all(struct ferry_engine *e);
+void ferry_placed_destroy_all(struct ferry_link *l);
 /* Target, before serving write frame f: true when f repeats a frame placed
  * whole already (then ferry_placed_drop_duplicate, no answer); else f's
  * entry is begun. */

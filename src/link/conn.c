@@ -8,13 +8,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "link.h"
 #include "util/clock.h"
-#include "engine/engine.h"
 #include "util/fail.h"
 #include "util/log.h"
 #include "util/memkind.h"
 #include "util/net.h"
-#include "engine/testing.h"
 
 /* The answers lately taken on an initiator's connection (conn.h): a ring;
  * type 0 marks a free or forgotten entry. */
@@ -116,7 +115,7 @@ int ferry_conn_recv_frame_spin(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadl
 
 unsigned ferry_conn_spin_us(ferry_conn_t *c)
 {
-    return ferry_spin_us(&c->spin, c->engine->cfg.spin_us);
+    return ferry_spin_us(&c->spin, c->link->spin_us);
 }
 
 int ferry_conn_discard(ferry_conn_t *c, uint64_t n, uint64_t deadline)
@@ -152,14 +151,9 @@ unsigned char *ferry_conn_bounce(ferry_conn_t *c, size_t n)
     return c->bounce;
 }
 
-unsigned ferry_engine_proto_max(const ferry_engine_t *e)
-{
-    return (unsigned)ferry_protocol_version_advertised(e);
-}
-
 unsigned ferry_conn_version(const ferry_conn_t *c)
 {
-    unsigned ours = ferry_engine_proto_max(c->engine);
+    unsigned ours = (unsigned)atomic_load_explicit(&c->link->proto_max, memory_order_relaxed);
     return c->peer.proto_max < ours ? c->peer.proto_max : ours;
 }
 
@@ -180,5 +174,6 @@ void ferry_conn_free(ferry_conn_t *c)
     ferry_stage_free(c->stage);
     free(c->vec);
     free(c->answered);
+    free(c->outbox.out);
     free(c);
 }

@@ -46,11 +46,25 @@ typedef struct ferry_partial {
     int (*resume)(ferry_conn_t *c);
 } ferry_partial_t;
 
+/* Target side, served by the event loop: the answers its socket had no
+ * room for (out[out_off, out_len) is still to go), and what the answer
+ * helpers (serve_io.c) need of the loop, which sets it (serve/evloop.c). */
+typedef struct ferry_outbox {
+    bool framed;       /* the handshake is over: answers may be queued */
+    bool slot;         /* the frame being served holds a data slot: its answer may wait for room while
+                          no other data frame wants the slot (a control frame's never waits) */
+    int contended_fd;  /* readable while data frames wait for a slot */
+    int timeout_ms;    /* config.timeout_ms, for an answer that stalls */
+    uint8_t *out;
+    size_t out_off, out_len, out_cap;
+} ferry_outbox_t;
+
 /* One TCP connection, either side. */
 struct ferry_conn {
     int fd;
     ferry_engine_t *engine;
     struct ferry_xport_ctx *ctx; /* what a transport may use of the engine (xport.h), set with engine */
+    struct ferry_link *link;   /* what the link layer needs of the engine (link.h), set with engine */
     ferry_session_t *session;  /* initiator side: its session; NULL on the target */
     ferry_hello_t peer;        /* what the other side said in the handshake */
     unsigned char *bounce;     /* checksum / device-memory staging, lazily made */
@@ -102,9 +116,10 @@ struct ferry_conn {
      * duplicates were dropped. */
     struct ferry_answered *answered;
     uint64_t answers_duplicated;
+    ferry_outbox_t outbox;     /* target side, in the event loop: answers waiting for room (serve_io.c) */
 };
 
-/* Target side (evloop.c): a data frame's payload ran dry mid-way. 1: more
+/* Target side (serve_io.c): a data frame's payload ran dry mid-way. 1: more
  * has arrived, read on; 0: park the frame (save its progress in
  * c->partial, return FERRY_SERVE_PENDING) and let the thread serve others;
  * -1: its deadline passed. Waits for more a moment first, but only while
@@ -140,11 +155,9 @@ enum ferry_conn_state {
     CONN_ENDED          /* its serving is over, it is being freed; counted nowhere */
 };
 
-/* The newest protocol version this engine speaks (a test may pin it:
- * ferry_test_set_protocol_version, core/testing.h), and the one both ends
- * of a handshaken connection speak: the highest in common. Vector frames
- * need FERRY_PROTOCOL_VEC. */
-unsigned ferry_engine_proto_max(const ferry_engine_t *e);
+/* The protocol version both ends of a handshaken connection speak: the
+ * highest in common (ours: link.h's proto_max). Vector frames need
+ * FERRY_PROTOCOL_VEC. */
 unsigned ferry_conn_version(const ferry_conn_t *c);
 
 /* frame I/O shared by both sides */

@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/engine.h"
 #include "util/fail.h"
 
 /* ------------------------------------------------- engine-wide counters */
@@ -147,20 +146,20 @@ static void peer_retry(ferry_peer_stats_t *p)
 
 /* ---------------------------------------------------------------- events */
 
-void ferry_count_request(ferry_engine_t *e, ferry_peer_stats_t *p, const char *transport, int opcode,
-                         uint64_t bytes, uint64_t latency_ns, int rc)
+void ferry_count_request_in(ferry_counters_t *stats, ferry_peer_stats_t *p, const char *transport, int opcode,
+                            uint64_t bytes, uint64_t latency_ns, int rc)
 {
     peer_request(p, transport, opcode, bytes, latency_ns, rc);
     if (rc) {
-        FERRY_STAT_ADD(&e->stats, requests_failed, 1);
-        count_code_failure(&e->stats, rc);
+        FERRY_STAT_ADD(stats, requests_failed, 1);
+        count_code_failure(stats, rc);
     } else {
-        FERRY_STAT_ADD(&e->stats, requests_completed, 1);
+        FERRY_STAT_ADD(stats, requests_completed, 1);
     }
 }
 
-void ferry_count_requests_ok(ferry_engine_t *e, ferry_peer_stats_t *p, const char *transport, int opcode,
-                             uint64_t count, uint64_t bytes, uint64_t latency_ns)
+void ferry_count_requests_ok_in(ferry_counters_t *stats, ferry_peer_stats_t *p, const char *transport, int opcode,
+                                uint64_t count, uint64_t bytes, uint64_t latency_ns)
 {
     if (count == 0) return;
     if (p) {
@@ -176,31 +175,30 @@ void ferry_count_requests_ok(ferry_engine_t *e, ferry_peer_stats_t *p, const cha
         p->m.latency_sum_us += us * count;
         pthread_mutex_unlock(&p->lock);
     }
-    FERRY_STAT_ADD(&e->stats, requests_completed, count);
+    FERRY_STAT_ADD(stats, requests_completed, count);
 }
 
-void ferry_count_retry(ferry_engine_t *e, ferry_peer_stats_t *p, int code)
+void ferry_count_retry_in(ferry_counters_t *stats, ferry_peer_stats_t *p, int code)
 {
     peer_retry(p);
-    count_code_retry(&e->stats, code);
+    count_code_retry(stats, code);
 }
 
-void ferry_count_failure(ferry_engine_t *e, int code) { count_code_failure(&e->stats, code); }
+void ferry_count_failure_in(ferry_counters_t *stats, int code) { count_code_failure(stats, code); }
 
 /* ------------------------------------------------------------ the readers */
 
-long ferry_metrics_peers(ferry_engine_t *e, ferry_peer_metrics_t *out, size_t max)
+long ferry_metrics_copy_peers(ferry_metrics_t *m, ferry_peer_metrics_t *out, size_t max)
 {
-    if (!e || (!out && max)) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "metrics: NULL argument");
     long n = 0;
-    pthread_mutex_lock(&e->metrics.lock);
-    for (ferry_peer_stats_t *p = e->metrics.peers; p; p = p->next, n++) {
+    pthread_mutex_lock(&m->lock);
+    for (ferry_peer_stats_t *p = m->peers; p; p = p->next, n++) {
         if ((size_t)n >= max) continue;
         pthread_mutex_lock(&p->lock);
         out[n] = p->m;
         pthread_mutex_unlock(&p->lock);
     }
-    pthread_mutex_unlock(&e->metrics.lock);
+    pthread_mutex_unlock(&m->lock);
     return n;
 }
 
@@ -218,20 +216,18 @@ static void add_into(ferry_peer_metrics_t *sum, const ferry_peer_metrics_t *m)
         for (uint64_t k = 0; k < m->error_counts[i]; k++) count_error(sum, m->error_codes[i]);
 }
 
-int ferry_metrics_transport(ferry_engine_t *e, const char *transport, ferry_peer_metrics_t *out)
+void ferry_metrics_sum_transport(ferry_metrics_t *m, const char *transport, ferry_peer_metrics_t *out)
 {
-    if (!e || !transport || !out) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "metrics: NULL argument");
     memset(out, 0, sizeof *out);
     snprintf(out->peer, sizeof out->peer, "*");
     snprintf(out->transport, sizeof out->transport, "%s", transport);
-    pthread_mutex_lock(&e->metrics.lock);
-    for (ferry_peer_stats_t *p = e->metrics.peers; p; p = p->next) {
+    pthread_mutex_lock(&m->lock);
+    for (ferry_peer_stats_t *p = m->peers; p; p = p->next) {
         pthread_mutex_lock(&p->lock);
         if (strcmp(p->m.transport, transport) == 0) add_into(out, &p->m);
         pthread_mutex_unlock(&p->lock);
     }
-    pthread_mutex_unlock(&e->metrics.lock);
-    return 0;
+    pthread_mutex_unlock(&m->lock);
 }
 
 /* ------------------------------------------------------------ Prometheus */
@@ -285,10 +281,10 @@ static void render_peer(struct text *t, const ferry_peer_metrics_t *m)
 }
 
 /* The engine-wide counters of ferry_engine_stats(), one metric each. */
-static void render_engine_stats(struct text *t, ferry_engine_t *e)
+static void render_engine_stats(struct text *t, ferry_counters_t *stats)
 {
     ferry_stats_t st;
-    ferry_stats_read(&e->stats, &st);
+    ferry_stats_read(stats, &st);
     const struct {
         const char *name, *help;
         uint64_t v;
@@ -308,9 +304,9 @@ static void render_engine_stats(struct text *t, ferry_engine_t *e)
                 (unsigned long long)st.codes[i].failures);
 }
 
-long ferry_metrics_prometheus(ferry_engine_t *e, char *buf, size_t cap)
+long ferry_metrics_render(const ferry_metrics_source_t *src, char *buf, size_t cap)
 {
-    if (!e || (!buf && cap)) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "metrics: NULL argument");
+    ferry_metrics_t *m = src->metrics;
     struct text t = {buf, cap, 0};
     put(&t, "# HELP ferry_requests_total Requests finished, by peer, transport and opcode.\n"
             "# TYPE ferry_requests_total counter\n"
@@ -324,22 +320,20 @@ long ferry_metrics_prometheus(ferry_engine_t *e, char *buf, size_t cap)
             "# TYPE ferry_errors_total counter\n"
             "# HELP ferry_request_latency_seconds Request latency, submit to completion.\n"
             "# TYPE ferry_request_latency_seconds histogram\n");
-    pthread_mutex_lock(&e->metrics.lock);
-    for (ferry_peer_stats_t *p = e->metrics.peers; p; p = p->next) {
+    pthread_mutex_lock(&m->lock);
+    for (ferry_peer_stats_t *p = m->peers; p; p = p->next) {
         pthread_mutex_lock(&p->lock);
         ferry_peer_metrics_t snap = p->m;
         pthread_mutex_unlock(&p->lock);
         render_peer(&t, &snap);
     }
-    pthread_mutex_unlock(&e->metrics.lock);
-    render_engine_stats(&t, e);
+    pthread_mutex_unlock(&m->lock);
+    render_engine_stats(&t, src->stats);
     put(&t, "# HELP ferry_registered_regions Memory regions registered with this engine.\n"
             "# TYPE ferry_registered_regions gauge\nferry_registered_regions %zu\n",
-        ferry_registry_count(&e->registry));
+        src->regions);
     put(&t, "# HELP ferry_engine_info This engine's name and epoch.\n# TYPE ferry_engine_info gauge\n"
             "ferry_engine_info{name=\"%s\",epoch=\"%016llx\",version=\"%s\"} 1\n",
-        e->name, (unsigned long long)e->epoch, FERRY_VERSION_STRING);
+        src->name, (unsigned long long)src->epoch, FERRY_VERSION_STRING);
     return (long)t.len;
 }
-
-uint16_t ferry_metrics_port(const ferry_engine_t *e) { return e ? e->metrics.http_port : 0; }

@@ -90,20 +90,34 @@ ferry_peer_stats_t *ferry_metrics_peer(ferry_metrics_t *m, const char *peer);
 /* A request ended: rc 0 or its code, bytes confirmed, latency. Counted as
  * completed or failed (by code) for the engine, and in peer p's entry when
  * p is not NULL (transport, when not NULL, names what carried it). */
-void ferry_count_request(ferry_engine_t *e, ferry_peer_stats_t *p, const char *transport, int opcode,
-                         uint64_t bytes, uint64_t latency_ns, int rc);
+void ferry_count_request_in(ferry_counters_t *stats, ferry_peer_stats_t *p, const char *transport, int opcode,
+                            uint64_t bytes, uint64_t latency_ns, int rc);
 /* The same for count requests of one call that all completed (one
  * latency), under one hold of each lock rather than one per request. */
-void ferry_count_requests_ok(ferry_engine_t *e, ferry_peer_stats_t *p, const char *transport, int opcode,
-                             uint64_t count, uint64_t bytes, uint64_t latency_ns);
+void ferry_count_requests_ok_in(ferry_counters_t *stats, ferry_peer_stats_t *p, const char *transport, int opcode,
+                                uint64_t count, uint64_t bytes, uint64_t latency_ns);
 /* An automatic retry caused by code (< 0), of a transfer to peer p (NULL:
  * not a transfer's). */
-void ferry_count_retry(ferry_engine_t *e, ferry_peer_stats_t *p, int code);
+void ferry_count_retry_in(ferry_counters_t *stats, ferry_peer_stats_t *p, int code);
 /* A call outside any request (opening a session) failed with code < 0. */
-void ferry_count_failure(ferry_engine_t *e, int code);
+void ferry_count_failure_in(ferry_counters_t *stats, int code);
+/* (The engine counts through engine/stats.h, which names its counters.) */
 
-/* metrics_http: the optional GET /metrics endpoint. */
-int ferry_metrics_http_start(ferry_engine_t *e, int port);
-void ferry_metrics_http_stop(ferry_engine_t *e);
+/* The readers of the public API (engine/stats.c): every peer's entry, up
+ * to max of them copied into out (the count of entries returned); the
+ * entries of one transport summed into out. */
+long ferry_metrics_copy_peers(ferry_metrics_t *m, ferry_peer_metrics_t *out, size_t max);
+void ferry_metrics_sum_transport(ferry_metrics_t *m, const char *transport, ferry_peer_metrics_t *out);
+/* What the Prometheus text tells of an engine. */
+typedef struct ferry_metrics_source {
+    ferry_metrics_t *metrics;
+    ferry_counters_t *stats;   /* the engine-wide counters */
+    size_t regions;            /* memory regions registered */
+    const char *name;
+    uint64_t epoch;
+} ferry_metrics_source_t;
+/* Renders it as Prometheus text into buf (cap bytes, NUL-terminated when
+ * it fits): the length of the whole text. */
+long ferry_metrics_render(const ferry_metrics_source_t *src, char *buf, size_t cap);
 
 #endif

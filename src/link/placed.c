@@ -8,12 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "conn.h"
+#include "link.h"
 #include "util/clock.h"
-#include "engine/engine.h"
 #include "util/fail.h"
 #include "util/log.h"
 #include "util/net.h"
-#include "engine/testing.h"
 #include "wire/le.h"
 
 /* A closed connection's log is kept this long for a late fence to read. */
@@ -63,7 +63,7 @@ static void log_free(struct ferry_placed_log *l)
 
 /* With e->placed_lock held: frees retired logs past their time, then the
  * oldest retired ones beyond RETAIN_MAX. */
-static void purge_locked(ferry_engine_t *e, uint64_t now)
+static void purge_locked(ferry_link_t *e, uint64_t now)
 {
     for (struct ferry_placed_log **pp = &e->placed_logs; *pp;) {
         struct ferry_placed_log *l = *pp;
@@ -88,14 +88,14 @@ static void purge_locked(ferry_engine_t *e, uint64_t now)
 
 void ferry_placed_open(ferry_conn_t *c)
 {
-    if (ferry_test_no_placed(c->engine)) return; /* acts as an older target */
+    if (atomic_load_explicit(&c->link->no_placed, memory_order_relaxed)) return; /* acts as an older target */
     struct ferry_placed_log *l = calloc(1, sizeof *l);
     if (!l) return; /* fences of this connection then report nothing: no resend */
     pthread_mutex_init(&l->lock, NULL);
     l->peer = atomic_load(&c->cancel_peer);
     l->key = atomic_load(&c->cancel_key);
     l->cur = -1;
-    ferry_engine_t *e = c->engine;
+    ferry_link_t *e = c->link;
     pthread_mutex_lock(&e->placed_lock);
     /* Newest first: retired logs sit at the end, the oldest last. */
     l->next = e->placed_logs;
@@ -109,7 +109,7 @@ void ferry_placed_close(ferry_conn_t *c)
     struct ferry_placed_log *l = c->placed;
     if (!l) return;
     c->placed = NULL;
-    ferry_engine_t *e = c->engine;
+    ferry_link_t *e = c->link;
     uint64_t now = ferry_now_ns();
     pthread_mutex_lock(&e->placed_lock);
     l->retired_ns = now ? now : 1;
@@ -118,7 +118,7 @@ void ferry_placed_close(ferry_conn_t *c)
     pthread_mutex_unlock(&e->placed_lock);
 }
 
-void ferry_placed_destroy_all(ferry_engine_t *e)
+void ferry_placed_destroy_all(ferry_link_t *e)
 {
     while (e->placed_logs) {
         struct ferry_placed_log *l = e->placed_logs;
@@ -236,7 +236,7 @@ int ferry_placed_drop_duplicate(ferry_conn_t *c, const ferry_frame_t *f)
 {
     FERRY_LOG(FERRY_LOG_INFO, "cancel", "dropping a repeated %s of request %llu from %s: placed once already",
               ferry_frame_type_name(f->type), (unsigned long long)f->req_id, c->peer.name);
-    uint64_t deadline = ferry_deadline_after_ms(c->engine->cfg.timeout_ms);
+    uint64_t deadline = ferry_deadline_after_ms(c->link->timeout_ms);
     unsigned char scratch[16384];
     for (uint32_t left = f->plen; left > 0;) {
         uint32_t n = left < sizeof scratch ? left : (uint32_t)sizeof scratch;
@@ -265,7 +265,7 @@ static size_t encode_entry(const placed_entry_t *p, uint8_t *out)
 
 int ferry_placed_report(ferry_conn_t *via, uint64_t conn_key, uint8_t **out, size_t *len, uint32_t *count)
 {
-    ferry_engine_t *e = via->engine;
+    ferry_link_t *e = via->link;
     uint64_t peer = via->peer.engine_id;
     *out = NULL;
     *len = 0;

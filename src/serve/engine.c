@@ -4,6 +4,7 @@
  * handed to the transport that serves them. The listener, accepting
  * connections within their limits, is in listener.c. */
 #include "engine/engine.h"
+#include "serve.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -423,11 +424,11 @@ static void engine_free(ferry_engine_t *e)
     if (e->wake_fd[1] >= 0) close(e->wake_fd[1]);
     if (e->reserve_fd >= 0) close(e->reserve_fd);
     pthread_mutex_destroy(&e->conns_lock);
-    ferry_placed_destroy_all(e);
-    pthread_mutex_destroy(&e->placed_lock);
-    pthread_mutex_destroy(&e->queue_lock);
-    pthread_cond_destroy(&e->queue_cond);
-    pthread_mutex_destroy(&e->notify_lock);
+    ferry_placed_destroy_all(&e->link);
+    pthread_mutex_destroy(&e->link.placed_lock);
+    pthread_mutex_destroy(&e->work.lock);
+    pthread_cond_destroy(&e->work.cond);
+    pthread_mutex_destroy(&e->notify.lock);
     pthread_mutex_destroy(&e->busy_lock);
     pthread_mutex_destroy(&e->calls_lock);
     pthread_cond_destroy(&e->calls_cond);
@@ -441,10 +442,13 @@ static ferry_engine_t *engine_alloc(void)
     if (!e) return NULL;
     e->listen_fd = e->wake_fd[0] = e->wake_fd[1] = e->reserve_fd = -1;
     pthread_mutex_init(&e->conns_lock, NULL);
-    pthread_mutex_init(&e->placed_lock, NULL);
-    pthread_mutex_init(&e->queue_lock, NULL);
-    ferry_cond_init_monotonic(&e->queue_cond);
-    pthread_mutex_init(&e->notify_lock, NULL);
+    pthread_mutex_init(&e->link.placed_lock, NULL);
+    e->link.conns_lock = &e->conns_lock;
+    e->link.conns = &e->conns;
+    atomic_store(&e->link.proto_max, FERRY_PROTOCOL_VERSION);
+    pthread_mutex_init(&e->work.lock, NULL);
+    ferry_cond_init_monotonic(&e->work.cond);
+    pthread_mutex_init(&e->notify.lock, NULL);
     pthread_mutex_init(&e->busy_lock, NULL);
     pthread_mutex_init(&e->calls_lock, NULL);
     pthread_cond_init(&e->calls_cond, NULL);
@@ -457,6 +461,46 @@ static ferry_engine_t *engine_alloc(void)
     read_host_id(e->host_id);
     return e;
 }
+
+/* ------------------------------------------------------------ serving */
+
+static void listener_shutdown_all(void *e) { ferry_listener_shutdown_conns(e); }
+static void listener_free_all(void *e) { ferry_listener_free_conns(e); }
+
+/* What the event loop calls: this file's handshake and frame handlers and
+ * the listener's list of connections. */
+static const ferry_evloop_handlers_t serve_handlers = {
+    .hello_check = ferry_hello_frame_check,
+    .hello_answer = ferry_answer_hello,
+    .auth_check = ferry_auth_frame_check,
+    .auth_mac = ferry_serve_auth_mac,
+    .frame = ferry_serve_frame,
+    .ended = ferry_serve_ended,
+    .done = ferry_listener_conn_done,
+    .set_idle = ferry_conn_set_idle,
+    .set_busy = ferry_conn_set_busy,
+    .shutdown_all = listener_shutdown_all,
+    .free_all = listener_free_all,
+};
+
+static int serve_start(ferry_engine_t *e)
+{
+    ferry_evloop_config_t cfg = {.on = &serve_handlers,
+                                 .ctx = e,
+                                 .name = e->name,
+                                 .timeout_ms = e->cfg.timeout_ms,
+                                 .connect_timeout_ms = e->cfg.connect_timeout_ms,
+                                 .stopping = &e->stopping};
+    return ferry_evloop_start(&cfg, &e->evloop);
+}
+
+static void serve_stop(ferry_engine_t *e)
+{
+    ferry_evloop_stop(e->evloop);
+    e->evloop = NULL;
+}
+
+int ferry_evloop_threads(const ferry_engine_t *e) { return e->evloop ? ferry_evloop_nthreads(e->evloop) : 0; }
 
 static void make_name(ferry_engine_t *e)
 {
@@ -481,10 +525,12 @@ int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out)
     }
     ferry_engine_t *e = engine_alloc();
     if (!e) return ferry_fail(FERRY_ERR_MEMORY, "engine create: out of memory");
-    int rc = ferry_config_copy(e, cfg);
+    int rc = ferry_config_copy(&e->cfg, &e->cfg_strings, cfg);
     if (rc) goto fail;
     ferry_engine_xport_init(e);
     ferry_log_level = e->cfg.log_level;
+    e->link.spin_us = e->cfg.spin_us;
+    e->link.timeout_ms = e->cfg.timeout_ms;
     rc = ferry_sessions_init(e);
     if (rc) goto fail;
     if (!ferry_transport_find(e->cfg.transport) && strcmp(e->cfg.transport, "auto") != 0) {
@@ -519,14 +565,14 @@ int ferry_engine_create(const ferry_config_t *cfg, ferry_engine_t **out)
         ferry_directory_stop(e);
         goto fail;
     }
-    rc = ferry_evloop_start(e);
+    rc = serve_start(e);
     if (rc) {
         ferry_workers_stop(e);
         ferry_directory_stop(e);
         goto fail;
     }
     if (pthread_create(&e->listener, NULL, ferry_listener_thread, e) != 0) {
-        ferry_evloop_stop(e);
+        serve_stop(e);
         ferry_workers_stop(e);
         ferry_directory_stop(e);
         rc = ferry_fail(FERRY_ERR_INTERNAL, "engine create: cannot start the listener thread");
@@ -559,7 +605,7 @@ void ferry_engine_destroy(ferry_engine_t *e)
     ferry_sessions_interrupt(e);
     if (write(e->wake_fd[1], "x", 1) < 0) { /* the listener also polls with a timeout */ }
     pthread_join(e->listener, NULL);
-    ferry_evloop_stop(e);
+    serve_stop(e);
     /* Calls in progress may hand pieces to the workers: they go first. */
     wait_for_calls(e);
     ferry_workers_stop(e);
@@ -581,68 +627,3 @@ int (ferry_engine_stats)(ferry_engine_t *e, ferry_stats_t *out)
     ferry_sized_export(out, &all, sizeof all);
     return 0;
 }
-
-/* ----------------------------------------------------------- registration */
-
-static int check_flags(unsigned flags)
-{
-    if (flags & ~FERRY_MEM_REMOTE) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "register: unknown flags 0x%x", flags);
-    return 0;
-}
-
-int ferry_register(ferry_engine_t *e, void *addr, size_t len, unsigned flags)
-{
-    ferry_clear_last_error();
-    if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "register: engine is NULL");
-    int rc = check_flags(flags);
-    if (rc) return rc;
-    uint32_t kind = FERRY_MEMKIND_HOST;
-    if (addr && len) rc = ferry_memkind_detect(addr, len, &kind);
-    if (rc) return rc;
-    return ferry_registry_add_kind(&e->registry, (uint64_t)(uintptr_t)addr, len, flags, kind);
-}
-
-int ferry_deregister(ferry_engine_t *e, void *addr)
-{
-    ferry_clear_last_error();
-    if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "deregister: engine is NULL");
-    return ferry_registry_remove(&e->registry, (uint64_t)(uintptr_t)addr);
-}
-
-int ferry_register_batch(ferry_engine_t *e, void *const *addrs, const size_t *lens, size_t n, unsigned flags)
-{
-    ferry_clear_last_error();
-    if (!e) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "register batch: engine is NULL");
-    int rc = check_flags(flags);
-    if (rc) return rc;
-    if (!addrs || !lens) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "register batch: NULL array");
-    uint32_t one, *kinds = n > 1 ? calloc(n, sizeof *kinds) : &one;
-    if (!kinds) return ferry_fail(FERRY_ERR_MEMORY, "register batch of %zu: out of memory", n);
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        kinds[i] = FERRY_MEMKIND_HOST;
-        if (addrs[i] && lens[i]) rc = ferry_memkind_detect(addrs[i], lens[i], &kinds[i]);
-        if (rc) ferry_fail_context("region %zu of %zu (none registered)", i, n);
-    }
-    if (rc == 0) rc = ferry_registry_add_many_kinds(&e->registry, addrs, lens, n, flags, kinds);
-    if (kinds != &one) free(kinds);
-    return rc;
-}
-
-int ferry_deregister_batch(ferry_engine_t *e, void *const *addrs, size_t n)
-{
-    ferry_clear_last_error();
-    if (!e || !addrs) return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "deregister batch: NULL argument");
-    int first = 0;
-    char detail[1024] = "";
-    for (size_t i = 0; i < n; i++) {
-        int rc = ferry_registry_remove(&e->registry, (uint64_t)(uintptr_t)addrs[i]);
-        if (rc && !first) {
-            first = rc;
-            snprintf(detail, sizeof detail, "region %zu of %zu: %s", i, n, ferry_fail_message());
-        }
-    }
-    if (first) ferry_fail(first, "%s", detail);
-    return first;
-}
-
-size_t ferry_region_count(ferry_engine_t *e) { return e ? ferry_registry_count(&e->registry) : 0; }

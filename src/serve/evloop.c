@@ -60,7 +60,9 @@
  * with deadlines, shared by every transport. What they need is a set of
  * threads taking turns on ready descriptors, which EPOLLONESHOT gives in a
  * few lines (the model is Redis's ae: a thin layer over epoll), with no new
- * dependency to build, package and audit.
+ * dependency to build, package and audit. As in ae, the loop knows nothing
+ * of its owner: the handlers it calls and their context pointer are handed
+ * to it at start (evloop.h; engine.c gives them).
  *
  * Ownership: a connection belongs to the thread that took its event (or to
  * the data queue) until it is parked again; only that owner reads or frees
@@ -79,9 +81,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "engine/config.h"
 #include "util/clock.h"
 #include "util/fail.h"
-#include "listener.h"
 #include "util/log.h"
 #include "util/net.h"
 
@@ -111,6 +113,7 @@ typedef struct handshake {
 } handshake_t;
 
 typedef struct ferry_served {
+    ferry_evloop_t *loop;       /* the loop that serves it */
     int phase;                  /* enum serve_phase; its owner's */
     atomic_bool expired;        /* the handshake deadline passed (listener) */
     handshake_t *hs;            /* in the handshake */
@@ -124,16 +127,10 @@ typedef struct ferry_served {
     /* Parked (no thread has it): with header_due_ns set, it is stalled in
      * a frame or in its answers, and evictable under pressure (listener). */
     atomic_bool parked;
-    /* Answers the socket had no room for (a peer that stopped reading):
-     * out[out_off, out_len) is still to go. While it is not empty no new
-     * frame is read; the connection waits parked for EPOLLOUT (answer_park)
-     * and is closed when it does not drain within config.timeout_ms. */
-    uint8_t *out;
-    size_t out_off, out_len, out_cap;
-    /* The frame being served holds a data slot: its answer may wait for
-     * room while no other data frame wants the slot. A control frame's
-     * answer never waits (the control threads must stay free). */
-    bool slot;
+    /* Answers the socket had no room for wait in c->outbox (link/conn.h):
+     * while it is not empty no new frame is read; the connection waits
+     * parked for EPOLLOUT (answer_park) and is closed when it does not
+     * drain within config.timeout_ms. */
     /* Bumped (release) by each owner as it parks the connection and read
      * (acquire) by the next: epoll hands the connection over, but thread
      * sanitizers do not see an EPOLL_CTL_MOD as a release. */
@@ -141,6 +138,11 @@ typedef struct ferry_served {
 } ferry_served_t;
 
 struct ferry_evloop {
+    ferry_evloop_handlers_t on; /* what it calls (evloop.h), with ctx */
+    void *ctx;
+    const char *name;           /* for logs */
+    int timeout_ms, connect_timeout_ms;
+    const atomic_bool *stopping;
     int epfd, stop_fd;
     /* Readable while data frames wait in the queue (an eventfd): a thread
      * waiting for the rest of a payload gives its slot up when it is. */
@@ -162,135 +164,39 @@ struct ferry_evloop {
 /* ------------------------------------------------------------ parking */
 
 /* Watches c for dir (EPOLLIN, or EPOLLOUT for an answer parked for room). */
-static int arm(ferry_engine_t *e, ferry_conn_t *c, int op, uint32_t dir)
+static int arm(ferry_evloop_t *l, ferry_conn_t *c, int op, uint32_t dir)
 {
     struct epoll_event ev = {.events = dir | EPOLLRDHUP | EPOLLONESHOT, .data.ptr = c};
-    pthread_mutex_lock(&e->evloop->arm_lock);
-    int rc = epoll_ctl(e->evloop->epfd, op, c->fd, op == EPOLL_CTL_DEL ? NULL : &ev);
-    pthread_mutex_unlock(&e->evloop->arm_lock);
+    pthread_mutex_lock(&l->arm_lock);
+    int rc = epoll_ctl(l->epfd, op, c->fd, op == EPOLL_CTL_DEL ? NULL : &ev);
+    pthread_mutex_unlock(&l->arm_lock);
     return rc;
 }
 
 /* The owner is done with c: its serving ended with rc (0: quietly, it was
  * closed to make room or the engine stops). */
-static void end_conn(ferry_engine_t *e, ferry_conn_t *c, int rc)
+static void end_conn(ferry_evloop_t *l, ferry_conn_t *c, int rc)
 {
-    ferry_serve_ended(c, rc);
-    arm(e, c, EPOLL_CTL_DEL, 0);
+    l->on.ended(c, rc);
+    arm(l, c, EPOLL_CTL_DEL, 0);
     shutdown(c->fd, SHUT_RDWR);
-    ferry_listener_conn_done(c);
+    l->on.done(c);
 }
 
 /* The owner waits for c's peer again. c is not touched after: another
  * thread may own it at once. */
-static void park(ferry_engine_t *e, ferry_conn_t *c)
+static void park(ferry_evloop_t *l, ferry_conn_t *c)
 {
     /* Read before the handoff: c may be another thread's once it is armed. */
     uint32_t dir = c->partial.resume && c->partial.wait_out ? EPOLLOUT : EPOLLIN;
     atomic_store(&c->served->parked, true);
     atomic_fetch_add_explicit(&c->served->handoff, 1, memory_order_release);
-    if (arm(e, c, EPOLL_CTL_MOD, dir) != 0)
-        end_conn(e, c, ferry_fail(FERRY_ERR_SOCKET, "epoll: cannot watch the connection from %s: %s", c->remote,
+    if (arm(l, c, EPOLL_CTL_MOD, dir) != 0)
+        end_conn(l, c, ferry_fail(FERRY_ERR_SOCKET, "epoll: cannot watch the connection from %s: %s", c->remote,
                                   strerror(errno)));
 }
 
 /* ------------------------------------------------------------ answers */
-
-/* Queues iov[0..cnt) behind what c's outbox already holds. */
-static int outbox_append(ferry_conn_t *c, const struct iovec *iov, int cnt)
-{
-    ferry_served_t *s = c->served;
-    size_t need = 0;
-    for (int i = 0; i < cnt; i++) need += iov[i].iov_len;
-    if (s->out_off == s->out_len) s->out_off = s->out_len = 0;
-    if (s->out_len + need > s->out_cap) {
-        size_t cap = s->out_len + need < 4096 ? 4096 : s->out_len + need;
-        uint8_t *b = realloc(s->out, cap);
-        if (!b) return ferry_fail(FERRY_ERR_MEMORY, "answer of %zu bytes to %s: out of memory", need, c->peer.name);
-        s->out = b;
-        s->out_cap = cap;
-    }
-    for (int i = 0; i < cnt; i++) {
-        memcpy(s->out + s->out_len, iov[i].iov_base, iov[i].iov_len);
-        s->out_len += iov[i].iov_len;
-    }
-    return 0;
-}
-
-bool ferry_serve_answer_pending(const ferry_conn_t *c)
-{
-    return c->served && c->served->out_off < c->served->out_len;
-}
-
-/* Sends what it can of iov (advanced past what went): the bytes sent, or
- * -1 with errno (EAGAIN when the socket is full). */
-static ssize_t send_some(int fd, struct iovec *iov, int *at, int cnt)
-{
-    struct msghdr mh = {.msg_iov = iov + *at, .msg_iovlen = (size_t)(cnt - *at)};
-    ssize_t n;
-    do n = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
-    size_t left = n > 0 ? (size_t)n : 0;
-    while (*at < cnt && left >= iov[*at].iov_len) left -= iov[(*at)++].iov_len;
-    if (*at < cnt && left) {
-        iov[*at].iov_base = (char *)iov[*at].iov_base + left;
-        iov[*at].iov_len -= left;
-    }
-    return n;
-}
-
-static int send_failed(ferry_conn_t *c, int err)
-{
-    return ferry_fail(err == EPIPE || err == ECONNRESET ? FERRY_ERR_PEER_CLOSED : FERRY_ERR_SOCKET,
-                      "answer to %s: send: %s", c->peer.name, strerror(err));
-}
-
-int ferry_serve_sendv(ferry_conn_t *c, const struct iovec *iov, int cnt, uint64_t deadline)
-{
-    ferry_served_t *s = c->served;
-    if (!s || s->phase != PHASE_FRAMES) return ferry_net_sendv(c->fd, (struct iovec *)iov, cnt, deadline);
-    if (cnt > 8) return ferry_fail(FERRY_ERR_INTERNAL, "an answer of %d parts", cnt);
-    struct iovec v[8];
-    memcpy(v, iov, (size_t)cnt * sizeof *iov);
-    int at = 0;
-    /* Behind answers already queued: after them, never before. */
-    while (!ferry_serve_answer_pending(c) && at < cnt) {
-        ssize_t n = send_some(c->fd, v, &at, cnt);
-        if (n >= 0) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) return send_failed(c, errno);
-        if (!s->slot) break; /* a control frame's answer: queued at once */
-        int w = ferry_serve_answer_wait(c, deadline);
-        if (w < 0)
-            return ferry_fail(FERRY_ERR_TIMEOUT, "the answer to %s stalled: it stopped reading for %d ms", c->peer.name,
-                              c->engine->cfg.timeout_ms);
-        if (w == 0) break; /* another data frame wants the thread */
-    }
-    return at < cnt ? outbox_append(c, v + at, cnt - at) : 0;
-}
-
-int ferry_serve_flush(ferry_conn_t *c)
-{
-    ferry_served_t *s = c->served;
-    if (!s) return 0;
-    while (ferry_serve_answer_pending(c)) {
-        ssize_t n = send(c->fd, s->out + s->out_off, s->out_len - s->out_off, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (n > 0) {
-            s->out_off += (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return send_failed(c, errno);
-        return FERRY_SERVE_PENDING;
-    }
-    s->out_off = s->out_len = 0;
-    /* A large answer's room is given back; a small one is kept for the next. */
-    if (s->out_cap > 65536) {
-        free(s->out);
-        s->out = NULL;
-        s->out_cap = 0;
-    }
-    return 0;
-}
 
 /* Continues a connection parked with queued answers (answer_park). */
 static int answer_resume(ferry_conn_t *c)
@@ -304,28 +210,28 @@ static int answer_resume(ferry_conn_t *c)
  * room (EPOLLOUT), busy, with config.timeout_ms for them to drain; past
  * it the listener expires c and it is closed (payload_timeout). No frame
  * is read meanwhile, so the outbox holds one frame's answers at most. */
-static int answer_park(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t *f)
+static int answer_park(ferry_evloop_t *l, ferry_conn_t *c, const ferry_frame_t *f)
 {
-    c->partial = (ferry_partial_t){.f = *f, .deadline = ferry_deadline_after_ms(e->cfg.timeout_ms), .wait_out = true,
+    c->partial = (ferry_partial_t){.f = *f, .deadline = ferry_deadline_after_ms(l->timeout_ms), .wait_out = true,
                                    .resume = answer_resume};
     return answer_resume(c);
 }
 
 /* ------------------------------------------------------------ handshake */
 
-static int handshake_timeout(ferry_engine_t *e, ferry_conn_t *c)
+static int handshake_timeout(ferry_evloop_t *l, ferry_conn_t *c)
 {
     const handshake_t *hs = c->served->hs;
     if (c->served->phase == PHASE_HELLO && hs->got == 0)
-        ferry_fail(FERRY_ERR_TIMEOUT, "no HELLO within %d ms", e->cfg.connect_timeout_ms);
+        ferry_fail(FERRY_ERR_TIMEOUT, "no HELLO within %d ms", l->connect_timeout_ms);
     else
-        ferry_fail(FERRY_ERR_TIMEOUT, "handshake not finished within %d ms", e->cfg.connect_timeout_ms);
+        ferry_fail(FERRY_ERR_TIMEOUT, "handshake not finished within %d ms", l->connect_timeout_ms);
     return ferry_fail_context("handshake");
 }
 
 /* Reads what has arrived of the handshake's current frame: 1 whole, 0 not
  * yet (park it), or the failure. */
-static int handshake_read(ferry_engine_t *e, ferry_conn_t *c)
+static int handshake_read(ferry_evloop_t *l, ferry_conn_t *c)
 {
     ferry_served_t *s = c->served;
     handshake_t *hs = s->hs;
@@ -334,7 +240,7 @@ static int handshake_read(ferry_engine_t *e, ferry_conn_t *c)
         if (hs->got == need) return 1;
         ssize_t n = recv(c->fd, hs->in + hs->got, need - hs->got, MSG_DONTWAIT);
         if (n == 0) {
-            if (atomic_load(&s->expired)) return handshake_timeout(e, c);
+            if (atomic_load(&s->expired)) return handshake_timeout(l, c);
             return ferry_fail(FERRY_ERR_PEER_CLOSED, "%s closed the connection during its handshake", c->remote);
         }
         if (n < 0) {
@@ -348,8 +254,8 @@ static int handshake_read(ferry_engine_t *e, ferry_conn_t *c)
         if (hs->got == FERRY_FRAME_HEADER_SIZE) {
             int rc = ferry_frame_decode(hs->in, &hs->frame);
             if (rc == 0)
-                rc = s->phase == PHASE_HELLO ? ferry_hello_frame_check(&hs->frame)
-                                             : ferry_auth_frame_check(c, &hs->frame);
+                rc = s->phase == PHASE_HELLO ? l->on.hello_check(&hs->frame)
+                                             : l->on.auth_check(c, &hs->frame);
             if (rc) return rc;
         }
     }
@@ -357,20 +263,20 @@ static int handshake_read(ferry_engine_t *e, ferry_conn_t *c)
 
 /* One step of c's handshake: reads, answers the frame once whole, parks c
  * for the next one or ends it. */
-static void handshake_step(ferry_engine_t *e, ferry_conn_t *c)
+static void handshake_step(ferry_evloop_t *l, ferry_conn_t *c)
 {
     ferry_served_t *s = c->served;
     handshake_t *hs = s->hs;
     bool expired = atomic_load(&s->expired);
-    int rc = expired ? handshake_timeout(e, c) : handshake_read(e, c);
+    int rc = expired ? handshake_timeout(l, c) : handshake_read(l, c);
     /* Closed to make room (its state moved on), or the engine stops: quietly. */
-    bool quiet = !expired && (atomic_load(&c->state) != CONN_HANDSHAKE || atomic_load(&e->stopping));
+    bool quiet = !expired && (atomic_load(&c->state) != CONN_HANDSHAKE || atomic_load(l->stopping));
     if (rc < 0 || quiet) {
-        end_conn(e, c, quiet ? 0 : rc);
+        end_conn(l, c, quiet ? 0 : rc);
         return;
     }
     if (rc == 0) {
-        park(e, c);
+        park(l, c);
         return;
     }
     const uint8_t *payload = hs->in + FERRY_FRAME_HEADER_SIZE;
@@ -378,12 +284,12 @@ static void handshake_step(ferry_engine_t *e, ferry_conn_t *c)
     if (s->phase == PHASE_HELLO) {
         hs->hlen = hs->frame.plen;
         memcpy(hs->hello, payload, hs->hlen);
-        rc = ferry_answer_hello(c, &hs->frame, hs->hello, hs->ack, &hs->alen, &auth_next);
+        rc = l->on.hello_answer(c, &hs->frame, hs->hello, hs->ack, &hs->alen, &auth_next);
     } else {
-        rc = ferry_serve_auth_mac(c, payload, hs->hello, hs->hlen, hs->ack, hs->alen);
+        rc = l->on.auth_mac(c, payload, hs->hello, hs->hlen, hs->ack, hs->alen);
     }
     if (rc) {
-        end_conn(e, c, rc);
+        end_conn(l, c, rc);
         return;
     }
     hs->got = 0;
@@ -392,11 +298,12 @@ static void handshake_step(ferry_engine_t *e, ferry_conn_t *c)
     } else {
         /* Established: admitted (BUSY) by the handshake, now idle. */
         s->phase = PHASE_FRAMES;
+        c->outbox.framed = true;
         free(hs);
         s->hs = NULL;
-        ferry_conn_set_idle(c);
+        l->on.set_idle(c);
     }
-    park(e, c);
+    park(l, c);
 }
 
 /* ------------------------------------------------------------- frames */
@@ -439,11 +346,10 @@ static bool data_slot_take(struct ferry_evloop *l, ferry_conn_t *c, const ferry_
 
 /* Gives our data slot to the connection waiting longest (true: *c is ours
  * now, with its frame in *f), or frees it. */
-static bool data_slot_pass(ferry_engine_t *e, ferry_conn_t **c, ferry_frame_t *f)
+static bool data_slot_pass(ferry_evloop_t *l, ferry_conn_t **c, ferry_frame_t *f)
 {
-    struct ferry_evloop *l = e->evloop;
     pthread_mutex_lock(&l->lock);
-    ferry_conn_t *next = atomic_load(&e->stopping) ? NULL : l->queue_head;
+    ferry_conn_t *next = atomic_load(l->stopping) ? NULL : l->queue_head;
     if (next) {
         l->queue_head = next->served->queue_next;
         if (!l->queue_head) {
@@ -462,7 +368,7 @@ static bool data_slot_pass(ferry_engine_t *e, ferry_conn_t **c, ferry_frame_t *f
 
 /* Reads what has arrived of c's next frame header without waiting: 1
  * whole, 0 not yet, or the failure. */
-static int header_read(ferry_engine_t *e, ferry_conn_t *c)
+static int header_read(ferry_evloop_t *l, ferry_conn_t *c)
 {
     ferry_served_t *s = c->served;
     while (s->hgot < FERRY_FRAME_HEADER_SIZE) {
@@ -473,7 +379,7 @@ static int header_read(ferry_engine_t *e, ferry_conn_t *c)
         }
         if (n == 0 && atomic_load(&s->expired))
             return ferry_fail(FERRY_ERR_TIMEOUT, "a frame header from %s stalled after %zu of %d bytes for %d ms",
-                              c->peer.name, s->hgot, FERRY_FRAME_HEADER_SIZE, e->cfg.timeout_ms);
+                              c->peer.name, s->hgot, FERRY_FRAME_HEADER_SIZE, l->timeout_ms);
         if (n == 0) return ferry_fail(FERRY_ERR_PEER_CLOSED, "the peer closed the connection");
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
@@ -486,23 +392,23 @@ static int header_read(ferry_engine_t *e, ferry_conn_t *c)
 /* Parks c between frames: idle with nothing read of the next one, else
  * busy with the rest of the header due within config.timeout_ms (as a
  * frame once begun always was), which the listener enforces. */
-static void park_between_frames(ferry_engine_t *e, ferry_conn_t *c)
+static void park_between_frames(ferry_evloop_t *l, ferry_conn_t *c)
 {
     ferry_served_t *s = c->served;
-    if (s->hgot == 0) ferry_conn_set_idle(c);
+    if (s->hgot == 0) l->on.set_idle(c);
     else if (atomic_load(&s->header_due_ns) == 0)
-        atomic_store(&s->header_due_ns, ferry_deadline_after_ms(e->cfg.timeout_ms));
-    park(e, c);
+        atomic_store(&s->header_due_ns, ferry_deadline_after_ms(l->timeout_ms));
+    park(l, c);
 }
 
 /* A data frame's payload ran dry and the frame is saved in c->partial:
  * parks c (busy) with the rest due by the frame's deadline, which the
  * listener enforces as it does for a half-read header. The data slot is
  * passed on by our caller. */
-static void park_mid_payload(ferry_engine_t *e, ferry_conn_t *c)
+static void park_mid_payload(ferry_evloop_t *l, ferry_conn_t *c)
 {
     atomic_store(&c->served->header_due_ns, c->partial.deadline);
-    park(e, c);
+    park(l, c);
 }
 
 /* Bytes waiting in c's socket. */
@@ -527,7 +433,7 @@ static uint64_t gate_bytes(const ferry_frame_t *f)
     return f->plen;
 }
 
-static int payload_timeout(ferry_engine_t *e, ferry_conn_t *c);
+static int payload_timeout(ferry_evloop_t *l, ferry_conn_t *c);
 
 /* A gated frame's connection became readable: its whole payload is here,
  * or its peer left, or the kernel woke us early (under memory pressure it
@@ -546,7 +452,7 @@ static int gated_resume(ferry_conn_t *c)
     }
     ferry_conn_set_rcvlowat(c, 1);
     ferry_frame_t f = p->f;
-    return ferry_serve_frame(c, &f);
+    return c->served->loop->on.frame(c, &f);
 }
 
 /* The handlers of frames other than WRITE read their payload with blocking
@@ -557,7 +463,7 @@ static int gated_resume(ferry_conn_t *c)
  * listener expires it at its deadline). 0: serve it now (its payload is
  * here, or is larger than the kernel will wait for: then it is served as
  * before, blocking up to its deadline); FERRY_SERVE_PENDING: parked. */
-static int payload_gate(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t *f)
+static int payload_gate(ferry_evloop_t *l, ferry_conn_t *c, const ferry_frame_t *f)
 {
     uint64_t need = gate_bytes(f), here = need ? bytes_waiting(c) : 0;
     if (here >= need) return 0;
@@ -569,12 +475,12 @@ static int payload_gate(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t 
         return 0;
     }
     c->partial = (ferry_partial_t){
-        .f = *f, .done = here, .deadline = ferry_deadline_after_ms(e->cfg.timeout_ms), .resume = gated_resume};
+        .f = *f, .done = here, .deadline = ferry_deadline_after_ms(l->timeout_ms), .resume = gated_resume};
     /* The wait honours the low-water mark: readable once the payload is
      * whole (or the peer left, or the kernel woke us early: then the
      * handler reads on as before). */
     int w = ferry_serve_payload_wait(c, c->partial.deadline);
-    if (w < 0) return payload_timeout(e, c);
+    if (w < 0) return payload_timeout(l, c);
     if (w == 0) return FERRY_SERVE_PENDING;
     c->partial.resume = NULL;
     ferry_conn_set_rcvlowat(c, 1);
@@ -582,48 +488,17 @@ static int payload_gate(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t 
 }
 
 /* c's frame payload stalled past its deadline (the listener expired it). */
-static int payload_timeout(ferry_engine_t *e, ferry_conn_t *c)
+static int payload_timeout(ferry_evloop_t *l, ferry_conn_t *c)
 {
     ferry_partial_t *p = &c->partial;
     if (p->resume == gated_resume) p->done = bytes_waiting(c);
     p->resume = NULL;
     if (p->wait_out)
         return ferry_fail(FERRY_ERR_TIMEOUT, "the answer to a %s frame from %s stalled: it stopped reading for %d ms",
-                          ferry_frame_type_name(p->f.type), c->peer.name, e->cfg.timeout_ms);
+                          ferry_frame_type_name(p->f.type), c->peer.name, l->timeout_ms);
     return ferry_fail(FERRY_ERR_TIMEOUT, "a %s frame from %s stalled after %llu of %u payload bytes for %d ms",
                       ferry_frame_type_name(p->f.type), c->peer.name, (unsigned long long)p->done, p->f.plen,
-                      e->cfg.timeout_ms);
-}
-
-/* The thread keeps its data slot and waits on the connection, as a thread
- * per connection did, for as long as no other data frame needs a slot:
- * then the frame is parked at once. So a well-behaved peer's pauses (a
- * descheduled sender, a slow link) cost nothing more than before, and
- * stalled or trickling peers hold threads only while nobody else wants
- * them. */
-static int serve_wait(ferry_conn_t *c, short events, uint64_t deadline)
-{
-    for (;;) {
-        int ms = ferry_ms_left(deadline);
-        if (ms == 0) return -1;
-        struct pollfd p[2] = {{.fd = c->fd, .events = events}, {.fd = -1, .events = POLLIN}};
-        /* Served by a thread of its own (ferry_serve_connection): it waits. */
-        if (c->served) p[1].fd = c->engine->evloop->contended_fd;
-        int n = poll(p, 2, ms);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 || p[0].revents) return 1; /* an error: the next receive reports it */
-        if (p[1].revents) return 0;
-    }
-}
-
-int ferry_serve_payload_wait(ferry_conn_t *c, uint64_t deadline)
-{
-    return serve_wait(c, POLLIN, deadline);
-}
-
-int ferry_serve_answer_wait(ferry_conn_t *c, uint64_t deadline)
-{
-    return serve_wait(c, POLLOUT, deadline);
+                      l->timeout_ms);
 }
 
 /* Between two requests on c: waits for the next one on c itself, a short
@@ -634,9 +509,8 @@ int ferry_serve_answer_wait(ferry_conn_t *c, uint64_t deadline)
  * longest in epoll_wait (the kernel wakes its waiters first in, first out),
  * which on a 2-core machine cost a third of a 1 MiB request stream's
  * throughput. True: c became readable (nothing read yet). */
-static bool hold(ferry_engine_t *e, ferry_conn_t *c, bool slot)
+static bool hold(ferry_evloop_t *l, ferry_conn_t *c, bool slot)
 {
-    struct ferry_evloop *l = e->evloop;
     if (atomic_load(&l->waiting) < SERVE_CONTROL_THREADS || (slot && atomic_load(&l->queued) > 0)) return false;
     struct pollfd p = {.fd = c->fd, .events = POLLIN};
     return poll(&p, 1, SERVE_HOLD_MS) > 0;
@@ -646,7 +520,7 @@ static bool hold(ferry_engine_t *e, ferry_conn_t *c, bool slot)
  * data slot already ours) or with what made c readable, until its peer
  * pauses or its turn is over; then parks or ends c. Returns whether we
  * hold a data slot, which the caller passes on. */
-static bool serve_turn(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t *queued)
+static bool serve_turn(ferry_evloop_t *l, ferry_conn_t *c, const ferry_frame_t *queued)
 {
     ferry_served_t *s = c->served;
     bool slot = queued != NULL;
@@ -658,27 +532,27 @@ static bool serve_turn(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t *
         f = *queued;
     } else if (resuming) {
         /* The engine stops, or the connection was closed to make room. */
-        if (atomic_load(&e->stopping) || atomic_load(&c->state) == CONN_EVICTED) {
-            end_conn(e, c, 0);
+        if (atomic_load(l->stopping) || atomic_load(&c->state) == CONN_EVICTED) {
+            end_conn(l, c, 0);
             return false;
         }
         /* Queued answers go out without waiting: no slot needed. */
         if (c->partial.resume != answer_resume) {
-            if (!data_slot_take(e->evloop, c, &c->partial.f)) return false;
+            if (!data_slot_take(l, c, &c->partial.f)) return false;
             slot = true;
         }
     } else if (s->hgot == 0) { /* it was idle */
-        if (atomic_load(&e->stopping) || !ferry_conn_set_busy(c)) {
-            end_conn(e, c, 0); /* closed to make room, or the engine stops */
+        if (atomic_load(l->stopping) || !l->on.set_busy(c)) {
+            end_conn(l, c, 0); /* closed to make room, or the engine stops */
             return false;
         }
         ferry_spin_record(&c->spin, ferry_now_ns() - atomic_load(&c->idle_since_ns));
     }
     for (int served = 0;; served++) {
         if (served > 0 || !(queued || resuming)) {
-            rc = atomic_load(&e->stopping) ? FERRY_ERR_PEER_CLOSED : header_read(e, c);
+            rc = atomic_load(l->stopping) ? FERRY_ERR_PEER_CLOSED : header_read(l, c);
             if (rc == 0) {
-                park_between_frames(e, c);
+                park_between_frames(l, c);
                 return slot;
             }
             if (rc < 0) break;
@@ -687,90 +561,89 @@ static bool serve_turn(ferry_engine_t *e, ferry_conn_t *c, const ferry_frame_t *
             rc = ferry_frame_decode(s->hdr, &f);
             if (rc) break;
             if (!slot && !(is_control(f.type) && f.plen == 0)) {
-                if (!data_slot_take(e->evloop, c, &f)) return false;
+                if (!data_slot_take(l, c, &f)) return false;
                 slot = true;
             }
         }
-        s->slot = slot;
+        c->outbox.slot = slot;
         if (served == 0 && resuming) {
-            rc = atomic_load(&s->expired) ? payload_timeout(e, c) : c->partial.resume(c);
+            rc = atomic_load(&s->expired) ? payload_timeout(l, c) : c->partial.resume(c);
             /* Cut by the listener at its deadline while we read it. */
-            if (rc == FERRY_ERR_PEER_CLOSED && atomic_load(&s->expired)) rc = payload_timeout(e, c);
+            if (rc == FERRY_ERR_PEER_CLOSED && atomic_load(&s->expired)) rc = payload_timeout(l, c);
             if (rc != FERRY_SERVE_PENDING) atomic_store(&s->header_due_ns, 0);
         } else {
-            rc = payload_gate(e, c, &f);
-            if (rc == 0) rc = ferry_serve_frame(c, &f);
+            rc = payload_gate(l, c, &f);
+            if (rc == 0) rc = l->on.frame(c, &f);
         }
         /* Its answers found no room (a peer that stopped reading): they
          * wait parked, holding no thread. */
-        if (rc == 0 && ferry_serve_answer_pending(c)) rc = answer_park(e, c, served == 0 && resuming ? &c->partial.f : &f);
+        if (rc == 0 && ferry_serve_answer_pending(c)) rc = answer_park(l, c, served == 0 && resuming ? &c->partial.f : &f);
         if (rc == FERRY_SERVE_PENDING) {
-            park_mid_payload(e, c);
+            park_mid_payload(l, c);
             return slot;
         }
-        if (rc || atomic_load(&e->stopping)) break;
+        if (rc || atomic_load(l->stopping)) break;
         /* Its turn is over after SERVE_TURN_FRAMES frames, or after this
          * one when data frames of other connections wait for our slot:
          * they take turns (the queue is first in, first out), so that many
          * peers sending at once each get their share (incast). */
-        if (served + 1 >= SERVE_TURN_FRAMES || (slot && atomic_load(&e->evloop->queued) > 0)) {
-            park_between_frames(e, c);
+        if (served + 1 >= SERVE_TURN_FRAMES || (slot && atomic_load(&l->queued) > 0)) {
+            park_between_frames(l, c);
             return slot;
         }
         /* The next request often follows within microseconds: wait for it
          * here a little (spin.h; never on an idle connection) rather than
          * pay for parking and a wake-up. */
-        ferry_conn_set_idle(c);
+        l->on.set_idle(c);
         uint64_t t0 = ferry_now_ns();
         rc = ferry_net_recv_spin(c->fd, s->hdr, sizeof s->hdr, ferry_conn_spin_us(c), &s->hgot);
         if (rc) break;
-        if (s->hgot == 0 && !hold(e, c, slot)) {
-            park(e, c);
+        if (s->hgot == 0 && !hold(l, c, slot)) {
+            park(l, c);
             return slot;
         }
         ferry_spin_record(&c->spin, ferry_now_ns() - t0);
-        if (!ferry_conn_set_busy(c)) { /* closed to make room meanwhile */
+        if (!l->on.set_busy(c)) { /* closed to make room meanwhile */
             rc = 0;
             break;
         }
     }
-    if (rc == FERRY_ERR_PEER_CLOSED && atomic_load(&e->stopping)) rc = 0;
-    end_conn(e, c, rc);
+    if (rc == FERRY_ERR_PEER_CLOSED && atomic_load(l->stopping)) rc = 0;
+    end_conn(l, c, rc);
     return slot;
 }
 
 /* --------------------------------------------------------------- threads */
 
-static void take_turn(ferry_engine_t *e, ferry_conn_t *c)
+static void take_turn(ferry_evloop_t *l, ferry_conn_t *c)
 {
     atomic_load_explicit(&c->served->handoff, memory_order_acquire);
     atomic_store(&c->served->parked, false);
     if (c->served->phase != PHASE_FRAMES) {
-        handshake_step(e, c);
+        handshake_step(l, c);
         return;
     }
     ferry_frame_t f;
-    bool slot = serve_turn(e, c, NULL);
-    while (slot && data_slot_pass(e, &c, &f)) slot = serve_turn(e, c, &f);
+    bool slot = serve_turn(l, c, NULL);
+    while (slot && data_slot_pass(l, &c, &f)) slot = serve_turn(l, c, &f);
 }
 
 static void *serve_main(void *arg)
 {
-    ferry_engine_t *e = arg;
-    struct ferry_evloop *l = e->evloop;
+    ferry_evloop_t *l = arg;
     for (;;) {
         struct epoll_event ev;
         atomic_fetch_add(&l->waiting, 1);
         int n = epoll_wait(l->epfd, &ev, 1, -1);
         atomic_fetch_sub(&l->waiting, 1);
         if (n < 0 && errno != EINTR) {
-            FERRY_LOG(FERRY_LOG_ERROR, "engine", "%s: epoll_wait: %s; a serving thread stops", e->name,
+            FERRY_LOG(FERRY_LOG_ERROR, "engine", "%s: epoll_wait: %s; a serving thread stops", l->name,
                       strerror(errno));
             break;
         }
         if (n <= 0) continue;
         if (!ev.data.ptr) break; /* ferry_evloop_stop */
-        take_turn(e, ev.data.ptr);
+        take_turn(l, ev.data.ptr);
     }
     return NULL;
 }
@@ -800,12 +673,19 @@ static void loop_free(struct ferry_evloop *l)
     free(l);
 }
 
-int ferry_evloop_start(ferry_engine_t *e)
+int ferry_evloop_start(const ferry_evloop_config_t *cfg, ferry_evloop_t **out)
 {
+    *out = NULL;
     int want = serve_threads();
     if (want < 0) return want;
     struct ferry_evloop *l = calloc(1, sizeof *l);
     if (!l) return ferry_fail(FERRY_ERR_MEMORY, "serving threads: out of memory");
+    l->on = *cfg->on;
+    l->ctx = cfg->ctx;
+    l->name = cfg->name;
+    l->timeout_ms = cfg->timeout_ms;
+    l->connect_timeout_ms = cfg->connect_timeout_ms;
+    l->stopping = cfg->stopping;
     pthread_mutex_init(&l->lock, NULL);
     pthread_mutex_init(&l->arm_lock, NULL);
     l->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -821,47 +701,47 @@ int ferry_evloop_start(ferry_engine_t *e)
         loop_free(l);
         return rc;
     }
-    e->evloop = l;
     for (int i = 0; i < want; i++) {
-        if (pthread_create(&l->threads[i], NULL, serve_main, e) != 0) {
-            ferry_evloop_stop(e);
+        if (pthread_create(&l->threads[i], NULL, serve_main, l) != 0) {
+            ferry_evloop_stop(l);
             return ferry_fail(FERRY_ERR_INTERNAL, "engine create: cannot start serving thread %d of %d", i + 1, want);
         }
         l->nthreads++;
     }
+    *out = l;
     return 0;
 }
 
-void ferry_evloop_stop(ferry_engine_t *e)
+void ferry_evloop_stop(ferry_evloop_t *l)
 {
-    struct ferry_evloop *l = e->evloop;
     if (!l) return;
     uint64_t one = 1;
     if (write(l->stop_fd, &one, sizeof one) < 0) { /* an eventfd write of 1 cannot fail here */ }
     /* Frames being served end at once; parked connections wait for us. */
-    ferry_listener_shutdown_conns(e);
+    l->on.shutdown_all(l->ctx);
     for (int i = 0; i < l->nthreads; i++) pthread_join(l->threads[i], NULL);
-    ferry_listener_free_conns(e);
-    e->evloop = NULL;
+    l->on.free_all(l->ctx);
     loop_free(l);
 }
 
-int ferry_evloop_add(ferry_engine_t *e, ferry_conn_t *c)
+int ferry_evloop_add(ferry_evloop_t *l, ferry_conn_t *c)
 {
     c->served_free = ferry_evloop_conn_free;
+    c->outbox.contended_fd = l->contended_fd;
+    c->outbox.timeout_ms = l->timeout_ms;
     c->served = calloc(1, sizeof *c->served);
     if (c->served) c->served->hs = calloc(1, sizeof *c->served->hs);
     if (!c->served || !c->served->hs) {
         errno = ENOMEM;
         return -1;
     }
-    return arm(e, c, EPOLL_CTL_ADD, EPOLLIN);
+    c->served->loop = l;
+    return arm(l, c, EPOLL_CTL_ADD, EPOLLIN);
 }
 
 void ferry_evloop_conn_free(ferry_conn_t *c)
 {
     if (!c->served) return;
-    free(c->served->out);
     free(c->served->hs);
     free(c->served);
     c->served = NULL;
@@ -875,7 +755,7 @@ uint64_t ferry_evloop_header_due(ferry_conn_t *c)
 uint64_t ferry_evloop_stalled_since(ferry_conn_t *c)
 {
     if (!c->served || !atomic_load(&c->served->parked)) return 0;
-    uint64_t due = atomic_load(&c->served->header_due_ns), span = (uint64_t)c->engine->cfg.timeout_ms * 1000000u;
+    uint64_t due = atomic_load(&c->served->header_due_ns), span = (uint64_t)c->served->loop->timeout_ms * 1000000u;
     return due > span ? due - span : due ? 1 : 0;
 }
 
@@ -885,7 +765,7 @@ void ferry_evloop_expire(ferry_conn_t *c)
     shutdown(c->fd, SHUT_RD); /* wakes it; the answer can still go out */
 }
 
-int ferry_evloop_threads(const ferry_engine_t *e)
+int ferry_evloop_nthreads(const ferry_evloop_t *l)
 {
-    return e->evloop ? e->evloop->nthreads : 0;
+    return l ? l->nthreads : 0;
 }

@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "engine/engine.h"
 #include "util/clock.h"
 #include "evloop.h"
 #include "util/fail.h"
@@ -444,6 +445,7 @@ static int accept_one(ferry_engine_t *e)
     c->fd = fd;
     c->engine = e;
     c->ctx = &e->xport;
+    c->link = &e->link;
     describe_remote(fd, c->remote, sizeof c->remote, c->source);
     pthread_mutex_lock(&e->conns_lock);
     if (!admit_new_locked(e, c)) {
@@ -468,7 +470,7 @@ static int accept_one(ferry_engine_t *e)
     e->conns = c;
     e->nconns_served++;
     e->nhandshaking++;
-    int err = ferry_evloop_add(e, c) == 0 ? 0 : errno;
+    int err = ferry_evloop_add(e->evloop, c) == 0 ? 0 : errno;
     if (err) {
         e->conns = c->next;
         e->nconns_served--;

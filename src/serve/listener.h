@@ -6,7 +6,9 @@
 
 #include <stdbool.h>
 
-#include "engine/engine.h"
+#include <ferry/ferry.h>
+
+#include "link/conn.h"
 
 /* The connection limits from the engine's config (ferry_engine_create). */
 void ferry_listener_limits_from_config(ferry_engine_t *e);

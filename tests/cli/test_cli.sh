@@ -9,7 +9,17 @@ check() { # check NAME: the previous command's output ($out) must match $2
 }
 # json_check TEXT PYTHON-EXPRESSION: TEXT parses as JSON and the expression (over `d`) holds.
 json_check() {
-  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if eval(sys.argv[2]) else 1)' "$1" "$2"
+  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if eval(sys.argv[2]) else 1)' "$@"
+}
+# json_error NAME STATUS ERROR-NAME DETAIL-PART: the previous command (stdout in $out, exit status in $rc)
+# printed only the {"error": {"code", "name", "detail"}} object `ferry bench --json` prints on failure.
+json_error() {
+  if json_check "$out" 'list(d) == ["error"] and list(d["error"]) == ["code", "name", "detail"] and d["error"]["code"] < 0 and d["error"]["name"] == sys.argv[3] and sys.argv[4] in d["error"]["detail"]' "$3" "$4" \
+     && [ "$(wc -l <<<"$out")" -eq 1 ] && [ "$rc" -eq "$2" ]; then
+    passes=$((passes + 1))
+  else
+    echo "FAIL $1: wanted exit $2 and one {\"error\"} object $3 with '$4', got exit $rc:"; echo "$out"; fails=$((fails + 1))
+  fi
 }
 out=$("$FERRY" explain -3); check explain-number "ADDRESS_NOT_REGISTERED \(-3\)"
 check explain-advice "re-register"
@@ -104,6 +114,14 @@ fi
 [ $rc -eq 1 ] || { echo "FAIL doctor with a bad FERRY_TIMEOUT_MS exited $rc"; fails=$((fails + 1)); }
 out=$("$FERRY" serve --size 0 2>&1); rc=$?; check serve-bad-number "--size '0' is not a whole number"
 [ $rc -eq 2 ] || { echo "FAIL serve --size 0 exited $rc"; fails=$((fails + 1)); }
+# serve, doctor --json and metabench --json fail with the {"error"} object on stdout, as bench --json.
+out=$("$FERRY" serve --size 0 2>/dev/null); rc=$?; json_error serve-json-bad-number 2 INVALID_ARGUMENT "--size '0'"
+out=$(FERRY_TIMEOUT_MS=soon "$FERRY" serve 2>/dev/null); rc=$?; json_error serve-json-bad-env 1 INVALID_ARGUMENT FERRY_TIMEOUT_MS
+out=$("$FERRY" doctor --json 2>/dev/null); rc=$?; json_error doctor-json-no-peer 2 INVALID_ARGUMENT "give one peer"
+out=$("$FERRY" doctor 127.0.0.1:7 --timeout 0 --json 2>/dev/null); rc=$?; json_error doctor-json-bad-number 2 INVALID_ARGUMENT "--timeout '0'"
+out=$("$FERRY" metabench --seconds 1 --json 2>/dev/null); rc=$?; json_error metabench-json-no-metadata 2 INVALID_ARGUMENT "--metadata is missing"
+out=$("$FERRY" metabench --metadata p2p --json 2>/dev/null); rc=$?; json_error metabench-json-p2p 2 INVALID_ARGUMENT "p2p stores nothing"
+out=$("$FERRY" metabench --metadata etcd://127.0.0.1:1 --json 2>/dev/null); rc=$?; json_error metabench-json-down 1 METADATA "127.0.0.1:1"
 
 tmp=$(mktemp -d); trap 'kill $serve 2>/dev/null; rm -rf "$tmp" "$tmpd"' EXIT
 # serve: the ready line of `bench target`, the Prometheus port it got with FERRY_METRICS_PORT=-1.
@@ -117,6 +135,8 @@ out=$(python3 -c 'import sys,urllib.request; print(urllib.request.urlopen("http:
 check serve-metrics-served "^# (HELP|TYPE) ferry_"
 port=$(sed -E 's/.*"port":([0-9]+),.*/\1/' "$tmp/serve.json")
 name="127.0.0.1:$port"
+out=$("$FERRY" serve --bind 127.0.0.1 --port "$port" --duration 0 2>/dev/null); rc=$?
+json_error serve-json-port-taken 1 SOCKET "Address already in use"
 out=$("$FERRY" doctor "$name" --probe-mib 4 2>&1); rc=$?
 check doctor-ok "all checks passed"
 check doctor-transport "transport: shm \\(.*cross-memory attach"
@@ -128,7 +148,7 @@ check doctor-segments "segments: 1 remote-accessible region"
 check doctor-probe "bandwidth probe: read"
 [ $rc -eq 0 ] || { echo "FAIL doctor exited $rc"; fails=$((fails + 1)); }
 out=$("$FERRY" doctor "$name" --probe-mib 4 --json); rc=$?
-if json_check "$out" 'd["ok"] and d["peer"] and [c["check"] for c in d["checks"]] == ["connect", "session", "transport", "segments", "rtt", "bandwidth"][:len(d["checks"])] and len(d["checks"]) >= 6 and all(c["status"] in ("ok", "note") for c in d["checks"]) and d["checks"][3]["count"] == 1'; then
+if json_check "$out" 'd["ok"] and d["peer"] and [c["check"] for c in d["checks"]] == ["connect", "session", "transport", "segments", "rtt", "bandwidth"][:len(d["checks"])] and len(d["checks"]) >= 6 and all(c["status"] in ("ok", "note") for c in d["checks"]) and d["checks"][3]["count"] == 1 and "error" not in d'; then
   passes=$((passes + 1))
 else
   echo "FAIL doctor-json: unexpected report:"; echo "$out"; fails=$((fails + 1))
@@ -141,7 +161,7 @@ check doctor-dead-explained "SOCKET \(-102\).*retryable"
 check doctor-dead-advice "What to do"
 [ $rc -eq 1 ] || { echo "FAIL doctor on a dead peer exited $rc"; fails=$((fails + 1)); }
 out=$("$FERRY" doctor "$name" --timeout 1000 --json 2>&1); rc=$?
-if json_check "$out" 'not d["ok"] and d["checks"][0]["status"] == "fail" and d["checks"][0]["error"] == "SOCKET" and d["checks"][0]["retryable"] and "What to do" in d["checks"][0]["advice"]'; then
+if json_check "$out" 'not d["ok"] and d["checks"][0]["status"] == "fail" and d["checks"][0]["error"] == "SOCKET" and d["checks"][0]["retryable"] and "What to do" in d["checks"][0]["advice"] and d["error"] == {"code": -102, "name": "SOCKET", "detail": d["checks"][0]["message"]}'; then
   passes=$((passes + 1))
 else
   echo "FAIL doctor-json-dead: unexpected report:"; echo "$out"; fails=$((fails + 1))

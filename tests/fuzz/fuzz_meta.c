@@ -17,7 +17,7 @@
 #include <ferry/ferry.h>
 
 #include "engine/directory.h"
-#include "engine/engine.h"
+#include "engine/testing.h"
 #include "fuzz.h"
 #include "meta/entries.h"
 #include "meta/meta.h"
@@ -43,11 +43,11 @@ static void setup(void)
     ferry_config_init(&cfg);
     cfg.log_level = -1;
     if (ferry_engine_create(&cfg, &engine) != 0) abort();
-    p2p_ops = engine->meta.ops;
+    p2p_ops = ferry_test_meta(engine)->ops;
     fake_ops = *p2p_ops;
     fake_ops.scheme = "fuzz";
     fake_ops.lookup = fake_lookup;
-    engine->meta.ops = &fake_ops; /* restored in no teardown: the process ends */
+    ferry_test_meta(engine)->ops = &fake_ops; /* restored in no teardown: the process ends */
 }
 
 /* A descriptor that parses must be usable as is. */

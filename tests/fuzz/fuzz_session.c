@@ -24,8 +24,11 @@
 
 #include <ferry/ferry.h>
 
-#include "engine/engine.h"
+#include "engine/testing.h"
+#include "link/conn.h"
+#include "util/crc32c.h"
 #include "fuzz.h"
+#include "serve/serve.h"
 #include "wire/wire.h"
 
 #define MAX_OPS 64
@@ -182,8 +185,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     pthread_create(&t, NULL, drain, &sv[0]);
     ferry_conn_t *c = calloc(1, sizeof *c);
     c->fd = sv[1];
-    c->engine = e;
-    c->ctx = &e->xport;
+    ferry_test_conn_bind(c, e);
     strcpy(c->remote, "fuzz");
     ferry_serve_connection(c);
     shutdown(c->fd, SHUT_RDWR);

@@ -5,7 +5,7 @@
 #include <ferry/ferry.h>
 
 #include "fuzz.h"
-#include "engine/engine.h"
+#include "util/crc32c.h"
 #include "wire/le.h"
 #include "wire/wire.h"
 

@@ -741,9 +741,9 @@ int raw_hello(int fd, uint32_t flags, const uint8_t *nonce, uint8_t *hello, size
     return 0;
 }
 
-int raw_handshaken(uint16_t port)
+/* fd after a plain HELLO the target accepted, or -1 (fd closed). */
+static int handshaken_or_closed(int fd)
 {
-    int fd = raw_connect(port);
     if (fd < 0) return -1;
     uint8_t h[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME], a[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME + 1];
     size_t hl, al;
@@ -754,3 +754,20 @@ int raw_handshaken(uint16_t port)
     }
     return fd;
 }
+
+int raw_handshaken(uint16_t port) { return handshaken_or_closed(raw_connect(port)); }
+
+int raw_connect_from(int last, uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_in me = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000000u | (uint32_t)last)};
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (bind(fd, (struct sockaddr *)&me, sizeof me) != 0 || connect(fd, (struct sockaddr *)&to, sizeof to) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+int raw_handshaken_from(int last, uint16_t port) { return handshaken_or_closed(raw_connect_from(last, port)); }

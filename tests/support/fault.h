@@ -129,3 +129,7 @@ int raw_hello(int fd, uint32_t flags, const uint8_t *nonce, uint8_t *hello, size
 /* raw_connect and a plain HELLO (no auth) that the target accepted: the fd,
  * or -1 (closed) when either failed. */
 int raw_handshaken(uint16_t port);
+/* raw_connect and raw_handshaken from source address 127.0.0.<last> (a
+ * peer of its own for per-address limits), or -1. */
+int raw_connect_from(int last, uint16_t port);
+int raw_handshaken_from(int last, uint16_t port);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 void harness_assert_detail(const char *needle, const char *file, int line)
 {
@@ -48,6 +49,24 @@ int harness_check(const void *buf, size_t len, uint64_t seed)
     }
     uint64_t v = splitmix(&s);
     return memcmp(p + i, &v, len - i) == 0;
+}
+
+int harness_all_equal(const void *buf, size_t n, unsigned char v)
+{
+    const unsigned char *p = buf;
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != v) return 0;
+    return 1;
+}
+
+int harness_wait_filled(const void *buf, size_t n, unsigned char v, int ms)
+{
+    uint64_t until = harness_now_ms() + (uint64_t)ms;
+    while (harness_now_ms() < until) {
+        if (harness_all_equal(buf, n, v)) return 1;
+        usleep(5000);
+    }
+    return 0;
 }
 
 uint64_t harness_now_ms(void)

@@ -19,6 +19,22 @@ void harness_assert_detail(const char *needle, const char *file, int line);
 /* Fills buf with a pattern derived from seed; checks it back. */
 void harness_fill(void *buf, size_t len, uint64_t seed);
 int harness_check(const void *buf, size_t len, uint64_t seed);
+/* Whether every one of the n bytes at buf is v. */
+int harness_all_equal(const void *buf, size_t n, unsigned char v);
+/* Polls (every 5 ms) until every one of the n bytes at buf is v: 1, or 0
+ * when ms passed first (bytes another thread or process places). */
+int harness_wait_filled(const void *buf, size_t n, unsigned char v, int ms);
+
+/* An initiator and a target engine of this process; peer: the target's
+ * name. */
+typedef struct harness_pair {
+    ferry_engine_t *initiator, *target;
+    char peer[300];
+} harness_pair_t;
+/* The initiator from cfg (by harness_engine_cfg), the target by
+ * harness_engine(target_timeout_ms). */
+harness_pair_t *harness_pair_new(ferry_config_t *cfg, int target_timeout_ms);
+void harness_pair_free(harness_pair_t *p);
 
 /* An engine on 127.0.0.1 with an OS-picked port, and the short timeouts
  * tests want (timeout_ms as given). Fails the test on failure. */

@@ -43,3 +43,20 @@ void harness_reverse_batch_round_trip(ferry_engine_t *e, const char *peer, unsig
     assert_int_equal(ferry_batch_transfer_sync(e, peer, FERRY_OP_READ, locals, remotes, lens, (size_t)n), 0);
     assert_true(harness_check(src, (size_t)n * block, seed));
 }
+
+harness_pair_t *harness_pair_new(ferry_config_t *cfg, int target_timeout_ms)
+{
+    harness_pair_t *p = calloc(1, sizeof *p);
+    assert_non_null(p);
+    p->initiator = harness_engine_cfg(cfg);
+    p->target = harness_engine(target_timeout_ms);
+    snprintf(p->peer, sizeof p->peer, "%s", ferry_engine_name(p->target));
+    return p;
+}
+
+void harness_pair_free(harness_pair_t *p)
+{
+    ferry_engine_destroy(p->initiator);
+    ferry_engine_destroy(p->target);
+    free(p);
+}

@@ -10,7 +10,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "engine/engine.h"
 #include "util/memkind.h"
 #include "harness.h"
 
