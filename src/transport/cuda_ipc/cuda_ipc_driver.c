@@ -66,6 +66,13 @@ void ferry_cuda_ipc_counts(unsigned long *open_now, unsigned long *opened)
     *opened = atomic_load(&imports_opened);
 }
 
+/* Declared in every build (`ferry info` lists it), read only where CUDA is
+ * built in. */
+const ferry_transport_key_t cuda_ipc_keys[CUDA_IPC_NKEYS] = {
+    [CUDA_IPC_KEY_ENABLE] = {"FERRY_CUDA_IPC", FERRY_KEY_FLAG, 0, 1, "1",
+                             "0: this process neither offers nor chooses the cuda_ipc transport"},
+};
+
 #ifndef FERRY_HAVE_CUDA
 
 const char *cuda_ipc_unusable(void) { return "CUDA not built in (configured with -DFERRY_WITH_CUDA=OFF)"; }
@@ -149,11 +156,6 @@ static int resolve(void)
     pthread_mutex_unlock(&drv_lock);
     return atomic_load(&drv_state);
 }
-
-const ferry_transport_key_t cuda_ipc_keys[CUDA_IPC_NKEYS] = {
-    [CUDA_IPC_KEY_ENABLE] = {"FERRY_CUDA_IPC", FERRY_KEY_FLAG, 0, 1, "1",
-                             "0: this process neither offers nor chooses the cuda_ipc transport"},
-};
 
 const char *cuda_ipc_unusable(void)
 {
