@@ -18,8 +18,9 @@
  *    CANCELLED, and nothing lands afterwards;
  *  - a target with FERRY_CUDA_IPC=0 does not offer it: the session takes
  *    another transport and the device memory is staged;
- *  - a hostile initiator's CUDA_IPC frame then CMA frame on one connection:
- *    shm does not take cuda_ipc's state for its own, the target closes it.
+ *  - a hostile initiator's CUDA_IPC frame then a CMA_WRITE or CMA_VEC on
+ *    one connection: shm does not take cuda_ipc's state for its own, the
+ *    target closes it.
  * Skipped without CUDA in the build. */
 #ifndef FERRY_HAVE_CUDA
 #include "harness.h"
@@ -560,29 +561,41 @@ static void target_without_ipc(void **state)
 
 /* A raw initiator sends a CUDA_IPC_WRITE (the target makes cuda_ipc's
  * state for the connection, and refuses the unregistered range), then a
- * CMA_WRITE on the same connection: shm must not read cuda_ipc's state as
- * its own (it did: it took the state for an unchecked trust record and
- * wrote its verdict into it, then answered). The target closes the
- * connection. */
+ * CMA_WRITE, or a CMA_VEC of one piece, on the same connection: shm must
+ * not read cuda_ipc's state as its own (it did: it took the state for an
+ * unchecked trust record and wrote its verdict into it, then answered).
+ * The target closes the connection. */
 static void other_transports_frames_on_one_connection(void **state)
 {
     (void)state;
     ferry_engine_t *t = initiator();
-    int fd = raw_handshaken(ferry_engine_port(t));
-    assert_true(fd >= 0);
-    struct cuda_ipc_export x = {.base = 0x7f0000000000ull, .size = 1u << 20, .device = 0};
-    uint8_t payload[CUDA_IPC_EXPORT_SIZE];
-    cuda_ipc_export_encode(&x, 0, payload);
-    ferry_frame_t f = {.type = FERRY_FRAME_CUDA_IPC_WRITE, .req_id = 1, .addr = 0x10000, .len = 4096,
-                       .aux = x.base, .plen = CUDA_IPC_EXPORT_SIZE};
-    assert_int_equal(raw_send(fd, &f, payload), 0);
-    ferry_frame_t a = raw_recv_frame(fd, NULL, 0);
-    assert_int_equal(a.type, FERRY_FRAME_WRITE_ACK);
-    assert_int_equal(a.status, FERRY_ERR_ADDRESS_NOT_REGISTERED);
-    ferry_frame_t g = {.type = FERRY_FRAME_CMA_WRITE, .req_id = 2, .addr = 0x10000, .len = 4096, .aux = x.base};
-    assert_int_equal(raw_send(fd, &g, NULL), 0);
-    assert_true(raw_closed_within(fd, 5000));
-    close(fd);
+    for (int vec = 0; vec < 2; vec++) {
+        int fd = raw_handshaken(ferry_engine_port(t));
+        assert_true(fd >= 0);
+        struct cuda_ipc_export x = {.base = 0x7f0000000000ull, .size = 1u << 20, .device = 0};
+        uint8_t payload[CUDA_IPC_EXPORT_SIZE];
+        cuda_ipc_export_encode(&x, 0, payload);
+        ferry_frame_t f = {.type = FERRY_FRAME_CUDA_IPC_WRITE, .req_id = 1, .addr = 0x10000, .len = 4096,
+                           .aux = x.base, .plen = CUDA_IPC_EXPORT_SIZE};
+        assert_int_equal(raw_send(fd, &f, payload), 0);
+        ferry_frame_t a = raw_recv_frame(fd, NULL, 0);
+        assert_int_equal(a.type, FERRY_FRAME_WRITE_ACK);
+        assert_int_equal(a.status, FERRY_ERR_ADDRESS_NOT_REGISTERED);
+        if (vec) {
+            ferry_vec_desc_t d = {.addr = 0x10000, .len = 64, .req_id = 2, .aux = x.base};
+            uint8_t desc[FERRY_WIRE_VEC_DESC_SIZE];
+            ferry_vec_desc_encode(&d, desc);
+            ferry_frame_t g = {.type = FERRY_FRAME_CMA_VEC, .req_id = 2, .len = 1, .addr = 64, .aux = FERRY_OP_WRITE,
+                               .plen = FERRY_WIRE_VEC_DESC_SIZE};
+            assert_int_equal(raw_send(fd, &g, desc), 0);
+        } else {
+            ferry_frame_t g = {.type = FERRY_FRAME_CMA_WRITE, .req_id = 2, .addr = 0x10000, .len = 4096,
+                               .aux = x.base};
+            assert_int_equal(raw_send(fd, &g, NULL), 0);
+        }
+        if (!raw_closed_within(fd, 5000)) fail_msg("%s on a cuda_ipc connection: not closed", vec ? "CMA_VEC" : "CMA_WRITE");
+        close(fd);
+    }
     ferry_engine_destroy(t);
 }
 
