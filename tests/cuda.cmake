@@ -35,3 +35,10 @@ if(FERRY_HAVE_CUDA AND FERRY_READELF)
   add_test(NAME cuda_not_linked
            COMMAND sh -c "! ${FERRY_READELF} -dW --dyn-syms $<TARGET_FILE:ferry_shared> | grep -Eq 'libcuda|libcudart|ferry_cuda_'")
 endif()
+# The CUDA IPC transport between two processes, over the same stub driver.
+if(FERRY_HAVE_CUDA)
+  target_compile_definitions(test_cuda_ipc PRIVATE FERRY_HAVE_CUDA=1)
+  target_link_libraries(test_cuda_ipc PRIVATE ${CMAKE_DL_LIBS} ferry_fault_support) # raw peers (fault.h)
+  add_dependencies(test_cuda_ipc cuda_stub)
+  set_property(TEST test_cuda_ipc APPEND PROPERTY ENVIRONMENT "FERRY_CUDA_STUB=$<TARGET_FILE:cuda_stub>")
+endif()

@@ -69,6 +69,28 @@ _Static_assert(FERRY_CU_MEMORYTYPE_UNIFIED == CU_MEMORYTYPE_UNIFIED, "memory typ
 _Static_assert(sizeof(FERRY_CUdeviceptr) == sizeof(CUdeviceptr), "CUdeviceptr");
 _Static_assert(sizeof(FERRY_CUdevice) == sizeof(CUdevice), "CUdevice");
 _Static_assert(sizeof(CUpointer_attribute) == sizeof(int), "enum passed as int");
+_Static_assert(FERRY_CUDA_ERROR_MAP_FAILED == CUDA_ERROR_MAP_FAILED, "CUresult");
+_Static_assert(FERRY_CUDA_ERROR_ALREADY_MAPPED == CUDA_ERROR_ALREADY_MAPPED, "CUresult");
+_Static_assert(FERRY_CUDA_ERROR_PEER_ACCESS_UNSUPPORTED == CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "CUresult");
+_Static_assert(FERRY_CUDA_ERROR_INVALID_HANDLE == CUDA_ERROR_INVALID_HANDLE, "CUresult");
+_Static_assert(FERRY_CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+               "CUresult");
+_Static_assert(FERRY_CUDA_ERROR_NOT_SUPPORTED == CUDA_ERROR_NOT_SUPPORTED, "CUresult");
+_Static_assert(FERRY_CU_IPC_HANDLE_SIZE == CU_IPC_HANDLE_SIZE, "IPC handle");
+_Static_assert(sizeof(FERRY_CUipcMemHandle) == sizeof(CUipcMemHandle), "IPC handle");
+_Static_assert(FERRY_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS == CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, "IPC flag");
+_Static_assert(FERRY_CU_STREAM_NON_BLOCKING == CU_STREAM_NON_BLOCKING, "stream flag");
+_Static_assert(FERRY_CU_MEMHOSTREGISTER_PORTABLE == CU_MEMHOSTREGISTER_PORTABLE, "host register flag");
+/* The entry points' types, by the names libcuda exports (cuda.h's macros
+ * map the plain names to them). */
+_Static_assert(__builtin_types_compatible_p(__typeof__(&cuIpcOpenMemHandle_v2),
+                                            CUresult (*)(CUdeviceptr *, CUipcMemHandle, unsigned int)),
+               "cuIpcOpenMemHandle_v2");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&cuIpcGetMemHandle), CUresult (*)(CUipcMemHandle *, CUdeviceptr)),
+               "cuIpcGetMemHandle");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&cuMemGetAddressRange_v2),
+                                            CUresult (*)(CUdeviceptr *, size_t *, CUdeviceptr)),
+               "cuMemGetAddressRange_v2");
 #endif
 
 #define STUB_MANAGED 1
@@ -270,10 +292,18 @@ static void stub_driver_moves_device_memory(void **state)
     assert_int_equal(ferry_memkind_detect(gsrc, len, &kind), 0);
     assert_int_equal(kind, FERRY_MEMKIND_MAKE(FERRY_MEMKIND_CUDA, 1));
 
-    unsigned long before[7];
+    unsigned long before[7], more_before[8], more_after[8];
+    void (*more)(unsigned long[8]) = (void (*)(unsigned long[8]))dlsym(stub, "cuda_stub_more_counts");
+    assert_non_null(more);
+    more(more_before);
     stub_counts(before);
     assert_int_equal(ferry_transfer_sync(a, ferry_engine_name(b), FERRY_OP_WRITE, gsrc, (uint64_t)(uintptr_t)gdst, len),
                      0);
+    /* The initiator staged through pinned buffers, each slice after the
+     * first copied while the one before it was sent (4 slices of 1 MiB). */
+    more(more_after);
+    assert_int_equal(more_after[3] - more_before[3], 3);
+    assert_int_equal(more_after[6] - more_before[6], 2);
     assert_true(harness_check(stub_alias(gdst), len, 12));
     unsigned long after_write[7];
     stub_counts(after_write);
@@ -339,6 +369,73 @@ static void stub_driver_primary_context_and_managed(void **state)
     assert_int_equal(now[5], now[6]);
 }
 
+/* Pinned, pipelined staging (ferry_stage_*): slice n+1's device->host copy
+ * is queued on the stager's stream while slice n is "sent", into the other
+ * page-locked buffer, and the next take waits for it. The stub's stream
+ * copies happen only at the stream's synchronize, so a take that did not
+ * wait would see the wrong bytes. */
+static void stub_stage_prefetches_into_pinned_buffers(void **state)
+{
+    (void)state;
+    load_stub();
+    use_driver(getenv("FERRY_CUDA_STUB"));
+    enum { SLICE = 256 << 10, N = 16 };
+    unsigned char *g = stub_alloc((size_t)SLICE * N, 1, 0);
+    assert_non_null(g);
+    harness_fill(stub_alias(g), (size_t)SLICE * N, 61);
+    uint32_t kind = 0;
+    assert_int_equal(ferry_memkind_detect(g, (size_t)SLICE * N, &kind), 0);
+    void (*more)(unsigned long[8]) = (void (*)(unsigned long[8]))dlsym(stub, "cuda_stub_more_counts");
+    assert_non_null(more);
+    unsigned long m0[8], m1[8], c0[7], c1[7];
+    more(m0);
+    stub_counts(c0);
+    unsigned char *sent = malloc((size_t)SLICE * N);
+    ferry_stage_t *s = ferry_stage_new();
+    assert_non_null(s);
+    for (int i = 0; i < N; i++) {
+        unsigned char *b = NULL;
+        assert_int_equal(ferry_stage_take(s, kind, g + (size_t)i * SLICE, SLICE, &b), 0);
+        if (i + 1 < N) ferry_stage_prefetch(s, kind, g + (size_t)(i + 1) * SLICE, SLICE);
+        memcpy(sent + (size_t)i * SLICE, b, SLICE); /* "the send of slice i" */
+    }
+    assert_true(harness_check(sent, (size_t)SLICE * N, 61));
+    unsigned long prefetched, copied;
+    ferry_stage_counts(s, &prefetched, &copied);
+    assert_int_equal(prefetched, N - 1);
+    assert_int_equal(copied, 1);
+    more(m1);
+    stub_counts(c1);
+    assert_int_equal(m1[6] - m0[6], 2);     /* two page-locked buffers (cuMemAllocHost) */
+    assert_int_equal(m1[3] - m0[3], N - 1); /* N-1 stream copies */
+    assert_int_equal(c1[0] - c0[0], 1);     /* one synchronous copy, the first slice */
+
+    /* A take of another range than the prefetch's: copied now, correct. */
+    unsigned char *b = NULL;
+    ferry_stage_prefetch(s, kind, g, SLICE);
+    assert_int_equal(ferry_stage_take(s, kind, g + SLICE, SLICE, &b), 0);
+    assert_int_equal(memcmp(b, (unsigned char *)stub_alias(g) + SLICE, SLICE), 0);
+    /* A failing copy (a range past the allocation) fails the take. */
+    assert_int_not_equal(ferry_stage_take(s, kind, g + (size_t)SLICE * N - 8, SLICE, &b), 0);
+    ferry_stage_free(s);
+    more(m1);
+    assert_int_equal(m1[7] - m0[7], 2); /* both buffers freed (cuMemFreeHost) */
+    stub_counts(c1);
+    assert_int_equal(c1[3], c1[4]); /* every push popped */
+    assert_int_equal(c1[5], c1[6]); /* every retain released */
+
+    /* Host memory needs no driver: taken by a plain copy. */
+    s = ferry_stage_new();
+    assert_int_equal(ferry_stage_take(s, FERRY_MEMKIND_HOST, sent, SLICE, &b), 0);
+    assert_int_equal(memcmp(b, sent, SLICE), 0);
+    ferry_stage_prefetch(s, FERRY_MEMKIND_HOST, sent + SLICE, SLICE); /* nothing to overlap */
+    assert_int_equal(ferry_stage_take(s, FERRY_MEMKIND_HOST, sent + SLICE, SLICE, &b), 0);
+    assert_int_equal(memcmp(b, sent + SLICE, SLICE), 0);
+    ferry_stage_free(s);
+    free(sent);
+    stub_free(g);
+}
+
 /* A driver that is loaded but unusable: host only, and why. */
 static void stub_driver_unusable(void **state)
 {
@@ -376,6 +473,7 @@ int main(void)
         cmocka_unit_test(registration_probes_only_when_the_loader_changes),
         cmocka_unit_test(stub_driver_moves_device_memory),
         cmocka_unit_test(stub_driver_primary_context_and_managed),
+        cmocka_unit_test(stub_stage_prefetches_into_pinned_buffers),
         cmocka_unit_test(stub_driver_unusable),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

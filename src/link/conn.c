@@ -12,6 +12,7 @@
 #include "util/clock.h"
 #include "util/fail.h"
 #include "util/log.h"
+#include "util/memkind.h"
 #include "util/net.h"
 
 /* The answers lately taken on an initiator's connection (conn.h): a ring;
@@ -170,6 +171,7 @@ void ferry_conn_free(ferry_conn_t *c)
     ferry_cancel_conn_close(c);
     if (c->xport_free) c->xport_free(c->xport);
     free(c->bounce);
+    ferry_stage_free(c->stage);
     free(c->vec);
     free(c->answered);
     free(c->outbox.out);

@@ -20,6 +20,16 @@ typedef int FERRY_CUresult;
 typedef int FERRY_CUdevice;
 typedef struct CUctx_st *FERRY_CUcontext;
 typedef unsigned long long FERRY_CUdeviceptr; /* 64-bit builds only, as cuda.h's CUdeviceptr_v2 there */
+typedef struct CUstream_st *FERRY_CUstream;
+
+/* CUipcMemHandle: 64 opaque bytes, passed by value to cuIpcOpenMemHandle. */
+#define FERRY_CU_IPC_HANDLE_SIZE 64
+typedef struct FERRY_CUipcMemHandle {
+    char reserved[FERRY_CU_IPC_HANDLE_SIZE];
+} FERRY_CUipcMemHandle;
+#define FERRY_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 0x1
+#define FERRY_CU_STREAM_NON_BLOCKING 0x1
+#define FERRY_CU_MEMHOSTREGISTER_PORTABLE 0x1
 
 /* CUresult values (cuda.h enum cudaError_enum). */
 #define FERRY_CUDA_SUCCESS 0
@@ -31,6 +41,12 @@ typedef unsigned long long FERRY_CUdeviceptr; /* 64-bit builds only, as cuda.h's
 #define FERRY_CUDA_ERROR_NO_DEVICE 100
 #define FERRY_CUDA_ERROR_INVALID_DEVICE 101
 #define FERRY_CUDA_ERROR_INVALID_CONTEXT 201
+#define FERRY_CUDA_ERROR_MAP_FAILED 205
+#define FERRY_CUDA_ERROR_ALREADY_MAPPED 208
+#define FERRY_CUDA_ERROR_PEER_ACCESS_UNSUPPORTED 217
+#define FERRY_CUDA_ERROR_INVALID_HANDLE 400
+#define FERRY_CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED 712
+#define FERRY_CUDA_ERROR_NOT_SUPPORTED 801
 #define FERRY_CUDA_ERROR_ILLEGAL_ADDRESS 700
 #define FERRY_CUDA_ERROR_SYSTEM_DRIVER_MISMATCH 803
 
@@ -64,5 +80,26 @@ typedef FERRY_CUresult (*ferry_cuCtxPopCurrent_fn)(FERRY_CUcontext *ctx);       
 typedef FERRY_CUresult (*ferry_cuMemcpyDtoH_fn)(void *dst, FERRY_CUdeviceptr src, size_t n);       /* _v2 */
 typedef FERRY_CUresult (*ferry_cuMemcpyHtoD_fn)(FERRY_CUdeviceptr dst, const void *src, size_t n); /* _v2 */
 typedef FERRY_CUresult (*ferry_cuStreamSynchronize_fn)(void *stream); /* CUstream; NULL: the legacy stream */
+
+/* Same-host device-to-device (src/transport/cuda_ipc) and pinned staging:
+ * resolved when used, by the names below, so that a driver without them
+ * still serves the staging copies above. */
+typedef FERRY_CUresult (*ferry_cuMemGetAddressRange_fn)(FERRY_CUdeviceptr *base, size_t *size,
+                                                        FERRY_CUdeviceptr p);                  /* _v2 */
+typedef FERRY_CUresult (*ferry_cuIpcGetMemHandle_fn)(FERRY_CUipcMemHandle *handle, FERRY_CUdeviceptr p);
+typedef FERRY_CUresult (*ferry_cuIpcOpenMemHandle_fn)(FERRY_CUdeviceptr *p, FERRY_CUipcMemHandle handle,
+                                                      unsigned int flags);                     /* _v2 */
+typedef FERRY_CUresult (*ferry_cuIpcCloseMemHandle_fn)(FERRY_CUdeviceptr p);
+typedef FERRY_CUresult (*ferry_cuCtxGetCurrent_fn)(FERRY_CUcontext *ctx);
+typedef FERRY_CUresult (*ferry_cuStreamCreate_fn)(FERRY_CUstream *stream, unsigned int flags);
+typedef FERRY_CUresult (*ferry_cuStreamDestroy_fn)(FERRY_CUstream stream);                     /* _v2 */
+typedef FERRY_CUresult (*ferry_cuStreamQuery_fn)(FERRY_CUstream stream);
+/* Any two addresses under unified addressing (device, pinned or pageable host). */
+typedef FERRY_CUresult (*ferry_cuMemcpyAsync_fn)(FERRY_CUdeviceptr dst, FERRY_CUdeviceptr src, size_t n,
+                                                 FERRY_CUstream stream);
+typedef FERRY_CUresult (*ferry_cuMemHostRegister_fn)(void *p, size_t n, unsigned int flags); /* _v2 */
+typedef FERRY_CUresult (*ferry_cuMemHostUnregister_fn)(void *p);
+typedef FERRY_CUresult (*ferry_cuMemAllocHost_fn)(void **p, size_t n);                       /* _v2 */
+typedef FERRY_CUresult (*ferry_cuMemFreeHost_fn)(void *p);
 
 #endif

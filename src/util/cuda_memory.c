@@ -60,6 +60,7 @@ static struct {
 enum { DRIVER_NOT_LOADED, DRIVER_USABLE, DRIVER_UNUSABLE };
 static pthread_mutex_t driver_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int driver_state = DRIVER_NOT_LOADED;
+static void *_Atomic driver_handle; /* the usable driver's dlopen handle, for ferry_cuda_symbol */
 static char status_text[384];
 
 static const char *driver_path(void)
@@ -217,6 +218,7 @@ static void driver_try_load(void)
             state = DRIVER_USABLE;
         }
     }
+    if (state == DRIVER_USABLE) atomic_store(&driver_handle, h);
     set_status(why);
     /* An unusable driver stays loaded (it was before us; dlclose would only
      * drop our reference) and is not asked again. */
@@ -245,6 +247,7 @@ void ferry_cuda_forget_driver(void)
 {
     pthread_mutex_lock(&driver_lock);
     memset(&cu, 0, sizeof cu);
+    atomic_store(&driver_handle, NULL);
     status_text[0] = '\0';
     loader_seen = false;
     atomic_store(&driver_state, DRIVER_NOT_LOADED);
@@ -349,6 +352,23 @@ static void copy_leave(FERRY_CUdevice primary)
     if (primary >= 0) cu.primary_release(primary);
 }
 
+void *ferry_cuda_symbol(const char *name)
+{
+    void *h = driver_usable() ? atomic_load(&driver_handle) : NULL;
+    return h ? dlsym(h, name) : NULL;
+}
+
+int ferry_cuda_context_enter(const void *device_ptr, int ordinal, int *primary)
+{
+    *primary = -1;
+    if (!driver_usable()) return FERRY_CUDA_ERROR_NOT_INITIALIZED;
+    return copy_enter(device_ptr, ordinal, primary);
+}
+
+void ferry_cuda_context_leave(int primary) { copy_leave(primary); }
+
+const char *ferry_cuda_error_text(int err, char *buf, size_t cap) { return error_text(err, buf, cap); }
+
 int ferry_cuda_copy(uint32_t kind, void *dst, const void *src, size_t n, int to_host)
 {
     int ordinal = FERRY_MEMKIND_DEVICE(kind);
@@ -375,4 +395,124 @@ int ferry_cuda_copy(uint32_t kind, void *dst, const void *src, size_t n, int to_
     return ferry_fail(ferry_cuda_error_code(err), "CUDA %s copy of %zu bytes on device %d (%p -> %p) failed: %s",
                       to_host ? "device->host" : "host->device", n, ordinal, src, dst,
                       error_text(err, buf, sizeof buf));
+}
+
+/* ------------------------------------------- pinned, pipelined staging */
+
+/* Entry points the stager needs beyond the staging copies, resolved at
+ * first use (a driver without them: the stager copies synchronously). */
+static struct {
+    ferry_cuMemAllocHost_fn alloc_host;
+    ferry_cuMemFreeHost_fn free_host;
+    ferry_cuStreamCreate_fn stream_create;
+    ferry_cuStreamDestroy_fn stream_destroy;
+    ferry_cuMemcpyAsync_fn copy_async;
+    ferry_cuCtxGetCurrent_fn ctx_current;
+} st;
+static pthread_once_t st_once = PTHREAD_ONCE_INIT;
+static bool st_ok;
+
+static void stage_resolve(void)
+{
+    st.alloc_host = (ferry_cuMemAllocHost_fn)ferry_cuda_symbol("cuMemAllocHost_v2");
+    st.free_host = (ferry_cuMemFreeHost_fn)ferry_cuda_symbol("cuMemFreeHost");
+    st.stream_create = (ferry_cuStreamCreate_fn)ferry_cuda_symbol("cuStreamCreate");
+    st.stream_destroy = (ferry_cuStreamDestroy_fn)ferry_cuda_symbol("cuStreamDestroy_v2");
+    st.copy_async = (ferry_cuMemcpyAsync_fn)ferry_cuda_symbol("cuMemcpyAsync");
+    st.ctx_current = (ferry_cuCtxGetCurrent_fn)ferry_cuda_symbol("cuCtxGetCurrent");
+    st_ok = st.alloc_host && st.free_host && st.stream_create && st.stream_destroy && st.copy_async && st.ctx_current;
+}
+
+/* Whether the stager's entry points are there (asked once the driver is
+ * usable: ferry_cuda_symbol answers NULL before). */
+static bool stage_entry_points(void)
+{
+    if (!driver_usable()) return false;
+    pthread_once(&st_once, stage_resolve);
+    return st_ok;
+}
+
+static int stage_fail(int err, const char *what, size_t n)
+{
+    char buf[200];
+    return ferry_fail(ferry_cuda_error_code(err), "CUDA staging: %s (%zu bytes) failed: %s", what, n,
+                      error_text(err, buf, sizeof buf));
+}
+
+int ferry_cuda_host_alloc(int ordinal, size_t n, void **out, void **ctx)
+{
+    if (!stage_entry_points())
+        return ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "CUDA staging: no page-locked allocation in this driver");
+    FERRY_CUdevice primary = -1;
+    FERRY_CUdevice dev;
+    FERRY_CUcontext c = NULL;
+    int err = cu.device_get(&dev, ordinal);
+    if (err == FERRY_CUDA_SUCCESS) err = cu.primary_retain(&c, dev);
+    if (err == FERRY_CUDA_SUCCESS) primary = dev;
+    if (err == FERRY_CUDA_SUCCESS) err = cu.ctx_push(c);
+    if (err == FERRY_CUDA_SUCCESS) {
+        err = st.alloc_host(out, n);
+        FERRY_CUcontext popped;
+        cu.ctx_pop(&popped);
+    }
+    /* Not kept retained: the application's use of the device keeps its
+     * primary context (and so the buffer) alive; the free retains it again. */
+    if (primary >= 0) cu.primary_release(primary);
+    if (err != FERRY_CUDA_SUCCESS) return stage_fail(err, "cuMemAllocHost", n);
+    *ctx = (void *)(intptr_t)(dev + 1);
+    return 0;
+}
+
+void ferry_cuda_host_free(void *p, void *ctx)
+{
+    FERRY_CUdevice dev = (FERRY_CUdevice)((intptr_t)ctx - 1);
+    FERRY_CUcontext c = NULL, popped;
+    if (cu.primary_retain(&c, dev) != FERRY_CUDA_SUCCESS) return;
+    if (cu.ctx_push(c) == FERRY_CUDA_SUCCESS) {
+        st.free_host(p);
+        cu.ctx_pop(&popped);
+    }
+    cu.primary_release(dev);
+}
+
+int ferry_cuda_copy_async(uint32_t kind, void *dst, const void *src, size_t n, void **stream, void **stream_ctx)
+{
+    if (!stage_entry_points())
+        return ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "CUDA staging: no asynchronous copy in this driver");
+    FERRY_CUdevice primary = -1;
+    int err = copy_enter(src, FERRY_MEMKIND_DEVICE(kind), &primary);
+    if (err != FERRY_CUDA_SUCCESS) return stage_fail(err, "entering the memory's context", n);
+    FERRY_CUcontext here = NULL;
+    err = st.ctx_current(&here);
+    if (err == FERRY_CUDA_SUCCESS && *stream && *stream_ctx != (void *)here) {
+        st.stream_destroy(*stream); /* another context's: the copies on it were waited for */
+        *stream = NULL;
+    }
+    if (err == FERRY_CUDA_SUCCESS && !*stream) {
+        err = st.stream_create((FERRY_CUstream *)stream, FERRY_CU_STREAM_NON_BLOCKING);
+        if (err == FERRY_CUDA_SUCCESS) *stream_ctx = here;
+    }
+    if (err == FERRY_CUDA_SUCCESS)
+        err = st.copy_async((FERRY_CUdeviceptr)(uintptr_t)dst, (FERRY_CUdeviceptr)(uintptr_t)src, n, *stream);
+    copy_leave(primary);
+    return err == FERRY_CUDA_SUCCESS ? 0 : stage_fail(err, "cuMemcpyAsync device->host", n);
+}
+
+int ferry_cuda_stream_wait(void *stream, void *stream_ctx)
+{
+    FERRY_CUcontext popped;
+    int err = cu.ctx_push((FERRY_CUcontext)stream_ctx);
+    if (err == FERRY_CUDA_SUCCESS) {
+        err = cu.stream_sync(stream);
+        cu.ctx_pop(&popped);
+    }
+    return err == FERRY_CUDA_SUCCESS ? 0 : stage_fail(err, "waiting for the device->host copy", 0);
+}
+
+void ferry_cuda_stream_free(void *stream, void *stream_ctx)
+{
+    FERRY_CUcontext popped;
+    if (!stream || cu.ctx_push((FERRY_CUcontext)stream_ctx) != FERRY_CUDA_SUCCESS) return;
+    st.stream_destroy(stream);
+    cu.ctx_pop(&popped);
 }

@@ -22,4 +22,18 @@ void ferry_cuda_forget_driver(void);
  * them may be the driver. */
 unsigned long ferry_cuda_driver_probes(void);
 
+/* For the parts that call the driver themselves (src/transport/cuda_ipc):
+ * an entry point of the usable driver by its exported name (e.g.
+ * "cuIpcOpenMemHandle_v2"), or NULL when the driver is not usable in this
+ * process or lacks it. */
+void *ferry_cuda_symbol(const char *name);
+/* Pushes on this thread the context that device memory at device_ptr
+ * belongs to (its device's primary context, retained, when it has none:
+ * *primary is then that device, else -1): a CUresult. Every success is
+ * followed by ferry_cuda_context_leave(*primary). */
+int ferry_cuda_context_enter(const void *device_ptr, int ordinal, int *primary);
+void ferry_cuda_context_leave(int primary);
+/* "CUDA_ERROR_X (the driver's words)" for a CUresult, in buf. */
+const char *ferry_cuda_error_text(int err, char *buf, size_t cap);
+
 #endif

@@ -7,7 +7,9 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fail.h"
@@ -171,4 +173,148 @@ const char *ferry_memkind_status(void)
 #else
     return "CUDA not built in (configured with -DFERRY_WITH_CUDA=OFF); all memory is host memory";
 #endif
+}
+
+/* ------------------------------------------- pinned, pipelined staging */
+
+struct ferry_stage {
+    unsigned char *buf[2];
+    void *pin_ctx[2];      /* CUDA: the buffer is page-locked (its device + 1), else NULL: malloc'd */
+    size_t cap;            /* each buffer's size */
+    bool pin_refused;      /* the driver gave no page-locked buffer: pageable from then on */
+    int last;              /* the buffer the last take gave, -1 none */
+    /* the prefetch in flight, into buf[1 - last] */
+    bool pending;
+    uint32_t pkind;
+    const void *psrc;
+    size_t pn;
+    void *stream, *stream_ctx; /* CUDA: the stager's stream */
+    unsigned long prefetched, copied;
+};
+
+ferry_stage_t *ferry_stage_new(void)
+{
+    ferry_stage_t *s = calloc(1, sizeof *s);
+    if (s) s->last = -1;
+    return s;
+}
+
+static void stage_release_buffers(ferry_stage_t *s)
+{
+    for (int i = 0; i < 2; i++) {
+#ifdef FERRY_HAVE_CUDA
+        if (s->pin_ctx[i]) ferry_cuda_host_free(s->buf[i], s->pin_ctx[i]);
+        else
+#endif
+            free(s->buf[i]);
+        s->buf[i] = NULL;
+        s->pin_ctx[i] = NULL;
+    }
+    s->cap = 0;
+}
+
+/* Waits for the prefetch in flight, if any: 0 or its failure. */
+static int stage_settle(ferry_stage_t *s)
+{
+    if (!s->pending) return 0;
+    s->pending = false;
+#ifdef FERRY_HAVE_CUDA
+    return ferry_cuda_stream_wait(s->stream, s->stream_ctx);
+#else
+    return 0;
+#endif
+}
+
+void ferry_stage_settle(ferry_stage_t *s)
+{
+    if (stage_settle(s)) ferry_clear_last_error(); /* its bytes are not wanted */
+}
+
+void ferry_stage_free(ferry_stage_t *s)
+{
+    if (!s) return;
+    stage_settle(s);
+#ifdef FERRY_HAVE_CUDA
+    ferry_cuda_stream_free(s->stream, s->stream_ctx);
+#endif
+    stage_release_buffers(s);
+    free(s);
+}
+
+/* Both buffers hold at least n bytes, page-locked for CUDA memory when
+ * the driver gives them (else malloc'd). Nothing in flight. */
+static int stage_reserve(ferry_stage_t *s, uint32_t kind, size_t n)
+{
+    bool want_pinned = FERRY_MEMKIND_TYPE(kind) == FERRY_MEMKIND_CUDA && !s->pin_refused;
+    if (s->cap >= n && (!want_pinned || s->pin_ctx[0])) return 0;
+    size_t cap = n > s->cap ? n : s->cap;
+    stage_release_buffers(s);
+    for (int i = 0; i < 2; i++) {
+#ifdef FERRY_HAVE_CUDA
+        if (want_pinned && ferry_cuda_host_alloc(FERRY_MEMKIND_DEVICE(kind), cap, (void **)&s->buf[i],
+                                                 &s->pin_ctx[i]) == 0)
+            continue;
+        if (want_pinned) {
+            s->pin_refused = true; /* not asked again at every take */
+            want_pinned = false;
+            ferry_clear_last_error();
+        }
+#endif
+        s->buf[i] = malloc(cap);
+        if (!s->buf[i]) {
+            stage_release_buffers(s);
+            return ferry_fail(FERRY_ERR_MEMORY, "staging buffers of %zu bytes: out of memory", cap);
+        }
+    }
+    s->cap = cap;
+    return 0;
+}
+
+int ferry_stage_take(ferry_stage_t *s, uint32_t kind, const void *src, size_t n, unsigned char **out)
+{
+    int next = s->last < 0 ? 0 : 1 - s->last;
+    if (s->pending && s->pkind == kind && s->psrc == src && s->pn == n) {
+        int rc = stage_settle(s);
+        if (rc == 0) {
+            s->last = next;
+            s->prefetched++;
+            *out = s->buf[next];
+            return 0;
+        }
+        ferry_clear_last_error(); /* copied again below, which says why if it fails too */
+    }
+    stage_settle(s); /* a prefetch of something else: its bytes are not wanted */
+    int rc = stage_reserve(s, kind, n);
+    if (rc == 0) rc = ferry_memkind_to_host(kind, s->buf[next], src, n);
+    if (rc) return rc;
+    s->last = next;
+    s->copied++;
+    *out = s->buf[next];
+    return 0;
+}
+
+void ferry_stage_prefetch(ferry_stage_t *s, uint32_t kind, const void *src, size_t n)
+{
+#ifdef FERRY_HAVE_CUDA
+    if (FERRY_MEMKIND_TYPE(kind) != FERRY_MEMKIND_CUDA || n == 0 || stage_settle(s) != 0) return;
+    if (n > s->cap) return; /* the buffers are sized by the takes: a larger one is copied at its take */
+    int next = s->last < 0 ? 0 : 1 - s->last;
+    if (!s->pin_ctx[next]) return; /* pageable: an asynchronous copy would not overlap anything */
+    if (ferry_cuda_copy_async(kind, s->buf[next], src, n, &s->stream, &s->stream_ctx) != 0) {
+        ferry_clear_last_error();
+        return;
+    }
+    s->pending = true;
+    s->pkind = kind;
+    s->psrc = src;
+    s->pn = n;
+#else
+    (void)s, (void)kind, (void)src, (void)n;
+#endif
+}
+
+void ferry_stage_counts(const ferry_stage_t *s, unsigned long *prefetched, unsigned long *copied)
+{
+    *prefetched = s->prefetched;
+    *copied = s->copied;
 }

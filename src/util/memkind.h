@@ -45,6 +45,31 @@ const char *ferry_memkind_status(void);
  * in and a driver and device usable in this process. */
 int ferry_memkind_device_usable(void);
 
+/* ---- pinned, pipelined staging ----
+ * A stream of slices of device memory leaving through host memory (a
+ * sender's slices): ferry_stage_take gives slice n in a host buffer,
+ * ferry_stage_prefetch starts the device->host copy of slice n+1 into the
+ * other buffer while slice n is sent, and the next take waits for it. With
+ * CUDA the two buffers are page-locked (cuMemAllocHost in the memory's
+ * context) and the prefetch is a cuMemcpyAsync on a stream of the
+ * stager's own; other kinds are copied at take. One user at a time. */
+typedef struct ferry_stage ferry_stage_t;
+ferry_stage_t *ferry_stage_new(void);
+void ferry_stage_free(ferry_stage_t *s);
+/* The n bytes at src (memory of kind) in a host buffer (*out), valid until
+ * the next take on s: the prefetch of exactly that range, waited for, or a
+ * copy made now. 0 or the copy's failure. */
+int ferry_stage_take(ferry_stage_t *s, uint32_t kind, const void *src, size_t n, unsigned char **out);
+/* Starts copying the n bytes at src into the buffer the next take gives
+ * (the one the last take gave stays untouched). Best effort: a prefetch
+ * that cannot start leaves the copy to the take. */
+void ferry_stage_prefetch(ferry_stage_t *s, uint32_t kind, const void *src, size_t n);
+/* Waits for a prefetch in flight, whose bytes are then dropped: before the
+ * memory it reads may be freed (a sender's call ends). */
+void ferry_stage_settle(ferry_stage_t *s);
+/* Takes that found their bytes prefetched, and those that copied. */
+void ferry_stage_counts(const ferry_stage_t *s, unsigned long *prefetched, unsigned long *copied);
+
 /* ---- test hooks: a fake device kind backed by host memory ----
  * [base, base+len) is declared fake device memory whose bytes live at
  * alias (a second mapping of the same pages). Registration detects it as
@@ -62,6 +87,14 @@ int ferry_cuda_detect(const void *addr, size_t len, uint32_t *kind);
 int ferry_cuda_copy(uint32_t kind, void *dst, const void *src, size_t n, int to_host);
 const char *ferry_cuda_status(void);
 int ferry_cuda_usable(void);
+/* Pinned buffers and an asynchronous device->host copy for the stager. */
+int ferry_cuda_host_alloc(int ordinal, size_t n, void **out, void **ctx);
+void ferry_cuda_host_free(void *p, void *ctx);
+/* Queues the copy on the stager's stream (*stream, made in the memory's
+ * context at first use; *stream_ctx its context), or waits for it. */
+int ferry_cuda_copy_async(uint32_t kind, void *dst, const void *src, size_t n, void **stream, void **stream_ctx);
+int ferry_cuda_stream_wait(void *stream, void *stream_ctx);
+void ferry_cuda_stream_free(void *stream, void *stream_ctx);
 #endif
 
 #endif

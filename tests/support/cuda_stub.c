@@ -10,25 +10,46 @@
  * by tests/cuda.cmake: libcuda_stub.so, and libcuda_stub_partial.so without
  * cuMemcpyHtoD_v2 (a driver that lacks an entry point). Knobs, read at
  * cuInit: FERRY_CUDA_STUB_INIT_ERROR (cuInit's result), FERRY_CUDA_STUB_DEVICES
- * (the device count, default 2). */
+ * (the device count, default 2); and FERRY_CUDA_STUB_COPY_DELAY_US, read
+ * at each stream synchronize (each stream copy takes that long, to hold a
+ * transfer in flight).
+ *
+ * IPC between processes (cuIpcGetMemHandle / cuIpcOpenMemHandle): the
+ * allocation's memfd stays open in the exporter, and the handle names it by
+ * pid, descriptor and inode; the importer opens /proc/<pid>/fd/<fd> (same
+ * user), checks the inode (a freed allocation's descriptor may be reused)
+ * and maps it as "device memory" of its current context's device. As a
+ * real driver: a handle cannot be opened in the process that made it, nor
+ * twice in one process (ALREADY_MAPPED), and only an allocation's base
+ * can be exported. Stream copies (cuMemcpyAsync) are queued on the stream
+ * and done only when it is synchronized, so a caller that reports a copy
+ * complete without waiting for it finds the bytes missing. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <fcntl.h>
+#include <stdbool.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "util/cuda_driver.h"
 
 #define STUB_API __attribute__((visibility("default")))
-#define MAX_ALLOCS 32
+#define MAX_ALLOCS 128
 #define MAX_DEVICES 4
+#define MAX_PINNED 64
+#define STREAM_QUEUE 64
 #define STUB_MANAGED 1 /* cuda_stub_alloc flags: managed memory (CPU-accessible) */
 #define STUB_NO_CONTEXT 2 /* no context attribute (as cuMemCreate memory): primary context */
+#define STUB_IMPORTED 0x100 /* internal: mapped from another process's IPC handle */
 
 struct CUctx_st {
     int device;
@@ -42,27 +63,69 @@ static struct alloc {
     size_t len;
     unsigned char *alias;
     int device, flags;
+    int fd;            /* the memfd, kept open so that an IPC handle can name it; -1 imported */
+    uint64_t ino;      /* its inode */
+    int32_t from_pid;  /* imported: the exporter */
 } allocs[MAX_ALLOCS];
 static _Thread_local FERRY_CUcontext stack[8];
 static _Thread_local int depth;
 static _Atomic unsigned long counts[7]; /* dtoh, htod, syncs, pushes, pops, retains, releases */
+/* ipc_get, ipc_open, ipc_close, async copies, host registers, host unregisters, host allocs, host frees */
+static _Atomic unsigned long more_counts[8];
 
-STUB_API void *cuda_stub_alloc(size_t len, int device, int flags)
+/* The handle's bytes (64): who exported which memfd. */
+struct stub_ipc_handle {
+    char magic[8];
+    int32_t pid, fd;
+    uint64_t ino, len;
+    int32_t device;
+    char pad[FERRY_CU_IPC_HANDLE_SIZE - 36];
+};
+_Static_assert(sizeof(struct stub_ipc_handle) == FERRY_CU_IPC_HANDLE_SIZE, "handle size");
+
+/* Under lock: the first free slot, or NULL. */
+static struct alloc *free_slot(void)
 {
-    int fd = memfd_create("cuda_stub", 0);
-    if (fd < 0 || ftruncate(fd, (off_t)len) != 0) return NULL;
-    void *dev = mmap(NULL, len, (flags & STUB_MANAGED) ? PROT_READ | PROT_WRITE : PROT_NONE, MAP_SHARED, fd, 0);
-    void *alias = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (dev == MAP_FAILED || alias == MAP_FAILED) return NULL;
-    pthread_mutex_lock(&lock);
-    for (int i = 0; i < MAX_ALLOCS; i++) {
-        if (allocs[i].base == 0) {
-            allocs[i] = (struct alloc){(uintptr_t)dev, len, alias, device, flags};
-            break;
-        }
+    for (int i = 0; i < MAX_ALLOCS; i++)
+        if (allocs[i].base == 0) return &allocs[i];
+    return NULL;
+}
+
+static void *alloc_at(void *want, size_t len, int device, int flags);
+
+STUB_API void *cuda_stub_alloc(size_t len, int device, int flags) { return alloc_at(NULL, len, device, flags); }
+
+/* The same at the address want (free there): memory allocated again where
+ * freed memory was, as a real allocator may. */
+STUB_API void *cuda_stub_alloc_at(void *want, size_t len, int device) { return alloc_at(want, len, device, 0); }
+
+static void *alloc_at(void *want, size_t len, int device, int flags)
+{
+    int fd = memfd_create("cuda_stub", MFD_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || ftruncate(fd, (off_t)len) != 0 || fstat(fd, &st) != 0) {
+        if (fd >= 0) close(fd);
+        return NULL;
     }
+    void *dev = mmap(want, len, (flags & STUB_MANAGED) ? PROT_READ | PROT_WRITE : PROT_NONE,
+                     MAP_SHARED | (want ? MAP_FIXED_NOREPLACE : 0), fd, 0);
+    void *alias = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (dev == MAP_FAILED || alias == MAP_FAILED || (want && dev != want)) {
+        if (dev != MAP_FAILED) munmap(dev, len);
+        if (alias != MAP_FAILED) munmap(alias, len);
+        close(fd);
+        return NULL;
+    }
+    pthread_mutex_lock(&lock);
+    struct alloc *a = free_slot();
+    if (a) *a = (struct alloc){(uintptr_t)dev, len, alias, device, flags, fd, (uint64_t)st.st_ino, 0};
     pthread_mutex_unlock(&lock);
+    if (!a) {
+        munmap(dev, len);
+        munmap(alias, len);
+        close(fd);
+        return NULL;
+    }
     return dev;
 }
 
@@ -88,9 +151,10 @@ STUB_API void cuda_stub_free(void *p)
 {
     pthread_mutex_lock(&lock);
     struct alloc *a = find((uintptr_t)p, 1);
-    if (a) {
+    if (a && !(a->flags & STUB_IMPORTED)) {
         munmap((void *)a->base, a->len);
         munmap(a->alias, a->len);
+        close(a->fd);
         memset(a, 0, sizeof *a);
     }
     pthread_mutex_unlock(&lock);
@@ -99,6 +163,29 @@ STUB_API void cuda_stub_free(void *p)
 STUB_API void cuda_stub_counts(unsigned long out[7])
 {
     for (int i = 0; i < 7; i++) out[i] = atomic_load(&counts[i]);
+}
+
+/* ipc_get, ipc_open, ipc_close, async copies, host registers, host
+ * unregisters, host allocs, host frees. */
+STUB_API void cuda_stub_more_counts(unsigned long out[8])
+{
+    for (int i = 0; i < 8; i++) out[i] = atomic_load(&more_counts[i]);
+}
+
+/* A test's own accesses to device bytes (through cuda_stub_alias) in step
+ * with the stub's stream copies: TSan then sees the order that the
+ * transfer's answer, over a socket from another process, gave them. */
+STUB_API void cuda_stub_lock(void) { pthread_mutex_lock(&lock); }
+STUB_API void cuda_stub_unlock(void) { pthread_mutex_unlock(&lock); }
+
+/* Handles of other processes mapped here now. */
+STUB_API int cuda_stub_imported(void)
+{
+    int n = 0;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_ALLOCS; i++) n += allocs[i].base && (allocs[i].flags & STUB_IMPORTED);
+    pthread_mutex_unlock(&lock);
+    return n;
 }
 
 STUB_API FERRY_CUresult cuInit(unsigned int flags)
@@ -138,6 +225,9 @@ STUB_API FERRY_CUresult cuGetErrorName(FERRY_CUresult err, const char **name)
     case FERRY_CUDA_ERROR_NO_DEVICE: *name = "CUDA_ERROR_NO_DEVICE"; break;
     case FERRY_CUDA_ERROR_INVALID_DEVICE: *name = "CUDA_ERROR_INVALID_DEVICE"; break;
     case FERRY_CUDA_ERROR_INVALID_CONTEXT: *name = "CUDA_ERROR_INVALID_CONTEXT"; break;
+    case FERRY_CUDA_ERROR_ALREADY_MAPPED: *name = "CUDA_ERROR_ALREADY_MAPPED"; break;
+    case FERRY_CUDA_ERROR_INVALID_HANDLE: *name = "CUDA_ERROR_INVALID_HANDLE"; break;
+    case FERRY_CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: *name = "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"; break;
     default: *name = NULL; return FERRY_CUDA_ERROR_INVALID_VALUE;
     }
     return FERRY_CUDA_SUCCESS;
@@ -149,21 +239,39 @@ STUB_API FERRY_CUresult cuGetErrorString(FERRY_CUresult err, const char **text)
     return FERRY_CUDA_SUCCESS;
 }
 
+/* Page-locked host memory (cuMemHostRegister, cuMemAllocHost). */
+static struct {
+    uintptr_t base;
+    size_t len;
+    bool allocated;
+} pinned_ranges[MAX_PINNED];
+
+/* Under lock: the pinned range holding p, or -1. */
+static int pinned_find(uintptr_t p)
+{
+    for (int i = 0; i < MAX_PINNED; i++)
+        if (pinned_ranges[i].base && p - pinned_ranges[i].base < pinned_ranges[i].len) return i;
+    return -1;
+}
+
 /* Unknown addresses get zero values and success, as the real driver does. */
 STUB_API FERRY_CUresult cuPointerGetAttributes(unsigned int n, int *attrs, void **data, FERRY_CUdeviceptr ptr)
 {
     pthread_mutex_lock(&lock);
     struct alloc *a = find((uintptr_t)ptr, 1);
     struct alloc copy = a ? *a : (struct alloc){0};
+    bool pinned = !a && pinned_find((uintptr_t)ptr) >= 0;
     pthread_mutex_unlock(&lock);
     for (unsigned int i = 0; i < n; i++) {
         switch (attrs[i]) {
         case FERRY_CU_POINTER_ATTRIBUTE_CONTEXT:
-            *(FERRY_CUcontext *)data[i] = a && !(copy.flags & STUB_NO_CONTEXT) ? &contexts[copy.device] : NULL;
+            *(FERRY_CUcontext *)data[i] = a && !(copy.flags & STUB_NO_CONTEXT) ? &contexts[copy.device]
+                                          : pinned                            ? &contexts[0]
+                                                                              : NULL;
             break;
         case FERRY_CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
             /* Managed memory is reported as device memory, the hard case. */
-            *(unsigned int *)data[i] = a ? FERRY_CU_MEMORYTYPE_DEVICE : 0;
+            *(unsigned int *)data[i] = a ? FERRY_CU_MEMORYTYPE_DEVICE : pinned ? FERRY_CU_MEMORYTYPE_HOST : 0;
             break;
         case FERRY_CU_POINTER_ATTRIBUTE_IS_MANAGED:
             *(unsigned char *)data[i] = (copy.flags & STUB_MANAGED) != 0; /* a bool, one byte */
@@ -206,6 +314,12 @@ STUB_API FERRY_CUresult cuCtxPopCurrent_v2(FERRY_CUcontext *ctx)
     return FERRY_CUDA_SUCCESS;
 }
 
+STUB_API FERRY_CUresult cuCtxGetCurrent(FERRY_CUcontext *ctx)
+{
+    *ctx = depth ? stack[depth - 1] : NULL;
+    return FERRY_CUDA_SUCCESS;
+}
+
 /* The device side of a copy: in one allocation of the current context's
  * device, or the error a real driver gives. */
 static FERRY_CUresult device_bytes(FERRY_CUdeviceptr p, size_t n, unsigned char **bytes)
@@ -243,10 +357,260 @@ STUB_API FERRY_CUresult cuMemcpyHtoD_v2(FERRY_CUdeviceptr dst, const void *src, 
 }
 #endif
 
+static void stream_drain(struct CUstream_st *s);
+
+/* NULL: the legacy stream (the synchronous copies above are done); a
+ * stream of cuStreamCreate: its queued copies are done now. */
 STUB_API FERRY_CUresult cuStreamSynchronize(void *stream)
 {
-    (void)stream;
     if (depth == 0) return FERRY_CUDA_ERROR_INVALID_CONTEXT;
+    if (stream) stream_drain(stream);
     atomic_fetch_add(&counts[2], 1);
+    return FERRY_CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ IPC */
+
+STUB_API FERRY_CUresult cuMemGetAddressRange_v2(FERRY_CUdeviceptr *base, size_t *size, FERRY_CUdeviceptr p)
+{
+    pthread_mutex_lock(&lock);
+    struct alloc *a = find((uintptr_t)p, 1);
+    if (a) {
+        if (base) *base = a->base;
+        if (size) *size = a->len;
+    }
+    pthread_mutex_unlock(&lock);
+    return a ? FERRY_CUDA_SUCCESS : FERRY_CUDA_ERROR_INVALID_VALUE;
+}
+
+STUB_API FERRY_CUresult cuIpcGetMemHandle(FERRY_CUipcMemHandle *handle, FERRY_CUdeviceptr p)
+{
+    pthread_mutex_lock(&lock);
+    struct alloc *a = find((uintptr_t)p, 1);
+    FERRY_CUresult err = FERRY_CUDA_SUCCESS;
+    if (!a || a->base != (uintptr_t)p || (a->flags & (STUB_MANAGED | STUB_IMPORTED)))
+        err = FERRY_CUDA_ERROR_INVALID_VALUE; /* only the base of this process's own cuMemAlloc */
+    else {
+        struct stub_ipc_handle h = {.magic = "FRYSTUB", .pid = (int32_t)getpid(), .fd = a->fd, .ino = a->ino,
+                                    .len = a->len, .device = a->device};
+        memcpy(handle, &h, sizeof h);
+    }
+    pthread_mutex_unlock(&lock);
+    if (!err) atomic_fetch_add(&more_counts[0], 1);
+    return err;
+}
+
+STUB_API FERRY_CUresult cuIpcOpenMemHandle_v2(FERRY_CUdeviceptr *p, FERRY_CUipcMemHandle handle, unsigned int flags)
+{
+    struct stub_ipc_handle h;
+    memcpy(&h, &handle, sizeof h);
+    if (memcmp(h.magic, "FRYSTUB", 8) != 0 || h.len == 0 || flags != FERRY_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+        return FERRY_CUDA_ERROR_INVALID_VALUE;
+    if (depth == 0) return FERRY_CUDA_ERROR_INVALID_CONTEXT;
+    if (h.pid == (int32_t)getpid()) return FERRY_CUDA_ERROR_INVALID_CONTEXT; /* not in the exporting process */
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_ALLOCS; i++)
+        if (allocs[i].base && (allocs[i].flags & STUB_IMPORTED) && allocs[i].from_pid == h.pid &&
+            allocs[i].ino == h.ino) {
+            pthread_mutex_unlock(&lock);
+            return FERRY_CUDA_ERROR_ALREADY_MAPPED;
+        }
+    pthread_mutex_unlock(&lock);
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)h.pid, (int)h.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0) return FERRY_CUDA_ERROR_INVALID_HANDLE; /* the exporter or its allocation is gone */
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_ino != h.ino || (uint64_t)st.st_size != h.len) {
+        close(fd);
+        return FERRY_CUDA_ERROR_INVALID_HANDLE; /* the descriptor now names another file */
+    }
+    void *dev = mmap(NULL, h.len, PROT_NONE, MAP_SHARED, fd, 0);
+    void *alias = mmap(NULL, h.len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (dev == MAP_FAILED || alias == MAP_FAILED) return FERRY_CUDA_ERROR_MAP_FAILED;
+    pthread_mutex_lock(&lock);
+    struct alloc *a = free_slot();
+    if (a)
+        *a = (struct alloc){(uintptr_t)dev, h.len, alias, stack[depth - 1]->device, STUB_IMPORTED, -1, h.ino, h.pid};
+    pthread_mutex_unlock(&lock);
+    if (!a) {
+        munmap(dev, h.len);
+        munmap(alias, h.len);
+        return FERRY_CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *p = (FERRY_CUdeviceptr)(uintptr_t)dev;
+    atomic_fetch_add(&more_counts[1], 1);
+    return FERRY_CUDA_SUCCESS;
+}
+
+STUB_API FERRY_CUresult cuIpcCloseMemHandle(FERRY_CUdeviceptr p)
+{
+    pthread_mutex_lock(&lock);
+    struct alloc *a = find((uintptr_t)p, 1);
+    FERRY_CUresult err = FERRY_CUDA_ERROR_INVALID_VALUE;
+    if (a && a->base == (uintptr_t)p && (a->flags & STUB_IMPORTED)) {
+        munmap((void *)a->base, a->len);
+        munmap(a->alias, a->len);
+        memset(a, 0, sizeof *a);
+        err = FERRY_CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&lock);
+    if (!err) atomic_fetch_add(&more_counts[2], 1);
+    return err;
+}
+
+/* -------------------------------------------------------------- streams */
+
+struct CUstream_st {
+    int device;
+    int n;
+    struct {
+        unsigned char *dst;
+        const unsigned char *src;
+        size_t len;
+    } queued[STREAM_QUEUE];
+};
+
+STUB_API FERRY_CUresult cuStreamCreate(FERRY_CUstream *stream, unsigned int flags)
+{
+    (void)flags;
+    if (depth == 0) return FERRY_CUDA_ERROR_INVALID_CONTEXT;
+    struct CUstream_st *s = calloc(1, sizeof *s);
+    if (!s) return FERRY_CUDA_ERROR_OUT_OF_MEMORY;
+    s->device = stack[depth - 1]->device;
+    *stream = s;
+    return FERRY_CUDA_SUCCESS;
+}
+
+static void stream_drain(struct CUstream_st *s)
+{
+    const char *d = getenv("FERRY_CUDA_STUB_COPY_DELAY_US"); /* read each time: a test sets it in a child */
+    unsigned copy_delay_us = d ? (unsigned)atoi(d) : 0;
+    for (int i = 0; i < s->n; i++) {
+        if (copy_delay_us) usleep(copy_delay_us);
+        pthread_mutex_lock(&lock); /* "the device" writes in order with cuda_stub_lock's holders */
+        memmove(s->queued[i].dst, s->queued[i].src, s->queued[i].len);
+        pthread_mutex_unlock(&lock);
+    }
+    s->n = 0;
+}
+
+STUB_API FERRY_CUresult cuStreamDestroy_v2(FERRY_CUstream stream)
+{
+    if (!stream) return FERRY_CUDA_ERROR_INVALID_HANDLE;
+    stream_drain(stream); /* as the driver: queued work completes first */
+    free(stream);
+    return FERRY_CUDA_SUCCESS;
+}
+
+STUB_API FERRY_CUresult cuStreamQuery(FERRY_CUstream stream)
+{
+    return stream && stream->n ? 600 /* CUDA_ERROR_NOT_READY */ : FERRY_CUDA_SUCCESS;
+}
+
+/* Where the bytes of [p, p+n) are: an allocation's alias (device memory,
+ * this process's or imported), or p itself (host memory, pinned or not). */
+static unsigned char *bytes_of(FERRY_CUdeviceptr p, size_t n)
+{
+    pthread_mutex_lock(&lock);
+    struct alloc *a = find((uintptr_t)p, 1);
+    unsigned char *b = !a ? (unsigned char *)(uintptr_t)p
+                       : n <= a->len - ((uintptr_t)p - a->base) ? a->alias + ((uintptr_t)p - a->base)
+                                                                 : NULL;
+    pthread_mutex_unlock(&lock);
+    return b;
+}
+
+STUB_API FERRY_CUresult cuMemcpyAsync(FERRY_CUdeviceptr dst, FERRY_CUdeviceptr src, size_t n, FERRY_CUstream stream)
+{
+    if (depth == 0) return FERRY_CUDA_ERROR_INVALID_CONTEXT;
+    if (!stream) return FERRY_CUDA_ERROR_INVALID_VALUE; /* Ferry always names its own stream */
+    unsigned char *d = bytes_of(dst, n);
+    const unsigned char *s = bytes_of(src, n);
+    if (!d || !s || !dst || !src) return FERRY_CUDA_ERROR_INVALID_VALUE;
+    if (stream->n == STREAM_QUEUE) stream_drain(stream);
+    stream->queued[stream->n].dst = d;
+    stream->queued[stream->n].src = s;
+    stream->queued[stream->n].len = n;
+    stream->n++;
+    atomic_fetch_add(&more_counts[3], 1);
+    return FERRY_CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------- page-locked memory */
+
+static FERRY_CUresult pin(void *p, size_t n, bool allocated)
+{
+    if (!p || n == 0) return FERRY_CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    FERRY_CUresult err = FERRY_CUDA_ERROR_OUT_OF_MEMORY;
+    if (pinned_find((uintptr_t)p) >= 0 || pinned_find((uintptr_t)p + n - 1) >= 0)
+        err = FERRY_CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    else
+        for (int i = 0; i < MAX_PINNED; i++)
+            if (!pinned_ranges[i].base) {
+                pinned_ranges[i].base = (uintptr_t)p;
+                pinned_ranges[i].len = n;
+                pinned_ranges[i].allocated = allocated;
+                err = FERRY_CUDA_SUCCESS;
+                break;
+            }
+    pthread_mutex_unlock(&lock);
+    return err;
+}
+
+static FERRY_CUresult unpin(void *p, bool allocated)
+{
+    pthread_mutex_lock(&lock);
+    int i = pinned_find((uintptr_t)p);
+    FERRY_CUresult err = FERRY_CUDA_ERROR_INVALID_VALUE;
+    if (i >= 0 && pinned_ranges[i].base == (uintptr_t)p && pinned_ranges[i].allocated == allocated) {
+        memset(&pinned_ranges[i], 0, sizeof pinned_ranges[i]);
+        err = FERRY_CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&lock);
+    return err;
+}
+
+STUB_API FERRY_CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned int flags)
+{
+    (void)flags;
+    if (depth == 0) return FERRY_CUDA_ERROR_INVALID_CONTEXT;
+    FERRY_CUresult err = pin(p, n, false);
+    if (!err) atomic_fetch_add(&more_counts[4], 1);
+    return err;
+}
+
+STUB_API FERRY_CUresult cuMemHostUnregister(void *p)
+{
+    if (depth == 0) return FERRY_CUDA_ERROR_INVALID_CONTEXT;
+    FERRY_CUresult err = unpin(p, false);
+    if (!err) atomic_fetch_add(&more_counts[5], 1);
+    return err;
+}
+
+STUB_API FERRY_CUresult cuMemAllocHost_v2(void **p, size_t n)
+{
+    if (depth == 0) return FERRY_CUDA_ERROR_INVALID_CONTEXT;
+    void *m = NULL;
+    if (n == 0 || posix_memalign(&m, 4096, n) != 0) return FERRY_CUDA_ERROR_OUT_OF_MEMORY;
+    FERRY_CUresult err = pin(m, n, true);
+    if (err) {
+        free(m);
+        return err;
+    }
+    *p = m;
+    atomic_fetch_add(&more_counts[6], 1);
+    return FERRY_CUDA_SUCCESS;
+}
+
+STUB_API FERRY_CUresult cuMemFreeHost(void *p)
+{
+    if (depth == 0) return FERRY_CUDA_ERROR_INVALID_CONTEXT;
+    FERRY_CUresult err = unpin(p, true);
+    if (err) return err;
+    free(p);
+    atomic_fetch_add(&more_counts[7], 1);
     return FERRY_CUDA_SUCCESS;
 }

@@ -198,19 +198,9 @@ static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "%s of %llu bytes from 0x%llx (payload %u, flags 0x%x)",
                           ferry_frame_type_name(f->type), (unsigned long long)f->len, (unsigned long long)f->aux,
                           f->plen, f->flags);
-    struct shm_conn *sc = c->xport;
-    if (!sc) {
-        sc = calloc(1, sizeof *sc);
-        if (!sc) return ferry_fail(FERRY_ERR_MEMORY, "shm: out of memory");
-        sc->pidfd = -1;
-        c->xport = sc;
-        c->xport_free = shm_conn_free;
-    }
-    if (sc->state == 0) shm_verify_peer(c, sc, f->aux);
-    if (sc->state == 1 && shm_pidfd_exited(sc->pidfd)) {
-        sc->state = -1;
-        snprintf(sc->reason, sizeof sc->reason, "the verified initiator pid %d has exited", (int)sc->pid);
-    }
+    struct shm_conn *sc;
+    int trc = shm_trusted_conn(c, f->aux, &sc);
+    if (trc) return trc;
     if (map) return shm_serve_map(c, sc, f, deadline);
     int status;
     if (sc->state < 0)

@@ -43,6 +43,12 @@ int shm_pid_owns_socket(pid_t pid, unsigned long inode);
 int shm_open_pidfd(pid_t pid);
 bool shm_pidfd_exited(int pidfd);
 void shm_verify_peer(ferry_conn_t *c, struct shm_conn *sc, uint64_t probe);
+/* Target: the connection's trust record in *out, made and decided at first
+ * use (probe: an address the initiator named as its own), marked refused
+ * once the verified initiator has exited. 0; MEMORY; MALFORMED_FRAME when
+ * the connection holds another transport's state (its frames came first:
+ * no honest initiator mixes them), which closes the connection. */
+int shm_trusted_conn(ferry_conn_t *c, uint64_t probe, struct shm_conn **out);
 
 /* shm.c */
 /* Moves n bytes between the initiator (theirs) and here (mine) once: the

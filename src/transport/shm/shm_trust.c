@@ -361,3 +361,26 @@ void shm_verify_peer(ferry_conn_t *c, struct shm_conn *sc, uint64_t probe)
     sc->state = 1;
     FERRY_LOG(FERRY_LOG_DEBUG, "shm", "verified %s as pid %d (socket inode %lu)", h->name, (int)h->pid, inode);
 }
+
+int shm_trusted_conn(ferry_conn_t *c, uint64_t probe, struct shm_conn **out)
+{
+    struct shm_conn *sc = c->xport;
+    /* A connection's state is one transport's: frames of another on the
+     * same connection (a hostile initiator's) must not make shm read it. */
+    if (sc && c->xport_free != shm_conn_free)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "shm frames on a connection that carries another transport's");
+    if (!sc) {
+        sc = calloc(1, sizeof *sc);
+        if (!sc) return ferry_fail(FERRY_ERR_MEMORY, "shm: out of memory");
+        sc->pidfd = -1;
+        c->xport = sc;
+        c->xport_free = shm_conn_free;
+    }
+    if (sc->state == 0) shm_verify_peer(c, sc, probe);
+    if (sc->state == 1 && shm_pidfd_exited(sc->pidfd)) {
+        sc->state = -1;
+        snprintf(sc->reason, sizeof sc->reason, "the verified initiator pid %d has exited", (int)sc->pid);
+    }
+    *out = sc;
+    return 0;
+}

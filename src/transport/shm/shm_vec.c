@@ -60,26 +60,6 @@ size_t shm_vec_collect(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, size_t slice
 
 /* ------------------------------------------------ target: vector frames */
 
-/* The connection's trust record, made and decided at first use (probe: an
- * address the initiator named as its own); NULL when out of memory. */
-static struct shm_conn *vec_trust(ferry_conn_t *c, uint64_t probe)
-{
-    struct shm_conn *sc = c->xport;
-    if (!sc) {
-        sc = calloc(1, sizeof *sc);
-        if (!sc) return NULL;
-        sc->pidfd = -1;
-        c->xport = sc;
-        c->xport_free = shm_conn_free;
-    }
-    if (sc->state == 0) shm_verify_peer(c, sc, probe);
-    if (sc->state == 1 && shm_pidfd_exited(sc->pidfd)) {
-        sc->state = -1;
-        snprintf(sc->reason, sizeof sc->reason, "the verified initiator pid %d has exited", (int)sc->pid);
-    }
-    return sc;
-}
-
 /* Piece i as a one-piece frame, for the per-piece paths and messages. */
 static ferry_frame_t vec_piece_frame(const struct ferry_vec_scratch *v, size_t i)
 {
@@ -264,8 +244,8 @@ int shm_serve_vec(ferry_conn_t *c, const ferry_frame_t *f, ferry_registry_t *r, 
     if (rc) return rc;
     size_t n = (size_t)f->len;
     bool write = f->aux == FERRY_OP_WRITE;
-    struct shm_conn *sc = vec_trust(c, v->d[0].aux);
-    if (!sc) return ferry_fail(FERRY_ERR_MEMORY, "shm: out of memory");
+    struct shm_conn *sc;
+    if ((rc = shm_trusted_conn(c, v->d[0].aux, &sc)) != 0) return rc;
     bool device = false;
     if (sc->state >= 0) rc = vec_copy_host(c, r, f, sc, v, n, write, &device);
     if (rc) return rc; /* the initiator is gone */

@@ -140,7 +140,18 @@ static uint64_t vec_frame_bytes(ferry_conn_t *c)
  * ends' socket buffers: ~1 MiB where the system caps the 4 MiB we ask for,
  * net.c), and a write's bytes sent meanwhile would then wait on it while it
  * waits on us. Read requests themselves are small. */
+static int tcp_run_stream(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, ferry_verdict_t *verdict);
+
+/* No staging copy outlives the call: the caller may free the memory when
+ * the transfer returns. */
 int ferry_tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, ferry_verdict_t *verdict)
+{
+    int rc = tcp_run_stream(c, xs, nx, broken, verdict);
+    if (c->stage) ferry_stage_settle(c->stage);
+    return rc;
+}
+
+static int tcp_run_stream(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, ferry_verdict_t *verdict)
 {
     (void)verdict; /* tcp reaches every peer: it never falls back */
     size_t slice = c->ctx->slice_size;
@@ -184,16 +195,21 @@ int ferry_tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, fer
                                 ? ferry_registry_kind_of(c->ctx->registry, (uint64_t)(uintptr_t)src, n, false)
                                 : FERRY_MEMKIND_HOST;
             if (kind != FERRY_MEMKIND_HOST) {
-                /* Device memory: stage the slice; a failed copy fails the
-                 * piece, not the connection. */
-                unsigned char *b = ferry_conn_bounce(c, n);
-                int src_rc = b ? ferry_memkind_to_host(kind, b, src, n) : FERRY_ERR_MEMORY;
+                /* Device memory: stage the slice through the connection's
+                 * pinned buffers, and start the copy of the piece's next
+                 * slice before this one is sent (memkind.h, ferry_stage);
+                 * a failed copy fails the piece, not the connection. */
+                unsigned char *b = NULL;
+                if (!c->stage) c->stage = ferry_stage_new();
+                int src_rc = c->stage ? ferry_stage_take(c->stage, kind, src, n, &b) : FERRY_ERR_MEMORY;
                 if (src_rc) {
                     ferry_fail_context("write of [%p+%llu): staging from device memory", (const void *)src,
                                        (unsigned long long)n);
                     ferry_xfer_fail(x, src_rc);
                     continue;
                 }
+                uint64_t rest = x->len - cur_off - n;
+                if (rest) ferry_stage_prefetch(c->stage, kind, src + n, rest < slice ? rest : slice);
                 src = b;
             }
             x->inflight++; /* before the first byte leaves: a partial frame is in doubt too (cancel.h) */

@@ -1,0 +1,167 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Ferry against a real CUDA driver, with torch (run by scripts/gpu-check.sh,
+which sets FERRY_LIBRARY and PYTHONPATH): torch.cuda tensors registered by
+data_ptr(), moved between two processes on GPU 0 through the CUDA IPC
+transport and through TCP with host staging, every byte compared on the
+device, and GB/s printed beside torch's own device-to-device and
+device-to-host copy rates measured in the same run. Exit 0 when every
+check passed.
+
+Sizes: FERRY_GPU_CHECK_MB (default 256) per transfer, FERRY_GPU_CHECK_ITERS
+(default 8) timed transfers per direction and transport (TCP: a quarter)."""
+
+import multiprocessing as mp
+import os
+import sys
+import time
+
+MB = int(os.environ.get("FERRY_GPU_CHECK_MB", "256"))
+SIZE = MB << 20
+ITERS = int(os.environ.get("FERRY_GPU_CHECK_ITERS", "8"))
+
+
+def pattern(seed, n, device):
+    """n bytes of seed's pseudo-random pattern, made on the device."""
+    import torch
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    return torch.randint(0, 256, (n,), dtype=torch.uint8, device=device, generator=g)
+
+
+def target_main(conn):
+    """The peer: an engine with SIZE bytes of GPU 0 memory registered."""
+    import torch
+    from ferry.core import Engine, MEM_REMOTE
+    dev = torch.device("cuda", 0)
+    buf = torch.zeros(SIZE, dtype=torch.uint8, device=dev)
+    torch.cuda.synchronize()
+    e = Engine("127.0.0.1", 0, timeout_ms=120000)
+    e.register(buf.data_ptr(), SIZE, MEM_REMOTE)
+    conn.send((e.name, buf.data_ptr(), e.region_info(buf.data_ptr(), 1).kind))
+    while True:
+        cmd, seed, n = conn.recv()
+        if cmd == "quit":
+            break
+        if cmd == "check":  # every byte, on the device
+            conn.send(bool(torch.equal(buf[:n], pattern(seed, n, dev))))
+        elif cmd == "fill":
+            buf[:n].copy_(pattern(seed, n, dev))
+            torch.cuda.synchronize()
+            conn.send(True)
+        elif cmd == "zero":
+            buf.zero_()
+            torch.cuda.synchronize()
+            conn.send(True)
+    e.close()
+    conn.send("bye")
+
+
+def gbps(nbytes, seconds):
+    return nbytes / seconds / 1e9
+
+
+def torch_rates():
+    """torch's own copies of SIZE bytes on GPU 0: D2D, D2H pinned, D2H pageable."""
+    import torch
+    dev = torch.device("cuda", 0)
+    a = pattern(1, SIZE, dev)
+    b = torch.empty_like(a)
+    pinned = torch.empty(SIZE, dtype=torch.uint8, pin_memory=True)
+    pageable = torch.empty(SIZE, dtype=torch.uint8)
+    out = {}
+    for name, dst in (("D2D", b), ("D2H pinned", pinned), ("D2H pageable", pageable)):
+        dst.copy_(a)  # warm up
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(ITERS):
+            dst.copy_(a)
+        torch.cuda.synchronize()
+        out[name] = gbps(SIZE * ITERS, time.perf_counter() - t0)
+    return out
+
+
+def run_transport(peer, remote, conn, transport, expect):
+    """Writes then reads SIZE bytes with one engine forced (or not) to a
+    transport; checks the session's transport and every byte on the device."""
+    import torch
+    from ferry.core import Engine, MEM_LOCAL
+    dev = torch.device("cuda", 0)
+    failures = []
+    iters = ITERS if expect == "cuda_ipc" else max(1, ITERS // 4)
+    src = pattern(11, SIZE, dev)
+    dst = torch.zeros(SIZE, dtype=torch.uint8, device=dev)
+    torch.cuda.synchronize()
+    e = Engine("127.0.0.1", 0, timeout_ms=120000, transport=transport)
+    try:
+        e.register(src.data_ptr(), SIZE, MEM_LOCAL)
+        e.register(dst.data_ptr(), SIZE, MEM_LOCAL)
+        kind = e.region_info(src.data_ptr(), 1).kind
+        if not kind.startswith("cuda:"):
+            failures.append("a torch.cuda tensor registered as %s, not cuda:N" % kind)
+        e.write(peer, src.data_ptr(), remote, 1 << 20)  # opens the session
+        info = e.session_info(peer)
+        print("  %-8s session: %s (%s)" % (transport, info.transport, info.transport_reason))
+        if info.transport != expect:
+            failures.append("%s: transport %s, expected %s" % (transport, info.transport, expect))
+        conn.send(("zero", 0, 0))
+        conn.recv()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            e.write(peer, src.data_ptr(), remote, SIZE)
+        w = gbps(SIZE * iters, time.perf_counter() - t0)
+        conn.send(("check", 11, SIZE))
+        if not conn.recv():
+            failures.append("%s write: the target's bytes differ" % transport)
+        conn.send(("fill", 12, SIZE))
+        conn.recv()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            e.read(peer, dst.data_ptr(), remote, SIZE)
+        r = gbps(SIZE * iters, time.perf_counter() - t0)
+        if not torch.equal(dst, pattern(12, SIZE, dev)):
+            failures.append("%s read: the bytes read differ" % transport)
+        print("  %-8s write %6.2f GB/s   read %6.2f GB/s   (%d x %d MiB each way)"
+              % (info.transport, w, r, iters, MB))
+    finally:
+        e.close()
+    return failures
+
+
+def main():
+    import torch
+    import ferry
+    import ferry.engine as fe
+    torch.zeros(1, device="cuda")  # this process uses CUDA: the driver is loaded
+    failures = []
+    ok, why = ferry.core.device_memory_supported()
+    print("device_memory_supported: %s (%s)" % (ok, why))
+    print("SUPPORT_CUDA: %s" % fe.SUPPORT_CUDA)
+    if not ok or fe.SUPPORT_CUDA is not True:
+        failures.append("device memory not supported with a real driver: " + why)
+    rates = torch_rates()
+    print("torch on GPU 0 (%d MiB copies): " % MB +
+          ", ".join("%s %.2f GB/s" % kv for kv in rates.items()))
+    ctx = mp.get_context("spawn")  # never fork a process that initialized CUDA
+    here, there = ctx.Pipe()
+    p = ctx.Process(target=target_main, args=(there,))
+    p.start()
+    try:
+        peer, remote, kind = here.recv()
+        print("target pid %d: %s, %d MiB of %s at %#x" % (p.pid, peer, MB, kind, remote))
+        if not kind.startswith("cuda:"):
+            failures.append("the target's torch.cuda tensor registered as " + kind)
+        failures += run_transport(peer, remote, here, "auto", "cuda_ipc")
+        failures += run_transport(peer, remote, here, "tcp", "tcp")
+        here.send(("quit", 0, 0))
+        here.recv()
+    finally:
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+    for f in failures:
+        print("FAIL: " + f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

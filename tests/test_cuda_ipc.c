@@ -1,0 +1,642 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The CUDA IPC transport (src/transport/cuda_ipc) between two processes
+ * (fork), over the stub driver (tests/support/cuda_stub.c: "device" memory
+ * is a memfd the CPU cannot touch, an IPC handle names it by pid,
+ * descriptor and inode, stream copies happen only when the stream is
+ * synchronized). The target, a child, owns device memory on its device 0;
+ * the initiator's is on its device 1.
+ *
+ *  - writes and reads device<->device by IPC: no staging copy on either
+ *    side, one import in the target for the initiator's allocation; a
+ *    host buffer to the same peer goes by tcp in the same session;
+ *  - the owner's checks: a deregistered range, a read-only one (nothing
+ *    written);
+ *  - a region deregistered and its memory allocated again: the stale
+ *    import is closed and the new allocation's handle opened;
+ *  - a restarted target: PEER_RESTARTED, nothing written; then it works;
+ *  - cancel while copies run at the target: every request COMPLETED or
+ *    CANCELLED, and nothing lands afterwards;
+ *  - a target with FERRY_CUDA_IPC=0 does not offer it: the session takes
+ *    another transport and the device memory is staged;
+ *  - a hostile initiator's CUDA_IPC frame then a CMA_WRITE or CMA_VEC on
+ *    one connection: shm does not take cuda_ipc's state for its own, the
+ *    target closes it.
+ * Skipped without CUDA in the build. */
+#ifndef FERRY_HAVE_CUDA
+#include "harness.h"
+static void skipped(void **state)
+{
+    (void)state;
+    skip();
+}
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(skipped)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+#else
+
+#include <dlfcn.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "fault.h"
+
+#include "transport/cuda_ipc/cuda_ipc.h"
+
+static void *(*stub_alloc)(size_t, int, int);
+static void *(*stub_alloc_at)(void *, size_t, int);
+static void *(*stub_alias)(void *);
+static void (*stub_free)(void *);
+static void (*stub_counts)(unsigned long[7]);
+static void (*stub_more_counts)(unsigned long[8]);
+static void (*stub_lock)(void), (*stub_unlock)(void);
+
+/* What an application using CUDA does first: load the driver. */
+static void load_stub(void)
+{
+    const char *path = getenv("FERRY_CUDA_STUB");
+    assert_non_null(path);
+    void *h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    assert_non_null(h);
+    stub_alloc = (void *(*)(size_t, int, int))dlsym(h, "cuda_stub_alloc");
+    stub_alloc_at = (void *(*)(void *, size_t, int))dlsym(h, "cuda_stub_alloc_at");
+    stub_alias = (void *(*)(void *))dlsym(h, "cuda_stub_alias");
+    stub_free = (void (*)(void *))dlsym(h, "cuda_stub_free");
+    stub_counts = (void (*)(unsigned long[7]))dlsym(h, "cuda_stub_counts");
+    stub_more_counts = (void (*)(unsigned long[8]))dlsym(h, "cuda_stub_more_counts");
+    stub_lock = (void (*)(void))dlsym(h, "cuda_stub_lock");
+    stub_unlock = (void (*)(void))dlsym(h, "cuda_stub_unlock");
+    assert_true(stub_alloc && stub_alloc_at && stub_alias && stub_free && stub_counts && stub_more_counts && stub_lock &&
+                stub_unlock);
+}
+
+/* ------------------------------------------------- a target in a child */
+
+enum {
+    CMD_QUIT = 0,
+    CMD_CHECK,       /* the device bytes [off, off+len) are seed's pattern */
+    CMD_FILL,
+    CMD_ZERO,
+    CMD_ISZERO,
+    CMD_DEREGISTER,
+    CMD_REREGISTER_RO,
+    CMD_RESTART,     /* a new engine on the same port, the buffer registered again */
+    CMD_IMPORTS,     /* rc = imports open now, addr = opened so far */
+    CMD_DELAY,       /* each stream copy takes seed microseconds */
+    CMD_STAGED,      /* rc = staging copies (dtoh + htod) done here */
+};
+
+struct cmd {
+    int op;
+    uint64_t seed, off, len;
+};
+
+struct reply {
+    int rc;
+    uint16_t port;
+    uint64_t addr, len;
+    int32_t pid;
+};
+
+typedef struct child {
+    pid_t pid;
+    int to, from;
+    char peer[64];
+    uint64_t addr, len;
+} child_t;
+
+static ferry_engine_t *child_engine(uint16_t port)
+{
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.timeout_ms = 10000;
+    cfg.port = port;
+    ferry_engine_t *e = NULL;
+    return ferry_engine_create(&cfg, &e) == 0 ? e : NULL;
+}
+
+static int region_is_zero(const unsigned char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i]) return 1;
+    return 0;
+}
+
+/* The device bytes, touched in step with the stub's stream copies. */
+static int device_bytes(const struct cmd *c, unsigned char *bytes)
+{
+    int rc = 0;
+    stub_lock();
+    switch (c->op) {
+    case CMD_CHECK: rc = harness_check(bytes + c->off, c->len, c->seed) ? 0 : 1; break;
+    case CMD_FILL: harness_fill(bytes + c->off, c->len, c->seed); break;
+    case CMD_ZERO: memset(bytes + c->off, 0, c->len); break;
+    case CMD_ISZERO: rc = region_is_zero(bytes + c->off, c->len); break;
+    }
+    stub_unlock();
+    return rc;
+}
+
+static int child_run(struct cmd *c, ferry_engine_t **e, unsigned char *dev, size_t len, struct reply *a)
+{
+    unsigned char *bytes = stub_alias(dev);
+    unsigned long counts[7], opened;
+    switch (c->op) {
+    case CMD_CHECK:
+    case CMD_FILL:
+    case CMD_ZERO:
+    case CMD_ISZERO: return device_bytes(c, bytes);
+    case CMD_DEREGISTER: return ferry_deregister(*e, dev);
+    case CMD_REREGISTER_RO: return ferry_register(*e, dev, len, FERRY_MEM_REMOTE_READ);
+    case CMD_RESTART: {
+        uint16_t port = ferry_engine_port(*e);
+        ferry_engine_destroy(*e);
+        *e = child_engine(port);
+        return *e ? ferry_register(*e, dev, len, FERRY_MEM_REMOTE) : -1;
+    }
+    case CMD_IMPORTS: {
+        unsigned long open_now;
+        ferry_cuda_ipc_counts(&open_now, &opened);
+        a->addr = opened;
+        return (int)open_now;
+    }
+    case CMD_DELAY: {
+        char v[32];
+        snprintf(v, sizeof v, "%llu", (unsigned long long)c->seed);
+        return setenv("FERRY_CUDA_STUB_COPY_DELAY_US", v, 1);
+    }
+    case CMD_STAGED: stub_counts(counts); return (int)(counts[0] + counts[1]);
+    }
+    return -1;
+}
+
+static void child_main(int in, int out, size_t len, bool no_ipc)
+{
+    if (no_ipc) setenv("FERRY_CUDA_IPC", "0", 1);
+    struct reply r = {0};
+    unsigned char *dev = stub_alloc(len, 0, 0);
+    ferry_engine_t *e = dev ? child_engine(0) : NULL;
+    r.rc = e ? ferry_register(e, dev, len, FERRY_MEM_REMOTE) : -1;
+    r.port = e ? ferry_engine_port(e) : 0;
+    r.addr = (uint64_t)(uintptr_t)dev;
+    r.len = len;
+    r.pid = (int32_t)getpid();
+    if (write(out, &r, sizeof r) != sizeof r) _exit(1);
+    struct cmd c;
+    while (read(in, &c, sizeof c) == sizeof c && c.op != CMD_QUIT) {
+        struct reply a = {0};
+        a.rc = child_run(&c, &e, dev, len, &a);
+        if (write(out, &a, sizeof a) != sizeof a) break;
+    }
+    ferry_engine_destroy(e);
+    unsigned long open_now, opened;
+    ferry_cuda_ipc_counts(&open_now, &opened);
+    stub_free(dev);
+    _exit(open_now == 0 ? 0 : 3); /* every import closed with its connections */
+}
+
+static child_t *child_start(size_t len, bool no_ipc)
+{
+    int down[2], up[2];
+    assert_int_equal(pipe(down), 0);
+    assert_int_equal(pipe(up), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(down[1]);
+        close(up[0]);
+        child_main(down[0], up[1], len, no_ipc);
+    }
+    close(down[0]);
+    close(up[1]);
+    child_t *c = calloc(1, sizeof *c);
+    c->pid = pid;
+    c->to = down[1];
+    c->from = up[0];
+    struct reply r;
+    assert_int_equal(read(c->from, &r, sizeof r), sizeof r);
+    assert_int_equal(r.rc, 0);
+    snprintf(c->peer, sizeof c->peer, "127.0.0.1:%u", r.port);
+    c->addr = r.addr;
+    c->len = r.len;
+    return c;
+}
+
+static int child_do2(child_t *c, int op, uint64_t seed, uint64_t off, uint64_t len, uint64_t *addr)
+{
+    struct cmd m = {op, seed, off, len};
+    assert_int_equal(write(c->to, &m, sizeof m), sizeof m);
+    struct reply r;
+    assert_int_equal(read(c->from, &r, sizeof r), sizeof r);
+    if (addr) *addr = r.addr;
+    return r.rc;
+}
+
+static int child_do(child_t *c, int op, uint64_t seed, uint64_t off, uint64_t len)
+{
+    return child_do2(c, op, seed, off, len, NULL);
+}
+
+static void child_stop(child_t *c)
+{
+    struct cmd m = {CMD_QUIT, 0, 0, 0};
+    if (write(c->to, &m, sizeof m) != sizeof m) kill(c->pid, SIGKILL);
+    int status = 0;
+    waitpid(c->pid, &status, 0);
+    close(c->to);
+    close(c->from);
+    free(c);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+static ferry_engine_t *initiator(void)
+{
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.timeout_ms = 10000;
+    cfg.connect_timeout_ms = 5000;
+    return harness_engine_cfg(&cfg);
+}
+
+static void expect_transport(ferry_engine_t *e, const char *peer, const char *name)
+{
+    ferry_peer_info_t info;
+    if (ferry_session_info(e, peer, &info)) fail_msg("session info: %s", ferry_last_error_detail());
+    if (strcmp(info.transport, name) != 0)
+        fail_msg("transport %s (%s), expected %s", info.transport, info.transport_reason, name);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    load_stub();
+    return 0;
+}
+
+/* ------------------------------------------------------------- tests */
+
+static void write_and_read_device_to_device(void **state)
+{
+    (void)state;
+    size_t cap = (64u << 20) + 4096;
+    child_t *c = child_start(cap, false);
+    ferry_engine_t *e = initiator();
+    unsigned char *src = stub_alloc(cap, 1, 0);
+    assert_non_null(src);
+    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    expect_transport(e, c->peer, "cuda_ipc");
+    unsigned long before[7], after[7];
+    stub_counts(before);
+    /* One byte, unaligned sizes, more than one chunk, and more than one
+     * frame (64 MiB + 5; under TSan, whose copies are slow, one chunk more
+     * than one only). */
+#ifdef __SANITIZE_THREAD__
+    const size_t sizes[] = {1, 4096 + 7, (1u << 20) + 3, (17u << 20) + 5};
+#else
+    const size_t sizes[] = {1, 4096 + 7, (17u << 20) + 3, (64u << 20) + 5};
+#endif
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        size_t len = sizes[k], off = k * 8;
+        harness_fill((unsigned char *)stub_alias(src) + off, len, 100 + k);
+        int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src + off, c->addr + 3, len);
+        if (rc) fail_msg("write %zu: %s", len, ferry_last_error_detail());
+        assert_int_equal(child_do(c, CMD_CHECK, 100 + k, 3, len), 0); /* on the device when complete */
+        assert_int_equal(child_do(c, CMD_FILL, 200 + k, 0, len), 0);
+        memset(stub_alias(src), 0, cap);
+        rc = ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src + 11, c->addr, len);
+        if (rc) fail_msg("read %zu: %s", len, ferry_last_error_detail());
+        assert_true(harness_check((unsigned char *)stub_alias(src) + 11, len, 200 + k));
+    }
+    expect_transport(e, c->peer, "cuda_ipc");
+    /* Device to device: no staging through host memory on either side. */
+    stub_counts(after);
+    assert_int_equal(after[0] - before[0], 0);
+    assert_int_equal(after[1] - before[1], 0);
+    assert_int_equal(child_do(c, CMD_STAGED, 0, 0, 0), 0);
+    /* The target opened the initiator's allocation once, and keeps it. */
+    uint64_t opened = 0;
+    assert_int_equal(child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), 1);
+    assert_int_equal(opened, 1);
+
+    /* A host buffer to the same peer goes by tcp in the same session. */
+    size_t hlen = (1u << 20) + 1;
+    unsigned char *host = malloc(hlen);
+    assert_int_equal(ferry_register(e, host, hlen, FERRY_MEM_LOCAL), 0);
+    harness_fill(host, hlen, 77);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, host, c->addr + 100, hlen), 0);
+    assert_int_equal(child_do(c, CMD_CHECK, 77, 100, hlen), 0);
+    expect_transport(e, c->peer, "cuda_ipc");
+
+    ferry_engine_destroy(e);
+    stub_free(src);
+    free(host);
+    child_stop(c); /* the child checks its imports were closed with the connections */
+}
+
+/* The owner's checks hold for every copy: a deregistered range, a
+ * read-only one. Nothing is written. */
+static void target_refuses_by_its_registry(void **state)
+{
+    (void)state;
+    size_t cap = 1u << 20;
+    child_t *c = child_start(cap, false);
+    ferry_engine_t *e = initiator();
+    unsigned char *src = stub_alloc(cap, 1, 0);
+    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    harness_fill(stub_alias(src), cap, 1);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, cap), 0);
+    expect_transport(e, c->peer, "cuda_ipc");
+
+    assert_int_equal(child_do(c, CMD_DEREGISTER, 0, 0, 0), 0);
+    assert_int_equal(child_do(c, CMD_FILL, 9, 0, cap), 0);
+    int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, 4096);
+    assert_int_equal(rc, FERRY_ERR_ADDRESS_NOT_REGISTERED);
+    assert_detail_contains("target range");
+    assert_int_equal(child_do(c, CMD_CHECK, 9, 0, cap), 0);
+
+    assert_int_equal(child_do(c, CMD_REREGISTER_RO, 0, 0, 0), 0);
+    rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, 4096);
+    if (rc != FERRY_ERR_ACCESS_DENIED) fail_msg("write to read-only: %d %s", rc, ferry_last_error_detail());
+    assert_int_equal(child_do(c, CMD_CHECK, 9, 0, cap), 0);
+    /* Reads are allowed. */
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src, c->addr, cap), 0);
+    assert_true(harness_check(stub_alias(src), cap, 9));
+    expect_transport(e, c->peer, "cuda_ipc");
+    ferry_engine_destroy(e);
+    stub_free(src);
+    child_stop(c);
+}
+
+/* The initiator deregisters its region and allocates the memory again: the
+ * next write exports the new allocation (the per-connection export cache
+ * is keyed by region and generation; without that, the target would copy
+ * the old allocation's bytes), and an import the new allocation overlaps
+ * is closed at the target. */
+static void deregistration_invalidates_the_handle(void **state)
+{
+    (void)state;
+    size_t cap = 1u << 20;
+    child_t *c = child_start(cap, false);
+    ferry_engine_t *e = initiator();
+    unsigned char *src = stub_alloc(cap, 1, 0);
+    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    harness_fill(stub_alias(src), cap, 21);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, cap), 0);
+    assert_int_equal(child_do(c, CMD_CHECK, 21, 0, cap), 0);
+
+    assert_int_equal(ferry_deregister(e, src), 0);
+    unsigned char *again = stub_alloc(cap, 1, 0);
+    stub_free(src); /* freed after the new one exists: a different memfd */
+    harness_fill(stub_alias(again), cap, 22);
+    assert_int_equal(ferry_register(e, again, cap, FERRY_MEM_LOCAL), 0);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, again, c->addr, cap), 0);
+    assert_int_equal(child_do(c, CMD_CHECK, 22, 0, cap), 0);
+    /* The new allocation's handle was opened (the bytes above are its);
+     * the freed one's mapping stays until something overlaps it or the
+     * connection closes: the driver cannot tell it was freed. */
+    uint64_t opened = 0;
+    assert_int_equal(child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), 2);
+    assert_int_equal(opened, 2);
+    /* Freed first this time, and allocated again at the same address: the
+     * import of the freed one is stale. */
+    assert_int_equal(ferry_deregister(e, again), 0);
+    stub_free(again);
+    unsigned char *third = stub_alloc_at(again, cap, 1);
+    assert_ptr_equal(third, again);
+    harness_fill(stub_alias(third), cap, 23);
+    assert_int_equal(ferry_register(e, third, cap, FERRY_MEM_LOCAL), 0);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, third, c->addr, cap), 0);
+    assert_int_equal(child_do(c, CMD_CHECK, 23, 0, cap), 0);
+    assert_int_equal(child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), 2); /* the stale one closed, the new one open */
+    assert_int_equal(opened, 3);
+    ferry_engine_destroy(e);
+    stub_free(third);
+    child_stop(c);
+}
+
+/* Imports are bounded (32 per process): the least recently used one no
+ * copy uses is closed, and opened again when named again. */
+static void imports_are_bounded(void **state)
+{
+    (void)state;
+    enum { N = 40, LEN = 4096 };
+    child_t *c = child_start((size_t)N * LEN, false);
+    ferry_engine_t *e = initiator();
+    unsigned char *bufs[N];
+    for (int i = 0; i < N; i++) {
+        bufs[i] = stub_alloc(LEN, 1, 0);
+        assert_non_null(bufs[i]);
+        harness_fill(stub_alias(bufs[i]), LEN, 70 + (uint64_t)i);
+        assert_int_equal(ferry_register(e, bufs[i], LEN, FERRY_MEM_LOCAL), 0);
+    }
+    for (int i = 0; i < N; i++)
+        assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, bufs[i], c->addr + (uint64_t)i * LEN, LEN), 0);
+    expect_transport(e, c->peer, "cuda_ipc");
+    for (int i = 0; i < N; i++) assert_int_equal(child_do(c, CMD_CHECK, 70 + (uint64_t)i, (uint64_t)i * LEN, LEN), 0);
+    uint64_t opened = 0;
+    assert_int_equal(child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), 32);
+    assert_int_equal(opened, N);
+    /* The first one was closed; named again, it is opened again. */
+    assert_int_equal(child_do(c, CMD_ZERO, 0, 0, LEN), 0);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, bufs[0], c->addr, LEN), 0);
+    assert_int_equal(child_do(c, CMD_CHECK, 70, 0, LEN), 0);
+    assert_int_equal(child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), 32);
+    assert_int_equal(opened, N + 1);
+    ferry_engine_destroy(e);
+    for (int i = 0; i < N; i++) stub_free(bufs[i]);
+    child_stop(c);
+}
+
+/* A target restarted on the same port with its buffer at the same address:
+ * the call that meets the new engine gets PEER_RESTARTED and writes
+ * nothing; the next one goes by CUDA IPC again. */
+static void restarted_peer_gets_nothing(void **state)
+{
+    (void)state;
+    size_t cap = 1u << 20;
+    child_t *c = child_start(cap, false);
+    ferry_engine_t *e = initiator();
+    unsigned char *src = stub_alloc(cap, 1, 0);
+    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    harness_fill(stub_alias(src), cap, 31);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, cap), 0);
+    assert_int_equal(child_do(c, CMD_RESTART, 0, 0, 0), 0);
+    assert_int_equal(child_do(c, CMD_IMPORTS, 0, 0, 0), 0); /* closed with the old engine's connections */
+    assert_int_equal(child_do(c, CMD_ZERO, 0, 0, cap), 0);
+    harness_fill(stub_alias(src), cap, 32);
+    int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, cap);
+    if (rc != FERRY_ERR_PEER_RESTARTED) fail_msg("after restart: %d %s", rc, ferry_last_error_detail());
+    assert_int_equal(child_do(c, CMD_ISZERO, 0, 0, cap), 0); /* nothing landed */
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, cap), 0);
+    assert_int_equal(child_do(c, CMD_CHECK, 32, 0, cap), 0);
+    expect_transport(e, c->peer, "cuda_ipc");
+    ferry_engine_destroy(e);
+    stub_free(src);
+    child_stop(c);
+}
+
+/* Cancel while the target's copies run (each takes 40 ms): every request
+ * ends COMPLETED (its bytes there) or CANCELLED, and after the cancel
+ * returned nothing more lands. */
+static void cancel_leaves_no_late_write(void **state)
+{
+    (void)state;
+    enum { N = 16, PIECE = 256 << 10 };
+    size_t cap = (size_t)N * PIECE;
+    child_t *c = child_start(cap, false);
+    ferry_engine_t *e = initiator();
+    unsigned char *src = stub_alloc(cap, 1, 0);
+    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, 1), 0); /* session up */
+    expect_transport(e, c->peer, "cuda_ipc");
+    for (int i = 0; i < N; i++) harness_fill((unsigned char *)stub_alias(src) + (size_t)i * PIECE, PIECE, 41 + i);
+    assert_int_equal(child_do(c, CMD_ZERO, 0, 0, cap), 0);
+    assert_int_equal(child_do(c, CMD_DELAY, 40000, 0, 0), 0);
+    ferry_batch_t *b = NULL;
+    assert_int_equal(ferry_batch_alloc(e, N, &b), 0);
+    ferry_request_t reqs[N];
+    for (int i = 0; i < N; i++)
+        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, src + (size_t)i * PIECE, c->addr + (uint64_t)i * PIECE, PIECE};
+    assert_true(ferry_batch_submit(b, c->peer, reqs, N, 20000) >= 0);
+    usleep(150 * 1000);
+    int rc = ferry_batch_cancel(b);
+    if (rc) fail_msg("cancel: %d %s", rc, ferry_last_error_detail());
+    int completed = 0, cancelled = 0;
+    bool landed[N];
+    for (int i = 0; i < N; i++) {
+        ferry_status_t st;
+        assert_int_equal(ferry_batch_status(b, (size_t)i, &st), 0);
+        if (st.state == FERRY_STATUS_COMPLETED) {
+            completed++;
+            assert_int_equal(child_do(c, CMD_CHECK, 41 + (uint64_t)i, (uint64_t)i * PIECE, PIECE), 0);
+        } else {
+            if (st.state != FERRY_STATUS_CANCELLED) fail_msg("request %d ended in state %d", i, st.state);
+            cancelled++;
+        }
+        landed[i] = child_do(c, CMD_ISZERO, 0, (uint64_t)i * PIECE, PIECE) != 0;
+    }
+    assert_true(cancelled > 0);
+    assert_int_equal(completed + cancelled, N);
+    /* Nothing lands after the cancel returned. */
+    usleep(300 * 1000);
+    for (int i = 0; i < N; i++) {
+        bool now = child_do(c, CMD_ISZERO, 0, (uint64_t)i * PIECE, PIECE) != 0;
+        if (now != landed[i]) fail_msg("request %d landed after the cancel returned", i);
+    }
+    assert_int_equal(child_do(c, CMD_DELAY, 0, 0, 0), 0);
+    ferry_batch_free(b);
+    ferry_engine_destroy(e);
+    stub_free(src);
+    child_stop(c);
+}
+
+/* A target that turned CUDA IPC off does not offer it: another transport is
+ * chosen and the device memory is staged; the bytes arrive. */
+static void target_without_ipc(void **state)
+{
+    (void)state;
+    size_t cap = 1u << 20;
+    child_t *c = child_start(cap, true);
+    ferry_engine_t *e = initiator();
+    unsigned char *src = stub_alloc(cap, 1, 0);
+    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    harness_fill(stub_alias(src), cap, 51);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, cap), 0);
+    assert_int_equal(child_do(c, CMD_CHECK, 51, 0, cap), 0);
+    ferry_peer_info_t info;
+    assert_int_equal(ferry_session_info(e, c->peer, &info), 0);
+    assert_string_not_equal(info.transport, "cuda_ipc");
+    assert_true(child_do(c, CMD_STAGED, 0, 0, 0) > 0);
+    ferry_engine_destroy(e);
+    stub_free(src);
+    child_stop(c);
+}
+
+/* A raw initiator sends a CUDA_IPC_WRITE (the target makes cuda_ipc's
+ * state for the connection, and refuses the unregistered range), then a
+ * CMA_WRITE, or a CMA_VEC of one piece, on the same connection: shm must
+ * not read cuda_ipc's state as its own (it did: it took the state for an
+ * unchecked trust record and wrote its verdict into it, then answered).
+ * The target closes the connection. */
+static void other_transports_frames_on_one_connection(void **state)
+{
+    (void)state;
+    ferry_engine_t *t = initiator();
+    for (int vec = 0; vec < 2; vec++) {
+        int fd = raw_handshaken(ferry_engine_port(t));
+        assert_true(fd >= 0);
+        struct cuda_ipc_export x = {.base = 0x7f0000000000ull, .size = 1u << 20, .device = 0};
+        uint8_t payload[CUDA_IPC_EXPORT_SIZE];
+        cuda_ipc_export_encode(&x, 0, payload);
+        ferry_frame_t f = {.type = FERRY_FRAME_CUDA_IPC_WRITE, .req_id = 1, .addr = 0x10000, .len = 4096,
+                           .aux = x.base, .plen = CUDA_IPC_EXPORT_SIZE};
+        assert_int_equal(raw_send(fd, &f, payload), 0);
+        ferry_frame_t a = raw_recv_frame(fd, NULL, 0);
+        assert_int_equal(a.type, FERRY_FRAME_WRITE_ACK);
+        assert_int_equal(a.status, FERRY_ERR_ADDRESS_NOT_REGISTERED);
+        if (vec) {
+            ferry_vec_desc_t d = {.addr = 0x10000, .len = 64, .req_id = 2, .aux = x.base};
+            uint8_t desc[FERRY_WIRE_VEC_DESC_SIZE];
+            ferry_vec_desc_encode(&d, desc);
+            ferry_frame_t g = {.type = FERRY_FRAME_CMA_VEC, .req_id = 2, .len = 1, .addr = 64, .aux = FERRY_OP_WRITE,
+                               .plen = FERRY_WIRE_VEC_DESC_SIZE};
+            assert_int_equal(raw_send(fd, &g, desc), 0);
+        } else {
+            ferry_frame_t g = {.type = FERRY_FRAME_CMA_WRITE, .req_id = 2, .addr = 0x10000, .len = 4096,
+                               .aux = x.base};
+            assert_int_equal(raw_send(fd, &g, NULL), 0);
+        }
+        if (!raw_closed_within(fd, 5000)) fail_msg("%s on a cuda_ipc connection: not closed", vec ? "CMA_VEC" : "CMA_WRITE");
+        close(fd);
+    }
+    ferry_engine_destroy(t);
+}
+
+/* The export's wire form: round trip and every refusal. */
+static void export_codec(void **state)
+{
+    (void)state;
+    struct cuda_ipc_export x = {.base = 0x7f0000000000ull, .size = 1u << 20, .device = 3}, y;
+    for (int i = 0; i < 64; i++) x.handle[i] = (uint8_t)(i * 7);
+    uint8_t wire[CUDA_IPC_EXPORT_SIZE];
+    uint32_t dl = 0;
+    cuda_ipc_export_encode(&x, 0xdeadbeef, wire);
+    assert_int_equal(cuda_ipc_export_decode(wire, &y, &dl), 0);
+    assert_memory_equal(x.handle, y.handle, 64);
+    assert_true(y.base == x.base && y.size == x.size && y.device == 3 && dl == 0xdeadbeef);
+    x.size = 0;
+    cuda_ipc_export_encode(&x, 0, wire);
+    assert_int_equal(cuda_ipc_export_decode(wire, &y, &dl), FERRY_ERR_MALFORMED_FRAME);
+    x.size = 2;
+    x.base = UINT64_MAX;
+    cuda_ipc_export_encode(&x, 0, wire);
+    assert_int_equal(cuda_ipc_export_decode(wire, &y, &dl), FERRY_ERR_MALFORMED_FRAME);
+    x.base = 4096;
+    x.device = -1;
+    cuda_ipc_export_encode(&x, 0, wire);
+    assert_int_equal(cuda_ipc_export_decode(wire, &y, &dl), FERRY_ERR_MALFORMED_FRAME);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(export_codec),
+        cmocka_unit_test(write_and_read_device_to_device),
+        cmocka_unit_test(target_refuses_by_its_registry),
+        cmocka_unit_test(deregistration_invalidates_the_handle),
+        cmocka_unit_test(imports_are_bounded),
+        cmocka_unit_test(restarted_peer_gets_nothing),
+        cmocka_unit_test(cancel_leaves_no_late_write),
+        cmocka_unit_test(target_without_ipc),
+        cmocka_unit_test(other_transports_frames_on_one_connection),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}
+#endif
