@@ -81,6 +81,7 @@ typedef struct reuser {
     size_t len;
     unsigned char *expected; /* the write's bytes, made before the thread starts */
     atomic_bool stop, reused;
+    uint64_t placed_at_reuse; /* the target's bytes_placed when it acted */
     pthread_t t;
 } reuser_t;
 
@@ -102,6 +103,8 @@ static void *reuse(void *arg)
     reuser_t *r = arg;
     while (!atomic_load(&r->stop)) {
         if (memcmp(r->w->dst, r->expected, r->len) == 0) {
+            ferry_stats_t st;
+            if (ferry_engine_stats(r->w->tgt, &st) == 0) r->placed_at_reuse = st.bytes_placed;
             memset(r->w->dst, REUSED, r->len);
             atomic_store(&r->reused, true);
             return NULL;
@@ -152,8 +155,8 @@ static void reuser_check(reuser_t *r)
         ferry_stats_t st;
         assert_int_equal(ferry_engine_stats(r->w->tgt, &st), 0);
         fail_msg("byte %zu of the reused range was written again (%zu bytes, %zu of them the write's own; "
-                 "the target placed %llu bytes)",
-                 first, again, same, (unsigned long long)st.bytes_placed);
+                 "the target placed %llu bytes, %llu when the reuser acted)",
+                 first, again, same, (unsigned long long)st.bytes_placed, (unsigned long long)r->placed_at_reuse);
     }
 }
 
