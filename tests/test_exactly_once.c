@@ -79,17 +79,32 @@ static uint64_t placed(world_t *w)
 typedef struct reuser {
     world_t *w;
     size_t len;
+    unsigned char *expected; /* the write's bytes, made before the thread starts */
     atomic_bool stop, reused;
+    uint64_t placed_at_reuse; /* the target's bytes_placed when it acted */
     pthread_t t;
 } reuser_t;
 
-/* Overwrites dst[0, len) once it equals src: the target acting on the
- * data the moment it is complete. */
+/* Overwrites dst[0, len) once it holds the write's bytes: the target
+ * acting on the data the moment it is complete.
+ *
+ * It compares with its own copy of those bytes (harness_fill of the
+ * write's seed), made before it starts, never with the initiator's source
+ * buffer: the call fills that only after the thread started, and until
+ * then it may hold zeros (fresh memory) as the untouched target range
+ * does. A thread that ran first (any CPU load) then found the two equal,
+ * "reused" the range before the write was even sent, and the write's one
+ * placement looked like a second: lost_answer_* and duplicated_*
+ * failed "written again" in about a third of 6 parallel runs with the
+ * target's bytes_placed still 0 and the range all zeros at the match.
+ * reuser_waits_for_the_write checks this. */
 static void *reuse(void *arg)
 {
     reuser_t *r = arg;
     while (!atomic_load(&r->stop)) {
-        if (memcmp(r->w->dst, r->w->src, r->len) == 0) {
+        if (memcmp(r->w->dst, r->expected, r->len) == 0) {
+            ferry_stats_t st;
+            if (ferry_engine_stats(r->w->tgt, &st) == 0) r->placed_at_reuse = st.bytes_placed;
             memset(r->w->dst, REUSED, r->len);
             atomic_store(&r->reused, true);
             return NULL;
@@ -99,22 +114,50 @@ static void *reuse(void *arg)
     return NULL;
 }
 
-static void reuser_start(reuser_t *r, world_t *w, size_t len)
+/* Watches dst[0, len) for the bytes of the write of seed (write_one,
+ * write_vec); the range must hold zeros still. */
+static void reuser_start(reuser_t *r, world_t *w, size_t len, uint64_t seed)
 {
-    *r = (reuser_t){.w = w, .len = len};
+    *r = (reuser_t){.w = w, .len = len, .expected = malloc(len)};
+    assert_non_null(r->expected);
+    harness_fill(r->expected, len, seed);
+    /* Untouched (make() gives a calloc'd range): no byte may equal the
+     * write's before the write, or the reuser could act early. */
+    if (!harness_all_equal(w->dst, len, 0)) {
+        size_t i = 0;
+        while (w->dst[i] == 0) i++;
+        fail_msg("the range to watch is not untouched before the write: byte %zu is 0x%02x", i, w->dst[i]);
+    }
     assert_int_equal(pthread_create(&r->t, NULL, reuse, r), 0);
 }
 
-/* Waits out anything late, then checks that the reused range was never
- * written again. */
+/* Waits for the reuser to have acted (a thread starved of the CPU under
+ * load may take a while: up to 5 s), then out anything late, then checks
+ * that the reused range was never written again. */
 static void reuser_check(reuser_t *r)
 {
+    for (int i = 0; i < 5000 && !atomic_load(&r->reused); i++) usleep(1000);
     usleep(300 * 1000);
     atomic_store(&r->stop, true);
     pthread_join(r->t, NULL);
     assert_true(atomic_load(&r->reused));
-    for (size_t i = 0; i < r->len; i++)
-        if (r->w->dst[i] != REUSED) fail_msg("byte %zu of the reused range was written again", i);
+    /* What wrote it: the write's own bytes again (a second placement), or
+     * something else; and what the target counted as placed. */
+    size_t again = 0, first = r->len, same = 0;
+    for (size_t i = 0; i < r->len; i++) {
+        if (r->w->dst[i] == REUSED) continue;
+        if (first == r->len) first = i;
+        again++;
+        same += r->w->dst[i] == r->expected[i];
+    }
+    free(r->expected);
+    if (again) {
+        ferry_stats_t st;
+        assert_int_equal(ferry_engine_stats(r->w->tgt, &st), 0);
+        fail_msg("byte %zu of the reused range was written again (%zu bytes, %zu of them the write's own; "
+                 "the target placed %llu bytes, %llu when the reuser acted)",
+                 first, again, same, (unsigned long long)st.bytes_placed, (unsigned long long)r->placed_at_reuse);
+    }
 }
 
 /* ------------------------------------------------------------ requests */
@@ -147,11 +190,33 @@ static void report(int rc)
 
 /* ---------------------------------------------------------------- tests */
 
+/* The reuser fires on the write's bytes only, however late the write
+ * comes: here the source buffer holds zeros until the call fills it (as
+ * fresh memory does), and the call starts 50 ms after the reuser, as a
+ * loaded machine's scheduling did by chance. Comparing with the source
+ * buffer, the reuser overwrote the untouched range at once and the write
+ * then looked like a second placement (before this check's fix: "reused"
+ * already true here, every run). */
+static void reuser_waits_for_the_write(void **state)
+{
+    (void)state;
+    world_t *w = make("tcp", 1, MIB, (proxy_opts_t){0}, false);
+    memset(w->src, 0, MIB);
+    reuser_t r;
+    reuser_start(&r, w, MIB, 9);
+    usleep(50 * 1000);
+    assert_false(atomic_load(&r.reused));
+    assert_int_equal(write_one(w, MIB, 9), 0);
+    reuser_check(&r);
+    assert_int_equal(placed(w), MIB);
+    proxied_pair_done(w);
+}
+
 static void lost_answer_single(const char *transport, int retries)
 {
     world_t *w = make(transport, retries, MIB, (proxy_opts_t){.drop_answer = 1}, false);
     reuser_t r;
-    reuser_start(&r, w, MIB);
+    reuser_start(&r, w, MIB, 1);
     int rc = write_one(w, MIB, 1);
     report(rc);
     assert_int_equal(rc, 0);
@@ -177,7 +242,7 @@ static void lost_answer_vector(int retries)
 {
     world_t *w = make("tcp", retries, MIB, (proxy_opts_t){.drop_answer = 1}, false);
     reuser_t r;
-    reuser_start(&r, w, VEC_PIECES * VEC_PIECE);
+    reuser_start(&r, w, VEC_PIECES * VEC_PIECE, 2);
     int rc = write_vec(w, 2);
     report(rc);
     assert_int_equal(rc, 0);
@@ -258,7 +323,7 @@ static void duplicated_frame(bool vec)
     world_t *w = make("tcp", 1, MIB, (proxy_opts_t){.dup_write = 1}, false);
     size_t len = vec ? VEC_PIECES * VEC_PIECE : MIB;
     reuser_t r;
-    reuser_start(&r, w, len);
+    reuser_start(&r, w, len, 4);
     int rc = vec ? write_vec(w, 4) : write_one(w, MIB, 4);
     report(rc);
     assert_int_equal(rc, 0);
@@ -588,6 +653,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(deadline_field_on_the_wire),
         cmocka_unit_test(placement_report_is_checked),
+        cmocka_unit_test(reuser_waits_for_the_write),
         cmocka_unit_test(lost_answer_single_write),
         cmocka_unit_test(lost_answer_single_write_no_retries),
         cmocka_unit_test(lost_answer_vector_write),
