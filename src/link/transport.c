@@ -42,7 +42,10 @@ const ferry_transport_ops_t *ferry_transport_choose(ferry_xport_ctx_t *ctx, cons
         FERRY_LOG(FERRY_LOG_WARN, "transport", "peer %s: %s", peer->name, why);
         return ferry_transport_fallback;
     }
-    /* Auto: the first usable; the reason names the first one passed over. */
+    /* Auto: the first usable; the reason names the one passed over last,
+     * the nearest better choice (shm chosen: why not rdma; tcp: why not
+     * shm), which says more than the first (cuda_ipc, where no device
+     * memory is registered). */
     char skipped[128] = "";
     for (int i = 0; ferry_transports[i]; i++) {
         if (ferry_transports[i]->usable(ctx, peer, why, cap)) {
@@ -53,7 +56,7 @@ const ferry_transport_ops_t *ferry_transport_choose(ferry_xport_ctx_t *ctx, cons
             }
             return ferry_transports[i];
         }
-        if (!skipped[0]) snprintf(skipped, sizeof skipped, "not %s: %s", ferry_transports[i]->name, why);
+        snprintf(skipped, sizeof skipped, "not %s: %s", ferry_transports[i]->name, why);
     }
     snprintf(why, cap, "no transport is usable");
     return NULL;
