@@ -23,18 +23,23 @@ set_tests_properties(cluster_short PROPERTIES TIMEOUT 240 SKIP_RETURN_CODE 77 RU
 # The checks can fail: a flipped byte, bytes written into pages their request
 # no longer owns, and failures that no logged fault explains (4 engines, 3 s).
 set(FERRY_CLUSTER_TINY "--ferry $<TARGET_FILE:ferry_cli> --engines 4 --rate 100mbit --warmup 1 --duration 3")
+# A silent kill finds something to catch only when the killed decode had a
+# request in flight (usually; not in one CI run: 348 sent, 348 confirmed):
+# a run that saw no failed request at all is run again, up to 3 runs (the
+# extra arguments of ferry_cluster_catches).
 function(ferry_cluster_catches name inject regex)
   add_test(NAME ${name}
            COMMAND ${CMAKE_COMMAND} -DCMD=${CMAKE_SOURCE_DIR}/scripts/cluster.sh
                    "-DARGS=${FERRY_CLUSTER_TINY} --inject ${inject}" -DEXPECT_RC=1 "-DEXPECT_REGEX=${regex}"
-                   -DTIMEOUT=150 -P ${CMAKE_CURRENT_SOURCE_DIR}/support/expect_run.cmake)
+                   ${ARGN} -DTIMEOUT=150 -P ${CMAKE_CURRENT_SOURCE_DIR}/support/expect_run.cmake)
   set_tests_properties(${name} PROPERTIES TIMEOUT 180 RUN_SERIAL TRUE LABELS "cluster;no-tsan"
                        SKIP_REGULAR_EXPRESSION "cluster: SKIP: ")
 endfunction()
 ferry_cluster_catches(cluster_catches_corruption corrupt "VIOLATION: 1 corrupted bytes")
 ferry_cluster_catches(cluster_catches_stray_write stray "VIOLATION: [0-9]+ (corrupted bytes|stale or stray bytes in free pages)")
 ferry_cluster_catches(cluster_catches_unexplained_failure silent-kill
-                      "VIOLATION: 10[.]77[.]0[.][0-9]+:17000 -> 10[.]77[.]0[.][0-9]+:17000 failed with [A-Z_]+ at [+][0-9.]+ s: no fault in progress explains that code")
+                      "VIOLATION: 10[.]77[.]0[.][0-9]+:17000 -> 10[.]77[.]0[.][0-9]+:17000 failed with [A-Z_]+ at [+][0-9.]+ s: no fault in progress explains that code"
+                      "-DAGAIN_REGEX=failed requests by code: none" -DATTEMPTS=3)
 
 # The full mesh (every engine asks every other and serves them): 4 engines,
 # 12 sessions, every byte verified; its checks fail on a flipped byte too;

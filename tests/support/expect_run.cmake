@@ -4,19 +4,31 @@
 # status; WILL_FAIL ignores the output).
 #   cmake -DCMD=<program> -DARGS="<arguments, space separated>"
 #         -DEXPECT_RC=<0|nonzero|N> -DEXPECT_REGEX=<regex on stdout+stderr>
-#         [-DREJECT_REGEX=<regex that must not appear>] [-DTIMEOUT=<s>] -P expect_run.cmake
+#         [-DREJECT_REGEX=<regex that must not appear>] [-DTIMEOUT=<s>]
+#         [-DAGAIN_REGEX=<regex> -DATTEMPTS=<n>] -P expect_run.cmake
+# AGAIN_REGEX: a run whose output matches it had nothing to check (a fault
+# injected at a moment that happened to touch no request) and is run again,
+# up to ATTEMPTS runs in all; the last one is checked.
 if(NOT DEFINED CMD OR NOT DEFINED EXPECT_RC OR NOT DEFINED EXPECT_REGEX)
   message(FATAL_ERROR "expect_run.cmake: CMD, EXPECT_RC and EXPECT_REGEX are required")
 endif()
 if(NOT DEFINED TIMEOUT)
   set(TIMEOUT 120)
 endif()
+if(NOT DEFINED ATTEMPTS)
+  set(ATTEMPTS 1)
+endif()
 separate_arguments(args UNIX_COMMAND "${ARGS}")
-execute_process(COMMAND ${CMD} ${args}
-                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
-                TIMEOUT ${TIMEOUT})
-set(all "${out}${err}")
-message("---- ${CMD} ${ARGS}\n---- exit: ${rc}\n${all}")
+foreach(attempt RANGE 1 ${ATTEMPTS})
+  execute_process(COMMAND ${CMD} ${args}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
+                  TIMEOUT ${TIMEOUT})
+  set(all "${out}${err}")
+  message("---- ${CMD} ${ARGS}\n---- exit: ${rc} (run ${attempt} of at most ${ATTEMPTS})\n${all}")
+  if(NOT DEFINED AGAIN_REGEX OR NOT all MATCHES "${AGAIN_REGEX}")
+    break()
+  endif()
+endforeach()
 if(NOT rc MATCHES "^-?[0-9]+$")
   message(FATAL_ERROR "the command did not exit normally: ${rc}")
 endif()
