@@ -42,7 +42,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 if (rc == 0) {
                     uint64_t total = 0;
                     for (uint64_t i = 0; i < f.len; i++) {
-                        check(d[i].len > 0 && d[i].len <= FERRY_WIRE_VEC_PIECE_MAX);
+                        check(d[i].len > 0 && d[i].len <= (f.type == FERRY_FRAME_CMA_VEC ? FERRY_WIRE_CMA_PIECE_MAX : FERRY_WIRE_VEC_PIECE_MAX));
                         check(d[i].addr + d[i].len > d[i].addr);
                         total += d[i].len;
                         if (compact) {
