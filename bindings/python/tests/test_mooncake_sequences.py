@@ -380,13 +380,22 @@ class TestRegistration(unittest.TestCase):
         t = threading.Thread(target=worker, daemon=True)
         t.start()
 
-        def observe(call):
+        def observe(call, start_over):
+            # One pass of 2,048 calls gives the waiting thread 2,048 windows
+            # with the GIL released; on a loaded 2-core machine (CI builds the
+            # next stages beside this one) it may not be scheduled inside any
+            # of them. Passes repeat for up to 5 s: a call that kept the GIL
+            # still never lets the thread run (the switch interval is 10 s).
             ran.clear()
             arm.set()
-            for index in range(max_calls):
-                self.assertEqual(call(index), 0)
-                if ran.is_set():
-                    break
+            deadline = time.monotonic() + 5.0
+            while not ran.is_set() and time.monotonic() < deadline:
+                for index in range(max_calls):
+                    self.assertEqual(call(index), 0)
+                    if ran.is_set():
+                        break
+                else:
+                    start_over()
             arm.clear()
             return ran.is_set()
 
@@ -407,12 +416,20 @@ class TestRegistration(unittest.TestCase):
         registered = set()
         observed = []
         try:
-            observed.append(observe(register_one))
+            def unregister_all():
+                self.assertEqual(eng.batch_unregister_memory(list(registered)), 0)
+                registered.clear()
+
+            def register_all():
+                self.assertEqual(eng.batch_register_memory(addresses, sizes), 0)
+                registered.update(addresses)
+
+            observed.append(observe(register_one, unregister_all))
             self.assertEqual(eng.batch_unregister_memory(list(registered)), 0)
             registered.clear()
             self.assertEqual(eng.batch_register_memory(addresses, sizes), 0)
             registered.update(addresses)
-            observed.append(observe(unregister_one))
+            observed.append(observe(unregister_one, register_all))
             self.assertEqual(eng.batch_unregister_memory(list(registered)), 0)
             registered.clear()
         finally:
