@@ -90,6 +90,7 @@ enum {
     CMD_IMPORTS,     /* rc = imports open now, addr = opened so far */
     CMD_DELAY,       /* each stream copy takes seed microseconds */
     CMD_STAGED,      /* rc = staging copies (dtoh + htod) done here */
+    CMD_PLACED,      /* addr = the engine's bytes_placed */
 };
 
 struct cmd {
@@ -172,6 +173,12 @@ static int child_run(struct cmd *c, ferry_engine_t **e, unsigned char *dev, size
         return setenv("FERRY_CUDA_STUB_COPY_DELAY_US", v, 1);
     }
     case CMD_STAGED: stub_counts(counts); return (int)(counts[0] + counts[1]);
+    case CMD_PLACED: {
+        ferry_stats_t st;
+        int rc = ferry_engine_stats(*e, &st);
+        a->addr = st.bytes_placed;
+        return rc;
+    }
     }
     return -1;
 }
@@ -599,6 +606,85 @@ static void other_transports_frames_on_one_connection(void **state)
     ferry_engine_destroy(t);
 }
 
+/* Exactly once over CUDA IPC (cancel.h, "Placement reports"): through a
+ * proxy that loses the answer to a write and cuts the link, or replays a
+ * write or read frame, every byte is placed once and the call succeeds; a
+ * replayed read lands nothing in the caller's buffer after it returned. */
+static uint64_t child_placed(child_t *c)
+{
+    uint64_t placed = 0;
+    assert_int_equal(child_do2(c, CMD_PLACED, 0, 0, 0, &placed), 0);
+    return placed;
+}
+
+static void exactly_once_through(proxy_opts_t o, int op)
+{
+    enum { LEN = 1 << 20 };
+    child_t *c = child_start(LEN, false);
+    proxy_t *px = proxy_start("127.0.0.1", (uint16_t)atoi(strchr(c->peer, ':') + 1), &o);
+    assert_non_null(px);
+    ferry_engine_t *e = initiator();
+    unsigned char *src = stub_alloc(LEN, 1, 0);
+    assert_int_equal(ferry_register(e, src, LEN, FERRY_MEM_LOCAL), 0);
+    assert_int_equal(ferry_session_open(e, proxy_name(px)), 0);
+    expect_transport(e, proxy_name(px), "cuda_ipc");
+    unsigned char *bytes = stub_alias(src);
+    int rc;
+    if (op == FERRY_OP_WRITE) {
+        harness_fill(bytes, LEN, 61);
+        rc = ferry_transfer_sync(e, proxy_name(px), FERRY_OP_WRITE, src, c->addr, LEN);
+    } else {
+        assert_int_equal(child_do(c, CMD_FILL, 62, 0, LEN), 0);
+        /* Each copy takes 30 ms: a replay served after the first answer
+         * lands well after the call returned. */
+        assert_int_equal(child_do(c, CMD_DELAY, 30000, 0, 0), 0);
+        rc = ferry_transfer_sync(e, proxy_name(px), FERRY_OP_READ, src, c->addr, LEN);
+    }
+    if (rc) fail_msg("%s: %s", op == FERRY_OP_WRITE ? "write" : "read", ferry_last_error_detail());
+    if (op == FERRY_OP_WRITE) {
+        assert_int_equal(child_do(c, CMD_CHECK, 61, 0, LEN), 0);
+        usleep(200 * 1000); /* a replay would be placed by now */
+        uint64_t placed = child_placed(c);
+        if (placed != LEN) fail_msg("the target placed %llu bytes of a %u-byte write", (unsigned long long)placed, LEN);
+    } else {
+        stub_lock();
+        bool ok = harness_check(bytes, LEN, 62);
+        memset(bytes, 0xEE, LEN); /* the caller reuses its buffer */
+        stub_unlock();
+        assert_true(ok);
+        usleep(200 * 1000);
+        stub_lock();
+        size_t again = 0;
+        for (size_t i = 0; i < LEN; i++) again += bytes[i] != 0xEE;
+        stub_unlock();
+        if (again) fail_msg("%zu bytes landed in the read's buffer after it returned", again);
+        assert_int_equal(child_do(c, CMD_DELAY, 0, 0, 0), 0);
+    }
+    assert_int_equal(proxy_dropped(px) + proxy_duplicated(px), 1);
+    ferry_engine_destroy(e);
+    proxy_stop(px);
+    stub_free(src);
+    child_stop(c);
+}
+
+static void lost_write_answer_placed_once(void **state)
+{
+    (void)state;
+    exactly_once_through((proxy_opts_t){.drop_answer = 1}, FERRY_OP_WRITE);
+}
+
+static void replayed_write_placed_once(void **state)
+{
+    (void)state;
+    exactly_once_through((proxy_opts_t){.dup_write = 1, .dup_type = FERRY_FRAME_CUDA_IPC_WRITE}, FERRY_OP_WRITE);
+}
+
+static void replayed_read_lands_nothing_late(void **state)
+{
+    (void)state;
+    exactly_once_through((proxy_opts_t){.dup_write = 1, .dup_type = FERRY_FRAME_CUDA_IPC_READ}, FERRY_OP_READ);
+}
+
 /* The export's wire form: round trip and every refusal. */
 static void export_codec(void **state)
 {
@@ -636,6 +722,9 @@ int main(void)
         cmocka_unit_test(cancel_leaves_no_late_write),
         cmocka_unit_test(target_without_ipc),
         cmocka_unit_test(other_transports_frames_on_one_connection),
+        cmocka_unit_test(lost_write_answer_placed_once),
+        cmocka_unit_test(replayed_write_placed_once),
+        cmocka_unit_test(replayed_read_lands_nothing_late),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

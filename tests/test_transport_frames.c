@@ -164,7 +164,7 @@ static void expect_refused(const ferry_transport_ops_t *t, const char *detail)
 static void table_check_refuses_what_it_must(void **state)
 {
     (void)state;
-    static const ferry_frame_def_t frame96 = {96, "BAD", 0}, frame_rdma = {64, "BAD", 0};
+    static const ferry_frame_def_t frame96 = {96, "BAD", 0, 0}, frame_rdma = {64, "BAD", 0, 0};
     static const ferry_frame_range_t r96_111 = {96, 111}, rdma_own = {70, 71}, core = {30, 40};
     static const ferry_transport_key_t key = {"FERRY_BAD", FERRY_KEY_LONG, 0, 1, "0", "help"};
     const ferry_transport_ops_t good = {.name = "bad", .usable = bad_usable, .run = bad_run, .serve = bad_serve,

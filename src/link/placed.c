@@ -44,17 +44,24 @@ struct ferry_placed_log {
     int cur;                   /* the entry of the frame being served, -1 = none */
 };
 
-bool ferry_placed_is_write_frame(const ferry_frame_t *f)
+/* What serving f writes: FERRY_FRAME_PLACES_TARGET, _INITIATOR or 0. The
+ * core's WRITE and WRITEV write the target's memory, its CMA_VEC the one
+ * or the other by its op; a transport's frames say in their definitions
+ * (wire.h). */
+static uint32_t places(const ferry_frame_t *f)
 {
-    return f->type == FERRY_FRAME_WRITE || f->type == FERRY_FRAME_WRITEV || f->type == FERRY_FRAME_CMA_WRITE ||
-           (f->type == FERRY_FRAME_CMA_VEC && f->aux == FERRY_OP_WRITE);
+    if (f->type == FERRY_FRAME_WRITE || f->type == FERRY_FRAME_WRITEV) return FERRY_FRAME_PLACES_TARGET;
+    uint32_t p = f->type == FERRY_FRAME_CMA_VEC ? FERRY_FRAME_PLACES_BY_OP : ferry_frame_places(f->type);
+    if (p == FERRY_FRAME_PLACES_BY_OP)
+        return f->aux == FERRY_OP_WRITE  ? FERRY_FRAME_PLACES_TARGET
+               : f->aux == FERRY_OP_READ ? FERRY_FRAME_PLACES_INITIATOR
+                                         : 0;
+    return p;
 }
 
-bool ferry_placed_is_logged_frame(const ferry_frame_t *f)
-{
-    return ferry_placed_is_write_frame(f) || f->type == FERRY_FRAME_CMA_READ ||
-           (f->type == FERRY_FRAME_CMA_VEC && f->aux == FERRY_OP_READ);
-}
+bool ferry_placed_is_write_frame(const ferry_frame_t *f) { return places(f) == FERRY_FRAME_PLACES_TARGET; }
+
+bool ferry_placed_is_logged_frame(const ferry_frame_t *f) { return places(f) != 0; }
 
 static bool is_vec(uint8_t type) { return type == FERRY_FRAME_WRITEV || type == FERRY_FRAME_CMA_VEC; }
 

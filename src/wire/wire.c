@@ -56,6 +56,12 @@ const char *ferry_frame_type_name(uint8_t type)
     return def ? def->name : "INVALID";
 }
 
+uint32_t ferry_frame_places(uint8_t type)
+{
+    const ferry_frame_def_t *def = transport_frame(type);
+    return def ? def->places : 0;
+}
+
 uint32_t ferry_frame_max_payload(uint8_t type)
 {
     const ferry_frame_def_t *def = transport_frame(type);

@@ -98,13 +98,28 @@ enum ferry_frame_type {
  * come from the transport that declares them. */
 #define FERRY_FRAME_TRANSPORT_FIRST 64
 
-/* One frame a transport declares: its id, its name (for messages) and the
- * largest payload it may carry (ferry_frame_decode refuses more). */
+/* One frame a transport declares: its id, its name (for messages), the
+ * largest payload it may carry (ferry_frame_decode refuses more) and what
+ * serving it writes (FERRY_FRAME_DEF_*: the exactly-once log, cancel.h). */
 typedef struct ferry_frame_def {
     uint8_t type;
     const char *name;
     uint32_t max_payload;
+    uint32_t places;
 } ferry_frame_def_t;
+
+/* ferry_frame_def_t.places: serving the frame writes into the target's
+ * memory (a write: logged with its progress, settled by the fence's report,
+ * a repeat dropped); or into the initiator's own memory (a read served by
+ * the target's copy: logged, a repeat dropped, since it would land in a
+ * buffer its caller reuses once the read returned); or the one or the other
+ * as the frame's aux says (FERRY_OP_WRITE, FERRY_OP_READ). 0: neither (the
+ * answer carries the bytes, or the frame is control). */
+#define FERRY_FRAME_PLACES_TARGET 1u
+#define FERRY_FRAME_PLACES_INITIATOR 2u
+#define FERRY_FRAME_PLACES_BY_OP 3u
+/* The places value of a transport's frame type; 0 for core frames. */
+uint32_t ferry_frame_places(uint8_t type);
 
 /* How wire.c finds the frame of a type it does not define itself: the
  * transport table's ferry_transport_frame_def (transport.c), installed once

@@ -347,7 +347,8 @@ static bool parse(struct dir *d, uint8_t *buf, size_t n)
             bool answer = type == FERRY_FRAME_WRITE_ACK || (type == FERRY_FRAME_VEC_ACK && plen < data);
             if (!d->i2t && answer && px->o.drop_answer > 0 && atomic_fetch_add(&px->answers_seen, 1) + 1 == px->o.drop_answer)
                 d->dropping = true;
-            bool write = type == FERRY_FRAME_WRITE || type == FERRY_FRAME_WRITEV;
+            bool write = px->o.dup_type ? type == px->o.dup_type
+                                        : type == FERRY_FRAME_WRITE || type == FERRY_FRAME_WRITEV;
             if (d->i2t && write && px->o.dup_write > 0 && atomic_fetch_add(&px->writes_seen, 1) + 1 == px->o.dup_write)
                 d->duping = true;
             if (!d->i2t && type == FERRY_FRAME_NOTIFY_ACK && px->o.drop_notify_answer > 0 &&

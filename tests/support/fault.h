@@ -53,6 +53,9 @@ typedef struct proxy_opts {
      * forwarded twice in a row. */
     int drop_answer;
     int dup_write;
+    /* Nonzero: dup_write counts frames of this type instead (e.g. a
+     * transport's own request frame, such as CUDA_IPC_READ). */
+    uint8_t dup_type;
     /* The same for notifications: the drop_notify_answer-th NOTIFY_ACK is
      * lost with its link, the dup_notify-th NOTIFY is forwarded twice. */
     int drop_notify_answer;

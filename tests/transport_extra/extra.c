@@ -23,8 +23,8 @@
 #include "util/clock.h"
 
 static const ferry_frame_def_t extra_frame_defs[] = {
-    {FRAME_EXTRA_PING, "EXTRA_PING", 0}, /* i->t: aux = a number */
-    {FRAME_EXTRA_PONG, "EXTRA_PONG", 0}, /* t->i: req_id echoed, aux = the number + 1 */
+    {FRAME_EXTRA_PING, "EXTRA_PING", 0, 0}, /* i->t: aux = a number */
+    {FRAME_EXTRA_PONG, "EXTRA_PONG", 0, 0}, /* t->i: req_id echoed, aux = the number + 1 */
 };
 static const ferry_frame_range_t extra_ranges[] = {{FRAME_EXTRA_PING, FRAME_EXTRA_LAST}};
 static const uint8_t extra_serves[] = {FRAME_EXTRA_PING};

@@ -44,6 +44,7 @@
 #include "util/fail.h"
 #include "util/memkind.h"
 #include "util/net.h"
+#include "link/cancel.h"
 #include "link/target.h"
 #include "link/watch.h"
 #include "wire/wire.h"
@@ -75,6 +76,8 @@ static int copy_chunks(ferry_conn_t *c, struct cuda_ipc_conn *ic, const ferry_fr
         if (rc == 0)
             rc = cuda_ipc_copy(ic, c, x, f->aux - x->base + done, (unsigned char *)(uintptr_t)(f->addr + done),
                                ferry_registry_kind_of(r, f->addr, f->len, true), n, write);
+        /* Done on the device: the log's prefix grows under the lock (cancel.h). */
+        if (rc == 0 && write) ferry_placed_progress(c, done + n, NULL);
         ferry_registry_unlock(r);
         if (rc) {
             if (done && rc == FERRY_ERR_ADDRESS_NOT_REGISTERED)
@@ -120,6 +123,10 @@ static int ipc_serve(ferry_conn_t *c, const ferry_frame_t *f)
                                                        "another transport's frames");
     else
         status = copy_chunks(c, ic, &g, &x, write);
+    /* The log's entry (begun by the core: frames that place are logged, and
+     * a repeat dropped): a write's prefix as the chunks left it, a read's
+     * bytes delivered into the initiator's memory. */
+    ferry_placed_end(c, status, write ? FERRY_PLACED_KEEP : status == 0 ? f->len : 0, NULL);
     if (status == 0) {
         if (write) {
             FERRY_STAT_ADD(c->ctx->counters, bytes_placed, f->len);
@@ -331,8 +338,8 @@ static uint32_t ipc_hello_flags(ferry_xport_ctx_t *ctx)
 }
 
 static const ferry_frame_def_t ipc_frame_defs[] = {
-    {FERRY_FRAME_CUDA_IPC_WRITE, "CUDA_IPC_WRITE", CUDA_IPC_EXPORT_SIZE},
-    {FERRY_FRAME_CUDA_IPC_READ, "CUDA_IPC_READ", CUDA_IPC_EXPORT_SIZE},
+    {FERRY_FRAME_CUDA_IPC_WRITE, "CUDA_IPC_WRITE", CUDA_IPC_EXPORT_SIZE, FERRY_FRAME_PLACES_TARGET},
+    {FERRY_FRAME_CUDA_IPC_READ, "CUDA_IPC_READ", CUDA_IPC_EXPORT_SIZE, FERRY_FRAME_PLACES_INITIATOR},
 };
 
 static const ferry_frame_range_t ipc_frame_ranges[] = {{FERRY_FRAME_CUDA_IPC_FIRST, FERRY_FRAME_CUDA_IPC_LAST}};

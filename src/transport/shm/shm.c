@@ -470,10 +470,10 @@ static uint32_t shm_hello_flags(ferry_xport_ctx_t *ctx)
 /* The frames shm declares (wire.h); CMA_VEC, a vector frame, is the core's
  * (wire.c decodes its descriptors with WRITEV's), though shm serves it. */
 static const ferry_frame_def_t shm_frame_defs[] = {
-    {FERRY_FRAME_CMA_WRITE, "CMA_WRITE", 0},
-    {FERRY_FRAME_CMA_READ, "CMA_READ", 0},
-    {FERRY_FRAME_SHM_MAP_REQ, "SHM_MAP_REQ", 0},
-    {FERRY_FRAME_SHM_MAP_RESP, "SHM_MAP_RESP", FERRY_WIRE_MAX_REASON}, /* map info, or the reason text */
+    {FERRY_FRAME_CMA_WRITE, "CMA_WRITE", 0, FERRY_FRAME_PLACES_TARGET},
+    {FERRY_FRAME_CMA_READ, "CMA_READ", 0, FERRY_FRAME_PLACES_INITIATOR}, /* the target writes the initiator's memory */
+    {FERRY_FRAME_SHM_MAP_REQ, "SHM_MAP_REQ", 0, 0},
+    {FERRY_FRAME_SHM_MAP_RESP, "SHM_MAP_RESP", FERRY_WIRE_MAX_REASON, 0}, /* map info, or the reason text */
 };
 
 /* shm's frame ids, all of the core range (the wire format predates the
