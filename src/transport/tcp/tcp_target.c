@@ -84,8 +84,10 @@ static int copy_checked(void *dst, const void *src, size_t n, bool into)
     return 0;
 }
 
-/* How a WRITE's payload is read (c->partial.mode). */
-enum write_mode { WRITE_DIRECT = 0, WRITE_STAGED, WRITE_DISCARD };
+/* How a WRITE's payload is read (c->partial.mode): WRITE_DEVICE is device
+ * memory without a checksum (pipelined through the connection's lander);
+ * READ_* and READV_* follow. */
+enum write_mode { WRITE_DIRECT = 0, WRITE_STAGED, WRITE_DISCARD, WRITE_DEVICE };
 
 /* A WRITE's payload ran dry mid-way: 0 read on (more arrived), else
  * FERRY_SERVE_PENDING (parked: the event loop resumes it when bytes come)
@@ -148,6 +150,78 @@ static int place_direct(ferry_conn_t *c, ferry_partial_t *p)
     return 0;
 }
 
+/* Device memory, the payload's sub-slices: each is received into one of
+ * the lander's two (pinned) buffers and its host->device copy started
+ * while the next is received into the other (memkind.h, ferry_land). */
+#define LAND_SLICE (256u << 10)
+
+/* Receives what the socket holds of a WRITE into device memory (from
+ * p->done on) and copies it in, sub-slice by sub-slice. Each run of
+ * receives is one hold of the registry's read lock (at most CHUNK_BYTES,
+ * and never across a wait for the peer), checked at its start like
+ * place_direct's chunks, and it ends only once every copy it started is
+ * complete on the device: so a deregistration or a CANCEL's barrier (the
+ * write lock) waits for the copies in flight, no copy outlives a
+ * cancel, a deadline or a broken connection (no late write), and the
+ * placement log counts only bytes on the device. A sub-slice cut by a
+ * pause stays in its buffer until the rest comes. */
+static int place_device(ferry_conn_t *c, ferry_partial_t *p)
+{
+    FERRY_TSAN_PAYLOAD_SCOPE();
+    const ferry_frame_t *f = &p->f;
+    ferry_registry_t *r = c->ctx->registry;
+    if (!c->land && !(c->land = ferry_land_new())) {
+        p->status = ferry_fail(FERRY_ERR_MEMORY, "device-memory landing: out of memory");
+        p->mode = WRITE_DISCARD;
+        return discard_rest(c, p);
+    }
+    while (p->done < f->len) {
+        uint64_t placed = p->done / LAND_SLICE * LAND_SLICE, held = 0;
+        long n = 0;
+        bool dry = false;
+        ferry_registry_read_lock(r);
+        int rc = ferry_target_check_locked(c, r, f, FERRY_MEM_REMOTE_WRITE);
+        if (rc == FERRY_ERR_ADDRESS_NOT_REGISTERED) ferry_fail_context("region deregistered during the write");
+        uint32_t kind = rc ? FERRY_MEMKIND_HOST : ferry_registry_kind_of(r, f->addr, f->len, true);
+        while (rc == 0 && !dry && p->done < f->len && held < CHUNK_BYTES) {
+            uint64_t sub = p->done / LAND_SLICE * LAND_SLICE;
+            uint64_t sub_n = f->len - sub < LAND_SLICE ? f->len - sub : LAND_SLICE;
+            uint64_t want = sub + sub_n - p->done;
+            unsigned char *b;
+            rc = ferry_land_buffer(c->land, kind, LAND_SLICE, &b);
+            if (rc) break;
+            n = recv_ready(c->fd, b + (p->done - sub), (size_t)want);
+            if (n < 0) break;
+            p->done += (uint64_t)n;
+            held += (uint64_t)n;
+            dry = (uint64_t)n < want;
+            if (p->done < sub + sub_n) continue;
+            rc = ferry_land_put(c->land, kind, (void *)(uintptr_t)(f->addr + sub), (size_t)sub_n);
+            if (rc)
+                ferry_fail_context("placing [0x%llx+%llu) from %s into device memory",
+                                   (unsigned long long)(f->addr + sub), (unsigned long long)sub_n, c->peer.name);
+            else
+                placed = sub + sub_n;
+        }
+        int copied = ferry_land_finish(c->land); /* before the lock goes: the copies are on the device */
+        if (copied == 0) ferry_placed_progress(c, placed, NULL); /* under the lock (cancel.h) */
+        ferry_registry_unlock(r);
+        if (rc == 0 && copied) {
+            rc = ferry_fail_context("placing [0x%llx+%llu) from %s into device memory", (unsigned long long)f->addr,
+                                    (unsigned long long)f->len, c->peer.name);
+        }
+        if (n < 0) return (int)n; /* the connection broke; nothing is left in flight */
+        if (rc) {
+            ferry_land_settle(c->land); /* the sub-slice being received is dropped */
+            p->status = rc;
+            p->mode = WRITE_DISCARD;
+            return discard_rest(c, p);
+        }
+        if (dry && (rc = write_wait(c, p)) != 0) return rc;
+    }
+    return 0;
+}
+
 /* With checksums, or into device memory: the payload is staged whole in
  * the connection's staging buffer first (from p->done on). */
 static int stage_payload(ferry_conn_t *c, ferry_partial_t *p)
@@ -199,6 +273,7 @@ static int write_resume(ferry_conn_t *c)
     ferry_partial_t *p = &c->partial;
     int rc = p->mode == WRITE_DIRECT   ? place_direct(c, p)
              : p->mode == WRITE_STAGED ? stage_payload(c, p)
+             : p->mode == WRITE_DEVICE ? place_device(c, p)
                                        : discard_rest(c, p);
     p->resume = rc == FERRY_SERVE_PENDING ? write_resume : NULL;
     if (rc) return rc;
@@ -226,15 +301,17 @@ static int serve_write(ferry_conn_t *c, const ferry_frame_t *f)
     *p = (ferry_partial_t){.f = *f, .deadline = deadline, .status = status, .mode = WRITE_DIRECT};
     if (status)
         p->mode = WRITE_DISCARD;
-    else if ((f->flags & FERRY_FRAME_F_CRC) || kind != FERRY_MEMKIND_HOST)
+    else if (f->flags & FERRY_FRAME_F_CRC) /* verified whole before any byte is placed */
         p->mode = WRITE_STAGED;
+    else if (kind != FERRY_MEMKIND_HOST)
+        p->mode = WRITE_DEVICE;
     if (p->mode == WRITE_STAGED && !ferry_conn_bounce(c, f->len))
         return ferry_fail(FERRY_ERR_MEMORY, "staging buffer of %llu bytes: out of memory", (unsigned long long)f->len);
     return write_resume(c);
 }
 
 /* How a READ's answer is sent (c->partial.mode, after the WRITE modes). */
-enum read_mode { READ_MEMORY = WRITE_DISCARD + 1, READ_STAGED };
+enum read_mode { READ_MEMORY = WRITE_DEVICE + 1, READ_STAGED };
 
 /* Sends a READ's answer from where it stands (c->partial.done bytes of its
  * header and data sent), without waiting while the socket takes bytes.
