@@ -32,6 +32,7 @@ int main(void)
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifdef FERRY_TEST_CUDA_H
 #include <cuda.h>
@@ -42,6 +43,7 @@ int main(void)
 #include "engine/testing.h"
 #include "link/registry.h"
 #include "util/memkind.h"
+#include "fault.h"
 #include "harness.h"
 
 #ifdef FERRY_TEST_CUDA_H
@@ -455,6 +457,144 @@ static void stub_stage_prefetches_into_pinned_buffers(void **state)
     stub_free(g);
 }
 
+/* The device bytes of [p, p+n) copied out in step with the stub's "device"
+ * (its stream copies run under the same lock). */
+static void device_snapshot(unsigned char *p, size_t n, unsigned char *out)
+{
+    void (*lock)(void) = (void (*)(void))dlsym(stub, "cuda_stub_lock");
+    void (*unlock)(void) = (void (*)(void))dlsym(stub, "cuda_stub_unlock");
+    assert_true(lock && unlock);
+    const unsigned char *bytes = stub_alias(p); /* takes the lock itself */
+    lock();
+    memcpy(out, bytes, n);
+    unlock();
+}
+
+static ferry_engine_t *tcp_initiator(void)
+{
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.timeout_ms = 20000;
+    cfg.transport = "tcp";
+    return harness_engine_cfg(&cfg);
+}
+
+/* A batch of writes into the target's device memory, cancelled while the
+ * target's host->device copies run (each 256 KiB copy takes 20 ms on the
+ * stub's stream): every request ends COMPLETED (its bytes there) or
+ * CANCELLED, and once the cancel returned nothing more lands: the
+ * target waits for its copies in flight before the cancel's barrier
+ * passes (tcp_target.c, place_device). */
+static void stub_target_landing_cancel_leaves_no_late_write(void **state)
+{
+    (void)state;
+    load_stub();
+    use_driver(getenv("FERRY_CUDA_STUB"));
+    enum { N = 8, PIECE = 1 << 20 };
+    size_t cap = (size_t)N * PIECE;
+    unsigned char *src = malloc(cap), *dst = stub_alloc(cap, 0, 0), *seen = malloc(cap), *later = malloc(cap);
+    assert_true(src && dst && seen && later);
+    ferry_engine_t *a = tcp_initiator(), *b = harness_engine(20000);
+    assert_int_equal(ferry_register(a, src, cap, FERRY_MEM_LOCAL), 0);
+    assert_int_equal(ferry_register(b, dst, cap, FERRY_MEM_REMOTE), 0);
+    assert_int_equal(ferry_transfer_sync(a, ferry_engine_name(b), FERRY_OP_WRITE, src, (uint64_t)(uintptr_t)dst, 1),
+                     0); /* session up */
+    for (int i = 0; i < N; i++) harness_fill(src + (size_t)i * PIECE, PIECE, 71 + (uint64_t)i);
+    memset(stub_alias(dst), 0, cap);
+    setenv("FERRY_CUDA_STUB_COPY_DELAY_US", "20000", 1);
+    ferry_batch_t *batch = NULL;
+    assert_int_equal(ferry_batch_alloc(a, N, &batch), 0);
+    ferry_request_t reqs[N];
+    for (int i = 0; i < N; i++)
+        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, src + (size_t)i * PIECE, (uint64_t)(uintptr_t)dst + (uint64_t)i * PIECE,
+                                    PIECE};
+    assert_true(ferry_batch_submit(batch, ferry_engine_name(b), reqs, N, 20000) >= 0);
+    usleep(150 * 1000);
+    int rc = ferry_batch_cancel(batch);
+    if (rc) fail_msg("cancel: %d %s", rc, ferry_last_error_detail());
+    device_snapshot(dst, cap, seen);
+    int completed = 0, cancelled = 0;
+    for (int i = 0; i < N; i++) {
+        ferry_status_t st;
+        assert_int_equal(ferry_batch_status(batch, (size_t)i, &st), 0);
+        if (st.state == FERRY_STATUS_COMPLETED) {
+            completed++;
+            assert_true(harness_check(seen + (size_t)i * PIECE, PIECE, 71 + (uint64_t)i));
+        } else {
+            if (st.state != FERRY_STATUS_CANCELLED) fail_msg("request %d ended in state %d", i, st.state);
+            cancelled++;
+        }
+    }
+    assert_true(cancelled > 0);
+    assert_int_equal(completed + cancelled, N);
+    usleep(400 * 1000); /* longer than a hold's copies take */
+    device_snapshot(dst, cap, later);
+    for (int i = 0; i < N; i++)
+        if (memcmp(seen + (size_t)i * PIECE, later + (size_t)i * PIECE, PIECE) != 0)
+            fail_msg("request %d: bytes landed after the cancel returned", i);
+    unsetenv("FERRY_CUDA_STUB_COPY_DELAY_US");
+    ferry_batch_free(batch);
+    ferry_engine_destroy(a);
+    ferry_engine_destroy(b);
+    stub_free(dst);
+    free(src);
+    free(seen);
+    free(later);
+}
+
+/* An initiator that dies mid-slice (a raw peer sends a WRITE's header and
+ * 600 KiB of its 1 MiB, then closes): the target lands the two whole
+ * 256 KiB sub-slices it received, waiting for their copies before it
+ * drops the connection, and nothing else: the cut sub-slice is dropped
+ * and no byte lands later. */
+static void stub_target_landing_dead_peer(void **state)
+{
+    (void)state;
+    load_stub();
+    use_driver(getenv("FERRY_CUDA_STUB"));
+    enum { LEN = 1 << 20, SENT = 600 << 10, LANDED = 512 << 10 };
+    unsigned char *dst = stub_alloc(LEN, 0, 0), *data = malloc(LEN), *seen = malloc(LEN), *later = malloc(LEN);
+    assert_true(dst && data && seen && later);
+    ferry_engine_t *t = harness_engine(20000);
+    assert_int_equal(ferry_register(t, dst, LEN, FERRY_MEM_REMOTE), 0);
+    memset(stub_alias(dst), 0, LEN);
+    harness_fill(data, LEN, 81);
+    ferry_staging_totals_t t0, t1;
+    ferry_staging_totals(&t0);
+    setenv("FERRY_CUDA_STUB_COPY_DELAY_US", "20000", 1);
+    int fd = raw_handshaken(ferry_engine_port(t));
+    assert_true(fd >= 0);
+    ferry_frame_t f = {.type = FERRY_FRAME_WRITE, .req_id = 1, .addr = (uint64_t)(uintptr_t)dst, .len = LEN,
+                       .plen = LEN};
+    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
+    ferry_frame_encode(&f, hdr);
+    assert_int_equal(raw_send_bytes(fd, hdr, sizeof hdr), 0);
+    assert_int_equal(raw_send_bytes(fd, data, SENT), 0);
+    usleep(100 * 1000); /* the target received what came */
+    close(fd);
+    /* The connection's end waits for the copies: both whole sub-slices
+     * land, and only they. */
+    for (int waited = 0; waited < 5000; waited += 20) {
+        device_snapshot(dst, LEN, seen);
+        if (memcmp(seen, data, LANDED) == 0) break;
+        usleep(20 * 1000);
+    }
+    assert_int_equal(memcmp(seen, data, LANDED), 0);
+    usleep(300 * 1000);
+    device_snapshot(dst, LEN, later);
+    assert_int_equal(memcmp(seen, later, LEN), 0);
+    static const unsigned char zero[LEN - LANDED];
+    assert_int_equal(memcmp(later + LANDED, zero, sizeof zero), 0);
+    ferry_staging_totals(&t1);
+    assert_int_equal(t1.land_queued - t0.land_queued, 2);
+    unsetenv("FERRY_CUDA_STUB_COPY_DELAY_US");
+    ferry_engine_destroy(t);
+    stub_free(dst);
+    free(data);
+    free(seen);
+    free(later);
+}
+
 /* A driver that is loaded but unusable: host only, and why. */
 static void stub_driver_unusable(void **state)
 {
@@ -493,6 +633,8 @@ int main(void)
         cmocka_unit_test(stub_driver_moves_device_memory),
         cmocka_unit_test(stub_driver_primary_context_and_managed),
         cmocka_unit_test(stub_stage_prefetches_into_pinned_buffers),
+        cmocka_unit_test(stub_target_landing_cancel_leaves_no_late_write),
+        cmocka_unit_test(stub_target_landing_dead_peer),
         cmocka_unit_test(stub_driver_unusable),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -48,6 +48,7 @@ int main(void)
 #include "fault.h"
 
 #include "transport/cuda_ipc/cuda_ipc.h"
+#include "util/memkind.h"
 
 static void *(*stub_alloc)(size_t, int, int);
 static void *(*stub_alloc_at)(void *, size_t, int);
@@ -89,7 +90,7 @@ enum {
     CMD_RESTART,     /* a new engine on the same port, the buffer registered again */
     CMD_IMPORTS,     /* rc = imports open now, addr = opened so far */
     CMD_DELAY,       /* each stream copy takes seed microseconds */
-    CMD_STAGED,      /* rc = staging copies (dtoh + htod) done here */
+    CMD_STAGED,      /* rc = staging copies (dtoh + htod, and pipelined ones) done here */
 };
 
 struct cmd {
@@ -171,7 +172,12 @@ static int child_run(struct cmd *c, ferry_engine_t **e, unsigned char *dev, size
         snprintf(v, sizeof v, "%llu", (unsigned long long)c->seed);
         return setenv("FERRY_CUDA_STUB_COPY_DELAY_US", v, 1);
     }
-    case CMD_STAGED: stub_counts(counts); return (int)(counts[0] + counts[1]);
+    case CMD_STAGED: { /* synchronous, and pipelined through pinned buffers (memkind.h) */
+        ferry_staging_totals_t t;
+        ferry_staging_totals(&t);
+        stub_counts(counts);
+        return (int)(counts[0] + counts[1] + t.take_prefetched + t.land_queued);
+    }
     }
     return -1;
 }
