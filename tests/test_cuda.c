@@ -334,6 +334,12 @@ static void stub_driver_moves_device_memory(void **state)
     ferry_staging_totals(&t1);
     assert_int_equal(t1.land_queued - t0.land_queued, 13);
     assert_int_equal(t1.land_overlapped - t0.land_overlapped, 3 * 3); /* sub-slices 2..4 of each whole slice */
+    /* The target served it from its device memory the same way: each
+     * answer's 256 KiB sub-slices staged, the next one's copy started
+     * before this one is sent (all but the first of each answer, unless
+     * a full socket parked the answer between them). */
+    assert_true(t1.take_prefetched - t0.take_prefetched >= 1);
+    assert_int_equal(t1.take_prefetched - t0.take_prefetched + t1.take_copied - t0.take_copied, 13);
     assert_true(harness_check(stub_alias(gsrc), len, 12));
 
     /* A range running past the allocation is refused at registration. */

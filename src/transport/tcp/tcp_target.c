@@ -310,8 +310,78 @@ static int serve_write(ferry_conn_t *c, const ferry_frame_t *f)
     return write_resume(c);
 }
 
-/* How a READ's answer is sent (c->partial.mode, after the WRITE modes). */
-enum read_mode { READ_MEMORY = WRITE_DEVICE + 1, READ_STAGED };
+/* How a READ's answer is sent (c->partial.mode, after the WRITE modes):
+ * READ_DEVICE is device memory without a checksum (pipelined through the
+ * connection's stager). */
+enum read_mode { READ_MEMORY = WRITE_DEVICE + 1, READ_STAGED, READ_DEVICE };
+
+static int read_resume(ferry_conn_t *c);
+
+/* Sends a READ's bytes from device memory (from p->done on, its header
+ * sent), sub-slice by sub-slice through the connection's stager
+ * (memkind.h, ferry_stage): sub-slice n+1's device->host copy runs while
+ * sub-slice n is sent. Each run of sends is one hold of the registry's
+ * read lock (at most CHUNK_BYTES, never across a wait for the peer),
+ * checked at its start, and the copy in flight is waited for before the
+ * lock goes, so nothing reads the memory once a deregistration or a
+ * cancel may proceed. A region that changed mid-answer resets the
+ * connection, as read_resume does. A socket that is full parks the
+ * answer like read_resume's (the sub-slice cut is copied again then). */
+static int read_device_send(ferry_conn_t *c, ferry_partial_t *p)
+{
+    FERRY_TSAN_PAYLOAD_SCOPE();
+    const ferry_frame_t *f = &p->f;
+    ferry_registry_t *r = c->ctx->registry;
+    uint64_t total = FERRY_FRAME_HEADER_SIZE + f->len;
+    if (!c->stage && !(c->stage = ferry_stage_new()))
+        return ferry_fail(FERRY_ERR_MEMORY, "device-memory staging: out of memory; resetting the connection");
+    while (p->done < total) {
+        uint64_t held = 0, have = UINT64_MAX; /* the sub-slice in the buffer b */
+        unsigned char *b = NULL;
+        ssize_t n = 0;
+        int err = 0;
+        bool full = false;
+        ferry_registry_read_lock(r);
+        int rc = ferry_target_check_locked(c, r, f, FERRY_MEM_REMOTE_READ);
+        uint32_t kind = rc ? FERRY_MEMKIND_HOST : ferry_registry_kind_of(r, f->addr, f->len, true);
+        while (rc == 0 && !full && p->done < total && held < CHUNK_BYTES) {
+            uint64_t off = p->done - FERRY_FRAME_HEADER_SIZE, sub = off / LAND_SLICE * LAND_SLICE;
+            uint64_t sub_n = f->len - sub < LAND_SLICE ? f->len - sub : LAND_SLICE;
+            if (have != sub) {
+                rc = ferry_stage_take(c->stage, kind, (const void *)(uintptr_t)(f->addr + sub), (size_t)sub_n, &b);
+                if (rc) break;
+                have = sub;
+                uint64_t next = sub + sub_n;
+                if (next < f->len)
+                    ferry_stage_prefetch(c->stage, kind, (const void *)(uintptr_t)(f->addr + next),
+                                         f->len - next < LAND_SLICE ? (size_t)(f->len - next) : LAND_SLICE);
+            }
+            n = send(c->fd, b + (off - sub), (size_t)(sub + sub_n - off), MSG_DONTWAIT | MSG_NOSIGNAL);
+            err = errno;
+            if (n > 0) {
+                p->done += (uint64_t)n;
+                held += (uint64_t)n;
+            } else if (!(n < 0 && err == EINTR)) {
+                full = true;
+            }
+        }
+        ferry_stage_settle(c->stage); /* nothing reads the memory once the lock goes */
+        ferry_registry_unlock(r);
+        if (rc)
+            return ferry_fail_context("read of [0x%llx+%llu) for %s from device memory; resetting the connection",
+                                      (unsigned long long)f->addr, (unsigned long long)f->len, c->peer.name);
+        if (!full) continue;
+        if (n < 0 && err != EAGAIN && err != EWOULDBLOCK)
+            return ferry_fail(FERRY_ERR_PEER_CLOSED, "send: %s", strerror(err));
+        int w = ferry_serve_answer_wait(c, p->deadline);
+        if (w < 0) return ferry_fail(FERRY_ERR_TIMEOUT, "read answer to %s stalled", c->peer.name);
+        if (w == 0) {
+            p->resume = read_resume;
+            return FERRY_SERVE_PENDING;
+        }
+    }
+    return 0;
+}
 
 /* Sends a READ's answer from where it stands (c->partial.done bytes of its
  * header and data sent), without waiting while the socket takes bytes.
@@ -332,6 +402,11 @@ static int read_resume(ferry_conn_t *c)
     while (p->done < total) {
         ssize_t n;
         int err, rc = 0;
+        if (p->done >= FERRY_FRAME_HEADER_SIZE && p->mode == READ_DEVICE) {
+            rc = read_device_send(c, p);
+            if (rc) return rc;
+            break;
+        }
         if (p->done < FERRY_FRAME_HEADER_SIZE) {
             n = send(c->fd, p->out + p->done, FERRY_FRAME_HEADER_SIZE - p->done, MSG_DONTWAIT | MSG_NOSIGNAL);
             err = errno;
@@ -398,8 +473,10 @@ static int serve_read(ferry_conn_t *c, const ferry_frame_t *f)
                                 (unsigned long long)f->addr, (unsigned long long)f->len, c->peer.name);
         else
             staged = b;
-    } else if (kind != FERRY_MEMKIND_HOST) {
-        /* Device memory: copy the slice out while the region is held. */
+    } else if (kind != FERRY_MEMKIND_HOST && (f->flags & FERRY_FRAME_F_CRC)) {
+        /* Device memory, checksummed: the slice copied out whole while the
+         * region is held (the header carries its checksum). Without a
+         * checksum it is pipelined as it is sent (read_device_send). */
         unsigned char *b = ferry_conn_bounce(c, f->len);
         status = b ? ferry_memkind_to_host(kind, b, from, f->len)
                    : ferry_fail(FERRY_ERR_MEMORY, "staging buffer of %llu bytes: out of memory",
@@ -415,7 +492,10 @@ static int serve_read(ferry_conn_t *c, const ferry_frame_t *f)
     ferry_frame_t h = {.type = FERRY_FRAME_READ_RESP, .req_id = f->req_id, .addr = f->addr, .len = f->len,
                        .plen = (uint32_t)f->len, .flags = f->flags & FERRY_FRAME_F_CRC, .crc = crc};
     ferry_partial_t *p = &c->partial;
-    *p = (ferry_partial_t){.f = *f, .deadline = deadline, .mode = staged ? READ_STAGED : READ_MEMORY,
+    *p = (ferry_partial_t){.f = *f, .deadline = deadline,
+                           .mode = staged                      ? READ_STAGED
+                                   : kind != FERRY_MEMKIND_HOST ? READ_DEVICE
+                                                                : READ_MEMORY,
                            .wait_out = true};
     ferry_frame_encode(&h, p->out);
     return read_resume(c);
@@ -646,7 +726,7 @@ static int writev_answer(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_v
 }
 
 /* How a READV's bytes are sent (c->partial.mode, after the READ modes). */
-enum readv_mode { READV_MEMORY = READ_STAGED + 1, READV_STAGED };
+enum readv_mode { READV_MEMORY = READ_DEVICE + 1, READV_STAGED };
 
 /* The socket had no room for a READV's bytes: 0 room now, else
  * FERRY_SERVE_PENDING (parked until it has room: another data frame waits
