@@ -65,7 +65,6 @@ static int send_slice(ferry_conn_t *c, ferry_xfer_t *x, const unsigned char *src
  * ferry_land); 0 only once every copy is complete on the device. A failed
  * copy fails the piece (the rest of the bytes are still read); a failed
  * receive breaks the connection, after the copies in flight are done. */
-#define LAND_SLICE (256u << 10)
 static int recv_into_device(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t n, uint32_t kind, int *broken)
 {
     if (!c->land && !(c->land = ferry_land_new())) {

@@ -84,9 +84,8 @@ static int copy_checked(void *dst, const void *src, size_t n, bool into)
     return 0;
 }
 
-/* How a WRITE's payload is read (c->partial.mode): WRITE_DEVICE is device
- * memory without a checksum (pipelined through the connection's lander);
- * READ_* and READV_* follow. */
+/* How a WRITE's payload is read (c->partial.mode); WRITE_DEVICE: into
+ * device memory without a checksum (tcp_device.c). */
 enum write_mode { WRITE_DIRECT = 0, WRITE_STAGED, WRITE_DISCARD, WRITE_DEVICE };
 
 /* A WRITE's payload ran dry mid-way: 0 read on (more arrived), else
@@ -150,70 +149,16 @@ static int place_direct(ferry_conn_t *c, ferry_partial_t *p)
     return 0;
 }
 
-/* Device memory, the payload's sub-slices: each is received into one of
- * the lander's two (pinned) buffers and its host->device copy started
- * while the next is received into the other (memkind.h, ferry_land). */
-#define LAND_SLICE (256u << 10)
-
-/* Receives what the socket holds of a WRITE into device memory (from
- * p->done on) and copies it in, sub-slice by sub-slice. Each run of
- * receives is one hold of the registry's read lock (at most CHUNK_BYTES,
- * and never across a wait for the peer), checked at its start like
- * place_direct's chunks, and it ends only once every copy it started is
- * complete on the device: so a deregistration or a CANCEL's barrier (the
- * write lock) waits for the copies in flight, no copy outlives a
- * cancel, a deadline or a broken connection (no late write), and the
- * placement log counts only bytes on the device. A sub-slice cut by a
- * pause stays in its buffer until the rest comes. */
+/* A WRITE into device memory (tcp_device.c says how): holds until the
+ * payload is in, discarding the rest after a refusal. */
 static int place_device(ferry_conn_t *c, ferry_partial_t *p)
 {
-    FERRY_TSAN_PAYLOAD_SCOPE();
-    const ferry_frame_t *f = &p->f;
-    ferry_registry_t *r = c->ctx->registry;
-    if (!c->land && !(c->land = ferry_land_new())) {
-        p->status = ferry_fail(FERRY_ERR_MEMORY, "device-memory landing: out of memory");
-        p->mode = WRITE_DISCARD;
-        return discard_rest(c, p);
-    }
-    while (p->done < f->len) {
-        uint64_t placed = p->done / LAND_SLICE * LAND_SLICE, held = 0;
-        long n = 0;
+    while (p->done < p->f.len) {
         bool dry = false;
-        ferry_registry_read_lock(r);
-        int rc = ferry_target_check_locked(c, r, f, FERRY_MEM_REMOTE_WRITE);
-        if (rc == FERRY_ERR_ADDRESS_NOT_REGISTERED) ferry_fail_context("region deregistered during the write");
-        uint32_t kind = rc ? FERRY_MEMKIND_HOST : ferry_registry_kind_of(r, f->addr, f->len, true);
-        while (rc == 0 && !dry && p->done < f->len && held < CHUNK_BYTES) {
-            uint64_t sub = p->done / LAND_SLICE * LAND_SLICE;
-            uint64_t sub_n = f->len - sub < LAND_SLICE ? f->len - sub : LAND_SLICE;
-            uint64_t want = sub + sub_n - p->done;
-            unsigned char *b;
-            rc = ferry_land_buffer(c->land, kind, LAND_SLICE, &b);
-            if (rc) break;
-            n = recv_ready(c->fd, b + (p->done - sub), (size_t)want);
-            if (n < 0) break;
-            p->done += (uint64_t)n;
-            held += (uint64_t)n;
-            dry = (uint64_t)n < want;
-            if (p->done < sub + sub_n) continue;
-            rc = ferry_land_put(c->land, kind, (void *)(uintptr_t)(f->addr + sub), (size_t)sub_n);
-            if (rc)
-                ferry_fail_context("placing [0x%llx+%llu) from %s into device memory",
-                                   (unsigned long long)(f->addr + sub), (unsigned long long)sub_n, c->peer.name);
-            else
-                placed = sub + sub_n;
-        }
-        int copied = ferry_land_finish(c->land); /* before the lock goes: the copies are on the device */
-        if (copied == 0) ferry_placed_progress(c, placed, NULL); /* under the lock (cancel.h) */
-        ferry_registry_unlock(r);
-        if (rc == 0 && copied) {
-            rc = ferry_fail_context("placing [0x%llx+%llu) from %s into device memory", (unsigned long long)f->addr,
-                                    (unsigned long long)f->len, c->peer.name);
-        }
-        if (n < 0) return (int)n; /* the connection broke; nothing is left in flight */
-        if (rc) {
-            ferry_land_settle(c->land); /* the sub-slice being received is dropped */
-            p->status = rc;
+        int refused = 0, rc = ferry_tcp_land_hold(c, p, &dry, &refused);
+        if (rc) return rc; /* the connection broke; nothing is left in flight */
+        if (refused) {
+            p->status = refused;
             p->mode = WRITE_DISCARD;
             return discard_rest(c, p);
         }
@@ -310,78 +255,9 @@ static int serve_write(ferry_conn_t *c, const ferry_frame_t *f)
     return write_resume(c);
 }
 
-/* How a READ's answer is sent (c->partial.mode, after the WRITE modes):
- * READ_DEVICE is device memory without a checksum (pipelined through the
- * connection's stager). */
+/* How a READ's answer is sent (c->partial.mode, after the WRITE modes);
+ * READ_DEVICE: from device memory without a checksum (tcp_device.c). */
 enum read_mode { READ_MEMORY = WRITE_DEVICE + 1, READ_STAGED, READ_DEVICE };
-
-static int read_resume(ferry_conn_t *c);
-
-/* Sends a READ's bytes from device memory (from p->done on, its header
- * sent), sub-slice by sub-slice through the connection's stager
- * (memkind.h, ferry_stage): sub-slice n+1's device->host copy runs while
- * sub-slice n is sent. Each run of sends is one hold of the registry's
- * read lock (at most CHUNK_BYTES, never across a wait for the peer),
- * checked at its start, and the copy in flight is waited for before the
- * lock goes, so nothing reads the memory once a deregistration or a
- * cancel may proceed. A region that changed mid-answer resets the
- * connection, as read_resume does. A socket that is full parks the
- * answer like read_resume's (the sub-slice cut is copied again then). */
-static int read_device_send(ferry_conn_t *c, ferry_partial_t *p)
-{
-    FERRY_TSAN_PAYLOAD_SCOPE();
-    const ferry_frame_t *f = &p->f;
-    ferry_registry_t *r = c->ctx->registry;
-    uint64_t total = FERRY_FRAME_HEADER_SIZE + f->len;
-    if (!c->stage && !(c->stage = ferry_stage_new()))
-        return ferry_fail(FERRY_ERR_MEMORY, "device-memory staging: out of memory; resetting the connection");
-    while (p->done < total) {
-        uint64_t held = 0, have = UINT64_MAX; /* the sub-slice in the buffer b */
-        unsigned char *b = NULL;
-        ssize_t n = 0;
-        int err = 0;
-        bool full = false;
-        ferry_registry_read_lock(r);
-        int rc = ferry_target_check_locked(c, r, f, FERRY_MEM_REMOTE_READ);
-        uint32_t kind = rc ? FERRY_MEMKIND_HOST : ferry_registry_kind_of(r, f->addr, f->len, true);
-        while (rc == 0 && !full && p->done < total && held < CHUNK_BYTES) {
-            uint64_t off = p->done - FERRY_FRAME_HEADER_SIZE, sub = off / LAND_SLICE * LAND_SLICE;
-            uint64_t sub_n = f->len - sub < LAND_SLICE ? f->len - sub : LAND_SLICE;
-            if (have != sub) {
-                rc = ferry_stage_take(c->stage, kind, (const void *)(uintptr_t)(f->addr + sub), (size_t)sub_n, &b);
-                if (rc) break;
-                have = sub;
-                uint64_t next = sub + sub_n;
-                if (next < f->len)
-                    ferry_stage_prefetch(c->stage, kind, (const void *)(uintptr_t)(f->addr + next),
-                                         f->len - next < LAND_SLICE ? (size_t)(f->len - next) : LAND_SLICE);
-            }
-            n = send(c->fd, b + (off - sub), (size_t)(sub + sub_n - off), MSG_DONTWAIT | MSG_NOSIGNAL);
-            err = errno;
-            if (n > 0) {
-                p->done += (uint64_t)n;
-                held += (uint64_t)n;
-            } else if (!(n < 0 && err == EINTR)) {
-                full = true;
-            }
-        }
-        ferry_stage_settle(c->stage); /* nothing reads the memory once the lock goes */
-        ferry_registry_unlock(r);
-        if (rc)
-            return ferry_fail_context("read of [0x%llx+%llu) for %s from device memory; resetting the connection",
-                                      (unsigned long long)f->addr, (unsigned long long)f->len, c->peer.name);
-        if (!full) continue;
-        if (n < 0 && err != EAGAIN && err != EWOULDBLOCK)
-            return ferry_fail(FERRY_ERR_PEER_CLOSED, "send: %s", strerror(err));
-        int w = ferry_serve_answer_wait(c, p->deadline);
-        if (w < 0) return ferry_fail(FERRY_ERR_TIMEOUT, "read answer to %s stalled", c->peer.name);
-        if (w == 0) {
-            p->resume = read_resume;
-            return FERRY_SERVE_PENDING;
-        }
-    }
-    return 0;
-}
 
 /* Sends a READ's answer from where it stands (c->partial.done bytes of its
  * header and data sent), without waiting while the socket takes bytes.
@@ -402,8 +278,8 @@ static int read_resume(ferry_conn_t *c)
     while (p->done < total) {
         ssize_t n;
         int err, rc = 0;
-        if (p->done >= FERRY_FRAME_HEADER_SIZE && p->mode == READ_DEVICE) {
-            rc = read_device_send(c, p);
+        if (p->done >= FERRY_FRAME_HEADER_SIZE && p->mode == READ_DEVICE) { /* tcp_device.c */
+            if ((rc = ferry_tcp_device_send(c, p)) == FERRY_SERVE_PENDING) p->resume = read_resume;
             if (rc) return rc;
             break;
         }
@@ -474,9 +350,8 @@ static int serve_read(ferry_conn_t *c, const ferry_frame_t *f)
         else
             staged = b;
     } else if (kind != FERRY_MEMKIND_HOST && (f->flags & FERRY_FRAME_F_CRC)) {
-        /* Device memory, checksummed: the slice copied out whole while the
-         * region is held (the header carries its checksum). Without a
-         * checksum it is pipelined as it is sent (read_device_send). */
+        /* Device memory, checksummed (else READ_DEVICE): the slice copied
+         * out whole while the region is held, for the header's checksum. */
         unsigned char *b = ferry_conn_bounce(c, f->len);
         status = b ? ferry_memkind_to_host(kind, b, from, f->len)
                    : ferry_fail(FERRY_ERR_MEMORY, "staging buffer of %llu bytes: out of memory",
@@ -492,11 +367,8 @@ static int serve_read(ferry_conn_t *c, const ferry_frame_t *f)
     ferry_frame_t h = {.type = FERRY_FRAME_READ_RESP, .req_id = f->req_id, .addr = f->addr, .len = f->len,
                        .plen = (uint32_t)f->len, .flags = f->flags & FERRY_FRAME_F_CRC, .crc = crc};
     ferry_partial_t *p = &c->partial;
-    *p = (ferry_partial_t){.f = *f, .deadline = deadline,
-                           .mode = staged                      ? READ_STAGED
-                                   : kind != FERRY_MEMKIND_HOST ? READ_DEVICE
-                                                                : READ_MEMORY,
-                           .wait_out = true};
+    int mode = staged ? READ_STAGED : kind != FERRY_MEMKIND_HOST ? READ_DEVICE : READ_MEMORY;
+    *p = (ferry_partial_t){.f = *f, .deadline = deadline, .mode = mode, .wait_out = true};
     ferry_frame_encode(&h, p->out);
     return read_resume(c);
 }
