@@ -548,6 +548,49 @@ static void stub_target_landing_cancel_leaves_no_late_write(void **state)
     free(later);
 }
 
+/* Small pieces into the target's device memory travel in vector frames
+ * (WRITEV): the target receives each frame's payload into its pinned
+ * buffer and queues every device piece's copy on its stream, waiting for
+ * them once before the answer (the stub copies only then: the bytes check
+ * fails without the wait). */
+static void stub_target_lands_vector_frames(void **state)
+{
+    (void)state;
+    load_stub();
+    use_driver(getenv("FERRY_CUDA_STUB"));
+    enum { N = 64, PIECE = 4096 };
+    size_t cap = (size_t)N * PIECE;
+    unsigned char *src = malloc(cap), *dst = stub_alloc(cap, 0, 0);
+    assert_true(src && dst);
+    ferry_engine_t *a = tcp_initiator(), *b = harness_engine(20000);
+    assert_int_equal(ferry_register(a, src, cap, FERRY_MEM_LOCAL), 0);
+    assert_int_equal(ferry_register(b, dst, cap, FERRY_MEM_REMOTE), 0);
+    harness_fill(src, cap, 91);
+    memset(stub_alias(dst), 0, cap);
+    void *locals[N];
+    uint64_t remotes[N];
+    size_t lens[N];
+    for (int i = 0; i < N; i++) {
+        locals[i] = src + (size_t)i * PIECE;
+        remotes[i] = (uint64_t)(uintptr_t)dst + (uint64_t)i * PIECE;
+        lens[i] = PIECE;
+    }
+    ferry_staging_totals_t t0, t1;
+    ferry_staging_totals(&t0);
+    assert_int_equal(ferry_batch_transfer_sync(a, ferry_engine_name(b), FERRY_OP_WRITE, locals, remotes, lens, N), 0);
+    ferry_staging_totals(&t1);
+    assert_int_equal(t1.land_queued - t0.land_queued, N);
+    assert_int_equal(t1.land_copied - t0.land_copied, 0);
+    unsigned char *seen = malloc(cap);
+    device_snapshot(dst, cap, seen);
+    assert_true(harness_check(seen, cap, 91));
+    ferry_engine_destroy(a);
+    ferry_engine_destroy(b);
+    stub_free(dst);
+    free(src);
+    free(seen);
+}
+
 /* An initiator that dies mid-slice (a raw peer sends a WRITE's header and
  * 600 KiB of its 1 MiB, then closes): the target lands the two whole
  * 256 KiB sub-slices it received, waiting for their copies before it
@@ -641,6 +684,7 @@ int main(void)
         cmocka_unit_test(stub_stage_prefetches_into_pinned_buffers),
         cmocka_unit_test(stub_target_landing_cancel_leaves_no_late_write),
         cmocka_unit_test(stub_target_landing_dead_peer),
+        cmocka_unit_test(stub_target_lands_vector_frames),
         cmocka_unit_test(stub_driver_unusable),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -95,6 +95,13 @@ int ferry_land_buffer(ferry_land_t *l, uint32_t kind, size_t n, unsigned char **
 /* Starts copying the first n bytes of the buffer the last ferry_land_buffer
  * gave into dst (memory of kind). 0 or the failure of a copy made now. */
 int ferry_land_put(ferry_land_t *l, uint32_t kind, void *dst, size_t n);
+/* Starts copying n bytes at offset off of the buffer being filled (the last
+ * ferry_land_buffer's) into dst, and keeps that buffer given: a receiver
+ * scattering one buffer to many places (asynchronous on its stream when
+ * pinned, else done now), then finishes and drops it. */
+int ferry_land_put_part(ferry_land_t *l, uint32_t kind, void *dst, size_t off, size_t n);
+/* Forgets the buffer being filled (its copies, if any, still run). */
+void ferry_land_drop(ferry_land_t *l);
 /* Waits for every copy started: 0 once all are complete on the device, or
  * the first failure among them. The buffer being filled stays given. */
 int ferry_land_finish(ferry_land_t *l);

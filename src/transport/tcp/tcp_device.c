@@ -23,6 +23,7 @@
 #include "util/memkind.h"
 #include "util/tsan.h"
 #include "link/target.h"
+#include "link/vec.h"
 #include "tcp_internal.h"
 
 /* What the socket holds now, up to want bytes, into our own buffer: the
@@ -147,4 +148,38 @@ int ferry_tcp_device_send(ferry_conn_t *c, ferry_partial_t *p)
         if (w == 0) return FERRY_SERVE_PENDING;
     }
     return 0;
+}
+
+/* ------------------------------------------- vector frames (WRITEV) */
+
+/* A WRITEV with pieces in device memory lands through the lander's
+ * pinned buffer: its payload is received there whole (verified there with
+ * checksums), then each device piece's copy is queued from it, all waited
+ * for once, under the read lock that placing holds. */
+uint32_t ferry_tcp_vec_kind_locked(ferry_registry_t *r, const struct ferry_vec_scratch *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t kind = v->st[i] ? FERRY_MEMKIND_HOST : ferry_registry_kind_of(r, v->d[i].addr, v->d[i].len, true);
+        if (kind != FERRY_MEMKIND_HOST) return kind;
+    }
+    return FERRY_MEMKIND_HOST;
+}
+
+unsigned char *ferry_tcp_vec_buffer(ferry_conn_t *c, uint32_t kind, size_t n)
+{
+    unsigned char *b = NULL;
+    if (!c->land && !(c->land = ferry_land_new())) return NULL;
+    if (ferry_land_buffer(c->land, kind, n, &b) != 0) ferry_clear_last_error();
+    return b;
+}
+
+void ferry_tcp_vec_land_finish_locked(ferry_conn_t *c, ferry_registry_t *r, struct ferry_vec_scratch *v, size_t n)
+{
+    int rc = ferry_land_finish(c->land);
+    ferry_land_drop(c->land);
+    if (rc == 0) return;
+    ferry_fail_context("placing a vector frame's pieces from %s into device memory", c->peer.name);
+    for (size_t i = 0; i < n; i++) /* which copy failed is not known: every device piece fails */
+        if (!v->st[i] && ferry_registry_kind_of(r, v->d[i].addr, v->d[i].len, true) != FERRY_MEMKIND_HOST)
+            ferry_vec_fail_piece(v, i, rc);
 }

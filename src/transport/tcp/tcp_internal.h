@@ -48,5 +48,13 @@ int ferry_tcp_serve(ferry_conn_t *c, const ferry_frame_t *f);
  * answer after its header (0, FERRY_SERVE_PENDING, or a failure). */
 int ferry_tcp_land_hold(ferry_conn_t *c, ferry_partial_t *p, bool *dry, int *refused);
 int ferry_tcp_device_send(ferry_conn_t *c, ferry_partial_t *p);
+/* A WRITEV with pieces in device memory (tcp_device.c): the first such
+ * piece's kind, the lander's buffer to receive its payload into (NULL: out
+ * of memory), and after its pieces were put: the wait for their copies,
+ * failing every device piece if one failed (under the read lock). */
+struct ferry_vec_scratch;
+uint32_t ferry_tcp_vec_kind_locked(ferry_registry_t *r, const struct ferry_vec_scratch *v, size_t n);
+unsigned char *ferry_tcp_vec_buffer(ferry_conn_t *c, uint32_t kind, size_t n);
+void ferry_tcp_vec_land_finish_locked(ferry_conn_t *c, ferry_registry_t *r, struct ferry_vec_scratch *v, size_t n);
 
 #endif

@@ -462,14 +462,20 @@ static int vec_place_direct(ferry_conn_t *c, ferry_partial_t *p, struct ferry_ve
     return 0;
 }
 
-/* With checksums, or when a piece lies in device memory: the payload is
- * staged whole in the connection's staging buffer, as it arrives (from
+/* With checksums, or when a piece lies in device memory (p->mode: its
+ * kind; the lander's pinned buffer, tcp_device.c): the payload is staged
+ * whole in the connection's staging buffer, as it arrives (from
  * c->partial.done on), parked between its parts like vec_place_direct: 0
  * whole, FERRY_SERVE_PENDING, or a failure. */
+static unsigned char *vec_buffer(ferry_conn_t *c, const ferry_partial_t *p)
+{
+    return p->mode ? ferry_tcp_vec_buffer(c, (uint32_t)p->mode, p->f.addr) : ferry_conn_bounce(c, p->f.addr);
+}
+
 static int vec_stage(ferry_conn_t *c, ferry_partial_t *p)
 {
     const ferry_frame_t *f = &p->f;
-    unsigned char *b = ferry_conn_bounce(c, f->addr);
+    unsigned char *b = vec_buffer(c, p);
     if (!b) return FERRY_ERR_MEMORY;
     while (p->done < f->addr) {
         long n = recv_ready(c->fd, b + p->done, f->addr - p->done);
@@ -490,11 +496,12 @@ static int vec_stage(ferry_conn_t *c, ferry_partial_t *p)
 
 /* Then each piece is verified against its CRC32C, and only verified pieces
  * placed, after checking them again under the read lock. */
-static void vec_place_staged(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_vec_scratch *v)
+static void vec_place_staged(ferry_conn_t *c, const ferry_partial_t *p, struct ferry_vec_scratch *v)
 {
     FERRY_TSAN_PAYLOAD_SCOPE();
+    const ferry_frame_t *f = &p->f;
     size_t n = (size_t)f->len;
-    const unsigned char *b = c->bounce;
+    const unsigned char *b = vec_buffer(c, p);
     int rc;
     bool crc = (f->flags & FERRY_FRAME_F_CRC) != 0;
     uint64_t off = 0;
@@ -517,12 +524,14 @@ static void vec_place_staged(ferry_conn_t *c, const ferry_frame_t *f, struct fer
         uint32_t kind = ferry_registry_kind_of(r, v->d[i].addr, v->d[i].len, true);
         if (kind == FERRY_MEMKIND_HOST) {
             memcpy(dst, b + off, v->d[i].len);
-        } else if ((rc = ferry_memkind_from_host(kind, dst, b + off, v->d[i].len)) != 0) {
+        } else if ((rc = p->mode ? ferry_land_put_part(c->land, kind, dst, (size_t)off, v->d[i].len)
+                                 : ferry_memkind_from_host(kind, dst, b + off, v->d[i].len)) != 0) {
             ferry_fail_context("placing [0x%llx+%u) from %s into device memory", (unsigned long long)v->d[i].addr,
                                v->d[i].len, c->peer.name);
             ferry_vec_fail_piece(v, i, rc);
         }
     }
+    if (p->mode) ferry_tcp_vec_land_finish_locked(c, r, v, n); /* the copies are on the device */
     ferry_placed_progress(c, f->addr, v->st);
     ferry_registry_unlock(r);
 }
@@ -544,9 +553,10 @@ static int serve_writev(ferry_conn_t *c, const ferry_frame_t *f)
     ferry_registry_read_lock(r);
     ferry_vec_validate_locked(c, v, 0, n, FERRY_MEM_REMOTE_WRITE, &device);
     uint64_t version = r->version;
+    int kind = device ? (int)ferry_tcp_vec_kind_locked(r, v, n) : 0;
     ferry_registry_unlock(r);
     ferry_partial_t *p = &c->partial;
-    *p = (ferry_partial_t){.f = *f, .deadline = deadline, .version = version};
+    *p = (ferry_partial_t){.f = *f, .deadline = deadline, .version = version, .mode = kind};
     if ((f->flags & FERRY_FRAME_F_CRC) || device) return writev_staged_resume(c);
     return writev_resume(c);
 }
@@ -561,7 +571,7 @@ static int writev_staged_resume(ferry_conn_t *c)
     int rc = vec_stage(c, p);
     p->resume = rc == FERRY_SERVE_PENDING ? writev_staged_resume : NULL;
     if (rc) return rc;
-    vec_place_staged(c, &p->f, c->vec);
+    vec_place_staged(c, p, c->vec);
     return writev_answer(c, &p->f, c->vec, p->deadline);
 }
 
