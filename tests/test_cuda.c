@@ -29,6 +29,7 @@ int main(void)
 #else
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -644,6 +645,61 @@ static void stub_target_landing_dead_peer(void **state)
     free(later);
 }
 
+static void *cut_later(void *px)
+{
+    usleep(150 * 1000);
+    proxy_cut_all(px);
+    return NULL;
+}
+
+/* A read into device memory whose connection is cut mid-answer (a proxy
+ * forwarding 64 KiB every 5 ms, cut at 150 ms): the call fails, and the
+ * copies the initiator had started were waited for before it returned:
+ * freeing its connections (whose landers a pending copy would drain into
+ * the memory: the stub copies at the stream's synchronize or destroy)
+ * changes no byte afterwards. */
+static void stub_initiator_landing_dead_peer(void **state)
+{
+    (void)state;
+    load_stub();
+    use_driver(getenv("FERRY_CUDA_STUB"));
+    enum { LEN = 8 << 20 };
+    unsigned char *src = malloc(LEN), *dst = stub_alloc(LEN, 0, 0), *seen = malloc(LEN), *later = malloc(LEN);
+    assert_true(src && dst && seen && later);
+    ferry_engine_t *b = harness_engine(20000);
+    assert_int_equal(ferry_register(b, src, LEN, FERRY_MEM_REMOTE), 0);
+    harness_fill(src, LEN, 95);
+    proxy_t *px = proxy_start("127.0.0.1", ferry_engine_port(b), &(proxy_opts_t){.delay_ms = 5});
+    assert_non_null(px);
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.timeout_ms = 20000;
+    cfg.transport = "tcp";
+    cfg.retries = 0;
+    ferry_engine_t *a = harness_engine_cfg(&cfg);
+    assert_int_equal(ferry_register(a, dst, LEN, FERRY_MEM_LOCAL), 0);
+    memset(stub_alias(dst), 0, LEN);
+    ferry_staging_totals_t t0, t1;
+    ferry_staging_totals(&t0);
+    pthread_t cutter;
+    assert_int_equal(pthread_create(&cutter, NULL, cut_later, px), 0);
+    int rc = ferry_transfer_sync(a, proxy_name(px), FERRY_OP_READ, dst, (uint64_t)(uintptr_t)src, LEN);
+    pthread_join(cutter, NULL);
+    assert_int_not_equal(rc, 0);
+    ferry_staging_totals(&t1);
+    assert_true(t1.land_queued - t0.land_queued >= 1); /* copies had started before the cut */
+    device_snapshot(dst, LEN, seen);
+    ferry_engine_destroy(a);
+    device_snapshot(dst, LEN, later);
+    assert_int_equal(memcmp(seen, later, LEN), 0);
+    proxy_stop(px);
+    ferry_engine_destroy(b);
+    stub_free(dst);
+    free(src);
+    free(seen);
+    free(later);
+}
+
 /* A driver that is loaded but unusable: host only, and why. */
 static void stub_driver_unusable(void **state)
 {
@@ -685,6 +741,7 @@ int main(void)
         cmocka_unit_test(stub_target_landing_cancel_leaves_no_late_write),
         cmocka_unit_test(stub_target_landing_dead_peer),
         cmocka_unit_test(stub_target_lands_vector_frames),
+        cmocka_unit_test(stub_initiator_landing_dead_peer),
         cmocka_unit_test(stub_driver_unusable),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
