@@ -553,7 +553,7 @@ static void stub_target_landing_cancel_leaves_no_late_write(void **state)
  * (WRITEV): the target receives each frame's payload into its pinned
  * buffer and queues every device piece's copy on its stream, waiting for
  * them once before the answer (the stub copies only then: the bytes check
- * fails without the wait). */
+ * fails without the wait); and back out (READV) the same way. */
 static void stub_target_lands_vector_frames(void **state)
 {
     (void)state;
@@ -585,6 +585,15 @@ static void stub_target_lands_vector_frames(void **state)
     unsigned char *seen = malloc(cap);
     device_snapshot(dst, cap, seen);
     assert_true(harness_check(seen, cap, 91));
+    /* Read back (READV): the target gathers the device pieces into its
+     * pinned buffer, every copy queued and waited for before it sends. */
+    memset(src, 0, cap);
+    ferry_staging_totals(&t0);
+    assert_int_equal(ferry_batch_transfer_sync(a, ferry_engine_name(b), FERRY_OP_READ, locals, remotes, lens, N), 0);
+    ferry_staging_totals(&t1);
+    assert_int_equal(t1.land_queued - t0.land_queued, N);
+    assert_int_equal(t1.land_copied - t0.land_copied, 0);
+    assert_true(harness_check(src, cap, 91));
     ferry_engine_destroy(a);
     ferry_engine_destroy(b);
     stub_free(dst);

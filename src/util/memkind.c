@@ -421,15 +421,19 @@ int ferry_land_buffer(ferry_land_t *l, uint32_t kind, size_t n, unsigned char **
     return 0;
 }
 
-/* Copies n bytes at off of buffer b into dst: queued on b's stream when
- * it is pinned and the memory CUDA's, else done now. */
-static int land_copy(ferry_land_t *l, int b, uint32_t kind, void *dst, size_t off, size_t n)
+/* Copies n bytes at off of buffer b into dev (to_host: from dev into the
+ * buffer): queued on b's stream when it is pinned and the memory CUDA's,
+ * else done now. */
+static int land_copy(ferry_land_t *l, int b, uint32_t kind, void *dev, size_t off, size_t n, int to_host)
 {
+    unsigned char *host = l->b.buf[b] + off;
 #ifdef FERRY_HAVE_CUDA
     /* Pinned: asynchronous on the buffer's own stream (from pageable
      * memory the driver would stage it synchronously anyway). */
     if (FERRY_MEMKIND_TYPE(kind) == FERRY_MEMKIND_CUDA && l->b.pin_ctx[b]) {
-        if (ferry_cuda_copy_async(kind, dst, l->b.buf[b] + off, n, 0, &l->stream[b], &l->stream_ctx[b]) == 0) {
+        void *dst = to_host ? (void *)host : dev;
+        const void *src = to_host ? (const void *)dev : host;
+        if (ferry_cuda_copy_async(kind, dst, src, n, to_host, &l->stream[b], &l->stream_ctx[b]) == 0) {
             l->pending[b] = true;
             l->queued++;
             atomic_fetch_add_explicit(&total_land_queued, 1, memory_order_relaxed);
@@ -440,7 +444,7 @@ static int land_copy(ferry_land_t *l, int b, uint32_t kind, void *dst, size_t of
 #endif
     l->copied++;
     atomic_fetch_add_explicit(&total_land_copied, 1, memory_order_relaxed);
-    return ferry_memkind_from_host(kind, dst, l->b.buf[b] + off, n);
+    return to_host ? ferry_memkind_to_host(kind, host, dev, n) : ferry_memkind_from_host(kind, dev, host, n);
 }
 
 int ferry_land_put(ferry_land_t *l, uint32_t kind, void *dst, size_t n)
@@ -451,7 +455,7 @@ int ferry_land_put(ferry_land_t *l, uint32_t kind, void *dst, size_t n)
     int b = l->cur;
     l->cur = -1;
     l->last_put = b;
-    return land_copy(l, b, kind, dst, 0, n);
+    return land_copy(l, b, kind, dst, 0, n, 0);
 }
 
 int ferry_land_put_part(ferry_land_t *l, uint32_t kind, void *dst, size_t off, size_t n)
@@ -460,8 +464,19 @@ int ferry_land_put_part(ferry_land_t *l, uint32_t kind, void *dst, size_t off, s
         return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "landing: put of [%zu+%zu) outside the buffer being filled",
                           off, n);
     l->last_put = l->cur;
-    return land_copy(l, l->cur, kind, dst, off, n);
+    return land_copy(l, l->cur, kind, dst, off, n, 0);
 }
+
+int ferry_land_get_part(ferry_land_t *l, uint32_t kind, const void *src, size_t off, size_t n)
+{
+    if (l->cur < 0 || off > l->b.cap || n > l->b.cap - off)
+        return ferry_fail(FERRY_ERR_INVALID_ARGUMENT, "landing: get of [%zu+%zu) outside the buffer being filled",
+                          off, n);
+    l->last_put = l->cur;
+    return land_copy(l, l->cur, kind, (void *)(uintptr_t)src, off, n, 1);
+}
+
+unsigned char *ferry_land_current(const ferry_land_t *l) { return l->cur < 0 ? NULL : l->b.buf[l->cur]; }
 
 void ferry_land_drop(ferry_land_t *l) { l->cur = -1; }
 

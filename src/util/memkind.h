@@ -100,6 +100,12 @@ int ferry_land_put(ferry_land_t *l, uint32_t kind, void *dst, size_t n);
  * scattering one buffer to many places (asynchronous on its stream when
  * pinned, else done now), then finishes and drops it. */
 int ferry_land_put_part(ferry_land_t *l, uint32_t kind, void *dst, size_t off, size_t n);
+/* The other way, for a sender gathering many pieces of memory of kind
+ * into the buffer being filled: n bytes from src to offset off (queued on
+ * its stream when pinned, else done now); ferry_land_finish waits. */
+int ferry_land_get_part(ferry_land_t *l, uint32_t kind, const void *src, size_t off, size_t n);
+/* The buffer being filled, or NULL. */
+unsigned char *ferry_land_current(const ferry_land_t *l);
 /* Forgets the buffer being filled (its copies, if any, still run). */
 void ferry_land_drop(ferry_land_t *l);
 /* Waits for every copy started: 0 once all are complete on the device, or
@@ -108,9 +114,9 @@ int ferry_land_finish(ferry_land_t *l);
 /* The same, for a receiver that gives up (its failure says why): the
  * copies' outcome is dropped, and the buffer being filled forgotten. */
 void ferry_land_settle(ferry_land_t *l);
-/* Puts queued asynchronously, puts copied at once, and buffers given
- * while the other buffer's copy was still in flight (receives overlapped
- * with a copy). */
+/* Copies (puts and gets) queued asynchronously, copies made at once, and
+ * buffers given while the other buffer's copy was still in flight
+ * (receives overlapped with a copy). */
 void ferry_land_counts(const ferry_land_t *l, unsigned long *queued, unsigned long *copied, unsigned long *overlapped);
 
 /* Process-wide totals of both stagers, for tests and statistics: takes

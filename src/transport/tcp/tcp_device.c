@@ -155,7 +155,9 @@ int ferry_tcp_device_send(ferry_conn_t *c, ferry_partial_t *p)
 /* A WRITEV with pieces in device memory lands through the lander's
  * pinned buffer: its payload is received there whole (verified there with
  * checksums), then each device piece's copy is queued from it, all waited
- * for once, under the read lock that placing holds. */
+ * for once, under the read lock that placing holds. A READV's device
+ * pieces are gathered there the same way (device->host), and sent from
+ * it. */
 uint32_t ferry_tcp_vec_kind_locked(ferry_registry_t *r, const struct ferry_vec_scratch *v, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -182,4 +184,31 @@ void ferry_tcp_vec_land_finish_locked(ferry_conn_t *c, ferry_registry_t *r, stru
     for (size_t i = 0; i < n; i++) /* which copy failed is not known: every device piece fails */
         if (!v->st[i] && ferry_registry_kind_of(r, v->d[i].addr, v->d[i].len, true) != FERRY_MEMKIND_HOST)
             ferry_vec_fail_piece(v, i, rc);
+}
+
+/* ------------------------------------------------ vector frames (READV) */
+
+unsigned char *ferry_tcp_vec_gather_locked(ferry_conn_t *c, ferry_registry_t *r, struct ferry_vec_scratch *v,
+                                           size_t n, uint64_t bytes)
+{
+    unsigned char *b = ferry_tcp_vec_buffer(c, ferry_tcp_vec_kind_locked(r, v, n), (size_t)bytes);
+    if (!b) return NULL;
+    uint64_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (v->st[i]) continue;
+        const ferry_vec_desc_t *d = &v->d[i];
+        const void *src = (const void *)(uintptr_t)d->addr;
+        uint32_t kind = ferry_registry_kind_of(r, d->addr, d->len, true);
+        int st = kind == FERRY_MEMKIND_HOST ? (memcpy(b + off, src, d->len), 0)
+                                            : ferry_land_get_part(c->land, kind, src, (size_t)off, d->len);
+        if (st) ferry_vec_fail_piece(v, i, st);
+        else off += d->len;
+    }
+    int rc = ferry_land_finish(c->land); /* before the lock goes: the bytes are staged */
+    if (rc) {
+        ferry_fail_context("staging a vector read's pieces for %s from device memory", c->peer.name);
+        for (size_t i = 0; i < n; i++) /* which copy failed is not known: the frame sends nothing */
+            if (!v->st[i]) ferry_vec_fail_piece(v, i, rc);
+    }
+    return b;
 }

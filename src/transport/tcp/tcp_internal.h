@@ -56,5 +56,10 @@ struct ferry_vec_scratch;
 uint32_t ferry_tcp_vec_kind_locked(ferry_registry_t *r, const struct ferry_vec_scratch *v, size_t n);
 unsigned char *ferry_tcp_vec_buffer(ferry_conn_t *c, uint32_t kind, size_t n);
 void ferry_tcp_vec_land_finish_locked(ferry_conn_t *c, ferry_registry_t *r, struct ferry_vec_scratch *v, size_t n);
+/* A READV with pieces in device memory: its served pieces gathered into
+ * the lander's buffer (given until the answer is sent: ferry_land_drop),
+ * every copy done; NULL when out of memory. */
+unsigned char *ferry_tcp_vec_gather_locked(ferry_conn_t *c, ferry_registry_t *r, struct ferry_vec_scratch *v,
+                                           size_t n, uint64_t bytes);
 
 #endif

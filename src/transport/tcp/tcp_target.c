@@ -669,13 +669,14 @@ static int vec_send_from_memory(ferry_conn_t *c, ferry_partial_t *p)
     return 0;
 }
 
-/* The same from the staging buffer (device memory): p->done of its
- * p->f.addr bytes sent. */
+/* The same from the lander's buffer (device memory, tcp_device.c): p->done
+ * of its p->f.addr bytes sent. */
 static int vec_send_staged(ferry_conn_t *c, ferry_partial_t *p)
 {
     uint64_t total = p->f.addr;
+    const unsigned char *b = ferry_land_current(c->land);
     while (p->done < total) {
-        ssize_t k = send(c->fd, c->bounce + p->done, total - p->done, MSG_DONTWAIT | MSG_NOSIGNAL);
+        ssize_t k = send(c->fd, b + p->done, total - p->done, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (k > 0) {
             p->done += (uint64_t)k;
             continue;
@@ -700,6 +701,7 @@ static int readv_resume(ferry_conn_t *c)
     int rc = ferry_serve_flush(c);
     if (rc == 0) rc = p->mode == READV_STAGED ? vec_send_staged(c, p) : vec_send_from_memory(c, p);
     if (rc == FERRY_SERVE_PENDING) p->resume = readv_resume;
+    if (rc == 0 && p->mode == READV_STAGED) ferry_land_drop(c->land); /* sent: the buffer is free again */
     if (rc == 0) FERRY_STAT_ADD(c->ctx->counters, bytes_served, p->f.addr);
     return rc;
 }
@@ -719,22 +721,7 @@ static int serve_readv(ferry_conn_t *c, const ferry_frame_t *f)
     ferry_registry_read_lock(r);
     ferry_vec_validate_locked(c, v, 0, n, FERRY_MEM_REMOTE_READ, &device);
     ferry_vec_expire(c, f, v, 0, n); /* past its deadline: not sent */
-    if (device) {
-        /* Device memory: every served piece is copied out while the
-         * regions are held, and sent from the copy. */
-        staged = ferry_conn_bounce(c, f->addr);
-        uint64_t off = 0;
-        for (size_t i = 0; staged && i < n; i++) {
-            if (v->st[i]) continue;
-            const ferry_vec_desc_t *d = &v->d[i];
-            uint32_t kind = ferry_registry_kind_of(r, d->addr, d->len, true);
-            int st = kind == FERRY_MEMKIND_HOST
-                         ? (memcpy(staged + off, (void *)(uintptr_t)d->addr, d->len), 0)
-                         : ferry_memkind_to_host(kind, staged + off, (void *)(uintptr_t)d->addr, d->len);
-            if (st) ferry_vec_fail_piece(v, i, st);
-            else off += d->len;
-        }
-    }
+    if (device) staged = ferry_tcp_vec_gather_locked(c, r, v, n, f->addr); /* sent from there */
     uint64_t data = 0, off = 0;
     for (size_t i = 0; i < n; i++) {
         uint32_t sum = 0;
@@ -765,6 +752,7 @@ static int serve_readv(ferry_conn_t *c, const ferry_frame_t *f)
     }
     if (crc) iov[cnt++] = (struct iovec){v->crcs, 4 * n};
     rc = ferry_serve_sendv(c, iov, cnt, deadline);
+    if (staged && (rc || !data)) ferry_land_drop(c->land);
     if (rc || !data) return rc;
     ferry_partial_t *p = &c->partial;
     *p = (ferry_partial_t){.f = *f, .deadline = deadline, .version = version, .wait_out = true,
