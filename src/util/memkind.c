@@ -224,7 +224,9 @@ static bool pair_unfit(const struct buffer_pair *p, uint32_t kind, size_t n)
 static int pair_reserve(struct buffer_pair *p, uint32_t kind, size_t n)
 {
     if (!pair_unfit(p, kind, n)) return 0;
+#ifdef FERRY_HAVE_CUDA
     bool want_pinned = FERRY_MEMKIND_TYPE(kind) == FERRY_MEMKIND_CUDA && !p->pin_refused;
+#endif
     size_t cap = n > p->cap ? n : p->cap;
     pair_release(p);
     for (int i = 0; i < 2; i++) {
@@ -366,22 +368,18 @@ ferry_land_t *ferry_land_new(void)
     return l;
 }
 
-static void land_note_failure(ferry_land_t *l, int rc)
-{
-    if (l->failed) return;
-    l->failed = rc;
-    snprintf(l->why, sizeof l->why, "%s", ferry_fail_message());
-}
-
-/* Waits for buf[i]'s copy, if one is in flight; a failure is kept for
- * the finish. */
+/* Waits for buf[i]'s copy, if one is in flight (only CUDA's are); its
+ * failure, the first since the last finish, is kept for the finish. */
 static void land_wait(ferry_land_t *l, int i)
 {
     if (!l->pending[i]) return;
     l->pending[i] = false;
 #ifdef FERRY_HAVE_CUDA
     int rc = ferry_cuda_stream_wait(l->stream[i], l->stream_ctx[i]);
-    if (rc) land_note_failure(l, rc);
+    if (rc && !l->failed) {
+        l->failed = rc;
+        snprintf(l->why, sizeof l->why, "%s", ferry_fail_message());
+    }
 #endif
 }
 
