@@ -16,7 +16,7 @@ if(FERRY_HAVE_CUDA)
   set_target_properties(cuda_stub PROPERTIES NO_SONAME ON)
   target_link_options(cuda_stub PRIVATE "LINKER:-soname,libcuda.so.1")
   target_compile_definitions(test_cuda PRIVATE FERRY_HAVE_CUDA=1)
-  target_link_libraries(test_cuda PRIVATE ${CMAKE_DL_LIBS})
+  target_link_libraries(test_cuda PRIVATE ${CMAKE_DL_LIBS} ferry_fault_support) # raw peers (fault.h)
   add_dependencies(test_cuda cuda_stub cuda_stub_partial)
   # Where a toolkit's cuda.h is at hand, the test checks the driver API
   # values Ferry declares itself (src/util/cuda_driver.h) against it.

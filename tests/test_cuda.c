@@ -29,9 +29,11 @@ int main(void)
 #else
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifdef FERRY_TEST_CUDA_H
 #include <cuda.h>
@@ -42,6 +44,7 @@ int main(void)
 #include "engine/testing.h"
 #include "link/registry.h"
 #include "util/memkind.h"
+#include "fault.h"
 #include "harness.h"
 
 #ifdef FERRY_TEST_CUDA_H
@@ -295,24 +298,49 @@ static void stub_driver_moves_device_memory(void **state)
     unsigned long before[7], more_before[8], more_after[8];
     void (*more)(unsigned long[8]) = (void (*)(unsigned long[8]))dlsym(stub, "cuda_stub_more_counts");
     assert_non_null(more);
+    ferry_staging_totals_t t0, t1;
     more(more_before);
     stub_counts(before);
+    ferry_staging_totals(&t0);
     assert_int_equal(ferry_transfer_sync(a, ferry_engine_name(b), FERRY_OP_WRITE, gsrc, (uint64_t)(uintptr_t)gdst, len),
                      0);
     /* The initiator staged through pinned buffers, each slice after the
-     * first copied while the one before it was sent (4 slices of 1 MiB). */
+     * first copied while the one before it was sent (4 slices of 1 MiB);
+     * the target received each slice's 256 KiB sub-slices into its own
+     * pinned buffers and copied them in on its streams (3 x 4 + 1), every
+     * copy waited for before the ack (the stub copies only then: the bytes
+     * check below fails otherwise). */
     more(more_after);
-    assert_int_equal(more_after[3] - more_before[3], 3);
-    assert_int_equal(more_after[6] - more_before[6], 2);
+    ferry_staging_totals(&t1);
+    assert_int_equal(t1.take_prefetched - t0.take_prefetched, 3);
+    assert_int_equal(t1.take_copied - t0.take_copied, 1);
+    assert_int_equal(t1.land_queued - t0.land_queued, 13);
+    assert_int_equal(t1.land_copied - t0.land_copied, 0);
+    assert_true(t1.land_overlapped - t0.land_overlapped >= 1); /* received while a copy ran (9 when the bytes wait) */
+    assert_int_equal(more_after[3] - more_before[3], 3 + 13);
+    assert_int_equal(more_after[6] - more_before[6], 2 + 2);
     assert_true(harness_check(stub_alias(gdst), len, 12));
     unsigned long after_write[7];
     stub_counts(after_write);
-    assert_true(after_write[0] > before[0] && after_write[1] > before[1]);
-    expect_counts(before, (long)(after_write[0] - before[0]), (long)(after_write[1] - before[1]));
+    assert_true(after_write[0] > before[0]);
+    expect_counts(before, (long)(after_write[0] - before[0]), 0);
 
+    /* Read back into device memory: the initiator lands the answers the
+     * same way (13 sub-slices on its streams), complete before the call
+     * returns. */
     memset(stub_alias(gsrc), 0, len);
+    ferry_staging_totals(&t0);
     assert_int_equal(ferry_transfer_sync(a, ferry_engine_name(b), FERRY_OP_READ, gsrc, (uint64_t)(uintptr_t)gdst, len),
                      0);
+    ferry_staging_totals(&t1);
+    assert_int_equal(t1.land_queued - t0.land_queued, 13);
+    assert_int_equal(t1.land_overlapped - t0.land_overlapped, 3 * 3); /* sub-slices 2..4 of each whole slice */
+    /* The target served it from its device memory the same way: each
+     * answer's 256 KiB sub-slices staged, the next one's copy started
+     * before this one is sent (all but the first of each answer, unless
+     * a full socket parked the answer between them). */
+    assert_true(t1.take_prefetched - t0.take_prefetched >= 1);
+    assert_int_equal(t1.take_prefetched - t0.take_prefetched + t1.take_copied - t0.take_copied, 13);
     assert_true(harness_check(stub_alias(gsrc), len, 12));
 
     /* A range running past the allocation is refused at registration. */
@@ -436,6 +464,251 @@ static void stub_stage_prefetches_into_pinned_buffers(void **state)
     stub_free(g);
 }
 
+/* The device bytes of [p, p+n) copied out in step with the stub's "device"
+ * (its stream copies run under the same lock). */
+static void device_snapshot(unsigned char *p, size_t n, unsigned char *out)
+{
+    void (*lock)(void) = (void (*)(void))dlsym(stub, "cuda_stub_lock");
+    void (*unlock)(void) = (void (*)(void))dlsym(stub, "cuda_stub_unlock");
+    assert_true(lock && unlock);
+    const unsigned char *bytes = stub_alias(p); /* takes the lock itself */
+    lock();
+    memcpy(out, bytes, n);
+    unlock();
+}
+
+static ferry_engine_t *tcp_initiator(void)
+{
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.timeout_ms = 20000;
+    cfg.transport = "tcp";
+    return harness_engine_cfg(&cfg);
+}
+
+/* A batch of writes into the target's device memory, cancelled while the
+ * target's host->device copies run (each 256 KiB copy takes 20 ms on the
+ * stub's stream): every request ends COMPLETED (its bytes there) or
+ * CANCELLED, and once the cancel returned nothing more lands: the
+ * target waits for its copies in flight before the cancel's barrier
+ * passes (tcp_target.c, place_device). */
+static void stub_target_landing_cancel_leaves_no_late_write(void **state)
+{
+    (void)state;
+    load_stub();
+    use_driver(getenv("FERRY_CUDA_STUB"));
+    enum { N = 8, PIECE = 1 << 20 };
+    size_t cap = (size_t)N * PIECE;
+    unsigned char *src = malloc(cap), *dst = stub_alloc(cap, 0, 0), *seen = malloc(cap), *later = malloc(cap);
+    assert_true(src && dst && seen && later);
+    ferry_engine_t *a = tcp_initiator(), *b = harness_engine(20000);
+    assert_int_equal(ferry_register(a, src, cap, FERRY_MEM_LOCAL), 0);
+    assert_int_equal(ferry_register(b, dst, cap, FERRY_MEM_REMOTE), 0);
+    assert_int_equal(ferry_transfer_sync(a, ferry_engine_name(b), FERRY_OP_WRITE, src, (uint64_t)(uintptr_t)dst, 1),
+                     0); /* session up */
+    for (int i = 0; i < N; i++) harness_fill(src + (size_t)i * PIECE, PIECE, 71 + (uint64_t)i);
+    memset(stub_alias(dst), 0, cap);
+    setenv("FERRY_CUDA_STUB_COPY_DELAY_US", "20000", 1);
+    ferry_batch_t *batch = NULL;
+    assert_int_equal(ferry_batch_alloc(a, N, &batch), 0);
+    ferry_request_t reqs[N];
+    for (int i = 0; i < N; i++)
+        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, src + (size_t)i * PIECE, (uint64_t)(uintptr_t)dst + (uint64_t)i * PIECE,
+                                    PIECE};
+    assert_true(ferry_batch_submit(batch, ferry_engine_name(b), reqs, N, 20000) >= 0);
+    usleep(150 * 1000);
+    int rc = ferry_batch_cancel(batch);
+    if (rc) fail_msg("cancel: %d %s", rc, ferry_last_error_detail());
+    device_snapshot(dst, cap, seen);
+    int completed = 0, cancelled = 0;
+    for (int i = 0; i < N; i++) {
+        ferry_status_t st;
+        assert_int_equal(ferry_batch_status(batch, (size_t)i, &st), 0);
+        if (st.state == FERRY_STATUS_COMPLETED) {
+            completed++;
+            assert_true(harness_check(seen + (size_t)i * PIECE, PIECE, 71 + (uint64_t)i));
+        } else {
+            if (st.state != FERRY_STATUS_CANCELLED) fail_msg("request %d ended in state %d", i, st.state);
+            cancelled++;
+        }
+    }
+    assert_true(cancelled > 0);
+    assert_int_equal(completed + cancelled, N);
+    usleep(400 * 1000); /* longer than a hold's copies take */
+    device_snapshot(dst, cap, later);
+    for (int i = 0; i < N; i++)
+        if (memcmp(seen + (size_t)i * PIECE, later + (size_t)i * PIECE, PIECE) != 0)
+            fail_msg("request %d: bytes landed after the cancel returned", i);
+    unsetenv("FERRY_CUDA_STUB_COPY_DELAY_US");
+    ferry_batch_free(batch);
+    ferry_engine_destroy(a);
+    ferry_engine_destroy(b);
+    stub_free(dst);
+    free(src);
+    free(seen);
+    free(later);
+}
+
+/* Small pieces into the target's device memory travel in vector frames
+ * (WRITEV): the target receives each frame's payload into its pinned
+ * buffer and queues every device piece's copy on its stream, waiting for
+ * them once before the answer (the stub copies only then: the bytes check
+ * fails without the wait); and back out (READV) the same way. */
+static void stub_target_lands_vector_frames(void **state)
+{
+    (void)state;
+    load_stub();
+    use_driver(getenv("FERRY_CUDA_STUB"));
+    enum { N = 64, PIECE = 4096 };
+    size_t cap = (size_t)N * PIECE;
+    unsigned char *src = malloc(cap), *dst = stub_alloc(cap, 0, 0);
+    assert_true(src && dst);
+    ferry_engine_t *a = tcp_initiator(), *b = harness_engine(20000);
+    assert_int_equal(ferry_register(a, src, cap, FERRY_MEM_LOCAL), 0);
+    assert_int_equal(ferry_register(b, dst, cap, FERRY_MEM_REMOTE), 0);
+    harness_fill(src, cap, 91);
+    memset(stub_alias(dst), 0, cap);
+    void *locals[N];
+    uint64_t remotes[N];
+    size_t lens[N];
+    for (int i = 0; i < N; i++) {
+        locals[i] = src + (size_t)i * PIECE;
+        remotes[i] = (uint64_t)(uintptr_t)dst + (uint64_t)i * PIECE;
+        lens[i] = PIECE;
+    }
+    ferry_staging_totals_t t0, t1;
+    ferry_staging_totals(&t0);
+    assert_int_equal(ferry_batch_transfer_sync(a, ferry_engine_name(b), FERRY_OP_WRITE, locals, remotes, lens, N), 0);
+    ferry_staging_totals(&t1);
+    assert_int_equal(t1.land_queued - t0.land_queued, N);
+    assert_int_equal(t1.land_copied - t0.land_copied, 0);
+    unsigned char *seen = malloc(cap);
+    device_snapshot(dst, cap, seen);
+    assert_true(harness_check(seen, cap, 91));
+    /* Read back (READV): the target gathers the device pieces into its
+     * pinned buffer, every copy queued and waited for before it sends. */
+    memset(src, 0, cap);
+    ferry_staging_totals(&t0);
+    assert_int_equal(ferry_batch_transfer_sync(a, ferry_engine_name(b), FERRY_OP_READ, locals, remotes, lens, N), 0);
+    ferry_staging_totals(&t1);
+    assert_int_equal(t1.land_queued - t0.land_queued, N);
+    assert_int_equal(t1.land_copied - t0.land_copied, 0);
+    assert_true(harness_check(src, cap, 91));
+    ferry_engine_destroy(a);
+    ferry_engine_destroy(b);
+    stub_free(dst);
+    free(src);
+    free(seen);
+}
+
+/* An initiator that dies mid-slice (a raw peer sends a WRITE's header and
+ * 600 KiB of its 1 MiB, then closes): the target lands the two whole
+ * 256 KiB sub-slices it received, waiting for their copies before it
+ * drops the connection, and nothing else: the cut sub-slice is dropped
+ * and no byte lands later. */
+static void stub_target_landing_dead_peer(void **state)
+{
+    (void)state;
+    load_stub();
+    use_driver(getenv("FERRY_CUDA_STUB"));
+    enum { LEN = 1 << 20, SENT = 600 << 10, LANDED = 512 << 10 };
+    unsigned char *dst = stub_alloc(LEN, 0, 0), *data = malloc(LEN), *seen = malloc(LEN), *later = malloc(LEN);
+    assert_true(dst && data && seen && later);
+    ferry_engine_t *t = harness_engine(20000);
+    assert_int_equal(ferry_register(t, dst, LEN, FERRY_MEM_REMOTE), 0);
+    memset(stub_alias(dst), 0, LEN);
+    harness_fill(data, LEN, 81);
+    ferry_staging_totals_t t0, t1;
+    ferry_staging_totals(&t0);
+    setenv("FERRY_CUDA_STUB_COPY_DELAY_US", "20000", 1);
+    int fd = raw_handshaken(ferry_engine_port(t));
+    assert_true(fd >= 0);
+    ferry_frame_t f = {.type = FERRY_FRAME_WRITE, .req_id = 1, .addr = (uint64_t)(uintptr_t)dst, .len = LEN,
+                       .plen = LEN};
+    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
+    ferry_frame_encode(&f, hdr);
+    assert_int_equal(raw_send_bytes(fd, hdr, sizeof hdr), 0);
+    assert_int_equal(raw_send_bytes(fd, data, SENT), 0);
+    usleep(100 * 1000); /* the target received what came */
+    close(fd);
+    /* The connection's end waits for the copies: both whole sub-slices
+     * land, and only they. */
+    for (int waited = 0; waited < 5000; waited += 20) {
+        device_snapshot(dst, LEN, seen);
+        if (memcmp(seen, data, LANDED) == 0) break;
+        usleep(20 * 1000);
+    }
+    assert_int_equal(memcmp(seen, data, LANDED), 0);
+    usleep(300 * 1000);
+    device_snapshot(dst, LEN, later);
+    assert_int_equal(memcmp(seen, later, LEN), 0);
+    static const unsigned char zero[LEN - LANDED];
+    assert_int_equal(memcmp(later + LANDED, zero, sizeof zero), 0);
+    ferry_staging_totals(&t1);
+    assert_int_equal(t1.land_queued - t0.land_queued, 2);
+    unsetenv("FERRY_CUDA_STUB_COPY_DELAY_US");
+    ferry_engine_destroy(t);
+    stub_free(dst);
+    free(data);
+    free(seen);
+    free(later);
+}
+
+static void *cut_later(void *px)
+{
+    usleep(150 * 1000);
+    proxy_cut_all(px);
+    return NULL;
+}
+
+/* A read into device memory whose connection is cut mid-answer (a proxy
+ * forwarding 64 KiB every 5 ms, cut at 150 ms): the call fails, and the
+ * copies the initiator had started were waited for before it returned:
+ * freeing its connections (whose landers a pending copy would drain into
+ * the memory: the stub copies at the stream's synchronize or destroy)
+ * changes no byte afterwards. */
+static void stub_initiator_landing_dead_peer(void **state)
+{
+    (void)state;
+    load_stub();
+    use_driver(getenv("FERRY_CUDA_STUB"));
+    enum { LEN = 8 << 20 };
+    unsigned char *src = malloc(LEN), *dst = stub_alloc(LEN, 0, 0), *seen = malloc(LEN), *later = malloc(LEN);
+    assert_true(src && dst && seen && later);
+    ferry_engine_t *b = harness_engine(20000);
+    assert_int_equal(ferry_register(b, src, LEN, FERRY_MEM_REMOTE), 0);
+    harness_fill(src, LEN, 95);
+    proxy_t *px = proxy_start("127.0.0.1", ferry_engine_port(b), &(proxy_opts_t){.delay_ms = 5});
+    assert_non_null(px);
+    ferry_config_t cfg;
+    ferry_config_init(&cfg);
+    cfg.timeout_ms = 20000;
+    cfg.transport = "tcp";
+    cfg.retries = 0;
+    ferry_engine_t *a = harness_engine_cfg(&cfg);
+    assert_int_equal(ferry_register(a, dst, LEN, FERRY_MEM_LOCAL), 0);
+    memset(stub_alias(dst), 0, LEN);
+    ferry_staging_totals_t t0, t1;
+    ferry_staging_totals(&t0);
+    pthread_t cutter;
+    assert_int_equal(pthread_create(&cutter, NULL, cut_later, px), 0);
+    int rc = ferry_transfer_sync(a, proxy_name(px), FERRY_OP_READ, dst, (uint64_t)(uintptr_t)src, LEN);
+    pthread_join(cutter, NULL);
+    assert_int_not_equal(rc, 0);
+    ferry_staging_totals(&t1);
+    assert_true(t1.land_queued - t0.land_queued >= 1); /* copies had started before the cut */
+    device_snapshot(dst, LEN, seen);
+    ferry_engine_destroy(a);
+    device_snapshot(dst, LEN, later);
+    assert_int_equal(memcmp(seen, later, LEN), 0);
+    proxy_stop(px);
+    ferry_engine_destroy(b);
+    stub_free(dst);
+    free(src);
+    free(seen);
+    free(later);
+}
+
 /* A driver that is loaded but unusable: host only, and why. */
 static void stub_driver_unusable(void **state)
 {
@@ -474,6 +747,10 @@ int main(void)
         cmocka_unit_test(stub_driver_moves_device_memory),
         cmocka_unit_test(stub_driver_primary_context_and_managed),
         cmocka_unit_test(stub_stage_prefetches_into_pinned_buffers),
+        cmocka_unit_test(stub_target_landing_cancel_leaves_no_late_write),
+        cmocka_unit_test(stub_target_landing_dead_peer),
+        cmocka_unit_test(stub_target_lands_vector_frames),
+        cmocka_unit_test(stub_initiator_landing_dead_peer),
         cmocka_unit_test(stub_driver_unusable),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -45,9 +45,11 @@ int main(void)
 #include <unistd.h>
 
 #include "harness.h"
+#include "child.h"
 #include "fault.h"
 
 #include "transport/cuda_ipc/cuda_ipc.h"
+#include "util/memkind.h"
 
 static void *(*stub_alloc)(size_t, int, int);
 static void *(*stub_alloc_at)(void *, size_t, int);
@@ -89,7 +91,7 @@ enum {
     CMD_RESTART,     /* a new engine on the same port, the buffer registered again */
     CMD_IMPORTS,     /* rc = imports open now, addr = opened so far */
     CMD_DELAY,       /* each stream copy takes seed microseconds */
-    CMD_STAGED,      /* rc = staging copies (dtoh + htod) done here */
+    CMD_STAGED,      /* rc = staging copies (dtoh + htod, and pipelined ones) done here */
     CMD_PLACED,      /* addr = the engine's bytes_placed */
 };
 
@@ -172,7 +174,12 @@ static int child_run(struct cmd *c, ferry_engine_t **e, unsigned char *dev, size
         snprintf(v, sizeof v, "%llu", (unsigned long long)c->seed);
         return setenv("FERRY_CUDA_STUB_COPY_DELAY_US", v, 1);
     }
-    case CMD_STAGED: stub_counts(counts); return (int)(counts[0] + counts[1]);
+    case CMD_STAGED: { /* synchronous, and pipelined through pinned buffers (memkind.h) */
+        ferry_staging_totals_t t;
+        ferry_staging_totals(&t);
+        stub_counts(counts);
+        return (int)(counts[0] + counts[1] + t.take_prefetched + t.land_queued);
+    }
     case CMD_PLACED: {
         ferry_stats_t st;
         int rc = ferry_engine_stats(*e, &st);
@@ -208,26 +215,22 @@ static void child_main(int in, int out, size_t len, bool no_ipc)
     _exit(open_now == 0 ? 0 : 3); /* every import closed with its connections */
 }
 
+struct child_args {
+    size_t len;
+    bool no_ipc;
+};
+
+static void child_body(int in, int out, void *arg)
+{
+    const struct child_args *a = arg;
+    child_main(in, out, a->len, a->no_ipc);
+}
+
 static child_t *child_start(size_t len, bool no_ipc)
 {
-    int down[2], up[2];
-    assert_int_equal(pipe(down), 0);
-    assert_int_equal(pipe(up), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        close(down[1]);
-        close(up[0]);
-        child_main(down[0], up[1], len, no_ipc);
-    }
-    close(down[0]);
-    close(up[1]);
     child_t *c = calloc(1, sizeof *c);
-    c->pid = pid;
-    c->to = down[1];
-    c->from = up[0];
     struct reply r;
-    assert_int_equal(read(c->from, &r, sizeof r), sizeof r);
+    child_fork(child_body, &(struct child_args){len, no_ipc}, &c->pid, &c->to, &c->from, &r, sizeof r);
     assert_int_equal(r.rc, 0);
     snprintf(c->peer, sizeof c->peer, "127.0.0.1:%u", r.port);
     c->addr = r.addr;
@@ -238,9 +241,8 @@ static child_t *child_start(size_t len, bool no_ipc)
 static int child_do2(child_t *c, int op, uint64_t seed, uint64_t off, uint64_t len, uint64_t *addr)
 {
     struct cmd m = {op, seed, off, len};
-    assert_int_equal(write(c->to, &m, sizeof m), sizeof m);
     struct reply r;
-    assert_int_equal(read(c->from, &r, sizeof r), sizeof r);
+    child_exchange(c->to, c->from, &m, sizeof m, &r, sizeof r);
     if (addr) *addr = r.addr;
     return r.rc;
 }
@@ -253,11 +255,7 @@ static int child_do(child_t *c, int op, uint64_t seed, uint64_t off, uint64_t le
 static void child_stop(child_t *c)
 {
     struct cmd m = {CMD_QUIT, 0, 0, 0};
-    if (write(c->to, &m, sizeof m) != sizeof m) kill(c->pid, SIGKILL);
-    int status = 0;
-    waitpid(c->pid, &status, 0);
-    close(c->to);
-    close(c->from);
+    int status = child_end(c->pid, c->to, c->from, &m, sizeof m, false);
     free(c);
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 0);

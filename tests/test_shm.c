@@ -14,6 +14,7 @@
 
 #include "fake_dev.h"
 #include "harness.h"
+#include "child.h"
 
 #include "util/clock.h"
 #include "util/memkind.h"
@@ -87,26 +88,22 @@ static void child_main(int in, int out, size_t len, int disable_shm)
     _exit(0);
 }
 
+struct child_args {
+    size_t len;
+    int disable_shm;
+};
+
+static void child_body(int in, int out, void *arg)
+{
+    const struct child_args *a = arg;
+    child_main(in, out, a->len, a->disable_shm);
+}
+
 static child_t *child_start(size_t len, int disable_shm)
 {
-    int down[2], up[2];
-    assert_int_equal(pipe(down), 0);
-    assert_int_equal(pipe(up), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        close(down[1]);
-        close(up[0]);
-        child_main(down[0], up[1], len, disable_shm);
-    }
-    close(down[0]);
-    close(up[1]);
     child_t *c = calloc(1, sizeof *c);
-    c->pid = pid;
-    c->to = down[1];
-    c->from = up[0];
     struct reply r;
-    assert_int_equal(read(c->from, &r, sizeof r), sizeof r);
+    child_fork(child_body, &(struct child_args){len, disable_shm}, &c->pid, &c->to, &c->from, &r, sizeof r);
     assert_int_equal(r.rc, 0);
     snprintf(c->peer, sizeof c->peer, "127.0.0.1:%u", r.port);
     c->addr = r.addr;
@@ -117,20 +114,15 @@ static child_t *child_start(size_t len, int disable_shm)
 static int child_do(child_t *c, int op, uint64_t seed, uint64_t off, uint64_t len)
 {
     struct cmd m = {op, seed, off, len};
-    assert_int_equal(write(c->to, &m, sizeof m), sizeof m);
     struct reply r;
-    assert_int_equal(read(c->from, &r, sizeof r), sizeof r);
+    child_exchange(c->to, c->from, &m, sizeof m, &r, sizeof r);
     return r.rc;
 }
 
 static void child_stop(child_t *c)
 {
     struct cmd m = {CMD_QUIT, 0, 0, 0};
-    if (write(c->to, &m, sizeof m) != sizeof m) kill(c->pid, SIGKILL);
-    int status = 0;
-    waitpid(c->pid, &status, 0);
-    close(c->to);
-    close(c->from);
+    int status = child_end(c->pid, c->to, c->from, &m, sizeof m, false);
     free(c);
     assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "child.h"
 #include "engine/testing.h"
 
 #include <ferry/pool.h>
@@ -132,26 +133,13 @@ static void child_main(int in, int out, uint16_t port)
     _exit(0);
 }
 
+static void child_body(int in, int out, void *arg) { child_main(in, out, *(const uint16_t *)arg); }
+
 static child_t *child_start(uint16_t port)
 {
-    int down[2], up[2];
-    assert_int_equal(pipe(down), 0);
-    assert_int_equal(pipe(up), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        close(down[1]);
-        close(up[0]);
-        child_main(down[0], up[1], port);
-    }
-    close(down[0]);
-    close(up[1]);
     child_t *c = calloc(1, sizeof *c);
-    c->pid = pid;
-    c->to = down[1];
-    c->from = up[0];
     struct reply r;
-    assert_int_equal(read(c->from, &r, sizeof r), sizeof r);
+    child_fork(child_body, &port, &c->pid, &c->to, &c->from, &r, sizeof r);
     assert_int_equal(r.rc, 0);
     c->port = r.port;
     snprintf(c->peer, sizeof c->peer, "127.0.0.1:%u", r.port);
@@ -164,9 +152,8 @@ static child_t *child_start(uint16_t port)
 static struct reply child_ask(child_t *c, int op, uint64_t seed, uint64_t off, uint64_t len)
 {
     struct cmd m = {op, seed, off, len};
-    assert_int_equal(write(c->to, &m, sizeof m), sizeof m);
     struct reply r;
-    assert_int_equal(read(c->from, &r, sizeof r), sizeof r);
+    child_exchange(c->to, c->from, &m, sizeof m, &r, sizeof r);
     return r;
 }
 
@@ -180,11 +167,7 @@ static uint64_t placed(child_t *c) { return child_ask(c, CMD_PLACED, 0, 0, 0).va
 static void child_stop(child_t *c, bool kill_it)
 {
     struct cmd m = {CMD_QUIT, 0, 0, 0};
-    if (kill_it || write(c->to, &m, sizeof m) != sizeof m) kill(c->pid, SIGKILL);
-    int status = 0;
-    waitpid(c->pid, &status, 0);
-    close(c->to);
-    close(c->from);
+    int status = child_end(c->pid, c->to, c->from, &m, sizeof m, kill_it);
     free(c);
     if (!kill_it) assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }

@@ -172,6 +172,7 @@ void ferry_conn_free(ferry_conn_t *c)
     if (c->xport_free) c->xport_free(c->xport);
     free(c->bounce);
     ferry_stage_free(c->stage);
+    ferry_land_free(c->land);
     free(c->vec);
     free(c->answered);
     free(c->outbox.out);

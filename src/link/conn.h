@@ -70,6 +70,7 @@ struct ferry_conn {
     unsigned char *bounce;     /* checksum / device-memory staging, lazily made */
     size_t bounce_cap;         /* its size; 0 = FERRY_WIRE_MAX_DATA (the target's checksum staging) */
     struct ferry_stage *stage; /* initiator: pinned, pipelined staging of device memory (memkind.h), lazily made */
+    struct ferry_land *land;   /* receiving into device memory: pinned, pipelined landing (memkind.h), lazily made */
     struct ferry_conn *next;   /* target side: list of served connections */
     struct ferry_conn *busy_prev, *busy_next; /* initiator side: the engine's checked-out list */
     struct ferry_served *served; /* target side: its serving state in the event loop (evloop.c) */

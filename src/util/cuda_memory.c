@@ -475,12 +475,13 @@ void ferry_cuda_host_free(void *p, void *ctx)
     cu.primary_release(dev);
 }
 
-int ferry_cuda_copy_async(uint32_t kind, void *dst, const void *src, size_t n, void **stream, void **stream_ctx)
+int ferry_cuda_copy_async(uint32_t kind, void *dst, const void *src, size_t n, int to_host, void **stream,
+                          void **stream_ctx)
 {
     if (!stage_entry_points())
         return ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "CUDA staging: no asynchronous copy in this driver");
     FERRY_CUdevice primary = -1;
-    int err = copy_enter(src, FERRY_MEMKIND_DEVICE(kind), &primary);
+    int err = copy_enter(to_host ? src : dst, FERRY_MEMKIND_DEVICE(kind), &primary);
     if (err != FERRY_CUDA_SUCCESS) return stage_fail(err, "entering the memory's context", n);
     FERRY_CUcontext here = NULL;
     err = st.ctx_current(&here);
@@ -495,7 +496,8 @@ int ferry_cuda_copy_async(uint32_t kind, void *dst, const void *src, size_t n, v
     if (err == FERRY_CUDA_SUCCESS)
         err = st.copy_async((FERRY_CUdeviceptr)(uintptr_t)dst, (FERRY_CUdeviceptr)(uintptr_t)src, n, *stream);
     copy_leave(primary);
-    return err == FERRY_CUDA_SUCCESS ? 0 : stage_fail(err, "cuMemcpyAsync device->host", n);
+    if (err == FERRY_CUDA_SUCCESS) return 0;
+    return stage_fail(err, to_host ? "cuMemcpyAsync device->host" : "cuMemcpyAsync host->device", n);
 }
 
 int ferry_cuda_stream_wait(void *stream, void *stream_ctx)
@@ -506,7 +508,7 @@ int ferry_cuda_stream_wait(void *stream, void *stream_ctx)
         err = cu.stream_sync(stream);
         cu.ctx_pop(&popped);
     }
-    return err == FERRY_CUDA_SUCCESS ? 0 : stage_fail(err, "waiting for the device->host copy", 0);
+    return err == FERRY_CUDA_SUCCESS ? 0 : stage_fail(err, "waiting for the stream's copy", 0);
 }
 
 void ferry_cuda_stream_free(void *stream, void *stream_ctx)

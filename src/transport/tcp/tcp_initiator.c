@@ -59,6 +59,41 @@ static int send_slice(ferry_conn_t *c, ferry_xfer_t *x, const unsigned char *src
     return ferry_conn_send_frame(c, &f, NULL, x->deadline);
 }
 
+/* A read answer's n bytes for device memory (no checksum to verify first):
+ * received sub-slice by sub-slice into the connection's pinned buffers,
+ * each copied to the device while the next is received (memkind.h,
+ * ferry_land); 0 only once every copy is complete on the device. A failed
+ * copy fails the piece (the rest of the bytes are still read); a failed
+ * receive breaks the connection, after the copies in flight are done. */
+static int recv_into_device(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t n, uint32_t kind, int *broken)
+{
+    if (!c->land && !(c->land = ferry_land_new())) {
+        *broken = 1; /* the answer's bytes stay unread */
+        return ferry_fail(FERRY_ERR_MEMORY, "device-memory landing: out of memory");
+    }
+    int copy_rc = 0;
+    for (uint64_t sub = 0; sub < n; sub += LAND_SLICE) {
+        size_t sub_n = n - sub < LAND_SLICE ? (size_t)(n - sub) : LAND_SLICE;
+        unsigned char *b;
+        bool stream_ok;
+        int rc = ferry_land_buffer(c->land, kind, LAND_SLICE, &b);
+        if (rc == 0) rc = ferry_net_recv_local(c->fd, b, sub_n, x->deadline, &stream_ok);
+        if (rc) {
+            ferry_land_settle(c->land);
+            *broken = 1;
+            return rc;
+        }
+        if (copy_rc) continue; /* the piece failed: its bytes are read and dropped */
+        copy_rc = ferry_land_put(c->land, kind, x->local + off + sub, sub_n);
+        if (copy_rc) ferry_land_settle(c->land);
+    }
+    int rc = copy_rc ? copy_rc : ferry_land_finish(c->land);
+    if (rc)
+        return ferry_fail_context("read slice [0x%llx+%llu) from %s: copying into device memory",
+                                  (unsigned long long)(x->remote + off), (unsigned long long)n, c->peer.name);
+    return 0;
+}
+
 /* Receives one answer; for reads, the data lands at local + *off_recv. */
 static int recv_answer(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t n, int *broken, unsigned spin_us)
 {
@@ -81,8 +116,11 @@ static int recv_answer(ferry_conn_t *c, ferry_xfer_t *x, uint64_t off, uint64_t 
             return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "read answer of %u bytes for a slice of %llu", f.plen,
                               (unsigned long long)n);
         }
-        /* Device memory: receive into the staging buffer, copy in after. */
+        /* Device memory: pipelined into it without a checksum; with one,
+         * received whole into the staging buffer, verified, copied in. */
         uint32_t kind = ferry_registry_kind_of(c->ctx->registry, (uint64_t)(uintptr_t)(x->local + off), n, false);
+        if (kind != FERRY_MEMKIND_HOST && !(f.flags & FERRY_FRAME_F_CRC))
+            return recv_into_device(c, x, off, n, kind, broken);
         unsigned char *dst = kind == FERRY_MEMKIND_HOST ? x->local + off : ferry_conn_bounce(c, n);
         if (!dst) {
             *broken = 1;
@@ -148,6 +186,7 @@ int ferry_tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, fer
 {
     int rc = tcp_run_stream(c, xs, nx, broken, verdict);
     if (c->stage) ferry_stage_settle(c->stage);
+    if (c->land) ferry_land_settle(c->land);
     return rc;
 }
 

@@ -34,9 +34,32 @@
  * than waking at every segment (SO_RCVLOWAT; loopback's are 64 KiB). */
 #define VEC_RCVLOWAT (256u << 10)
 
+/* Device memory without checksums: the unit of the pipelines that copy
+ * between device and host memory while the socket moves the bytes before
+ * or after (util/memkind.h: ferry_stage, ferry_land; tcp_device.c). */
+#define LAND_SLICE (256u << 10)
+
 /* Initiator side: the transport's run (transport.h). */
 int ferry_tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, ferry_verdict_t *verdict);
 /* Target side: the transport's serve (transport.h). */
 int ferry_tcp_serve(ferry_conn_t *c, const ferry_frame_t *f);
+/* Target side, device memory (tcp_device.c): one hold of a WRITE's
+ * landing (0 with *dry / *refused, or the connection's failure); a READ's
+ * answer after its header (0, FERRY_SERVE_PENDING, or a failure). */
+int ferry_tcp_land_hold(ferry_conn_t *c, ferry_partial_t *p, bool *dry, int *refused);
+int ferry_tcp_device_send(ferry_conn_t *c, ferry_partial_t *p);
+/* A WRITEV with pieces in device memory (tcp_device.c): the first such
+ * piece's kind, the lander's buffer to receive its payload into (NULL: out
+ * of memory), and after its pieces were put: the wait for their copies,
+ * failing every device piece if one failed (under the read lock). */
+struct ferry_vec_scratch;
+uint32_t ferry_tcp_vec_kind_locked(ferry_registry_t *r, const struct ferry_vec_scratch *v, size_t n);
+unsigned char *ferry_tcp_vec_buffer(ferry_conn_t *c, uint32_t kind, size_t n);
+void ferry_tcp_vec_land_finish_locked(ferry_conn_t *c, ferry_registry_t *r, struct ferry_vec_scratch *v, size_t n);
+/* A READV with pieces in device memory: its served pieces gathered into
+ * the lander's buffer (given until the answer is sent: ferry_land_drop),
+ * every copy done; NULL when out of memory. */
+unsigned char *ferry_tcp_vec_gather_locked(ferry_conn_t *c, ferry_registry_t *r, struct ferry_vec_scratch *v,
+                                           size_t n, uint64_t bytes);
 
 #endif

@@ -84,8 +84,9 @@ static int copy_checked(void *dst, const void *src, size_t n, bool into)
     return 0;
 }
 
-/* How a WRITE's payload is read (c->partial.mode). */
-enum write_mode { WRITE_DIRECT = 0, WRITE_STAGED, WRITE_DISCARD };
+/* How a WRITE's payload is read (c->partial.mode); WRITE_DEVICE: into
+ * device memory without a checksum (tcp_device.c). */
+enum write_mode { WRITE_DIRECT = 0, WRITE_STAGED, WRITE_DISCARD, WRITE_DEVICE };
 
 /* A WRITE's payload ran dry mid-way: 0 read on (more arrived), else
  * FERRY_SERVE_PENDING (parked: the event loop resumes it when bytes come)
@@ -148,6 +149,24 @@ static int place_direct(ferry_conn_t *c, ferry_partial_t *p)
     return 0;
 }
 
+/* A WRITE into device memory (tcp_device.c says how): holds until the
+ * payload is in, discarding the rest after a refusal. */
+static int place_device(ferry_conn_t *c, ferry_partial_t *p)
+{
+    while (p->done < p->f.len) {
+        bool dry = false;
+        int refused = 0, rc = ferry_tcp_land_hold(c, p, &dry, &refused);
+        if (rc) return rc; /* the connection broke; nothing is left in flight */
+        if (refused) {
+            p->status = refused;
+            p->mode = WRITE_DISCARD;
+            return discard_rest(c, p);
+        }
+        if (dry && (rc = write_wait(c, p)) != 0) return rc;
+    }
+    return 0;
+}
+
 /* With checksums, or into device memory: the payload is staged whole in
  * the connection's staging buffer first (from p->done on). */
 static int stage_payload(ferry_conn_t *c, ferry_partial_t *p)
@@ -199,6 +218,7 @@ static int write_resume(ferry_conn_t *c)
     ferry_partial_t *p = &c->partial;
     int rc = p->mode == WRITE_DIRECT   ? place_direct(c, p)
              : p->mode == WRITE_STAGED ? stage_payload(c, p)
+             : p->mode == WRITE_DEVICE ? place_device(c, p)
                                        : discard_rest(c, p);
     p->resume = rc == FERRY_SERVE_PENDING ? write_resume : NULL;
     if (rc) return rc;
@@ -226,15 +246,18 @@ static int serve_write(ferry_conn_t *c, const ferry_frame_t *f)
     *p = (ferry_partial_t){.f = *f, .deadline = deadline, .status = status, .mode = WRITE_DIRECT};
     if (status)
         p->mode = WRITE_DISCARD;
-    else if ((f->flags & FERRY_FRAME_F_CRC) || kind != FERRY_MEMKIND_HOST)
+    else if (f->flags & FERRY_FRAME_F_CRC) /* verified whole before any byte is placed */
         p->mode = WRITE_STAGED;
+    else if (kind != FERRY_MEMKIND_HOST)
+        p->mode = WRITE_DEVICE;
     if (p->mode == WRITE_STAGED && !ferry_conn_bounce(c, f->len))
         return ferry_fail(FERRY_ERR_MEMORY, "staging buffer of %llu bytes: out of memory", (unsigned long long)f->len);
     return write_resume(c);
 }
 
-/* How a READ's answer is sent (c->partial.mode, after the WRITE modes). */
-enum read_mode { READ_MEMORY = WRITE_DISCARD + 1, READ_STAGED };
+/* How a READ's answer is sent (c->partial.mode, after the WRITE modes);
+ * READ_DEVICE: from device memory without a checksum (tcp_device.c). */
+enum read_mode { READ_MEMORY = WRITE_DEVICE + 1, READ_STAGED, READ_DEVICE };
 
 /* Sends a READ's answer from where it stands (c->partial.done bytes of its
  * header and data sent), without waiting while the socket takes bytes.
@@ -255,6 +278,11 @@ static int read_resume(ferry_conn_t *c)
     while (p->done < total) {
         ssize_t n;
         int err, rc = 0;
+        if (p->done >= FERRY_FRAME_HEADER_SIZE && p->mode == READ_DEVICE) { /* tcp_device.c */
+            if ((rc = ferry_tcp_device_send(c, p)) == FERRY_SERVE_PENDING) p->resume = read_resume;
+            if (rc) return rc;
+            break;
+        }
         if (p->done < FERRY_FRAME_HEADER_SIZE) {
             n = send(c->fd, p->out + p->done, FERRY_FRAME_HEADER_SIZE - p->done, MSG_DONTWAIT | MSG_NOSIGNAL);
             err = errno;
@@ -321,8 +349,9 @@ static int serve_read(ferry_conn_t *c, const ferry_frame_t *f)
                                 (unsigned long long)f->addr, (unsigned long long)f->len, c->peer.name);
         else
             staged = b;
-    } else if (kind != FERRY_MEMKIND_HOST) {
-        /* Device memory: copy the slice out while the region is held. */
+    } else if (kind != FERRY_MEMKIND_HOST && (f->flags & FERRY_FRAME_F_CRC)) {
+        /* Device memory, checksummed (else READ_DEVICE): the slice copied
+         * out whole while the region is held, for the header's checksum. */
         unsigned char *b = ferry_conn_bounce(c, f->len);
         status = b ? ferry_memkind_to_host(kind, b, from, f->len)
                    : ferry_fail(FERRY_ERR_MEMORY, "staging buffer of %llu bytes: out of memory",
@@ -338,8 +367,8 @@ static int serve_read(ferry_conn_t *c, const ferry_frame_t *f)
     ferry_frame_t h = {.type = FERRY_FRAME_READ_RESP, .req_id = f->req_id, .addr = f->addr, .len = f->len,
                        .plen = (uint32_t)f->len, .flags = f->flags & FERRY_FRAME_F_CRC, .crc = crc};
     ferry_partial_t *p = &c->partial;
-    *p = (ferry_partial_t){.f = *f, .deadline = deadline, .mode = staged ? READ_STAGED : READ_MEMORY,
-                           .wait_out = true};
+    int mode = staged ? READ_STAGED : kind != FERRY_MEMKIND_HOST ? READ_DEVICE : READ_MEMORY;
+    *p = (ferry_partial_t){.f = *f, .deadline = deadline, .mode = mode, .wait_out = true};
     ferry_frame_encode(&h, p->out);
     return read_resume(c);
 }
@@ -433,14 +462,20 @@ static int vec_place_direct(ferry_conn_t *c, ferry_partial_t *p, struct ferry_ve
     return 0;
 }
 
-/* With checksums, or when a piece lies in device memory: the payload is
- * staged whole in the connection's staging buffer, as it arrives (from
+/* With checksums, or when a piece lies in device memory (p->mode: its
+ * kind; the lander's pinned buffer, tcp_device.c): the payload is staged
+ * whole in the connection's staging buffer, as it arrives (from
  * c->partial.done on), parked between its parts like vec_place_direct: 0
  * whole, FERRY_SERVE_PENDING, or a failure. */
+static unsigned char *vec_buffer(ferry_conn_t *c, const ferry_partial_t *p)
+{
+    return p->mode ? ferry_tcp_vec_buffer(c, (uint32_t)p->mode, p->f.addr) : ferry_conn_bounce(c, p->f.addr);
+}
+
 static int vec_stage(ferry_conn_t *c, ferry_partial_t *p)
 {
     const ferry_frame_t *f = &p->f;
-    unsigned char *b = ferry_conn_bounce(c, f->addr);
+    unsigned char *b = vec_buffer(c, p);
     if (!b) return FERRY_ERR_MEMORY;
     while (p->done < f->addr) {
         long n = recv_ready(c->fd, b + p->done, f->addr - p->done);
@@ -461,11 +496,12 @@ static int vec_stage(ferry_conn_t *c, ferry_partial_t *p)
 
 /* Then each piece is verified against its CRC32C, and only verified pieces
  * placed, after checking them again under the read lock. */
-static void vec_place_staged(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_vec_scratch *v)
+static void vec_place_staged(ferry_conn_t *c, const ferry_partial_t *p, struct ferry_vec_scratch *v)
 {
     FERRY_TSAN_PAYLOAD_SCOPE();
+    const ferry_frame_t *f = &p->f;
     size_t n = (size_t)f->len;
-    const unsigned char *b = c->bounce;
+    const unsigned char *b = vec_buffer(c, p);
     int rc;
     bool crc = (f->flags & FERRY_FRAME_F_CRC) != 0;
     uint64_t off = 0;
@@ -488,12 +524,14 @@ static void vec_place_staged(ferry_conn_t *c, const ferry_frame_t *f, struct fer
         uint32_t kind = ferry_registry_kind_of(r, v->d[i].addr, v->d[i].len, true);
         if (kind == FERRY_MEMKIND_HOST) {
             memcpy(dst, b + off, v->d[i].len);
-        } else if ((rc = ferry_memkind_from_host(kind, dst, b + off, v->d[i].len)) != 0) {
+        } else if ((rc = p->mode ? ferry_land_put_part(c->land, kind, dst, (size_t)off, v->d[i].len)
+                                 : ferry_memkind_from_host(kind, dst, b + off, v->d[i].len)) != 0) {
             ferry_fail_context("placing [0x%llx+%u) from %s into device memory", (unsigned long long)v->d[i].addr,
                                v->d[i].len, c->peer.name);
             ferry_vec_fail_piece(v, i, rc);
         }
     }
+    if (p->mode) ferry_tcp_vec_land_finish_locked(c, r, v, n); /* the copies are on the device */
     ferry_placed_progress(c, f->addr, v->st);
     ferry_registry_unlock(r);
 }
@@ -515,9 +553,10 @@ static int serve_writev(ferry_conn_t *c, const ferry_frame_t *f)
     ferry_registry_read_lock(r);
     ferry_vec_validate_locked(c, v, 0, n, FERRY_MEM_REMOTE_WRITE, &device);
     uint64_t version = r->version;
+    int kind = device ? (int)ferry_tcp_vec_kind_locked(r, v, n) : 0;
     ferry_registry_unlock(r);
     ferry_partial_t *p = &c->partial;
-    *p = (ferry_partial_t){.f = *f, .deadline = deadline, .version = version};
+    *p = (ferry_partial_t){.f = *f, .deadline = deadline, .version = version, .mode = kind};
     if ((f->flags & FERRY_FRAME_F_CRC) || device) return writev_staged_resume(c);
     return writev_resume(c);
 }
@@ -532,7 +571,7 @@ static int writev_staged_resume(ferry_conn_t *c)
     int rc = vec_stage(c, p);
     p->resume = rc == FERRY_SERVE_PENDING ? writev_staged_resume : NULL;
     if (rc) return rc;
-    vec_place_staged(c, &p->f, c->vec);
+    vec_place_staged(c, p, c->vec);
     return writev_answer(c, &p->f, c->vec, p->deadline);
 }
 
@@ -569,7 +608,7 @@ static int writev_answer(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_v
 }
 
 /* How a READV's bytes are sent (c->partial.mode, after the READ modes). */
-enum readv_mode { READV_MEMORY = READ_STAGED + 1, READV_STAGED };
+enum readv_mode { READV_MEMORY = READ_DEVICE + 1, READV_STAGED };
 
 /* The socket had no room for a READV's bytes: 0 room now, else
  * FERRY_SERVE_PENDING (parked until it has room: another data frame waits
@@ -630,13 +669,14 @@ static int vec_send_from_memory(ferry_conn_t *c, ferry_partial_t *p)
     return 0;
 }
 
-/* The same from the staging buffer (device memory): p->done of its
- * p->f.addr bytes sent. */
+/* The same from the lander's buffer (device memory, tcp_device.c): p->done
+ * of its p->f.addr bytes sent. */
 static int vec_send_staged(ferry_conn_t *c, ferry_partial_t *p)
 {
     uint64_t total = p->f.addr;
+    const unsigned char *b = ferry_land_current(c->land);
     while (p->done < total) {
-        ssize_t k = send(c->fd, c->bounce + p->done, total - p->done, MSG_DONTWAIT | MSG_NOSIGNAL);
+        ssize_t k = send(c->fd, b + p->done, total - p->done, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (k > 0) {
             p->done += (uint64_t)k;
             continue;
@@ -661,6 +701,7 @@ static int readv_resume(ferry_conn_t *c)
     int rc = ferry_serve_flush(c);
     if (rc == 0) rc = p->mode == READV_STAGED ? vec_send_staged(c, p) : vec_send_from_memory(c, p);
     if (rc == FERRY_SERVE_PENDING) p->resume = readv_resume;
+    if (rc == 0 && p->mode == READV_STAGED) ferry_land_drop(c->land); /* sent: the buffer is free again */
     if (rc == 0) FERRY_STAT_ADD(c->ctx->counters, bytes_served, p->f.addr);
     return rc;
 }
@@ -680,22 +721,7 @@ static int serve_readv(ferry_conn_t *c, const ferry_frame_t *f)
     ferry_registry_read_lock(r);
     ferry_vec_validate_locked(c, v, 0, n, FERRY_MEM_REMOTE_READ, &device);
     ferry_vec_expire(c, f, v, 0, n); /* past its deadline: not sent */
-    if (device) {
-        /* Device memory: every served piece is copied out while the
-         * regions are held, and sent from the copy. */
-        staged = ferry_conn_bounce(c, f->addr);
-        uint64_t off = 0;
-        for (size_t i = 0; staged && i < n; i++) {
-            if (v->st[i]) continue;
-            const ferry_vec_desc_t *d = &v->d[i];
-            uint32_t kind = ferry_registry_kind_of(r, d->addr, d->len, true);
-            int st = kind == FERRY_MEMKIND_HOST
-                         ? (memcpy(staged + off, (void *)(uintptr_t)d->addr, d->len), 0)
-                         : ferry_memkind_to_host(kind, staged + off, (void *)(uintptr_t)d->addr, d->len);
-            if (st) ferry_vec_fail_piece(v, i, st);
-            else off += d->len;
-        }
-    }
+    if (device) staged = ferry_tcp_vec_gather_locked(c, r, v, n, f->addr); /* sent from there */
     uint64_t data = 0, off = 0;
     for (size_t i = 0; i < n; i++) {
         uint32_t sum = 0;
@@ -726,6 +752,7 @@ static int serve_readv(ferry_conn_t *c, const ferry_frame_t *f)
     }
     if (crc) iov[cnt++] = (struct iovec){v->crcs, 4 * n};
     rc = ferry_serve_sendv(c, iov, cnt, deadline);
+    if (staged && (rc || !data)) ferry_land_drop(c->land);
     if (rc || !data) return rc;
     ferry_partial_t *p = &c->partial;
     *p = (ferry_partial_t){.f = *f, .deadline = deadline, .version = version, .wait_out = true,
