@@ -10,6 +10,7 @@
  * progress in descriptor order (cancel.h). See shm.c for the transport. */
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,6 +144,37 @@ static void count_vec_call(size_t lcnt, size_t rcnt)
     atomic_fetch_add_explicit(&vec_remote_entries, rcnt, memory_order_relaxed);
 }
 
+/* Locks that make the small-entry copies from one initiator process take
+ * turns across this process's connection threads, by pid (a collision only
+ * makes two initiators take turns). Taken before the registry's read lock,
+ * never inside it. */
+#define SHM_PID_LOCKS 64
+static pthread_mutex_t pid_locks[SHM_PID_LOCKS];
+static pthread_once_t pid_locks_once = PTHREAD_ONCE_INIT;
+
+static void pid_locks_init(void)
+{
+    for (size_t i = 0; i < SHM_PID_LOCKS; i++) pthread_mutex_init(&pid_locks[i], NULL);
+}
+
+static _Atomic uint64_t small_turns; /* small-entry copies that took a turn (tests) */
+
+uint64_t ferry_shm_small_turns(void) { return atomic_load_explicit(&small_turns, memory_order_relaxed); }
+
+/* The lock the copy of pieces [i, n) takes (NULL: none, the entries being
+ * large): judged by the pieces' average length, which the gathered
+ * entries' can only exceed where pieces merge. */
+static pthread_mutex_t *small_copy_lock(const struct shm_conn *sc, const struct ferry_vec_scratch *v, size_t i,
+                                        size_t n)
+{
+    uint64_t bytes = 0;
+    for (size_t k = i; k < n; k++) bytes += v->d[k].len;
+    if (n <= i + 1 || bytes / (n - i) >= SHM_SMALL_ENTRY) return NULL;
+    pthread_once(&pid_locks_once, pid_locks_init);
+    atomic_fetch_add_explicit(&small_turns, 1, memory_order_relaxed);
+    return &pid_locks[(unsigned)sc->pid % SHM_PID_LOCKS];
+}
+
 /* The byte offset, in descriptor order, of the end of pieces [0, j) given
  * that of [0, i) (at): the prefix a placement report names (cancel.h). */
 static uint64_t vec_prefix(const struct ferry_vec_scratch *v, size_t i, size_t j, uint64_t at)
@@ -151,13 +183,28 @@ static uint64_t vec_prefix(const struct ferry_vec_scratch *v, size_t i, size_t j
     return at;
 }
 
+/* Takes the initiator's turn (if any), then the registry's read lock. */
+static void copy_lock(ferry_registry_t *r, pthread_mutex_t *turn)
+{
+    if (turn) pthread_mutex_lock(turn);
+    ferry_registry_read_lock(r);
+}
+
+static void copy_unlock(ferry_registry_t *r, pthread_mutex_t *turn)
+{
+    ferry_registry_unlock(r);
+    if (turn) pthread_mutex_unlock(turn);
+}
+
 /* Copies the pieces of host memory with one process_vm_readv/writev per up to
  * IOV_MAX merged entries a side (and SHM_CHUNK bytes), each call under the registry's
  * read lock after the pieces were checked (again when the registry or the
  * cancel set changed). A call that stops short fails the piece it stopped
  * in (its own error) and goes on after it. Pieces move in descriptor order,
  * so a write's placement log follows them (cancel.h): after each call, under
- * the lock, the prefix settled (placed, or refused in the bitmap). */
+ * the lock, the prefix settled (placed, or refused in the bitmap). Copies
+ * of small entries take turns with this initiator's other connections
+ * (small_copy_lock). */
 static int vec_copy_host(ferry_conn_t *c, ferry_registry_t *r, const ferry_frame_t *f, struct shm_conn *sc,
                          struct ferry_vec_scratch *v, size_t n, bool write, bool *device)
 {
@@ -167,8 +214,9 @@ static int vec_copy_host(ferry_conn_t *c, ferry_registry_t *r, const ferry_frame
     bool checked = false;
     size_t i = 0;
     uint64_t at = 0; /* the byte offset of piece i in descriptor order */
+    pthread_mutex_t *turn = small_copy_lock(sc, v, 0, n);
     while (i < n && sc->state >= 0) { /* refused mid-way: the caller refuses the rest */
-        ferry_registry_read_lock(r);
+        copy_lock(r, turn);
         if (!checked || r->version != version || ferry_vec_cancels_pending(c)) {
             ferry_vec_validate_locked(c, v, i, n, need, device);
             version = r->version;
@@ -176,7 +224,7 @@ static int vec_copy_host(ferry_conn_t *c, ferry_registry_t *r, const ferry_frame
         }
         ferry_vec_expire(c, f, v, i, n); /* past its deadline: nothing more moves */
         if (*device) {
-            ferry_registry_unlock(r);
+            copy_unlock(r, turn);
             return 0; /* the caller copies piece by piece */
         }
         size_t lcnt = 0, rcnt = 0, j = i;
@@ -205,18 +253,18 @@ static int vec_copy_host(ferry_conn_t *c, ferry_registry_t *r, const ferry_frame
             if (write) ferry_placed_progress(c, p_at + k, v->st); /* what landed, under the lock */
             int st = vec_piece_rest(sc, v, p, k, write);
             if (st == FERRY_ERR_PEER_CLOSED) {
-                ferry_registry_unlock(r);
+                copy_unlock(r, turn);
                 return st;
             }
             if (st) ferry_vec_fail_piece(v, p, st);
             if (write) ferry_placed_progress(c, p_at + v->d[p].len, v->st);
-            ferry_registry_unlock(r);
+            copy_unlock(r, turn);
             i = p + 1;
             at = p_at + v->d[p].len;
             continue;
         }
         if (write && got > 0) ferry_placed_progress(c, vec_prefix(v, i, j, at), v->st); /* under the lock */
-        ferry_registry_unlock(r);
+        copy_unlock(r, turn);
         if (got < 0) {
             /* Nothing moved: the first piece names the error. */
             size_t p = i;
