@@ -39,6 +39,7 @@ struct shm_conn {
     int pidfd;          /* the verified initiator, -1 if pidfd_open is missing */
     char reason[200];   /* why refused */
     uint32_t passed_gen; /* the region (generation) whose memfds were last passed, 0 none */
+    uint32_t *order;    /* a vector frame's pieces by the initiator's address (shm_vec.c), made at first use */
 };
 
 /* Addresses in one form: IPv6, with IPv4 as ::ffff:a.b.c.d. */
