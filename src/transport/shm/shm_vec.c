@@ -157,10 +157,6 @@ static void pid_locks_init(void)
     for (size_t i = 0; i < SHM_PID_LOCKS; i++) pthread_mutex_init(&pid_locks[i], NULL);
 }
 
-static _Atomic uint64_t small_turns; /* small-entry copies that took a turn (tests) */
-
-uint64_t ferry_shm_small_turns(void) { return atomic_load_explicit(&small_turns, memory_order_relaxed); }
-
 /* The lock the copy of pieces [i, n) takes (NULL: none, the entries being
  * large): judged by the pieces' average length, which the gathered
  * entries' can only exceed where pieces merge. */
@@ -171,7 +167,6 @@ static pthread_mutex_t *small_copy_lock(const struct shm_conn *sc, const struct 
     for (size_t k = i; k < n; k++) bytes += v->d[k].len;
     if (n <= i + 1 || bytes / (n - i) >= SHM_SMALL_ENTRY) return NULL;
     pthread_once(&pid_locks_once, pid_locks_init);
-    atomic_fetch_add_explicit(&small_turns, 1, memory_order_relaxed);
     return &pid_locks[(unsigned)sc->pid % SHM_PID_LOCKS];
 }
 
