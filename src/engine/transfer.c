@@ -150,15 +150,20 @@ static _Atomic uint64_t small_inline_calls; /* testing.h */
 
 uint64_t ferry_test_small_inline_calls(void) { return atomic_load(&small_inline_calls); }
 
+bool ferry_session_small_serial(ferry_session_t *s, uint64_t avg_piece)
+{
+    if (!atomic_load_explicit(&s->small_hint, memory_order_relaxed) || avg_piece >= SMALL_SERIAL_PIECE_MAX)
+        return false;
+    atomic_fetch_add_explicit(&small_inline_calls, 1, memory_order_relaxed);
+    return true;
+}
+
 static bool run_inline(ferry_session_t *s, const size_t *lens, size_t n)
 {
-    if (atomic_load_explicit(&s->small_hint, memory_order_relaxed)) {
+    if (n && atomic_load_explicit(&s->small_hint, memory_order_relaxed)) {
         uint64_t bytes = 0;
         for (size_t i = 0; i < n; i++) bytes += lens[i];
-        if (n && bytes / n < SMALL_SERIAL_PIECE_MAX) {
-            atomic_fetch_add_explicit(&small_inline_calls, 1, memory_order_relaxed);
-            return true;
-        }
+        if (ferry_session_small_serial(s, bytes / n)) return true;
     }
     if (!atomic_load_explicit(&s->inline_hint, memory_order_relaxed)) return false;
     uint64_t bytes = 0;
