@@ -19,3 +19,8 @@ add_test(NAME explore COMMAND ferry_explore)
 # (the target's watcher races with placement on purpose).
 set_tests_properties(explore PROPERTIES TIMEOUT 600 LABELS "fault;slow;no-tsan"
   ENVIRONMENT "FERRY_TEST_BIN_DIR=${CMAKE_BINARY_DIR};FERRY_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
+# The same over shm: CMA_* frames through the proxy (explore.c, target_host),
+# the copies by cross-memory attach. About 45 s (release) to 80 s (ASan).
+add_test(NAME explore_shm COMMAND ferry_explore --transport shm)
+set_tests_properties(explore_shm PROPERTIES TIMEOUT 600 LABELS "fault;slow;no-tsan"
+  ENVIRONMENT "FERRY_TEST_BIN_DIR=${CMAKE_BINARY_DIR};FERRY_SOURCE_DIR=${CMAKE_SOURCE_DIR}")

@@ -6,7 +6,7 @@
 # ones first. Tests that must have the machine to themselves say RUN_SERIAL
 # where they are defined (test_netns, cluster_*) or below.
 set(_ferry_test_costs
-  explore 100 python_bindings 47 test_hostile_evloop 25 test_meta 11 install_staging 11
+  explore 100 explore_shm 70 python_bindings 47 test_hostile_evloop 25 test_meta 11 install_staging 11
   python_package 8 cli_bench 8 test_netns 8 cli 6 test_directory 6 test_destroy 6)
 while(_ferry_test_costs)
   list(POP_FRONT _ferry_test_costs _name _cost)

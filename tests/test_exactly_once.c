@@ -85,8 +85,25 @@ typedef struct reuser {
     pthread_t t;
 } reuser_t;
 
-/* Overwrites dst[0, len) once it holds the write's bytes: the target
- * acting on the data the moment it is complete.
+/* Overwrites dst[0, len) once it holds the write's bytes and the target
+ * has counted them placed: the target acting on the data the moment its
+ * placement is complete. A second placement, the fault these tests look
+ * for, comes later still (a resend after a fence, a repeated frame).
+ *
+ * Why not on the bytes alone: memcmp() over a range another thread is
+ * still writing may return 0 before the range is complete. glibc's
+ * optimized memcmp, on a mismatching chunk, reads the first differing
+ * bytes again to compute its sign; when the receive wrote them in between
+ * it finds them equal and returns 0 without looking at the rest
+ * (tests/support/peer_main.c's same_bytes says the same for the explorer's
+ * watcher). The reuser then overwrote a range whose tail was still to be
+ * received, and the tail looked "written again": lost_answer_* and
+ * duplicated_* failed so about once in 50-60 runs under load, always with
+ * the target's bytes_placed still 0 when the reuser acted and one
+ * placement counted. (A plain two-thread loopback recv loop without Ferry
+ * shows it with memcmp, a few times in 10,000 transfers of 1 MiB, and
+ * never with a byte-wise volatile compare.) Once bytes_placed counts the
+ * write, nothing writes the range any more but a second placement.
  *
  * It compares with its own copy of those bytes (harness_fill of the
  * write's seed), made before it starts, never with the initiator's source
@@ -102,9 +119,10 @@ static void *reuse(void *arg)
 {
     reuser_t *r = arg;
     while (!atomic_load(&r->stop)) {
-        if (memcmp(r->w->dst, r->expected, r->len) == 0) {
-            ferry_stats_t st;
-            if (ferry_engine_stats(r->w->tgt, &st) == 0) r->placed_at_reuse = st.bytes_placed;
+        ferry_stats_t st;
+        if (memcmp(r->w->dst, r->expected, r->len) == 0 && ferry_engine_stats(r->w->tgt, &st) == 0 &&
+            st.bytes_placed >= r->len) {
+            r->placed_at_reuse = st.bytes_placed;
             memset(r->w->dst, REUSED, r->len);
             atomic_store(&r->reused, true);
             return NULL;

@@ -50,7 +50,9 @@
  * FERRY_HELLO_F_PLACED):
  *  - Each served data connection keeps a placement log: for its last
  *    FERRY_PLACED_LOG_MAX write frames (WRITE, WRITEV, CMA_WRITE, CMA_VEC
- *    writes) the frame's req_id, addr, len and type, the bytes placed so
+ *    writes; and the reads it serves by writing into the initiator's own
+ *    memory, CMA_READ and CMA_VEC reads, logged so that a replayed one is
+ *    dropped like a repeated write) the frame's req_id, addr, len and type, the bytes placed so
  *    far (a prefix in the frame's byte order, updated under the registry's
  *    read lock with each chunk, so it is exact after the fence's barrier),
  *    the status, and for vector frames which pieces were refused. An
@@ -272,6 +274,12 @@ typedef struct ferry_placed {
 
 /* Target: whether f writes into this engine's memory (logged). */
 bool ferry_placed_is_write_frame(const struct ferry_frame *f);
+/* Target: whether f is logged and a repeat of it dropped: write frames, and
+ * reads the target serves by writing into the initiator's own memory
+ * (CMA_READ, CMA_VEC reads: a replayed one would land in a buffer its
+ * caller reuses once the read returned). Its serving ends the entry with
+ * ferry_placed_end. */
+bool ferry_placed_is_logged_frame(const struct ferry_frame *f);
 /* Target, at the handshake / at ferry_conn_free: makes c's log, retires it. */
 void ferry_placed_open(struct ferry_conn *c);
 void ferry_placed_close(struct ferry_conn *c);

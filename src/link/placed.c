@@ -50,6 +50,12 @@ bool ferry_placed_is_write_frame(const ferry_frame_t *f)
            (f->type == FERRY_FRAME_CMA_VEC && f->aux == FERRY_OP_WRITE);
 }
 
+bool ferry_placed_is_logged_frame(const ferry_frame_t *f)
+{
+    return ferry_placed_is_write_frame(f) || f->type == FERRY_FRAME_CMA_READ ||
+           (f->type == FERRY_FRAME_CMA_VEC && f->aux == FERRY_OP_READ);
+}
+
 static bool is_vec(uint8_t type) { return type == FERRY_FRAME_WRITEV || type == FERRY_FRAME_CMA_VEC; }
 
 static void log_free(struct ferry_placed_log *l)

@@ -305,9 +305,10 @@ int ferry_serve_frame(ferry_conn_t *c, const ferry_frame_t *f)
         return serve_cancel(c, f, deadline);
     default: {
         const ferry_transport_ops_t *t = ferry_transport_for_frame(f->type);
-        /* Exactly-once (cancel.h): a write frame placed whole already is
-         * dropped unanswered; any other is logged as it is placed. */
-        if (t && ferry_placed_is_write_frame(f) && ferry_placed_begin(c, f))
+        /* Exactly-once (cancel.h): a write frame placed whole already (or
+         * a read served into the initiator's memory) is dropped
+         * unanswered; any other is logged as it is served. */
+        if (t && ferry_placed_is_logged_frame(f) && ferry_placed_begin(c, f))
             return ferry_placed_drop_duplicate(c, f);
         if (t) return t->serve(c, f);
         return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "unexpected %s frame from an initiator",

@@ -100,6 +100,14 @@
 #define STALE_TRIES 5 /* pinned calls after a restart: tries while they time out (busy cores) */
 
 static int verbose;
+static const char *transport = "tcp"; /* --transport: the initiator's choice */
+/* Where the target listens and where the proxy dials it. For shm the
+ * target listens on 127.0.0.2 and the proxy on 127.0.0.1 with the same
+ * port: the initiator takes a different port for a proxy in the way and
+ * keeps its bytes on the connection (shm.c, via_intermediary), while the
+ * shm target's check that the connection's peer pid holds the socket
+ * passes, the proxy being threads of this, the initiator's, process. */
+static const char *target_host = "127.0.0.1";
 
 static uint64_t now_ms(void)
 {
@@ -128,8 +136,8 @@ static int target_start(uint16_t port, uint64_t at)
     snprintf(portstr, sizeof portstr, "%u", port);
     snprintf(atstr, sizeof atstr, "0x%" PRIx64, at);
     snprintf(timeout, sizeof timeout, "%d", DEADLINE_MS * 4);
-    const char *args[] = {"--len", len, "--guard", guard, "--timeout", timeout, "--port", portstr,
-                          at ? "--at" : NULL, atstr, NULL};
+    const char *args[] = {"--len", len, "--guard", guard, "--timeout", timeout, "--host", target_host, "--port",
+                          portstr, at ? "--at" : NULL, atstr, NULL};
     return peer_spawn(&target, NULL, NULL, args);
 }
 
@@ -431,7 +439,7 @@ static void *accept_main(void *arg)
         }
         int b = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(target.port)};
-        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        inet_pton(AF_INET, target_host, &sa.sin_addr);
         if (b < 0 || connect(b, (struct sockaddr *)&sa, sizeof sa) != 0) {
             if (b >= 0) close(b);
             close(a);
@@ -451,6 +459,8 @@ static void proxy_begin(void)
     px.listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET};
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    /* A proxy on the target's own port number (its host differs): see target_host. */
+    if (strcmp(target_host, "127.0.0.1") != 0) sa.sin_port = htons(target.port);
     socklen_t sl = sizeof sa;
     if (bind(px.listen_fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(px.listen_fd, 128) != 0 ||
         getsockname(px.listen_fd, (struct sockaddr *)&sa, &sl) != 0) {
@@ -506,9 +516,13 @@ static int pin_name(ferry_engine_t *e, char *out, size_t cap)
 
 /* ------------------------------------------------------------ scenarios */
 
-enum scen { S_WRITE, S_WRITEV, S_STRIDED, S_BATCH, S_BATCH_CANCEL, S_READ, S_KV, S_NOTIFY, S_COUNT };
-static const char *const scen_names[S_COUNT] = {"write",        "writev", "strided", "batch",
-                                                "batch-cancel", "read",   "kv",      "notify"};
+enum scen { S_WRITE, S_WRITEV, S_STRIDED, S_BATCH, S_BATCH_CANCEL, S_READ, S_READV, S_KV, S_NOTIFY, S_COUNT };
+static const char *const scen_names[S_COUNT] = {"write", "writev", "strided", "batch", "batch-cancel",
+                                                "read",  "readv",  "kv",      "notify"};
+
+/* Reads: the target's bytes come into the caller's buffer, which the
+ * caller reuses the moment the call returns. */
+static bool is_read(int s) { return s == S_READ || s == S_READV; }
 
 /* Where each scenario's bytes go in the target buffer, and how they split. */
 static const struct layout {
@@ -521,6 +535,7 @@ static const struct layout {
     [S_BATCH] = {0, 512u << 10, 4},          /* 4 requests of 128 KiB */
     [S_BATCH_CANCEL] = {0, 512u << 10, 4},
     [S_READ] = {0, 1u << 20, 1},
+    [S_READV] = {0, 64u << 10, 1},          /* 256 pieces of 256 bytes, one READV (shm: CMA_VEC) */
     [S_KV] = {1u << 20, 128u << 10, 1},
     [S_NOTIFY] = {1u << 20, 64u << 10, 1},
 };
@@ -591,7 +606,7 @@ static void run_scenario(int s, const char *peer, uint64_t seed, outcome_t *o)
     memset(o, 0, sizeof *o);
     o->notify_rc = 1;
     unsigned char *src = local;
-    if (s != S_READ) harness_fill(src, L->len, seed);
+    if (!is_read(s)) harness_fill(src, L->len, seed);
     o->started = now_ms();
     switch (s) {
     case S_WRITE:
@@ -628,6 +643,21 @@ static void run_scenario(int s, const char *peer, uint64_t seed, outcome_t *o)
         memset(src, 0, L->len);
         o->rc = ferry_transfer_sync(eng, peer, FERRY_OP_READ, src, taddr(L->off), L->len);
         break;
+    case S_READV: {
+        enum { N = 256 };
+        static void *locals[N];
+        static uint64_t remotes[N];
+        static size_t lens[N];
+        size_t piece = L->len / N;
+        memset(src, 0, L->len);
+        for (int i = 0; i < N; i++) {
+            locals[i] = src + (size_t)i * piece;
+            remotes[i] = taddr(L->off + (uint64_t)i * piece);
+            lens[i] = piece;
+        }
+        o->rc = ferry_batch_transfer_sync(eng, peer, FERRY_OP_READ, locals, remotes, lens, N);
+        break;
+    }
     case S_KV: {
         memcpy(ferry_kv_embed_data(embed), src, L->len);
         ferry_kv_send_args_t a = {.request_id = seed, .timeout_ms = DEADLINE_MS};
@@ -874,7 +904,7 @@ static bool run_schedule_timed(int s, const fault_at_t *faults, int nf)
     }
     warm_up();
     harness_fill(expected, L->len, seed);
-    if (s == S_READ) {
+    if (is_read(s)) {
         /* The target's bytes; the read's buffer is ours. */
         if (target_ask(line, sizeof line, "fill %" PRIu64, seed) != 0) exit(2);
     } else if (target_ask(line, sizeof line, "watch %" PRIu64 " %" PRIu64 " %" PRIu64 " %d", seed, L->off, L->len,
@@ -891,7 +921,7 @@ static bool run_schedule_timed(int s, const fault_at_t *faults, int nf)
     pthread_mutex_lock(&px.mu);
     restarted_now = px.restarted;
     pthread_mutex_unlock(&px.mu);
-    if (s == S_READ) {
+    if (is_read(s)) {
         memcpy(snap_report, local, L->len);
         for (size_t i = 0; i < L->len; i++) local[i] = (unsigned char)~expected[i];
     } else if (!restarted_now) {
@@ -923,9 +953,9 @@ static bool run_schedule_timed(int s, const fault_at_t *faults, int nf)
         /* Nothing of the call may land in the new process. */
         if (target_read(target.addr + L->off, snap_settled, L->len) == 0) {
             size_t k = landed_in_zeroed(snap_settled, expected, L->len);
-            if (s != S_READ && k) violation("restart", "%zu bytes of the call landed in the restarted target", k);
+            if (!is_read(s) && k) violation("restart", "%zu bytes of the call landed in the restarted target", k);
         }
-        if (s == S_READ && o.rc == 0) violation("restart", "a read from a restarted target reported success");
+        if (is_read(s) && o.rc == 0) violation("restart", "a read from a restarted target reported success");
         if (s == S_NOTIFY || s == S_KV) {
             /* Notifications of a call under a pinned old epoch must not
              * reach the new process either. */
@@ -939,7 +969,7 @@ static bool run_schedule_timed(int s, const fault_at_t *faults, int nf)
         }
         check_stale_after_restart(have_pin ? old_pin : NULL);
         have_pin = false; /* pin the new epoch for the next schedules */
-    } else if (s == S_READ) {
+    } else if (is_read(s)) {
         if (o.rc == 0 && memcmp(snap_report, expected, L->len) != 0)
             violation("once", "a read reported complete has %zu wrong bytes",
                       L->len - matching(snap_report, expected, L->len));
@@ -1083,6 +1113,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--count") && i + 1 < argc) count = atol(argv[++i]);
         else if (!strcmp(argv[i], "--scenario") && i + 1 < argc)
             only_scen = find_name(scen_names, S_COUNT, argv[++i]);
+        else if (!strcmp(argv[i], "--transport") && i + 1 < argc)
+            transport = argv[++i];
         else if (!strcmp(argv[i], "--fault") && i + 1 < argc)
             only_fault = find_name(fault_names, F_COUNT, argv[++i]);
         else if (!strcmp(argv[i], "-v")) verbose++;
@@ -1095,6 +1127,7 @@ int main(int argc, char **argv)
         }
     }
     signal(SIGPIPE, SIG_IGN);
+    if (strcmp(transport, "tcp") != 0) target_host = "127.0.0.2";
     if (target_start(0, 0) != 0) {
         fprintf(stderr, "explore: no target\n");
         return 2;
@@ -1104,7 +1137,7 @@ int main(int argc, char **argv)
 
     ferry_config_t cfg;
     ferry_config_init(&cfg);
-    cfg.transport = "tcp";
+    cfg.transport = transport;
     cfg.timeout_ms = DEADLINE_MS;
     /* A call's handshakes end by its own deadline; this longer bound serves
      * the warm-up, which reconnects after a fault on a loaded machine. */

@@ -208,7 +208,8 @@ static int shm_serve(ferry_conn_t *c, const ferry_frame_t *f)
     else
         status = shm_copy_chunks(c, sc, f, write);
     if (status == FERRY_ERR_PEER_CLOSED) return status;
-    if (write) ferry_placed_end(c, status, FERRY_PLACED_KEEP, NULL);
+    /* A read's entry too: its repeat would write into the initiator's buffer again. */
+    ferry_placed_end(c, status, write ? FERRY_PLACED_KEEP : status == 0 ? f->len : 0, NULL);
     if (status == 0) {
         if (write) {
             FERRY_STAT_ADD(c->ctx->counters, bytes_placed, f->len);

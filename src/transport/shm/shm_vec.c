@@ -464,10 +464,9 @@ int shm_serve_vec(ferry_conn_t *c, const ferry_frame_t *f, ferry_registry_t *r, 
         }
     if (write) FERRY_STAT_ADD(counters, bytes_placed, moved);
     else FERRY_STAT_ADD(counters, bytes_served, moved);
-    if (write) {
-        int32_t status = 0;
-        for (size_t i = 0; i < n && !status; i++) status = v->st[i];
-        ferry_placed_end(c, status, f->addr, v->st);
-    }
+    /* A read's entry too: its repeat would write into the initiator's buffers again. */
+    int32_t status = 0;
+    for (size_t i = 0; i < n && !status; i++) status = v->st[i];
+    ferry_placed_end(c, status, f->addr, v->st);
     return ferry_vec_send_ack(c, f, v, n, deadline);
 }
