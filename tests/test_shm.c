@@ -3,6 +3,7 @@
  * target-side validation over cross-memory attach, the automatic fallback to
  * TCP when the target refuses, forcing by config, and a spoofed pid. */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,13 +21,14 @@
 #include "util/memkind.h"
 #include "delay_proxy.h"
 #include "engine/hello.h"
+#include "engine/testing.h"
 #include "util/net.h"
 #include "wire/wire.h"
 #include "link/vec.h"
 
 /* ------------------------------------------------- a target in a child */
 
-enum { CMD_QUIT = 0, CMD_CHECK, CMD_FILL, CMD_DEREGISTER, CMD_REREGISTER_RO, CMD_VEC_CALLS };
+enum { CMD_QUIT = 0, CMD_CHECK, CMD_FILL, CMD_DEREGISTER, CMD_REREGISTER_RO, CMD_VEC_CALLS, CMD_VEC_REMOTE, CMD_DEREGISTER_STILL };
 
 struct cmd {
     int op;
@@ -78,6 +80,22 @@ static void child_main(int in, int out, size_t len, int disable_shm)
             uint64_t calls, l, r;
             ferry_shm_vec_entries(&calls, &l, &r);
             a.rc = (int)calls;
+            break;
+        }
+        case CMD_VEC_REMOTE: { /* their entries on the initiator's side */
+            uint64_t calls, l, r;
+            ferry_shm_vec_entries(&calls, &l, &r);
+            a.rc = (int)r;
+            break;
+        }
+        case CMD_DEREGISTER_STILL: { /* deregister; then nothing may land (1: something did) */
+            a.rc = ferry_deregister(e, buf);
+            unsigned char *was = malloc(len);
+            if (!was) _exit(1);
+            memcpy(was, buf, len);
+            usleep(100 * 1000);
+            if (a.rc == 0 && memcmp(was, buf, len) != 0) a.rc = 1;
+            free(was);
             break;
         }
         }
@@ -751,6 +769,164 @@ static void large_pieces_in_vector_frames(void **state)
     child_stop(c);
 }
 
+/* A thread writing the same pieces again and again until a call fails. */
+struct racing_writer {
+    ferry_engine_t *e;
+    const char *peer;
+    int n, rc, calls;
+    void *locals[64];
+    uint64_t remotes[64];
+    size_t lens[64];
+};
+
+static void *write_until_refused(void *arg)
+{
+    struct racing_writer *w = arg;
+    do {
+        w->rc = ferry_batch_transfer_sync(w->e, w->peer, FERRY_OP_WRITE, w->locals, w->remotes, w->lens, (size_t)w->n);
+        w->calls++;
+    } while (w->rc == 0);
+    return NULL;
+}
+
+/* The initiator's pieces a permutation of one buffer, the target's
+ * scattered elsewhere (paged KV): the target copies the frame in the
+ * initiator's address order, where the pieces merge into one remote entry
+ * (before: one per piece, the kernel pinning and walking the initiator's
+ * pages entry by entry). Each piece still lands where it belongs; a hole
+ * in the initiator's buffer fails exactly the pieces on it, as in
+ * descriptor order; reads come back whole; a deregistered target refuses
+ * every piece; and a deregistration racing a stream of such frames is
+ * never followed by a byte landing (the whole frame moves under one hold
+ * of the registry's read lock). */
+static void pieces_copied_in_the_initiators_order(void **state)
+{
+    (void)state;
+    enum { PIECE = 2048, N = 64, PER_PAGE = 4096 / PIECE };
+    size_t cap = (size_t)N * PIECE;
+    child_t *c = child_start(cap, 0);
+    ferry_engine_t *e = initiator("shm", 1);
+    unsigned char *src = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(src != MAP_FAILED);
+    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    ferry_request_t reqs[N];
+    bool hole[N];
+    for (int i = 0; i < N; i++) { /* piece i: initiator slot i*13+5, target slot i*29+3 (mod N) */
+        size_t from = (size_t)((i * 13 + 5) % N) * PIECE;
+        uint64_t to = (uint64_t)((i * 29 + 3) % N) * PIECE;
+        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, src + from, c->addr + to, PIECE};
+        harness_fill(src + from, PIECE, 500 + (uint64_t)i);
+        hole[i] = from / 4096 == 9; /* the initiator's page 9, unmapped below */
+    }
+    int calls0 = child_do(c, CMD_VEC_CALLS, 0, 0, 0), remote0 = child_do(c, CMD_VEC_REMOTE, 0, 0, 0);
+    ferry_batch_t *b;
+    assert_int_equal(ferry_batch_alloc(e, N, &b), 0);
+    assert_int_equal(ferry_batch_submit(b, c->peer, reqs, N, 0), 0);
+    assert_int_equal(ferry_batch_wait(b, 10000), 0);
+    assert_int_equal(ferry_batch_free(b), 0);
+    int calls = child_do(c, CMD_VEC_CALLS, 0, 0, 0) - calls0, remote = child_do(c, CMD_VEC_REMOTE, 0, 0, 0) - remote0;
+    if (calls != 1 || remote != 1)
+        fail_msg("%d gathered copies with %d remote entries for %d permuted pieces of one buffer (1 and 1 expected)",
+                 calls, remote, N);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(child_do(c, CMD_CHECK, 500 + (uint64_t)i, reqs[i].remote - c->addr, PIECE), 0);
+
+    /* A hole: the copy stops in the first piece on page 9 (in the
+     * initiator's order); it and its page mate fail, the rest land. */
+    assert_int_equal(child_do(c, CMD_FILL, 9, 0, cap), 0);
+    for (int i = 0; i < N; i++)
+        if (!hole[i]) harness_fill(reqs[i].local, PIECE, 600 + (uint64_t)i);
+    munmap(src + 9 * 4096, 4096);
+    int holes = 0;
+    for (int i = 0; i < N; i++) holes += hole[i];
+    assert_int_equal(holes, PER_PAGE);
+    run_pieces_expecting(e, c, reqs, N, hole);
+    for (int i = 0; i < N; i++)
+        if (!hole[i]) assert_int_equal(child_do(c, CMD_CHECK, 600 + (uint64_t)i, reqs[i].remote - c->addr, PIECE), 0);
+    /* Reads: the same pieces back, the hole's refused. */
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(child_do(c, CMD_FILL, 700 + (uint64_t)i, reqs[i].remote - c->addr, PIECE), 0);
+        reqs[i].opcode = FERRY_OP_READ;
+    }
+    run_pieces_expecting(e, c, reqs, N, hole);
+    for (int i = 0; i < N; i++)
+        if (!hole[i] && !harness_check(reqs[i].local, PIECE, 700 + (uint64_t)i)) fail_msg("piece %d read back wrong", i);
+
+    /* Page 9 back; a deregistration racing a stream of such writes: after
+     * it returns, nothing lands. */
+    assert_true(mmap(src + 9 * 4096, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
+                src + 9 * 4096);
+    struct racing_writer w = {.e = e, .peer = c->peer, .n = N};
+    for (int i = 0; i < N; i++) {
+        w.locals[i] = reqs[i].local;
+        w.remotes[i] = reqs[i].remote;
+        w.lens[i] = PIECE;
+    }
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, write_until_refused, &w), 0);
+    usleep(100 * 1000);
+    assert_int_equal(child_do(c, CMD_DEREGISTER_STILL, 0, 0, 0), 0);
+    pthread_join(t, NULL);
+    if (w.rc != FERRY_ERR_ADDRESS_NOT_REGISTERED) fail_msg("racing writes ended with %s", ferry_error_name(w.rc));
+    if (w.calls < 2) fail_msg("only %d calls raced the deregistration", w.calls);
+    ferry_peer_info_t info;
+    info_of(e, c->peer, &info);
+    assert_string_equal(info.transport, "shm");
+    ferry_engine_destroy(e);
+    munmap(src, cap);
+    child_stop(c);
+}
+
+/* Calls of small pieces over two connections: the target copies them one
+ * call at a time per initiator whichever connection they come on (two at
+ * once contend in the kernel's walk of the initiator's pages), so after
+ * the first such call the engine runs them in the caller's thread on one
+ * connection (transport.h, small_serial), not half on a worker; calls of
+ * 1 MiB pieces, which the target copies in parallel, stay split. */
+static void small_pieces_run_unsplit(void **state)
+{
+    (void)state;
+    enum { PIECE = 2048, N = 256, BIG = 8 };
+    size_t cap = BIG << 20;
+    child_t *c = child_start(cap, 0);
+    ferry_engine_t *e = initiator("shm", 2);
+    unsigned char *src = malloc(cap);
+    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    void *locals[N];
+    uint64_t remotes[N];
+    size_t lens[N];
+    for (int i = 0; i < N; i++) {
+        locals[i] = src + (size_t)((i * 37 + 1) % N) * PIECE;
+        remotes[i] = c->addr + (uint64_t)((i * 91 + 5) % N) * PIECE;
+        lens[i] = PIECE;
+    }
+    uint64_t inline0 = ferry_test_small_inline_calls();
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < N; i++) harness_fill(locals[i], PIECE, 1000 * (uint64_t)k + (uint64_t)i);
+        assert_int_equal(ferry_batch_transfer_sync(e, c->peer, FERRY_OP_WRITE, locals, remotes, lens, N), 0);
+    }
+    uint64_t unsplit = ferry_test_small_inline_calls() - inline0;
+    if (unsplit < 2) fail_msg("%llu of the 3 calls of small pieces ran unsplit (2 expected)", (unsigned long long)unsplit);
+    for (int i = 0; i < N; i++) /* the last call's pieces landed */
+        assert_int_equal(child_do(c, CMD_CHECK, 2000 + (uint64_t)i, remotes[i] - c->addr, PIECE), 0);
+    void *big_l[BIG];
+    uint64_t big_r[BIG];
+    size_t big_n[BIG];
+    for (int i = 0; i < BIG; i++) {
+        big_l[i] = src + ((size_t)i << 20);
+        big_r[i] = c->addr + ((uint64_t)(BIG - 1 - i) << 20);
+        big_n[i] = 1u << 20;
+    }
+    inline0 = ferry_test_small_inline_calls();
+    harness_fill(src, cap, 77);
+    assert_int_equal(ferry_batch_transfer_sync(e, c->peer, FERRY_OP_WRITE, big_l, big_r, big_n, BIG), 0);
+    assert_int_equal(ferry_batch_transfer_sync(e, c->peer, FERRY_OP_WRITE, big_l, big_r, big_n, BIG), 0);
+    assert_int_equal(ferry_test_small_inline_calls(), inline0);
+    ferry_engine_destroy(e);
+    free(src);
+    child_stop(c);
+}
+
 /* A target that refuses cross-memory attach answers a frame of small
  * pieces with the refusal: the session moves to tcp and the same pieces
  * arrive. */
@@ -873,6 +1049,8 @@ int main(void)
         cmocka_unit_test(small_pieces_over_shm),
         cmocka_unit_test(small_pieces_fall_back),
         cmocka_unit_test(large_pieces_in_vector_frames),
+        cmocka_unit_test(pieces_copied_in_the_initiators_order),
+        cmocka_unit_test(small_pieces_run_unsplit),
         cmocka_unit_test(device_memory_over_shm),
         cmocka_unit_test(relay_keeps_bytes_on_tcp),
     };

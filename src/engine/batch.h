@@ -62,6 +62,10 @@ int ferry_make_pieces(ferry_engine_t *e, int opcode, void *const *locals, const 
                       const size_t *lens, size_t n, uint64_t deadline, ferry_xfer_t **out, size_t *nout);
 /* Runs pieces xs on several of s's connections at once. */
 int ferry_run_parallel(ferry_engine_t *e, ferry_session_t *s, ferry_xfer_t *xs, size_t n);
+/* Whether a call of pieces averaging avg_piece bytes to s gains nothing
+ * from being split over connections (its transport's small_serial hint,
+ * transport.h): then it runs in the caller's thread (transfer.c). */
+bool ferry_session_small_serial(ferry_session_t *s, uint64_t avg_piece);
 /* Waits until *pending (guarded by lock, held) is 0: spinning first for the
  * engine's adaptive budget (spin.h) when the process may run on more CPUs
  * than the others threads the wait is for, then on cond, until deadline

@@ -64,6 +64,9 @@ struct ferry_session {
      * hint that the next call is one memcpy per piece, best run in the
      * caller's thread (transfer.c). Kept by piece_run.c. */
     atomic_bool inline_hint;
+    /* The last run's verdict said small_serial (transport.h): the next
+     * call of small pieces runs in the caller's thread (transfer.c). */
+    atomic_bool small_hint;
 
     ferry_session_t *next;     /* next in its bucket of the engine's session table */
 };

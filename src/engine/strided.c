@@ -325,6 +325,7 @@ static int run_windows(ferry_engine_t *e, const char *peer, const ferry_strided_
     pthread_cond_init(&l.cond, NULL);
     size_t lanes = (size_t)cfg->conns_per_peer;
     if (lanes > (size_t)cfg->workers + 1) lanes = (size_t)cfg->workers + 1;
+    if (ferry_session_small_serial(l.s, d->piece_len)) lanes = 1; /* as a batch of such pieces (transfer.c) */
     l.window = ferry_strided_window(d->n, lanes);
     size_t windows = (d->n - 1) / l.window + 1;
     if (lanes > windows) lanes = windows;

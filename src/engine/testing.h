@@ -61,5 +61,7 @@ int ferry_test_sessions(ferry_engine_t *e); /* sessions open (session.c) */
 /* Calls run in the caller's thread on one connection because their pieces
  * all go through shared-pool mappings (transfer.c), process-wide. */
 uint64_t ferry_test_mapped_inline_calls(void);
+/* Calls of small pieces run in the caller's thread on the small_serial hint (transfer.c). */
+uint64_t ferry_test_small_inline_calls(void);
 
 #endif

@@ -137,8 +137,34 @@ static _Atomic uint64_t mapped_inline_calls; /* testing.h */
 
 uint64_t ferry_test_mapped_inline_calls(void) { return atomic_load(&mapped_inline_calls); }
 
+/* A call of pieces averaging under this many bytes, to a session whose
+ * transport said small_serial (transport.h: shm's target copies them one
+ * call at a time per initiator), runs in the caller's thread on one
+ * connection: split, the second half waited for the first at the target
+ * and paid a worker's hand-off and a second round trip besides (1,024 x
+ * 2 KiB: ~600 us a call split, ~390 us unsplit; docs/BENCHMARKS.md,
+ * issue 23). The same bound as shm's (shm_vec.c, SHM_SMALL_ENTRY). */
+#define SMALL_SERIAL_PIECE_MAX (64u << 10)
+
+static _Atomic uint64_t small_inline_calls; /* testing.h */
+
+uint64_t ferry_test_small_inline_calls(void) { return atomic_load(&small_inline_calls); }
+
+bool ferry_session_small_serial(ferry_session_t *s, uint64_t avg_piece)
+{
+    if (!atomic_load_explicit(&s->small_hint, memory_order_relaxed) || avg_piece >= SMALL_SERIAL_PIECE_MAX)
+        return false;
+    atomic_fetch_add_explicit(&small_inline_calls, 1, memory_order_relaxed);
+    return true;
+}
+
 static bool run_inline(ferry_session_t *s, const size_t *lens, size_t n)
 {
+    if (n && atomic_load_explicit(&s->small_hint, memory_order_relaxed)) {
+        uint64_t bytes = 0;
+        for (size_t i = 0; i < n; i++) bytes += lens[i];
+        if (ferry_session_small_serial(s, bytes / n)) return true;
+    }
     if (!atomic_load_explicit(&s->inline_hint, memory_order_relaxed)) return false;
     uint64_t bytes = 0;
     for (size_t i = 0; i < n && bytes < MAPPED_INLINE_MAX; i++) bytes += lens[i];

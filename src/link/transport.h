@@ -45,6 +45,13 @@ typedef struct ferry_verdict {
      * session's next small call is best run in the caller's thread,
      * unsplit (transfer.c). */
     bool copied_inline;
+    /* Set by run: the call was small pieces whose copies the target makes
+     * one call at a time per initiator whichever connection they come on
+     * (shm's cross-memory attach: two at once contend in the kernel's page
+     * walk). A hint the core keeps per session: the next call of small
+     * pieces gains nothing from a worker thread and a second connection
+     * but their hand-offs, and runs in the caller's thread (transfer.c). */
+    bool small_serial;
     char reason[256];
 } ferry_verdict_t;
 

@@ -313,6 +313,7 @@ static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, fe
     uint64_t inflight = 0;
     unsigned spin_us = ferry_conn_spin_us(c);
     size_t slice = c->ctx->slice_size;
+    size_t small_vec = 0; /* pieces sent in CMA_VEC frames of small entries (SHM_SMALL_ENTRY) */
     *broken = 0;
     for (;;) {
         while (cur < nx && !ferry_piece_sendable(&xs[cur], cur_off)) {
@@ -331,6 +332,7 @@ static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, fe
             }
             uint64_t bytes = 0;
             for (size_t i = 0; i < g; i++) bytes += xs[cur + i].len;
+            small_vec += bytes / g < SHM_SMALL_ENTRY ? g : 0;
             ring[(head + count++) % SHM_WINDOW] = (struct inflight){&xs[cur], 0, bytes, (uint32_t)g};
             inflight += bytes;
             cur += g;
@@ -397,6 +399,9 @@ static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, fe
         snprintf(why, sizeof why, "shm refused by the target: %s", reason);
         return fall_back(verdict, why);
     }
+    /* Every piece in frames whose copies take turns at the target: the
+     * next such call gains nothing from being split (transport.h). */
+    verdict->small_serial = nx > 1 && small_vec == nx;
     for (size_t i = 0; i < nx; i++) {
         ferry_xfer_t *x = &xs[i];
         if (x->rc == 0 && x->done < x->len)

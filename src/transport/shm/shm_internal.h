@@ -20,12 +20,26 @@
  * a deregistration or cancel waits (well under a millisecond). */
 #define SHM_CHUNK (4u << 20)
 
+/* A gathered copy whose entries on the initiator's side average under this
+ * many bytes costs more in the kernel's page walk than in the copy: per
+ * entry it takes the initiator's mmap lock, walks and pins its pages under
+ * their page-table lock and unpins them. Two connection threads doing that
+ * at once against one initiator contend on those locks (a call of 1,024 x
+ * 2 KiB split over 2 connections: 16% of all samples in up_read, 14% in
+ * the page-table spinlock; 1.4x slower than one connection), so such
+ * copies from one initiator take turns (small_copy_lock). Larger entries
+ * copy in parallel: there the copy dominates and two threads gain. An
+ * initiator whose calls are such pieces runs them unsplit (shm_run's
+ * verdict: small_serial). */
+#define SHM_SMALL_ENTRY (64u << 10)
+
 struct shm_conn {
     int state;          /* 0 unchecked, 1 verified, -1 refused */
     pid_t pid;
     int pidfd;          /* the verified initiator, -1 if pidfd_open is missing */
     char reason[200];   /* why refused */
     uint32_t passed_gen; /* the region (generation) whose memfds were last passed, 0 none */
+    uint32_t *order;    /* a vector frame's pieces by the initiator's address (shm_vec.c), made at first use */
 };
 
 /* Addresses in one form: IPv6, with IPv4 as ::ffff:a.b.c.d. */

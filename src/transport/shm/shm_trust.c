@@ -34,6 +34,7 @@ void shm_conn_free(void *p)
 {
     struct shm_conn *sc = p;
     if (sc && sc->pidfd >= 0) close(sc->pidfd);
+    if (sc) free(sc->order);
     free(sc);
 }
 

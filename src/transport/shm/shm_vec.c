@@ -10,6 +10,7 @@
  * progress in descriptor order (cancel.h). See shm.c for the transport. */
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,6 +144,32 @@ static void count_vec_call(size_t lcnt, size_t rcnt)
     atomic_fetch_add_explicit(&vec_remote_entries, rcnt, memory_order_relaxed);
 }
 
+/* Locks that make the small-entry copies from one initiator process take
+ * turns across this process's connection threads, by pid (a collision only
+ * makes two initiators take turns). Taken before the registry's read lock,
+ * never inside it. */
+#define SHM_PID_LOCKS 64
+static pthread_mutex_t pid_locks[SHM_PID_LOCKS];
+static pthread_once_t pid_locks_once = PTHREAD_ONCE_INIT;
+
+static void pid_locks_init(void)
+{
+    for (size_t i = 0; i < SHM_PID_LOCKS; i++) pthread_mutex_init(&pid_locks[i], NULL);
+}
+
+/* The lock the copy of pieces [i, n) takes (NULL: none, the entries being
+ * large): judged by the pieces' average length, which the gathered
+ * entries' can only exceed where pieces merge. */
+static pthread_mutex_t *small_copy_lock(const struct shm_conn *sc, const struct ferry_vec_scratch *v, size_t i,
+                                        size_t n)
+{
+    uint64_t bytes = 0;
+    for (size_t k = i; k < n; k++) bytes += v->d[k].len;
+    if (n <= i + 1 || bytes / (n - i) >= SHM_SMALL_ENTRY) return NULL;
+    pthread_once(&pid_locks_once, pid_locks_init);
+    return &pid_locks[(unsigned)sc->pid % SHM_PID_LOCKS];
+}
+
 /* The byte offset, in descriptor order, of the end of pieces [0, j) given
  * that of [0, i) (at): the prefix a placement report names (cancel.h). */
 static uint64_t vec_prefix(const struct ferry_vec_scratch *v, size_t i, size_t j, uint64_t at)
@@ -151,13 +178,173 @@ static uint64_t vec_prefix(const struct ferry_vec_scratch *v, size_t i, size_t j
     return at;
 }
 
+/* ------------------------------------ target: copies in the initiator's order
+ *
+ * The kernel's cross-memory attach pins and walks the other process's pages
+ * per entry of the remote list (it takes that process's mmap lock, pins the
+ * entry's pages, copies, unpins), while the local list is a plain copy to
+ * or from this process's memory. Pieces whose initiator buffers lie close
+ * together but in another order than their targets (paged KV: a permutation
+ * of the source pages) make one remote entry each in descriptor order, and
+ * few in the initiator's address order, where neighbours merge: a copy of
+ * 1,024 x 2 KiB whose initiator side is one permuted 2 MiB buffer takes
+ * ~180 us as one remote entry, ~360 us as 1,024 (process_vm_readv, measured
+ * alone; docs/BENCHMARKS.md, issue 23). So a frame that fits one gathered
+ * copy is copied in the initiator's address order when that merges more of
+ * its remote side. All of it moves under one hold of the registry's read
+ * lock, faults included: a fence or deregistration sees the frame either
+ * untouched or settled, so its placement log still goes from nothing to
+ * the whole frame in descriptor order (placed, or refused in the bitmap). */
+
+/* Sorts idx[0..m) by d[idx[k]].aux (least significant digit first, 11
+ * bits a pass over the keys' span above the bits they all share: 1,024
+ * pieces of one 2 MiB or 4 MiB buffer sort in one or two passes; tmp: m
+ * entries of scratch). */
+#define SORT_DIGIT 11
+static void sort_by_key(uint32_t *idx, uint32_t *tmp, size_t m, const ferry_vec_desc_t *d, uint64_t lo,
+                        uint64_t span, uint64_t varying)
+{
+    unsigned shift = varying ? (unsigned)__builtin_ctzll(varying) : 64;
+    for (; shift < 64 && (span >> shift) != 0; shift += SORT_DIGIT) {
+        uint32_t count[(1u << SORT_DIGIT) + 1];
+        memset(count, 0, sizeof count);
+        const uint64_t mask = (1u << SORT_DIGIT) - 1;
+        for (size_t k = 0; k < m; k++) count[((d[idx[k]].aux - lo) >> shift & mask) + 1]++;
+        for (size_t b = 1; b <= mask + 1; b++) count[b] += count[b - 1];
+        for (size_t k = 0; k < m; k++) tmp[count[(d[idx[k]].aux - lo) >> shift & mask]++] = idx[k];
+        memcpy(idx, tmp, m * sizeof *idx);
+    }
+}
+
+/* Entries of a list of the ranges [key, key + len) of the pieces idx[0..m)
+ * in that order, adjacent ones merged. */
+static size_t remote_entries(const ferry_vec_desc_t *d, const uint32_t *idx, size_t m)
+{
+    size_t e = 0;
+    for (size_t k = 0; k < m; k++)
+        if (k == 0 || d[idx[k - 1]].aux + d[idx[k - 1]].len != d[idx[k]].aux) e++;
+    return e;
+}
+
+/* Whether pieces [0, n) (none failed yet) go as one copy in the initiator's
+ * address order: they fit one gathered copy (SHM_CHUNK bytes, IOV_MAX
+ * entries a side) and that order merges more of the remote list than
+ * descriptor order. Then sc->order holds that order (n entries). */
+static bool sorted_copy_fits(struct shm_conn *sc, const struct ferry_vec_scratch *v, size_t n)
+{
+    if (n < 2 || n > IOV_MAX) return false;
+    uint64_t bytes = 0, lo = UINT64_MAX, hi = 0;
+    bool ascending = true;
+    for (size_t k = 0; k < n; k++) {
+        const ferry_vec_desc_t *d = &v->d[k];
+        if (v->st[k]) return false;
+        bytes += d->len;
+        if (d->aux < lo) lo = d->aux;
+        if (d->aux > hi) hi = d->aux;
+        if (k && d->aux < v->d[k - 1].aux) ascending = false;
+    }
+    if (ascending || bytes > SHM_CHUNK) return false; /* already in order, or more than one copy */
+    if (!sc->order && !(sc->order = malloc(2 * (size_t)FERRY_WIRE_VEC_MAX * sizeof *sc->order))) return false;
+    uint32_t *idx = sc->order, *tmp = sc->order + FERRY_WIRE_VEC_MAX;
+    for (size_t k = 0; k < n; k++) idx[k] = tmp[k] = (uint32_t)k;
+    size_t before = remote_entries(v->d, tmp, n);
+    uint64_t varying = 0; /* the bits in which the pieces' offsets from lo differ */
+    for (size_t k = 0; k < n; k++) varying |= v->d[k].aux - lo;
+    sort_by_key(idx, tmp, n, v->d, lo, hi - lo, varying);
+    return remote_entries(v->d, idx, n) < before;
+}
+
+/* Copies the pieces order[from..n) not failed with one process_vm_* call:
+ * the bytes asked (*asked) and the call's count or -errno. */
+static ssize_t sorted_copy_once(struct shm_conn *sc, struct ferry_vec_scratch *v, const uint32_t *order, size_t from,
+                                size_t n, bool write, uint64_t *asked)
+{
+    size_t lcnt = 0, rcnt = 0;
+    uint64_t bytes = 0;
+    for (size_t k = from; k < n; k++) {
+        const ferry_vec_desc_t *d = &v->d[order[k]];
+        if (v->st[order[k]]) continue;
+        iov_append(v->iov, &lcnt, d->addr, d->len); /* n <= IOV_MAX entries: never full */
+        iov_append(v->riov, &rcnt, d->aux, d->len);
+        bytes += d->len;
+    }
+    *asked = bytes;
+    if (!bytes) return 0;
+    count_vec_call(lcnt, rcnt);
+    ssize_t got;
+    do {
+        got = write ? process_vm_readv(sc->pid, v->iov, lcnt, v->riov, rcnt, 0)
+                    : process_vm_writev(sc->pid, v->iov, lcnt, v->riov, rcnt, 0);
+    } while (got < 0 && (errno == EINTR || errno == EAGAIN));
+    return got < 0 ? -errno : got;
+}
+
+/* With the registry's read lock held: copies pieces [0, n) (checked, none
+ * failed) in sc->order, all of them: a call that stops short fails the
+ * piece it stopped in (its own error, as vec_copy_host) and goes on after
+ * it in that order; a refusal of attach mid-way refuses the pieces not
+ * moved. 0, or PEER_CLOSED when the initiator is gone (the frame's log then
+ * says untracked: what landed is no prefix). */
+static int vec_copy_sorted_locked(ferry_conn_t *c, struct shm_conn *sc, struct ferry_vec_scratch *v, size_t n,
+                                  bool write)
+{
+    const uint32_t *order = sc->order;
+    size_t pos = 0;
+    while (pos < n) {
+        if (sc->state < 0) { /* attach refused: the rest is not moved */
+            for (size_t k = pos; k < n; k++)
+                if (!v->st[order[k]]) ferry_vec_fail_piece(v, order[k], ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "%s", sc->reason));
+            break;
+        }
+        uint64_t asked;
+        ssize_t got = sorted_copy_once(sc, v, order, pos, n, write, &asked);
+        if (got >= 0 && (uint64_t)got == asked) break;
+        size_t p = pos; /* the piece it stopped in, and the bytes of it moved */
+        uint64_t k = got > 0 ? (uint64_t)got : 0;
+        for (;; p++) {
+            if (v->st[order[p]]) continue;
+            if (k < v->d[order[p]].len) break;
+            k -= v->d[order[p]].len;
+        }
+        int st;
+        if (got < 0) {
+            ferry_frame_t pf = vec_piece_frame(v, order[p]);
+            st = shm_cma_error(sc, &pf, write, 0, v->d[order[p]].len, (int)-got);
+        } else {
+            st = vec_piece_rest(sc, v, order[p], k, write);
+        }
+        if (st == FERRY_ERR_PEER_CLOSED) {
+            if (write) ferry_placed_untracked(c);
+            return st;
+        }
+        if (st) ferry_vec_fail_piece(v, order[p], st);
+        pos = p + 1;
+    }
+    return 0;
+}
+
+/* Takes the initiator's turn (if any), then the registry's read lock. */
+static void copy_lock(ferry_registry_t *r, pthread_mutex_t *turn)
+{
+    if (turn) pthread_mutex_lock(turn);
+    ferry_registry_read_lock(r);
+}
+
+static void copy_unlock(ferry_registry_t *r, pthread_mutex_t *turn)
+{
+    ferry_registry_unlock(r);
+    if (turn) pthread_mutex_unlock(turn);
+}
+
 /* Copies the pieces of host memory with one process_vm_readv/writev per up to
  * IOV_MAX merged entries a side (and SHM_CHUNK bytes), each call under the registry's
  * read lock after the pieces were checked (again when the registry or the
  * cancel set changed). A call that stops short fails the piece it stopped
  * in (its own error) and goes on after it. Pieces move in descriptor order,
  * so a write's placement log follows them (cancel.h): after each call, under
- * the lock, the prefix settled (placed, or refused in the bitmap). */
+ * the lock, the prefix settled (placed, or refused in the bitmap). Copies
+ * of small entries take turns with this initiator's other connections
+ * (small_copy_lock). */
 static int vec_copy_host(ferry_conn_t *c, ferry_registry_t *r, const ferry_frame_t *f, struct shm_conn *sc,
                          struct ferry_vec_scratch *v, size_t n, bool write, bool *device)
 {
@@ -167,8 +354,9 @@ static int vec_copy_host(ferry_conn_t *c, ferry_registry_t *r, const ferry_frame
     bool checked = false;
     size_t i = 0;
     uint64_t at = 0; /* the byte offset of piece i in descriptor order */
+    pthread_mutex_t *turn = small_copy_lock(sc, v, 0, n);
     while (i < n && sc->state >= 0) { /* refused mid-way: the caller refuses the rest */
-        ferry_registry_read_lock(r);
+        copy_lock(r, turn);
         if (!checked || r->version != version || ferry_vec_cancels_pending(c)) {
             ferry_vec_validate_locked(c, v, i, n, need, device);
             version = r->version;
@@ -176,8 +364,14 @@ static int vec_copy_host(ferry_conn_t *c, ferry_registry_t *r, const ferry_frame
         }
         ferry_vec_expire(c, f, v, i, n); /* past its deadline: nothing more moves */
         if (*device) {
-            ferry_registry_unlock(r);
+            copy_unlock(r, turn);
             return 0; /* the caller copies piece by piece */
+        }
+        if (i == 0 && sorted_copy_fits(sc, v, n)) {
+            int st = vec_copy_sorted_locked(c, sc, v, n, write);
+            if (write && st == 0) ferry_placed_progress(c, vec_prefix(v, 0, n, 0), v->st); /* under the lock */
+            copy_unlock(r, turn);
+            return st;
         }
         size_t lcnt = 0, rcnt = 0, j = i;
         uint64_t bytes = vec_gather(v, &j, n, &lcnt, &rcnt);
@@ -205,18 +399,18 @@ static int vec_copy_host(ferry_conn_t *c, ferry_registry_t *r, const ferry_frame
             if (write) ferry_placed_progress(c, p_at + k, v->st); /* what landed, under the lock */
             int st = vec_piece_rest(sc, v, p, k, write);
             if (st == FERRY_ERR_PEER_CLOSED) {
-                ferry_registry_unlock(r);
+                copy_unlock(r, turn);
                 return st;
             }
             if (st) ferry_vec_fail_piece(v, p, st);
             if (write) ferry_placed_progress(c, p_at + v->d[p].len, v->st);
-            ferry_registry_unlock(r);
+            copy_unlock(r, turn);
             i = p + 1;
             at = p_at + v->d[p].len;
             continue;
         }
         if (write && got > 0) ferry_placed_progress(c, vec_prefix(v, i, j, at), v->st); /* under the lock */
-        ferry_registry_unlock(r);
+        copy_unlock(r, turn);
         if (got < 0) {
             /* Nothing moved: the first piece names the error. */
             size_t p = i;
@@ -276,4 +470,3 @@ int shm_serve_vec(ferry_conn_t *c, const ferry_frame_t *f, ferry_registry_t *r, 
     ferry_placed_end(c, status, f->addr, v->st);
     return ferry_vec_send_ack(c, f, v, n, deadline);
 }
-
