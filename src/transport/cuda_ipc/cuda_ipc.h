@@ -62,10 +62,13 @@ extern const ferry_transport_key_t cuda_ipc_keys[CUDA_IPC_NKEYS];
  * to targets advertising FERRY_HELLO_F_CUDA_IPC_VMM): handle = struct
  * cuda_ipc_vmm (cuda_ipc_vmm_pack): the exporter's pid and the number of
  * the descriptor cuMemExportToShareableHandle gave it (open in the
- * exporter while the export is cached and no frame naming it is in
- * flight), the descriptor's inode (the target checks the descriptor it
- * took is that file) and a serial unique in the exporter (each export
- * is its own import); base and size are the mapping's (cuMemGetAddressRange). */
+ * exporter while the export is cached, closed only when no frame naming
+ * it is in flight), the descriptor's inode (the target checks the
+ * descriptor it took is that file), and the exporter's region (address
+ * and generation) holding the memory; base and size are the mapping's
+ * (cuMemGetAddressRange). The target keys its import by all of it but the
+ * descriptor's number: the same allocation exported on two connections is
+ * one import, and memory of a region registered again is another. */
 #define CUDA_IPC_EXPORT_SIZE 88
 enum { CUDA_IPC_KIND_LEGACY = 0, CUDA_IPC_KIND_VMM = 1 };
 struct cuda_ipc_export {
@@ -76,7 +79,8 @@ struct cuda_ipc_export {
 };
 struct cuda_ipc_vmm {
     int32_t pid, fd;
-    uint64_t ino, serial;
+    uint64_t ino, region;
+    uint32_t generation;
 };
 void cuda_ipc_vmm_pack(const struct cuda_ipc_vmm *v, uint8_t handle[64]);
 void cuda_ipc_vmm_unpack(const uint8_t handle[64], struct cuda_ipc_vmm *v);

@@ -71,7 +71,8 @@ void cuda_ipc_vmm_pack(const struct cuda_ipc_vmm *v, uint8_t handle[64])
     put32(handle, (uint32_t)v->pid);
     put32(handle + 4, (uint32_t)v->fd);
     put64(handle + 8, v->ino);
-    put64(handle + 16, v->serial);
+    put64(handle + 16, v->region);
+    put32(handle + 24, v->generation);
 }
 
 void cuda_ipc_vmm_unpack(const uint8_t handle[64], struct cuda_ipc_vmm *v)
@@ -79,7 +80,8 @@ void cuda_ipc_vmm_unpack(const uint8_t handle[64], struct cuda_ipc_vmm *v)
     v->pid = (int32_t)get32(handle);
     v->fd = (int32_t)get32(handle + 4);
     v->ino = get64(handle + 8);
-    v->serial = get64(handle + 16);
+    v->region = get64(handle + 16);
+    v->generation = get32(handle + 24);
 }
 
 int cuda_ipc_export_decode(const uint8_t in[CUDA_IPC_EXPORT_SIZE], struct cuda_ipc_export *x, uint32_t *deadline_ms)
@@ -339,6 +341,20 @@ static void import_retire_locked(struct import **link, struct import *im)
 
 static void retire_least_used_locked(void);
 
+/* Whether im is the import of x: the same legacy handle, or the same VMM
+ * allocation (all but the descriptor's number, which each export has its
+ * own of). */
+static bool same_export(const struct import *im, const struct cuda_ipc_export *x)
+{
+    if (im->kind != x->kind) return false;
+    if (x->kind == CUDA_IPC_KIND_LEGACY) return memcmp(im->handle, x->handle, sizeof im->handle) == 0;
+    struct cuda_ipc_vmm a, b;
+    cuda_ipc_vmm_unpack(im->handle, &a);
+    cuda_ipc_vmm_unpack(x->handle, &b);
+    return a.pid == b.pid && a.ino == b.ino && a.region == b.region && a.generation == b.generation &&
+           im->base == x->base && im->size == x->size;
+}
+
 /* The exporter's descriptor v->fd, taken into this process (pidfd_getfd;
  * O_CLOEXEC). -1 with why filled when the kernel refuses. */
 static int take_fd(const struct cuda_ipc_vmm *v, char *why, size_t cap)
@@ -354,10 +370,8 @@ static int take_fd(const struct cuda_ipc_vmm *v, char *why, size_t cap)
     int err = errno;
     close(pidfd);
     if (fd < 0)
-        snprintf(why, cap,
-                 "pidfd_getfd of its descriptor %d: %s (the target needs ptrace permission over the initiator: "
-                 "the same user with kernel.yama.ptrace_scope 0, or CAP_SYS_PTRACE)",
-                 (int)v->fd, strerror(err));
+        snprintf(why, cap, "pidfd_getfd: %s (needs ptrace permission over the initiator: same user and "
+                 "kernel.yama.ptrace_scope 0, or CAP_SYS_PTRACE)", strerror(err));
     return fd;
 #else
     (void)v;
@@ -409,9 +423,8 @@ static int vmm_open(int32_t pid, const struct cuda_ipc_export *x, int device, st
         close(fd);
         fd = -1;
     }
-    if (fd < 0)
-        return ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "cannot import pid %d's VMM allocation [0x%llx+%llu): %s",
-                          (int)pid, (unsigned long long)x->base, (unsigned long long)x->size, why);
+    if (fd < 0) /* short: the session's transport reason keeps 128 bytes */
+        return ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "VMM import: %s", why);
     int err = vmm_map(fd, (size_t)x->size, device, &im->vmm_handle, &im->mapped);
     close(fd);
     if (err != FERRY_CUDA_SUCCESS)
@@ -432,7 +445,7 @@ static int import_get(struct cuda_ipc_conn *ic, int32_t pid, const struct cuda_i
     struct import **link = &imports;
     while (*link) {
         struct import *im = *link;
-        if (im->pid == pid && memcmp(im->handle, x->handle, sizeof im->handle) == 0) {
+        if (im->pid == pid && same_export(im, x)) {
             im->refs++;
             if (!im->owner) im->owner = ic;
             *link = im->next; /* to the front: most recently used */
@@ -570,12 +583,10 @@ static int stream_here(struct cuda_ipc_conn *ic, FERRY_CUstream *out)
 
 /* ----------------------------------------------------------- copies */
 
-static _Atomic uint64_t vmm_serial; /* this process's VMM exports so far */
-
 /* VMM memory at p, its allocation h (retained by the caller): exported as
  * a descriptor (*fd) into x's handle. */
-static int vmm_export(FERRY_CUmemGenericAllocationHandle h, const void *p, uint64_t len, struct cuda_ipc_export *x,
-                      int *fd)
+static int vmm_export(FERRY_CUmemGenericAllocationHandle h, const void *p, uint64_t len, uint64_t region,
+                      uint32_t generation, struct cuda_ipc_export *x, int *fd)
 {
     FERRY_CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);
@@ -595,8 +606,8 @@ static int vmm_export(FERRY_CUmemGenericAllocationHandle h, const void *p, uint6
         close(*fd);
         return ferry_fail(FERRY_ERR_INTERNAL, "CUDA IPC: the VMM export's descriptor: fstat: %s", strerror(e));
     }
-    struct cuda_ipc_vmm v = {.pid = (int32_t)getpid(), .fd = *fd, .ino = (uint64_t)st.st_ino,
-                             .serial = atomic_fetch_add(&vmm_serial, 1) + 1};
+    struct cuda_ipc_vmm v = {.pid = (int32_t)getpid(), .fd = *fd, .ino = (uint64_t)st.st_ino, .region = region,
+                             .generation = generation};
     cuda_ipc_vmm_pack(&v, x->handle);
     x->kind = CUDA_IPC_KIND_VMM;
     return 0;
@@ -604,7 +615,8 @@ static int vmm_export(FERRY_CUmemGenericAllocationHandle h, const void *p, uint6
 
 /* The export of the allocation holding [p, p+len) (the memory's context
  * current): *fd the VMM export's descriptor, -1 for a legacy handle. */
-static int export_here(const void *p, uint64_t len, bool peer_vmm, struct cuda_ipc_export *x, int *fd)
+static int export_here(const void *p, uint64_t len, uint64_t region, uint32_t generation, bool peer_vmm,
+                       struct cuda_ipc_export *x, int *fd)
 {
     FERRY_CUdeviceptr base = 0;
     size_t size = 0;
@@ -615,7 +627,7 @@ static int export_here(const void *p, uint64_t len, bool peer_vmm, struct cuda_i
     x->size = size;
     FERRY_CUmemGenericAllocationHandle h;
     if (vmm_ok && vmm.retain(&h, (void *)(uintptr_t)p) == FERRY_CUDA_SUCCESS) { /* VMM memory */
-        int rc = peer_vmm ? vmm_export(h, p, len, x, fd)
+        int rc = peer_vmm ? vmm_export(h, p, len, region, generation, x, fd)
                           : ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "CUDA IPC: [%p+%llu) is VMM memory (cuMemCreate) "
                                                                   "and the peer does not import VMM exports",
                                        p, (unsigned long long)len);
@@ -655,8 +667,17 @@ int cuda_ipc_export_of(struct cuda_ipc_conn *ic, uint64_t region, uint32_t gener
     uint64_t a = (uint64_t)(uintptr_t)p;
     for (unsigned i = 0; i < ic->nexports; i++) {
         const struct cuda_ipc_export *x = &ic->exports[i].x;
-        if (ic->exports[i].region == region && ic->exports[i].generation == generation && a >= x->base &&
-            a - x->base <= x->size && len <= x->size - (a - x->base)) {
+        if (ic->exports[i].region != region) continue;
+        if (ic->exports[i].generation != generation) {
+            /* The region was registered again: this entry never matches
+             * again, and a VMM export's descriptor must not keep the old
+             * memory allocated until it leaves the cache. */
+            retire_fd(ic, ic->exports[i].fd);
+            ic->exports[i].fd = -1;
+            ic->exports[i].region = 0;
+            continue;
+        }
+        if (a >= x->base && a - x->base <= x->size && len <= x->size - (a - x->base)) {
             *out = *x;
             return 0;
         }
@@ -666,7 +687,7 @@ int cuda_ipc_export_of(struct cuda_ipc_conn *ic, uint64_t region, uint32_t gener
     if (err != FERRY_CUDA_SUCCESS) return cuda_fail(err, "entering the memory's context", (size_t)len, p);
     struct cuda_ipc_export x = {.device = ordinal};
     int fd = -1;
-    int rc = export_here(p, len, peer_vmm, &x, &fd);
+    int rc = export_here(p, len, region, generation, peer_vmm, &x, &fd);
     ferry_cuda_context_leave(primary);
     if (rc) return rc;
     if (a - x.base > x.size || len > x.size - (a - x.base)) {
