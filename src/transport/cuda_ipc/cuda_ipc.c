@@ -161,10 +161,13 @@ static int send_slice(ferry_conn_t *c, ferry_xfer_t *x, const struct cuda_ipc_ex
     return ferry_conn_send_frame(c, &f, payload, x->deadline);
 }
 
-/* Whether piece x can go by CUDA IPC: its local buffer is CUDA device
- * memory the driver exports (*ex filled). Otherwise it goes by tcp, and
- * why says why (the first such reason is kept). */
-static bool piece_exportable(ferry_conn_t *c, struct cuda_ipc_conn *ic, const ferry_xfer_t *x,
+/* Whether piece x can go by CUDA IPC from offset off: its local buffer is
+ * CUDA device memory and the driver exports the allocation holding byte
+ * off (*ex filled; the slices from off stop at its end, where the next
+ * allocation is exported: VMM memory such as PyTorch's expandable
+ * segments maps each 2 or 20 MiB chunk as its own allocation). Otherwise
+ * the rest goes by tcp, and why says why (the first such reason is kept). */
+static bool piece_exportable(ferry_conn_t *c, struct cuda_ipc_conn *ic, const ferry_xfer_t *x, uint64_t off,
                              struct cuda_ipc_export *ex, char *why, size_t cap)
 {
     ferry_registry_t *r = c->ctx->registry;
@@ -176,7 +179,7 @@ static bool piece_exportable(ferry_conn_t *c, struct cuda_ipc_conn *ic, const fe
         if (!why[0]) snprintf(why, cap, "a local buffer is not CUDA device memory");
         return false;
     }
-    if (cuda_ipc_export_of(ic, found.addr, found.generation, x->local, x->len, FERRY_MEMKIND_DEVICE(found.kind),
+    if (cuda_ipc_export_of(ic, found.addr, found.generation, x->local + off, 1, FERRY_MEMKIND_DEVICE(found.kind),
                            (c->peer.flags & FERRY_HELLO_F_CUDA_IPC_VMM) != 0, ex) != 0) {
         if (!why[0]) snprintf(why, cap, "%s", ferry_fail_message());
         ferry_clear_last_error();
@@ -239,7 +242,8 @@ static int run_slices(ferry_conn_t *c, struct cuda_ipc_conn *ic, ferry_xfer_t *x
         /* The next piece to send: sendable and exportable. */
         while (!refused && cur < nx && !cur_ready) {
             cur_off = xs[cur].done;
-            if (ferry_piece_sendable(&xs[cur], cur_off) && piece_exportable(c, ic, &xs[cur], &ex, why, sizeof why))
+            if (ferry_piece_sendable(&xs[cur], cur_off) &&
+                piece_exportable(c, ic, &xs[cur], cur_off, &ex, why, sizeof why))
                 cur_ready = true;
             else
                 cur++;
@@ -251,7 +255,14 @@ static int run_slices(ferry_conn_t *c, struct cuda_ipc_conn *ic, ferry_xfer_t *x
         }
         if (cur_ready && count < IPC_WINDOW) {
             ferry_xfer_t *x = &xs[cur];
+            uint64_t at = (uint64_t)(uintptr_t)(x->local + cur_off);
+            if (at - ex.base >= ex.size && !piece_exportable(c, ic, x, cur_off, &ex, why, sizeof why)) {
+                cur_ready = false; /* the next allocation does not export: the rest by tcp */
+                cur++;
+                continue;
+            }
             uint64_t n = x->len - cur_off < IPC_SLICE ? x->len - cur_off : IPC_SLICE;
+            if (n > ex.base + ex.size - at) n = ex.base + ex.size - at; /* this allocation's bytes only */
             x->inflight++; /* before the first byte leaves (cancel.h) */
             int rc = send_slice(c, x, &ex, cur_off, n);
             if (rc) {

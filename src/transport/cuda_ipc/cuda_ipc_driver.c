@@ -290,7 +290,7 @@ static struct import *imports; /* most recently used first */
 static unsigned nimports;
 #define IMPORTS_MAX 32
 
-#define EXPORTS 8
+#define EXPORTS 32 /* per connection: an expandable segment of 20 MiB chunks is one export each */
 #define STREAMS 8
 
 struct cuda_ipc_conn {
