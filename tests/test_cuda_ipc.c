@@ -867,23 +867,23 @@ static void vmm_deregistration_invalidates_the_import(void **state)
 }
 
 /* One region over two VMM allocations mapped side by side in one reserved
- * range, as PyTorch's expandable segments map their 2 or 20 MiB chunks: a
- * transfer across the seam goes by CUDA IPC in slices cut at it (each
- * allocation exported and imported once), no staging. Before, the piece
- * was "not in one allocation" and went by tcp through host staging. */
-static void vmm_region_over_two_allocations(void **state)
+ * range, as PyTorch's expandable segments map their 2 or 20 MiB chunks;
+ * the second created with second_types. A write and a read across the
+ * seam, bytes checked; returns the staging copies both sides made and
+ * sets *imported to the target's VMM imports. */
+static unsigned long across_the_seam(int second_types, int *imported)
 {
-    (void)state;
     size_t chunk = 1u << 20, cap = 2 * chunk;
     child_t *c = child_start(cap, false);
     ferry_engine_t *e = initiator();
-    FERRY_CUmemAllocationProp prop = {.type = FERRY_CU_MEM_ALLOCATION_TYPE_PINNED,
-                                      .requestedHandleTypes = FERRY_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                                      .location = {FERRY_CU_MEM_LOCATION_TYPE_DEVICE, 1}};
     FERRY_CUdeviceptr va = 0;
     FERRY_CUmemGenericAllocationHandle h[2];
     assert_int_equal(vmm_reserve(&va, cap, 0, 0, 0), 0);
     for (int i = 0; i < 2; i++) {
+        FERRY_CUmemAllocationProp prop = {
+            .type = FERRY_CU_MEM_ALLOCATION_TYPE_PINNED,
+            .requestedHandleTypes = i ? second_types : FERRY_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            .location = {FERRY_CU_MEM_LOCATION_TYPE_DEVICE, 1}};
         assert_int_equal(vmm_create(&h[i], chunk, &prop, 0), 0);
         assert_int_equal(vmm_map(va + i * chunk, chunk, 0, h[i], 0), 0);
         FERRY_CUmemAccessDesc access = {{FERRY_CU_MEM_LOCATION_TYPE_DEVICE, 1},
@@ -899,36 +899,59 @@ static void vmm_region_over_two_allocations(void **state)
     stub_counts(before);
     ferry_staging_totals(&t0);
     int staged_there = child_do(c, CMD_STAGED, 0, 0, 0);
-    size_t off = chunk - 4096 - 3, len = 8192 + 7; /* across the seam */
+    size_t off = chunk - 4096 - 3, len = 8192 + 7, head = chunk - off; /* across the seam */
     /* The two allocations' aliases are not contiguous: the pattern goes through one buffer. */
     unsigned char *pat = malloc(len);
     harness_fill(pat, len, 801);
-    memcpy(stub_alias(src + off), pat, chunk - off);
-    memcpy(stub_alias(src + chunk), pat + (chunk - off), len - (chunk - off));
+    memcpy(stub_alias(src + off), pat, head);
+    memcpy(stub_alias(src + chunk), pat + head, len - head);
     int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src + off, c->addr + 1, len);
     if (rc) fail_msg("write: %s", ferry_last_error_detail());
     assert_int_equal(child_do(c, CMD_CHECK, 801, 1, len), 0);
     assert_int_equal(child_do(c, CMD_FILL, 802, 0, len), 0);
-    memset(stub_alias(src + off), 0, chunk - off);
-    memset(stub_alias(src + chunk), 0, len - (chunk - off));
+    memset(stub_alias(src + off), 0, head);
+    memset(stub_alias(src + chunk), 0, len - head);
     rc = ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src + off, c->addr, len);
     if (rc) fail_msg("read: %s", ferry_last_error_detail());
-    memcpy(pat, stub_alias(src + off), chunk - off);
-    memcpy(pat + (chunk - off), stub_alias(src + chunk), len - (chunk - off));
+    memcpy(pat, stub_alias(src + off), head);
+    memcpy(pat + head, stub_alias(src + chunk), len - head);
     assert_true(harness_check(pat, len, 802));
     free(pat);
     stub_counts(after);
     ferry_staging_totals(&t1);
-    assert_int_equal(after[0] - before[0] + after[1] - before[1], 0);
-    assert_int_equal(t1.take_prefetched - t0.take_prefetched + t1.land_queued - t0.land_queued, 0);
-    assert_int_equal(child_do(c, CMD_STAGED, 0, 0, 0) - staged_there, 0);
+    unsigned long staged = after[0] - before[0] + after[1] - before[1] + t1.take_prefetched - t0.take_prefetched +
+                           t1.land_queued - t0.land_queued +
+                           (unsigned long)(child_do(c, CMD_STAGED, 0, 0, 0) - staged_there);
     uint64_t released = 0;
-    assert_int_equal(child_do2(c, CMD_VMM, 0, 0, 0, &released), 2); /* one import per allocation */
+    *imported = child_do2(c, CMD_VMM, 0, 0, 0, &released);
     expect_transport(e, c->peer, "cuda_ipc");
     ferry_engine_destroy(e);
     for (int i = 0; i < 2; i++) assert_int_equal(vmm_unmap(va + i * chunk, chunk), 0);
     assert_int_equal(vmm_address_free(va, cap), 0);
     child_stop(c);
+    return staged;
+}
+
+/* Across the seam of two shareable allocations: by CUDA IPC in slices cut
+ * at it (each allocation exported and imported once), no staging.
+ * Before, the piece was "not in one allocation" and went by tcp through
+ * host staging. */
+static void vmm_region_over_two_allocations(void **state)
+{
+    (void)state;
+    int imported = 0;
+    assert_int_equal(across_the_seam(FERRY_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, &imported), 0);
+    assert_int_equal(imported, 2);
+}
+
+/* The second allocation not shareable: the first's bytes go by CUDA IPC,
+ * the rest of the piece by tcp with staging, in the same call. */
+static void vmm_seam_to_an_unshareable_allocation(void **state)
+{
+    (void)state;
+    int imported = 0;
+    assert_true(across_the_seam(0, &imported) > 0);
+    assert_int_equal(imported, 1);
 }
 
 /* A target the kernel does not let take the initiator's descriptor (no
@@ -1046,6 +1069,7 @@ int main(void)
         cmocka_unit_test(vmm_memory_by_cuda_ipc),
         cmocka_unit_test(vmm_deregistration_invalidates_the_import),
         cmocka_unit_test(vmm_region_over_two_allocations),
+        cmocka_unit_test(vmm_seam_to_an_unshareable_allocation),
         cmocka_unit_test(vmm_getfd_refused_falls_back_to_tcp),
         cmocka_unit_test(vmm_not_shareable_goes_by_tcp),
     };
