@@ -604,6 +604,7 @@ static int vmm_export(FERRY_CUmemGenericAllocationHandle h, const void *p, uint6
     if (fstat(*fd, &st) != 0) {
         int e = errno;
         close(*fd);
+        *fd = -1;
         return ferry_fail(FERRY_ERR_INTERNAL, "CUDA IPC: the VMM export's descriptor: fstat: %s", strerror(e));
     }
     struct cuda_ipc_vmm v = {.pid = (int32_t)getpid(), .fd = *fd, .ino = (uint64_t)st.st_ino, .region = region,
