@@ -4,8 +4,11 @@ which sets FERRY_LIBRARY and PYTHONPATH): torch.cuda tensors registered by
 data_ptr(), moved between two processes on GPU 0 through the CUDA IPC
 transport and through TCP with host staging, every byte compared on the
 device, and GB/s printed beside torch's own device-to-device and
-device-to-host copy rates measured in the same run. Exit 0 when every
-check passed.
+device-to-host copy rates measured in the same run; then the same by
+cuda_ipc from a process whose torch allocator uses expandable segments
+(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: VMM memory, cuMemCreate +
+cuMemMap, exported as a file descriptor the target takes with pidfd_getfd).
+Exit 0 when every check passed.
 
 Sizes: FERRY_GPU_CHECK_MB (default 256) per transfer, FERRY_GPU_CHECK_ITERS
 (default 8) timed transfers per direction and transport (TCP: a quarter)."""
@@ -132,6 +135,101 @@ def run_transport(peer, remote, conn, transport, expect, checksum=0):
     return failures
 
 
+def vmm_info(ptr):
+    """(VMM memory, shareable as a POSIX descriptor) for the device address
+    ptr: cuMemRetainAllocationHandle works only for VMM memory."""
+    import ctypes
+    cu = ctypes.CDLL("libcuda.so.1")
+    cu.cuMemRetainAllocationHandle.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    cu.cuMemGetAllocationPropertiesFromHandle.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong]
+    cu.cuMemRelease.argtypes = [ctypes.c_ulonglong]
+    h = ctypes.c_ulonglong()
+    if cu.cuMemRetainAllocationHandle(ctypes.byref(h), ctypes.c_void_p(ptr)) != 0:
+        return False, False
+    prop = (ctypes.c_ubyte * 64)()  # CUmemAllocationProp: type, requestedHandleTypes, ...
+    rc = cu.cuMemGetAllocationPropertiesFromHandle(prop, h.value)
+    cu.cuMemRelease(h.value)
+    types = int.from_bytes(bytes(prop[4:8]), "little") if rc == 0 else 0
+    return True, bool(types & 1)  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+
+
+def vmm_main(conn, peer, remote):
+    """A process whose torch allocator uses expandable segments: writes and
+    reads SIZE bytes with the target by cuda_ipc, every byte checked on the
+    device (the target's through the parent, which relays to it)."""
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    import torch
+    from ferry.core import Engine, MEM_LOCAL
+
+    def target(cmd, seed, n):
+        conn.send(("target", cmd, seed, n))
+        return conn.recv()
+
+    dev = torch.device("cuda", 0)
+    failures = []
+    src = pattern(21, SIZE, dev)
+    dst = torch.zeros(SIZE, dtype=torch.uint8, device=dev)
+    torch.cuda.synchronize()
+    is_vmm, shareable = vmm_info(src.data_ptr())
+    print("  vmm      expandable segments: VMM memory %s, shareable as a descriptor %s" % (is_vmm, shareable))
+    if not is_vmm:
+        failures.append("expandable segments: the tensor is not VMM memory (cuMemRetainAllocationHandle failed)")
+    e = None
+    try:
+        e = Engine("127.0.0.1", 0, timeout_ms=120000)
+        e.register(src.data_ptr(), SIZE, MEM_LOCAL)
+        e.register(dst.data_ptr(), SIZE, MEM_LOCAL)
+        e.write(peer, src.data_ptr(), remote, 1 << 20)
+        info = e.session_info(peer)
+        print("  vmm      session: %s (%s)" % (info.transport, info.transport_reason))
+        if info.transport != "cuda_ipc":
+            failures.append("VMM: transport %s, expected cuda_ipc (%s)" % (info.transport, info.transport_reason))
+        target("zero", 0, 0)
+        t0 = time.perf_counter()
+        for _ in range(ITERS):
+            e.write(peer, src.data_ptr(), remote, SIZE)
+        w = gbps(SIZE * ITERS, time.perf_counter() - t0)
+        if not target("check", 21, SIZE):
+            failures.append("VMM write: the target's bytes differ")
+        target("fill", 22, SIZE)
+        t0 = time.perf_counter()
+        for _ in range(ITERS):
+            e.read(peer, dst.data_ptr(), remote, SIZE)
+        r = gbps(SIZE * ITERS, time.perf_counter() - t0)
+        if not torch.equal(dst, pattern(22, SIZE, dev)):
+            failures.append("VMM read: the bytes read differ")
+        print("  vmm      write %6.2f GB/s   read %6.2f GB/s   (%d x %d MiB each way; near D2D: by IPC, "
+              "near D2H: the pieces went by tcp)" % (w, r, ITERS, MB))
+    except Exception as ex:  # reported, not raised: the parent waits for "done"
+        failures.append("VMM: %s" % ex)
+    finally:
+        if e is not None:
+            e.close()
+    conn.send(("done", failures))
+
+
+def run_vmm(peer, remote, conn):
+    """vmm_main in its own process (the allocator's setting is read once per
+    process), its target commands relayed to the target."""
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    p = ctx.Process(target=vmm_main, args=(there, peer, remote))
+    p.start()
+    try:
+        while True:
+            msg = here.recv()
+            if msg[0] == "done":
+                return msg[1]
+            conn.send(msg[1:])
+            here.send(conn.recv())
+    except EOFError:
+        return ["VMM: the expandable-segments process died (exit code %s)" % p.exitcode]
+    finally:
+        p.join(60)
+        if p.is_alive():
+            p.kill()
+
+
 def main():
     import torch
     import ferry
@@ -158,6 +256,7 @@ def main():
         failures += run_transport(peer, remote, here, "auto", "cuda_ipc")
         failures += run_transport(peer, remote, here, "tcp", "tcp")
         failures += run_transport(peer, remote, here, "tcp", "tcp", checksum=1)
+        failures += run_vmm(peer, remote, here)
         here.send(("quit", 0, 0))
         here.recv()
     finally:

@@ -94,6 +94,41 @@ _Static_assert(__builtin_types_compatible_p(__typeof__(&cuIpcGetMemHandle), CUre
 _Static_assert(__builtin_types_compatible_p(__typeof__(&cuMemGetAddressRange_v2),
                                             CUresult (*)(CUdeviceptr *, size_t *, CUdeviceptr)),
                "cuMemGetAddressRange_v2");
+/* VMM (cuda_ipc's export of cuMemCreate memory): values, struct layouts,
+ * entry points. */
+#include <stddef.h>
+_Static_assert(FERRY_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, "handle type");
+_Static_assert(FERRY_CU_MEM_ALLOCATION_TYPE_PINNED == CU_MEM_ALLOCATION_TYPE_PINNED, "allocation type");
+_Static_assert(FERRY_CU_MEM_LOCATION_TYPE_DEVICE == CU_MEM_LOCATION_TYPE_DEVICE, "location type");
+_Static_assert(FERRY_CU_MEM_ACCESS_FLAGS_PROT_READWRITE == CU_MEM_ACCESS_FLAGS_PROT_READWRITE, "access flags");
+_Static_assert(sizeof(FERRY_CUmemGenericAllocationHandle) == sizeof(CUmemGenericAllocationHandle), "handle");
+_Static_assert(sizeof(FERRY_CUmemLocation) == sizeof(CUmemLocation), "CUmemLocation");
+_Static_assert(sizeof(FERRY_CUmemAccessDesc) == sizeof(CUmemAccessDesc), "CUmemAccessDesc");
+_Static_assert(sizeof(FERRY_CUmemAllocationProp) == sizeof(CUmemAllocationProp), "CUmemAllocationProp");
+_Static_assert(offsetof(FERRY_CUmemAllocationProp, requestedHandleTypes) ==
+                   offsetof(CUmemAllocationProp, requestedHandleTypes), "CUmemAllocationProp");
+_Static_assert(offsetof(FERRY_CUmemAllocationProp, location) == offsetof(CUmemAllocationProp, location),
+               "CUmemAllocationProp");
+_Static_assert(offsetof(FERRY_CUmemAllocationProp, allocFlags) == offsetof(CUmemAllocationProp, allocFlags),
+               "CUmemAllocationProp");
+_Static_assert(offsetof(FERRY_CUmemAccessDesc, flags) == offsetof(CUmemAccessDesc, flags), "CUmemAccessDesc");
+_Static_assert(sizeof(CUmemAllocationHandleType) == sizeof(int), "enum passed as int");
+#define FERRY_SAME_TYPE(fn, type) _Static_assert(__builtin_types_compatible_p(__typeof__(&fn), type), #fn)
+FERRY_SAME_TYPE(cuMemCreate, CUresult (*)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                                          unsigned long long));
+FERRY_SAME_TYPE(cuMemRelease, CUresult (*)(CUmemGenericAllocationHandle));
+FERRY_SAME_TYPE(cuMemAddressReserve, CUresult (*)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long));
+FERRY_SAME_TYPE(cuMemAddressFree, CUresult (*)(CUdeviceptr, size_t));
+FERRY_SAME_TYPE(cuMemMap, CUresult (*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long));
+FERRY_SAME_TYPE(cuMemUnmap, CUresult (*)(CUdeviceptr, size_t));
+FERRY_SAME_TYPE(cuMemSetAccess, CUresult (*)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t));
+FERRY_SAME_TYPE(cuMemRetainAllocationHandle, CUresult (*)(CUmemGenericAllocationHandle *, void *));
+FERRY_SAME_TYPE(cuMemGetAllocationPropertiesFromHandle,
+                CUresult (*)(CUmemAllocationProp *, CUmemGenericAllocationHandle));
+FERRY_SAME_TYPE(cuMemExportToShareableHandle,
+                CUresult (*)(void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long));
+FERRY_SAME_TYPE(cuMemImportFromShareableHandle,
+                CUresult (*)(CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType));
 #endif
 
 #define STUB_MANAGED 1

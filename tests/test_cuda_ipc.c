@@ -20,7 +20,13 @@
  *    another transport and the device memory is staged;
  *  - a hostile initiator's CUDA_IPC frame then a CMA_WRITE or CMA_VEC on
  *    one connection: shm does not take cuda_ipc's state for its own, the
- *    target closes it.
+ *    target closes it;
+ *  - VMM memory (cuMemCreate + cuMemMap, as PyTorch's expandable
+ *    segments) exported as a descriptor the target takes with
+ *    pidfd_getfd: written and read by IPC without staging; a region
+ *    registered again exports again and the stale import is unmapped; a
+ *    target the kernel refuses the descriptor falls back to tcp with the
+ *    reason; memory not created shareable goes by tcp.
  * Skipped without CUDA in the build. */
 #ifndef FERRY_HAVE_CUDA
 #include "harness.h"
@@ -37,6 +43,7 @@ int main(void)
 #else
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +56,7 @@ int main(void)
 #include "fault.h"
 
 #include "transport/cuda_ipc/cuda_ipc.h"
+#include "util/cuda_driver.h"
 #include "util/memkind.h"
 
 static void *(*stub_alloc)(size_t, int, int);
@@ -58,6 +66,14 @@ static void (*stub_free)(void *);
 static void (*stub_counts)(unsigned long[7]);
 static void (*stub_more_counts)(unsigned long[8]);
 static void (*stub_lock)(void), (*stub_unlock)(void);
+static void (*stub_vmm_counts)(unsigned long[3]);
+static ferry_cuMemCreate_fn vmm_create;
+static ferry_cuMemRelease_fn vmm_release;
+static ferry_cuMemAddressReserve_fn vmm_reserve;
+static ferry_cuMemAddressFree_fn vmm_address_free;
+static ferry_cuMemMap_fn vmm_map;
+static ferry_cuMemUnmap_fn vmm_unmap;
+static ferry_cuMemSetAccess_fn vmm_set_access;
 
 /* What an application using CUDA does first: load the driver. */
 static void load_stub(void)
@@ -76,6 +92,43 @@ static void load_stub(void)
     stub_unlock = (void (*)(void))dlsym(h, "cuda_stub_unlock");
     assert_true(stub_alloc && stub_alloc_at && stub_alias && stub_free && stub_counts && stub_more_counts && stub_lock &&
                 stub_unlock);
+    stub_vmm_counts = (void (*)(unsigned long[3]))dlsym(h, "cuda_stub_vmm_counts");
+    vmm_create = (ferry_cuMemCreate_fn)dlsym(h, "cuMemCreate");
+    vmm_release = (ferry_cuMemRelease_fn)dlsym(h, "cuMemRelease");
+    vmm_reserve = (ferry_cuMemAddressReserve_fn)dlsym(h, "cuMemAddressReserve");
+    vmm_address_free = (ferry_cuMemAddressFree_fn)dlsym(h, "cuMemAddressFree");
+    vmm_map = (ferry_cuMemMap_fn)dlsym(h, "cuMemMap");
+    vmm_unmap = (ferry_cuMemUnmap_fn)dlsym(h, "cuMemUnmap");
+    vmm_set_access = (ferry_cuMemSetAccess_fn)dlsym(h, "cuMemSetAccess");
+    assert_true(stub_vmm_counts && vmm_create && vmm_release && vmm_reserve && vmm_address_free && vmm_map &&
+                vmm_unmap && vmm_set_access);
+}
+
+/* VMM memory as PyTorch's expandable segments make it: cuMemCreate (with
+ * the given shareable handle types), an address range reserved (at want
+ * if free), the allocation mapped there and made accessible to its device;
+ * the allocation's handle released (the mapping holds it). */
+static unsigned char *vmm_alloc(size_t len, int device, int handle_types, void *want)
+{
+    FERRY_CUmemAllocationProp prop = {.type = FERRY_CU_MEM_ALLOCATION_TYPE_PINNED,
+                                      .requestedHandleTypes = handle_types,
+                                      .location = {FERRY_CU_MEM_LOCATION_TYPE_DEVICE, device}};
+    FERRY_CUmemGenericAllocationHandle h;
+    FERRY_CUdeviceptr va = 0;
+    assert_int_equal(vmm_create(&h, len, &prop, 0), 0);
+    assert_int_equal(vmm_reserve(&va, len, 0, (FERRY_CUdeviceptr)(uintptr_t)want, 0), 0);
+    assert_int_equal(vmm_map(va, len, 0, h, 0), 0);
+    FERRY_CUmemAccessDesc access = {{FERRY_CU_MEM_LOCATION_TYPE_DEVICE, device},
+                                    FERRY_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    assert_int_equal(vmm_set_access(va, len, &access, 1), 0);
+    assert_int_equal(vmm_release(h), 0);
+    return (unsigned char *)(uintptr_t)va;
+}
+
+static void vmm_free(void *p, size_t len)
+{
+    assert_int_equal(vmm_unmap((FERRY_CUdeviceptr)(uintptr_t)p, len), 0);
+    assert_int_equal(vmm_address_free((FERRY_CUdeviceptr)(uintptr_t)p, len), 0);
 }
 
 /* ------------------------------------------------- a target in a child */
@@ -93,6 +146,7 @@ enum {
     CMD_DELAY,       /* each stream copy takes seed microseconds */
     CMD_STAGED,      /* rc = staging copies (dtoh + htod, and pipelined ones) done here */
     CMD_PLACED,      /* addr = the engine's bytes_placed */
+    CMD_VMM,         /* rc = VMM allocations imported so far, addr = those released */
 };
 
 struct cmd {
@@ -180,6 +234,12 @@ static int child_run(struct cmd *c, ferry_engine_t **e, unsigned char *dev, size
         stub_counts(counts);
         return (int)(counts[0] + counts[1] + t.take_prefetched + t.land_queued);
     }
+    case CMD_VMM: {
+        unsigned long v[3];
+        stub_vmm_counts(v);
+        a->addr = v[2];
+        return (int)v[1];
+    }
     case CMD_PLACED: {
         ferry_stats_t st;
         int rc = ferry_engine_stats(*e, &st);
@@ -190,9 +250,10 @@ static int child_run(struct cmd *c, ferry_engine_t **e, unsigned char *dev, size
     return -1;
 }
 
-static void child_main(int in, int out, size_t len, bool no_ipc)
+static void child_main(int in, int out, size_t len, bool no_ipc, int refuse_getfd)
 {
     if (no_ipc) setenv("FERRY_CUDA_IPC", "0", 1);
+    ferry_cuda_ipc_testing_refuse_getfd(refuse_getfd);
     struct reply r = {0};
     unsigned char *dev = stub_alloc(len, 0, 0);
     ferry_engine_t *e = dev ? child_engine(0) : NULL;
@@ -218,25 +279,28 @@ static void child_main(int in, int out, size_t len, bool no_ipc)
 struct child_args {
     size_t len;
     bool no_ipc;
+    int refuse_getfd; /* errno for pidfd_getfd in the target (0: the kernel's answer) */
 };
 
 static void child_body(int in, int out, void *arg)
 {
     const struct child_args *a = arg;
-    child_main(in, out, a->len, a->no_ipc);
+    child_main(in, out, a->len, a->no_ipc, a->refuse_getfd);
 }
 
-static child_t *child_start(size_t len, bool no_ipc)
+static child_t *child_start_with(size_t len, bool no_ipc, int refuse_getfd)
 {
     child_t *c = calloc(1, sizeof *c);
     struct reply r;
-    child_fork(child_body, &(struct child_args){len, no_ipc}, &c->pid, &c->to, &c->from, &r, sizeof r);
+    child_fork(child_body, &(struct child_args){len, no_ipc, refuse_getfd}, &c->pid, &c->to, &c->from, &r, sizeof r);
     assert_int_equal(r.rc, 0);
     snprintf(c->peer, sizeof c->peer, "127.0.0.1:%u", r.port);
     c->addr = r.addr;
     c->len = r.len;
     return c;
 }
+
+static child_t *child_start(size_t len, bool no_ipc) { return child_start_with(len, no_ipc, 0); }
 
 static int child_do2(child_t *c, int op, uint64_t seed, uint64_t off, uint64_t len, uint64_t *addr)
 {
@@ -683,6 +747,268 @@ static void replayed_read_lands_nothing_late(void **state)
     exactly_once_through((proxy_opts_t){.dup_write = 1, .dup_type = FERRY_FRAME_CUDA_IPC_READ}, FERRY_OP_READ);
 }
 
+
+/* ---------------------------------------------------------------- VMM */
+
+/* VMM memory (cuMemCreate + cuMemMap) at the initiator: written and read
+ * device to device by CUDA IPC, no staging on either side; the target
+ * imported the allocation once (by the descriptor it took from the
+ * initiator) and unmapped it when the connection closed. Before VMM
+ * export, such pieces went by tcp through host staging. */
+static void vmm_memory_by_cuda_ipc(void **state)
+{
+    (void)state;
+    size_t cap = (32u << 20) + 4096;
+    child_t *c = child_start(cap, false);
+    ferry_engine_t *e = initiator();
+    unsigned char *src = vmm_alloc(cap, 1, FERRY_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, NULL);
+    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    expect_transport(e, c->peer, "cuda_ipc");
+    unsigned long before[7], after[7], v0[3], v1[3];
+    stub_counts(before);
+    stub_vmm_counts(v0);
+    ferry_staging_totals_t t0, t1;
+    ferry_staging_totals(&t0);
+    int staged_there = child_do(c, CMD_STAGED, 0, 0, 0); /* the child's counters start as this process's */
+#ifdef __SANITIZE_THREAD__
+    const size_t sizes[] = {1, 4096 + 7, (1u << 20) + 3};
+#else
+    const size_t sizes[] = {1, 4096 + 7, (17u << 20) + 3};
+#endif
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        size_t len = sizes[k], off = k * 8;
+        harness_fill((unsigned char *)stub_alias(src) + off, len, 300 + k);
+        int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src + off, c->addr + 5, len);
+        if (rc) fail_msg("write %zu: %s", len, ferry_last_error_detail());
+        assert_int_equal(child_do(c, CMD_CHECK, 300 + k, 5, len), 0);
+        assert_int_equal(child_do(c, CMD_FILL, 400 + k, 0, len), 0);
+        memset(stub_alias(src), 0, cap);
+        rc = ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src + 13, c->addr, len);
+        if (rc) fail_msg("read %zu: %s", len, ferry_last_error_detail());
+        assert_true(harness_check((unsigned char *)stub_alias(src) + 13, len, 400 + k));
+    }
+    expect_transport(e, c->peer, "cuda_ipc");
+    stub_counts(after);
+    assert_int_equal(after[0] - before[0], 0); /* no staging here */
+    assert_int_equal(after[1] - before[1], 0);
+    ferry_staging_totals(&t1);
+    assert_int_equal(t1.take_prefetched - t0.take_prefetched, 0);
+    assert_int_equal(t1.land_queued - t0.land_queued, 0);
+    assert_int_equal(child_do(c, CMD_STAGED, 0, 0, 0) - staged_there, 0); /* nor there */
+    /* Exported once per connection of the session (the export cache is
+     * the connection's), imported once, not released yet. */
+    stub_vmm_counts(v1);
+    unsigned long exported = v1[0] - v0[0];
+    uint64_t released = 0, opened = 0;
+    int imported = child_do2(c, CMD_VMM, 0, 0, 0, &released);
+    if (exported < 1 || exported > 4 || imported != 1 || released != 0)
+        fail_msg("%lu exports, %d imports, %llu released", exported, imported, (unsigned long long)released);
+    assert_int_equal(child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), imported);
+    assert_int_equal(opened, imported);
+    ferry_engine_destroy(e);
+    /* The connections closed: the target unmapped and released the imports. */
+    for (int i = 0; i < 200 && released < (uint64_t)imported; i++) {
+        usleep(10 * 1000);
+        child_do2(c, CMD_VMM, 0, 0, 0, &released);
+    }
+    assert_int_equal(released, imported);
+    vmm_free(src, cap);
+    child_stop(c);
+}
+
+/* A VMM region deregistered and its memory made again: the next write
+ * exports the new allocation (the bytes are its), and when the new one is
+ * mapped where the old one was, the target's stale import is unmapped and
+ * its allocation released. */
+static void vmm_deregistration_invalidates_the_import(void **state)
+{
+    (void)state;
+    size_t cap = 1u << 20;
+    int fd_type = FERRY_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    child_t *c = child_start(cap, false);
+    ferry_engine_t *e = initiator();
+    unsigned char *a = vmm_alloc(cap, 1, fd_type, NULL);
+    assert_int_equal(ferry_register(e, a, cap, FERRY_MEM_LOCAL), 0);
+    harness_fill(stub_alias(a), cap, 501);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, a, c->addr, cap), 0);
+    assert_int_equal(child_do(c, CMD_CHECK, 501, 0, cap), 0);
+
+    /* Made again elsewhere first: a second import; the first stays mapped
+     * (nothing tells the target it was freed). */
+    assert_int_equal(ferry_deregister(e, a), 0);
+    unsigned char *b = vmm_alloc(cap, 1, fd_type, NULL);
+    vmm_free(a, cap);
+    harness_fill(stub_alias(b), cap, 502);
+    assert_int_equal(ferry_register(e, b, cap, FERRY_MEM_LOCAL), 0);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, b, c->addr, cap), 0);
+    assert_int_equal(child_do(c, CMD_CHECK, 502, 0, cap), 0);
+    uint64_t opened = 0, released = 0;
+    assert_int_equal(child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), 2);
+    assert_int_equal(opened, 2);
+
+    /* Then freed and made again at the same address: the stale import is
+     * unmapped and released at once. */
+    assert_int_equal(ferry_deregister(e, b), 0);
+    vmm_free(b, cap);
+    unsigned char *again = vmm_alloc(cap, 1, fd_type, b);
+    assert_ptr_equal(again, b);
+    harness_fill(stub_alias(again), cap, 503);
+    assert_int_equal(ferry_register(e, again, cap, FERRY_MEM_LOCAL), 0);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, again, c->addr, cap), 0);
+    assert_int_equal(child_do(c, CMD_CHECK, 503, 0, cap), 0);
+    assert_int_equal(child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), 2);
+    assert_int_equal(opened, 3);
+    assert_int_equal(child_do2(c, CMD_VMM, 0, 0, 0, &released), 3);
+    assert_int_equal(released, 1);
+    expect_transport(e, c->peer, "cuda_ipc");
+    ferry_engine_destroy(e);
+    vmm_free(again, cap);
+    child_stop(c);
+}
+
+/* One region over two VMM allocations mapped side by side in one reserved
+ * range, as PyTorch's expandable segments map their 2 or 20 MiB chunks;
+ * the second created with second_types. A write and a read across the
+ * seam, bytes checked; returns the staging copies both sides made and
+ * sets *imported to the target's VMM imports. */
+static unsigned long across_the_seam(int second_types, int *imported)
+{
+    size_t chunk = 1u << 20, cap = 2 * chunk;
+    child_t *c = child_start(cap, false);
+    ferry_engine_t *e = initiator();
+    FERRY_CUdeviceptr va = 0;
+    FERRY_CUmemGenericAllocationHandle h[2];
+    assert_int_equal(vmm_reserve(&va, cap, 0, 0, 0), 0);
+    for (int i = 0; i < 2; i++) {
+        FERRY_CUmemAllocationProp prop = {
+            .type = FERRY_CU_MEM_ALLOCATION_TYPE_PINNED,
+            .requestedHandleTypes = i ? second_types : FERRY_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            .location = {FERRY_CU_MEM_LOCATION_TYPE_DEVICE, 1}};
+        assert_int_equal(vmm_create(&h[i], chunk, &prop, 0), 0);
+        assert_int_equal(vmm_map(va + i * chunk, chunk, 0, h[i], 0), 0);
+        FERRY_CUmemAccessDesc access = {{FERRY_CU_MEM_LOCATION_TYPE_DEVICE, 1},
+                                        FERRY_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        assert_int_equal(vmm_set_access(va + i * chunk, chunk, &access, 1), 0);
+        assert_int_equal(vmm_release(h[i]), 0);
+    }
+    unsigned char *src = (unsigned char *)(uintptr_t)va;
+    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    expect_transport(e, c->peer, "cuda_ipc");
+    unsigned long before[7], after[7];
+    ferry_staging_totals_t t0, t1;
+    stub_counts(before);
+    ferry_staging_totals(&t0);
+    int staged_there = child_do(c, CMD_STAGED, 0, 0, 0);
+    size_t off = chunk - 4096 - 3, len = 8192 + 7, head = chunk - off; /* across the seam */
+    /* The two allocations' aliases are not contiguous: the pattern goes through one buffer. */
+    unsigned char *pat = malloc(len);
+    harness_fill(pat, len, 801);
+    memcpy(stub_alias(src + off), pat, head);
+    memcpy(stub_alias(src + chunk), pat + head, len - head);
+    int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src + off, c->addr + 1, len);
+    if (rc) fail_msg("write: %s", ferry_last_error_detail());
+    assert_int_equal(child_do(c, CMD_CHECK, 801, 1, len), 0);
+    assert_int_equal(child_do(c, CMD_FILL, 802, 0, len), 0);
+    memset(stub_alias(src + off), 0, head);
+    memset(stub_alias(src + chunk), 0, len - head);
+    rc = ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src + off, c->addr, len);
+    if (rc) fail_msg("read: %s", ferry_last_error_detail());
+    memcpy(pat, stub_alias(src + off), head);
+    memcpy(pat + head, stub_alias(src + chunk), len - head);
+    assert_true(harness_check(pat, len, 802));
+    free(pat);
+    stub_counts(after);
+    ferry_staging_totals(&t1);
+    unsigned long staged = after[0] - before[0] + after[1] - before[1] + t1.take_prefetched - t0.take_prefetched +
+                           t1.land_queued - t0.land_queued +
+                           (unsigned long)(child_do(c, CMD_STAGED, 0, 0, 0) - staged_there);
+    uint64_t released = 0;
+    *imported = child_do2(c, CMD_VMM, 0, 0, 0, &released);
+    expect_transport(e, c->peer, "cuda_ipc");
+    ferry_engine_destroy(e);
+    for (int i = 0; i < 2; i++) assert_int_equal(vmm_unmap(va + i * chunk, chunk), 0);
+    assert_int_equal(vmm_address_free(va, cap), 0);
+    child_stop(c);
+    return staged;
+}
+
+/* Across the seam of two shareable allocations: by CUDA IPC in slices cut
+ * at it (each allocation exported and imported once), no staging.
+ * Before, the piece was "not in one allocation" and went by tcp through
+ * host staging. */
+static void vmm_region_over_two_allocations(void **state)
+{
+    (void)state;
+    int imported = 0;
+    assert_int_equal(across_the_seam(FERRY_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, &imported), 0);
+    assert_int_equal(imported, 2);
+}
+
+/* The second allocation not shareable: the first's bytes go by CUDA IPC,
+ * the rest of the piece by tcp with staging, in the same call. */
+static void vmm_seam_to_an_unshareable_allocation(void **state)
+{
+    (void)state;
+    int imported = 0;
+    assert_true(across_the_seam(0, &imported) > 0);
+    assert_int_equal(imported, 1);
+}
+
+/* A target the kernel does not let take the initiator's descriptor (no
+ * ptrace permission: simulated, the tests run as a user it would let
+ * through) answers NOT_IMPLEMENTED: the call completes by tcp, the
+ * session moves to tcp with the reason, nothing was imported. */
+static void vmm_getfd_refused_falls_back_to_tcp(void **state)
+{
+    (void)state;
+    size_t cap = 1u << 20;
+    child_t *c = child_start_with(cap, false, EPERM);
+    ferry_engine_t *e = initiator();
+    unsigned char *src = vmm_alloc(cap, 1, FERRY_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, NULL);
+    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    expect_transport(e, c->peer, "cuda_ipc");
+    harness_fill(stub_alias(src), cap, 601);
+    int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, cap);
+    if (rc) fail_msg("write: %s", ferry_last_error_detail());
+    assert_int_equal(child_do(c, CMD_CHECK, 601, 0, cap), 0);
+    ferry_peer_info_t info;
+    assert_int_equal(ferry_session_info(e, c->peer, &info), 0);
+    if (strcmp(info.transport, "tcp") != 0 || !strstr(info.transport_reason, "pidfd_getfd") ||
+        !strstr(info.transport_reason, "ptrace"))
+        fail_msg("transport %s (%s), expected tcp for the refused descriptor", info.transport, info.transport_reason);
+    uint64_t released = 0;
+    assert_int_equal(child_do2(c, CMD_VMM, 0, 0, 0, &released), 0);
+    ferry_engine_destroy(e);
+    vmm_free(src, cap);
+    child_stop(c);
+}
+
+/* VMM memory not created shareable as a descriptor cannot be exported: it
+ * goes by tcp (staged) in the cuda_ipc session, and the bytes arrive. */
+static void vmm_not_shareable_goes_by_tcp(void **state)
+{
+    (void)state;
+    size_t cap = 1u << 20;
+    child_t *c = child_start(cap, false);
+    ferry_engine_t *e = initiator();
+    unsigned char *src = vmm_alloc(cap, 1, 0, NULL);
+    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    harness_fill(stub_alias(src), cap, 701);
+    unsigned long before[7], after[7];
+    stub_counts(before);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, cap), 0);
+    assert_int_equal(child_do(c, CMD_CHECK, 701, 0, cap), 0);
+    stub_counts(after);
+    ferry_staging_totals_t t;
+    ferry_staging_totals(&t);
+    assert_true(after[0] - before[0] + t.take_prefetched > 0); /* staged here */
+    expect_transport(e, c->peer, "cuda_ipc");
+    assert_int_equal(child_do(c, CMD_VMM, 0, 0, 0), 0);
+    ferry_engine_destroy(e);
+    vmm_free(src, cap);
+    child_stop(c);
+}
+
 /* The export's wire form: round trip and every refusal. */
 static void export_codec(void **state)
 {
@@ -706,6 +1032,23 @@ static void export_codec(void **state)
     x.device = -1;
     cuda_ipc_export_encode(&x, 0, wire);
     assert_int_equal(cuda_ipc_export_decode(wire, &y, &dl), FERRY_ERR_MALFORMED_FRAME);
+    /* The kind: legacy is what older peers send (device word < 2^24); a
+     * VMM export round trips with its descriptor; unknown kinds refused. */
+    x.device = 2;
+    x.kind = CUDA_IPC_KIND_LEGACY;
+    cuda_ipc_export_encode(&x, 0, wire);
+    assert_int_equal(wire[80] | wire[81] << 8 | wire[82] << 16 | wire[83] << 24, 2);
+    struct cuda_ipc_vmm v = {.pid = 4242, .fd = 17, .ino = 0x123456789aull, .region = 0x7f00000000ull, .generation = 9}, w;
+    cuda_ipc_vmm_pack(&v, x.handle);
+    x.kind = CUDA_IPC_KIND_VMM;
+    cuda_ipc_export_encode(&x, 7, wire);
+    assert_int_equal(cuda_ipc_export_decode(wire, &y, &dl), 0);
+    assert_true(y.kind == CUDA_IPC_KIND_VMM && y.device == 2 && dl == 7);
+    cuda_ipc_vmm_unpack(y.handle, &w);
+    assert_true(w.pid == 4242 && w.fd == 17 && w.ino == 0x123456789aull && w.region == 0x7f00000000ull &&
+                w.generation == 9);
+    wire[83] = 2;
+    assert_int_equal(cuda_ipc_export_decode(wire, &y, &dl), FERRY_ERR_MALFORMED_FRAME);
 }
 
 int main(void)
@@ -723,6 +1066,12 @@ int main(void)
         cmocka_unit_test(lost_write_answer_placed_once),
         cmocka_unit_test(replayed_write_placed_once),
         cmocka_unit_test(replayed_read_lands_nothing_late),
+        cmocka_unit_test(vmm_memory_by_cuda_ipc),
+        cmocka_unit_test(vmm_deregistration_invalidates_the_import),
+        cmocka_unit_test(vmm_region_over_two_allocations),
+        cmocka_unit_test(vmm_seam_to_an_unshareable_allocation),
+        cmocka_unit_test(vmm_getfd_refused_falls_back_to_tcp),
+        cmocka_unit_test(vmm_not_shareable_goes_by_tcp),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -102,4 +102,55 @@ typedef FERRY_CUresult (*ferry_cuMemHostUnregister_fn)(void *p);
 typedef FERRY_CUresult (*ferry_cuMemAllocHost_fn)(void **p, size_t n);                       /* _v2 */
 typedef FERRY_CUresult (*ferry_cuMemFreeHost_fn)(void *p);
 
+/* Virtual memory management (cuMemCreate / cuMemMap, CUDA 10.2; PyTorch's
+ * expandable segments): optional, resolved when used (a driver without
+ * them: no VMM export or import, legacy IPC as before). The structs are
+ * cuda.h's CUmemLocation, CUmemAllocationProp_v1 and CUmemAccessDesc. */
+typedef unsigned long long FERRY_CUmemGenericAllocationHandle;
+#define FERRY_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 0x1
+#define FERRY_CU_MEM_ALLOCATION_TYPE_PINNED 0x1
+#define FERRY_CU_MEM_LOCATION_TYPE_DEVICE 0x1
+#define FERRY_CU_MEM_ACCESS_FLAGS_PROT_READWRITE 0x3
+typedef struct FERRY_CUmemLocation {
+    int type; /* CUmemLocationType */
+    int id;   /* the device ordinal for FERRY_CU_MEM_LOCATION_TYPE_DEVICE */
+} FERRY_CUmemLocation;
+typedef struct FERRY_CUmemAllocationProp {
+    int type;                 /* CUmemAllocationType */
+    int requestedHandleTypes; /* CUmemAllocationHandleType bits */
+    FERRY_CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} FERRY_CUmemAllocationProp;
+typedef struct FERRY_CUmemAccessDesc {
+    FERRY_CUmemLocation location;
+    int flags; /* CUmemAccess_flags */
+} FERRY_CUmemAccessDesc;
+typedef FERRY_CUresult (*ferry_cuMemCreate_fn)(FERRY_CUmemGenericAllocationHandle *h, size_t size,
+                                               const FERRY_CUmemAllocationProp *prop, unsigned long long flags);
+typedef FERRY_CUresult (*ferry_cuMemRelease_fn)(FERRY_CUmemGenericAllocationHandle h);
+typedef FERRY_CUresult (*ferry_cuMemAddressReserve_fn)(FERRY_CUdeviceptr *p, size_t size, size_t alignment,
+                                                       FERRY_CUdeviceptr addr, unsigned long long flags);
+typedef FERRY_CUresult (*ferry_cuMemAddressFree_fn)(FERRY_CUdeviceptr p, size_t size);
+typedef FERRY_CUresult (*ferry_cuMemMap_fn)(FERRY_CUdeviceptr p, size_t size, size_t offset,
+                                            FERRY_CUmemGenericAllocationHandle h, unsigned long long flags);
+typedef FERRY_CUresult (*ferry_cuMemUnmap_fn)(FERRY_CUdeviceptr p, size_t size);
+typedef FERRY_CUresult (*ferry_cuMemSetAccess_fn)(FERRY_CUdeviceptr p, size_t size, const FERRY_CUmemAccessDesc *desc,
+                                                  size_t count);
+/* Works only for VMM memory: how the exporter tells it from cuMemAlloc's. */
+typedef FERRY_CUresult (*ferry_cuMemRetainAllocationHandle_fn)(FERRY_CUmemGenericAllocationHandle *h, void *addr);
+typedef FERRY_CUresult (*ferry_cuMemGetAllocationPropertiesFromHandle_fn)(FERRY_CUmemAllocationProp *prop,
+                                                                         FERRY_CUmemGenericAllocationHandle h);
+/* For a POSIX file descriptor, shareable points to an int; os_handle is
+ * the descriptor itself, cast to a pointer. */
+typedef FERRY_CUresult (*ferry_cuMemExportToShareableHandle_fn)(void *shareable, FERRY_CUmemGenericAllocationHandle h,
+                                                                int type, unsigned long long flags);
+typedef FERRY_CUresult (*ferry_cuMemImportFromShareableHandle_fn)(FERRY_CUmemGenericAllocationHandle *h,
+                                                                  void *os_handle, int type);
+
 #endif

@@ -23,7 +23,16 @@
  * twice in one process (ALREADY_MAPPED), and only an allocation's base
  * can be exported. Stream copies (cuMemcpyAsync) are queued on the stream
  * and done only when it is synchronized, so a caller that reports a copy
- * complete without waiting for it finds the bytes missing. */
+ * complete without waiting for it finds the bytes missing.
+ *
+ * VMM (cuMemCreate, cuMemAddressReserve, cuMemMap, cuMemSetAccess, ...):
+ * an allocation handle is a memfd; a mapping is "device memory" without a
+ * context (as the real driver's), copies to or from it fail until
+ * cuMemSetAccess, cuIpcGetMemHandle refuses it, cuMemRetainAllocationHandle
+ * accepts only it, cuMemExportToShareableHandle gives a duplicate of the
+ * memfd (only for an allocation created with the POSIX descriptor handle
+ * type) and cuMemImportFromShareableHandle takes one
+ * (cuda_stub_vmm_counts). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -50,6 +59,9 @@
 #define STUB_MANAGED 1 /* cuda_stub_alloc flags: managed memory (CPU-accessible) */
 #define STUB_NO_CONTEXT 2 /* no context attribute (as cuMemCreate memory): primary context */
 #define STUB_IMPORTED 0x100 /* internal: mapped from another process's IPC handle */
+#define STUB_VMM 0x200 /* internal: a cuMemMap mapping */
+#define MAX_PHYS 64
+#define MAX_RESERVED 64
 
 struct CUctx_st {
     int device;
@@ -66,7 +78,20 @@ static struct alloc {
     int fd;            /* the memfd, kept open so that an IPC handle can name it; -1 imported */
     uint64_t ino;      /* its inode */
     int32_t from_pid;  /* imported: the exporter */
+    int phys;          /* VMM: the mapped allocation's handle */
+    bool accessible;   /* VMM: cuMemSetAccess done */
 } allocs[MAX_ALLOCS];
+/* VMM allocation handles (handle = index + 1) and reserved address ranges. */
+static struct phys {
+    int fd, device, handle_types, refs;
+    size_t len;
+    bool imported;
+} phys[MAX_PHYS];
+static struct {
+    uintptr_t base;
+    size_t len;
+} reserved[MAX_RESERVED];
+static _Atomic unsigned long vmm_counts[3]; /* exports, imports, imported allocations released */
 static _Thread_local FERRY_CUcontext stack[8];
 static _Thread_local int depth;
 static _Atomic unsigned long counts[7]; /* dtoh, htod, syncs, pushes, pops, retains, releases */
@@ -118,7 +143,7 @@ static void *alloc_at(void *want, size_t len, int device, int flags)
     }
     pthread_mutex_lock(&lock);
     struct alloc *a = free_slot();
-    if (a) *a = (struct alloc){(uintptr_t)dev, len, alias, device, flags, fd, (uint64_t)st.st_ino, 0};
+    if (a) *a = (struct alloc){(uintptr_t)dev, len, alias, device, flags, fd, (uint64_t)st.st_ino, 0, 0, false};
     pthread_mutex_unlock(&lock);
     if (!a) {
         munmap(dev, len);
@@ -151,7 +176,7 @@ STUB_API void cuda_stub_free(void *p)
 {
     pthread_mutex_lock(&lock);
     struct alloc *a = find((uintptr_t)p, 1);
-    if (a && !(a->flags & STUB_IMPORTED)) {
+    if (a && !(a->flags & (STUB_IMPORTED | STUB_VMM))) {
         munmap((void *)a->base, a->len);
         munmap(a->alias, a->len);
         close(a->fd);
@@ -327,7 +352,7 @@ static FERRY_CUresult device_bytes(FERRY_CUdeviceptr p, size_t n, unsigned char 
     if (depth == 0) return FERRY_CUDA_ERROR_INVALID_CONTEXT;
     pthread_mutex_lock(&lock);
     struct alloc *a = find((uintptr_t)p, n);
-    FERRY_CUresult err = !a ? FERRY_CUDA_ERROR_INVALID_VALUE
+    FERRY_CUresult err = !a || ((a->flags & STUB_VMM) && !a->accessible) ? FERRY_CUDA_ERROR_INVALID_VALUE
                          : a->device != stack[depth - 1]->device ? FERRY_CUDA_ERROR_INVALID_CONTEXT
                                                                  : FERRY_CUDA_SUCCESS;
     if (a) *bytes = a->alias + ((uintptr_t)p - a->base);
@@ -388,7 +413,7 @@ STUB_API FERRY_CUresult cuIpcGetMemHandle(FERRY_CUipcMemHandle *handle, FERRY_CU
     pthread_mutex_lock(&lock);
     struct alloc *a = find((uintptr_t)p, 1);
     FERRY_CUresult err = FERRY_CUDA_SUCCESS;
-    if (!a || a->base != (uintptr_t)p || (a->flags & (STUB_MANAGED | STUB_IMPORTED)))
+    if (!a || a->base != (uintptr_t)p || (a->flags & (STUB_MANAGED | STUB_IMPORTED | STUB_VMM)))
         err = FERRY_CUDA_ERROR_INVALID_VALUE; /* only the base of this process's own cuMemAlloc */
     else {
         struct stub_ipc_handle h = {.magic = "FRYSTUB", .pid = (int32_t)getpid(), .fd = a->fd, .ino = a->ino,
@@ -432,7 +457,7 @@ STUB_API FERRY_CUresult cuIpcOpenMemHandle_v2(FERRY_CUdeviceptr *p, FERRY_CUipcM
     pthread_mutex_lock(&lock);
     struct alloc *a = free_slot();
     if (a)
-        *a = (struct alloc){(uintptr_t)dev, h.len, alias, stack[depth - 1]->device, STUB_IMPORTED, -1, h.ino, h.pid};
+        *a = (struct alloc){(uintptr_t)dev, h.len, alias, stack[depth - 1]->device, STUB_IMPORTED, -1, h.ino, h.pid, 0, false};
     pthread_mutex_unlock(&lock);
     if (!a) {
         munmap(dev, h.len);
@@ -516,6 +541,7 @@ static unsigned char *bytes_of(FERRY_CUdeviceptr p, size_t n)
     pthread_mutex_lock(&lock);
     struct alloc *a = find((uintptr_t)p, 1);
     unsigned char *b = !a ? (unsigned char *)(uintptr_t)p
+                       : (a->flags & STUB_VMM) && !a->accessible ? NULL /* no cuMemSetAccess yet */
                        : n <= a->len - ((uintptr_t)p - a->base) ? a->alias + ((uintptr_t)p - a->base)
                                                                  : NULL;
     pthread_mutex_unlock(&lock);
@@ -612,5 +638,246 @@ STUB_API FERRY_CUresult cuMemFreeHost(void *p)
     if (err) return err;
     free(p);
     atomic_fetch_add(&more_counts[7], 1);
+    return FERRY_CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ VMM */
+
+STUB_API void cuda_stub_vmm_counts(unsigned long out[3])
+{
+    for (int i = 0; i < 3; i++) out[i] = atomic_load(&vmm_counts[i]);
+}
+
+/* Under lock: the allocation of handle h, or NULL. */
+static struct phys *phys_of(FERRY_CUmemGenericAllocationHandle h)
+{
+    return h >= 1 && h <= MAX_PHYS && phys[h - 1].refs > 0 ? &phys[h - 1] : NULL;
+}
+
+/* Under lock: a new handle for the memfd fd (taken), or 0. */
+static FERRY_CUmemGenericAllocationHandle phys_new(int fd, size_t len, int device, int types, bool imported)
+{
+    for (int i = 0; i < MAX_PHYS; i++)
+        if (phys[i].refs == 0) {
+            phys[i] = (struct phys){fd, device, types, 1, len, imported};
+            return (FERRY_CUmemGenericAllocationHandle)i + 1;
+        }
+    return 0;
+}
+
+/* Under lock: drops one reference to p. */
+static void phys_put(struct phys *p)
+{
+    if (--p->refs > 0) return;
+    close(p->fd);
+    if (p->imported) atomic_fetch_add(&vmm_counts[2], 1);
+    memset(p, 0, sizeof *p);
+}
+
+STUB_API FERRY_CUresult cuMemCreate(FERRY_CUmemGenericAllocationHandle *h, size_t size,
+                                    const FERRY_CUmemAllocationProp *prop, unsigned long long flags)
+{
+    if (!h || size == 0 || flags || prop->type != FERRY_CU_MEM_ALLOCATION_TYPE_PINNED ||
+        prop->location.type != FERRY_CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id < 0 ||
+        prop->location.id >= devices)
+        return FERRY_CUDA_ERROR_INVALID_VALUE;
+    int fd = memfd_create("cuda_stub_vmm", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
+        if (fd >= 0) close(fd);
+        return FERRY_CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_lock(&lock);
+    *h = phys_new(fd, size, prop->location.id, prop->requestedHandleTypes, false);
+    pthread_mutex_unlock(&lock);
+    if (!*h) close(fd);
+    return *h ? FERRY_CUDA_SUCCESS : FERRY_CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+STUB_API FERRY_CUresult cuMemRelease(FERRY_CUmemGenericAllocationHandle h)
+{
+    pthread_mutex_lock(&lock);
+    struct phys *p = phys_of(h);
+    if (p) phys_put(p);
+    pthread_mutex_unlock(&lock);
+    return p ? FERRY_CUDA_SUCCESS : FERRY_CUDA_ERROR_INVALID_VALUE;
+}
+
+STUB_API FERRY_CUresult cuMemAddressReserve(FERRY_CUdeviceptr *ptr, size_t size, size_t alignment,
+                                            FERRY_CUdeviceptr addr, unsigned long long flags)
+{
+    (void)alignment;
+    if (size == 0 || flags) return FERRY_CUDA_ERROR_INVALID_VALUE;
+    /* addr: a hint, kept when free (the tests reserve where freed memory was). */
+    void *m = mmap((void *)(uintptr_t)addr, size, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | (addr ? MAP_FIXED_NOREPLACE : 0), -1, 0);
+    if (m == MAP_FAILED && addr) m = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return FERRY_CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&lock);
+    int i = 0;
+    while (i < MAX_RESERVED && reserved[i].base) i++;
+    if (i < MAX_RESERVED) {
+        reserved[i].base = (uintptr_t)m;
+        reserved[i].len = size;
+    }
+    pthread_mutex_unlock(&lock);
+    if (i == MAX_RESERVED) {
+        munmap(m, size);
+        return FERRY_CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *ptr = (FERRY_CUdeviceptr)(uintptr_t)m;
+    return FERRY_CUDA_SUCCESS;
+}
+
+STUB_API FERRY_CUresult cuMemAddressFree(FERRY_CUdeviceptr ptr, size_t size)
+{
+    FERRY_CUresult err = FERRY_CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_RESERVED; i++)
+        if (reserved[i].base == (uintptr_t)ptr && reserved[i].len == size) {
+            err = find((uintptr_t)ptr, 1) ? FERRY_CUDA_ERROR_INVALID_VALUE /* still mapped */ : FERRY_CUDA_SUCCESS;
+            if (!err) {
+                munmap((void *)reserved[i].base, size);
+                reserved[i].base = 0;
+            }
+            break;
+        }
+    pthread_mutex_unlock(&lock);
+    return err;
+}
+
+/* Under lock: whether [p, p+n) is in one reserved range. */
+static bool is_reserved(uintptr_t p, size_t n)
+{
+    for (int i = 0; i < MAX_RESERVED; i++)
+        if (reserved[i].base && p >= reserved[i].base && p - reserved[i].base <= reserved[i].len &&
+            n <= reserved[i].len - (p - reserved[i].base))
+            return true;
+    return false;
+}
+
+STUB_API FERRY_CUresult cuMemMap(FERRY_CUdeviceptr ptr, size_t size, size_t offset,
+                                 FERRY_CUmemGenericAllocationHandle h, unsigned long long flags)
+{
+    if (offset || flags || size == 0) return FERRY_CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    struct phys *p = phys_of(h);
+    struct alloc *a = free_slot();
+    FERRY_CUresult err = !p || size > p->len || !is_reserved((uintptr_t)ptr, size) || find((uintptr_t)ptr, size)
+                             ? FERRY_CUDA_ERROR_INVALID_VALUE
+                         : !a ? FERRY_CUDA_ERROR_OUT_OF_MEMORY
+                              : FERRY_CUDA_SUCCESS;
+    if (!err) {
+        void *dev = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, p->fd, 0);
+        void *alias = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, p->fd, 0);
+        if (dev == MAP_FAILED || alias == MAP_FAILED) {
+            if (alias != MAP_FAILED) munmap(alias, size);
+            err = FERRY_CUDA_ERROR_MAP_FAILED;
+        } else {
+            struct stat st;
+            fstat(p->fd, &st);
+            int device = p->imported ? (depth ? stack[depth - 1]->device : 0) : p->device;
+            *a = (struct alloc){(uintptr_t)ptr, size, alias, device,
+                                STUB_NO_CONTEXT | STUB_VMM | (p->imported ? STUB_IMPORTED : 0), -1,
+                                (uint64_t)st.st_ino, 0, (int)h, false};
+            p->refs++; /* the mapping holds the allocation */
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return err;
+}
+
+STUB_API FERRY_CUresult cuMemUnmap(FERRY_CUdeviceptr ptr, size_t size)
+{
+    pthread_mutex_lock(&lock);
+    struct alloc *a = find((uintptr_t)ptr, 1);
+    FERRY_CUresult err = FERRY_CUDA_ERROR_INVALID_VALUE;
+    if (a && (a->flags & STUB_VMM) && a->base == (uintptr_t)ptr && a->len == size) {
+        munmap(a->alias, a->len);
+        /* The range stays reserved. */
+        mmap((void *)a->base, a->len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+        struct phys *p = phys_of((FERRY_CUmemGenericAllocationHandle)a->phys);
+        if (p) phys_put(p);
+        memset(a, 0, sizeof *a);
+        err = FERRY_CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&lock);
+    return err;
+}
+
+STUB_API FERRY_CUresult cuMemSetAccess(FERRY_CUdeviceptr ptr, size_t size, const FERRY_CUmemAccessDesc *desc,
+                                       size_t count)
+{
+    if (count != 1 || desc->location.type != FERRY_CU_MEM_LOCATION_TYPE_DEVICE || desc->location.id < 0 ||
+        desc->location.id >= devices || desc->flags != FERRY_CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+        return FERRY_CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    struct alloc *a = find((uintptr_t)ptr, size);
+    bool ok = a && (a->flags & STUB_VMM) && a->base == (uintptr_t)ptr && a->len == size;
+    if (ok) a->accessible = true;
+    pthread_mutex_unlock(&lock);
+    return ok ? FERRY_CUDA_SUCCESS : FERRY_CUDA_ERROR_INVALID_VALUE;
+}
+
+STUB_API FERRY_CUresult cuMemRetainAllocationHandle(FERRY_CUmemGenericAllocationHandle *h, void *addr)
+{
+    pthread_mutex_lock(&lock);
+    struct alloc *a = find((uintptr_t)addr, 1);
+    struct phys *p = a && (a->flags & STUB_VMM) ? phys_of((FERRY_CUmemGenericAllocationHandle)a->phys) : NULL;
+    if (p) {
+        p->refs++;
+        *h = (FERRY_CUmemGenericAllocationHandle)a->phys;
+    }
+    pthread_mutex_unlock(&lock);
+    return p ? FERRY_CUDA_SUCCESS : FERRY_CUDA_ERROR_INVALID_VALUE; /* only VMM memory */
+}
+
+STUB_API FERRY_CUresult cuMemGetAllocationPropertiesFromHandle(FERRY_CUmemAllocationProp *prop,
+                                                               FERRY_CUmemGenericAllocationHandle h)
+{
+    pthread_mutex_lock(&lock);
+    struct phys *p = phys_of(h);
+    if (p) {
+        memset(prop, 0, sizeof *prop);
+        prop->type = FERRY_CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop->requestedHandleTypes = p->handle_types;
+        prop->location.type = FERRY_CU_MEM_LOCATION_TYPE_DEVICE;
+        prop->location.id = p->device;
+    }
+    pthread_mutex_unlock(&lock);
+    return p ? FERRY_CUDA_SUCCESS : FERRY_CUDA_ERROR_INVALID_VALUE;
+}
+
+STUB_API FERRY_CUresult cuMemExportToShareableHandle(void *shareable, FERRY_CUmemGenericAllocationHandle h, int type,
+                                                     unsigned long long flags)
+{
+    if (type != FERRY_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || flags) return FERRY_CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    struct phys *p = phys_of(h);
+    int fd = p && (p->handle_types & type) ? fcntl(p->fd, F_DUPFD_CLOEXEC, 0) : -1;
+    pthread_mutex_unlock(&lock);
+    if (fd < 0) return FERRY_CUDA_ERROR_INVALID_VALUE;
+    *(int *)shareable = fd;
+    atomic_fetch_add(&vmm_counts[0], 1);
+    return FERRY_CUDA_SUCCESS;
+}
+
+STUB_API FERRY_CUresult cuMemImportFromShareableHandle(FERRY_CUmemGenericAllocationHandle *h, void *os_handle,
+                                                       int type)
+{
+    if (type != FERRY_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return FERRY_CUDA_ERROR_INVALID_VALUE;
+    struct stat st;
+    int fd = fcntl((int)(intptr_t)os_handle, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0 || fstat(fd, &st) != 0 || st.st_size <= 0) {
+        if (fd >= 0) close(fd);
+        return FERRY_CUDA_ERROR_INVALID_HANDLE;
+    }
+    pthread_mutex_lock(&lock);
+    *h = phys_new(fd, (size_t)st.st_size, 0, type, true);
+    pthread_mutex_unlock(&lock);
+    if (!*h) {
+        close(fd);
+        return FERRY_CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    atomic_fetch_add(&vmm_counts[1], 1);
     return FERRY_CUDA_SUCCESS;
 }

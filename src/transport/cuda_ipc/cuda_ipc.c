@@ -30,7 +30,13 @@
  * not export (e.g. cuMemCreate memory), go by tcp for that call (the
  * verdict's by_tcp); the target's side may be device or host memory. A
  * target that cannot open the handle answers NOT_IMPLEMENTED, placing
- * nothing, and the session moves to tcp with the reason. FERRY_CUDA_IPC=0
+ * nothing, and the session moves to tcp with the reason. VMM memory
+ * (cuMemCreate + cuMemMap, e.g. PyTorch's expandable segments) has no
+ * legacy handle: it is exported as a file descriptor that the target takes
+ * from the initiator with pidfd_getfd (cuda_ipc_driver.c), to targets
+ * advertising FERRY_HELLO_F_CUDA_IPC_VMM (to others it goes by tcp); a
+ * target the kernel refuses the descriptor (no ptrace permission over the
+ * initiator) answers NOT_IMPLEMENTED as above. FERRY_CUDA_IPC=0
  * turns the transport off in a process (it then neither offers nor
  * chooses it). */
 #include <stdatomic.h>
@@ -155,10 +161,13 @@ static int send_slice(ferry_conn_t *c, ferry_xfer_t *x, const struct cuda_ipc_ex
     return ferry_conn_send_frame(c, &f, payload, x->deadline);
 }
 
-/* Whether piece x can go by CUDA IPC: its local buffer is CUDA device
- * memory the driver exports (*ex filled). Otherwise it goes by tcp, and
- * why says why (the first such reason is kept). */
-static bool piece_exportable(ferry_conn_t *c, struct cuda_ipc_conn *ic, const ferry_xfer_t *x,
+/* Whether piece x can go by CUDA IPC from offset off: its local buffer is
+ * CUDA device memory and the driver exports the allocation holding byte
+ * off (*ex filled; the slices from off stop at its end, where the next
+ * allocation is exported: VMM memory such as PyTorch's expandable
+ * segments maps each 2 or 20 MiB chunk as its own allocation). Otherwise
+ * the rest goes by tcp, and why says why (the first such reason is kept). */
+static bool piece_exportable(ferry_conn_t *c, struct cuda_ipc_conn *ic, const ferry_xfer_t *x, uint64_t off,
                              struct cuda_ipc_export *ex, char *why, size_t cap)
 {
     ferry_registry_t *r = c->ctx->registry;
@@ -170,8 +179,8 @@ static bool piece_exportable(ferry_conn_t *c, struct cuda_ipc_conn *ic, const fe
         if (!why[0]) snprintf(why, cap, "a local buffer is not CUDA device memory");
         return false;
     }
-    if (cuda_ipc_export_of(ic, found.addr, found.generation, x->local, x->len, FERRY_MEMKIND_DEVICE(found.kind),
-                           ex) != 0) {
+    if (cuda_ipc_export_of(ic, found.addr, found.generation, x->local + off, 1, FERRY_MEMKIND_DEVICE(found.kind),
+                           (c->peer.flags & FERRY_HELLO_F_CUDA_IPC_VMM) != 0, ex) != 0) {
         if (!why[0]) snprintf(why, cap, "%s", ferry_fail_message());
         ferry_clear_last_error();
         return false;
@@ -218,11 +227,9 @@ static int finish(ferry_xfer_t *xs, size_t nx, ferry_verdict_t *verdict, const c
     return 0;
 }
 
-static int ipc_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, ferry_verdict_t *verdict)
+static int run_slices(ferry_conn_t *c, struct cuda_ipc_conn *ic, ferry_xfer_t *xs, size_t nx, int *broken,
+                      ferry_verdict_t *verdict)
 {
-    *broken = 0;
-    struct cuda_ipc_conn *ic = cuda_ipc_conn_get(c);
-    if (!ic) return ferry_verdict_by_tcp(verdict, "CUDA IPC: no connection state");
     struct slice ring[IPC_WINDOW];
     unsigned head = 0, count = 0;
     size_t cur = 0;
@@ -235,7 +242,8 @@ static int ipc_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, fe
         /* The next piece to send: sendable and exportable. */
         while (!refused && cur < nx && !cur_ready) {
             cur_off = xs[cur].done;
-            if (ferry_piece_sendable(&xs[cur], cur_off) && piece_exportable(c, ic, &xs[cur], &ex, why, sizeof why))
+            if (ferry_piece_sendable(&xs[cur], cur_off) &&
+                piece_exportable(c, ic, &xs[cur], cur_off, &ex, why, sizeof why))
                 cur_ready = true;
             else
                 cur++;
@@ -247,7 +255,14 @@ static int ipc_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, fe
         }
         if (cur_ready && count < IPC_WINDOW) {
             ferry_xfer_t *x = &xs[cur];
+            uint64_t at = (uint64_t)(uintptr_t)(x->local + cur_off);
+            if (at - ex.base >= ex.size && !piece_exportable(c, ic, x, cur_off, &ex, why, sizeof why)) {
+                cur_ready = false; /* the next allocation does not export: the rest by tcp */
+                cur++;
+                continue;
+            }
             uint64_t n = x->len - cur_off < IPC_SLICE ? x->len - cur_off : IPC_SLICE;
+            if (n > ex.base + ex.size - at) n = ex.base + ex.size - at; /* this allocation's bytes only */
             x->inflight++; /* before the first byte leaves (cancel.h) */
             int rc = send_slice(c, x, &ex, cur_off, n);
             if (rc) {
@@ -295,6 +310,16 @@ static int ipc_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, fe
     return finish(xs, nx, verdict, why);
 }
 
+static int ipc_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, ferry_verdict_t *verdict)
+{
+    *broken = 0;
+    struct cuda_ipc_conn *ic = cuda_ipc_conn_get(c);
+    if (!ic) return ferry_verdict_by_tcp(verdict, "CUDA IPC: no connection state");
+    int rc = run_slices(c, ic, xs, nx, broken, verdict);
+    cuda_ipc_run_end(ic); /* no frame in flight now (or the connection is broken) */
+    return rc;
+}
+
 /* ---------------------------------------------------------- selection */
 
 static int ipc_usable(ferry_xport_ctx_t *ctx, const ferry_hello_t *peer, char *why, size_t cap)
@@ -334,7 +359,8 @@ static int ipc_usable(ferry_xport_ctx_t *ctx, const ferry_hello_t *peer, char *w
 static uint32_t ipc_hello_flags(ferry_xport_ctx_t *ctx)
 {
     (void)ctx;
-    return cuda_ipc_unusable() ? 0 : FERRY_HELLO_F_CUDA_IPC;
+    if (cuda_ipc_unusable()) return 0;
+    return FERRY_HELLO_F_CUDA_IPC | (cuda_ipc_vmm_importable() ? FERRY_HELLO_F_CUDA_IPC_VMM : 0);
 }
 
 static const ferry_frame_def_t ipc_frame_defs[] = {

@@ -17,14 +17,33 @@
  * import of memory the initiator freed and did not reuse stays mapped
  * until then, until its connection closes, or until it is the least
  * recently used of more than IMPORTS_MAX (a mapping keeps the exporter's
- * memory allocated: this bounds what stale ones hold). */
+ * memory allocated: this bounds what stale ones hold).
+ *
+ * VMM memory (cuMemCreate + cuMemMap, e.g. PyTorch's expandable segments)
+ * has no legacy IPC handle. The exporter tells it by
+ * cuMemRetainAllocationHandle (which works only for VMM memory), exports
+ * the allocation as a POSIX file descriptor (cuMemExportToShareableHandle;
+ * only where it was created with that handle type) and sends its pid and
+ * the descriptor's number. The importer takes the descriptor with
+ * pidfd_open + pidfd_getfd (the kernel asks for ptrace permission over
+ * the exporter, as for the shm transport's cross-memory attach; refused:
+ * NOT_IMPLEMENTED, and the initiator moves to tcp), imports it
+ * (cuMemImportFromShareableHandle) and maps it (cuMemAddressReserve,
+ * cuMemMap, cuMemSetAccess for the local device); the import is cached and
+ * retired exactly as a legacy one, and closing it unmaps, frees the
+ * address range and releases the handle. These entry points are optional:
+ * a driver without them exports and imports legacy handles only. */
 #include "cuda_ipc.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "util/fail.h"
 #include "util/memkind.h"
@@ -41,8 +60,28 @@ void cuda_ipc_export_encode(const struct cuda_ipc_export *x, uint32_t deadline_m
     memcpy(out, x->handle, sizeof x->handle);
     put64(out + 64, x->base);
     put64(out + 72, x->size);
-    put32(out + 80, (uint32_t)x->device);
+    /* A negative device sets every bit, so the decoder refuses it as before. */
+    put32(out + 80, x->device < 0 ? (uint32_t)x->device : ((uint32_t)x->device & 0xffffffu) | (x->kind & 0x7fu) << 24);
     put32(out + 84, deadline_ms);
+}
+
+void cuda_ipc_vmm_pack(const struct cuda_ipc_vmm *v, uint8_t handle[64])
+{
+    memset(handle, 0, 64);
+    put32(handle, (uint32_t)v->pid);
+    put32(handle + 4, (uint32_t)v->fd);
+    put64(handle + 8, v->ino);
+    put64(handle + 16, v->region);
+    put32(handle + 24, v->generation);
+}
+
+void cuda_ipc_vmm_unpack(const uint8_t handle[64], struct cuda_ipc_vmm *v)
+{
+    v->pid = (int32_t)get32(handle);
+    v->fd = (int32_t)get32(handle + 4);
+    v->ino = get64(handle + 8);
+    v->region = get64(handle + 16);
+    v->generation = get32(handle + 24);
 }
 
 int cuda_ipc_export_decode(const uint8_t in[CUDA_IPC_EXPORT_SIZE], struct cuda_ipc_export *x, uint32_t *deadline_ms)
@@ -50,15 +89,21 @@ int cuda_ipc_export_decode(const uint8_t in[CUDA_IPC_EXPORT_SIZE], struct cuda_i
     memcpy(x->handle, in, sizeof x->handle);
     x->base = get64(in + 64);
     x->size = get64(in + 72);
-    x->device = (int32_t)get32(in + 80);
+    uint32_t word = get32(in + 80);
+    x->device = (int32_t)(word & 0xffffffu);
+    x->kind = (word >> 24) & 0x7fu;
     *deadline_ms = get32(in + 84);
-    if (x->size == 0 || x->base + x->size < x->base || x->device < 0)
-        return ferry_fail(FERRY_ERR_MALFORMED_FRAME, "CUDA IPC export: allocation [0x%llx+%llu) on device %d",
-                          (unsigned long long)x->base, (unsigned long long)x->size, (int)x->device);
+    if (x->size == 0 || x->base + x->size < x->base || (word & 0x80000000u) || x->kind > CUDA_IPC_KIND_VMM)
+        return ferry_fail(FERRY_ERR_MALFORMED_FRAME,
+                          "CUDA IPC export: allocation [0x%llx+%llu), device word 0x%x (device, kind %u)",
+                          (unsigned long long)x->base, (unsigned long long)x->size, word, x->kind);
     return 0;
 }
 
 static _Atomic unsigned long imports_open, imports_opened;
+static _Atomic int refuse_getfd; /* tests: pidfd_getfd fails with this errno */
+
+void ferry_cuda_ipc_testing_refuse_getfd(int err) { atomic_store(&refuse_getfd, err); }
 
 void ferry_cuda_ipc_counts(unsigned long *open_now, unsigned long *opened)
 {
@@ -83,10 +128,14 @@ struct cuda_ipc_conn *cuda_ipc_conn_get(ferry_conn_t *c)
     return NULL;
 }
 
+bool cuda_ipc_vmm_importable(void) { return false; }
+
+void cuda_ipc_run_end(struct cuda_ipc_conn *ic) { (void)ic; }
+
 int cuda_ipc_export_of(struct cuda_ipc_conn *ic, uint64_t region, uint32_t generation, const void *p, uint64_t len,
-                       int ordinal, struct cuda_ipc_export *out)
+                       int ordinal, bool peer_vmm, struct cuda_ipc_export *out)
 {
-    (void)ic, (void)region, (void)generation, (void)p, (void)len, (void)ordinal, (void)out;
+    (void)ic, (void)region, (void)generation, (void)p, (void)len, (void)ordinal, (void)peer_vmm, (void)out;
     return ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "CUDA IPC: %s", cuda_ipc_unusable());
 }
 
@@ -114,6 +163,21 @@ static struct {
     ferry_cuStreamSynchronize_fn stream_sync;
     ferry_cuMemcpyAsync_fn memcpy_async;
 } drv;
+
+/* VMM export and import: optional (vmm_ok when every one is there). */
+static struct {
+    ferry_cuMemRetainAllocationHandle_fn retain;
+    ferry_cuMemGetAllocationPropertiesFromHandle_fn properties;
+    ferry_cuMemExportToShareableHandle_fn export_fd;
+    ferry_cuMemImportFromShareableHandle_fn import_fd;
+    ferry_cuMemRelease_fn release;
+    ferry_cuMemAddressReserve_fn reserve;
+    ferry_cuMemAddressFree_fn address_free;
+    ferry_cuMemMap_fn map;
+    ferry_cuMemUnmap_fn unmap;
+    ferry_cuMemSetAccess_fn set_access;
+} vmm;
+static bool vmm_ok;
 
 static pthread_mutex_t drv_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int drv_state; /* 0 not yet, 1 resolved, -1 an entry point missing */
@@ -151,6 +215,27 @@ static int resolve(void)
                 st = -1;
             }
         }
+        if (st == 1) {
+            static const struct {
+                const char *name;
+                void **slot;
+            } optional[] = {
+                {"cuMemRetainAllocationHandle", (void **)&vmm.retain},
+                {"cuMemGetAllocationPropertiesFromHandle", (void **)&vmm.properties},
+                {"cuMemExportToShareableHandle", (void **)&vmm.export_fd},
+                {"cuMemImportFromShareableHandle", (void **)&vmm.import_fd},
+                {"cuMemRelease", (void **)&vmm.release},
+                {"cuMemAddressReserve", (void **)&vmm.reserve},
+                {"cuMemAddressFree", (void **)&vmm.address_free},
+                {"cuMemMap", (void **)&vmm.map},
+                {"cuMemUnmap", (void **)&vmm.unmap},
+                {"cuMemSetAccess", (void **)&vmm.set_access},
+            };
+            bool all = true;
+            for (size_t i = 0; i < sizeof optional / sizeof optional[0]; i++)
+                all = (*optional[i].slot = ferry_cuda_symbol(optional[i].name)) != NULL && all;
+            vmm_ok = all; /* written before drv_state publishes it */
+        }
         atomic_store(&drv_state, st);
     }
     pthread_mutex_unlock(&drv_lock);
@@ -168,6 +253,15 @@ const char *cuda_ipc_unusable(void)
     return NULL;
 }
 
+bool cuda_ipc_vmm_importable(void)
+{
+#if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
+    return cuda_ipc_unusable() == NULL && vmm_ok;
+#else
+    return false;
+#endif
+}
+
 static int cuda_fail(int err, const char *what, size_t n, const void *p)
 {
     char buf[200];
@@ -179,6 +273,8 @@ static int cuda_fail(int err, const char *what, size_t n, const void *p)
 
 struct import {
     int32_t pid;             /* the exporter */
+    uint32_t kind;           /* CUDA_IPC_KIND_* */
+    FERRY_CUmemGenericAllocationHandle vmm_handle; /* VMM: the imported allocation, mapped at mapped */
     uint8_t handle[64];
     uint64_t base, size;     /* in the exporter's address space */
     FERRY_CUdeviceptr mapped; /* here */
@@ -194,16 +290,19 @@ static struct import *imports; /* most recently used first */
 static unsigned nimports;
 #define IMPORTS_MAX 32
 
-#define EXPORTS 8
+#define EXPORTS 32 /* per connection: an expandable segment of 20 MiB chunks is one export each */
 #define STREAMS 8
 
 struct cuda_ipc_conn {
     struct {
         uint64_t region;
         uint32_t generation;
+        int fd; /* VMM: the exported descriptor, open while cached; -1 legacy */
         struct cuda_ipc_export x;
     } exports[EXPORTS];
     unsigned nexports, next_export;
+    int *retired_fds; /* VMM exports dropped from the cache, closed by cuda_ipc_run_end */
+    unsigned nretired, retired_cap;
     struct {
         FERRY_CUcontext ctx;
         FERRY_CUstream stream;
@@ -217,7 +316,13 @@ static void import_close(struct import *im)
     int primary = -1;
     if (ferry_cuda_context_enter((const void *)(uintptr_t)im->mapped, im->device < 0 ? 0 : im->device, &primary) ==
         FERRY_CUDA_SUCCESS) {
-        drv.ipc_close(im->mapped);
+        if (im->kind == CUDA_IPC_KIND_VMM) {
+            vmm.unmap(im->mapped, (size_t)im->size);
+            vmm.address_free(im->mapped, (size_t)im->size);
+            vmm.release(im->vmm_handle);
+        } else {
+            drv.ipc_close(im->mapped);
+        }
         ferry_cuda_context_leave(primary);
     }
     atomic_fetch_sub(&imports_open, 1);
@@ -236,6 +341,101 @@ static void import_retire_locked(struct import **link, struct import *im)
 
 static void retire_least_used_locked(void);
 
+/* Whether im is the import of x: the same legacy handle, or the same VMM
+ * allocation (all but the descriptor's number, which each export has its
+ * own of). */
+static bool same_export(const struct import *im, const struct cuda_ipc_export *x)
+{
+    if (im->kind != x->kind) return false;
+    if (x->kind == CUDA_IPC_KIND_LEGACY) return memcmp(im->handle, x->handle, sizeof im->handle) == 0;
+    struct cuda_ipc_vmm a, b;
+    cuda_ipc_vmm_unpack(im->handle, &a);
+    cuda_ipc_vmm_unpack(x->handle, &b);
+    return a.pid == b.pid && a.ino == b.ino && a.region == b.region && a.generation == b.generation &&
+           im->base == x->base && im->size == x->size;
+}
+
+/* The exporter's descriptor v->fd, taken into this process (pidfd_getfd;
+ * O_CLOEXEC). -1 with why filled when the kernel refuses. */
+static int take_fd(const struct cuda_ipc_vmm *v, char *why, size_t cap)
+{
+#if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
+    int pidfd = (int)syscall(SYS_pidfd_open, (pid_t)v->pid, 0);
+    if (pidfd < 0) {
+        snprintf(why, cap, "pidfd_open(%d): %s", (int)v->pid, strerror(errno));
+        return -1;
+    }
+    int refuse = atomic_load(&refuse_getfd);
+    int fd = refuse ? (errno = refuse, -1) : (int)syscall(SYS_pidfd_getfd, pidfd, v->fd, 0);
+    int err = errno;
+    close(pidfd);
+    if (fd < 0)
+        snprintf(why, cap, "pidfd_getfd: %s (needs ptrace permission over the initiator: same user and "
+                 "kernel.yama.ptrace_scope 0, or CAP_SYS_PTRACE)", strerror(err));
+    return fd;
+#else
+    (void)v;
+    snprintf(why, cap, "pidfd_getfd is not in this build's kernel headers");
+    return -1;
+#endif
+}
+
+/* Maps the VMM allocation behind the descriptor fd at a new address
+ * range, readable and writable by device (the import takes its own
+ * reference: the caller closes fd). A CUDA error code. */
+static int vmm_map(int fd, size_t size, int device, FERRY_CUmemGenericAllocationHandle *h, FERRY_CUdeviceptr *va)
+{
+    int err = vmm.import_fd(h, (void *)(intptr_t)fd, FERRY_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (err != FERRY_CUDA_SUCCESS) return err;
+    *va = 0;
+    err = vmm.reserve(va, size, 0, 0, 0);
+    if (err == FERRY_CUDA_SUCCESS) {
+        err = vmm.map(*va, size, 0, *h, 0);
+        if (err == FERRY_CUDA_SUCCESS) {
+            FERRY_CUmemAccessDesc access = {{FERRY_CU_MEM_LOCATION_TYPE_DEVICE, device < 0 ? 0 : device},
+                                            FERRY_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+            err = vmm.set_access(*va, size, &access, 1);
+            if (err == FERRY_CUDA_SUCCESS) return err;
+            vmm.unmap(*va, size);
+        }
+        vmm.address_free(*va, size);
+    }
+    vmm.release(*h);
+    return err;
+}
+
+/* Opens the VMM export x of pid into im (mapped, vmm_handle). */
+static int vmm_open(int32_t pid, const struct cuda_ipc_export *x, int device, struct import *im)
+{
+    struct cuda_ipc_vmm v;
+    cuda_ipc_vmm_unpack(x->handle, &v);
+    if (v.pid != pid)
+        return ferry_fail(FERRY_ERR_ACCESS_DENIED, "CUDA IPC: a VMM export naming pid %d's descriptor from pid %d",
+                          (int)v.pid, (int)pid);
+    if (!vmm_ok)
+        return ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "cannot import pid %d's VMM allocation: the CUDA driver here "
+                                                     "lacks the VMM entry points", (int)pid);
+    char why[300];
+    int fd = take_fd(&v, why, sizeof why);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || (uint64_t)st.st_ino != v.ino)) {
+        snprintf(why, sizeof why, "its descriptor %d no longer names the exported allocation", (int)v.fd);
+        close(fd);
+        fd = -1;
+    }
+    if (fd < 0) /* short: the session's transport reason keeps 128 bytes */
+        return ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "VMM import: %s", why);
+    int err = vmm_map(fd, (size_t)x->size, device, &im->vmm_handle, &im->mapped);
+    close(fd);
+    if (err != FERRY_CUDA_SUCCESS)
+        return ferry_fail(FERRY_ERR_NOT_IMPLEMENTED,
+                          "cannot map pid %d's VMM allocation [0x%llx+%llu) in this process: %s", (int)pid,
+                          (unsigned long long)x->base, (unsigned long long)x->size,
+                          ferry_cuda_error_text(err, why, sizeof why));
+    im->kind = CUDA_IPC_KIND_VMM;
+    return 0;
+}
+
 /* The import of x from pid, referenced (opened if need be, in the current
  * context). NOT_IMPLEMENTED when the driver cannot open it. */
 static int import_get(struct cuda_ipc_conn *ic, int32_t pid, const struct cuda_ipc_export *x, int device,
@@ -245,7 +445,7 @@ static int import_get(struct cuda_ipc_conn *ic, int32_t pid, const struct cuda_i
     struct import **link = &imports;
     while (*link) {
         struct import *im = *link;
-        if (im->pid == pid && memcmp(im->handle, x->handle, sizeof im->handle) == 0) {
+        if (im->pid == pid && same_export(im, x)) {
             im->refs++;
             if (!im->owner) im->owner = ic;
             *link = im->next; /* to the front: most recently used */
@@ -264,8 +464,16 @@ static int import_get(struct cuda_ipc_conn *ic, int32_t pid, const struct cuda_i
         link = &im->next;
     }
     struct import *im = calloc(1, sizeof *im);
-    int err = FERRY_CUDA_ERROR_OUT_OF_MEMORY;
-    if (im) {
+    if (im && x->kind == CUDA_IPC_KIND_VMM) {
+        int rc = vmm_open(pid, x, device, im);
+        if (rc) {
+            pthread_mutex_unlock(&imports_lock);
+            free(im);
+            return rc;
+        }
+    }
+    int err = im ? FERRY_CUDA_SUCCESS : FERRY_CUDA_ERROR_OUT_OF_MEMORY;
+    if (im && x->kind == CUDA_IPC_KIND_LEGACY) {
         FERRY_CUipcMemHandle h;
         memcpy(h.reserved, x->handle, sizeof h.reserved);
         err = drv.ipc_open(&im->mapped, h, FERRY_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
@@ -315,9 +523,19 @@ static void import_put(struct import *im)
 
 /* ------------------------------------------------------ connections */
 
+void cuda_ipc_run_end(struct cuda_ipc_conn *ic)
+{
+    for (unsigned i = 0; i < ic->nretired; i++) close(ic->retired_fds[i]);
+    ic->nretired = 0;
+}
+
 static void conn_free(void *p)
 {
     struct cuda_ipc_conn *ic = p;
+    cuda_ipc_run_end(ic);
+    free(ic->retired_fds);
+    for (unsigned i = 0; i < ic->nexports; i++)
+        if (ic->exports[i].fd >= 0) close(ic->exports[i].fd);
     pthread_mutex_lock(&imports_lock);
     struct import **link = &imports;
     while (*link) {
@@ -365,14 +583,102 @@ static int stream_here(struct cuda_ipc_conn *ic, FERRY_CUstream *out)
 
 /* ----------------------------------------------------------- copies */
 
+/* VMM memory at p, its allocation h (retained by the caller): exported as
+ * a descriptor (*fd) into x's handle. */
+static int vmm_export(FERRY_CUmemGenericAllocationHandle h, const void *p, uint64_t len, uint64_t region,
+                      uint32_t generation, struct cuda_ipc_export *x, int *fd)
+{
+    FERRY_CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    int err = vmm.properties(&prop, h);
+    if (err != FERRY_CUDA_SUCCESS) return cuda_fail(err, "reading the VMM allocation's properties", (size_t)len, p);
+    if (!(prop.requestedHandleTypes & FERRY_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+        return ferry_fail(FERRY_ERR_NOT_IMPLEMENTED,
+                          "CUDA IPC: [%p+%llu) is VMM memory (cuMemCreate) not created shareable as a POSIX file "
+                          "descriptor (requested handle types 0x%x)",
+                          p, (unsigned long long)len, prop.requestedHandleTypes);
+    *fd = -1;
+    err = vmm.export_fd(fd, h, FERRY_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (err != FERRY_CUDA_SUCCESS) return cuda_fail(err, "exporting the VMM allocation", (size_t)len, p);
+    struct stat st;
+    if (fstat(*fd, &st) != 0) {
+        int e = errno;
+        close(*fd);
+        *fd = -1;
+        return ferry_fail(FERRY_ERR_INTERNAL, "CUDA IPC: the VMM export's descriptor: fstat: %s", strerror(e));
+    }
+    struct cuda_ipc_vmm v = {.pid = (int32_t)getpid(), .fd = *fd, .ino = (uint64_t)st.st_ino, .region = region,
+                             .generation = generation};
+    cuda_ipc_vmm_pack(&v, x->handle);
+    x->kind = CUDA_IPC_KIND_VMM;
+    return 0;
+}
+
+/* The export of the allocation holding [p, p+len) (the memory's context
+ * current): *fd the VMM export's descriptor, -1 for a legacy handle. */
+static int export_here(const void *p, uint64_t len, uint64_t region, uint32_t generation, bool peer_vmm,
+                       struct cuda_ipc_export *x, int *fd)
+{
+    FERRY_CUdeviceptr base = 0;
+    size_t size = 0;
+    *fd = -1;
+    int err = drv.address_range(&base, &size, (FERRY_CUdeviceptr)(uintptr_t)p);
+    if (err != FERRY_CUDA_SUCCESS) return cuda_fail(err, "finding the allocation", (size_t)len, p);
+    x->base = base;
+    x->size = size;
+    FERRY_CUmemGenericAllocationHandle h;
+    if (vmm_ok && vmm.retain(&h, (void *)(uintptr_t)p) == FERRY_CUDA_SUCCESS) { /* VMM memory */
+        int rc = peer_vmm ? vmm_export(h, p, len, region, generation, x, fd)
+                          : ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "CUDA IPC: [%p+%llu) is VMM memory (cuMemCreate) "
+                                                                  "and the peer does not import VMM exports",
+                                       p, (unsigned long long)len);
+        vmm.release(h);
+        return rc;
+    }
+    FERRY_CUipcMemHandle ipc;
+    err = drv.ipc_get(&ipc, base);
+    if (err != FERRY_CUDA_SUCCESS) return cuda_fail(err, "exporting the allocation", (size_t)len, p);
+    memcpy(x->handle, ipc.reserved, sizeof x->handle);
+    x->kind = CUDA_IPC_KIND_LEGACY;
+    return 0;
+}
+
+/* A VMM export's descriptor dropped from the cache: closed at the run's
+ * end (a frame in flight may name it). Closed now only when the list
+ * cannot grow (then the target's inode check catches a reused number). */
+static void retire_fd(struct cuda_ipc_conn *ic, int fd)
+{
+    if (fd < 0) return;
+    if (ic->nretired == ic->retired_cap) {
+        unsigned cap = ic->retired_cap ? 2 * ic->retired_cap : 8;
+        int *more = realloc(ic->retired_fds, cap * sizeof *more);
+        if (!more) {
+            close(fd);
+            return;
+        }
+        ic->retired_fds = more;
+        ic->retired_cap = cap;
+    }
+    ic->retired_fds[ic->nretired++] = fd;
+}
+
 int cuda_ipc_export_of(struct cuda_ipc_conn *ic, uint64_t region, uint32_t generation, const void *p, uint64_t len,
-                       int ordinal, struct cuda_ipc_export *out)
+                       int ordinal, bool peer_vmm, struct cuda_ipc_export *out)
 {
     uint64_t a = (uint64_t)(uintptr_t)p;
     for (unsigned i = 0; i < ic->nexports; i++) {
         const struct cuda_ipc_export *x = &ic->exports[i].x;
-        if (ic->exports[i].region == region && ic->exports[i].generation == generation && a >= x->base &&
-            a - x->base <= x->size && len <= x->size - (a - x->base)) {
+        if (ic->exports[i].region != region) continue;
+        if (ic->exports[i].generation != generation) {
+            /* The region was registered again: this entry never matches
+             * again, and a VMM export's descriptor must not keep the old
+             * memory allocated until it leaves the cache. */
+            retire_fd(ic, ic->exports[i].fd);
+            ic->exports[i].fd = -1;
+            ic->exports[i].region = 0;
+            continue;
+        }
+        if (a >= x->base && a - x->base <= x->size && len <= x->size - (a - x->base)) {
             *out = *x;
             return 0;
         }
@@ -380,21 +686,22 @@ int cuda_ipc_export_of(struct cuda_ipc_conn *ic, uint64_t region, uint32_t gener
     if (resolve() != 1) return ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "CUDA IPC: %s", cuda_ipc_unusable());
     int primary = -1, err = ferry_cuda_context_enter(p, ordinal, &primary);
     if (err != FERRY_CUDA_SUCCESS) return cuda_fail(err, "entering the memory's context", (size_t)len, p);
-    FERRY_CUdeviceptr base = 0;
-    size_t size = 0;
-    FERRY_CUipcMemHandle h;
-    err = drv.address_range(&base, &size, (FERRY_CUdeviceptr)a);
-    if (err == FERRY_CUDA_SUCCESS) err = drv.ipc_get(&h, base);
+    struct cuda_ipc_export x = {.device = ordinal};
+    int fd = -1;
+    int rc = export_here(p, len, region, generation, peer_vmm, &x, &fd);
     ferry_cuda_context_leave(primary);
-    if (err != FERRY_CUDA_SUCCESS) return cuda_fail(err, "exporting the allocation", (size_t)len, p);
-    if (a - base > size || len > size - (a - base))
-        return ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "CUDA IPC: [%p+%llu) is not in one allocation ([0x%llx+%zu))", p,
-                          (unsigned long long)len, (unsigned long long)base, size);
-    struct cuda_ipc_export x = {.base = base, .size = size, .device = ordinal};
-    memcpy(x.handle, h.reserved, sizeof x.handle);
-    unsigned slot = ic->nexports < EXPORTS ? ic->nexports++ : ic->next_export++ % EXPORTS;
+    if (rc) return rc;
+    if (a - x.base > x.size || len > x.size - (a - x.base)) {
+        if (fd >= 0) close(fd);
+        return ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "CUDA IPC: [%p+%llu) is not in one allocation ([0x%llx+%llu))", p,
+                          (unsigned long long)len, (unsigned long long)x.base, (unsigned long long)x.size);
+    }
+    bool evict = ic->nexports == EXPORTS;
+    unsigned slot = evict ? ic->next_export++ % EXPORTS : ic->nexports++;
+    if (evict) retire_fd(ic, ic->exports[slot].fd);
     ic->exports[slot].region = region;
     ic->exports[slot].generation = generation;
+    ic->exports[slot].fd = fd;
     ic->exports[slot].x = x;
     *out = x;
     return 0;
