@@ -48,6 +48,7 @@ int main(void)
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -56,6 +57,10 @@ int main(void)
 #include "fault.h"
 
 #include "transport/cuda_ipc/cuda_ipc.h"
+#include "engine/hello.h"
+#include "util/clock.h"
+#include "util/net.h"
+#include "wire/wire.h"
 #include "util/cuda_driver.h"
 #include "util/memkind.h"
 
@@ -750,6 +755,106 @@ static void replayed_read_lands_nothing_late(void **state)
 
 /* ---------------------------------------------------------------- VMM */
 
+/* A process that names another's pid and descriptor in a VMM export must
+ * not make the target take that descriptor: a victim (a child of ours)
+ * exports a VMM allocation holding a secret; this process connects
+ * claiming the victim's pid and asks the target to copy the victim's
+ * allocation into the target's memory. The target refuses with the
+ * reason, copying nothing: it verifies, as shm does, that the claimed pid
+ * owns the connection's socket (link/peer_pid.c). (Before: it took the
+ * descriptor with pidfd_getfd and copied the secret.) */
+static int spoofed_write(const char *peer, int32_t claimed_pid, uint64_t dst, const struct cuda_ipc_export *x,
+                         char *reason, size_t cap)
+{
+    ferry_engine_t *me = initiator();
+    ferry_hello_t h;
+    ferry_hello_fill(me, &h);
+    h.pid = claimed_pid;
+    uint64_t dl = ferry_deadline_after_ms(5000);
+    int fd = -1;
+    assert_int_equal(ferry_net_connect("127.0.0.1", (uint16_t)atoi(strchr(peer, ':') + 1), dl, &fd), 0);
+    uint8_t buf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
+    int n = ferry_hello_encode(&h, buf, sizeof buf);
+    assert_true(n > 0);
+    ferry_frame_t f = {.type = FERRY_FRAME_HELLO, .plen = (uint32_t)n};
+    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
+    ferry_frame_encode(&f, hdr);
+    assert_int_equal(ferry_net_send(fd, hdr, sizeof hdr, dl), 0);
+    assert_int_equal(ferry_net_send(fd, buf, (size_t)n, dl), 0);
+    assert_int_equal(ferry_net_recv(fd, hdr, sizeof hdr, dl), 0);
+    assert_int_equal(ferry_frame_decode(hdr, &f), 0);
+    assert_int_equal(f.type, FERRY_FRAME_HELLO_ACK);
+    assert_true(f.plen <= sizeof buf);
+    assert_int_equal(ferry_net_recv(fd, buf, f.plen, dl), 0);
+    f = (ferry_frame_t){.type = FERRY_FRAME_CUDA_IPC_WRITE, .req_id = 77, .addr = dst, .len = 64, .aux = x->base,
+                        .plen = CUDA_IPC_EXPORT_SIZE};
+    uint8_t payload[CUDA_IPC_EXPORT_SIZE];
+    cuda_ipc_export_encode(x, 0, payload);
+    ferry_frame_encode(&f, hdr);
+    assert_int_equal(ferry_net_send(fd, hdr, sizeof hdr, dl), 0);
+    assert_int_equal(ferry_net_send(fd, payload, sizeof payload, dl), 0);
+    assert_int_equal(ferry_net_recv(fd, hdr, sizeof hdr, dl), 0);
+    assert_int_equal(ferry_frame_decode(hdr, &f), 0);
+    assert_true(f.plen < cap);
+    assert_int_equal(ferry_net_recv(fd, reason, f.plen, dl), 0);
+    reason[f.plen] = '\0';
+    close(fd);
+    ferry_engine_destroy(me);
+    return f.status;
+}
+
+struct victim {
+    int fd;
+    uint64_t ino, base;
+};
+
+static void vmm_spoofed_pid_is_refused(void **state)
+{
+    (void)state;
+    size_t cap = 2u << 20;
+    child_t *c = child_start(cap, false);
+    assert_int_equal(child_do(c, CMD_ZERO, 0, 0, cap), 0);
+    int up[2];
+    assert_int_equal(pipe(up), 0);
+    pid_t victim = fork();
+    assert_true(victim >= 0);
+    if (victim == 0) { /* exports a VMM allocation holding a secret, then waits to be robbed */
+        unsigned char *secret = vmm_alloc(cap, 1, FERRY_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, NULL);
+        memset(stub_alias(secret), 0x5e, 64);
+        void *h = dlopen(getenv("FERRY_CUDA_STUB"), RTLD_NOW | RTLD_NOLOAD);
+        ferry_cuMemRetainAllocationHandle_fn retain =
+            (ferry_cuMemRetainAllocationHandle_fn)dlsym(h, "cuMemRetainAllocationHandle");
+        ferry_cuMemExportToShareableHandle_fn export_fd =
+            (ferry_cuMemExportToShareableHandle_fn)dlsym(h, "cuMemExportToShareableHandle");
+        FERRY_CUmemGenericAllocationHandle ah;
+        struct victim v = {.fd = -1, .base = (uint64_t)(uintptr_t)secret};
+        struct stat st;
+        if (!retain || !export_fd || retain(&ah, secret) != 0 ||
+            export_fd(&v.fd, ah, FERRY_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != 0 || fstat(v.fd, &st) != 0)
+            v.fd = -1;
+        v.ino = (uint64_t)st.st_ino;
+        if (write(up[1], &v, sizeof v) != sizeof v) _exit(1);
+        pause();
+        _exit(0);
+    }
+    struct victim v;
+    assert_int_equal(read(up[0], &v, sizeof v), sizeof v);
+    close(up[0]);
+    close(up[1]);
+    assert_true(v.fd >= 0);
+    struct cuda_ipc_vmm vm = {.pid = (int32_t)victim, .fd = v.fd, .ino = v.ino, .region = 1, .generation = 1};
+    struct cuda_ipc_export x = {.base = v.base, .size = cap, .device = 1, .kind = CUDA_IPC_KIND_VMM};
+    cuda_ipc_vmm_pack(&vm, x.handle);
+    char reason[FERRY_WIRE_MAX_REASON + 1] = "";
+    int st = spoofed_write(c->peer, (int32_t)victim, c->addr, &x, reason, sizeof reason);
+    kill(victim, SIGKILL);
+    waitpid(victim, NULL, 0);
+    if (st != FERRY_ERR_NOT_IMPLEMENTED || !strstr(reason, "does not own"))
+        fail_msg("the target answered %d: %s", st, reason);
+    assert_int_equal(child_do(c, CMD_ISZERO, 0, 0, 64), 0); /* nothing copied */
+    child_stop(c);
+}
+
 /* VMM memory (cuMemCreate + cuMemMap) at the initiator: written and read
  * device to device by CUDA IPC, no staging on either side; the target
  * imported the allocation once (by the descriptor it took from the
@@ -1063,6 +1168,7 @@ int main(void)
         cmocka_unit_test(cancel_leaves_no_late_write),
         cmocka_unit_test(target_without_ipc),
         cmocka_unit_test(other_transports_frames_on_one_connection),
+        cmocka_unit_test(vmm_spoofed_pid_is_refused),
         cmocka_unit_test(lost_write_answer_placed_once),
         cmocka_unit_test(replayed_write_placed_once),
         cmocka_unit_test(replayed_read_lands_nothing_late),

@@ -34,6 +34,7 @@
  * address range and releases the handle. These entry points are optional:
  * a driver without them exports and imports legacy handles only. */
 #include "cuda_ipc.h"
+#include "link/peer_pid.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -308,6 +309,12 @@ struct cuda_ipc_conn {
         FERRY_CUstream stream;
     } streams[STREAMS];
     unsigned nstreams;
+    /* Target: whether the initiator is the pid its HELLO claims (decided at
+     * its first VMM export: taking descriptors from a pid is as much as
+     * attaching to it), its pidfd, and why not. */
+    int peer_state; /* 0 undecided, 1 verified, -1 refused */
+    int pidfd;
+    char peer_why[200];
 };
 
 /* Closes an import (no copy uses it, it is off the list). */
@@ -355,12 +362,14 @@ static bool same_export(const struct import *im, const struct cuda_ipc_export *x
            im->base == x->base && im->size == x->size;
 }
 
-/* The exporter's descriptor v->fd, taken into this process (pidfd_getfd;
- * O_CLOEXEC). -1 with why filled when the kernel refuses. */
-static int take_fd(const struct cuda_ipc_vmm *v, char *why, size_t cap)
+/* The exporter's descriptor v->fd, taken into this process (pidfd_getfd
+ * through pidfd, the verified initiator's, or one opened on v->pid where
+ * pidfd_open was unavailable at the check; O_CLOEXEC). -1 with why filled
+ * when the kernel refuses. */
+static int take_fd(const struct cuda_ipc_vmm *v, int verified_pidfd, char *why, size_t cap)
 {
 #if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
-    int pidfd = (int)syscall(SYS_pidfd_open, (pid_t)v->pid, 0);
+    int pidfd = verified_pidfd >= 0 ? verified_pidfd : (int)syscall(SYS_pidfd_open, (pid_t)v->pid, 0);
     if (pidfd < 0) {
         snprintf(why, cap, "pidfd_open(%d): %s", (int)v->pid, strerror(errno));
         return -1;
@@ -368,13 +377,13 @@ static int take_fd(const struct cuda_ipc_vmm *v, char *why, size_t cap)
     int refuse = atomic_load(&refuse_getfd);
     int fd = refuse ? (errno = refuse, -1) : (int)syscall(SYS_pidfd_getfd, pidfd, v->fd, 0);
     int err = errno;
-    close(pidfd);
+    if (pidfd != verified_pidfd) close(pidfd);
     if (fd < 0)
         snprintf(why, cap, "pidfd_getfd: %s (needs ptrace permission over the initiator: same user and "
                  "kernel.yama.ptrace_scope 0, or CAP_SYS_PTRACE)", strerror(err));
     return fd;
 #else
-    (void)v;
+    (void)v, (void)verified_pidfd;
     snprintf(why, cap, "pidfd_getfd is not in this build's kernel headers");
     return -1;
 #endif
@@ -405,7 +414,7 @@ static int vmm_map(int fd, size_t size, int device, FERRY_CUmemGenericAllocation
 }
 
 /* Opens the VMM export x of pid into im (mapped, vmm_handle). */
-static int vmm_open(int32_t pid, const struct cuda_ipc_export *x, int device, struct import *im)
+static int vmm_open(int32_t pid, int pidfd, const struct cuda_ipc_export *x, int device, struct import *im)
 {
     struct cuda_ipc_vmm v;
     cuda_ipc_vmm_unpack(x->handle, &v);
@@ -416,7 +425,7 @@ static int vmm_open(int32_t pid, const struct cuda_ipc_export *x, int device, st
         return ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "cannot import pid %d's VMM allocation: the CUDA driver here "
                                                      "lacks the VMM entry points", (int)pid);
     char why[300];
-    int fd = take_fd(&v, why, sizeof why);
+    int fd = take_fd(&v, pidfd, why, sizeof why);
     struct stat st;
     if (fd >= 0 && (fstat(fd, &st) != 0 || (uint64_t)st.st_ino != v.ino)) {
         snprintf(why, sizeof why, "its descriptor %d no longer names the exported allocation", (int)v.fd);
@@ -465,7 +474,7 @@ static int import_get(struct cuda_ipc_conn *ic, int32_t pid, const struct cuda_i
     }
     struct import *im = calloc(1, sizeof *im);
     if (im && x->kind == CUDA_IPC_KIND_VMM) {
-        int rc = vmm_open(pid, x, device, im);
+        int rc = vmm_open(pid, ic->pidfd, x, device, im);
         if (rc) {
             pthread_mutex_unlock(&imports_lock);
             free(im);
@@ -532,6 +541,7 @@ void cuda_ipc_run_end(struct cuda_ipc_conn *ic)
 static void conn_free(void *p)
 {
     struct cuda_ipc_conn *ic = p;
+    if (ic->peer_state == 1 && ic->pidfd >= 0) close(ic->pidfd);
     cuda_ipc_run_end(ic);
     free(ic->retired_fds);
     for (unsigned i = 0; i < ic->nexports; i++)
@@ -557,6 +567,7 @@ struct cuda_ipc_conn *cuda_ipc_conn_get(ferry_conn_t *c)
     if (c->xport) return c->xport_free == conn_free ? c->xport : NULL; /* NULL: another transport's state */
     struct cuda_ipc_conn *ic = calloc(1, sizeof *ic);
     if (!ic) return NULL;
+    ic->pidfd = -1;
     c->xport = ic;
     c->xport_free = conn_free;
     return ic;
@@ -707,6 +718,26 @@ int cuda_ipc_export_of(struct cuda_ipc_conn *ic, uint64_t region, uint32_t gener
     return 0;
 }
 
+/* A VMM export is a descriptor to take from the pid the initiator's HELLO
+ * claims: only from a connection that pid is verified to own (as shm
+ * verifies before it attaches: link/peer_pid.c), else any local process
+ * could name another's pid and descriptor and have this target copy that
+ * process's device memory out or its own into it. Once per connection;
+ * NOT_IMPLEMENTED with the reason when refused (the session goes by tcp). */
+static int verify_peer(struct cuda_ipc_conn *ic, ferry_conn_t *c)
+{
+    if (ic->peer_state == 0)
+        ic->peer_state = ferry_peer_verify_pid(c, false, &ic->pidfd, ic->peer_why, sizeof ic->peer_why) == 0 ? 1 : -1;
+    if (ic->peer_state == 1 && ferry_pidfd_exited(ic->pidfd)) {
+        close(ic->pidfd);
+        ic->pidfd = -1;
+        ic->peer_state = -1;
+        snprintf(ic->peer_why, sizeof ic->peer_why, "the verified initiator pid %d has exited", (int)c->peer.pid);
+    }
+    if (ic->peer_state == 1) return 0;
+    return ferry_fail(FERRY_ERR_NOT_IMPLEMENTED, "VMM import refused: %s", ic->peer_why);
+}
+
 int cuda_ipc_copy(struct cuda_ipc_conn *ic, ferry_conn_t *c, const struct cuda_ipc_export *x, uint64_t off,
                   void *local, uint32_t kind, size_t n, bool to_local)
 {
@@ -717,7 +748,8 @@ int cuda_ipc_copy(struct cuda_ipc_conn *ic, ferry_conn_t *c, const struct cuda_i
     int primary = -1, err = ferry_cuda_context_enter(local, device < 0 ? 0 : device, &primary);
     if (err != FERRY_CUDA_SUCCESS) return cuda_fail(err, "entering the local memory's context", n, local);
     struct import *im = NULL;
-    int rc = import_get(ic, c->peer.pid, x, device, &im);
+    int rc = x->kind == CUDA_IPC_KIND_VMM ? verify_peer(ic, c) : 0;
+    if (rc == 0) rc = import_get(ic, c->peer.pid, x, device, &im);
     if (rc) {
         ferry_cuda_context_leave(primary);
         return rc;

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+#include "link/peer_pid.h"
 #include "link/transport.h"
 #include "shm_wire.h"
 
@@ -42,20 +43,8 @@ struct shm_conn {
     uint32_t *order;    /* a vector frame's pieces by the initiator's address (shm_vec.c), made at first use */
 };
 
-/* Addresses in one form: IPv6, with IPv4 as ::ffff:a.b.c.d. */
-struct addr6 {
-    uint8_t a[16];
-    uint16_t port;
-};
-
 /* shm_trust.c */
 void shm_conn_free(void *p);
-int shm_to_addr6(const struct sockaddr_storage *ss, struct addr6 *out);
-bool shm_is_local_address(const struct addr6 *x);
-unsigned long shm_find_socket_inode(const struct addr6 *local, const struct addr6 *remote, uid_t *uid);
-int shm_pid_owns_socket(pid_t pid, unsigned long inode);
-int shm_open_pidfd(pid_t pid);
-bool shm_pidfd_exited(int pidfd);
 void shm_verify_peer(ferry_conn_t *c, struct shm_conn *sc, uint64_t probe);
 /* Target: the connection's trust record in *out, made and decided at first
  * use (probe: an address the initiator named as its own), marked refused

@@ -332,14 +332,14 @@ static bool target_owns_conn(ferry_conn_t *c)
 {
     struct sockaddr_storage peer_ss, self_ss;
     socklen_t pl = sizeof peer_ss, sl = sizeof self_ss;
-    struct addr6 peer, self;
+    struct ferry_addr6 peer, self;
     if (getpeername(c->fd, (struct sockaddr *)&peer_ss, &pl) != 0 ||
-        getsockname(c->fd, (struct sockaddr *)&self_ss, &sl) != 0 || shm_to_addr6(&peer_ss, &peer) ||
-        shm_to_addr6(&self_ss, &self) || !shm_is_local_address(&peer))
+        getsockname(c->fd, (struct sockaddr *)&self_ss, &sl) != 0 || ferry_addr6_of(&peer_ss, &peer) ||
+        ferry_addr6_of(&self_ss, &self) || !ferry_addr6_is_local(&peer))
         return false;
     uid_t uid;
-    unsigned long inode = shm_find_socket_inode(&peer, &self, &uid);
-    return inode && c->peer.pid > 0 && shm_pid_owns_socket(c->peer.pid, inode) > 0 && uid == getuid();
+    unsigned long inode = ferry_socket_inode(&peer, &self, shm_key_set(SHM_KEY_PROC_LOOKUP), &uid);
+    return inode && c->peer.pid > 0 && ferry_pid_owns_socket(c->peer.pid, inode) > 0 && uid == getuid();
 }
 
 /* Sends SHM_MAP_REQ for [addr, addr+len) at generation and receives the
@@ -647,7 +647,7 @@ static int map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, b
         bool owns = offered && !map_disabled_here() && target_owns_conn(c);
         /* FERRY_SHM_CONFIRM=1: no pidfd, so copies are confirmed by the
          * owner, as on a kernel without pidfd_open (to compare, to test). */
-        if (owns && !shm_key_set(SHM_KEY_CONFIRM)) ic->pidfd = shm_open_pidfd(c->peer.pid);
+        if (owns && !shm_key_set(SHM_KEY_CONFIRM)) ic->pidfd = ferry_pidfd_open(c->peer.pid);
         ic->state = owns ? 1 : -1;
         if (ic->state < 0) {
             FERRY_LOG(FERRY_LOG_INFO, "shm", "%s: shared-pool mapping off for this connection (%s)", c->peer.name,
@@ -659,7 +659,7 @@ static int map_pass(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, b
     }
     /* A target that died never revoked its pools: its mappings would take
      * writes that nobody reads. The pidfd also survives pid reuse. */
-    if (shm_pidfd_exited(ic->pidfd)) {
+    if (ferry_pidfd_exited(ic->pidfd)) {
         ic->state = -1;
         while (ic->maps) icache_drop(ic, ic->maps);
         return 0;
