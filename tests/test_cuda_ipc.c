@@ -154,25 +154,6 @@ enum {
     CMD_VMM,         /* rc = VMM allocations imported so far, addr = those released */
 };
 
-struct cmd {
-    int op;
-    uint64_t seed, off, len;
-};
-
-struct reply {
-    int rc;
-    uint16_t port;
-    uint64_t addr, len;
-    int32_t pid;
-};
-
-typedef struct child {
-    pid_t pid;
-    int to, from;
-    char peer[64];
-    uint64_t addr, len;
-} child_t;
-
 static ferry_engine_t *child_engine(uint16_t port)
 {
     ferry_config_t cfg;
@@ -191,7 +172,7 @@ static int region_is_zero(const unsigned char *p, size_t n)
 }
 
 /* The device bytes, touched in step with the stub's stream copies. */
-static int device_bytes(const struct cmd *c, unsigned char *bytes)
+static int device_bytes(const struct target_cmd *c, unsigned char *bytes)
 {
     int rc = 0;
     stub_lock();
@@ -205,7 +186,7 @@ static int device_bytes(const struct cmd *c, unsigned char *bytes)
     return rc;
 }
 
-static int child_run(struct cmd *c, ferry_engine_t **e, unsigned char *dev, size_t len, struct reply *a)
+static int child_run(struct target_cmd *c, ferry_engine_t **e, unsigned char *dev, size_t len, struct target_reply *a)
 {
     unsigned char *bytes = stub_alias(dev);
     unsigned long counts[7], opened;
@@ -259,7 +240,7 @@ static void child_main(int in, int out, size_t len, bool no_ipc, int refuse_getf
 {
     if (no_ipc) setenv("FERRY_CUDA_IPC", "0", 1);
     ferry_cuda_ipc_testing_refuse_getfd(refuse_getfd);
-    struct reply r = {0};
+    struct target_reply r = {0};
     unsigned char *dev = stub_alloc(len, 0, 0);
     ferry_engine_t *e = dev ? child_engine(0) : NULL;
     r.rc = e ? ferry_register(e, dev, len, FERRY_MEM_REMOTE) : -1;
@@ -268,9 +249,9 @@ static void child_main(int in, int out, size_t len, bool no_ipc, int refuse_getf
     r.len = len;
     r.pid = (int32_t)getpid();
     if (write(out, &r, sizeof r) != sizeof r) _exit(1);
-    struct cmd c;
+    struct target_cmd c;
     while (read(in, &c, sizeof c) == sizeof c && c.op != CMD_QUIT) {
-        struct reply a = {0};
+        struct target_reply a = {0};
         a.rc = child_run(&c, &e, dev, len, &a);
         if (write(out, &a, sizeof a) != sizeof a) break;
     }
@@ -293,42 +274,12 @@ static void child_body(int in, int out, void *arg)
     child_main(in, out, a->len, a->no_ipc, a->refuse_getfd);
 }
 
-static child_t *child_start_with(size_t len, bool no_ipc, int refuse_getfd)
+static target_child_t *child_start_with(size_t len, bool no_ipc, int refuse_getfd)
 {
-    child_t *c = calloc(1, sizeof *c);
-    struct reply r;
-    child_fork(child_body, &(struct child_args){len, no_ipc, refuse_getfd}, &c->pid, &c->to, &c->from, &r, sizeof r);
-    assert_int_equal(r.rc, 0);
-    snprintf(c->peer, sizeof c->peer, "127.0.0.1:%u", r.port);
-    c->addr = r.addr;
-    c->len = r.len;
-    return c;
+    return target_child_start(child_body, &(struct child_args){len, no_ipc, refuse_getfd});
 }
 
-static child_t *child_start(size_t len, bool no_ipc) { return child_start_with(len, no_ipc, 0); }
-
-static int child_do2(child_t *c, int op, uint64_t seed, uint64_t off, uint64_t len, uint64_t *addr)
-{
-    struct cmd m = {op, seed, off, len};
-    struct reply r;
-    child_exchange(c->to, c->from, &m, sizeof m, &r, sizeof r);
-    if (addr) *addr = r.addr;
-    return r.rc;
-}
-
-static int child_do(child_t *c, int op, uint64_t seed, uint64_t off, uint64_t len)
-{
-    return child_do2(c, op, seed, off, len, NULL);
-}
-
-static void child_stop(child_t *c)
-{
-    struct cmd m = {CMD_QUIT, 0, 0, 0};
-    int status = child_end(c->pid, c->to, c->from, &m, sizeof m, false);
-    free(c);
-    assert_true(WIFEXITED(status));
-    assert_int_equal(WEXITSTATUS(status), 0);
-}
+static target_child_t *child_start(size_t len, bool no_ipc) { return child_start_with(len, no_ipc, 0); }
 
 static ferry_engine_t *initiator(void)
 {
@@ -347,6 +298,24 @@ static void expect_transport(ferry_engine_t *e, const char *peer, const char *na
         fail_msg("transport %s (%s), expected %s", info.transport, info.transport_reason, name);
 }
 
+/* Device memory of len bytes (device 1), registered with e as a source. */
+static unsigned char *device_source(ferry_engine_t *e, size_t len)
+{
+    unsigned char *p = stub_alloc(len, 1, 0);
+    assert_non_null(p);
+    assert_int_equal(ferry_register(e, p, len, FERRY_MEM_LOCAL), 0);
+    return p;
+}
+
+/* Fills src's len bytes (device memory, any kind) with seed's pattern,
+ * writes them to the child's buffer at 0 and finds them there. */
+static void write_verified(ferry_engine_t *e, target_child_t *c, unsigned char *src, size_t len, uint64_t seed)
+{
+    harness_fill(stub_alias(src), len, seed);
+    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, len), 0);
+    assert_int_equal(target_child_do(c, CMD_CHECK, seed, 0, len), 0);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -360,11 +329,9 @@ static void write_and_read_device_to_device(void **state)
 {
     (void)state;
     size_t cap = (64u << 20) + 4096;
-    child_t *c = child_start(cap, false);
+    target_child_t *c = child_start(cap, false);
     ferry_engine_t *e = initiator();
-    unsigned char *src = stub_alloc(cap, 1, 0);
-    assert_non_null(src);
-    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    unsigned char *src = device_source(e, cap);
     expect_transport(e, c->peer, "cuda_ipc");
     unsigned long before[7], after[7];
     stub_counts(before);
@@ -381,8 +348,8 @@ static void write_and_read_device_to_device(void **state)
         harness_fill((unsigned char *)stub_alias(src) + off, len, 100 + k);
         int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src + off, c->addr + 3, len);
         if (rc) fail_msg("write %zu: %s", len, ferry_last_error_detail());
-        assert_int_equal(child_do(c, CMD_CHECK, 100 + k, 3, len), 0); /* on the device when complete */
-        assert_int_equal(child_do(c, CMD_FILL, 200 + k, 0, len), 0);
+        assert_int_equal(target_child_do(c, CMD_CHECK, 100 + k, 3, len), 0); /* on the device when complete */
+        assert_int_equal(target_child_do(c, CMD_FILL, 200 + k, 0, len), 0);
         memset(stub_alias(src), 0, cap);
         rc = ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src + 11, c->addr, len);
         if (rc) fail_msg("read %zu: %s", len, ferry_last_error_detail());
@@ -393,10 +360,10 @@ static void write_and_read_device_to_device(void **state)
     stub_counts(after);
     assert_int_equal(after[0] - before[0], 0);
     assert_int_equal(after[1] - before[1], 0);
-    assert_int_equal(child_do(c, CMD_STAGED, 0, 0, 0), 0);
+    assert_int_equal(target_child_do(c, CMD_STAGED, 0, 0, 0), 0);
     /* The target opened the initiator's allocation once, and keeps it. */
     uint64_t opened = 0;
-    assert_int_equal(child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), 1);
+    assert_int_equal(target_child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), 1);
     assert_int_equal(opened, 1);
 
     /* A host buffer to the same peer goes by tcp in the same session. */
@@ -405,13 +372,13 @@ static void write_and_read_device_to_device(void **state)
     assert_int_equal(ferry_register(e, host, hlen, FERRY_MEM_LOCAL), 0);
     harness_fill(host, hlen, 77);
     assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, host, c->addr + 100, hlen), 0);
-    assert_int_equal(child_do(c, CMD_CHECK, 77, 100, hlen), 0);
+    assert_int_equal(target_child_do(c, CMD_CHECK, 77, 100, hlen), 0);
     expect_transport(e, c->peer, "cuda_ipc");
 
     ferry_engine_destroy(e);
     stub_free(src);
     free(host);
-    child_stop(c); /* the child checks its imports were closed with the connections */
+    target_child_stop(c); /* the child checks its imports were closed with the connections */
 }
 
 /* The owner's checks hold for every copy: a deregistered range, a
@@ -420,32 +387,31 @@ static void target_refuses_by_its_registry(void **state)
 {
     (void)state;
     size_t cap = 1u << 20;
-    child_t *c = child_start(cap, false);
+    target_child_t *c = child_start(cap, false);
     ferry_engine_t *e = initiator();
-    unsigned char *src = stub_alloc(cap, 1, 0);
-    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    unsigned char *src = device_source(e, cap);
     harness_fill(stub_alias(src), cap, 1);
     assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, cap), 0);
     expect_transport(e, c->peer, "cuda_ipc");
 
-    assert_int_equal(child_do(c, CMD_DEREGISTER, 0, 0, 0), 0);
-    assert_int_equal(child_do(c, CMD_FILL, 9, 0, cap), 0);
+    assert_int_equal(target_child_do(c, CMD_DEREGISTER, 0, 0, 0), 0);
+    assert_int_equal(target_child_do(c, CMD_FILL, 9, 0, cap), 0);
     int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, 4096);
     assert_int_equal(rc, FERRY_ERR_ADDRESS_NOT_REGISTERED);
     assert_detail_contains("target range");
-    assert_int_equal(child_do(c, CMD_CHECK, 9, 0, cap), 0);
+    assert_int_equal(target_child_do(c, CMD_CHECK, 9, 0, cap), 0);
 
-    assert_int_equal(child_do(c, CMD_REREGISTER_RO, 0, 0, 0), 0);
+    assert_int_equal(target_child_do(c, CMD_REREGISTER_RO, 0, 0, 0), 0);
     rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, 4096);
     if (rc != FERRY_ERR_ACCESS_DENIED) fail_msg("write to read-only: %d %s", rc, ferry_last_error_detail());
-    assert_int_equal(child_do(c, CMD_CHECK, 9, 0, cap), 0);
+    assert_int_equal(target_child_do(c, CMD_CHECK, 9, 0, cap), 0);
     /* Reads are allowed. */
     assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src, c->addr, cap), 0);
     assert_true(harness_check(stub_alias(src), cap, 9));
     expect_transport(e, c->peer, "cuda_ipc");
     ferry_engine_destroy(e);
     stub_free(src);
-    child_stop(c);
+    target_child_stop(c);
 }
 
 /* The initiator deregisters its region and allocates the memory again: the
@@ -457,26 +423,21 @@ static void deregistration_invalidates_the_handle(void **state)
 {
     (void)state;
     size_t cap = 1u << 20;
-    child_t *c = child_start(cap, false);
+    target_child_t *c = child_start(cap, false);
     ferry_engine_t *e = initiator();
-    unsigned char *src = stub_alloc(cap, 1, 0);
-    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
-    harness_fill(stub_alias(src), cap, 21);
-    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, cap), 0);
-    assert_int_equal(child_do(c, CMD_CHECK, 21, 0, cap), 0);
+    unsigned char *src = device_source(e, cap);
+    write_verified(e, c, src, cap, 21);
 
     assert_int_equal(ferry_deregister(e, src), 0);
     unsigned char *again = stub_alloc(cap, 1, 0);
     stub_free(src); /* freed after the new one exists: a different memfd */
-    harness_fill(stub_alias(again), cap, 22);
     assert_int_equal(ferry_register(e, again, cap, FERRY_MEM_LOCAL), 0);
-    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, again, c->addr, cap), 0);
-    assert_int_equal(child_do(c, CMD_CHECK, 22, 0, cap), 0);
+    write_verified(e, c, again, cap, 22);
     /* The new allocation's handle was opened (the bytes above are its);
      * the freed one's mapping stays until something overlaps it or the
      * connection closes: the driver cannot tell it was freed. */
     uint64_t opened = 0;
-    assert_int_equal(child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), 2);
+    assert_int_equal(target_child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), 2);
     assert_int_equal(opened, 2);
     /* Freed first this time, and allocated again at the same address: the
      * import of the freed one is stale. */
@@ -484,15 +445,13 @@ static void deregistration_invalidates_the_handle(void **state)
     stub_free(again);
     unsigned char *third = stub_alloc_at(again, cap, 1);
     assert_ptr_equal(third, again);
-    harness_fill(stub_alias(third), cap, 23);
     assert_int_equal(ferry_register(e, third, cap, FERRY_MEM_LOCAL), 0);
-    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, third, c->addr, cap), 0);
-    assert_int_equal(child_do(c, CMD_CHECK, 23, 0, cap), 0);
-    assert_int_equal(child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), 2); /* the stale one closed, the new one open */
+    write_verified(e, c, third, cap, 23);
+    assert_int_equal(target_child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), 2); /* the stale one closed, the new one open */
     assert_int_equal(opened, 3);
     ferry_engine_destroy(e);
     stub_free(third);
-    child_stop(c);
+    target_child_stop(c);
 }
 
 /* Imports are bounded (32 per process): the least recently used one no
@@ -501,7 +460,7 @@ static void imports_are_bounded(void **state)
 {
     (void)state;
     enum { N = 40, LEN = 4096 };
-    child_t *c = child_start((size_t)N * LEN, false);
+    target_child_t *c = child_start((size_t)N * LEN, false);
     ferry_engine_t *e = initiator();
     unsigned char *bufs[N];
     for (int i = 0; i < N; i++) {
@@ -513,19 +472,19 @@ static void imports_are_bounded(void **state)
     for (int i = 0; i < N; i++)
         assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, bufs[i], c->addr + (uint64_t)i * LEN, LEN), 0);
     expect_transport(e, c->peer, "cuda_ipc");
-    for (int i = 0; i < N; i++) assert_int_equal(child_do(c, CMD_CHECK, 70 + (uint64_t)i, (uint64_t)i * LEN, LEN), 0);
+    for (int i = 0; i < N; i++) assert_int_equal(target_child_do(c, CMD_CHECK, 70 + (uint64_t)i, (uint64_t)i * LEN, LEN), 0);
     uint64_t opened = 0;
-    assert_int_equal(child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), 32);
+    assert_int_equal(target_child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), 32);
     assert_int_equal(opened, N);
     /* The first one was closed; named again, it is opened again. */
-    assert_int_equal(child_do(c, CMD_ZERO, 0, 0, LEN), 0);
+    assert_int_equal(target_child_do(c, CMD_ZERO, 0, 0, LEN), 0);
     assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, bufs[0], c->addr, LEN), 0);
-    assert_int_equal(child_do(c, CMD_CHECK, 70, 0, LEN), 0);
-    assert_int_equal(child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), 32);
+    assert_int_equal(target_child_do(c, CMD_CHECK, 70, 0, LEN), 0);
+    assert_int_equal(target_child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), 32);
     assert_int_equal(opened, N + 1);
     ferry_engine_destroy(e);
     for (int i = 0; i < N; i++) stub_free(bufs[i]);
-    child_stop(c);
+    target_child_stop(c);
 }
 
 /* A target restarted on the same port with its buffer at the same address:
@@ -535,25 +494,24 @@ static void restarted_peer_gets_nothing(void **state)
 {
     (void)state;
     size_t cap = 1u << 20;
-    child_t *c = child_start(cap, false);
+    target_child_t *c = child_start(cap, false);
     ferry_engine_t *e = initiator();
-    unsigned char *src = stub_alloc(cap, 1, 0);
-    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    unsigned char *src = device_source(e, cap);
     harness_fill(stub_alias(src), cap, 31);
     assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, cap), 0);
-    assert_int_equal(child_do(c, CMD_RESTART, 0, 0, 0), 0);
-    assert_int_equal(child_do(c, CMD_IMPORTS, 0, 0, 0), 0); /* closed with the old engine's connections */
-    assert_int_equal(child_do(c, CMD_ZERO, 0, 0, cap), 0);
+    assert_int_equal(target_child_do(c, CMD_RESTART, 0, 0, 0), 0);
+    assert_int_equal(target_child_do(c, CMD_IMPORTS, 0, 0, 0), 0); /* closed with the old engine's connections */
+    assert_int_equal(target_child_do(c, CMD_ZERO, 0, 0, cap), 0);
     harness_fill(stub_alias(src), cap, 32);
     int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, cap);
     if (rc != FERRY_ERR_PEER_RESTARTED) fail_msg("after restart: %d %s", rc, ferry_last_error_detail());
-    assert_int_equal(child_do(c, CMD_ISZERO, 0, 0, cap), 0); /* nothing landed */
+    assert_int_equal(target_child_do(c, CMD_ISZERO, 0, 0, cap), 0); /* nothing landed */
     assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, cap), 0);
-    assert_int_equal(child_do(c, CMD_CHECK, 32, 0, cap), 0);
+    assert_int_equal(target_child_do(c, CMD_CHECK, 32, 0, cap), 0);
     expect_transport(e, c->peer, "cuda_ipc");
     ferry_engine_destroy(e);
     stub_free(src);
-    child_stop(c);
+    target_child_stop(c);
 }
 
 /* Cancel while the target's copies run (each takes 40 ms): every request
@@ -564,15 +522,14 @@ static void cancel_leaves_no_late_write(void **state)
     (void)state;
     enum { N = 16, PIECE = 256 << 10 };
     size_t cap = (size_t)N * PIECE;
-    child_t *c = child_start(cap, false);
+    target_child_t *c = child_start(cap, false);
     ferry_engine_t *e = initiator();
-    unsigned char *src = stub_alloc(cap, 1, 0);
-    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    unsigned char *src = device_source(e, cap);
     assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, 1), 0); /* session up */
     expect_transport(e, c->peer, "cuda_ipc");
     for (int i = 0; i < N; i++) harness_fill((unsigned char *)stub_alias(src) + (size_t)i * PIECE, PIECE, 41 + i);
-    assert_int_equal(child_do(c, CMD_ZERO, 0, 0, cap), 0);
-    assert_int_equal(child_do(c, CMD_DELAY, 40000, 0, 0), 0);
+    assert_int_equal(target_child_do(c, CMD_ZERO, 0, 0, cap), 0);
+    assert_int_equal(target_child_do(c, CMD_DELAY, 40000, 0, 0), 0);
     ferry_batch_t *b = NULL;
     assert_int_equal(ferry_batch_alloc(e, N, &b), 0);
     ferry_request_t reqs[N];
@@ -589,26 +546,26 @@ static void cancel_leaves_no_late_write(void **state)
         assert_int_equal(ferry_batch_status(b, (size_t)i, &st), 0);
         if (st.state == FERRY_STATUS_COMPLETED) {
             completed++;
-            assert_int_equal(child_do(c, CMD_CHECK, 41 + (uint64_t)i, (uint64_t)i * PIECE, PIECE), 0);
+            assert_int_equal(target_child_do(c, CMD_CHECK, 41 + (uint64_t)i, (uint64_t)i * PIECE, PIECE), 0);
         } else {
             if (st.state != FERRY_STATUS_CANCELLED) fail_msg("request %d ended in state %d", i, st.state);
             cancelled++;
         }
-        landed[i] = child_do(c, CMD_ISZERO, 0, (uint64_t)i * PIECE, PIECE) != 0;
+        landed[i] = target_child_do(c, CMD_ISZERO, 0, (uint64_t)i * PIECE, PIECE) != 0;
     }
     assert_true(cancelled > 0);
     assert_int_equal(completed + cancelled, N);
     /* Nothing lands after the cancel returned. */
     usleep(300 * 1000);
     for (int i = 0; i < N; i++) {
-        bool now = child_do(c, CMD_ISZERO, 0, (uint64_t)i * PIECE, PIECE) != 0;
+        bool now = target_child_do(c, CMD_ISZERO, 0, (uint64_t)i * PIECE, PIECE) != 0;
         if (now != landed[i]) fail_msg("request %d landed after the cancel returned", i);
     }
-    assert_int_equal(child_do(c, CMD_DELAY, 0, 0, 0), 0);
+    assert_int_equal(target_child_do(c, CMD_DELAY, 0, 0, 0), 0);
     ferry_batch_free(b);
     ferry_engine_destroy(e);
     stub_free(src);
-    child_stop(c);
+    target_child_stop(c);
 }
 
 /* A target that turned CUDA IPC off does not offer it: another transport is
@@ -617,20 +574,17 @@ static void target_without_ipc(void **state)
 {
     (void)state;
     size_t cap = 1u << 20;
-    child_t *c = child_start(cap, true);
+    target_child_t *c = child_start(cap, true);
     ferry_engine_t *e = initiator();
-    unsigned char *src = stub_alloc(cap, 1, 0);
-    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
-    harness_fill(stub_alias(src), cap, 51);
-    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, cap), 0);
-    assert_int_equal(child_do(c, CMD_CHECK, 51, 0, cap), 0);
+    unsigned char *src = device_source(e, cap);
+    write_verified(e, c, src, cap, 51);
     ferry_peer_info_t info;
     assert_int_equal(ferry_session_info(e, c->peer, &info), 0);
     assert_string_not_equal(info.transport, "cuda_ipc");
-    assert_true(child_do(c, CMD_STAGED, 0, 0, 0) > 0);
+    assert_true(target_child_do(c, CMD_STAGED, 0, 0, 0) > 0);
     ferry_engine_destroy(e);
     stub_free(src);
-    child_stop(c);
+    target_child_stop(c);
 }
 
 /* A raw initiator sends a CUDA_IPC_WRITE (the target makes cuda_ipc's
@@ -677,22 +631,21 @@ static void other_transports_frames_on_one_connection(void **state)
  * proxy that loses the answer to a write and cuts the link, or replays a
  * write or read frame, every byte is placed once and the call succeeds; a
  * replayed read lands nothing in the caller's buffer after it returned. */
-static uint64_t child_placed(child_t *c)
+static uint64_t child_placed(target_child_t *c)
 {
     uint64_t placed = 0;
-    assert_int_equal(child_do2(c, CMD_PLACED, 0, 0, 0, &placed), 0);
+    assert_int_equal(target_child_do2(c, CMD_PLACED, 0, 0, 0, &placed), 0);
     return placed;
 }
 
 static void exactly_once_through(proxy_opts_t o, int op)
 {
     enum { LEN = 1 << 20 };
-    child_t *c = child_start(LEN, false);
+    target_child_t *c = child_start(LEN, false);
     proxy_t *px = proxy_start("127.0.0.1", (uint16_t)atoi(strchr(c->peer, ':') + 1), &o);
     assert_non_null(px);
     ferry_engine_t *e = initiator();
-    unsigned char *src = stub_alloc(LEN, 1, 0);
-    assert_int_equal(ferry_register(e, src, LEN, FERRY_MEM_LOCAL), 0);
+    unsigned char *src = device_source(e, LEN);
     assert_int_equal(ferry_session_open(e, proxy_name(px)), 0);
     expect_transport(e, proxy_name(px), "cuda_ipc");
     unsigned char *bytes = stub_alias(src);
@@ -701,15 +654,15 @@ static void exactly_once_through(proxy_opts_t o, int op)
         harness_fill(bytes, LEN, 61);
         rc = ferry_transfer_sync(e, proxy_name(px), FERRY_OP_WRITE, src, c->addr, LEN);
     } else {
-        assert_int_equal(child_do(c, CMD_FILL, 62, 0, LEN), 0);
+        assert_int_equal(target_child_do(c, CMD_FILL, 62, 0, LEN), 0);
         /* Each copy takes 30 ms: a replay served after the first answer
          * lands well after the call returned. */
-        assert_int_equal(child_do(c, CMD_DELAY, 30000, 0, 0), 0);
+        assert_int_equal(target_child_do(c, CMD_DELAY, 30000, 0, 0), 0);
         rc = ferry_transfer_sync(e, proxy_name(px), FERRY_OP_READ, src, c->addr, LEN);
     }
     if (rc) fail_msg("%s: %s", op == FERRY_OP_WRITE ? "write" : "read", ferry_last_error_detail());
     if (op == FERRY_OP_WRITE) {
-        assert_int_equal(child_do(c, CMD_CHECK, 61, 0, LEN), 0);
+        assert_int_equal(target_child_do(c, CMD_CHECK, 61, 0, LEN), 0);
         usleep(200 * 1000); /* a replay would be placed by now */
         uint64_t placed = child_placed(c);
         if (placed != LEN) fail_msg("the target placed %llu bytes of a %u-byte write", (unsigned long long)placed, LEN);
@@ -725,13 +678,13 @@ static void exactly_once_through(proxy_opts_t o, int op)
         for (size_t i = 0; i < LEN; i++) again += bytes[i] != 0xEE;
         stub_unlock();
         if (again) fail_msg("%zu bytes landed in the read's buffer after it returned", again);
-        assert_int_equal(child_do(c, CMD_DELAY, 0, 0, 0), 0);
+        assert_int_equal(target_child_do(c, CMD_DELAY, 0, 0, 0), 0);
     }
     assert_int_equal(proxy_dropped(px) + proxy_duplicated(px), 1);
     ferry_engine_destroy(e);
     proxy_stop(px);
     stub_free(src);
-    child_stop(c);
+    target_child_stop(c);
 }
 
 static void lost_write_answer_placed_once(void **state)
@@ -812,8 +765,8 @@ static void vmm_spoofed_pid_is_refused(void **state)
 {
     (void)state;
     size_t cap = 2u << 20;
-    child_t *c = child_start(cap, false);
-    assert_int_equal(child_do(c, CMD_ZERO, 0, 0, cap), 0);
+    target_child_t *c = child_start(cap, false);
+    assert_int_equal(target_child_do(c, CMD_ZERO, 0, 0, cap), 0);
     int up[2];
     assert_int_equal(pipe(up), 0);
     pid_t victim = fork();
@@ -851,8 +804,8 @@ static void vmm_spoofed_pid_is_refused(void **state)
     waitpid(victim, NULL, 0);
     if (st != FERRY_ERR_NOT_IMPLEMENTED || !strstr(reason, "does not own"))
         fail_msg("the target answered %d: %s", st, reason);
-    assert_int_equal(child_do(c, CMD_ISZERO, 0, 0, 64), 0); /* nothing copied */
-    child_stop(c);
+    assert_int_equal(target_child_do(c, CMD_ISZERO, 0, 0, 64), 0); /* nothing copied */
+    target_child_stop(c);
 }
 
 /* VMM memory (cuMemCreate + cuMemMap) at the initiator: written and read
@@ -864,7 +817,7 @@ static void vmm_memory_by_cuda_ipc(void **state)
 {
     (void)state;
     size_t cap = (32u << 20) + 4096;
-    child_t *c = child_start(cap, false);
+    target_child_t *c = child_start(cap, false);
     ferry_engine_t *e = initiator();
     unsigned char *src = vmm_alloc(cap, 1, FERRY_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, NULL);
     assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
@@ -874,7 +827,7 @@ static void vmm_memory_by_cuda_ipc(void **state)
     stub_vmm_counts(v0);
     ferry_staging_totals_t t0, t1;
     ferry_staging_totals(&t0);
-    int staged_there = child_do(c, CMD_STAGED, 0, 0, 0); /* the child's counters start as this process's */
+    int staged_there = target_child_do(c, CMD_STAGED, 0, 0, 0); /* the child's counters start as this process's */
 #ifdef __SANITIZE_THREAD__
     const size_t sizes[] = {1, 4096 + 7, (1u << 20) + 3};
 #else
@@ -885,8 +838,8 @@ static void vmm_memory_by_cuda_ipc(void **state)
         harness_fill((unsigned char *)stub_alias(src) + off, len, 300 + k);
         int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src + off, c->addr + 5, len);
         if (rc) fail_msg("write %zu: %s", len, ferry_last_error_detail());
-        assert_int_equal(child_do(c, CMD_CHECK, 300 + k, 5, len), 0);
-        assert_int_equal(child_do(c, CMD_FILL, 400 + k, 0, len), 0);
+        assert_int_equal(target_child_do(c, CMD_CHECK, 300 + k, 5, len), 0);
+        assert_int_equal(target_child_do(c, CMD_FILL, 400 + k, 0, len), 0);
         memset(stub_alias(src), 0, cap);
         rc = ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src + 13, c->addr, len);
         if (rc) fail_msg("read %zu: %s", len, ferry_last_error_detail());
@@ -899,26 +852,26 @@ static void vmm_memory_by_cuda_ipc(void **state)
     ferry_staging_totals(&t1);
     assert_int_equal(t1.take_prefetched - t0.take_prefetched, 0);
     assert_int_equal(t1.land_queued - t0.land_queued, 0);
-    assert_int_equal(child_do(c, CMD_STAGED, 0, 0, 0) - staged_there, 0); /* nor there */
+    assert_int_equal(target_child_do(c, CMD_STAGED, 0, 0, 0) - staged_there, 0); /* nor there */
     /* Exported once per connection of the session (the export cache is
      * the connection's), imported once, not released yet. */
     stub_vmm_counts(v1);
     unsigned long exported = v1[0] - v0[0];
     uint64_t released = 0, opened = 0;
-    int imported = child_do2(c, CMD_VMM, 0, 0, 0, &released);
+    int imported = target_child_do2(c, CMD_VMM, 0, 0, 0, &released);
     if (exported < 1 || exported > 4 || imported != 1 || released != 0)
         fail_msg("%lu exports, %d imports, %llu released", exported, imported, (unsigned long long)released);
-    assert_int_equal(child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), imported);
+    assert_int_equal(target_child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), imported);
     assert_int_equal(opened, imported);
     ferry_engine_destroy(e);
     /* The connections closed: the target unmapped and released the imports. */
     for (int i = 0; i < 200 && released < (uint64_t)imported; i++) {
         usleep(10 * 1000);
-        child_do2(c, CMD_VMM, 0, 0, 0, &released);
+        target_child_do2(c, CMD_VMM, 0, 0, 0, &released);
     }
     assert_int_equal(released, imported);
     vmm_free(src, cap);
-    child_stop(c);
+    target_child_stop(c);
 }
 
 /* A VMM region deregistered and its memory made again: the next write
@@ -930,25 +883,21 @@ static void vmm_deregistration_invalidates_the_import(void **state)
     (void)state;
     size_t cap = 1u << 20;
     int fd_type = FERRY_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    child_t *c = child_start(cap, false);
+    target_child_t *c = child_start(cap, false);
     ferry_engine_t *e = initiator();
     unsigned char *a = vmm_alloc(cap, 1, fd_type, NULL);
     assert_int_equal(ferry_register(e, a, cap, FERRY_MEM_LOCAL), 0);
-    harness_fill(stub_alias(a), cap, 501);
-    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, a, c->addr, cap), 0);
-    assert_int_equal(child_do(c, CMD_CHECK, 501, 0, cap), 0);
+    write_verified(e, c, a, cap, 501);
 
     /* Made again elsewhere first: a second import; the first stays mapped
      * (nothing tells the target it was freed). */
     assert_int_equal(ferry_deregister(e, a), 0);
     unsigned char *b = vmm_alloc(cap, 1, fd_type, NULL);
     vmm_free(a, cap);
-    harness_fill(stub_alias(b), cap, 502);
     assert_int_equal(ferry_register(e, b, cap, FERRY_MEM_LOCAL), 0);
-    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, b, c->addr, cap), 0);
-    assert_int_equal(child_do(c, CMD_CHECK, 502, 0, cap), 0);
+    write_verified(e, c, b, cap, 502);
     uint64_t opened = 0, released = 0;
-    assert_int_equal(child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), 2);
+    assert_int_equal(target_child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), 2);
     assert_int_equal(opened, 2);
 
     /* Then freed and made again at the same address: the stale import is
@@ -957,18 +906,16 @@ static void vmm_deregistration_invalidates_the_import(void **state)
     vmm_free(b, cap);
     unsigned char *again = vmm_alloc(cap, 1, fd_type, b);
     assert_ptr_equal(again, b);
-    harness_fill(stub_alias(again), cap, 503);
     assert_int_equal(ferry_register(e, again, cap, FERRY_MEM_LOCAL), 0);
-    assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, again, c->addr, cap), 0);
-    assert_int_equal(child_do(c, CMD_CHECK, 503, 0, cap), 0);
-    assert_int_equal(child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), 2);
+    write_verified(e, c, again, cap, 503);
+    assert_int_equal(target_child_do2(c, CMD_IMPORTS, 0, 0, 0, &opened), 2);
     assert_int_equal(opened, 3);
-    assert_int_equal(child_do2(c, CMD_VMM, 0, 0, 0, &released), 3);
+    assert_int_equal(target_child_do2(c, CMD_VMM, 0, 0, 0, &released), 3);
     assert_int_equal(released, 1);
     expect_transport(e, c->peer, "cuda_ipc");
     ferry_engine_destroy(e);
     vmm_free(again, cap);
-    child_stop(c);
+    target_child_stop(c);
 }
 
 /* One region over two VMM allocations mapped side by side in one reserved
@@ -979,7 +926,7 @@ static void vmm_deregistration_invalidates_the_import(void **state)
 static unsigned long across_the_seam(int second_types, int *imported)
 {
     size_t chunk = 1u << 20, cap = 2 * chunk;
-    child_t *c = child_start(cap, false);
+    target_child_t *c = child_start(cap, false);
     ferry_engine_t *e = initiator();
     FERRY_CUdeviceptr va = 0;
     FERRY_CUmemGenericAllocationHandle h[2];
@@ -1003,7 +950,7 @@ static unsigned long across_the_seam(int second_types, int *imported)
     ferry_staging_totals_t t0, t1;
     stub_counts(before);
     ferry_staging_totals(&t0);
-    int staged_there = child_do(c, CMD_STAGED, 0, 0, 0);
+    int staged_there = target_child_do(c, CMD_STAGED, 0, 0, 0);
     size_t off = chunk - 4096 - 3, len = 8192 + 7, head = chunk - off; /* across the seam */
     /* The two allocations' aliases are not contiguous: the pattern goes through one buffer. */
     unsigned char *pat = malloc(len);
@@ -1012,8 +959,8 @@ static unsigned long across_the_seam(int second_types, int *imported)
     memcpy(stub_alias(src + chunk), pat + head, len - head);
     int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src + off, c->addr + 1, len);
     if (rc) fail_msg("write: %s", ferry_last_error_detail());
-    assert_int_equal(child_do(c, CMD_CHECK, 801, 1, len), 0);
-    assert_int_equal(child_do(c, CMD_FILL, 802, 0, len), 0);
+    assert_int_equal(target_child_do(c, CMD_CHECK, 801, 1, len), 0);
+    assert_int_equal(target_child_do(c, CMD_FILL, 802, 0, len), 0);
     memset(stub_alias(src + off), 0, head);
     memset(stub_alias(src + chunk), 0, len - head);
     rc = ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src + off, c->addr, len);
@@ -1026,14 +973,14 @@ static unsigned long across_the_seam(int second_types, int *imported)
     ferry_staging_totals(&t1);
     unsigned long staged = after[0] - before[0] + after[1] - before[1] + t1.take_prefetched - t0.take_prefetched +
                            t1.land_queued - t0.land_queued +
-                           (unsigned long)(child_do(c, CMD_STAGED, 0, 0, 0) - staged_there);
+                           (unsigned long)(target_child_do(c, CMD_STAGED, 0, 0, 0) - staged_there);
     uint64_t released = 0;
-    *imported = child_do2(c, CMD_VMM, 0, 0, 0, &released);
+    *imported = target_child_do2(c, CMD_VMM, 0, 0, 0, &released);
     expect_transport(e, c->peer, "cuda_ipc");
     ferry_engine_destroy(e);
     for (int i = 0; i < 2; i++) assert_int_equal(vmm_unmap(va + i * chunk, chunk), 0);
     assert_int_equal(vmm_address_free(va, cap), 0);
-    child_stop(c);
+    target_child_stop(c);
     return staged;
 }
 
@@ -1067,7 +1014,7 @@ static void vmm_getfd_refused_falls_back_to_tcp(void **state)
 {
     (void)state;
     size_t cap = 1u << 20;
-    child_t *c = child_start_with(cap, false, EPERM);
+    target_child_t *c = child_start_with(cap, false, EPERM);
     ferry_engine_t *e = initiator();
     unsigned char *src = vmm_alloc(cap, 1, FERRY_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, NULL);
     assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
@@ -1075,17 +1022,17 @@ static void vmm_getfd_refused_falls_back_to_tcp(void **state)
     harness_fill(stub_alias(src), cap, 601);
     int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, cap);
     if (rc) fail_msg("write: %s", ferry_last_error_detail());
-    assert_int_equal(child_do(c, CMD_CHECK, 601, 0, cap), 0);
+    assert_int_equal(target_child_do(c, CMD_CHECK, 601, 0, cap), 0);
     ferry_peer_info_t info;
     assert_int_equal(ferry_session_info(e, c->peer, &info), 0);
     if (strcmp(info.transport, "tcp") != 0 || !strstr(info.transport_reason, "pidfd_getfd") ||
         !strstr(info.transport_reason, "ptrace"))
         fail_msg("transport %s (%s), expected tcp for the refused descriptor", info.transport, info.transport_reason);
     uint64_t released = 0;
-    assert_int_equal(child_do2(c, CMD_VMM, 0, 0, 0, &released), 0);
+    assert_int_equal(target_child_do2(c, CMD_VMM, 0, 0, 0, &released), 0);
     ferry_engine_destroy(e);
     vmm_free(src, cap);
-    child_stop(c);
+    target_child_stop(c);
 }
 
 /* VMM memory not created shareable as a descriptor cannot be exported: it
@@ -1094,7 +1041,7 @@ static void vmm_not_shareable_goes_by_tcp(void **state)
 {
     (void)state;
     size_t cap = 1u << 20;
-    child_t *c = child_start(cap, false);
+    target_child_t *c = child_start(cap, false);
     ferry_engine_t *e = initiator();
     unsigned char *src = vmm_alloc(cap, 1, 0, NULL);
     assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
@@ -1102,16 +1049,16 @@ static void vmm_not_shareable_goes_by_tcp(void **state)
     unsigned long before[7], after[7];
     stub_counts(before);
     assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, cap), 0);
-    assert_int_equal(child_do(c, CMD_CHECK, 701, 0, cap), 0);
+    assert_int_equal(target_child_do(c, CMD_CHECK, 701, 0, cap), 0);
     stub_counts(after);
     ferry_staging_totals_t t;
     ferry_staging_totals(&t);
     assert_true(after[0] - before[0] + t.take_prefetched > 0); /* staged here */
     expect_transport(e, c->peer, "cuda_ipc");
-    assert_int_equal(child_do(c, CMD_VMM, 0, 0, 0), 0);
+    assert_int_equal(target_child_do(c, CMD_VMM, 0, 0, 0), 0);
     ferry_engine_destroy(e);
     vmm_free(src, cap);
-    child_stop(c);
+    target_child_stop(c);
 }
 
 /* The export's wire form: round trip and every refusal. */

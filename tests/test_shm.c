@@ -30,25 +30,6 @@
 
 enum { CMD_QUIT = 0, CMD_CHECK, CMD_FILL, CMD_DEREGISTER, CMD_REREGISTER_RO, CMD_VEC_CALLS, CMD_VEC_REMOTE, CMD_DEREGISTER_STILL };
 
-struct cmd {
-    int op;
-    uint64_t seed, off, len;
-};
-
-struct reply {
-    int rc;
-    uint16_t port;
-    uint64_t addr, len;
-    int32_t pid;
-};
-
-typedef struct child {
-    pid_t pid;
-    int to, from;     /* command pipe, reply pipe */
-    char peer[64];
-    uint64_t addr, len;
-} child_t;
-
 /* disable_shm: 1 sets FERRY_SHM_DISABLE, 2 FERRY_SHM_PROC_LOOKUP (the
  * target verifies peers through /proc/net/tcp instead of sock_diag). */
 static void child_main(int in, int out, size_t len, int disable_shm)
@@ -59,7 +40,7 @@ static void child_main(int in, int out, size_t len, int disable_shm)
     ferry_config_init(&cfg);
     cfg.timeout_ms = 10000;
     ferry_engine_t *e = NULL;
-    struct reply r = {0};
+    struct target_reply r = {0};
     unsigned char *buf = malloc(len);
     r.rc = buf ? ferry_engine_create(&cfg, &e) : -1;
     if (r.rc == 0) r.rc = ferry_register(e, buf, len, FERRY_MEM_REMOTE);
@@ -68,9 +49,9 @@ static void child_main(int in, int out, size_t len, int disable_shm)
     r.len = len;
     r.pid = (int32_t)getpid();
     if (write(out, &r, sizeof r) != sizeof r) _exit(1);
-    struct cmd c;
+    struct target_cmd c;
     while (read(in, &c, sizeof c) == sizeof c && c.op != CMD_QUIT) {
-        struct reply a = {0};
+        struct target_reply a = {0};
         switch (c.op) {
         case CMD_CHECK: a.rc = harness_check(buf + c.off, c.len, c.seed) ? 0 : 1; break;
         case CMD_FILL: harness_fill(buf + c.off, c.len, c.seed); break;
@@ -117,32 +98,9 @@ static void child_body(int in, int out, void *arg)
     child_main(in, out, a->len, a->disable_shm);
 }
 
-static child_t *child_start(size_t len, int disable_shm)
+static target_child_t *child_start(size_t len, int disable_shm)
 {
-    child_t *c = calloc(1, sizeof *c);
-    struct reply r;
-    child_fork(child_body, &(struct child_args){len, disable_shm}, &c->pid, &c->to, &c->from, &r, sizeof r);
-    assert_int_equal(r.rc, 0);
-    snprintf(c->peer, sizeof c->peer, "127.0.0.1:%u", r.port);
-    c->addr = r.addr;
-    c->len = r.len;
-    return c;
-}
-
-static int child_do(child_t *c, int op, uint64_t seed, uint64_t off, uint64_t len)
-{
-    struct cmd m = {op, seed, off, len};
-    struct reply r;
-    child_exchange(c->to, c->from, &m, sizeof m, &r, sizeof r);
-    return r.rc;
-}
-
-static void child_stop(child_t *c)
-{
-    struct cmd m = {CMD_QUIT, 0, 0, 0};
-    int status = child_end(c->pid, c->to, c->from, &m, sizeof m, false);
-    free(c);
-    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    return target_child_start(child_body, &(struct child_args){len, disable_shm});
 }
 
 static ferry_engine_t *initiator(const char *transport, int conns)
@@ -167,7 +125,7 @@ static void info_of(ferry_engine_t *e, const char *peer, ferry_peer_info_t *info
 static void round_trip(int how)
 {
     size_t cap = 64u << 20;
-    child_t *c = child_start(cap, how);
+    target_child_t *c = child_start(cap, how);
     ferry_engine_t *e = initiator(NULL, 0);
     unsigned char *src = malloc(cap);
     assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
@@ -183,8 +141,8 @@ static void round_trip(int how)
         int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, len);
         if (rc) fail_msg("write %zu: %s", len, ferry_last_error_detail());
         /* Complete means placed in the other process's memory. */
-        assert_int_equal(child_do(c, CMD_CHECK, 100 + k, 0, len), 0);
-        assert_int_equal(child_do(c, CMD_FILL, 200 + k, 0, len), 0);
+        assert_int_equal(target_child_do(c, CMD_CHECK, 100 + k, 0, len), 0);
+        assert_int_equal(target_child_do(c, CMD_FILL, 200 + k, 0, len), 0);
         memset(src, 0, len);
         rc = ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src, c->addr, len);
         if (rc) fail_msg("read %zu: %s", len, ferry_last_error_detail());
@@ -196,7 +154,7 @@ static void round_trip(int how)
     assert_string_equal(info.transport, "shm"); /* no fallback happened */
     ferry_engine_destroy(e);
     free(src);
-    child_stop(c);
+    target_child_stop(c);
 }
 
 static void two_processes_round_trip(void **state)
@@ -219,7 +177,7 @@ static void target_validates_over_shm(void **state)
 {
     (void)state;
     size_t cap = 1u << 20;
-    child_t *c = child_start(cap, 0);
+    target_child_t *c = child_start(cap, 0);
     ferry_engine_t *e = initiator("shm", 1);
     unsigned char *src = malloc(cap);
     assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
@@ -231,20 +189,20 @@ static void target_validates_over_shm(void **state)
     assert_non_null(strstr(info.transport_reason, "forced by config"));
 
     /* Deregistered behind the initiator's back: the target refuses. */
-    assert_int_equal(child_do(c, CMD_DEREGISTER, 0, 0, 0), 0);
-    assert_int_equal(child_do(c, CMD_FILL, 9, 0, cap), 0);
+    assert_int_equal(target_child_do(c, CMD_DEREGISTER, 0, 0, 0), 0);
+    assert_int_equal(target_child_do(c, CMD_FILL, 9, 0, cap), 0);
     int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, 4096);
     assert_int_equal(rc, FERRY_ERR_ADDRESS_NOT_REGISTERED);
     assert_detail_contains("target range");
-    assert_int_equal(child_do(c, CMD_CHECK, 9, 0, cap), 0); /* nothing placed */
+    assert_int_equal(target_child_do(c, CMD_CHECK, 9, 0, cap), 0); /* nothing placed */
     rc = ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src, c->addr, 4096);
     assert_int_equal(rc, FERRY_ERR_ADDRESS_NOT_REGISTERED);
 
     /* Registered again, read-only: writes are denied, reads work. */
-    assert_int_equal(child_do(c, CMD_REREGISTER_RO, 0, 0, 0), 0);
+    assert_int_equal(target_child_do(c, CMD_REREGISTER_RO, 0, 0, 0), 0);
     rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, 4096);
     if (rc != FERRY_ERR_ACCESS_DENIED) fail_msg("write to read-only: %s", ferry_last_error_detail());
-    assert_int_equal(child_do(c, CMD_CHECK, 9, 0, cap), 0);
+    assert_int_equal(target_child_do(c, CMD_CHECK, 9, 0, cap), 0);
     /* Registered again (a new generation): the first read works. */
     memset(src, 0, cap);
     assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src, c->addr, cap), 0);
@@ -257,7 +215,7 @@ static void target_validates_over_shm(void **state)
     assert_string_equal(info.transport, "shm");
     ferry_engine_destroy(e);
     free(src);
-    child_stop(c);
+    target_child_stop(c);
 }
 
 /* The target refuses cross-memory attach (FERRY_SHM_DISABLE=1 in its
@@ -267,7 +225,7 @@ static void fallback_when_target_refuses(void **state)
 {
     (void)state;
     size_t cap = 16u << 20;
-    child_t *c = child_start(cap, 1);
+    target_child_t *c = child_start(cap, 1);
     ferry_engine_t *e = initiator(NULL, 0);
     unsigned char *src = malloc(cap);
     assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
@@ -277,13 +235,13 @@ static void fallback_when_target_refuses(void **state)
     harness_fill(src, cap, 3);
     int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src, c->addr, cap);
     if (rc) fail_msg("write: %s", ferry_last_error_detail());
-    assert_int_equal(child_do(c, CMD_CHECK, 3, 0, cap), 0);
+    assert_int_equal(target_child_do(c, CMD_CHECK, 3, 0, cap), 0);
     info_of(e, c->peer, &info);
     assert_string_equal(info.transport, "tcp");
     assert_non_null(strstr(info.transport_reason, "refused"));
     assert_non_null(strstr(info.transport_reason, "FERRY_SHM_DISABLE"));
     /* Reads go over TCP from now on. */
-    assert_int_equal(child_do(c, CMD_FILL, 4, 0, cap), 0);
+    assert_int_equal(target_child_do(c, CMD_FILL, 4, 0, cap), 0);
     assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src, c->addr, cap), 0);
     assert_true(harness_check(src, cap, 4));
     ferry_engine_destroy(e);
@@ -298,7 +256,7 @@ static void fallback_when_target_refuses(void **state)
     assert_string_equal(info.transport, "tcp");
     ferry_engine_destroy(e);
     free(src);
-    child_stop(c);
+    target_child_stop(c);
 }
 
 static void transport_forced_by_config(void **state)
@@ -527,7 +485,7 @@ static void unmapped_local_buffer(void **state)
 {
     (void)state;
     size_t cap = 1u << 20;
-    child_t *c = child_start(cap, 0);
+    target_child_t *c = child_start(cap, 0);
     ferry_engine_t *e = initiator("shm", 1);
     unsigned char *ok = malloc(4096);
     assert_int_equal(ferry_register(e, ok, 4096, FERRY_MEM_LOCAL), 0);
@@ -546,14 +504,14 @@ static void unmapped_local_buffer(void **state)
     assert_int_equal(ferry_transfer_sync(e, c->peer, FERRY_OP_READ, ok, c->addr, 4096), 0);
     ferry_engine_destroy(e);
     free(ok);
-    child_stop(c);
+    target_child_stop(c);
 }
 
 /* ------------------------------------------------------ small pieces */
 
 /* Runs batch reqs[0..n) (one opcode) and checks each piece's status:
  * failed with INVALID_ARGUMENT where hole says so, else completed. */
-static void run_pieces_expecting(ferry_engine_t *e, child_t *c, const ferry_request_t *reqs, size_t n,
+static void run_pieces_expecting(ferry_engine_t *e, target_child_t *c, const ferry_request_t *reqs, size_t n,
                                  const bool *hole)
 {
     ferry_batch_t *b;
@@ -579,7 +537,7 @@ static void run_pieces_expecting(ferry_engine_t *e, child_t *c, const ferry_requ
  * pages): the gathered call stops in the middle of a merged entry, inside a
  * piece; exactly the pieces touching the hole fail, every other one, before
  * and after it in the same frame, is placed (write) or arrives (read). */
-static void adjacent_pieces_around_a_hole(ferry_engine_t *e, child_t *c, unsigned char *pages)
+static void adjacent_pieces_around_a_hole(ferry_engine_t *e, target_child_t *c, unsigned char *pages)
 {
     enum { PIECE = 1152, N = 64 };
     ferry_request_t reqs[N];
@@ -593,10 +551,10 @@ static void adjacent_pieces_around_a_hole(ferry_engine_t *e, child_t *c, unsigne
     assert_true(hole[17] && hole[21] && !hole[16] && !hole[22]);
     run_pieces_expecting(e, c, reqs, N, hole);
     for (int i = 0; i < N; i++)
-        if (!hole[i]) assert_int_equal(child_do(c, CMD_CHECK, 2000 + (uint64_t)i, (uint64_t)i * PIECE, PIECE), 0);
+        if (!hole[i]) assert_int_equal(target_child_do(c, CMD_CHECK, 2000 + (uint64_t)i, (uint64_t)i * PIECE, PIECE), 0);
 
     for (int i = 0; i < N; i++) {
-        assert_int_equal(child_do(c, CMD_FILL, 3000 + (uint64_t)i, (uint64_t)i * PIECE, PIECE), 0);
+        assert_int_equal(target_child_do(c, CMD_FILL, 3000 + (uint64_t)i, (uint64_t)i * PIECE, PIECE), 0);
         reqs[i].opcode = FERRY_OP_READ;
     }
     run_pieces_expecting(e, c, reqs, N, hole);
@@ -615,7 +573,7 @@ static void small_pieces_over_shm(void **state)
     (void)state;
     enum { PIECE = 2048, N = 64 };
     size_t cap = 4u << 20;
-    child_t *c = child_start(cap, 0);
+    target_child_t *c = child_start(cap, 0);
     ferry_engine_t *e = initiator("shm", 1);
     unsigned char *src = malloc(cap);
     assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
@@ -629,7 +587,7 @@ static void small_pieces_over_shm(void **state)
     assert_true(pages != MAP_FAILED);
     for (int i = 0; i < N; i++) harness_fill(pages + (size_t)i * PIECE, PIECE, 1000 + (uint64_t)i);
     assert_int_equal(ferry_register(e, pages, span, FERRY_MEM_LOCAL), 0);
-    assert_int_equal(child_do(c, CMD_FILL, 5, 0, cap), 0);
+    assert_int_equal(target_child_do(c, CMD_FILL, 5, 0, cap), 0);
     munmap(pages + 5 * 4096, 4096);
     ferry_batch_t *b;
     assert_int_equal(ferry_batch_alloc(e, N, &b), 0);
@@ -649,15 +607,15 @@ static void small_pieces_over_shm(void **state)
         } else {
             if (st.code) fail_msg("piece %d: %s", i, ferry_last_error_detail());
             assert_int_equal(st.state, FERRY_STATUS_COMPLETED);
-            assert_int_equal(child_do(c, CMD_CHECK, 1000 + (uint64_t)i, off, PIECE), 0);
+            assert_int_equal(target_child_do(c, CMD_CHECK, 1000 + (uint64_t)i, off, PIECE), 0);
         }
     }
     assert_int_equal(ferry_batch_free(b), 0);
     adjacent_pieces_around_a_hole(e, c, pages);
 
     /* Deregistered behind the initiator's back: every piece refused. */
-    assert_int_equal(child_do(c, CMD_DEREGISTER, 0, 0, 0), 0);
-    assert_int_equal(child_do(c, CMD_FILL, 6, 0, cap), 0);
+    assert_int_equal(target_child_do(c, CMD_DEREGISTER, 0, 0, 0), 0);
+    assert_int_equal(target_child_do(c, CMD_FILL, 6, 0, cap), 0);
     void *locals[N];
     uint64_t remotes[N];
     size_t lens[N];
@@ -669,19 +627,19 @@ static void small_pieces_over_shm(void **state)
     int rc = ferry_batch_transfer_sync(e, c->peer, FERRY_OP_WRITE, locals, remotes, lens, N);
     assert_int_equal(rc, FERRY_ERR_ADDRESS_NOT_REGISTERED);
     assert_detail_contains("target range");
-    assert_int_equal(child_do(c, CMD_CHECK, 6, 0, cap), 0); /* nothing placed */
+    assert_int_equal(target_child_do(c, CMD_CHECK, 6, 0, cap), 0); /* nothing placed */
     ferry_peer_info_t info;
     info_of(e, c->peer, &info);
     assert_string_equal(info.transport, "shm");
     ferry_engine_destroy(e);
     munmap(pages, span);
     free(src);
-    child_stop(c);
+    target_child_stop(c);
 }
 
 /* Runs a batch of n writes of `piece` bytes from local[i] to remote[i] and
  * returns the batch's code; st[i] gets each piece's status code. */
-static int write_batch(ferry_engine_t *e, child_t *c, unsigned char *const *local, const uint64_t *remote, size_t n,
+static int write_batch(ferry_engine_t *e, target_child_t *c, unsigned char *const *local, const uint64_t *remote, size_t n,
                        size_t piece, int *st)
 {
     ferry_request_t reqs[16];
@@ -713,7 +671,7 @@ static void large_pieces_in_vector_frames(void **state)
     (void)state;
     enum { N = 8 };
     size_t piece = 1u << 20, cap = N * piece;
-    child_t *c = child_start(cap, 0);
+    target_child_t *c = child_start(cap, 0);
     ferry_engine_t *e = initiator("shm", 1);
     unsigned char *src = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     assert_true(src != MAP_FAILED);
@@ -726,17 +684,17 @@ static void large_pieces_in_vector_frames(void **state)
         remote[i] = c->addr + (uint64_t)(N - 1 - i) * piece;
         harness_fill(local[i], piece, 100 + (uint64_t)i);
     }
-    int calls0 = child_do(c, CMD_VEC_CALLS, 0, 0, 0);
+    int calls0 = target_child_do(c, CMD_VEC_CALLS, 0, 0, 0);
     assert_int_equal(write_batch(e, c, local, remote, N, piece, st), 0);
-    int calls = child_do(c, CMD_VEC_CALLS, 0, 0, 0) - calls0;
+    int calls = target_child_do(c, CMD_VEC_CALLS, 0, 0, 0) - calls0;
     if (calls < 2 || calls > N / 2)
         fail_msg("%d gathered copies for %d pieces of 1 MiB (2..%d expected: 4 MiB a copy)", calls, N, N / 2);
     for (int i = 0; i < N; i++)
-        assert_int_equal(child_do(c, CMD_CHECK, 100 + (uint64_t)i, (uint64_t)(N - 1 - i) * piece, piece), 0);
+        assert_int_equal(target_child_do(c, CMD_CHECK, 100 + (uint64_t)i, (uint64_t)(N - 1 - i) * piece, piece), 0);
 
     /* A page in the middle of piece 5 unmapped: piece 5 fails alone (the
      * gathered copy stops in it), pieces 0-4 and 6-7 are placed. */
-    assert_int_equal(child_do(c, CMD_FILL, 7, 0, cap), 0);
+    assert_int_equal(target_child_do(c, CMD_FILL, 7, 0, cap), 0);
     for (int i = 0; i < N; i++) harness_fill(local[i], piece, 200 + (uint64_t)i);
     munmap(local[5] + piece / 2, 4096);
     assert_int_equal(write_batch(e, c, local, remote, N, piece, st), FERRY_ERR_INVALID_ARGUMENT);
@@ -746,27 +704,27 @@ static void large_pieces_in_vector_frames(void **state)
             continue;
         }
         if (st[i]) fail_msg("piece %d: %s", i, ferry_error_name(st[i]));
-        assert_int_equal(child_do(c, CMD_CHECK, 200 + (uint64_t)i, (uint64_t)(N - 1 - i) * piece, piece), 0);
+        assert_int_equal(target_child_do(c, CMD_CHECK, 200 + (uint64_t)i, (uint64_t)(N - 1 - i) * piece, piece), 0);
     }
 
     /* Deregistered behind the initiator's back, then registered again
      * read-only: every piece refused by the target, nothing placed. */
     local[5] = src; /* a mapped buffer again */
-    assert_int_equal(child_do(c, CMD_DEREGISTER, 0, 0, 0), 0);
-    assert_int_equal(child_do(c, CMD_FILL, 8, 0, cap), 0);
+    assert_int_equal(target_child_do(c, CMD_DEREGISTER, 0, 0, 0), 0);
+    assert_int_equal(target_child_do(c, CMD_FILL, 8, 0, cap), 0);
     assert_int_equal(write_batch(e, c, local, remote, N, piece, st), FERRY_ERR_ADDRESS_NOT_REGISTERED);
     for (int i = 0; i < N; i++) assert_int_equal(st[i], FERRY_ERR_ADDRESS_NOT_REGISTERED);
-    assert_int_equal(child_do(c, CMD_CHECK, 8, 0, cap), 0);
-    assert_int_equal(child_do(c, CMD_REREGISTER_RO, 0, 0, 0), 0);
+    assert_int_equal(target_child_do(c, CMD_CHECK, 8, 0, cap), 0);
+    assert_int_equal(target_child_do(c, CMD_REREGISTER_RO, 0, 0, 0), 0);
     assert_int_equal(write_batch(e, c, local, remote, N, piece, st), FERRY_ERR_ACCESS_DENIED);
     for (int i = 0; i < N; i++) assert_int_equal(st[i], FERRY_ERR_ACCESS_DENIED);
-    assert_int_equal(child_do(c, CMD_CHECK, 8, 0, cap), 0);
+    assert_int_equal(target_child_do(c, CMD_CHECK, 8, 0, cap), 0);
     ferry_peer_info_t info;
     info_of(e, c->peer, &info);
     assert_string_equal(info.transport, "shm");
     ferry_engine_destroy(e);
     munmap(src, cap);
-    child_stop(c);
+    target_child_stop(c);
 }
 
 /* A thread writing the same pieces again and again until a call fails. */
@@ -804,7 +762,7 @@ static void pieces_copied_in_the_initiators_order(void **state)
     (void)state;
     enum { PIECE = 2048, N = 64, PER_PAGE = 4096 / PIECE };
     size_t cap = (size_t)N * PIECE;
-    child_t *c = child_start(cap, 0);
+    target_child_t *c = child_start(cap, 0);
     ferry_engine_t *e = initiator("shm", 1);
     unsigned char *src = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     assert_true(src != MAP_FAILED);
@@ -818,22 +776,22 @@ static void pieces_copied_in_the_initiators_order(void **state)
         harness_fill(src + from, PIECE, 500 + (uint64_t)i);
         hole[i] = from / 4096 == 9; /* the initiator's page 9, unmapped below */
     }
-    int calls0 = child_do(c, CMD_VEC_CALLS, 0, 0, 0), remote0 = child_do(c, CMD_VEC_REMOTE, 0, 0, 0);
+    int calls0 = target_child_do(c, CMD_VEC_CALLS, 0, 0, 0), remote0 = target_child_do(c, CMD_VEC_REMOTE, 0, 0, 0);
     ferry_batch_t *b;
     assert_int_equal(ferry_batch_alloc(e, N, &b), 0);
     assert_int_equal(ferry_batch_submit(b, c->peer, reqs, N, 0), 0);
     assert_int_equal(ferry_batch_wait(b, 10000), 0);
     assert_int_equal(ferry_batch_free(b), 0);
-    int calls = child_do(c, CMD_VEC_CALLS, 0, 0, 0) - calls0, remote = child_do(c, CMD_VEC_REMOTE, 0, 0, 0) - remote0;
+    int calls = target_child_do(c, CMD_VEC_CALLS, 0, 0, 0) - calls0, remote = target_child_do(c, CMD_VEC_REMOTE, 0, 0, 0) - remote0;
     if (calls != 1 || remote != 1)
         fail_msg("%d gathered copies with %d remote entries for %d permuted pieces of one buffer (1 and 1 expected)",
                  calls, remote, N);
     for (int i = 0; i < N; i++)
-        assert_int_equal(child_do(c, CMD_CHECK, 500 + (uint64_t)i, reqs[i].remote - c->addr, PIECE), 0);
+        assert_int_equal(target_child_do(c, CMD_CHECK, 500 + (uint64_t)i, reqs[i].remote - c->addr, PIECE), 0);
 
     /* A hole: the copy stops in the first piece on page 9 (in the
      * initiator's order); it and its page mate fail, the rest land. */
-    assert_int_equal(child_do(c, CMD_FILL, 9, 0, cap), 0);
+    assert_int_equal(target_child_do(c, CMD_FILL, 9, 0, cap), 0);
     for (int i = 0; i < N; i++)
         if (!hole[i]) harness_fill(reqs[i].local, PIECE, 600 + (uint64_t)i);
     munmap(src + 9 * 4096, 4096);
@@ -842,10 +800,10 @@ static void pieces_copied_in_the_initiators_order(void **state)
     assert_int_equal(holes, PER_PAGE);
     run_pieces_expecting(e, c, reqs, N, hole);
     for (int i = 0; i < N; i++)
-        if (!hole[i]) assert_int_equal(child_do(c, CMD_CHECK, 600 + (uint64_t)i, reqs[i].remote - c->addr, PIECE), 0);
+        if (!hole[i]) assert_int_equal(target_child_do(c, CMD_CHECK, 600 + (uint64_t)i, reqs[i].remote - c->addr, PIECE), 0);
     /* Reads: the same pieces back, the hole's refused. */
     for (int i = 0; i < N; i++) {
-        assert_int_equal(child_do(c, CMD_FILL, 700 + (uint64_t)i, reqs[i].remote - c->addr, PIECE), 0);
+        assert_int_equal(target_child_do(c, CMD_FILL, 700 + (uint64_t)i, reqs[i].remote - c->addr, PIECE), 0);
         reqs[i].opcode = FERRY_OP_READ;
     }
     run_pieces_expecting(e, c, reqs, N, hole);
@@ -865,7 +823,7 @@ static void pieces_copied_in_the_initiators_order(void **state)
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, write_until_refused, &w), 0);
     usleep(100 * 1000);
-    assert_int_equal(child_do(c, CMD_DEREGISTER_STILL, 0, 0, 0), 0);
+    assert_int_equal(target_child_do(c, CMD_DEREGISTER_STILL, 0, 0, 0), 0);
     pthread_join(t, NULL);
     if (w.rc != FERRY_ERR_ADDRESS_NOT_REGISTERED) fail_msg("racing writes ended with %s", ferry_error_name(w.rc));
     if (w.calls < 2) fail_msg("only %d calls raced the deregistration", w.calls);
@@ -874,7 +832,7 @@ static void pieces_copied_in_the_initiators_order(void **state)
     assert_string_equal(info.transport, "shm");
     ferry_engine_destroy(e);
     munmap(src, cap);
-    child_stop(c);
+    target_child_stop(c);
 }
 
 /* Calls of small pieces over two connections: the target copies them one
@@ -888,7 +846,7 @@ static void small_pieces_run_unsplit(void **state)
     (void)state;
     enum { PIECE = 2048, N = 256, BIG = 8 };
     size_t cap = BIG << 20;
-    child_t *c = child_start(cap, 0);
+    target_child_t *c = child_start(cap, 0);
     ferry_engine_t *e = initiator("shm", 2);
     unsigned char *src = malloc(cap);
     assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
@@ -908,7 +866,7 @@ static void small_pieces_run_unsplit(void **state)
     uint64_t unsplit = ferry_test_small_inline_calls() - inline0;
     if (unsplit < 2) fail_msg("%llu of the 3 calls of small pieces ran unsplit (2 expected)", (unsigned long long)unsplit);
     for (int i = 0; i < N; i++) /* the last call's pieces landed */
-        assert_int_equal(child_do(c, CMD_CHECK, 2000 + (uint64_t)i, remotes[i] - c->addr, PIECE), 0);
+        assert_int_equal(target_child_do(c, CMD_CHECK, 2000 + (uint64_t)i, remotes[i] - c->addr, PIECE), 0);
     void *big_l[BIG];
     uint64_t big_r[BIG];
     size_t big_n[BIG];
@@ -924,7 +882,7 @@ static void small_pieces_run_unsplit(void **state)
     assert_int_equal(ferry_test_small_inline_calls(), inline0);
     ferry_engine_destroy(e);
     free(src);
-    child_stop(c);
+    target_child_stop(c);
 }
 
 /* A target that refuses cross-memory attach answers a frame of small
@@ -934,7 +892,7 @@ static void small_pieces_fall_back(void **state)
 {
     (void)state;
     size_t cap = 4u << 20;
-    child_t *c = child_start(cap, 1);
+    target_child_t *c = child_start(cap, 1);
     ferry_engine_t *e = initiator(NULL, 0);
     unsigned char *src = malloc(cap);
     assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
@@ -947,7 +905,7 @@ static void small_pieces_fall_back(void **state)
     assert_non_null(strstr(info.transport_reason, "FERRY_SHM_DISABLE"));
     ferry_engine_destroy(e);
     free(src);
-    child_stop(c);
+    target_child_stop(c);
 }
 
 /* ----------------------------------------------- device memory, relays */

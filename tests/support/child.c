@@ -2,6 +2,8 @@
 #include "child.h"
 
 #include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -43,4 +45,35 @@ int child_end(pid_t pid, int to, int from, const void *quit, size_t quit_size, b
     close(to);
     close(from);
     return status;
+}
+
+target_child_t *target_child_start(void (*body)(int in, int out, void *arg), void *arg)
+{
+    target_child_t *c = calloc(1, sizeof *c);
+    assert_non_null(c);
+    struct target_reply r;
+    child_fork(body, arg, &c->pid, &c->to, &c->from, &r, sizeof r);
+    assert_int_equal(r.rc, 0);
+    snprintf(c->peer, sizeof c->peer, "127.0.0.1:%u", r.port);
+    c->addr = r.addr;
+    c->len = r.len;
+    return c;
+}
+
+int target_child_do2(target_child_t *c, int op, uint64_t seed, uint64_t off, uint64_t len, uint64_t *addr)
+{
+    struct target_cmd m = {op, seed, off, len};
+    struct target_reply r;
+    child_exchange(c->to, c->from, &m, sizeof m, &r, sizeof r);
+    if (addr) *addr = r.addr;
+    return r.rc;
+}
+
+void target_child_stop(target_child_t *c)
+{
+    struct target_cmd m = {0, 0, 0, 0};
+    int status = child_end(c->pid, c->to, c->from, &m, sizeof m, false);
+    free(c);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
 }
