@@ -26,20 +26,6 @@
 #include "link/vec.h"
 #include "tcp_internal.h"
 
-/* What the socket holds now, up to want bytes, into our own buffer: the
- * count (0: none yet), or the connection's failure. */
-static long recv_now(int fd, unsigned char *dst, size_t want)
-{
-    for (;;) {
-        ssize_t n = recv(fd, dst, want, MSG_DONTWAIT);
-        if (n > 0) return n;
-        if (n == 0) return ferry_fail(FERRY_ERR_PEER_CLOSED, "the initiator closed the connection mid-slice");
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-        return ferry_fail(FERRY_ERR_SOCKET, "recv: %s", strerror(errno));
-    }
-}
-
 /* One hold of a WRITE into device memory, from p->done on: each whole
  * sub-slice's host->device copy starts while the next is received into
  * the lander's other buffer; a sub-slice cut by the hold's end stays in
@@ -65,7 +51,7 @@ int ferry_tcp_land_hold(ferry_conn_t *c, ferry_partial_t *p, bool *dry, int *ref
         uint64_t sub_n = f->len - sub < LAND_SLICE ? f->len - sub : LAND_SLICE, want = sub + sub_n - p->done;
         unsigned char *b;
         if ((rc = ferry_land_buffer(c->land, kind, LAND_SLICE, &b)) != 0) break;
-        if ((n = recv_now(c->fd, b + (p->done - sub), (size_t)want)) < 0) break;
+        if ((n = ferry_tcp_recv_ready(c->fd, b + (p->done - sub), (size_t)want)) < 0) break;
         p->done += (uint64_t)n;
         held += (uint64_t)n;
         *dry = (uint64_t)n < want;

@@ -43,6 +43,11 @@
 int ferry_tcp_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, ferry_verdict_t *verdict);
 /* Target side: the transport's serve (transport.h). */
 int ferry_tcp_serve(ferry_conn_t *c, const ferry_frame_t *f);
+/* tcp_target.c: what the socket holds now, up to want bytes, into dst (the
+ * target's memory or its own buffers): the count (0: none yet), the
+ * connection's failure, or ADDRESS_NOT_REGISTERED (no detail) when the
+ * kernel refused to write dst. */
+long ferry_tcp_recv_ready(int fd, unsigned char *dst, size_t want);
 /* Target side, device memory (tcp_device.c): one hold of a WRITE's
  * landing (0 with *dry / *refused, or the connection's failure); a READ's
  * answer after its header (0, FERRY_SERVE_PENDING, or a failure). */

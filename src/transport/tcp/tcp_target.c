@@ -27,7 +27,7 @@
 #include "wire/le.h"
 #include "tcp_internal.h"
 
-static long recv_ready(int fd, unsigned char *dst, size_t want)
+long ferry_tcp_recv_ready(int fd, unsigned char *dst, size_t want)
 {
     for (;;) {
         ssize_t n = recv(fd, dst, want, MSG_DONTWAIT);
@@ -106,7 +106,7 @@ static int discard_rest(ferry_conn_t *c, ferry_partial_t *p)
     unsigned char scratch[16384];
     while (p->done < p->f.len) {
         uint64_t left = p->f.len - p->done;
-        long n = recv_ready(c->fd, scratch, left < sizeof scratch ? (size_t)left : sizeof scratch);
+        long n = ferry_tcp_recv_ready(c->fd, scratch, left < sizeof scratch ? (size_t)left : sizeof scratch);
         if (n < 0) return (int)n;
         p->done += (uint64_t)n;
         int rc = n == 0 ? write_wait(c, p) : 0;
@@ -132,7 +132,7 @@ static int place_direct(ferry_conn_t *c, ferry_partial_t *p)
         int rc = ferry_target_check_locked(c, r, f, FERRY_MEM_REMOTE_WRITE);
         long n = 0;
         uint64_t left = f->len - p->done, want = left < CHUNK_BYTES ? left : CHUNK_BYTES;
-        if (rc == 0) n = recv_ready(c->fd, (unsigned char *)(uintptr_t)(f->addr + p->done), want);
+        if (rc == 0) n = ferry_tcp_recv_ready(c->fd, (unsigned char *)(uintptr_t)(f->addr + p->done), want);
         if (n > 0) ferry_placed_progress(c, p->done + (uint64_t)n, NULL); /* under the lock (cancel.h) */
         ferry_registry_unlock(r);
         if (rc == FERRY_ERR_ADDRESS_NOT_REGISTERED) ferry_fail_context("region deregistered during the write");
@@ -172,7 +172,7 @@ static int place_device(ferry_conn_t *c, ferry_partial_t *p)
 static int stage_payload(ferry_conn_t *c, ferry_partial_t *p)
 {
     while (p->done < p->f.len) {
-        long n = recv_ready(c->fd, c->bounce + p->done, p->f.len - p->done);
+        long n = ferry_tcp_recv_ready(c->fd, c->bounce + p->done, p->f.len - p->done);
         if (n < 0) return (int)n;
         p->done += (uint64_t)n;
         int rc = p->done < p->f.len ? write_wait(c, p) : 0;
@@ -478,7 +478,7 @@ static int vec_stage(ferry_conn_t *c, ferry_partial_t *p)
     unsigned char *b = vec_buffer(c, p);
     if (!b) return FERRY_ERR_MEMORY;
     while (p->done < f->addr) {
-        long n = recv_ready(c->fd, b + p->done, f->addr - p->done);
+        long n = ferry_tcp_recv_ready(c->fd, b + p->done, f->addr - p->done);
         if (n < 0) return (int)n;
         p->done += (uint64_t)n;
         if (n > 0 || p->done == f->addr) continue;
