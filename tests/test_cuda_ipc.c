@@ -58,8 +58,6 @@ int main(void)
 
 #include "transport/cuda_ipc/cuda_ipc.h"
 #include "engine/hello.h"
-#include "util/clock.h"
-#include "util/net.h"
 #include "wire/wire.h"
 #include "util/cuda_driver.h"
 #include "util/memkind.h"
@@ -723,33 +721,18 @@ static int spoofed_write(const char *peer, int32_t claimed_pid, uint64_t dst, co
     ferry_hello_t h;
     ferry_hello_fill(me, &h);
     h.pid = claimed_pid;
-    uint64_t dl = ferry_deadline_after_ms(5000);
-    int fd = -1;
-    assert_int_equal(ferry_net_connect("127.0.0.1", (uint16_t)atoi(strchr(peer, ':') + 1), dl, &fd), 0);
     uint8_t buf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
-    int n = ferry_hello_encode(&h, buf, sizeof buf);
-    assert_true(n > 0);
-    ferry_frame_t f = {.type = FERRY_FRAME_HELLO, .plen = (uint32_t)n};
-    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
-    ferry_frame_encode(&f, hdr);
-    assert_int_equal(ferry_net_send(fd, hdr, sizeof hdr, dl), 0);
-    assert_int_equal(ferry_net_send(fd, buf, (size_t)n, dl), 0);
-    assert_int_equal(ferry_net_recv(fd, hdr, sizeof hdr, dl), 0);
-    assert_int_equal(ferry_frame_decode(hdr, &f), 0);
+    ferry_frame_t f;
+    int fd = raw_hello_with((uint16_t)atoi(strchr(peer, ':') + 1), &h, &f, buf, sizeof buf);
     assert_int_equal(f.type, FERRY_FRAME_HELLO_ACK);
-    assert_true(f.plen <= sizeof buf);
-    assert_int_equal(ferry_net_recv(fd, buf, f.plen, dl), 0);
-    f = (ferry_frame_t){.type = FERRY_FRAME_CUDA_IPC_WRITE, .req_id = 77, .addr = dst, .len = 64, .aux = x->base,
-                        .plen = CUDA_IPC_EXPORT_SIZE};
     uint8_t payload[CUDA_IPC_EXPORT_SIZE];
     cuda_ipc_export_encode(x, 0, payload);
-    ferry_frame_encode(&f, hdr);
-    assert_int_equal(ferry_net_send(fd, hdr, sizeof hdr, dl), 0);
-    assert_int_equal(ferry_net_send(fd, payload, sizeof payload, dl), 0);
-    assert_int_equal(ferry_net_recv(fd, hdr, sizeof hdr, dl), 0);
-    assert_int_equal(ferry_frame_decode(hdr, &f), 0);
+    raw_send_frame(fd,
+                   (ferry_frame_t){.type = FERRY_FRAME_CUDA_IPC_WRITE, .req_id = 77, .addr = dst, .len = 64,
+                                   .aux = x->base, .plen = CUDA_IPC_EXPORT_SIZE},
+                   payload);
+    f = raw_recv_frame(fd, reason, cap);
     assert_true(f.plen < cap);
-    assert_int_equal(ferry_net_recv(fd, reason, f.plen, dl), 0);
     reason[f.plen] = '\0';
     close(fd);
     ferry_engine_destroy(me);

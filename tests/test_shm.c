@@ -20,6 +20,7 @@
 #include "util/clock.h"
 #include "util/memkind.h"
 #include "delay_proxy.h"
+#include "fault.h"
 #include "engine/hello.h"
 #include "engine/testing.h"
 #include "util/net.h"
@@ -280,38 +281,27 @@ static void transport_forced_by_config(void **state)
 
 /* ---------------------------------------------- a hand-made initiator */
 
-static int raw_connect_as(ferry_engine_t *target, ferry_engine_t *as, int32_t claimed_pid, const uint8_t *host_id,
+static int connect_claiming_as(ferry_engine_t *target, ferry_engine_t *as, int32_t claimed_pid, const uint8_t *host_id,
                           ferry_hello_t *ack);
 
-static int raw_connect(ferry_engine_t *target, ferry_engine_t *as, int32_t claimed_pid, ferry_hello_t *ack)
+static int connect_claiming(ferry_engine_t *target, ferry_engine_t *as, int32_t claimed_pid, ferry_hello_t *ack)
 {
-    return raw_connect_as(target, as, claimed_pid, NULL, ack);
+    return connect_claiming_as(target, as, claimed_pid, NULL, ack);
 }
 
-static int raw_connect_as(ferry_engine_t *target, ferry_engine_t *as, int32_t claimed_pid, const uint8_t *host_id,
+static int connect_claiming_as(ferry_engine_t *target, ferry_engine_t *as, int32_t claimed_pid, const uint8_t *host_id,
                           ferry_hello_t *ack)
 {
-    int fd;
-    uint64_t dl = ferry_deadline_after_ms(5000);
-    assert_int_equal(ferry_net_connect("127.0.0.1", ferry_engine_port(target), dl, &fd), 0);
     ferry_hello_t h;
     ferry_hello_fill(as, &h);
     h.pid = claimed_pid;
     if (host_id) memcpy(h.host_id, host_id, sizeof h.host_id);
     uint8_t buf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
-    int n = ferry_hello_encode(&h, buf, sizeof buf);
-    assert_true(n > 0);
-    ferry_frame_t f = {.type = FERRY_FRAME_HELLO, .plen = (uint32_t)n};
-    uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
-    ferry_frame_encode(&f, hdr);
-    assert_int_equal(ferry_net_send(fd, hdr, sizeof hdr, dl), 0);
-    assert_int_equal(ferry_net_send(fd, buf, (size_t)n, dl), 0);
-    assert_int_equal(ferry_net_recv(fd, hdr, sizeof hdr, dl), 0);
-    assert_int_equal(ferry_frame_decode(hdr, &f), 0);
+    ferry_frame_t f;
+    int fd = raw_hello_with(ferry_engine_port(target), &h, &f, buf, sizeof buf);
     assert_int_equal(f.type, FERRY_FRAME_HELLO_ACK);
     assert_int_equal(f.status, 0);
     assert_true(f.plen <= sizeof buf);
-    assert_int_equal(ferry_net_recv(fd, buf, f.plen, dl), 0);
     assert_int_equal(ferry_hello_decode(buf, f.plen, ack), 0);
     return fd;
 }
@@ -352,7 +342,7 @@ static void spoofed_pid_is_refused(void **state)
     memset(dst, 0, sizeof dst);
     assert_int_equal(ferry_register(t, dst, sizeof dst, FERRY_MEM_REMOTE), 0);
     ferry_hello_t ack;
-    int fd = raw_connect(t, me, (int32_t)victim, &ack);
+    int fd = connect_claiming(t, me, (int32_t)victim, &ack);
     char reason[FERRY_WIRE_MAX_REASON + 1];
     int st = raw_cma(fd, FERRY_FRAME_CMA_WRITE, (uint64_t)(uintptr_t)dst, sizeof dst, (uint64_t)(uintptr_t)secret,
                      reason, sizeof reason);
@@ -368,7 +358,7 @@ static void spoofed_pid_is_refused(void **state)
 
     /* Other lies are refused the same way, each with its reason. */
     static const uint8_t elsewhere[16] = {1, 2, 3};
-    fd = raw_connect_as(t, me, (int32_t)getpid(), elsewhere, &ack);
+    fd = connect_claiming_as(t, me, (int32_t)getpid(), elsewhere, &ack);
     st = raw_cma(fd, FERRY_FRAME_CMA_WRITE, (uint64_t)(uintptr_t)dst, 8, (uint64_t)(uintptr_t)secret, reason,
                  sizeof reason);
     assert_int_equal(st, FERRY_ERR_NOT_IMPLEMENTED);
@@ -377,7 +367,7 @@ static void spoofed_pid_is_refused(void **state)
     pid_t gone = fork();
     if (gone == 0) _exit(0);
     waitpid(gone, NULL, 0); /* reaped: the pid names no process now */
-    fd = raw_connect(t, me, (int32_t)gone, &ack);
+    fd = connect_claiming(t, me, (int32_t)gone, &ack);
     st = raw_cma(fd, FERRY_FRAME_CMA_READ, (uint64_t)(uintptr_t)dst, 8, (uint64_t)(uintptr_t)secret, reason,
                  sizeof reason);
     assert_int_equal(st, FERRY_ERR_NOT_IMPLEMENTED);
@@ -386,7 +376,7 @@ static void spoofed_pid_is_refused(void **state)
     assert_memory_equal(dst, zero, sizeof dst);
 
     /* The same peer telling the truth is served. */
-    fd = raw_connect(t, me, (int32_t)getpid(), &ack);
+    fd = connect_claiming(t, me, (int32_t)getpid(), &ack);
     static char mine[64] = "our own bytes";
     st = raw_cma(fd, FERRY_FRAME_CMA_WRITE, (uint64_t)(uintptr_t)dst, sizeof dst, (uint64_t)(uintptr_t)mine, reason,
                  sizeof reason);

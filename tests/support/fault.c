@@ -676,30 +676,35 @@ ferry_frame_t raw_recv_frame(int fd, void *payload, size_t cap)
     abort();
 }
 
-int raw_hello_as(uint16_t port, uint64_t engine_id, ferry_frame_t *ack, void *ackbuf, size_t cap)
+int raw_hello_with(uint16_t port, const ferry_hello_t *h, ferry_frame_t *ack, void *ackbuf, size_t cap)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        fprintf(stderr, "raw_hello_as: connecting to 127.0.0.1:%u failed: %s\n", port, strerror(errno));
+        fprintf(stderr, "raw_hello: connecting to 127.0.0.1:%u failed: %s\n", port, strerror(errno));
         abort();
     }
+    uint8_t buf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
+    int n = ferry_hello_encode(h, buf, sizeof buf);
+    if (n <= 0) {
+        fprintf(stderr, "raw_hello: encoding the HELLO of engine %llu failed\n", (unsigned long long)h->engine_id);
+        abort();
+    }
+    raw_send_frame(fd, (ferry_frame_t){.type = FERRY_FRAME_HELLO, .plen = (uint32_t)n}, buf);
+    *ack = raw_recv_frame(fd, ackbuf, cap);
+    return fd;
+}
+
+int raw_hello_as(uint16_t port, uint64_t engine_id, ferry_frame_t *ack, void *ackbuf, size_t cap)
+{
     ferry_hello_t h;
     memset(&h, 0, sizeof h);
     h.proto_min = h.proto_max = FERRY_PROTOCOL_VERSION;
     h.engine_id = engine_id;
     h.epoch = 1;
     snprintf(h.name, sizeof h.name, "raw-%llu", (unsigned long long)engine_id);
-    uint8_t buf[FERRY_HELLO_FIXED_SIZE + FERRY_WIRE_MAX_NAME];
-    int n = ferry_hello_encode(&h, buf, sizeof buf);
-    if (n <= 0) {
-        fprintf(stderr, "raw_hello_as: encoding the HELLO of engine %llu failed\n", (unsigned long long)engine_id);
-        abort();
-    }
-    raw_send_frame(fd, (ferry_frame_t){.type = FERRY_FRAME_HELLO, .plen = (uint32_t)n}, buf);
-    *ack = raw_recv_frame(fd, ackbuf, cap);
-    return fd;
+    return raw_hello_with(port, &h, ack, ackbuf, cap);
 }
 
 bool raw_closed_within(int fd, int ms)

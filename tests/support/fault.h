@@ -122,6 +122,9 @@ ferry_frame_t raw_recv_frame(int fd, void *payload, size_t cap);
  * (cap bytes; NULL: dropped). A failed connect or send, or no answer within
  * 30 s, ends the test (abort, with a message). */
 int raw_hello_as(uint16_t port, uint64_t engine_id, ferry_frame_t *ack, void *ackbuf, size_t cap);
+/* The same with a HELLO of the caller's making (e.g. an engine's, with a
+ * field lied about). */
+int raw_hello_with(uint16_t port, const ferry_hello_t *h, ferry_frame_t *ack, void *ackbuf, size_t cap);
 /* True when the peer closed (EOF or reset) within ms. */
 bool raw_closed_within(int fd, int ms);
 /* Sends a HELLO (flags, nonce) and receives HELLO_ACK: 0 and its status in
