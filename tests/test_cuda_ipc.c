@@ -314,6 +314,24 @@ static void write_verified(ferry_engine_t *e, target_child_t *c, unsigned char *
     assert_int_equal(target_child_do(c, CMD_CHECK, seed, 0, len), 0);
 }
 
+/* One round trip of len bytes: seed's pattern written from src + off to the
+ * child's buffer at at, and found there on the device; then the child's
+ * bytes of seed + 100 read back into src + back (the rest of src's cap
+ * bytes zeroed first) and found there. */
+static void round_trip(ferry_engine_t *e, target_child_t *c, unsigned char *src, size_t cap, size_t off, uint64_t at,
+                       size_t back, size_t len, uint64_t seed)
+{
+    harness_fill((unsigned char *)stub_alias(src) + off, len, seed);
+    int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src + off, c->addr + at, len);
+    if (rc) fail_msg("write %zu: %s", len, ferry_last_error_detail());
+    assert_int_equal(target_child_do(c, CMD_CHECK, seed, at, len), 0); /* on the device when complete */
+    assert_int_equal(target_child_do(c, CMD_FILL, seed + 100, 0, len), 0);
+    memset(stub_alias(src), 0, cap);
+    rc = ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src + back, c->addr, len);
+    if (rc) fail_msg("read %zu: %s", len, ferry_last_error_detail());
+    assert_true(harness_check((unsigned char *)stub_alias(src) + back, len, seed + 100));
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -341,18 +359,8 @@ static void write_and_read_device_to_device(void **state)
 #else
     const size_t sizes[] = {1, 4096 + 7, (17u << 20) + 3, (64u << 20) + 5};
 #endif
-    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
-        size_t len = sizes[k], off = k * 8;
-        harness_fill((unsigned char *)stub_alias(src) + off, len, 100 + k);
-        int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src + off, c->addr + 3, len);
-        if (rc) fail_msg("write %zu: %s", len, ferry_last_error_detail());
-        assert_int_equal(target_child_do(c, CMD_CHECK, 100 + k, 3, len), 0); /* on the device when complete */
-        assert_int_equal(target_child_do(c, CMD_FILL, 200 + k, 0, len), 0);
-        memset(stub_alias(src), 0, cap);
-        rc = ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src + 11, c->addr, len);
-        if (rc) fail_msg("read %zu: %s", len, ferry_last_error_detail());
-        assert_true(harness_check((unsigned char *)stub_alias(src) + 11, len, 200 + k));
-    }
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++)
+        round_trip(e, c, src, cap, k * 8, 3, 11, sizes[k], 100 + k);
     expect_transport(e, c->peer, "cuda_ipc");
     /* Device to device: no staging through host memory on either side. */
     stub_counts(after);
@@ -816,18 +824,8 @@ static void vmm_memory_by_cuda_ipc(void **state)
 #else
     const size_t sizes[] = {1, 4096 + 7, (17u << 20) + 3};
 #endif
-    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
-        size_t len = sizes[k], off = k * 8;
-        harness_fill((unsigned char *)stub_alias(src) + off, len, 300 + k);
-        int rc = ferry_transfer_sync(e, c->peer, FERRY_OP_WRITE, src + off, c->addr + 5, len);
-        if (rc) fail_msg("write %zu: %s", len, ferry_last_error_detail());
-        assert_int_equal(target_child_do(c, CMD_CHECK, 300 + k, 5, len), 0);
-        assert_int_equal(target_child_do(c, CMD_FILL, 400 + k, 0, len), 0);
-        memset(stub_alias(src), 0, cap);
-        rc = ferry_transfer_sync(e, c->peer, FERRY_OP_READ, src + 13, c->addr, len);
-        if (rc) fail_msg("read %zu: %s", len, ferry_last_error_detail());
-        assert_true(harness_check((unsigned char *)stub_alias(src) + 13, len, 400 + k));
-    }
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++)
+        round_trip(e, c, src, cap, k * 8, 5, 13, sizes[k], 300 + k);
     expect_transport(e, c->peer, "cuda_ipc");
     stub_counts(after);
     assert_int_equal(after[0] - before[0], 0); /* no staging here */
