@@ -599,6 +599,23 @@ static void run_batch(const char *peer, const struct layout *L, unsigned char *s
     }
 }
 
+/* The layout's bytes as 256 pieces in one call (one WRITEV or READV; over
+ * shm one CMA_VEC): the call's code. */
+static int run_vector(const char *peer, const struct layout *L, unsigned char *src, int op)
+{
+    enum { N = 256 };
+    static void *locals[N];
+    static uint64_t remotes[N];
+    static size_t lens[N];
+    size_t piece = L->len / N;
+    for (int i = 0; i < N; i++) {
+        locals[i] = src + (size_t)i * piece;
+        remotes[i] = taddr(L->off + (uint64_t)i * piece);
+        lens[i] = piece;
+    }
+    return ferry_batch_transfer_sync(eng, peer, op, locals, remotes, lens, N);
+}
+
 /* Runs scenario s against peer with the bytes of seed; fills o. */
 static void run_scenario(int s, const char *peer, uint64_t seed, outcome_t *o)
 {
@@ -612,20 +629,9 @@ static void run_scenario(int s, const char *peer, uint64_t seed, outcome_t *o)
     case S_WRITE:
         o->rc = ferry_transfer_sync(eng, peer, FERRY_OP_WRITE, src, taddr(L->off), L->len);
         break;
-    case S_WRITEV: {
-        enum { N = 256 };
-        static void *locals[N];
-        static uint64_t remotes[N];
-        static size_t lens[N];
-        size_t piece = L->len / N;
-        for (int i = 0; i < N; i++) {
-            locals[i] = src + (size_t)i * piece;
-            remotes[i] = taddr(L->off + (uint64_t)i * piece);
-            lens[i] = piece;
-        }
-        o->rc = ferry_batch_transfer_sync(eng, peer, FERRY_OP_WRITE, locals, remotes, lens, N);
+    case S_WRITEV:
+        o->rc = run_vector(peer, L, src, FERRY_OP_WRITE);
         break;
-    }
     case S_STRIDED: {
         size_t piece = 1024, n = L->len / piece;
         unsigned char *spread = local + (2u << 20);
@@ -643,21 +649,10 @@ static void run_scenario(int s, const char *peer, uint64_t seed, outcome_t *o)
         memset(src, 0, L->len);
         o->rc = ferry_transfer_sync(eng, peer, FERRY_OP_READ, src, taddr(L->off), L->len);
         break;
-    case S_READV: {
-        enum { N = 256 };
-        static void *locals[N];
-        static uint64_t remotes[N];
-        static size_t lens[N];
-        size_t piece = L->len / N;
+    case S_READV:
         memset(src, 0, L->len);
-        for (int i = 0; i < N; i++) {
-            locals[i] = src + (size_t)i * piece;
-            remotes[i] = taddr(L->off + (uint64_t)i * piece);
-            lens[i] = piece;
-        }
-        o->rc = ferry_batch_transfer_sync(eng, peer, FERRY_OP_READ, locals, remotes, lens, N);
+        o->rc = run_vector(peer, L, src, FERRY_OP_READ);
         break;
-    }
     case S_KV: {
         memcpy(ferry_kv_embed_data(embed), src, L->len);
         ferry_kv_send_args_t a = {.request_id = seed, .timeout_ms = DEADLINE_MS};
