@@ -18,6 +18,7 @@
 #include "child.h"
 
 #include "util/clock.h"
+#include "util/spin.h"
 #include "util/memkind.h"
 #include "delay_proxy.h"
 #include "fault.h"
@@ -29,7 +30,17 @@
 
 /* ------------------------------------------------- a target in a child */
 
-enum { CMD_QUIT = 0, CMD_CHECK, CMD_FILL, CMD_DEREGISTER, CMD_REREGISTER_RO, CMD_VEC_CALLS, CMD_VEC_REMOTE, CMD_DEREGISTER_STILL };
+enum {
+    CMD_QUIT = 0,
+    CMD_CHECK,
+    CMD_FILL,
+    CMD_DEREGISTER,
+    CMD_REREGISTER_RO,
+    CMD_VEC_CALLS,
+    CMD_VEC_REMOTE,
+    CMD_DEREGISTER_STILL,
+    CMD_HELPER_SHARES
+};
 
 /* disable_shm: 1 sets FERRY_SHM_DISABLE, 2 FERRY_SHM_PROC_LOOKUP (the
  * target verifies peers through /proc/net/tcp instead of sock_diag). */
@@ -70,6 +81,7 @@ static void child_main(int in, int out, size_t len, int disable_shm)
             a.rc = (int)r;
             break;
         }
+        case CMD_HELPER_SHARES: a.rc = (int)ferry_shm_helper_shares(); break; /* its copy helper's shares */
         case CMD_DEREGISTER_STILL: { /* deregister; then nothing may land (1: something did) */
             a.rc = ferry_deregister(e, buf);
             unsigned char *was = malloc(len);
@@ -722,9 +734,9 @@ struct racing_writer {
     ferry_engine_t *e;
     const char *peer;
     int n, rc, calls;
-    void *locals[64];
-    uint64_t remotes[64];
-    size_t lens[64];
+    void *locals[1024];
+    uint64_t remotes[1024];
+    size_t lens[1024];
 };
 
 static void *write_until_refused(void *arg)
@@ -820,6 +832,113 @@ static void pieces_copied_in_the_initiators_order(void **state)
     ferry_peer_info_t info;
     info_of(e, c->peer, &info);
     assert_string_equal(info.transport, "shm");
+    ferry_engine_destroy(e);
+    munmap(src, cap);
+    target_child_stop(c);
+}
+
+/* Runs the n pieces as one batch while the target's copy helper takes a
+ * share of some call (up to tries calls; one is enough with two CPUs),
+ * expecting the pieces marked in hole to fail and the rest to arrive;
+ * fill(k, i): the seed of piece i in try k. The calls whose copy the
+ * helper shared. */
+static int shared_calls(ferry_engine_t *e, target_child_t *c, ferry_request_t *reqs, size_t n, const bool *hole,
+                        int tries, uint64_t seed)
+{
+    int shared = 0;
+    for (int k = 0; k < tries && !shared; k++) {
+        for (size_t i = 0; i < n; i++) {
+            if (reqs[i].opcode == FERRY_OP_WRITE && !hole[i]) harness_fill(reqs[i].local, reqs[i].len, seed + i);
+            if (reqs[i].opcode == FERRY_OP_READ)
+                assert_int_equal(target_child_do(c, CMD_FILL, seed + i, reqs[i].remote - c->addr, reqs[i].len), 0);
+        }
+        int before = target_child_do(c, CMD_HELPER_SHARES, 0, 0, 0);
+        bool any_hole = false;
+        for (size_t i = 0; i < n; i++) any_hole |= hole[i];
+        if (any_hole) {
+            run_pieces_expecting(e, c, reqs, n, hole);
+        } else {
+            ferry_batch_t *b;
+            assert_int_equal(ferry_batch_alloc(e, n, &b), 0);
+            assert_int_equal(ferry_batch_submit(b, c->peer, reqs, n, 0), 0);
+            assert_int_equal(ferry_batch_wait(b, 10000), 0);
+            assert_int_equal(ferry_batch_free(b), 0);
+        }
+        shared += target_child_do(c, CMD_HELPER_SHARES, 0, 0, 0) > before;
+        for (size_t i = 0; i < n; i++) {
+            if (hole[i]) continue;
+            if (reqs[i].opcode == FERRY_OP_WRITE)
+                assert_int_equal(target_child_do(c, CMD_CHECK, seed + i, reqs[i].remote - c->addr, reqs[i].len), 0);
+            else if (!harness_check(reqs[i].local, reqs[i].len, seed + i))
+                fail_msg("try %d: piece %zu read back wrong", k, i);
+        }
+    }
+    return shared;
+}
+
+/* A frame of 1,024 x 4 KiB (4 MiB) whose initiator side is a permutation
+ * of one buffer: the target copies it in the initiator's order in parts,
+ * its serving thread from the front and, with two CPUs or more, its copy
+ * helper from the back (shm_helper.c). Every piece lands where it belongs,
+ * whichever thread moved it; holes at both ends of the initiator's buffer
+ * fail exactly their pieces, in the helper's parts as in the serving
+ * thread's; reads come back whole; and a deregistration racing a stream of
+ * such frames is never followed by a byte landing (the helper copies only
+ * while the serving thread holds the registry's read lock and waits for
+ * it). */
+static void large_frames_copy_on_two_threads(void **state)
+{
+    (void)state;
+    enum { PIECE = 4096, N = 1024 };
+    size_t cap = (size_t)N * PIECE;
+    target_child_t *c = child_start(cap, 0);
+    ferry_engine_t *e = initiator("shm", 1);
+    unsigned char *src = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(src != MAP_FAILED);
+    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    static ferry_request_t reqs[N];
+    static bool none[N], hole[N];
+    for (int i = 0; i < N; i++) { /* piece i: initiator page i*613+7, target page i*733+7 (mod N) */
+        size_t from = (size_t)((i * 613 + 7) % N);
+        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, src + from * PIECE, c->addr + (uint64_t)((i * 733 + 7) % N) * PIECE,
+                                    PIECE};
+        hole[i] = from == 2 || from == N - 3; /* unmapped below: one in the first part, one in the last */
+    }
+    bool two_cpus = ferry_spin_cpus() >= 2;
+    int shared = shared_calls(e, c, reqs, N, none, 200, 100000);
+    if (two_cpus && !shared) fail_msg("the copy helper took no share of 200 frames of 4 MiB");
+    int calls0 = target_child_do(c, CMD_VEC_CALLS, 0, 0, 0);
+    shared_calls(e, c, reqs, N, none, 1, 200000);
+    int calls = target_child_do(c, CMD_VEC_CALLS, 0, 0, 0) - calls0;
+    if (calls < 2) fail_msg("a frame of 4 MiB copied in %d calls (parts of 256 KiB expected)", calls);
+
+    assert_int_equal(target_child_do(c, CMD_FILL, 9, 0, cap), 0);
+    munmap(src + 2 * PIECE, PIECE);
+    munmap(src + (size_t)(N - 3) * PIECE, PIECE);
+    shared = shared_calls(e, c, reqs, N, hole, 50, 300000);
+    if (two_cpus && !shared) fail_msg("the copy helper took no share of 50 frames with holes");
+    for (int i = 0; i < N; i++) reqs[i].opcode = FERRY_OP_READ;
+    shared = shared_calls(e, c, reqs, N, hole, 50, 400000);
+    if (two_cpus && !shared) fail_msg("the copy helper took no share of 50 read frames");
+
+    assert_true(mmap(src + 2 * PIECE, PIECE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
+                src + 2 * PIECE);
+    assert_true(mmap(src + (size_t)(N - 3) * PIECE, PIECE, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == src + (size_t)(N - 3) * PIECE);
+    static struct racing_writer w;
+    w = (struct racing_writer){.e = e, .peer = c->peer, .n = N};
+    for (int i = 0; i < N; i++) {
+        w.locals[i] = reqs[i].local;
+        w.remotes[i] = reqs[i].remote;
+        w.lens[i] = PIECE;
+    }
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, write_until_refused, &w), 0);
+    usleep(100 * 1000);
+    assert_int_equal(target_child_do(c, CMD_DEREGISTER_STILL, 0, 0, 0), 0);
+    pthread_join(t, NULL);
+    if (w.rc != FERRY_ERR_ADDRESS_NOT_REGISTERED) fail_msg("racing writes ended with %s", ferry_error_name(w.rc));
+    if (w.calls < 2) fail_msg("only %d calls raced the deregistration", w.calls);
     ferry_engine_destroy(e);
     munmap(src, cap);
     target_child_stop(c);
@@ -999,6 +1118,7 @@ int main(void)
         cmocka_unit_test(large_pieces_in_vector_frames),
         cmocka_unit_test(pieces_copied_in_the_initiators_order),
         cmocka_unit_test(small_pieces_run_unsplit),
+        cmocka_unit_test(large_frames_copy_on_two_threads),
         cmocka_unit_test(device_memory_over_shm),
         cmocka_unit_test(relay_keeps_bytes_on_tcp),
     };

@@ -499,6 +499,7 @@ const ferry_transport_ops_t ferry_transport_shm = {
     .frames = shm_frame_defs,
     .nframes = sizeof shm_frame_defs / sizeof shm_frame_defs[0],
     .hello_flags = shm_hello_flags,
+    .engine_fini = shm_helper_fini,
     .version = FERRY_TRANSPORT_OPS_VERSION,
     .frame_ranges = shm_frame_ranges,
     .nframe_ranges = sizeof shm_frame_ranges / sizeof shm_frame_ranges[0],

@@ -67,6 +67,14 @@ bool shm_vec_eligible(ferry_conn_t *c, const ferry_xfer_t *x, size_t slice);
 size_t shm_vec_collect(ferry_conn_t *c, ferry_xfer_t *xs, size_t n, size_t slice);
 int shm_serve_vec(ferry_conn_t *c, const ferry_frame_t *f, ferry_registry_t *r, ferry_counters_t *counters);
 
+/* shm_helper.c: the target's copy helper, a second thread per engine.
+ * Runs work(arg, 0) in this thread and offers work(arg, 1) to the helper,
+ * which takes it if it is idle and wakes in time; returns once both are
+ * done (true when the helper took its share). */
+bool shm_helper_share(ferry_xport_ctx_t *ctx, void (*work)(void *arg, int side), void *arg);
+/* Stops the engine's helper (the transport's engine_fini). */
+void shm_helper_fini(ferry_xport_ctx_t *ctx);
+
 /* shm_pool.c */
 int shm_serve_map(ferry_conn_t *c, struct shm_conn *sc, const ferry_frame_t *f, uint64_t deadline);
 /* Copies what it can of the pieces through shared-pool mappings, settling
