@@ -691,7 +691,7 @@ static void deregistered_mid_batch_fails_its_pieces_only(void **state)
 
 /* A batch whose pieces all went through mappings in the session's last
  * call runs in the caller's thread on one connection (transfer.c); one of
- * 2 MiB or more is split over connections as before. Either way every
+ * 4 MiB or more is split over connections as before. Either way every
  * byte lands and none is placed by the target. */
 static void mapped_batches_run_in_the_callers_thread(void **state)
 {
@@ -707,8 +707,10 @@ static void mapped_batches_run_in_the_callers_thread(void **state)
     harness_reverse_batch_round_trip(e, c->peer, src, c->addr, 1024, 1152, 41);
     harness_reverse_batch_round_trip(e, c->peer, src, c->addr, 1023, 2048, 42);
     assert_int_equal(ferry_test_mapped_inline_calls(), inline0 + 3);
-    harness_reverse_batch_round_trip(e, c->peer, src, c->addr, 1024, 2048, 44); /* 2 MiB: split */
-    assert_int_equal(ferry_test_mapped_inline_calls(), inline0 + 3);
+    harness_reverse_batch_round_trip(e, c->peer, src, c->addr, 1024, 2048, 44); /* 2 MiB: inline too */
+    assert_int_equal(ferry_test_mapped_inline_calls(), inline0 + 5);
+    harness_reverse_batch_round_trip(e, c->peer, src, c->addr, 1024, 4096, 45); /* 4 MiB: split */
+    assert_int_equal(ferry_test_mapped_inline_calls(), inline0 + 5);
     /* 9 MiB in 9 pieces over both pools: split, though all mapped. */
     void *locals[9];
     uint64_t remotes[9];
@@ -720,7 +722,7 @@ static void mapped_batches_run_in_the_callers_thread(void **state)
         lens[i] = POOL2;
     }
     assert_int_equal(ferry_batch_transfer_sync(e, c->peer, FERRY_OP_WRITE, locals, remotes, lens, 9), 0);
-    assert_int_equal(ferry_test_mapped_inline_calls(), inline0 + 3);
+    assert_int_equal(ferry_test_mapped_inline_calls(), inline0 + 5);
     assert_int_equal(child_do(c, CMD_CHECK, 43, 0, POOL), 0);
     assert_int_equal(placed(c), 0);
     ferry_engine_destroy(e);

@@ -126,12 +126,14 @@ static void record_requests(ferry_session_t *s, const ferry_xfer_t *xs, size_t n
  * connections, half of it waits for a worker thread: a hand-off that costs
  * about as much as copying 1,024 pieces of 1 KiB, and that gains only when
  * a core is free. Below this many bytes such a call runs in the caller's
- * thread on one connection. Measured on 2 loaded cores (docs/BENCHMARKS.md,
- * "a mapped call in the caller's thread"): 1,024 x 1,152 B (1.1 MiB) runs
- * at 0.59x a one-thread memcpy split, 1.09x inline; at 2 and 4 MiB the
- * split kept more GB/s (a second thread with a free core copies ~10%
- * faster, and on a busy machine two threads get a bigger share). */
-#define MAPPED_INLINE_MAX (2u << 20)
+ * thread on one connection. Measured on 2 cores (docs/BENCHMARKS.md, "a
+ * mapped call in the caller's thread"): 1,024 x 1,152 B (1.1 MiB) runs at
+ * 0.59x a one-thread memcpy split, 1.09x inline; 1,024 x 2 KiB (2 MiB),
+ * quiet machine, 12.2-12.8 GB/s split against 21.1-22.9 inline (memcpy
+ * 22.0-22.9); at 4 and 8 MiB the split kept more GB/s (4 KiB pieces 28.1-28.3
+ * split, 21.9-25.7 inline; 8 KiB 35.0-37.3 against 21.6-22.1): there the
+ * second thread's copy outweighs the hand-off. */
+#define MAPPED_INLINE_MAX (4u << 20)
 
 static _Atomic uint64_t mapped_inline_calls; /* testing.h */
 
