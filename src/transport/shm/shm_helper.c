@@ -25,6 +25,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
+#include "util/clock.h"
 #include "util/spin.h"
 #include "link/transport.h"
 
@@ -123,8 +124,9 @@ void shm_helper_fini(ferry_xport_ctx_t *ctx)
 }
 
 /* How long the serving thread spins for the helper's last part before it
- * sleeps: a part is SHM_PART bytes, tens of microseconds of copying. */
-#define HELPER_JOIN_SPIN 2000
+ * sleeps: a part is about SHM_PART bytes, tens of microseconds of copying;
+ * a helper not done by then was descheduled. */
+#define HELPER_JOIN_SPIN_NS (200u * 1000u)
 
 bool shm_helper_share(ferry_xport_ctx_t *ctx, void (*work)(void *arg, int side), void *arg)
 {
@@ -148,8 +150,8 @@ bool shm_helper_share(ferry_xport_ctx_t *ctx, void (*work)(void *arg, int side),
     if (!taken) atomic_store_explicit(&h->job, JOB_IDLE, memory_order_relaxed); /* withdrawn */
     pthread_mutex_unlock(&h->lock);
     if (!taken) return false;
-    for (int i = 0; i < HELPER_JOIN_SPIN && atomic_load_explicit(&h->job, memory_order_acquire) != JOB_DONE; i++)
-        sched_yield();
+    uint64_t until = ferry_now_ns() + HELPER_JOIN_SPIN_NS;
+    while (atomic_load_explicit(&h->job, memory_order_acquire) != JOB_DONE && ferry_now_ns() < until) sched_yield();
     pthread_mutex_lock(&h->lock);
     while (atomic_load_explicit(&h->job, memory_order_relaxed) != JOB_DONE) pthread_cond_wait(&h->done, &h->lock);
     atomic_store_explicit(&h->job, JOB_IDLE, memory_order_relaxed);
