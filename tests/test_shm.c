@@ -944,6 +944,35 @@ static void large_frames_copy_on_two_threads(void **state)
     target_child_stop(c);
 }
 
+/* 1,024 x 2 KiB out of one 2 MiB-aligned buffer: all of the initiator's
+ * side lies under one page-table page, where two threads pinning at once
+ * contend on its lock and gain nothing, so the target copies such a frame
+ * in its serving thread alone (shm_vec.c, halves_apart); every piece lands. */
+static void frames_under_one_page_table_copy_alone(void **state)
+{
+    (void)state;
+    enum { PIECE = 2048, N = 1024 };
+    size_t span = (size_t)N * PIECE; /* 2 MiB */
+    target_child_t *c = child_start(span, 0);
+    ferry_engine_t *e = initiator("shm", 1);
+    unsigned char *map = mmap(NULL, 2 * span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(map != MAP_FAILED);
+    unsigned char *src = (unsigned char *)(((uintptr_t)map + span - 1) & ~(uintptr_t)(span - 1));
+    assert_int_equal(ferry_register(e, src, span, FERRY_MEM_LOCAL), 0);
+    static ferry_request_t reqs[N];
+    static bool none[N];
+    for (int i = 0; i < N; i++)
+        reqs[i] = (ferry_request_t){FERRY_OP_WRITE, src + (size_t)((i * 613 + 7) % N) * PIECE,
+                                    c->addr + (uint64_t)((i * 733 + 7) % N) * PIECE, PIECE};
+    int before = target_child_do(c, CMD_HELPER_SHARES, 0, 0, 0);
+    if (shared_calls(e, c, reqs, N, none, 20, 500000) != 0)
+        fail_msg("the copy helper shared a frame whose initiator side lies under one page-table page");
+    assert_int_equal(target_child_do(c, CMD_HELPER_SHARES, 0, 0, 0), before);
+    ferry_engine_destroy(e);
+    munmap(map, 2 * span);
+    target_child_stop(c);
+}
+
 /* Calls of small pieces over two connections: the target copies them one
  * call at a time per initiator whichever connection they come on (two at
  * once contend in the kernel's walk of the initiator's pages), so after
@@ -1119,6 +1148,7 @@ int main(void)
         cmocka_unit_test(pieces_copied_in_the_initiators_order),
         cmocka_unit_test(small_pieces_run_unsplit),
         cmocka_unit_test(large_frames_copy_on_two_threads),
+        cmocka_unit_test(frames_under_one_page_table_copy_alone),
         cmocka_unit_test(device_memory_over_shm),
         cmocka_unit_test(relay_keeps_bytes_on_tcp),
     };

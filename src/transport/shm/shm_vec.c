@@ -309,6 +309,28 @@ struct sorted_copy {
     int st[2];                            /* each thread's end: 0 or PEER_CLOSED */
 };
 
+/* The span of initiator memory one page-table page maps (x86-64, 4 KiB
+ * pages: 512 entries). */
+#define SHM_PT_SPAN (2u << 20)
+
+/* Whether the pieces order[0..n) (bytes in all, in the initiator's order)
+ * cross a page-table page's boundary near their middle: at least a quarter
+ * of the bytes on either side. Only then do the two threads, starting at
+ * either end, pin pages under different page-table locks until they meet:
+ * a frame within one such page (1,024 x 2 KiB out of one 2 MiB buffer)
+ * copied no faster on two threads than on one (docs/BENCHMARKS.md). */
+static bool halves_apart(const struct ferry_vec_scratch *v, const uint32_t *order, size_t n, uint64_t bytes)
+{
+    uint64_t below = 0;
+    for (size_t k = 0; k + 1 < n; k++) {
+        below += v->d[order[k]].len;
+        const ferry_vec_desc_t *a = &v->d[order[k]], *b = &v->d[order[k + 1]];
+        if ((a->aux + a->len - 1) / SHM_PT_SPAN != b->aux / SHM_PT_SPAN && below >= bytes / 4 && bytes - below >= bytes / 4)
+            return true;
+    }
+    return false;
+}
+
 /* Cuts order[0..n) into parts (pieces failed already count nothing). */
 static void sorted_parts(struct sorted_copy *j, size_t n, bool shared)
 {
@@ -411,7 +433,7 @@ static int vec_copy_sorted_locked(ferry_conn_t *c, struct shm_conn *sc, struct f
     struct sorted_copy j = {.c = c, .v = v, .order = sc->order, .write = write, .side = {*sc, *sc}};
     uint64_t bytes = 0;
     for (size_t k = 0; k < n; k++) bytes += v->d[k].len;
-    sorted_parts(&j, n, bytes >= SHM_SHARE_MIN);
+    sorted_parts(&j, n, bytes >= SHM_SHARE_MIN && halves_apart(v, sc->order, n, bytes));
     atomic_init(&j.gone, false);
     pthread_mutex_init(&j.fail_lock, NULL);
     if (j.nparts > 1) shm_helper_share(c->ctx, sorted_share, &j);
