@@ -49,7 +49,8 @@
  * attach.
  *
  * Files: this one holds the transport's table and the copies of single
- * frames; shm_vec.c the vector frames (CMA_VEC); shm_trust.c verifies the
+ * frames; shm_vec.c the vector frames (CMA_VEC); shm_helper.c the target's
+ * copy helper, a second thread for large frames; shm_trust.c verifies the
  * same-host peer; shm_pool.c maps shared pools; shm_internal.h is what they
  * share. */
 #include <errno.h>
