@@ -749,6 +749,27 @@ static void *write_until_refused(void *arg)
     return NULL;
 }
 
+/* Writes the n pieces in calls over and over from a second thread while
+ * the target deregisters its buffer: the writes end refused, after at
+ * least two calls, and nothing lands after the deregistration returned. */
+static void deregistration_races_writes(ferry_engine_t *e, target_child_t *c, const ferry_request_t *reqs, int n)
+{
+    static struct racing_writer w;
+    w = (struct racing_writer){.e = e, .peer = c->peer, .n = n};
+    for (int i = 0; i < n; i++) {
+        w.locals[i] = reqs[i].local;
+        w.remotes[i] = reqs[i].remote;
+        w.lens[i] = reqs[i].len;
+    }
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, write_until_refused, &w), 0);
+    usleep(100 * 1000);
+    assert_int_equal(target_child_do(c, CMD_DEREGISTER_STILL, 0, 0, 0), 0);
+    pthread_join(t, NULL);
+    if (w.rc != FERRY_ERR_ADDRESS_NOT_REGISTERED) fail_msg("racing writes ended with %s", ferry_error_name(w.rc));
+    if (w.calls < 2) fail_msg("only %d calls raced the deregistration", w.calls);
+}
+
 /* The initiator's pieces a permutation of one buffer, the target's
  * scattered elsewhere (paged KV): the target copies the frame in the
  * initiator's address order, where the pieces merge into one remote entry
@@ -816,19 +837,7 @@ static void pieces_copied_in_the_initiators_order(void **state)
      * it returns, nothing lands. */
     assert_true(mmap(src + 9 * 4096, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
                 src + 9 * 4096);
-    struct racing_writer w = {.e = e, .peer = c->peer, .n = N};
-    for (int i = 0; i < N; i++) {
-        w.locals[i] = reqs[i].local;
-        w.remotes[i] = reqs[i].remote;
-        w.lens[i] = PIECE;
-    }
-    pthread_t t;
-    assert_int_equal(pthread_create(&t, NULL, write_until_refused, &w), 0);
-    usleep(100 * 1000);
-    assert_int_equal(target_child_do(c, CMD_DEREGISTER_STILL, 0, 0, 0), 0);
-    pthread_join(t, NULL);
-    if (w.rc != FERRY_ERR_ADDRESS_NOT_REGISTERED) fail_msg("racing writes ended with %s", ferry_error_name(w.rc));
-    if (w.calls < 2) fail_msg("only %d calls raced the deregistration", w.calls);
+    deregistration_races_writes(e, c, reqs, N);
     ferry_peer_info_t info;
     info_of(e, c->peer, &info);
     assert_string_equal(info.transport, "shm");
@@ -925,20 +934,7 @@ static void large_frames_copy_on_two_threads(void **state)
                 src + 2 * PIECE);
     assert_true(mmap(src + (size_t)(N - 3) * PIECE, PIECE, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == src + (size_t)(N - 3) * PIECE);
-    static struct racing_writer w;
-    w = (struct racing_writer){.e = e, .peer = c->peer, .n = N};
-    for (int i = 0; i < N; i++) {
-        w.locals[i] = reqs[i].local;
-        w.remotes[i] = reqs[i].remote;
-        w.lens[i] = PIECE;
-    }
-    pthread_t t;
-    assert_int_equal(pthread_create(&t, NULL, write_until_refused, &w), 0);
-    usleep(100 * 1000);
-    assert_int_equal(target_child_do(c, CMD_DEREGISTER_STILL, 0, 0, 0), 0);
-    pthread_join(t, NULL);
-    if (w.rc != FERRY_ERR_ADDRESS_NOT_REGISTERED) fail_msg("racing writes ended with %s", ferry_error_name(w.rc));
-    if (w.calls < 2) fail_msg("only %d calls raced the deregistration", w.calls);
+    deregistration_races_writes(e, c, reqs, N);
     ferry_engine_destroy(e);
     munmap(src, cap);
     target_child_stop(c);
