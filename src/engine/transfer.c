@@ -160,17 +160,19 @@ bool ferry_session_small_serial(ferry_session_t *s, uint64_t avg_piece)
     return true;
 }
 
+/* Whether a call of n pieces runs in the caller's thread on one
+ * connection: small pieces to a session whose transport copies them one
+ * call at a time (small_hint), or a call under MAPPED_INLINE_MAX that
+ * shared-pool mappings copy (inline_hint). One pass over the lengths. */
 static bool run_inline(ferry_session_t *s, const size_t *lens, size_t n)
 {
-    if (n && atomic_load_explicit(&s->small_hint, memory_order_relaxed)) {
-        uint64_t bytes = 0;
-        for (size_t i = 0; i < n; i++) bytes += lens[i];
-        if (ferry_session_small_serial(s, bytes / n)) return true;
-    }
-    if (!atomic_load_explicit(&s->inline_hint, memory_order_relaxed)) return false;
+    bool small = atomic_load_explicit(&s->small_hint, memory_order_relaxed);
+    bool mapped = atomic_load_explicit(&s->inline_hint, memory_order_relaxed);
+    if (n == 0 || (!small && !mapped)) return false;
     uint64_t bytes = 0;
-    for (size_t i = 0; i < n && bytes < MAPPED_INLINE_MAX; i++) bytes += lens[i];
-    if (bytes >= MAPPED_INLINE_MAX) return false;
+    for (size_t i = 0; i < n; i++) bytes += lens[i];
+    if (small && ferry_session_small_serial(s, bytes / n)) return true;
+    if (!mapped || bytes >= MAPPED_INLINE_MAX) return false;
     atomic_fetch_add_explicit(&mapped_inline_calls, 1, memory_order_relaxed);
     return true;
 }
