@@ -212,6 +212,9 @@ static bool target_gone(int rc)
     return rc == FERRY_ERR_SOCKET && strstr(ferry_last_error_detail(), strerror(ECONNREFUSED)) != NULL;
 }
 
+/* The share of a fence's budget its first attempt gets (1/FENCE_IDLE_SHARE). */
+#define FENCE_IDLE_SHARE 3
+
 static int fence(ferry_session_t *s, const ferry_fence_id_t *ids, size_t n, uint64_t deadline, bool *gone,
                  fence_reports_t *rs)
 {
@@ -224,16 +227,30 @@ static int fence(ferry_session_t *s, const ferry_fence_id_t *ids, size_t n, uint
     uint64_t pause_ms = 5;
     for (int attempt = 0;; attempt++) {
         ferry_conn_t *c;
-        rc = ferry_session_checkout_spare(s, deadline, attempt > 0, &c);
+        /* The first attempt may take an idle pooled connection, whose path
+         * may be as stuck as the stream's was (it went idle before the
+         * outage): it gets a third of the budget, and a fresh connection
+         * the rest. A CANCEL that arrives twice is answered twice. */
+        uint64_t by = deadline;
+        if (attempt == 0) {
+            uint64_t now = ferry_now_ns();
+            if (deadline > now && deadline != UINT64_MAX) by = now + (deadline - now) / FENCE_IDLE_SHARE;
+        }
+        rc = ferry_session_checkout_spare(s, by, attempt > 0, &c);
         if (rc == 0) {
             if (rs) reports_clear(rs); /* a new attempt asks again */
-            rc = fence_exchange(c, ids, n, deadline, rs);
+            rc = fence_exchange(c, ids, n, by, rs);
             ferry_session_checkin(s, c, rc == 0);
         }
         if (rc == 0) return 0;
         if (target_gone(rc)) {
             *gone = true;
             return rc;
+        }
+        if (attempt == 0 && rc == FERRY_ERR_TIMEOUT && ferry_ms_left(deadline) > 0) {
+            FERRY_LOG(FERRY_LOG_DEBUG, "cancel", "fence to %s unanswered on a pooled connection; a fresh one next",
+                      s->name);
+            continue;
         }
         if (!(rc == FERRY_ERR_PEER_CLOSED || rc == FERRY_ERR_SOCKET) || ferry_ms_left(deadline) == 0) return rc;
         uint64_t until = ferry_now_ns() + pause_ms * 1000000u;

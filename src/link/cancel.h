@@ -13,7 +13,10 @@
  *    or a canceller interrupting it), the initiator aborts that connection
  *    and *fences* every piece with frames in flight: it sends CANCEL for
  *    their ids on another connection and waits (config.cancel_timeout_ms)
- *    for CANCEL_ACK. Only then is the piece reported (TIMEOUT, CANCELLED, or
+ *    for CANCEL_ACK. That connection may be an idle pooled one, whose path
+ *    may have gone silent with the stream's: it gets a third of the budget,
+ *    then a fresh connection the rest (fence.c). Only then is the piece
+ *    reported (TIMEOUT, CANCELLED, or
  *    retried under a new id). If the target cannot confirm, the request
  *    fails with CANCEL_UNCONFIRMED: its pages must not be reused yet.
  *  - Every CANCEL names, besides the id, the data connection that carried
