@@ -229,8 +229,9 @@ static size_t remote_entries(const ferry_vec_desc_t *d, const uint32_t *idx, siz
 /* Whether pieces [0, n) (none failed yet) go as one copy in the initiator's
  * address order: they fit one gathered copy (SHM_CHUNK bytes, IOV_MAX
  * entries a side) and that order merges more of the remote list than
- * descriptor order. Then sc->order holds that order (n entries). */
-static bool sorted_copy_fits(struct shm_conn *sc, const struct ferry_vec_scratch *v, size_t n)
+ * descriptor order. Then sc->order holds that order (n entries) and
+ * *total their bytes. */
+static bool sorted_copy_fits(struct shm_conn *sc, const struct ferry_vec_scratch *v, size_t n, uint64_t *total)
 {
     if (n < 2 || n > IOV_MAX) return false;
     uint64_t bytes = 0, lo = UINT64_MAX, hi = 0;
@@ -251,6 +252,7 @@ static bool sorted_copy_fits(struct shm_conn *sc, const struct ferry_vec_scratch
     uint64_t varying = 0; /* the bits in which the pieces' offsets from lo differ */
     for (size_t k = 0; k < n; k++) varying |= v->d[k].aux - lo;
     sort_by_key(idx, tmp, n, v->d, lo, hi - lo, varying);
+    *total = bytes;
     return remote_entries(v->d, idx, n) < before;
 }
 
@@ -296,7 +298,6 @@ static ssize_t sorted_copy_once(const struct shm_conn *sc, const struct ferry_ve
 #define SORTED_PARTS_MAX (SHM_CHUNK / SHM_PART + 1)
 
 struct sorted_copy {
-    ferry_conn_t *c;
     struct ferry_vec_scratch *v;
     const uint32_t *order;
     bool write;
@@ -424,15 +425,13 @@ static void sorted_share(void *arg, int side)
 }
 
 /* With the registry's read lock held: copies pieces [0, n) (checked, none
- * failed) in sc->order, all of them (sorted_part), a large frame with the
- * copy helper's help. 0, or PEER_CLOSED when the initiator is gone (the
- * frame's log then says untracked: what landed is no prefix). */
+ * failed; bytes in all) in sc->order, all of them (sorted_part), a large
+ * frame with the copy helper's help. 0, or PEER_CLOSED when the initiator
+ * is gone (the frame's log then says untracked: what landed is no prefix). */
 static int vec_copy_sorted_locked(ferry_conn_t *c, struct shm_conn *sc, struct ferry_vec_scratch *v, size_t n,
-                                  bool write)
+                                  uint64_t bytes, bool write)
 {
-    struct sorted_copy j = {.c = c, .v = v, .order = sc->order, .write = write, .side = {*sc, *sc}};
-    uint64_t bytes = 0;
-    for (size_t k = 0; k < n; k++) bytes += v->d[k].len;
+    struct sorted_copy j = {.v = v, .order = sc->order, .write = write, .side = {*sc, *sc}};
     sorted_parts(&j, n, bytes >= SHM_SHARE_MIN && halves_apart(v, sc->order, n, bytes));
     atomic_init(&j.gone, false);
     pthread_mutex_init(&j.fail_lock, NULL);
@@ -495,8 +494,9 @@ static int vec_copy_host(ferry_conn_t *c, ferry_registry_t *r, const ferry_frame
             copy_unlock(r, turn);
             return 0; /* the caller copies piece by piece */
         }
-        if (i == 0 && sorted_copy_fits(sc, v, n)) {
-            int st = vec_copy_sorted_locked(c, sc, v, n, write);
+        uint64_t total;
+        if (i == 0 && sorted_copy_fits(sc, v, n, &total)) {
+            int st = vec_copy_sorted_locked(c, sc, v, n, total, write);
             if (write && st == 0) ferry_placed_progress(c, vec_prefix(v, 0, n, 0), v->st); /* under the lock */
             copy_unlock(r, turn);
             return st;
