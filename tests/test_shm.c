@@ -661,6 +661,22 @@ static int write_batch(ferry_engine_t *e, target_child_t *c, unsigned char *cons
     return rc;
 }
 
+/* cap bytes of fresh anonymous memory, registered with e as a local
+ * buffer (munmap it after the engine is destroyed). */
+static unsigned char *registered_mapping(ferry_engine_t *e, size_t cap)
+{
+    unsigned char *src = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(src != MAP_FAILED);
+    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    return src;
+}
+
+/* Maps [at, at + len) again (zero-filled), after a test unmapped it. */
+static void map_again(unsigned char *at, size_t len)
+{
+    assert_true(mmap(at, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == at);
+}
+
 /* Pieces of 1 MiB (over FERRY_WIRE_VEC_PIECE_MAX) go many to a CMA_VEC
  * frame to targets advertising FERRY_HELLO_F_CMA_BIG: the target copies
  * them with gathered calls of up to 4 MiB (before, each went as its own
@@ -675,9 +691,7 @@ static void large_pieces_in_vector_frames(void **state)
     size_t piece = 1u << 20, cap = N * piece;
     target_child_t *c = child_start(cap, 0);
     ferry_engine_t *e = initiator("shm", 1);
-    unsigned char *src = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    assert_true(src != MAP_FAILED);
-    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    unsigned char *src = registered_mapping(e, cap);
     unsigned char *local[N];
     uint64_t remote[N];
     int st[N];
@@ -787,9 +801,7 @@ static void pieces_copied_in_the_initiators_order(void **state)
     size_t cap = (size_t)N * PIECE;
     target_child_t *c = child_start(cap, 0);
     ferry_engine_t *e = initiator("shm", 1);
-    unsigned char *src = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    assert_true(src != MAP_FAILED);
-    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    unsigned char *src = registered_mapping(e, cap);
     ferry_request_t reqs[N];
     bool hole[N];
     for (int i = 0; i < N; i++) { /* piece i: initiator slot i*13+5, target slot i*29+3 (mod N) */
@@ -835,8 +847,7 @@ static void pieces_copied_in_the_initiators_order(void **state)
 
     /* Page 9 back; a deregistration racing a stream of such writes: after
      * it returns, nothing lands. */
-    assert_true(mmap(src + 9 * 4096, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
-                src + 9 * 4096);
+    map_again(src + 9 * 4096, 4096);
     deregistration_races_writes(e, c, reqs, N);
     ferry_peer_info_t info;
     info_of(e, c->peer, &info);
@@ -902,9 +913,7 @@ static void large_frames_copy_on_two_threads(void **state)
     size_t cap = (size_t)N * PIECE;
     target_child_t *c = child_start(cap, 0);
     ferry_engine_t *e = initiator("shm", 1);
-    unsigned char *src = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    assert_true(src != MAP_FAILED);
-    assert_int_equal(ferry_register(e, src, cap, FERRY_MEM_LOCAL), 0);
+    unsigned char *src = registered_mapping(e, cap);
     static ferry_request_t reqs[N];
     static bool none[N], hole[N];
     for (int i = 0; i < N; i++) { /* piece i: initiator page i*613+7, target page i*733+7 (mod N) */
@@ -930,10 +939,8 @@ static void large_frames_copy_on_two_threads(void **state)
     shared = shared_calls(e, c, reqs, N, hole, 50, 400000);
     if (two_cpus && !shared) fail_msg("the copy helper took no share of 50 read frames");
 
-    assert_true(mmap(src + 2 * PIECE, PIECE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
-                src + 2 * PIECE);
-    assert_true(mmap(src + (size_t)(N - 3) * PIECE, PIECE, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == src + (size_t)(N - 3) * PIECE);
+    map_again(src + 2 * PIECE, PIECE);
+    map_again(src + (size_t)(N - 3) * PIECE, PIECE);
     deregistration_races_writes(e, c, reqs, N);
     ferry_engine_destroy(e);
     munmap(src, cap);
