@@ -8,11 +8,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "engine/testing.h"
+#include "link/conn.h"
+#include "link/link.h"
+#include "util/clock.h"
+#include "util/net.h"
 #include "util/spin.h"
 #include "harness.h"
 
@@ -288,6 +294,138 @@ static void adaptive_spin_budget_follows_recent_waits(void **state)
     assert_int_equal(ferry_spin_us(&sp, 0), fast); /* and comes back with short waits */
 }
 
+/* Long regular waits (an answer to a copy of the same size each time) nap
+ * through their known part and spin over their end; others do not. */
+static void long_regular_waits_nap_then_spin(void **state)
+{
+    (void)state;
+    uint32_t w[FERRY_SPIN_WINDOW];
+    unsigned tail = 7;
+    for (int i = 0; i < FERRY_SPIN_WINDOW; i++) w[i] = 300000; /* 300 us each */
+    assert_int_equal(ferry_spin_nap_plan(w, FERRY_SPIN_WINDOW, 2, &tail), 300 - FERRY_NAP_LEAD_US);
+    assert_int_equal(tail, 2 * FERRY_NAP_LEAD_US);
+    assert_int_equal(ferry_spin_nap_plan(w, FERRY_SPIN_WINDOW, 1, &tail), 0); /* one CPU: the answer needs it */
+    assert_int_equal(tail, 0);
+    assert_int_equal(ferry_spin_nap_plan(w, FERRY_SPIN_WINDOW - 1, 2, &tail), 0); /* not enough measured */
+    for (int i = 0; i < FERRY_SPIN_WINDOW; i++) w[i] = 80000; /* 80 us: spun whole instead */
+    assert_int_equal(ferry_spin_nap_plan(w, FERRY_SPIN_WINDOW, 2, &tail), 0);
+    for (int i = 0; i < FERRY_SPIN_WINDOW; i++) w[i] = (FERRY_NAP_MAX_US + 1) * 1000u; /* too long to bother */
+    assert_int_equal(ferry_spin_nap_plan(w, FERRY_SPIN_WINDOW, 2, &tail), 0);
+    for (int i = 0; i < FERRY_SPIN_WINDOW; i++) w[i] = i < 4 ? 150000 : 400000; /* irregular */
+    assert_int_equal(ferry_spin_nap_plan(w, FERRY_SPIN_WINDOW, 2, &tail), 0);
+    for (int i = 0; i < FERRY_SPIN_WINDOW; i++) w[i] = i < 3 ? 200000 : 290000; /* spread 90 us */
+    assert_int_equal(ferry_spin_nap_plan(w, FERRY_SPIN_WINDOW, 2, &tail), 200 - FERRY_NAP_LEAD_US);
+    assert_int_equal(tail, FERRY_SPIN_CAP_US); /* 290 + 80 - 200 = 170: capped */
+    w[0] = 10000; /* one short outlier: the second shortest counts */
+    assert_int_equal(ferry_spin_nap_plan(w, FERRY_SPIN_WINDOW, 2, &tail), 200 - FERRY_NAP_LEAD_US);
+
+    /* Through a connection's record, with the trim naps learn. */
+    ferry_spin_t sp;
+    memset(&sp, 0, sizeof sp);
+    for (int i = 0; i < FERRY_SPIN_WINDOW; i++) ferry_spin_record(&sp, 300000);
+    if (ferry_spin_cpus() < 2) {
+        assert_int_equal(ferry_spin_nap(&sp, 0, &tail), 0);
+        return;
+    }
+    unsigned nap = ferry_spin_nap(&sp, 0, &tail);
+    assert_int_equal(nap, 300 - FERRY_NAP_LEAD_US);
+    assert_int_equal(ferry_spin_nap(&sp, -1, &tail), 0); /* never spins: never naps */
+    assert_int_equal(ferry_spin_nap(&sp, 50, &tail), 0); /* a fixed spin: as configured */
+    ferry_spin_nap_outcome(&sp, FERRY_NAP_WOKEN);        /* the answer beat the nap */
+    assert_int_equal(ferry_spin_nap(&sp, 0, &tail), nap - FERRY_NAP_TRIM_STEP_US);
+    ferry_spin_nap_outcome(&sp, FERRY_NAP_CAUGHT);
+    ferry_spin_nap_outcome(&sp, FERRY_NAP_MISSED); /* changes nothing */
+    assert_int_equal(ferry_spin_nap(&sp, 0, &tail), nap - FERRY_NAP_TRIM_STEP_US + 1);
+    for (unsigned i = 0; i * FERRY_NAP_TRIM_STEP_US < nap; i++) ferry_spin_nap_outcome(&sp, FERRY_NAP_WOKEN);
+    assert_int_equal(ferry_spin_nap(&sp, 0, &tail), 0); /* trimmed away: block as before */
+    assert_int_equal(tail, 0);
+    unsigned left = atomic_load(&sp.nap_trim_us);
+    for (unsigned i = 0; i <= left - nap; i++) ferry_spin_nap(&sp, 0, &tail); /* each decline gives 1 us back */
+    assert_int_equal(ferry_spin_nap(&sp, 0, &tail), 1);                      /* naps come back */
+}
+
+static double now_us(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+/* A nap ends when the data comes or its time is up, and leaves the
+ * thread's timer slack as it found it. */
+static void nap_ends_on_data_or_time(void **state)
+{
+    (void)state;
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    int slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    double t0 = now_us();
+    assert_int_equal(ferry_net_nap_readable(sv[0], 3000), 0);
+    assert_true(now_us() - t0 >= 3000);
+    assert_int_equal(prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0), slack);
+    assert_int_equal(send(sv[1], "x", 1, 0), 1);
+    t0 = now_us();
+    assert_int_equal(ferry_net_nap_readable(sv[0], 5000000), 1); /* at once, not in 5 s */
+    assert_true(now_us() - t0 < 1000000);
+    close(sv[0]);
+    close(sv[1]);
+}
+
+struct answerer {
+    int fd, rounds;
+};
+
+/* Answers each 1-byte request with a frame header after ~300 us of work. */
+static void *answer_after_work(void *arg)
+{
+    struct answerer *a = arg;
+    for (int i = 0; i < a->rounds; i++) {
+        char b;
+        if (recv(a->fd, &b, 1, MSG_WAITALL) != 1) break;
+        double until = now_us() + 300;
+        while (now_us() < until) {
+        }
+        ferry_frame_t f = {.type = FERRY_FRAME_VEC_ACK, .req_id = (uint64_t)i, .len = 1};
+        uint8_t hdr[FERRY_FRAME_HEADER_SIZE];
+        ferry_frame_encode(&f, hdr);
+        if (send(a->fd, hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr) break;
+    }
+    return NULL;
+}
+
+/* A connection's answers to work of the same length each time: the waits
+ * nap (on two CPUs or more), and every answer still arrives, in order. */
+static void answers_to_regular_work_nap_and_arrive(void **state)
+{
+    (void)state;
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    ferry_link_t link;
+    memset(&link, 0, sizeof link); /* spin_us 0: adaptive */
+    ferry_conn_t c;
+    memset(&c, 0, sizeof c);
+    c.fd = sv[0];
+    c.link = &link;
+    struct answerer a = {.fd = sv[1], .rounds = 200};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, answer_after_work, &a), 0);
+    unsigned long naps0 = ferry_conn_naps();
+    for (int i = 0; i < a.rounds; i++) {
+        assert_int_equal(send(sv[0], "r", 1, 0), 1);
+        ferry_frame_t f;
+        assert_int_equal(ferry_conn_recv_frame_spin(&c, &f, ferry_deadline_after_ms(10000), FERRY_SPIN_NAP), 0);
+        assert_int_equal(f.type, FERRY_FRAME_VEC_ACK);
+        assert_int_equal(f.req_id, (uint64_t)i);
+    }
+    pthread_join(t, NULL);
+    unsigned long naps = ferry_conn_naps() - naps0;
+    printf("%lu naps in %d waits (trim %u us)\n", naps, a.rounds, atomic_load(&c.spin.nap_trim_us));
+    if (ferry_spin_cpus() >= 2) assert_true(naps > 0);
+    else assert_int_equal(naps, 0);
+    close(sv[0]);
+    close(sv[1]);
+}
+
 /* With the default (adaptive) spin, after a burst of small round trips
  * that taught both sides to spin, an idle engine pair burns no CPU: the
  * waits for the next request and answer stop spinning once idle. */
@@ -425,6 +563,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(idle_engines_burn_no_cpu, setup, teardown),
         cmocka_unit_test(bounded_spin_wait),
         cmocka_unit_test(adaptive_spin_budget_follows_recent_waits),
+        cmocka_unit_test(long_regular_waits_nap_then_spin),
+        cmocka_unit_test(nap_ends_on_data_or_time),
+        cmocka_unit_test(answers_to_regular_work_nap_and_arrive),
         cmocka_unit_test(idle_after_small_round_trips_burns_no_cpu),
         cmocka_unit_test(batch_waits_spin_adaptively_and_idle_burns_no_cpu),
         cmocka_unit_test(completion_config_fields),

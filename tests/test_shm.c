@@ -18,6 +18,7 @@
 #include "child.h"
 
 #include "util/clock.h"
+#include "link/conn.h"
 #include "util/spin.h"
 #include "util/memkind.h"
 #include "delay_proxy.h"
@@ -906,6 +907,29 @@ static int shared_calls(ferry_engine_t *e, target_child_t *c, ferry_request_t *r
  * such frames is never followed by a byte landing (the helper copies only
  * while the serving thread holds the registry's read lock and waits for
  * it). */
+/* Runs synchronous calls of the n writes (at most calls, fewer once
+ * stop_at_nap and one of their waits napped): one frame and one answer a
+ * call, as the engine runs small pieces unsplit after the first call. The
+ * naps this process took meanwhile (FERRY_SPIN_NAP, link/conn.h). */
+static unsigned long naps_in_calls(ferry_engine_t *e, target_child_t *c, const ferry_request_t *reqs, size_t n,
+                                   int calls, bool stop_at_nap)
+{
+    void **locals = calloc(n, sizeof *locals);
+    uint64_t *remotes = calloc(n, sizeof *remotes);
+    size_t *lens = calloc(n, sizeof *lens);
+    assert_non_null(locals);
+    assert_non_null(remotes);
+    assert_non_null(lens);
+    for (size_t i = 0; i < n; i++) locals[i] = reqs[i].local, remotes[i] = reqs[i].remote, lens[i] = reqs[i].len;
+    unsigned long naps0 = ferry_conn_naps();
+    for (int k = 0; k < calls && !(stop_at_nap && ferry_conn_naps() > naps0); k++)
+        assert_int_equal(ferry_batch_transfer_sync(e, c->peer, FERRY_OP_WRITE, locals, remotes, lens, n), 0);
+    free(locals);
+    free(remotes);
+    free(lens);
+    return ferry_conn_naps() - naps0;
+}
+
 static void large_frames_copy_on_two_threads(void **state)
 {
     (void)state;
@@ -925,6 +949,10 @@ static void large_frames_copy_on_two_threads(void **state)
     bool two_cpus = ferry_spin_cpus() >= 2;
     int shared = shared_calls(e, c, reqs, N, none, 200, 100000);
     if (two_cpus && !shared) fail_msg("the copy helper took no share of 200 frames of 4 MiB");
+    /* The initiator's CPU is not idle through a shared copy: its waits
+     * for the answers never nap (shm.c, copied_on_one_thread). */
+    unsigned long naps = naps_in_calls(e, c, reqs, N, 100, false);
+    if (naps) fail_msg("%lu waits napped for frames the copy helper shares", naps);
     int calls0 = target_child_do(c, CMD_VEC_CALLS, 0, 0, 0);
     shared_calls(e, c, reqs, N, none, 1, 200000);
     int calls = target_child_do(c, CMD_VEC_CALLS, 0, 0, 0) - calls0;
@@ -971,6 +999,11 @@ static void frames_under_one_page_table_copy_alone(void **state)
     if (shared_calls(e, c, reqs, N, none, 20, 500000) != 0)
         fail_msg("the copy helper shared a frame whose initiator side lies under one page-table page");
     assert_int_equal(target_child_do(c, CMD_HELPER_SHARES, 0, 0, 0), before);
+    /* Copied on one thread, the frame leaves the initiator's CPU idle: its
+     * regular waits for the answers nap (on two CPUs or more). */
+    unsigned long naps = naps_in_calls(e, c, reqs, N, 400, true);
+    printf("naps in calls of 1,024 x 2 KiB: %lu\n", naps);
+    if (ferry_spin_cpus() >= 2 && naps == 0) fail_msg("no wait napped in 400 calls of frames copied on one thread");
     ferry_engine_destroy(e);
     munmap(map, 2 * span);
     target_child_stop(c);

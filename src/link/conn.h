@@ -4,6 +4,7 @@
 #ifndef FERRY_CORE_CONN_H
 #define FERRY_CORE_CONN_H
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -167,6 +168,13 @@ int ferry_conn_recv_frame(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline);
 /* The same, busy-polling up to spin_us for the header before sleeping
  * (ferry_net_recv_spin): for answers due within microseconds. */
 int ferry_conn_recv_frame_spin(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline, unsigned spin_us);
+/* spin_us for ferry_conn_recv_frame_spin (and the vector answers' receives
+ * that pass it on): the adaptive spin, or, for a long regular wait, a nap
+ * and a spin over its end (spin.h, ferry_spin_nap). For answers to work
+ * the target does on one thread, leaving this CPU idle meanwhile. */
+#define FERRY_SPIN_NAP UINT_MAX
+/* Naps taken so far in this process (FERRY_SPIN_NAP): for tests. */
+unsigned long ferry_conn_naps(void);
 /* How long the next wait on c may spin (config.spin_us, else adaptive). */
 unsigned ferry_conn_spin_us(ferry_conn_t *c);
 /* Initiator side, both receives: an answer (READ_RESP, WRITE_ACK, VEC_ACK,

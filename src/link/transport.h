@@ -150,6 +150,7 @@ struct inflight {
     ferry_xfer_t *x;
     uint64_t off, n;
     uint32_t count; /* > 0: a vector frame of the count pieces from x on (vec.h), n bytes in all */
+    bool nap;       /* its answer's wait may nap (FERRY_SPIN_NAP, conn.h) */
 };
 
 /* Whether piece x still has bytes to send from off: not failed, not done,

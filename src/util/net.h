@@ -40,6 +40,10 @@ int ferry_net_wait_readable(int fd, uint64_t deadline);
 /* Polls fd without sleeping for up to spin_us microseconds: 1 as soon as it
  * is readable, 0 when the time is up (config.spin_us: a core for latency). */
 int ferry_net_spin_readable(int fd, unsigned spin_us);
+/* Sleeps until fd is readable or nap_us have passed (microsecond
+ * resolution, the thread's timer slack at 1 ns meanwhile); 1 if readable,
+ * else 0. */
+int ferry_net_nap_readable(int fd, unsigned nap_us);
 /* Busy-polls recv for up to spin_us microseconds, reading at most len bytes
  * into buf; *got says how many came (maybe 0, maybe fewer than len). 0, or
  * PEER_CLOSED / SOCKET. For answers due within microseconds: a cross-CPU

@@ -27,6 +27,7 @@
 typedef struct ferry_spin {
     _Atomic uint32_t wait_ns[FERRY_SPIN_WINDOW];
     atomic_uint count; /* waits recorded so far (the ring's next slot) */
+    atomic_uint nap_trim_us; /* taken off the planned nap (ferry_spin_nap_outcome) */
 } ferry_spin_t;
 
 /* Records one wait's length: from its start until the data was there. */
@@ -37,5 +38,40 @@ unsigned ferry_spin_budget(const uint32_t *wait_ns, size_t n, int ncpus);
 int ferry_spin_cpus(void);
 /* How long the next wait spins, given config.spin_us. */
 unsigned ferry_spin_us(ferry_spin_t *s, int config_spin_us);
+
+/* A nap, then a spin over the wait's end: for a wait too long to spin
+ * whole but regular, an answer to work that takes about as long each time
+ * (a copy of the same size), where the other side leaves this thread's
+ * CPU idle. Asleep, the thread would pay a wake-up when the answer comes
+ * (an idle CPU of a small VM woken by another took 30-70 us, the wake-up
+ * itself ~7% of a small-piece call's samples on the sending side); napping
+ * through the known part of the wait and spinning over its end, it is
+ * running when the answer comes. ferry_spin_nap returns how long to nap
+ * (0: no nap) and sets *tail_us, how long to spin after it, from the
+ * connection's recent waits: only when all FERRY_SPIN_WINDOW were
+ * recorded, their median is over FERRY_SPIN_CAP_US and at most
+ * FERRY_NAP_MAX_US, and the second shortest is within FERRY_SPIN_CAP_US
+ * of the median (regular); the nap ends FERRY_NAP_LEAD_US before the
+ * second shortest (what a timed sleep overruns by), the spin
+ * FERRY_NAP_LEAD_US after the median, FERRY_SPIN_CAP_US at most. Only in
+ * the adaptive mode (config_spin_us 0) and with two CPUs or more. */
+#define FERRY_NAP_MAX_US 5000
+#define FERRY_NAP_LEAD_US 40
+unsigned ferry_spin_nap(ferry_spin_t *s, int config_spin_us, unsigned *tail_us);
+/* How a planned nap went. A recorded wait that ended in a sleep includes
+ * the sleeper's wake-up, so naps planned from such waits run long; each
+ * nap the answer cut short takes FERRY_NAP_TRIM_STEP_US more off the next
+ * ones, each answer a spin caught after a nap gives 1 us back (and a nap
+ * the trim swallows whole gives 1 us back too, so naps come back when the
+ * waits shrink). */
+typedef enum ferry_nap_outcome {
+    FERRY_NAP_WOKEN, /* the answer came during the nap */
+    FERRY_NAP_CAUGHT, /* the spin after it caught the answer */
+    FERRY_NAP_MISSED, /* the spin ran out first */
+} ferry_nap_outcome_t;
+#define FERRY_NAP_TRIM_STEP_US 10
+void ferry_spin_nap_outcome(ferry_spin_t *s, ferry_nap_outcome_t how);
+/* The same from n recorded waits (pure). */
+unsigned ferry_spin_nap_plan(const uint32_t *wait_ns, size_t n, int ncpus, unsigned *tail_us);
 
 #endif

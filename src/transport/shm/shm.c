@@ -293,6 +293,25 @@ static bool any_device_local(ferry_xport_ctx_t *ctx, const ferry_xfer_t *xs, siz
 }
 
 
+/* Whether the target copies the vector frame of xs[0..n) (bytes in all) on
+ * one thread: it shares a frame with its copy helper only from
+ * SHM_SHARE_MIN bytes, and only when the frame's initiator side crosses a
+ * page-table page (SHM_PT_SPAN; shm_vec.c, halves_apart). A frame of small
+ * pieces copied on one thread leaves this CPU idle through the copy (such
+ * copies take turns at the target): the wait for its answer may nap and
+ * spin over its end (FERRY_SPIN_NAP). On two CPUs, a spin against a copy
+ * on both cost it 2-3%. */
+static bool copied_on_one_thread(const ferry_xfer_t *xs, size_t n, uint64_t bytes)
+{
+    if (bytes < SHM_SHARE_MIN) return true;
+    uintptr_t page = (uintptr_t)xs[0].local / SHM_PT_SPAN;
+    for (size_t i = 0; i < n; i++) {
+        uintptr_t a = (uintptr_t)xs[i].local;
+        if (a / SHM_PT_SPAN != page || (a + xs[i].len - 1) / SHM_PT_SPAN != page) return false;
+    }
+    return true;
+}
+
 static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, ferry_verdict_t *verdict)
 {
     if (any_device_local(c->ctx, xs, nx))
@@ -333,8 +352,11 @@ static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, fe
             }
             uint64_t bytes = 0;
             for (size_t i = 0; i < g; i++) bytes += xs[cur + i].len;
-            small_vec += bytes / g < SHM_SMALL_ENTRY ? g : 0;
-            ring[(head + count++) % SHM_WINDOW] = (struct inflight){&xs[cur], 0, bytes, (uint32_t)g};
+            bool small = bytes / g < SHM_SMALL_ENTRY;
+            small_vec += small ? g : 0;
+            ring[(head + count++) % SHM_WINDOW] =
+                (struct inflight){.x = &xs[cur], .n = bytes, .count = (uint32_t)g,
+                                 .nap = small && copied_on_one_thread(xs + cur, g, bytes)};
             inflight += bytes;
             cur += g;
             cur_off = cur < nx ? xs[cur].done : 0;
@@ -350,7 +372,7 @@ static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, fe
                 free(tainted);
                 return rc;
             }
-            ring[(head + count++) % SHM_WINDOW] = (struct inflight){x, cur_off, n, 0};
+            ring[(head + count++) % SHM_WINDOW] = (struct inflight){.x = x, .off = cur_off, .n = n};
             cur_off += n;
             inflight += n;
             continue;
@@ -359,7 +381,7 @@ static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, fe
         struct inflight in = ring[head];
         head = (head + 1) % SHM_WINDOW;
         count--;
-        unsigned spin = inflight <= SHM_SPIN_INFLIGHT ? spin_us : 0;
+        unsigned spin = in.nap ? FERRY_SPIN_NAP : inflight <= SHM_SPIN_INFLIGHT ? spin_us : 0;
         inflight -= in.n;
         bool this_refused = false;
         if (in.count) {

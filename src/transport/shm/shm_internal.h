@@ -33,6 +33,13 @@
  * initiator whose calls are such pieces runs them unsplit (shm_run's
  * verdict: small_serial). */
 #define SHM_SMALL_ENTRY (64u << 10)
+/* Frames of fewer bytes copy in the serving thread alone: waking the copy
+ * helper (shm_helper.c) would cost about what its share saves. */
+#define SHM_SHARE_MIN (1u << 20)
+/* The span of initiator memory one page-table page maps (x86-64, 4 KiB
+ * pages: 512 entries): a frame whose initiator side lies within one is
+ * copied by one thread (shm_vec.c, halves_apart). */
+#define SHM_PT_SPAN (2u << 20)
 
 struct shm_conn {
     int state;          /* 0 unchecked, 1 verified, -1 refused */

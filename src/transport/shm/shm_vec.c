@@ -292,9 +292,6 @@ static ssize_t sorted_copy_once(const struct shm_conn *sc, const struct ferry_ve
  * alone) and no part waits for a wake-up: a helper that wakes late finds
  * fewer parts, or none. */
 #define SHM_PART (256u << 10)
-/* Frames of fewer bytes copy in the serving thread alone: waking the
- * helper would cost about what its share saves. */
-#define SHM_SHARE_MIN (1u << 20)
 #define SORTED_PARTS_MAX (SHM_CHUNK / SHM_PART + 1)
 
 struct sorted_copy {
@@ -309,10 +306,6 @@ struct sorted_copy {
     struct shm_conn side[2];              /* each thread's copy of the trust record (its refusal) */
     int st[2];                            /* each thread's end: 0 or PEER_CLOSED */
 };
-
-/* The span of initiator memory one page-table page maps (x86-64, 4 KiB
- * pages: 512 entries). */
-#define SHM_PT_SPAN (2u << 20)
 
 /* Whether the pieces order[0..n) (bytes in all, in the initiator's order)
  * cross a page-table page's boundary near their middle: at least a quarter

@@ -218,7 +218,7 @@ static int tcp_run_stream(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *bro
             }
             uint64_t bytes = 0;
             for (size_t i = 0; i < g; i++) bytes += xs[cur + i].len;
-            ring[(head + count++) % 256] = (struct inflight){&xs[cur], 0, bytes, (uint32_t)g};
+            ring[(head + count++) % 256] = (struct inflight){.x = &xs[cur], .n = bytes, .count = (uint32_t)g};
             inflight += bytes;
             vec_frames++;
             reads_out += xs[cur].opcode == FERRY_OP_READ;
@@ -257,7 +257,7 @@ static int tcp_run_stream(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *bro
                 *broken = 1;
                 return rc;
             }
-            ring[(head + count++) % 256] = (struct inflight){x, cur_off, n, 0};
+            ring[(head + count++) % 256] = (struct inflight){.x = x, .off = cur_off, .n = n};
             cur_off += n;
             inflight += n;
             reads_out += x->opcode == FERRY_OP_READ;
