@@ -26,8 +26,11 @@
  * variable or poll). By default a connection's waits first busy-poll
  * briefly (yielding the CPU at each turn) when its recent waits were short:
  * at most 100 us, twice their median, none when they were long or on a
- * single CPU (config.spin_us). An idle engine never spins and uses no CPU
- * beyond one wake-up a second.
+ * single CPU (config.spin_us). A shared-memory answer to a copy the
+ * target makes on one thread, when such waits were long and regular, is
+ * awaited by a timed sleep through most of the wait and a spin over its
+ * end (at most 100 us). An idle engine never spins and uses no CPU beyond
+ * one wake-up a second.
  *
  * All calls are thread-safe, except where a call says it must not race
  * (destroy and free against use of the same object). Every blocking call
@@ -151,7 +154,10 @@ typedef struct ferry_config {
      * (so an idle engine never spins); ferry_batch_wait and a call's wait
      * for its other connections' pieces spin likewise, learnt from the
      * engine's recent such waits, where a CPU is to spare besides the
-     * threads they wait for. N > 0: always N us (those waits too).
+     * threads they wait for; the wait for an shm answer to small pieces
+     * the target copies on one thread, when such waits were long (over
+     * 100 us, up to 5 ms) and regular, sleeps through most of it and spins
+     * over its end (at most 100 us). N > 0: always N us (those waits too).
      * -1: never spin, every wait blocks.
      * (FERRY_SPIN_US, -1 to 1000000.) */
     int spin_us;
