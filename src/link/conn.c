@@ -99,17 +99,19 @@ int ferry_conn_recv_frame(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline)
     }
 }
 
-/* For FERRY_SPIN_NAP (conn.h): the adaptive spin, or a nap (spin.h) and
- * then the spin over the wait's end, in which case *napped is set for the
- * caller to report how that spin went. */
 static atomic_ulong naps_taken; /* process-wide (ferry_conn_naps) */
 
 unsigned long ferry_conn_naps(void) { return atomic_load_explicit(&naps_taken, memory_order_relaxed); }
 
-static unsigned nap_or_spin(ferry_conn_t *c, bool *napped)
+/* For FERRY_SPIN_NAP (conn.h): the adaptive spin, or a nap (spin.h, never
+ * past the deadline) and then the spin over the wait's end, in which case
+ * *napped is set for the caller to report how that spin went. */
+static unsigned nap_or_spin(ferry_conn_t *c, uint64_t deadline, bool *napped)
 {
     unsigned spin_us = ferry_conn_spin_us(c), tail_us = 0;
     unsigned nap_us = spin_us ? 0 : ferry_spin_nap(&c->spin, c->link->spin_us, &tail_us);
+    uint64_t now = ferry_now_ns(), left_us = deadline > now ? (deadline - now) / 1000u : 0;
+    if (nap_us > left_us) nap_us = (unsigned)left_us;
     if (nap_us == 0) return spin_us;
     atomic_fetch_add_explicit(&naps_taken, 1, memory_order_relaxed);
     if (ferry_net_nap_readable(c->fd, nap_us) == 1) {
@@ -126,7 +128,7 @@ int ferry_conn_recv_frame_spin(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadl
     size_t got = 0;
     uint64_t t0 = ferry_now_ns();
     bool napped = false;
-    if (spin_us == FERRY_SPIN_NAP) spin_us = nap_or_spin(c, &napped);
+    if (spin_us == FERRY_SPIN_NAP) spin_us = nap_or_spin(c, deadline, &napped);
     int rc = ferry_net_recv_spin(c->fd, hdr, sizeof hdr, spin_us, &got);
     if (napped) ferry_spin_nap_outcome(&c->spin, got == sizeof hdr ? FERRY_NAP_CAUGHT : FERRY_NAP_MISSED);
     if (rc == 0 && got < sizeof hdr) rc = ferry_net_recv(c->fd, hdr + got, sizeof hdr - got, deadline);

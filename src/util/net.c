@@ -13,11 +13,11 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sched.h>
-#include <sys/prctl.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
