@@ -99,15 +99,20 @@ int ferry_conn_recv_frame(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadline)
     }
 }
 
-static atomic_ulong naps_taken; /* process-wide (ferry_conn_naps) */
+static atomic_ulong nap_waits, naps_taken; /* process-wide (ferry_conn_naps) */
 
-unsigned long ferry_conn_naps(void) { return atomic_load_explicit(&naps_taken, memory_order_relaxed); }
+unsigned long ferry_conn_naps(unsigned long *waits)
+{
+    if (waits) *waits = atomic_load_explicit(&nap_waits, memory_order_relaxed);
+    return atomic_load_explicit(&naps_taken, memory_order_relaxed);
+}
 
 /* For FERRY_SPIN_NAP (conn.h): the adaptive spin, or a nap (spin.h, never
  * past the deadline) and then the spin over the wait's end, in which case
  * *napped is set for the caller to report how that spin went. */
 static unsigned nap_or_spin(ferry_conn_t *c, uint64_t deadline, bool *napped)
 {
+    atomic_fetch_add_explicit(&nap_waits, 1, memory_order_relaxed);
     unsigned spin_us = ferry_conn_spin_us(c), tail_us = 0;
     unsigned nap_us = spin_us ? 0 : ferry_spin_nap(&c->spin, c->link->spin_us, &tail_us);
     uint64_t now = ferry_now_ns(), left_us = deadline > now ? (deadline - now) / 1000u : 0;

@@ -173,8 +173,10 @@ int ferry_conn_recv_frame_spin(ferry_conn_t *c, ferry_frame_t *f, uint64_t deadl
  * and a spin over its end (spin.h, ferry_spin_nap). For answers to work
  * the target does on one thread, leaving this CPU idle meanwhile. */
 #define FERRY_SPIN_NAP UINT_MAX
-/* Naps taken so far in this process (FERRY_SPIN_NAP): for tests. */
-unsigned long ferry_conn_naps(void);
+/* Naps taken so far in this process, and in *waits (if not NULL) the
+ * waits that were let nap (FERRY_SPIN_NAP) whether they did or not: for
+ * tests. */
+unsigned long ferry_conn_naps(unsigned long *waits);
 /* How long the next wait on c may spin (config.spin_us, else adaptive). */
 unsigned ferry_conn_spin_us(ferry_conn_t *c);
 /* Initiator side, both receives: an answer (READ_RESP, WRITE_ACK, VEC_ACK,
