@@ -115,9 +115,10 @@ static unsigned nap_or_spin(ferry_conn_t *c, uint64_t deadline, bool *napped)
     atomic_fetch_add_explicit(&nap_waits, 1, memory_order_relaxed);
     unsigned spin_us = ferry_conn_spin_us(c), tail_us = 0;
     unsigned nap_us = spin_us ? 0 : ferry_spin_nap(&c->spin, c->link->spin_us, &tail_us);
+    if (nap_us == 0) return spin_us;
     uint64_t now = ferry_now_ns(), left_us = deadline > now ? (deadline - now) / 1000u : 0;
     if (nap_us > left_us) nap_us = (unsigned)left_us;
-    if (nap_us == 0) return spin_us;
+    if (nap_us == 0) return 0; /* the deadline is due: the receive reports it */
     atomic_fetch_add_explicit(&naps_taken, 1, memory_order_relaxed);
     if (ferry_net_nap_readable(c->fd, nap_us) == 1) {
         ferry_spin_nap_outcome(&c->spin, FERRY_NAP_WOKEN); /* there already: no spin */

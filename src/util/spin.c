@@ -51,14 +51,21 @@ static int usable_cpus(void)
 
 int ferry_spin_cpus(void) { return usable_cpus(); }
 
+/* Copies the recorded waits (at most FERRY_SPIN_WINDOW) into w; how many. */
+static size_t recorded_waits(ferry_spin_t *s, uint32_t w[FERRY_SPIN_WINDOW])
+{
+    unsigned count = atomic_load_explicit(&s->count, memory_order_relaxed);
+    size_t n = count < FERRY_SPIN_WINDOW ? count : FERRY_SPIN_WINDOW;
+    for (size_t i = 0; i < n; i++) w[i] = atomic_load_explicit(&s->wait_ns[i], memory_order_relaxed);
+    return n;
+}
+
 unsigned ferry_spin_us(ferry_spin_t *s, int config_spin_us)
 {
     if (config_spin_us > 0) return (unsigned)config_spin_us;
     if (config_spin_us < 0) return 0;
-    unsigned count = atomic_load_explicit(&s->count, memory_order_relaxed);
-    size_t n = count < FERRY_SPIN_WINDOW ? count : FERRY_SPIN_WINDOW;
     uint32_t w[FERRY_SPIN_WINDOW];
-    for (size_t i = 0; i < n; i++) w[i] = atomic_load_explicit(&s->wait_ns[i], memory_order_relaxed);
+    size_t n = recorded_waits(s, w);
     return ferry_spin_budget(w, n, usable_cpus());
 }
 
@@ -80,10 +87,9 @@ unsigned ferry_spin_nap(ferry_spin_t *s, int config_spin_us, unsigned *tail_us)
 {
     *tail_us = 0;
     if (config_spin_us != 0) return 0;
-    if (atomic_load_explicit(&s->count, memory_order_relaxed) < FERRY_SPIN_WINDOW) return 0;
     uint32_t w[FERRY_SPIN_WINDOW];
-    for (size_t i = 0; i < FERRY_SPIN_WINDOW; i++) w[i] = atomic_load_explicit(&s->wait_ns[i], memory_order_relaxed);
-    unsigned nap = ferry_spin_nap_plan(w, FERRY_SPIN_WINDOW, usable_cpus(), tail_us);
+    size_t n = recorded_waits(s, w);
+    unsigned nap = ferry_spin_nap_plan(w, n, usable_cpus(), tail_us);
     unsigned trim = atomic_load_explicit(&s->nap_trim_us, memory_order_relaxed);
     if (nap && trim >= nap) {
         atomic_store_explicit(&s->nap_trim_us, trim - 1, memory_order_relaxed);

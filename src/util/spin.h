@@ -58,6 +58,8 @@ unsigned ferry_spin_us(ferry_spin_t *s, int config_spin_us);
 #define FERRY_NAP_MAX_US 5000
 #define FERRY_NAP_LEAD_US 40
 unsigned ferry_spin_nap(ferry_spin_t *s, int config_spin_us, unsigned *tail_us);
+/* The same from n recorded waits, before the trim (pure). */
+unsigned ferry_spin_nap_plan(const uint32_t *wait_ns, size_t n, int ncpus, unsigned *tail_us);
 /* How a planned nap went. A recorded wait that ended in a sleep includes
  * the sleeper's wake-up, so naps planned from such waits run long; each
  * nap the answer cut short takes FERRY_NAP_TRIM_STEP_US more off the next
@@ -71,7 +73,5 @@ typedef enum ferry_nap_outcome {
 } ferry_nap_outcome_t;
 #define FERRY_NAP_TRIM_STEP_US 10
 void ferry_spin_nap_outcome(ferry_spin_t *s, ferry_nap_outcome_t how);
-/* The same from n recorded waits (pure). */
-unsigned ferry_spin_nap_plan(const uint32_t *wait_ns, size_t n, int ncpus, unsigned *tail_us);
 
 #endif
