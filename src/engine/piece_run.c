@@ -175,8 +175,8 @@ const ferry_transport_ops_t *ferry_session_transport(ferry_session_t *s)
  * that transport's verdict is to fall back, moves the session to the
  * fallback transport (tcp) for good (recording why, for ferry_peer_info)
  * and runs them again over it; when it is to leave pieces to the fallback,
- * runs those over it, this time only. Keeps the verdict's copied_inline
- * and small_serial as the session's hints (transfer.c). */
+ * runs those over it, this time only. Keeps the verdict's copied_inline,
+ * small_serial and shares_frames as the session's hints (transfer.c). */
 static int run_transport(ferry_session_t *s, ferry_conn_t *c, ferry_xfer_t *xs, size_t n, int *broken)
 {
     const ferry_transport_ops_t *t = ferry_session_transport(s);
@@ -186,6 +186,7 @@ static int run_transport(ferry_session_t *s, ferry_conn_t *c, ferry_xfer_t *xs, 
     bool moved = verdict.fall_back || verdict.by_tcp;
     atomic_store_explicit(&s->inline_hint, verdict.copied_inline && !moved, memory_order_relaxed);
     atomic_store_explicit(&s->small_hint, verdict.small_serial && !moved, memory_order_relaxed);
+    atomic_store_explicit(&s->share_hint, verdict.shares_frames && !moved, memory_order_relaxed);
     if (rc || t == fallback || !moved) return rc;
     if (!verdict.fall_back) {
         FERRY_LOG(FERRY_LOG_DEBUG, "transport", "%s: pieces by %s this time: %s", s->name, fallback->name,

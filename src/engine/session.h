@@ -67,6 +67,10 @@ struct ferry_session {
     /* The last run's verdict said small_serial (transport.h): the next
      * call of small pieces runs in the caller's thread (transfer.c). */
     atomic_bool small_hint;
+    /* The last run's verdict said shares_frames (transport.h): the next
+     * call of large pieces that do not overlap at the target runs in the
+     * caller's thread (transfer.c). */
+    atomic_bool share_hint;
 
     ferry_session_t *next;     /* next in its bucket of the engine's session table */
 };

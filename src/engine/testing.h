@@ -63,5 +63,7 @@ int ferry_test_sessions(ferry_engine_t *e); /* sessions open (session.c) */
 uint64_t ferry_test_mapped_inline_calls(void);
 /* Calls of small pieces run in the caller's thread on the small_serial hint (transfer.c). */
 uint64_t ferry_test_small_inline_calls(void);
+/* Calls of large pieces run in the caller's thread on the shares_frames hint (transfer.c). */
+uint64_t ferry_test_shared_inline_calls(void);
 
 #endif

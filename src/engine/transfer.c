@@ -160,20 +160,65 @@ bool ferry_session_small_serial(ferry_session_t *s, uint64_t avg_piece)
     return true;
 }
 
-/* Whether a call of n pieces runs in the caller's thread on one
- * connection: small pieces to a session whose transport copies them one
- * call at a time (small_hint), or a call under MAPPED_INLINE_MAX that
- * shared-pool mappings copy (inline_hint). One pass over the lengths. */
-static bool run_inline(ferry_session_t *s, const size_t *lens, size_t n)
+static _Atomic uint64_t shared_inline_calls; /* testing.h */
+
+uint64_t ferry_test_shared_inline_calls(void) { return atomic_load(&shared_inline_calls); }
+
+struct range {
+    uint64_t addr, len;
+};
+
+static int range_cmp(const void *a, const void *b)
+{
+    const struct range *x = a, *y = b;
+    return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+/* Whether no two of the n ranges a call writes (a write's remote ones, a
+ * read's local ones) overlap (false when out of memory to sort them). */
+static bool ranges_disjoint(int opcode, void *const *locals, const uint64_t *remotes, const size_t *lens, size_t n)
+{
+    struct range small[32], *r = n <= 32 ? small : malloc(n * sizeof *r);
+    if (!r) return false;
+    for (size_t i = 0; i < n; i++)
+        r[i] = (struct range){opcode == FERRY_OP_WRITE ? remotes[i] : (uint64_t)(uintptr_t)locals[i], lens[i]};
+    qsort(r, n, sizeof *r, range_cmp);
+    bool ok = true;
+    for (size_t i = 1; i < n && ok; i++) ok = r[i - 1].addr + r[i - 1].len <= r[i].addr;
+    if (r != small) free(r);
+    return ok;
+}
+
+/* Whether a call of n pieces (nx after striping) runs in the caller's
+ * thread on one connection, not split over connections by
+ * ferry_run_parallel:
+ * - small pieces to a session whose transport copies them one call at a
+ *   time (small_hint);
+ * - a call under MAPPED_INLINE_MAX that shared-pool mappings copy
+ *   (inline_hint);
+ * - pieces to a session whose target shares a frame's copy between two
+ *   threads itself (share_hint), where the split would use two (at most
+ *   two connections a call), none striped, none writing over another (the
+ *   target copies overlapping pieces on one thread, in order). */
+static bool run_inline(ferry_engine_t *e, ferry_session_t *s, int opcode, void *const *locals, const uint64_t *remotes,
+                       const size_t *lens, size_t n, size_t nx)
 {
     bool small = atomic_load_explicit(&s->small_hint, memory_order_relaxed);
     bool mapped = atomic_load_explicit(&s->inline_hint, memory_order_relaxed);
-    if (n == 0 || (!small && !mapped)) return false;
+    bool share = atomic_load_explicit(&s->share_hint, memory_order_relaxed);
+    if (n == 0 || (!small && !mapped && !share)) return false;
     uint64_t bytes = 0;
     for (size_t i = 0; i < n; i++) bytes += lens[i];
     if (small && ferry_session_small_serial(s, bytes / n)) return true;
-    if (!mapped || bytes >= MAPPED_INLINE_MAX) return false;
-    atomic_fetch_add_explicit(&mapped_inline_calls, 1, memory_order_relaxed);
+    if (mapped && bytes < MAPPED_INLINE_MAX) {
+        atomic_fetch_add_explicit(&mapped_inline_calls, 1, memory_order_relaxed);
+        return true;
+    }
+    const ferry_config_t *cfg = ferry_engine_part_config(e);
+    if (!share || nx != n || cfg->conns_per_peer > 2 ||
+        !ranges_disjoint(opcode, locals, remotes, lens, n))
+        return false;
+    atomic_fetch_add_explicit(&shared_inline_calls, 1, memory_order_relaxed);
     return true;
 }
 
@@ -193,7 +238,8 @@ static int run_sync(ferry_engine_t *e, const char *peer, int opcode, void *const
     rc = ferry_make_pieces(e, opcode, locals, remotes, lens, n, ferry_deadline_after_ms(ferry_engine_part_config(e)->timeout_ms), &xs, &nx);
     if (rc == 0) {
         FERRY_STAT_ADD(ferry_engine_part_stats(e), requests, n);
-        rc = nx == 1 || run_inline(s, lens, n) ? ferry_xfer_run(e, s, xs, nx) : ferry_run_parallel(e, s, xs, nx);
+        rc = nx == 1 || run_inline(e, s, opcode, locals, remotes, lens, n, nx) ? ferry_xfer_run(e, s, xs, nx)
+                                                                             : ferry_run_parallel(e, s, xs, nx);
         record_requests(s, xs, nx, ferry_now_ns() - t0);
         size_t i = ferry_xfer_worst(xs, nx); /* CANCEL_UNCONFIRMED first */
         if (rc && i < nx) {

@@ -52,6 +52,13 @@ typedef struct ferry_verdict {
      * pieces gains nothing from a worker thread and a second connection
      * but their hand-offs, and runs in the caller's thread (transfer.c). */
     bool small_serial;
+    /* Set by run: every piece went in frames that the target copies on
+     * two threads itself where a CPU is idle (shm's copy helper, for large
+     * pieces). A hint the core keeps per session: the next call of such
+     * pieces, none overlapping at the target, gains nothing from a second
+     * connection but the hand-off to its worker and the wait for the
+     * slower half, and runs in the caller's thread (transfer.c). */
+    bool shares_frames;
     char reason[256];
 } ferry_verdict_t;
 

@@ -334,6 +334,7 @@ static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, fe
     unsigned spin_us = ferry_conn_spin_us(c);
     size_t slice = c->ctx->slice_size;
     size_t small_vec = 0; /* pieces sent in CMA_VEC frames of small entries (SHM_SMALL_ENTRY) */
+    size_t in_vec = 0;    /* pieces sent in CMA_VEC frames */
     *broken = 0;
     for (;;) {
         while (cur < nx && !ferry_piece_sendable(&xs[cur], cur_off)) {
@@ -354,6 +355,7 @@ static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, fe
             for (size_t i = 0; i < g; i++) bytes += xs[cur + i].len;
             bool small = bytes / g < SHM_SMALL_ENTRY;
             small_vec += small ? g : 0;
+            in_vec += g;
             ring[(head + count++) % SHM_WINDOW] =
                 (struct inflight){.x = &xs[cur], .n = bytes, .count = (uint32_t)g,
                                  .nap = small && copied_on_one_thread(xs + cur, g, bytes)};
@@ -425,6 +427,9 @@ static int shm_run(ferry_conn_t *c, ferry_xfer_t *xs, size_t nx, int *broken, fe
     /* Every piece in frames whose copies take turns at the target: the
      * next such call gains nothing from being split (transport.h). */
     verdict->small_serial = nx > 1 && small_vec == nx;
+    /* Every piece in frames the target shares between two threads where
+     * that pays (FERRY_HELLO_F_CMA_SHARE): no need to split such a call. */
+    verdict->shares_frames = nx > 1 && in_vec == nx && (c->peer.flags & FERRY_HELLO_F_CMA_SHARE);
     for (size_t i = 0; i < nx; i++) {
         ferry_xfer_t *x = &xs[i];
         if (x->rc == 0 && x->done < x->len)
@@ -492,7 +497,7 @@ static int shm_usable(ferry_xport_ctx_t *ctx, const ferry_hello_t *peer, char *w
 static uint32_t shm_hello_flags(ferry_xport_ctx_t *ctx)
 {
     (void)ctx;
-    return FERRY_HELLO_F_CMA | FERRY_HELLO_F_SHMPOOL2 | FERRY_HELLO_F_CMA_BIG;
+    return FERRY_HELLO_F_CMA | FERRY_HELLO_F_SHMPOOL2 | FERRY_HELLO_F_CMA_BIG | FERRY_HELLO_F_CMA_SHARE;
 }
 
 /* The frames shm declares (wire.h); CMA_VEC, a vector frame, is the core's

@@ -21,6 +21,11 @@
  * (wire.h, "Vector frames"); initiators send larger pieces only to such
  * targets. */
 #define FERRY_HELLO_F_CMA_BIG 0x200u
+/* The sender copies a CMA_VEC frame of large pieces on two threads itself
+ * (its copy helper) where a CPU is idle: an initiator sends a call of such
+ * pieces on one connection, not split over two (transport.h,
+ * shares_frames). */
+#define FERRY_HELLO_F_CMA_SHARE 0x1000u
 
 /* SHM map info, 40 bytes, sent in SHM_MAP_RESP:
  *     0    8 region address              8    8 region length
@@ -31,6 +36,7 @@
 #define FERRY_SHM_MAP_INFO_SIZE 40
 
 /* Every HELLO bit shm owns. */
-#define FERRY_SHM_HELLO_BITS (FERRY_HELLO_F_CMA | FERRY_HELLO_F_SHMPOOL | FERRY_HELLO_F_SHMPOOL2 | FERRY_HELLO_F_CMA_BIG)
+#define FERRY_SHM_HELLO_BITS                                                                                  \
+    (FERRY_HELLO_F_CMA | FERRY_HELLO_F_SHMPOOL | FERRY_HELLO_F_SHMPOOL2 | FERRY_HELLO_F_CMA_BIG | FERRY_HELLO_F_CMA_SHARE)
 
 #endif
