@@ -9,7 +9,11 @@
  * shm.c's small_serial), so one serving thread would copy all of it while
  * the other CPU idles. Measured alone (process_vm_readv of 1,024 scattered
  * 4 KiB pieces from one 4 MiB buffer, docs/BENCHMARKS.md, issue 23) one
- * thread takes ~220 us, two ~120 us.
+ * thread takes ~220 us, two ~120 us. Likewise a call of 16 x 1 MiB: the
+ * target shares each 4 MiB gathered copy of such a frame (shm_vec.c,
+ * large_chunk_shared), so the initiator sends the call on one connection
+ * (FERRY_HELLO_F_CMA_SHARE) instead of splitting it over two and paying a
+ * hand-off to its worker and the wait for the slower half.
  *
  * The helper only ever works on a job a serving thread offered and waits
  * for: the serving thread holds the registry's read lock for the whole
