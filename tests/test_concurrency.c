@@ -17,7 +17,7 @@
 #include <ferry/kv.h>
 
 #include "harness.h"
-#include "link/vec.h"
+#include "transport/shm/shm_testing.h"
 #include "util/spin.h"
 
 #define THREADS 8

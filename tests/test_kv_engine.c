@@ -13,6 +13,7 @@
 
 #include "harness.h"
 #include "link/vec.h"
+#include "transport/shm/shm_testing.h"
 
 #include <ferry/kv.h>
 

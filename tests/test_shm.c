@@ -28,6 +28,7 @@
 #include "util/net.h"
 #include "wire/wire.h"
 #include "link/vec.h"
+#include "transport/shm/shm_testing.h"
 
 /* ------------------------------------------------- a target in a child */
 

@@ -91,11 +91,6 @@ static inline bool ferry_vec_cancels_pending(ferry_conn_t *c)
 }
 /* Compact vector frames this process served (for tests and benchmarks). */
 uint64_t ferry_vec_compact_served(void);
-/* shm.c: the cross-memory attach calls of vector frames this process made
- * and their iovec entries on each side (after merging adjacent pieces). */
-void ferry_shm_vec_entries(uint64_t *calls, uint64_t *local, uint64_t *remote);
-/* shm.c: the shares of a frame's copy its copy helper took (shm_helper.c). */
-uint64_t ferry_shm_helper_shares(void);
 /* Target: when frame f's deadline passed (cancel.h), refuses its pieces
  * [from, n) not refused yet with TIMEOUT; returns how many. */
 size_t ferry_vec_expire(ferry_conn_t *c, const ferry_frame_t *f, struct ferry_vec_scratch *v, size_t from, size_t n);

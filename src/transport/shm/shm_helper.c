@@ -34,6 +34,7 @@
 #include "link/transport.h"
 
 #include "shm_internal.h"
+#include "shm_testing.h"
 
 enum { JOB_IDLE, JOB_OFFERED, JOB_TAKEN, JOB_DONE };
 

@@ -25,6 +25,7 @@
 #include "link/vec.h"
 
 #include "shm_internal.h"
+#include "shm_testing.h"
 
 /* --------------------------------------------------------- initiator */
 
@@ -494,8 +495,8 @@ static bool large_chunk_shared(struct shm_conn *sc, const struct ferry_vec_scrat
         bytes += v->d[k].len;
         live++;
     }
-    if (live < 2 || bytes < SHM_SHARE_MIN || atomic_load_explicit(&vec_copiers, memory_order_relaxed) >= ferry_spin_cpus() ||
-        !chunk_disjoint(v, i, k, write))
+    int copiers = atomic_load_explicit(&vec_copiers, memory_order_relaxed); /* this thread included */
+    if (live < 2 || bytes < SHM_SHARE_MIN || copiers >= ferry_spin_cpus() || !chunk_disjoint(v, i, k, write))
         return false;
     if (!sc->order && !(sc->order = malloc(2 * (size_t)FERRY_WIRE_VEC_MAX * sizeof *sc->order))) return false;
     for (size_t q = i; q < k; q++) sc->order[q - i] = (uint32_t)q;
