@@ -97,7 +97,7 @@
 #define TARGET_LEN (2u << 20)
 #define SCRATCH_OFF (TARGET_LEN - 4096) /* warm-up writes, outside every scenario's range */
 #define MAX_FAULTS 3
-#define STALE_TRIES 5 /* pinned calls after a restart: tries while they time out (busy cores) */
+#define STALE_TRIES 10 /* pinned calls after a restart: tries while they time out (busy cores) */
 
 static int verbose;
 static const char *transport = "tcp"; /* --transport: the initiator's choice */
