@@ -151,8 +151,12 @@ class TestSGLangSequences(unittest.TestCase):
         self.assertEqual(self.te.write_bytes_to_buffer(0, b"x" * 8, 8), errors.ADDRESS_NOT_REGISTERED)
         self.assertEqual(self.te.read_bytes_from_buffer(0, 8), errors.ADDRESS_NOT_REGISTERED)
         self.assertEqual(self.te.read_bytes_from_buffer(1, 16), errors.ADDRESS_NOT_REGISTERED)
-        # The peer's address is not ours: the helpers touch only our own registrations.
-        self.assertEqual(self.te.read_bytes_from_buffer(raddr, 8), errors.ADDRESS_NOT_REGISTERED)
+        # The peer's address is not ours: the helpers touch only our own
+        # registrations. Another process's address can coincide with one of
+        # ours (seen once in CI: 8 zero bytes of our own buffer came back);
+        # then it is ours, and the check says nothing.
+        if self.te._eng().registered_overlap(raddr, 8) is None:
+            self.assertEqual(self.te.read_bytes_from_buffer(raddr, 8), errors.ADDRESS_NOT_REGISTERED)
         self.assertEqual(self.te.write_bytes_to_buffer(self.kv.addr, b"ok", 2), 0)
         # An async submit to a peer nobody answers for: 0, the reason kept.
         self.assertEqual(self.te.batch_transfer_async_write("127.0.0.1:1", [self.kv.addr], [raddr],
