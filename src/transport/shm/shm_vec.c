@@ -228,6 +228,14 @@ static size_t remote_entries(const ferry_vec_desc_t *d, const uint32_t *idx, siz
     return e;
 }
 
+/* sc->order, made at first use: two FERRY_WIRE_VEC_MAX-entry halves (an
+ * order and a sort's scratch); NULL when out of memory. */
+static uint32_t *order_scratch(struct shm_conn *sc)
+{
+    if (!sc->order) sc->order = malloc(2 * (size_t)FERRY_WIRE_VEC_MAX * sizeof *sc->order);
+    return sc->order;
+}
+
 /* Whether pieces [0, n) (none failed yet) go as one copy in the initiator's
  * address order: they fit one gathered copy (SHM_CHUNK bytes, IOV_MAX
  * entries a side) and that order merges more of the remote list than
@@ -247,7 +255,7 @@ static bool sorted_copy_fits(struct shm_conn *sc, const struct ferry_vec_scratch
         if (k && d->aux < v->d[k - 1].aux) ascending = false;
     }
     if (ascending || bytes > SHM_CHUNK) return false; /* already in order, or more than one copy */
-    if (!sc->order && !(sc->order = malloc(2 * (size_t)FERRY_WIRE_VEC_MAX * sizeof *sc->order))) return false;
+    if (!order_scratch(sc)) return false;
     uint32_t *idx = sc->order, *tmp = sc->order + FERRY_WIRE_VEC_MAX;
     for (size_t k = 0; k < n; k++) idx[k] = tmp[k] = (uint32_t)k;
     size_t before = remote_entries(v->d, tmp, n);
@@ -487,6 +495,8 @@ static bool chunk_disjoint(const struct ferry_vec_scratch *v, size_t i, size_t k
 static bool large_chunk_shared(struct shm_conn *sc, const struct ferry_vec_scratch *v, size_t i, size_t n, bool write,
                                size_t *m, size_t *j)
 {
+    /* Counting this thread: no idle CPU, no share (and no scan). */
+    if (atomic_load_explicit(&vec_copiers, memory_order_relaxed) >= ferry_spin_cpus()) return false;
     uint64_t bytes = 0;
     size_t k = i, live = 0;
     for (; k < n; k++) {
@@ -495,10 +505,8 @@ static bool large_chunk_shared(struct shm_conn *sc, const struct ferry_vec_scrat
         bytes += v->d[k].len;
         live++;
     }
-    int copiers = atomic_load_explicit(&vec_copiers, memory_order_relaxed); /* this thread included */
-    if (live < 2 || bytes < SHM_SHARE_MIN || copiers >= ferry_spin_cpus() || !chunk_disjoint(v, i, k, write))
-        return false;
-    if (!sc->order && !(sc->order = malloc(2 * (size_t)FERRY_WIRE_VEC_MAX * sizeof *sc->order))) return false;
+    if (live < 2 || bytes < SHM_SHARE_MIN || !chunk_disjoint(v, i, k, write)) return false;
+    if (!order_scratch(sc)) return false;
     for (size_t q = i; q < k; q++) sc->order[q - i] = (uint32_t)q;
     *m = k - i;
     *j = k;
@@ -559,10 +567,11 @@ static int vec_copy_host(ferry_conn_t *c, ferry_registry_t *r, const ferry_frame
         size_t m, j = i;
         if (!turn && large_chunk_shared(sc, v, i, n, write, &m, &j)) {
             int st = vec_copy_parts_locked(c, sc, v, m, true, write);
-            if (write && st == 0) ferry_placed_progress(c, vec_prefix(v, i, j, at), v->st); /* under the lock */
+            uint64_t end = vec_prefix(v, i, j, at);
+            if (write && st == 0) ferry_placed_progress(c, end, v->st); /* under the lock */
             copy_unlock(r, turn);
             if (st) return st;
-            at = vec_prefix(v, i, j, at);
+            at = end;
             i = j;
             continue;
         }
