@@ -673,6 +673,29 @@ static unsigned char *registered_mapping(ferry_engine_t *e, size_t cap)
     return src;
 }
 
+/* A target child with cap bytes, and an initiator over shm with conns
+ * connections and cap bytes of its own mapped and registered (returned):
+ * where the vector-frame tests below start. */
+static unsigned char *shm_pair_start(size_t cap, int conns, target_child_t **c, ferry_engine_t **e)
+{
+    *c = child_start(cap, 0);
+    *e = initiator("shm", conns);
+    return registered_mapping(*e, cap);
+}
+
+/* Ends what shm_pair_start made; still_shm: the session must still be on shm. */
+static void shm_pair_stop(target_child_t *c, ferry_engine_t *e, unsigned char *src, size_t cap, bool still_shm)
+{
+    if (still_shm) {
+        ferry_peer_info_t info;
+        info_of(e, c->peer, &info);
+        assert_string_equal(info.transport, "shm");
+    }
+    ferry_engine_destroy(e);
+    munmap(src, cap);
+    target_child_stop(c);
+}
+
 /* Maps [at, at + len) again (zero-filled), after a test unmapped it. */
 static void map_again(unsigned char *at, size_t len)
 {
@@ -692,9 +715,9 @@ static void large_pieces_in_vector_frames(void **state)
     (void)state;
     enum { N = 8 };
     size_t piece = 1u << 20, cap = N * piece;
-    target_child_t *c = child_start(cap, 0);
-    ferry_engine_t *e = initiator("shm", 1);
-    unsigned char *src = registered_mapping(e, cap);
+    target_child_t *c;
+    ferry_engine_t *e;
+    unsigned char *src = shm_pair_start(cap, 1, &c, &e);
     unsigned char *local[N];
     uint64_t remote[N];
     int st[N];
@@ -741,12 +764,7 @@ static void large_pieces_in_vector_frames(void **state)
     assert_int_equal(write_batch(e, c, local, remote, N, piece, st), FERRY_ERR_ACCESS_DENIED);
     for (int i = 0; i < N; i++) assert_int_equal(st[i], FERRY_ERR_ACCESS_DENIED);
     assert_int_equal(target_child_do(c, CMD_CHECK, 8, 0, cap), 0);
-    ferry_peer_info_t info;
-    info_of(e, c->peer, &info);
-    assert_string_equal(info.transport, "shm");
-    ferry_engine_destroy(e);
-    munmap(src, cap);
-    target_child_stop(c);
+    shm_pair_stop(c, e, src, cap, true);
 }
 
 /* A thread writing the same pieces again and again until a call fails. */
@@ -805,9 +823,9 @@ static void pieces_copied_in_the_initiators_order(void **state)
     (void)state;
     enum { PIECE = 2048, N = 64, PER_PAGE = 4096 / PIECE };
     size_t cap = (size_t)N * PIECE;
-    target_child_t *c = child_start(cap, 0);
-    ferry_engine_t *e = initiator("shm", 1);
-    unsigned char *src = registered_mapping(e, cap);
+    target_child_t *c;
+    ferry_engine_t *e;
+    unsigned char *src = shm_pair_start(cap, 1, &c, &e);
     ferry_request_t reqs[N];
     bool hole[N];
     for (int i = 0; i < N; i++) { /* piece i: initiator slot i*13+5, target slot i*29+3 (mod N) */
@@ -855,12 +873,7 @@ static void pieces_copied_in_the_initiators_order(void **state)
      * it returns, nothing lands. */
     map_again(src + 9 * 4096, 4096);
     deregistration_races_writes(e, c, reqs, N);
-    ferry_peer_info_t info;
-    info_of(e, c->peer, &info);
-    assert_string_equal(info.transport, "shm");
-    ferry_engine_destroy(e);
-    munmap(src, cap);
-    target_child_stop(c);
+    shm_pair_stop(c, e, src, cap, true);
 }
 
 /* Runs the n pieces as one batch while the target's copy helper takes a
@@ -941,9 +954,9 @@ static void large_frames_copy_on_two_threads(void **state)
     (void)state;
     enum { PIECE = 4096, N = 1024 };
     size_t cap = (size_t)N * PIECE;
-    target_child_t *c = child_start(cap, 0);
-    ferry_engine_t *e = initiator("shm", 1);
-    unsigned char *src = registered_mapping(e, cap);
+    target_child_t *c;
+    ferry_engine_t *e;
+    unsigned char *src = shm_pair_start(cap, 1, &c, &e);
     static ferry_request_t reqs[N];
     static bool none[N], hole[N];
     for (int i = 0; i < N; i++) { /* piece i: initiator page i*613+7, target page i*733+7 (mod N) */
@@ -976,9 +989,7 @@ static void large_frames_copy_on_two_threads(void **state)
     map_again(src + 2 * PIECE, PIECE);
     map_again(src + (size_t)(N - 3) * PIECE, PIECE);
     deregistration_races_writes(e, c, reqs, N);
-    ferry_engine_destroy(e);
-    munmap(src, cap);
-    target_child_stop(c);
+    shm_pair_stop(c, e, src, cap, false);
 }
 
 /* 1,024 x 2 KiB out of one 2 MiB-aligned buffer: all of the initiator's
@@ -1031,9 +1042,9 @@ static void large_pieces_share_their_copy(void **state)
     (void)state;
     enum { N = 8 };
     size_t piece = 1u << 20, cap = N * piece;
-    target_child_t *c = child_start(cap, 0);
-    ferry_engine_t *e = initiator("shm", 2);
-    unsigned char *src = registered_mapping(e, cap);
+    target_child_t *c;
+    ferry_engine_t *e;
+    unsigned char *src = shm_pair_start(cap, 2, &c, &e);
     static ferry_request_t reqs[N];
     static bool none[N], hole[N];
     void *locals[N];
@@ -1087,12 +1098,7 @@ static void large_pieces_share_their_copy(void **state)
         assert_int_equal(target_child_do(c, CMD_CHECK, 5000 + (uint64_t)i, remotes[i] - c->addr, piece), 0);
 
     deregistration_races_writes(e, c, reqs, N);
-    ferry_peer_info_t info;
-    info_of(e, c->peer, &info);
-    assert_string_equal(info.transport, "shm");
-    ferry_engine_destroy(e);
-    munmap(src, cap);
-    target_child_stop(c);
+    shm_pair_stop(c, e, src, cap, true);
 }
 
 /* Calls of small pieces over two connections: the target copies them one
